@@ -1,0 +1,40 @@
+# Everything the README's commands need is installed here, from a bare Python.
+# torch is pinned through a constraints file: an unpinned request would pull the
+# multi-GB CUDA wheels, while pyproject keeps a normal range for users.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: venv demo test lint bench bench-gpu fixtures clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	echo "torch==$(TORCH_VERSION)" > $(VENV)/constraints.txt
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[dev,bench]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	-$(VENV)/bin/memlayout inspect fixtures/demo_checkpoint.pt
+	@echo "(exit code 1 above means findings at or above --fail-on; see README)"
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check memlayout tests benchmarks fixtures
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+fixtures: $(STAMP)
+	$(PY) fixtures/make_fixtures.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

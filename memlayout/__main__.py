@@ -1,0 +1,7 @@
+"""`python -m memlayout`."""
+
+import sys
+
+from memlayout.cli.app import main
+
+sys.exit(main())

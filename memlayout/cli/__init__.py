@@ -1,0 +1,1 @@
+"""The command-line interface; imports the core, never the other way round."""

@@ -1,0 +1,54 @@
+"""Where command output goes: stdout or a file, and progress on stderr."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from memlayout.errors import UsageError
+
+
+def write_output(text: str, path: str | None) -> None:
+    """Print `text`, or write it atomically to `path` (never a half-written report)."""
+    if path is None:
+        sys.stdout.write(text)
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UsageError(f"cannot write {path}: {directory} does not exist")
+    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".memlayout-", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+@contextmanager
+def progress_callback(enabled: bool) -> Iterator[Callable[[str, int, int], None] | None]:
+    """A rich progress bar on stderr when it is a terminal; None otherwise."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        console=Console(stderr=True), transient=True,
+    )
+    tasks: dict[str, int] = {}
+
+    def update(description: str, done: int, total: int) -> None:
+        if description not in tasks:
+            tasks[description] = progress.add_task(description, total=total)
+        progress.update(tasks[description], completed=done, total=total)
+
+    with progress:
+        yield update

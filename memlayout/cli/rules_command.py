@@ -1,0 +1,36 @@
+"""`memlayout rules` and `memlayout explain`: the rule registry, for people."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from memlayout.cli.errors import one_line_errors
+from memlayout.errors import UsageError
+
+
+def rules_command() -> None:
+    """List every rule: code, name, default severity and when it fires."""
+    from memlayout.rules import RULES
+
+    width = max(len(r.name) for r in RULES.values())
+    for code in sorted(RULES):
+        rule = RULES[code]
+        sys.stdout.write(f"{code}  {rule.name:<{width}}  {rule.severity.value:<7}  {rule.summary}\n")
+
+
+def explain_command(code: Annotated[str, typer.Argument(help="A rule code such as ML102, or its name.")]) -> None:
+    """Explain one rule: why it matters and how to fix it."""
+    with one_line_errors(debug=False):
+        from memlayout.rules import RULES
+
+        wanted = code.strip()
+        rule = RULES.get(wanted.upper()) or next((r for r in RULES.values() if r.name == wanted.lower()), None)
+        if rule is None:
+            raise UsageError(f"no rule {code!r}", "`memlayout rules` lists them")
+        sys.stdout.write(
+            f"{rule.code} {rule.name} (default {rule.severity.value})\n\n{rule.summary}.\n\n"
+            f"{rule.explanation}\n\nFix: {rule.hint}\n"
+        )

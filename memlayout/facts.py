@@ -1,0 +1,363 @@
+"""Layout facts: immutable descriptions of tensors, storages and their aliasing.
+
+Facts are derived from loader records once and never change. Rules read them;
+reporters render them. Nothing here renders, prints or touches torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from memlayout.dtypes import dtype_info
+from memlayout.load.records import (
+    DeclaredTie,
+    LoadedSource,
+    ModuleRecord,
+    PickleGlobal,
+    RnnRecord,
+    StorageRecord,
+    TensorKind,
+    TensorRecord,
+)
+from memlayout.strides import (
+    ByteSet,
+    MemoryFormat,
+    Relation,
+    byte_set,
+    has_internal_overlap,
+    is_contiguous,
+    memory_format,
+    numel,
+    relation,
+    union,
+)
+
+# A gap between used ranges this short, ending on a 16-byte boundary (or at the
+# storage end), is alignment padding such as flatten, FSDP or Megatron leave
+# between slots, not bloat.
+PADDING_LIMIT_BYTES = 512
+PADDING_BOUNDARY = 16
+
+
+@dataclass(frozen=True)
+class TensorFact:
+    """One distinct view: every name that reaches the same (storage, offset, shape, stride, dtype)."""
+
+    name: str
+    """The first name it was found under; the one findings cite."""
+    names: tuple[str, ...]
+    """Every name it is reachable by; tied parameters have several."""
+    kind: TensorKind
+    dtype: str
+    itemsize: int
+    device: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage: str
+    """Id of its `StorageFact`."""
+    offset: int
+    """Storage offset in elements."""
+    numel: int
+    nbytes: int
+    """numel x itemsize: the logical size, whatever the strides."""
+    contiguous: bool
+    memory_format: MemoryFormat
+    bytes_used: ByteSet
+    """Exact byte ranges of the storage this view touches."""
+    self_overlapping: bool
+    data_address: int | None
+    """Address of the first element (pointer or file offset); None when unknown."""
+    requires_grad: bool
+    parameter_ids: tuple[int, ...]
+    """Distinct Parameter objects behind this view (more than one is ML104)."""
+    optimizer_state: bool
+    section: str
+    """Top-level checkpoint section ("model", "optimizer"), "" when not nested."""
+    pinned: bool | None
+    shared_memory: bool | None
+    has_data: bool
+    """False for meta tensors and metadata-only sources."""
+
+    @property
+    def is_floating(self) -> bool:
+        return dtype_info(self.dtype).is_floating
+
+
+@dataclass(frozen=True)
+class StorageFact:
+    """One storage and how its bytes are used."""
+
+    id: str
+    """Short stable id ("s0", "s1", ...) in order of first use."""
+    key: str
+    """The loader's key (zip record, pointer, file range)."""
+    device: str
+    nbytes: int
+    tensors: tuple[str, ...]
+    """Names (first name of each view) of the tensors viewing it."""
+    used: tuple[tuple[int, int], ...]
+    """Merged byte ranges any tensor touches."""
+    used_bytes: int
+    padding_bytes: int
+    """Unused bytes that are alignment padding between or after slots."""
+    unused_bytes: int
+    """Unused bytes that are not padding: what saving writes for nothing."""
+    base_address: int | None
+    has_data: bool
+
+
+@dataclass(frozen=True)
+class AliasPair:
+    """Two views of one storage whose bytes meet."""
+
+    first: str
+    second: str
+    relation: Relation
+
+
+@dataclass(frozen=True)
+class AliasGroup:
+    """Views of one storage connected by shared bytes."""
+
+    storage: str
+    tensors: tuple[str, ...]
+    pairs: tuple[AliasPair, ...]
+
+
+@dataclass(frozen=True)
+class SourceFact:
+    """Where the facts came from."""
+
+    path: str | None
+    format: str
+    legacy_format: bool = False
+    pickle_globals: tuple[PickleGlobal, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything known about one model or checkpoint's layout."""
+
+    source: SourceFact
+    tensors: tuple[TensorFact, ...]
+    storages: tuple[StorageFact, ...]
+    alias_groups: tuple[AliasGroup, ...]
+    modules: tuple[ModuleRecord, ...]
+    declared_ties: tuple[DeclaredTie, ...]
+    _by_name: dict[str, TensorFact] = field(repr=False, compare=False, default_factory=dict)
+    _by_storage: dict[str, StorageFact] = field(repr=False, compare=False, default_factory=dict)
+
+    def tensor(self, name: str) -> TensorFact | None:
+        """The view reachable by `name`, under any of its names."""
+        return self._by_name.get(name)
+
+    def storage(self, storage_id: str) -> StorageFact:
+        return self._by_storage[storage_id]
+
+    def tensors_in(self, storage_id: str) -> list[TensorFact]:
+        return [t for t in self.tensors if t.storage == storage_id]
+
+    def model_tensors(self) -> list[TensorFact]:
+        """Tensors that are the model's own: everything but optimizer state."""
+        return [t for t in self.tensors if not t.optimizer_state]
+
+
+_RNN_WEIGHT = re.compile(r"^(?P<prefix>.*?)(?P<kind>weight_ih|weight_hh|bias_ih|bias_hh|weight_hr)_l(?P<layer>\d+)(?P<reverse>_reverse)?(?P<raw>_raw)?$")
+_RNN_ORDER = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
+
+
+def infer_rnn_modules(names: Iterable[str]) -> list[ModuleRecord]:
+    """RNN modules recognized from state-dict names alone, for sources without a module tree.
+
+    The names follow `RNNBase._flat_weights_names`: per layer and direction,
+    weight_ih, weight_hh, bias_ih, bias_hh, weight_hr. A `_raw` suffix is the
+    weight-dropout pattern: the real weight is not a registered Parameter.
+    """
+    found: dict[str, dict[tuple[int, int, int], str]] = defaultdict(dict)
+    raw: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        match = _RNN_WEIGHT.match(name)
+        if not match:
+            continue
+        prefix = match["prefix"]
+        base = f"{prefix}{match['kind']}_l{match['layer']}{match['reverse'] or ''}"
+        key = (int(match["layer"]), 1 if match["reverse"] else 0, _RNN_ORDER.index(match["kind"]))
+        if match["raw"]:
+            raw[prefix].append(base)
+            found[prefix].setdefault(key, base)
+        else:
+            found[prefix][key] = base
+    modules = []
+    for prefix, weights in found.items():
+        if not any(k[2] == 0 for k in weights):
+            continue
+        ordered = tuple(weights[k] for k in sorted(weights))
+        path = prefix.rstrip(".")
+        modules.append(ModuleRecord(path, "(inferred from names) RNN", RnnRecord("RNN", ordered, tuple(raw[prefix]))))
+    return modules
+
+
+def _merge_kind(kinds: Iterable[TensorKind]) -> TensorKind:
+    kinds = set(kinds)
+    for kind in (TensorKind.PARAMETER, TensorKind.BUFFER):
+        if kind in kinds:
+            return kind
+    return TensorKind.TENSOR
+
+
+def _tensor_fact(records: list[TensorRecord], storage: StorageRecord, storage_id: str) -> TensorFact:
+    first = records[0]
+    info = dtype_info(first.dtype)
+    count = numel(first.shape)
+    data_address = None
+    if storage.base_address is not None:
+        data_address = storage.base_address + first.offset * info.itemsize
+    return TensorFact(
+        name=first.name,
+        names=tuple(dict.fromkeys(r.name for r in records)),
+        kind=_merge_kind(r.kind for r in records),
+        dtype=info.name,
+        itemsize=info.itemsize,
+        device=storage.device,
+        shape=first.shape,
+        stride=first.stride,
+        storage=storage_id,
+        offset=first.offset,
+        numel=count,
+        nbytes=count * info.itemsize,
+        contiguous=is_contiguous(first.shape, first.stride),
+        memory_format=memory_format(first.shape, first.stride),
+        bytes_used=byte_set(first.shape, first.stride, first.offset, info.itemsize),
+        self_overlapping=has_internal_overlap(first.shape, first.stride),
+        data_address=data_address,
+        requires_grad=any(r.requires_grad for r in records),
+        parameter_ids=tuple(
+            dict.fromkeys(
+                r.object_id for r in records if r.kind is TensorKind.PARAMETER and r.object_id is not None
+            )
+        ),
+        optimizer_state=all(r.optimizer_state for r in records),
+        section=first.section,
+        pinned=first.pinned,
+        shared_memory=first.shared_memory,
+        has_data=storage.has_data,
+    )
+
+
+def _split_unused(
+    used: tuple[tuple[int, int], ...], nbytes: int
+) -> tuple[int, int]:
+    """(padding, unused) bytes of a storage given its used ranges."""
+    padding = unused = 0
+    cursor = 0
+    for start, end in (*used, (nbytes, nbytes)):
+        gap = start - cursor
+        if gap > 0:
+            aligned_end = start % PADDING_BOUNDARY == 0 or start == nbytes
+            # A leading gap is never padding: nothing needed aligning before byte 0.
+            if cursor > 0 and gap < PADDING_LIMIT_BYTES and aligned_end:
+                padding += gap
+            else:
+                unused += gap
+        cursor = max(cursor, end)
+    return padding, unused
+
+
+def _alias_groups(storage_id: str, views: list[TensorFact]) -> AliasGroup | None:
+    # Sweep views by first byte; only views whose spans meet can share bytes,
+    # so a flat buffer with hundreds of disjoint slots costs O(n log n).
+    ordered = sorted(views, key=lambda v: (v.bytes_used.start, -v.bytes_used.end))
+    pairs: list[AliasPair] = []
+    active: list[TensorFact] = []
+    for view in ordered:
+        if not view.bytes_used.intervals:
+            continue
+        active = [a for a in active if a.bytes_used.end > view.bytes_used.start]
+        for earlier in active:
+            rel = relation(earlier.bytes_used, view.bytes_used)
+            if rel is not Relation.DISJOINT:
+                pairs.append(AliasPair(earlier.name, view.name, rel))
+        active.append(view)
+    if not pairs:
+        return None
+    members = list(dict.fromkeys(name for p in pairs for name in (p.first, p.second)))
+    return AliasGroup(storage_id, tuple(members), tuple(pairs))
+
+
+def build_facts(source: LoadedSource) -> Facts:
+    """Derive layout facts from what a loader found.
+
+    Args:
+        source: The loader's records.
+
+    Returns:
+        Immutable `Facts`: one `TensorFact` per distinct view (names merged), one
+        `StorageFact` per storage, and alias groups of views sharing bytes.
+    """
+    by_view: dict[tuple[object, ...], list[TensorRecord]] = defaultdict(list)
+    for record in source.tensors:
+        view_key = (record.storage_key, record.offset, record.shape, record.stride, dtype_info(record.dtype).name)
+        by_view[view_key].append(record)
+
+    storage_ids: dict[str, str] = {}
+    for records in by_view.values():
+        key = records[0].storage_key
+        if key not in storage_ids:
+            storage_ids[key] = f"s{len(storage_ids)}"
+
+    tensors = tuple(
+        _tensor_fact(records, source.storages[records[0].storage_key], storage_ids[records[0].storage_key])
+        for records in by_view.values()
+    )
+    views_by_storage: dict[str, list[TensorFact]] = defaultdict(list)
+    for tensor in tensors:
+        views_by_storage[tensor.storage].append(tensor)
+
+    storages = []
+    groups = []
+    for key, storage_id in storage_ids.items():
+        record = source.storages[key]
+        views = views_by_storage[storage_id]
+        used = union([v.bytes_used for v in views])
+        used_bytes = sum(end - start for start, end in used)
+        padding, unused = _split_unused(used, record.nbytes)
+        storages.append(
+            StorageFact(
+                id=storage_id,
+                key=key,
+                device=record.device,
+                nbytes=record.nbytes,
+                tensors=tuple(v.name for v in views),
+                used=used,
+                used_bytes=used_bytes,
+                padding_bytes=padding,
+                unused_bytes=unused,
+                base_address=record.base_address,
+                has_data=record.has_data,
+            )
+        )
+        group = _alias_groups(storage_id, views)
+        if group is not None:
+            groups.append(group)
+
+    by_name = {name: t for t in tensors for name in t.names}
+    return Facts(
+        source=SourceFact(
+            path=source.path,
+            format=source.format,
+            legacy_format=source.legacy_format,
+            pickle_globals=tuple(source.pickle_globals),
+            notes=tuple(source.notes),
+        ),
+        tensors=tensors,
+        storages=tuple(storages),
+        alias_groups=tuple(groups),
+        modules=tuple(source.modules or infer_rnn_modules(by_name)),
+        declared_ties=tuple(source.declared_ties),
+        _by_name=by_name,
+        _by_storage={s.id: s for s in storages},
+    )

@@ -1,0 +1,158 @@
+"""The inspect pipeline: load -> facts -> rules -> report data.
+
+`run_inspection` is what `memlayout.inspect` and the CLI's `inspect` call. It
+returns data; rendering is the reporters' job.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memlayout.content import ContentReader
+from memlayout.facts import Facts, build_facts
+from memlayout.load import LoadOptions, load_object, load_path
+from memlayout.load.records import LoadedSource, TensorKind
+from memlayout.rules import RULES, Finding, RuleConfig, RuleContext, Severity, is_selected
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Totals for the report header and JSON `summary`."""
+
+    tensors: int
+    """Distinct tensor views (tied names count once)."""
+    names: int
+    """Names, counting every name of a tied tensor."""
+    parameters: int
+    buffers: int
+    storages: int
+    tensor_bytes: int
+    """Sum of each distinct view's logical size."""
+    storage_bytes: int
+    """Sum of storage sizes: what torch.save writes."""
+    unique_bytes: int
+    """Bytes some tensor uses, counted once: what a deduplicating save needs."""
+    padding_bytes: int
+    """Alignment padding between slots."""
+    wasted_bytes: int
+    """Unused storage bytes (ML301) plus duplicated contents (ML102)."""
+    findings: dict[str, int] = field(default_factory=dict)
+    """Finding counts by severity."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """The result of an inspection."""
+
+    facts: Facts
+    findings: tuple[Finding, ...]
+    summary: Summary
+
+    def worst_severity(self) -> Severity | None:
+        return max((f.severity for f in self.findings), key=lambda s: s.rank, default=None)
+
+    def fails(self, fail_on: str) -> bool:
+        """Whether any finding is at or above `fail_on` (error, warning, info, never)."""
+        if fail_on == "never":
+            return False
+        threshold = Severity(fail_on).rank
+        return any(f.severity.rank >= threshold for f in self.findings)
+
+
+def summarize(facts: Facts, findings: Iterable[Finding]) -> Summary:
+    findings = list(findings)
+    unused = sum(s.unused_bytes for s in facts.storages)
+    duplicated = sum(f.wasted_bytes for f in findings if f.code == "ML102")
+    by_severity = Counter(f.severity.value for f in findings)
+    return Summary(
+        tensors=len(facts.tensors),
+        names=sum(len(t.names) for t in facts.tensors),
+        parameters=sum(1 for t in facts.tensors if t.kind is TensorKind.PARAMETER),
+        buffers=sum(1 for t in facts.tensors if t.kind is TensorKind.BUFFER),
+        storages=len(facts.storages),
+        tensor_bytes=sum(t.nbytes for t in facts.tensors),
+        storage_bytes=sum(s.nbytes for s in facts.storages),
+        unique_bytes=sum(s.used_bytes for s in facts.storages),
+        padding_bytes=sum(s.padding_bytes for s in facts.storages),
+        wasted_bytes=unused + duplicated,
+        findings={sev.value: by_severity.get(sev.value, 0) for sev in Severity},
+    )
+
+
+def run_rules(
+    facts: Facts,
+    config: RuleConfig,
+    content: ContentReader | None,
+    select: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[Finding]:
+    """Every selected rule's findings, in code order."""
+    select, ignore = list(select), list(ignore)
+    context = RuleContext(facts, config, content, progress)
+    findings: list[Finding] = []
+    for code in sorted(RULES):
+        rule_ = RULES[code]
+        if not is_selected(code, select, ignore) or (rule_.deep_only and not config.deep):
+            continue
+        findings.extend(rule_.check(context))
+    return findings
+
+
+def inspect_source(
+    source: LoadedSource,
+    config: RuleConfig | None = None,
+    select: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Report:
+    """Facts, findings and summary for an already loaded source."""
+    config = config or RuleConfig()
+    facts = build_facts(source)
+    content = None
+    if source.reader is not None:
+        content = ContentReader(source.reader, {s.id: s.key for s in facts.storages})
+    findings = run_rules(facts, config, content, select, ignore, progress)
+    return Report(facts, tuple(findings), summarize(facts, findings))
+
+
+def run_inspection(
+    target: Any,
+    config: RuleConfig | None = None,
+    select: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    trust: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Report:
+    """Inspect a path, an import spec, or a live object.
+
+    Args:
+        target: A checkpoint path, a model directory, "pkg.module:callable", an
+            nn.Module, a state dict or a nested training checkpoint.
+        config: Rule knobs (--deep, thresholds, extra ties).
+        select: Codes or prefixes to run (all when empty).
+        ignore: Codes or prefixes to skip.
+        trust: Allow real unpickling where a format needs it.
+        progress: Called as (task, done, total) during long content scans.
+
+    Returns:
+        The `Report`.
+
+    Example:
+        >>> import torch, memlayout
+        >>> report = memlayout.inspect(torch.nn.Linear(4, 4))
+        >>> report.summary.parameters
+        2
+    """
+    if isinstance(target, str) or hasattr(target, "__fspath__"):
+        source = load_path(str(target), LoadOptions(trust=trust))
+    else:
+        source = load_object(target)
+    try:
+        return inspect_source(source, config, select, ignore, progress)
+    finally:
+        if source.close is not None:
+            source.close()

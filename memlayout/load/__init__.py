@@ -1,0 +1,102 @@
+"""Loaders: every source memlayout reads, reduced to `LoadedSource` records.
+
+Formats are detected by content, never by extension. Each format is one entry of
+`FORMATS`: a cheap `detect` on the path and its first bytes, and a `load`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from memlayout.errors import CorruptCheckpointError, SourceNotFoundError, UnrecognizedFormatError
+from memlayout.load.records import LoadedSource
+
+HEAD_BYTES = 64
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What the caller allows a loader to do."""
+
+    trust: bool = False
+    """Real unpickling (executes code from the file) is allowed."""
+
+
+@dataclass(frozen=True)
+class Format:
+    """One readable format."""
+
+    name: str
+    detect: Callable[[str, bytes], bool]
+    """(path, first bytes or b"" for a directory) -> whether this format reads it."""
+    load: Callable[[str, LoadOptions], LoadedSource]
+
+
+def _is_torch_zip(path: str, head: bytes) -> bool:
+    return head.startswith(b"PK\x03\x04")
+
+
+def _load_torch_zip(path: str, options: LoadOptions) -> LoadedSource:
+    from memlayout.load.torch_zip import load_torch_zip
+
+    return load_torch_zip(path)
+
+
+# Order matters where formats nest: a TorchScript archive is also a zip.
+FORMATS: list[Format] = [
+    Format("torch-zip", _is_torch_zip, _load_torch_zip),
+]
+
+
+def _read_head(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read(HEAD_BYTES)
+
+
+def load_path(path: str, options: LoadOptions | None = None) -> LoadedSource:
+    """Load a file, a directory or an import spec.
+
+    Args:
+        path: A checkpoint file, a model directory, or `pkg.module:callable`.
+        options: What the loader may do; by default nothing from the file executes.
+
+    Returns:
+        The `LoadedSource` of the first format that recognizes the content.
+
+    Raises:
+        SourceNotFoundError: nothing exists at `path` and it is no import spec.
+        UnrecognizedFormatError: no format recognizes the content.
+        CorruptCheckpointError: the content is recognized but damaged.
+    """
+    options = options or LoadOptions()
+    if not os.path.exists(path):
+        from memlayout.load.import_spec import load_import_spec, looks_like_spec
+
+        if looks_like_spec(path):
+            return load_import_spec(path)
+        raise SourceNotFoundError(f"{path}: no such file or directory")
+    if os.path.isdir(path):
+        head = b""
+    else:
+        try:
+            head = _read_head(path)
+        except OSError as exc:
+            raise SourceNotFoundError(f"{path}: cannot be read: {exc.strerror}") from exc
+        if not head:
+            raise CorruptCheckpointError(f"{path} is empty", "the file holds no bytes; re-export it")
+    for fmt in FORMATS:
+        if fmt.detect(path, head):
+            return fmt.load(path, options)
+    if not head:
+        raise UnrecognizedFormatError(f"{path} is a directory with no model memlayout can read")
+    raise UnrecognizedFormatError(f"{path} is not a checkpoint format memlayout recognizes")
+
+
+def load_object(obj: Any) -> LoadedSource:
+    """Load a live object (nn.Module, state dict, nested checkpoint)."""
+    from memlayout.load.live import load_live
+
+    return load_live(obj)

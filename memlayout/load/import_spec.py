@@ -1,0 +1,69 @@
+"""`package.module:callable` specs: audit model code directly, as CI does.
+
+Importing the module runs it; that is the point of a spec, which names code the
+user chose, not a file somebody else wrote.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from typing import Any
+
+from memlayout.errors import SourceNotFoundError, UsageError
+from memlayout.load.live import load_live
+from memlayout.load.records import LoadedSource
+
+SPEC_PATTERN = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+def looks_like_spec(text: str) -> bool:
+    """True for `pkg.module:attr` (never a Windows drive path like C:\\x)."""
+    return bool(SPEC_PATTERN.match(text))
+
+
+def resolve_spec(spec: str) -> Any:
+    """Import the module and return the object the spec names, called if callable.
+
+    Args:
+        spec: "pkg.module:attr" or "pkg.module:factory"; the current directory is
+            importable, as with `python -m`.
+
+    Raises:
+        SourceNotFoundError: the module or attribute does not exist.
+        UsageError: the callable needs arguments, or raised.
+    """
+    module_name, _, attr_path = spec.partition(":")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise SourceNotFoundError(f"cannot import {module_name!r} from spec {spec!r}: {exc}") from exc
+    except Exception as exc:
+        # The user's own module failed while importing; say so in one line.
+        raise UsageError(
+            f"importing {module_name!r} raised {type(exc).__name__}: {exc}", "run it with --debug for the traceback"
+        ) from exc
+    for part in attr_path.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError as exc:
+            raise SourceNotFoundError(f"{module_name!r} has no attribute {attr_path!r}") from exc
+    import torch
+
+    if callable(target) and not isinstance(target, torch.nn.Module):
+        try:
+            target = target()
+        except Exception as exc:
+            raise UsageError(
+                f"calling {spec} raised {type(exc).__name__}: {exc}",
+                "point the spec at a factory that builds the model with no arguments",
+            ) from exc
+    return target
+
+
+def load_import_spec(spec: str) -> LoadedSource:
+    """Build the model a spec names and read it as a live object."""
+    return load_live(resolve_spec(spec), path=spec)

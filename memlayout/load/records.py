@@ -1,0 +1,147 @@
+"""What a loader hands to the facts layer: plain records, no torch objects.
+
+Every format (live objects, torch.save zips, safetensors, ...) is reduced to these
+records, so facts and rules work the same on a live model and on a file that was
+never unpickled for real.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class TensorKind(str, enum.Enum):
+    """How a tensor is held by its owner."""
+
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    TENSOR = "tensor"
+
+
+@dataclass(frozen=True)
+class StorageRecord:
+    """One storage: a block of bytes that tensors view."""
+
+    key: str
+    """Identifier unique within the source (a zip record key, a pointer, a file range)."""
+    device: str
+    """"cpu", "cuda:0", "meta", ... as the source names it."""
+    nbytes: int
+    """Size of the whole storage in bytes."""
+    base_address: int | None = None
+    """Address of byte 0 (live data pointer, or offset in the file); None if unknown."""
+    has_data: bool = True
+    """False for meta tensors and metadata-only sources: nothing can be read."""
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """One named tensor as the loader found it."""
+
+    name: str
+    """Dotted path, e.g. "model.0.weight" or "optimizer.state.0.exp_avg"."""
+    kind: TensorKind
+    dtype: str
+    """torch's short dtype name, e.g. "float32"."""
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_key: str
+    offset: int
+    """Storage offset in elements."""
+    requires_grad: bool = False
+    object_id: int | None = None
+    """Identity of the Python object when known (live or pickled); views of one
+    Parameter under several names share it, distinct Parameter objects do not."""
+    optimizer_state: bool = False
+    """The tensor lives in an optimizer state dict (exp_avg and friends)."""
+    section: str = ""
+    """Top-level key of a nested checkpoint ("model", "optimizer"); "" for a flat state dict or a module."""
+    pinned: bool | None = None
+    shared_memory: bool | None = None
+
+
+@dataclass(frozen=True)
+class RnnRecord:
+    """An RNN/LSTM/GRU module and the weights cuDNN wants as one chunk."""
+
+    mode: str
+    """"LSTM", "GRU", "RNN_TANH" or "RNN_RELU"."""
+    flat_weight_names: tuple[str, ...]
+    """Full dotted names in `_flat_weights_names` order."""
+    unregistered: tuple[str, ...] = ()
+    """Names that are plain tensor attributes, not registered Parameters."""
+
+
+@dataclass(frozen=True)
+class ModuleRecord:
+    """One module of the tree, for sources that hold modules."""
+
+    path: str
+    """Dotted path; "" for the root."""
+    class_name: str
+    """Qualified class, e.g. "torch.nn.modules.rnn.LSTM"."""
+    rnn: RnnRecord | None = None
+
+
+@dataclass(frozen=True)
+class DeclaredTie:
+    """Two tensors that somebody declared to be one (config, model class or --tie)."""
+
+    target: str
+    source: str
+    declared_by: str
+    """Where the declaration comes from, e.g. "config.json tie_word_embeddings"."""
+
+
+@dataclass(frozen=True)
+class PickleGlobal:
+    """A global a pickle references, and whether torch's weights-only loader allows it."""
+
+    module: str
+    name: str
+    allowed: bool
+
+
+class StorageReader(Protocol):
+    """Reads raw bytes of a storage without materializing tensors."""
+
+    def read(self, storage_key: str, start: int, length: int) -> bytes | memoryview:
+        """Return `length` bytes of storage `storage_key` from byte `start`."""
+        ...
+
+
+@dataclass
+class LoadedSource:
+    """Everything a loader found, in the shape facts are built from."""
+
+    path: str | None
+    """The file, directory or import spec; None for objects passed in Python."""
+    format: str
+    """"live-module", "state-dict", "torch-zip", "safetensors", ..."""
+    tensors: list[TensorRecord]
+    storages: dict[str, StorageRecord]
+    modules: list[ModuleRecord] = field(default_factory=list)
+    declared_ties: list[DeclaredTie] = field(default_factory=list)
+    reader: StorageReader | None = None
+    pickle_globals: list[PickleGlobal] = field(default_factory=list)
+    legacy_format: bool = False
+    notes: list[str] = field(default_factory=list)
+    """Things the loader wants the user to know that are not findings."""
+    live_object: Any = None
+    """The loaded object itself when it is real (live or --trust); flatten uses it."""
+    close: Callable[[], None] | None = None
+    """Releases files or maps the loader opened."""
+
+
+def section_of(prefix: str, key: Any, value_is_tensor: bool, section: str) -> str:
+    """The section a child of a container belongs to, for loaders that walk trees.
+
+    A container directly under the root names a section ("model", "optimizer");
+    tensors directly under the root and everything deeper inherit the parent's.
+    """
+    if prefix == "" and not value_is_tensor:
+        return str(key)
+    return section

@@ -1,0 +1,427 @@
+"""Read torch pickles without executing them.
+
+`pickle.Unpickler` runs code only through `find_class` (the callables that REDUCE,
+NEWOBJ and BUILD then invoke) and `persistent_load`. This unpickler answers
+`find_class` with inert stand-ins: torch's tensor rebuild functions become record
+builders, plain containers stay containers, and every other global becomes a
+placeholder class that only remembers its name, arguments and state. Nothing from
+the file is ever imported or called.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import io
+import pickle
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from memlayout.dtypes import STORAGE_CLASS_DTYPES, dtype_info
+from memlayout.errors import CorruptCheckpointError
+from memlayout.load.records import PickleGlobal, section_of
+
+# Globals torch's own weights-only unpickler accepts (torch/_weights_only_unpickler.py),
+# in the spelling pickles use. Anything else is what `weights_only=False` would import
+# and call, which ML601 reports.
+WEIGHTS_ONLY_ALLOWED: frozenset[tuple[str, str]] = frozenset(
+    [
+        ("collections", "OrderedDict"),
+        ("collections", "Counter"),
+        ("builtins", "set"),
+        ("builtins", "frozenset"),
+        ("builtins", "bytearray"),
+        ("builtins", "dict"),
+        ("builtins", "list"),
+        ("builtins", "tuple"),
+        ("builtins", "slice"),
+        ("builtins", "complex"),
+        ("builtins", "int"),
+        ("builtins", "float"),
+        ("builtins", "bool"),
+        ("builtins", "str"),
+        ("builtins", "bytes"),
+        ("__builtin__", "set"),
+        ("__builtin__", "frozenset"),
+        ("_codecs", "encode"),
+        ("torch", "Size"),
+        ("torch", "device"),
+        ("torch", "Tensor"),
+        ("torch.nn.parameter", "Parameter"),
+        ("torch._utils", "_rebuild_tensor"),
+        ("torch._utils", "_rebuild_tensor_v2"),
+        ("torch._utils", "_rebuild_tensor_v3"),
+        ("torch._utils", "_rebuild_parameter"),
+        ("torch._utils", "_rebuild_parameter_with_state"),
+        ("torch._utils", "_rebuild_meta_tensor_no_storage"),
+        ("torch._utils", "_rebuild_qtensor"),
+        ("torch._utils", "_rebuild_sparse_tensor"),
+        ("torch._utils", "_rebuild_nested_tensor"),
+        ("torch._utils", "_rebuild_wrapper_subclass"),
+        ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor"),
+        ("torch._utils", "_rebuild_device_tensor_from_numpy"),
+        ("torch._tensor", "_rebuild_from_type_v2"),
+        ("torch.serialization", "_get_layout"),
+        ("torch", "per_tensor_affine"),
+        ("torch", "per_channel_affine"),
+        ("torch", "per_tensor_symmetric"),
+        ("torch", "per_channel_symmetric"),
+        ("torch", "per_channel_affine_float_qparams"),
+        ("torch", "contiguous_format"),
+        ("torch", "channels_last"),
+        ("torch", "channels_last_3d"),
+        ("torch", "preserve_format"),
+        ("torch", "strided"),
+        ("torch", "sparse_coo"),
+        ("torch", "sparse_csr"),
+        ("torch", "sparse_csc"),
+        ("torch", "sparse_bsr"),
+        ("torch", "sparse_bsc"),
+        ("torch.storage", "UntypedStorage"),
+        ("torch", "UntypedStorage"),
+    ]
+    + [("torch", f"{cls}") for cls in STORAGE_CLASS_DTYPES]
+)
+
+
+@dataclass(eq=False)
+class PickledStorage:
+    """A storage named by a persistent id: the data stays in the file."""
+
+    key: str
+    dtype: str
+    location: str
+    numel: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * dtype_info(self.dtype).itemsize
+
+
+@dataclass(eq=False)
+class PickledTensor:
+    """A tensor rebuilt as metadata only. Identity (`id`) mirrors the pickle's memo."""
+
+    storage: PickledStorage | None
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+    requires_grad: bool = False
+    is_parameter: bool = False
+
+
+@dataclass(frozen=True)
+class StorageDtype:
+    """What `torch FloatStorage` and friends unpickle to: just the element dtype."""
+
+    dtype: str
+
+
+class InertObject:
+    """Base of placeholders for classes memlayout refuses to import.
+
+    NEWOBJ, REDUCE and BUILD on a placeholder only store their inputs, so a pickled
+    `nn.Module` yields a tree of these whose `state` holds `_parameters`,
+    `_buffers` and `_modules` as plain dicts.
+    """
+
+    class_module: str = ""
+    class_name: str = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+        self.kwargs = kwargs
+        self.state: Any = None
+        self.items: list[Any] = []
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    # Containers pickled with APPENDS / SETITEMS call these on the object.
+    def append(self, item: Any) -> None:
+        self.items.append(item)
+
+    def extend(self, items: Any) -> None:
+        self.items.extend(items)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.items.append((key, value))
+
+    @classmethod
+    def qualified_name(cls) -> str:
+        return f"{cls.class_module}.{cls.class_name}"
+
+    @property
+    def state_dict(self) -> dict[str, Any]:
+        """The instance dict as pickled, whichever way BUILD delivered it."""
+        state = self.state
+        if isinstance(state, tuple) and len(state) == 2:
+            # (dict_state, slot_state), as pickle's default __reduce_ex__ sends it.
+            merged: dict[str, Any] = {}
+            for part in state:
+                if isinstance(part, dict):
+                    merged.update(part)
+            return merged
+        return state if isinstance(state, dict) else {}
+
+
+def _dtype_name(value: Any) -> str:
+    if isinstance(value, StorageDtype):
+        return value.dtype
+    if isinstance(value, str):
+        return value
+    if isinstance(value, type) and issubclass(value, InertObject):
+        return value.class_name
+    return "uint8"
+
+
+def _rebuild_tensor(
+    storage: Any, offset: int, size: Any, stride: Any, *rest: Any
+) -> PickledTensor:
+    requires_grad = bool(rest[0]) if rest else False
+    pickled_storage = storage if isinstance(storage, PickledStorage) else None
+    dtype = pickled_storage.dtype if pickled_storage else "uint8"
+    return PickledTensor(pickled_storage, int(offset), tuple(size), tuple(stride), dtype, requires_grad)
+
+
+def _rebuild_tensor_v3(
+    storage: Any, offset: int, size: Any, stride: Any, requires_grad: Any, hooks: Any, dtype: Any, *rest: Any
+) -> PickledTensor:
+    tensor = _rebuild_tensor(storage, offset, size, stride, requires_grad)
+    tensor.dtype = _dtype_name(dtype)
+    return tensor
+
+
+def _rebuild_parameter(data: Any, requires_grad: Any = True, *rest: Any) -> Any:
+    if isinstance(data, PickledTensor):
+        # A new object: each Parameter in the pickle is its own identity.
+        return PickledTensor(
+            data.storage, data.offset, data.shape, data.stride, data.dtype, bool(requires_grad), True
+        )
+    return data
+
+
+def _rebuild_meta(dtype: Any, size: Any, stride: Any, requires_grad: Any = False, *rest: Any) -> PickledTensor:
+    return PickledTensor(None, 0, tuple(size), tuple(stride), _dtype_name(dtype), bool(requires_grad))
+
+
+def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> Any:
+    # Tensor subclasses pickle as (rebuild function, subclass, args, state). The
+    # function is itself resolved through find_class, so calling it is safe.
+    result = func(*args) if callable(func) else None
+    if isinstance(result, PickledTensor) and isinstance(new_type, type) and (
+        issubclass(new_type, InertObject) and new_type.class_name == "Parameter"
+    ):
+        result.is_parameter = True
+    return result
+
+
+def _safe_codecs_encode(text: str, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+    # Protocol-2 pickles spell bytes as _codecs.encode(str, "latin1").
+    return codecs.encode(text, encoding, errors)
+
+
+def _torch_size(values: Any = ()) -> tuple[int, ...]:
+    return tuple(values)
+
+
+def _torch_device(*args: Any) -> str:
+    return ":".join(str(a) for a in args if a is not None)
+
+
+_SAFE_GLOBALS: dict[tuple[str, str], Any] = {
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("collections", "Counter"): collections.Counter,
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("builtins", "dict"): dict,
+    ("builtins", "list"): list,
+    ("builtins", "tuple"): tuple,
+    ("builtins", "slice"): slice,
+    ("builtins", "complex"): complex,
+    ("builtins", "bytearray"): bytearray,
+    ("__builtin__", "set"): set,
+    ("__builtin__", "frozenset"): frozenset,
+    ("_codecs", "encode"): _safe_codecs_encode,
+    ("torch", "Size"): _torch_size,
+    ("torch", "device"): _torch_device,
+    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_meta_tensor_no_storage"): _rebuild_meta,
+    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
+}
+
+
+@dataclass
+class UnpickleResult:
+    """The inert object tree plus what the pickle referenced."""
+
+    root: Any
+    globals: list[PickleGlobal] = field(default_factory=list)
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that builds records and placeholders instead of running code."""
+
+    def __init__(self, stream: io.BufferedIOBase | io.BytesIO, storage_records: bool = True) -> None:
+        super().__init__(stream)
+        self._placeholders: dict[tuple[str, str], type[InertObject]] = {}
+        self._storages: dict[str, PickledStorage] = {}
+        self.referenced: dict[tuple[str, str], PickleGlobal] = {}
+        self._storage_records = storage_records
+
+    def find_class(self, module: str, name: str) -> Any:
+        key = (module, name)
+        if key not in self.referenced:
+            self.referenced[key] = PickleGlobal(module, name, key in WEIGHTS_ONLY_ALLOWED)
+        if key in _SAFE_GLOBALS:
+            return _SAFE_GLOBALS[key]
+        if module in ("torch", "torch.storage") and name in STORAGE_CLASS_DTYPES:
+            return StorageDtype(STORAGE_CLASS_DTYPES[name])
+        if module == "torch" and name in _TORCH_DTYPE_NAMES:
+            return name
+        return self._placeholder(module, name)
+
+    def _placeholder(self, module: str, name: str) -> type[InertObject]:
+        key = (module, name)
+        if key not in self._placeholders:
+            self._placeholders[key] = type(
+                name, (InertObject,), {"class_module": module, "class_name": name, "__module__": __name__}
+            )
+        return self._placeholders[key]
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not self._storage_records:
+            raise pickle.UnpicklingError("unexpected persistent id in a plain pickle")
+        if not (isinstance(pid, tuple) and pid and pid[0] == "storage" and len(pid) >= 5):
+            raise pickle.UnpicklingError(f"unsupported persistent id {pid!r:.80}")
+        _, storage_type, key, location, count = pid[:5]
+        key = str(key)
+        storage = self._storages.get(key)
+        if storage is None:
+            storage = PickledStorage(key, _dtype_name(storage_type), str(location), int(count))
+            self._storages[key] = storage
+        return storage
+
+
+_TORCH_DTYPE_NAMES = frozenset(
+    [
+        "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+        "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128",
+        "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu",
+        "qint8", "quint8", "qint32", "quint4x2", "double", "float", "half", "long", "int",
+        "short", "cfloat", "cdouble",
+    ]
+)
+
+
+def unpickle(data: bytes | memoryview, storage_records: bool = True) -> UnpickleResult:
+    """Unpickle `data` into inert records, executing nothing from it.
+
+    Args:
+        data: The pickle bytes (e.g. a torch zip's `data.pkl`).
+        storage_records: Accept torch's `('storage', ...)` persistent ids.
+
+    Returns:
+        The object tree, with tensors as `PickledTensor`, storages as `PickledStorage`
+        and foreign classes as `InertObject` placeholders, and every global referenced.
+
+    Raises:
+        CorruptCheckpointError: the pickle stream is malformed or truncated.
+    """
+    unpickler = RestrictedUnpickler(io.BytesIO(data), storage_records)
+    try:
+        root = unpickler.load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
+            AttributeError, UnicodeDecodeError, OverflowError, MemoryError) as exc:
+        raise CorruptCheckpointError(f"the pickle could not be read: {exc}") from exc
+    return UnpickleResult(root, list(unpickler.referenced.values()))
+
+
+@dataclass(frozen=True)
+class WalkedTensor:
+    """A tensor found in the object tree, with how it is held."""
+
+    name: str
+    tensor: PickledTensor
+    is_buffer: bool
+    in_optimizer: bool
+    section: str
+
+
+def is_module_state(state: dict[str, Any]) -> bool:
+    """An nn.Module's pickled instance dict has these keys."""
+    return "_parameters" in state and "_modules" in state
+
+
+def walk_tensors(obj: Any, prefix: str = "") -> Iterator[WalkedTensor]:
+    """Yield every tensor in an unpickled tree with its dotted name.
+
+    Dicts contribute their keys, lists and tuples their indices, pickled modules
+    their parameters, buffers and children. A dict with `state` and
+    `param_groups` is an optimizer's state dict.
+    """
+    yield from _walk(obj, prefix, False, set(), "")
+
+
+def walk_modules(obj: Any, prefix: str = "") -> Iterator[tuple[str, InertObject]]:
+    """Yield (dotted path, placeholder) for every pickled nn.Module in a tree."""
+    yield from _walk_modules(obj, prefix, set())
+
+
+def _join(prefix: str, key: Any) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _children(obj: Any) -> Iterator[tuple[Any, Any]]:
+    if isinstance(obj, dict):
+        yield from obj.items()
+    elif isinstance(obj, (list, tuple)):
+        yield from enumerate(obj)
+    elif isinstance(obj, InertObject):
+        yield from obj.state_dict.items()
+        yield from enumerate(obj.items)
+
+
+def _walk(
+    obj: Any, prefix: str, in_optimizer: bool, seen: set[int], section: str
+) -> Iterator[WalkedTensor]:
+    if isinstance(obj, PickledTensor):
+        yield WalkedTensor(prefix, obj, False, in_optimizer, section)
+        return
+    if id(obj) in seen or not isinstance(obj, (dict, list, tuple, InertObject)):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, InertObject) and is_module_state(obj.state_dict):
+        state = obj.state_dict
+        # Parameters, then buffers, then children: the order named_parameters walks.
+        for section, is_buffer in (("_parameters", False), ("_buffers", True)):
+            for key, value in (state.get(section) or {}).items():
+                if isinstance(value, PickledTensor):
+                    yield WalkedTensor(_join(prefix, key), value, is_buffer, in_optimizer, section)
+        for key, value in (state.get("_modules") or {}).items():
+            yield from _walk(value, _join(prefix, key), in_optimizer, seen, section)
+        return
+    if isinstance(obj, dict) and {"state", "param_groups"} <= obj.keys():
+        in_optimizer = True
+    for key, value in _children(obj):
+        child_section = section_of(prefix, key, isinstance(value, PickledTensor), section)
+        yield from _walk(value, _join(prefix, key), in_optimizer, seen, child_section)
+
+
+def _walk_modules(obj: Any, prefix: str, seen: set[int]) -> Iterator[tuple[str, InertObject]]:
+    if id(obj) in seen or not isinstance(obj, (dict, list, tuple, InertObject)):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, InertObject) and is_module_state(obj.state_dict):
+        yield prefix, obj
+        for key, value in (obj.state_dict.get("_modules") or {}).items():
+            yield from _walk_modules(value, _join(prefix, key), seen)
+        return
+    for key, value in _children(obj):
+        yield from _walk_modules(value, _join(prefix, key), seen)

@@ -1,0 +1,116 @@
+"""The JSON report, schema version 1 (documented in the README, validated by schema_v1.json).
+
+Only additive changes are allowed within a schema version; removing or renaming a
+key bumps `schema`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from memlayout import __version__
+from memlayout.inspection import Report
+
+SCHEMA_VERSION = 1
+
+
+def report_dict(report: Report) -> dict[str, Any]:
+    """The report as plain JSON-ready data."""
+    facts = report.facts
+    return {
+        "schema": SCHEMA_VERSION,
+        "tool": {"name": "memlayout", "version": __version__},
+        "source": {
+            "path": facts.source.path,
+            "format": facts.source.format,
+            "legacy_format": facts.source.legacy_format,
+            "notes": list(facts.source.notes),
+        },
+        "summary": {
+            "tensors": report.summary.tensors,
+            "names": report.summary.names,
+            "parameters": report.summary.parameters,
+            "buffers": report.summary.buffers,
+            "storages": report.summary.storages,
+            "tensor_bytes": report.summary.tensor_bytes,
+            "storage_bytes": report.summary.storage_bytes,
+            "unique_bytes": report.summary.unique_bytes,
+            "padding_bytes": report.summary.padding_bytes,
+            "wasted_bytes": report.summary.wasted_bytes,
+            "findings": dict(report.summary.findings),
+        },
+        "tensors": [
+            {
+                "name": t.name,
+                "names": list(t.names),
+                "kind": t.kind.value,
+                "section": t.section,
+                "dtype": t.dtype,
+                "device": t.device,
+                "shape": list(t.shape),
+                "stride": list(t.stride),
+                "storage": t.storage,
+                "offset": t.offset,
+                "byte_offset": t.offset * t.itemsize,
+                "nbytes": t.nbytes,
+                "contiguous": t.contiguous,
+                "memory_format": t.memory_format.value,
+                "self_overlapping": t.self_overlapping,
+                "requires_grad": t.requires_grad,
+                "optimizer_state": t.optimizer_state,
+                "pinned": t.pinned,
+                "shared_memory": t.shared_memory,
+            }
+            for t in facts.tensors
+        ],
+        "storages": [
+            {
+                "id": s.id,
+                "device": s.device,
+                "nbytes": s.nbytes,
+                "tensors": list(s.tensors),
+                "used_bytes": s.used_bytes,
+                "padding_bytes": s.padding_bytes,
+                "unused_bytes": s.unused_bytes,
+            }
+            for s in facts.storages
+        ],
+        "alias_groups": [
+            {
+                "storage": g.storage,
+                "tensors": list(g.tensors),
+                "pairs": [{"first": p.first, "second": p.second, "relation": p.relation.value} for p in g.pairs],
+            }
+            for g in facts.alias_groups
+        ],
+        "modules": [
+            {
+                "path": m.path,
+                "class": m.class_name,
+                "rnn": None
+                if m.rnn is None
+                else {"mode": m.rnn.mode, "weights": list(m.rnn.flat_weight_names), "unregistered": list(m.rnn.unregistered)},
+            }
+            for m in facts.modules
+        ],
+        "findings": [
+            {
+                "code": f.code,
+                "name": f.name,
+                "severity": f.severity.value,
+                "tensors": list(f.tensors),
+                "message": f.message,
+                "hint": f.hint,
+                "storage": f.storage,
+                "wasted_bytes": f.wasted_bytes,
+                "fingerprint": f.fingerprint,
+            }
+            for f in report.findings
+        ],
+    }
+
+
+def render_json(report: Report) -> str:
+    """The report as indented JSON text, ending with a newline."""
+    return json.dumps(report_dict(report), indent=2) + "\n"

@@ -1,0 +1,87 @@
+"""The terminal report: summary, storages table, findings with hints (rich)."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from memlayout.format_bytes import human_bytes
+from memlayout.inspection import Report
+from memlayout.rules import Severity
+
+SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+MAX_STORAGE_ROWS = 40
+
+
+def _summary(report: Report) -> Table:
+    s = report.summary
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(justify="right")
+    grid.add_column(style="bold")
+    grid.add_column(justify="right")
+    rows = [
+        ("tensors", f"{s.tensors} ({s.names} names)", "tensor bytes", human_bytes(s.tensor_bytes)),
+        ("parameters", str(s.parameters), "storage bytes", human_bytes(s.storage_bytes)),
+        ("buffers", str(s.buffers), "unique bytes", human_bytes(s.unique_bytes)),
+        ("storages", str(s.storages), "wasted bytes", human_bytes(s.wasted_bytes)),
+    ]
+    for row in rows:
+        grid.add_row(*row)
+    counts = Text()
+    for severity in Severity:
+        if counts:
+            counts.append(", ")
+        counts.append(f"{s.findings.get(severity.value, 0)} {severity.value}", SEVERITY_STYLE[severity])
+    grid.add_row("findings", counts, "padding bytes", human_bytes(s.padding_bytes))
+    return grid
+
+
+def _storages(report: Report) -> Table:
+    table = Table(title="storages", title_justify="left", expand=False)
+    for column, justify in (("id", "left"), ("device", "left"), ("size", "right"), ("used", "right"),
+                            ("unused", "right"), ("tensors", "left")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    storages = sorted(report.facts.storages, key=lambda s: -s.nbytes)
+    for storage in storages[:MAX_STORAGE_ROWS]:
+        names = ", ".join(storage.tensors[:3]) + (f" +{len(storage.tensors) - 3}" if len(storage.tensors) > 3 else "")
+        unused = Text(human_bytes(storage.unused_bytes), "yellow" if storage.unused_bytes else "")
+        table.add_row(storage.id, storage.device, human_bytes(storage.nbytes), human_bytes(storage.used_bytes),
+                      unused, names)
+    if len(storages) > MAX_STORAGE_ROWS:
+        table.caption = f"{len(storages) - MAX_STORAGE_ROWS} smaller storages not shown (use --format json)"
+    return table
+
+
+def _findings(report: Report) -> Group | Text:
+    if not report.findings:
+        return Text("no findings", "green")
+    lines: list[Text] = []
+    for finding in sorted(report.findings, key=lambda f: (-f.severity.rank, f.code)):
+        line = Text()
+        line.append(f"{finding.code} ", "bold")
+        line.append(f"{finding.severity.value:<7} ", SEVERITY_STYLE[finding.severity])
+        line.append(f"{finding.name}: ", "bold")
+        line.append(finding.message)
+        lines.append(line)
+        lines.append(Text(f"    hint: {finding.hint}", "dim"))
+    return Group(*lines)
+
+
+def render_table(report: Report, width: int = 120, color: bool = False) -> str:
+    """The rich report as text; ANSI colors only when `color` is set."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, force_terminal=color, no_color=not color, highlight=False)
+    source = report.facts.source
+    title = f"memlayout: {source.path or '(object)'} [{source.format}]"
+    console.print(Panel(_summary(report), title=title, title_align="left", expand=False))
+    for note in source.notes:
+        console.print(Text(f"note: {note}", "dim"))
+    console.print(_storages(report))
+    console.print(Text("findings", "bold"))
+    console.print(_findings(report))
+    return buffer.getvalue()

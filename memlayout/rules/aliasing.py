@@ -1,0 +1,224 @@
+"""ML1xx: memory shared when it should not be, or not shared when it should."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterator
+
+from memlayout.facts import TensorFact
+from memlayout.format_bytes import human_bytes
+from memlayout.rules.registry import Finding, RuleContext, Severity, rule
+from memlayout.strides import Relation
+
+
+@rule(
+    "ML101",
+    "partial-overlap",
+    Severity.ERROR,
+    "two tensors overlap in one storage without being the same view",
+    "give each tensor its own memory (`.clone()`), or make them the same view if they are meant to be one",
+    """
+Two tensors share some bytes of a storage, and each also has bytes the other lacks.
+An in-place update of one (an optimizer step, `add_`, `copy_`) silently changes
+part of the other, and safetensors refuses to save them ("Some tensors share
+memory"). Views that cover exactly the same bytes (a tie, a transposed tie) and a
+view contained in a bigger buffer (a flat parameter buffer) are not partial overlaps.
+""",
+)
+def partial_overlap(ctx: RuleContext) -> Iterator[Finding]:
+    for group in ctx.facts.alias_groups:
+        for pair in group.pairs:
+            if pair.relation is Relation.PARTIAL:
+                yield partial_overlap.finding(
+                    (pair.first, pair.second),
+                    f"{pair.first} and {pair.second} overlap partially in storage {group.storage}",
+                    storage=group.storage,
+                )
+
+
+def _content_digest(ctx: RuleContext, tensor: TensorFact) -> tuple[str, bool]:
+    """(digest of the bit patterns, whether every element is equal)."""
+    assert ctx.content is not None
+    array = ctx.content.array(tensor)
+    flat = array.reshape(-1)
+    constant = bool((flat == flat[0]).all())
+    # tobytes() copies only for strided views; contiguous ones hash in place.
+    data = flat.data if flat.flags.c_contiguous else flat.tobytes()
+    return hashlib.blake2b(data, digest_size=16).hexdigest(), constant
+
+
+def _share_memory(a: TensorFact, b: TensorFact, overlapping: set[frozenset[str]]) -> bool:
+    return a.storage == b.storage and frozenset((a.name, b.name)) in overlapping
+
+
+@rule(
+    "ML102",
+    "duplicate-weights",
+    Severity.WARNING,
+    "tensors with equal dtype, shape and contents live in separate memory",
+    "tie them if they should be one (`b.weight = a.weight`, `model.tie_weights()`); otherwise drop the copy",
+    """
+Two or more tensors are bitwise equal but do not share memory. Usually a tie was
+lost: `load_state_dict` into an untied model, `clone()`, meta-device init with
+`to_empty()`, or `load_state_dict(assign=True)`. Otherwise it is wasted memory and
+disk. Constant tensors (freshly initialized norms and zero biases) and tensors
+under --min-duplicate-bytes are ignored. Without --deep only a few sampled elements
+are read, plus the full contents of tensors whose samples match.
+""",
+)
+def duplicate_weights(ctx: RuleContext) -> Iterator[Finding]:
+    if ctx.content is None:
+        return
+    buckets: dict[tuple[str, tuple[int, ...]], list[TensorFact]] = defaultdict(list)
+    for tensor in ctx.facts.tensors:
+        if tensor.has_data and tensor.nbytes >= ctx.config.min_duplicate_bytes and not tensor.self_overlapping:
+            buckets[(tensor.dtype, tensor.shape)].append(tensor)
+    overlapping = {
+        frozenset((pair.first, pair.second)) for group in ctx.facts.alias_groups for pair in group.pairs
+    }
+    for candidates in buckets.values():
+        if len(candidates) < 2:
+            continue
+        by_sample: dict[bytes, list[TensorFact]] = defaultdict(list)
+        for tensor in candidates:
+            by_sample[ctx.content.sample(tensor)].append(tensor)
+        for matching in by_sample.values():
+            if len(matching) < 2:
+                continue
+            by_digest: dict[str, list[TensorFact]] = defaultdict(list)
+            for tensor in matching:
+                digest, constant = _content_digest(ctx, tensor)
+                if not constant:
+                    by_digest[digest].append(tensor)
+            for same in by_digest.values():
+                # Keep one representative per memory region: views that share bytes are ties.
+                distinct: list[TensorFact] = []
+                for tensor in same:
+                    if not any(_share_memory(tensor, kept, overlapping) for kept in distinct):
+                        distinct.append(tensor)
+                if len(distinct) < 2:
+                    continue
+                wasted = (len(distinct) - 1) * distinct[0].nbytes
+                names = [t.name for t in distinct]
+                yield duplicate_weights.finding(
+                    names,
+                    f"{', '.join(names)} hold identical {distinct[0].dtype}{list(distinct[0].shape)} "
+                    f"contents in separate memory ({human_bytes(wasted)} duplicated)",
+                    wasted_bytes=wasted,
+                )
+
+
+def _tie_state(ctx: RuleContext, target: TensorFact, source: TensorFact) -> str:
+    if ctx.content is None or target.shape != source.shape or target.dtype != source.dtype:
+        return ""
+    if ctx.content.sample(target) != ctx.content.sample(source):
+        return "; their contents differ, so whichever loads second silently replaces the other"
+    return "; their contents match, so the tie was lost on the way (save/load, clone, to_empty, assign=True)"
+
+
+@rule(
+    "ML103",
+    "broken-tie",
+    Severity.ERROR,
+    "a declared tie (config, model class or --tie) is not one storage view",
+    "re-tie after loading (`model.tie_weights()` or `head.weight = embed.weight`) and re-save",
+    """
+A model declares two tensors to be one (Hugging Face `tie_word_embeddings`, a
+model's `_tied_weights_keys`, or `--tie a=b`), but they are separate memory. The
+model then trains two copies, and on the next Hugging Face load the output head
+is silently replaced by the input embedding, losing whatever the head learned.
+A tie counts as kept when both names reach the same bytes of one storage, as the
+same view or as a transposed view.
+""",
+)
+def broken_tie(ctx: RuleContext) -> Iterator[Finding]:
+    declared = [(tie.target, tie.source, tie.declared_by) for tie in ctx.facts.declared_ties]
+    declared += [(target, source, "--tie") for target, source in ctx.config.ties]
+    seen: set[frozenset[str]] = set()
+    for target_name, source_name, declared_by in declared:
+        target, source = ctx.facts.tensor(target_name), ctx.facts.tensor(source_name)
+        # A saver may drop the tied copy (safetensors, HF): nothing to compare then.
+        if target is None or source is None or target is source:
+            continue
+        key = frozenset((target.name, source.name))
+        if key in seen or _same_bytes(ctx, target, source):
+            continue
+        seen.add(key)
+        yield broken_tie.finding(
+            (target_name, source_name),
+            f"{target_name} is declared tied to {source_name} ({declared_by}) but they are separate "
+            f"memory (storages {target.storage} and {source.storage}){_tie_state(ctx, target, source)}",
+        )
+
+
+def _same_bytes(ctx: RuleContext, a: TensorFact, b: TensorFact) -> bool:
+    if a.storage != b.storage:
+        return False
+    for group in ctx.facts.alias_groups:
+        for pair in group.pairs:
+            if {pair.first, pair.second} == {a.name, b.name}:
+                return pair.relation is Relation.EQUAL
+    return False
+
+
+@rule(
+    "ML104",
+    "aliased-not-tied",
+    Severity.WARNING,
+    "distinct Parameter objects view the same memory",
+    "make them one Parameter (`b.weight = a.weight`) so that parameters() yields it once",
+    """
+Two different `nn.Parameter` objects share memory, as after
+`load_state_dict(assign=True)` on a tied model. `model.parameters()` yields both,
+so an optimizer updates the same memory twice per step (and keeps two sets of
+moments), and parameter counts double.
+""",
+)
+def aliased_not_tied(ctx: RuleContext) -> Iterator[Finding]:
+    for tensor in ctx.facts.tensors:
+        if len(tensor.parameter_ids) > 1:
+            yield aliased_not_tied.finding(
+                tensor.names,
+                f"{len(tensor.parameter_ids)} distinct Parameter objects ({', '.join(tensor.names)}) "
+                f"view the same memory in storage {tensor.storage}",
+                storage=tensor.storage,
+            )
+    for group in ctx.facts.alias_groups:
+        for pair in group.pairs:
+            first, second = ctx.facts.tensor(pair.first), ctx.facts.tensor(pair.second)
+            if first is None or second is None or pair.relation is Relation.PARTIAL:
+                continue
+            if first.parameter_ids and second.parameter_ids and set(first.parameter_ids).isdisjoint(
+                second.parameter_ids
+            ):
+                yield aliased_not_tied.finding(
+                    (first.name, second.name),
+                    f"Parameters {first.name} and {second.name} are distinct objects viewing "
+                    f"the same memory in storage {group.storage} ({pair.relation.value})",
+                    storage=group.storage,
+                )
+
+
+@rule(
+    "ML105",
+    "self-overlap",
+    Severity.ERROR,
+    "a tensor's elements alias each other (zero stride from expand, or internal overlap)",
+    "materialize it with `.contiguous()` (or `.clone()`) before registering or saving it",
+    """
+Different indices of one tensor address the same memory, as after `expand()` or
+`as_strided` with overlapping strides. In-place updates are then undefined (torch
+refuses many of them), every kernel that needs real memory copies it, and a
+gradient step applies several updates to one element.
+""",
+)
+def self_overlap(ctx: RuleContext) -> Iterator[Finding]:
+    for tensor in ctx.facts.tensors:
+        if tensor.self_overlapping:
+            yield self_overlap.finding(
+                (tensor.name,),
+                f"{tensor.name} (shape {list(tensor.shape)}, stride {list(tensor.stride)}) has elements "
+                "that alias each other",
+                storage=tensor.storage,
+            )

@@ -1,0 +1,97 @@
+"""ML5xx: devices, dtypes and values."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from memlayout.content import non_finite_count
+from memlayout.facts import TensorFact
+from memlayout.rules.registry import Finding, RuleContext, Severity, rule
+
+
+def _minority(groups: dict[str, list[TensorFact]]) -> list[str]:
+    majority = max(groups, key=lambda k: len(groups[k]))
+    return [t.name for key, tensors in groups.items() if key != majority for t in tensors]
+
+
+@rule(
+    "ML501",
+    "mixed-device",
+    Severity.WARNING,
+    "one model's tensors span several devices",
+    "move the whole model with `.to(device)`; for checkpoints, load with `map_location`",
+    """
+Tensors of one model live on different devices (cpu and cuda:0, or meta and cpu
+after a partial materialization). Every op that mixes them fails or copies, and a
+checkpoint saved that way needs `map_location` to load anywhere else. Scalars
+(0-d tensors such as an optimizer's step count, which torch keeps on the CPU)
+are not counted.
+""",
+)
+def mixed_device(ctx: RuleContext) -> Iterator[Finding]:
+    by_device: dict[str, list[TensorFact]] = defaultdict(list)
+    for tensor in ctx.facts.tensors:
+        if tensor.shape:
+            by_device[tensor.device].append(tensor)
+    if len(by_device) < 2:
+        return
+    counts = ", ".join(f"{len(ts)} on {device}" for device, ts in sorted(by_device.items()))
+    yield mixed_device.finding(_minority(by_device), f"tensors span {len(by_device)} devices ({counts})")
+
+
+@rule(
+    "ML502",
+    "mixed-dtype",
+    Severity.INFO,
+    "floating parameters mix dtypes",
+    "cast the odd ones (`module.to(dtype)`), unless the mix is deliberate (fp32 norms in a bf16 model)",
+    """
+Floating-point parameters of one model use more than one dtype, as when a float32
+layer is left in a bfloat16 model. Mixed dtypes cost casts at every boundary,
+split flat buffers and fused optimizers into several groups, and are often an
+accident of loading. Optimizer state is not counted.
+""",
+)
+def mixed_dtype(ctx: RuleContext) -> Iterator[Finding]:
+    by_dtype: dict[str, list[TensorFact]] = defaultdict(list)
+    for tensor in ctx.facts.model_tensors():
+        if tensor.is_floating:
+            by_dtype[tensor.dtype].append(tensor)
+    if len(by_dtype) < 2:
+        return
+    counts = ", ".join(f"{len(ts)} {dtype}" for dtype, ts in sorted(by_dtype.items()))
+    yield mixed_dtype.finding(_minority(by_dtype), f"floating tensors mix dtypes ({counts})")
+
+
+@rule(
+    "ML503",
+    "non-finite",
+    Severity.ERROR,
+    "NaN or Inf values (content check, --deep only)",
+    "find the step that diverged and restore an earlier checkpoint; do not ship this one",
+    """
+Some elements are NaN or Inf. A checkpoint that diverged, or a buffer filled with
+a sentinel, poisons every output it touches. Checked from the bit patterns, so
+bfloat16 and float8 work without conversion. Reads every value, so it runs with
+--deep only, streaming each tensor in bounded chunks.
+""",
+    deep_only=True,
+)
+def non_finite(ctx: RuleContext) -> Iterator[Finding]:
+    if ctx.content is None:
+        return
+    tensors = [t for t in ctx.facts.tensors if t.is_floating and t.has_data and t.numel > 0]
+    total = sum(t.nbytes for t in tensors)
+    done = 0
+    for tensor in tensors:
+        bad = sum(non_finite_count(chunk, tensor.dtype) for chunk in ctx.content.chunks(tensor))
+        done += tensor.nbytes
+        if ctx.progress is not None:
+            ctx.progress("scanning values", done, total)
+        if bad:
+            yield non_finite.finding(
+                tensor.names,
+                f"{tensor.name} has {bad} NaN/Inf value{'s' if bad != 1 else ''} of {tensor.numel}",
+                storage=tensor.storage,
+            )

@@ -1,0 +1,158 @@
+"""ML2xx: how a tensor's bytes are laid out: order, alignment, fragmentation."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from memlayout.facts import TensorFact
+from memlayout.rules.registry import Finding, RuleContext, Severity, rule
+from memlayout.strides import MemoryFormat, Relation
+
+ALIGNMENT = 16
+
+
+def _is_deliberate_view(ctx: RuleContext, tensor: TensorFact) -> bool:
+    # A transposed tie (`decoder.weight = encoder.weight.t()`) is strided by design:
+    # it covers exactly the bytes of a dense tensor in the same storage.
+    for group in ctx.facts.alias_groups:
+        if tensor.name not in group.tensors:
+            continue
+        for pair in group.pairs:
+            if pair.relation is Relation.EQUAL and tensor.name in (pair.first, pair.second):
+                other = ctx.facts.tensor(pair.second if pair.first == tensor.name else pair.first)
+                if other is not None and other.memory_format is not MemoryFormat.STRIDED:
+                    return True
+    return False
+
+
+@rule(
+    "ML201",
+    "non-contiguous",
+    Severity.WARNING,
+    "a parameter or buffer is neither contiguous nor channels_last-contiguous",
+    "store it contiguous (`p.data = p.data.contiguous()`), or run `memlayout flatten`",
+    """
+The tensor is transposed, sliced or permuted in memory. Most kernels need a dense
+layout and copy it on every call; safetensors refuses to save it ("You are trying
+to save a non contiguous tensor"). channels_last conv weights are dense by design
+and not reported, nor is a transposed view that ties to a dense tensor.
+""",
+)
+def non_contiguous(ctx: RuleContext) -> Iterator[Finding]:
+    for tensor in ctx.facts.model_tensors():
+        if (
+            tensor.memory_format is MemoryFormat.STRIDED
+            and not tensor.self_overlapping
+            and tensor.numel > 1
+            and not _is_deliberate_view(ctx, tensor)
+        ):
+            yield non_contiguous.finding(
+                (tensor.name,),
+                f"{tensor.name} (shape {list(tensor.shape)}, stride {list(tensor.stride)}) is not contiguous",
+                storage=tensor.storage,
+            )
+
+
+def _conv_format(tensor: TensorFact) -> MemoryFormat | None:
+    # 1x1 kernels are both contiguous and channels_last; they tell nothing.
+    if len(tensor.shape) != 4 or not tensor.is_floating or tensor.shape[2] * tensor.shape[3] == 1:
+        return None
+    if tensor.memory_format in (MemoryFormat.CONTIGUOUS, MemoryFormat.CHANNELS_LAST):
+        return tensor.memory_format
+    return None
+
+
+@rule(
+    "ML202",
+    "mixed-memory-format",
+    Severity.INFO,
+    "some 4-D conv weights are channels_last and others are not",
+    "convert the whole model once: `model.to(memory_format=torch.channels_last)`",
+    """
+A model runs fastest when every conv uses one memory format. With a mix, each
+boundary between formats costs a layout conversion of the activations.
+""",
+)
+def mixed_memory_format(ctx: RuleContext) -> Iterator[Finding]:
+    formats: dict[MemoryFormat, list[str]] = defaultdict(list)
+    for tensor in ctx.facts.model_tensors():
+        fmt = _conv_format(tensor)
+        if fmt is not None:
+            formats[fmt].append(tensor.name)
+    if len(formats) < 2:
+        return
+    minority = min(formats.values(), key=len)
+    counts = ", ".join(f"{len(names)} {fmt.value}" for fmt, names in formats.items())
+    yield mixed_memory_format.finding(minority, f"4-D conv weights mix memory formats ({counts})")
+
+
+@rule(
+    "ML203",
+    "misaligned",
+    Severity.INFO,
+    "a tensor's data does not start on a 16-byte boundary",
+    "run `memlayout flatten` (slots start on --align bytes, 64 by default), or `.clone()` the tensor",
+    """
+Vectorized loads, TorchInductor's generated kernels and apex's multi-tensor
+kernels need 16-byte-aligned data; a misaligned tensor takes a slow path or a
+copy. Offsets inside a file count from the file start, since memory-mapped
+storages keep that alignment. Tensors under 16 bytes are ignored.
+""",
+)
+def misaligned(ctx: RuleContext) -> Iterator[Finding]:
+    by_storage: dict[str, list[TensorFact]] = defaultdict(list)
+    for tensor in ctx.facts.tensors:
+        if tensor.nbytes < ALIGNMENT:
+            continue
+        # Without a known base address the storage itself is aligned (allocators
+        # and torch's zip writer both give at least 64 bytes).
+        address = tensor.data_address if tensor.data_address is not None else tensor.offset * tensor.itemsize
+        if address % ALIGNMENT:
+            by_storage[tensor.storage].append(tensor)
+    for storage, tensors in by_storage.items():
+        names = [t.name for t in tensors]
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        yield misaligned.finding(
+            names, f"{shown} in storage {storage} do not start on a {ALIGNMENT}-byte boundary", storage=storage
+        )
+
+
+def flat_group_key(tensor: TensorFact) -> tuple[str, ...]:
+    """The flat buffer `memlayout flatten` puts a tensor in.
+
+    Parameters group by (section, device, dtype, requires_grad), everything else by
+    (section, device, dtype); see memlayout.flatten.plan, which uses this key.
+    """
+    role = "param" if tensor.kind.value == "parameter" else "other"
+    grad = str(tensor.requires_grad) if role == "param" else ""
+    return (tensor.section, role, tensor.device, tensor.dtype, grad)
+
+
+@rule(
+    "ML204",
+    "fragmented",
+    Severity.INFO,
+    "parameters spread over many storages that `memlayout flatten` would merge",
+    "run `memlayout flatten` to get one buffer per device, dtype and requires_grad",
+    """
+Each storage is a separate allocation, a separate record on disk and a separate
+kernel launch for per-tensor optimizers, grad-norm and all-reduce. Flat buffers
+let one fused op cover a whole group. Reported from --fragmented-min-storages
+(4 by default) when flattening would reduce the count. RNN modules get a buffer
+each, as cuDNN requires.
+""",
+)
+def fragmented(ctx: RuleContext) -> Iterator[Finding]:
+    tensors = [t for t in ctx.facts.model_tensors() if t.has_data and t.numel > 0]
+    before = len({t.storage for t in tensors})
+    rnn_weights = {name for m in ctx.facts.modules if m.rnn for name in m.rnn.flat_weight_names}
+    groups = {flat_group_key(t) for t in tensors if not rnn_weights.intersection(t.names)}
+    after = len(groups) + sum(1 for m in ctx.facts.modules if m.rnn)
+    if before >= ctx.config.fragmented_min_storages and before > after:
+        yield fragmented.finding(
+            [],
+            f"{len(tensors)} model tensors spread over {before} storages; flatten would use {after}",
+        )
+
+

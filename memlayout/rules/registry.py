@@ -1,0 +1,159 @@
+"""The rule registry: the single source of each rule's code, name, severity and texts.
+
+`memlayout rules`, `memlayout explain`, SARIF output and the README table all read
+this. Codes are a contract: users put them in configs and CI.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memlayout.content import ContentReader
+    from memlayout.facts import Facts
+
+
+class Severity(str, enum.Enum):
+    """How bad a finding is; `--fail-on` compares against this order."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        return {Severity.ERROR: 3, Severity.WARNING: 2, Severity.INFO: 1}[self]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: flat, like a linter's violation."""
+
+    code: str
+    """"ML101" and so on."""
+    name: str
+    """The rule's kebab-case name."""
+    severity: Severity
+    tensors: tuple[str, ...]
+    """The tensors involved, by the name facts cite."""
+    message: str
+    """What is wrong, naming the tensors."""
+    hint: str
+    """How to fix it."""
+    storage: str | None = None
+    """The storage involved, when there is one."""
+    wasted_bytes: int = 0
+    """Bytes this finding costs on disk or in memory (bloat, duplicates)."""
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable across runs and tensor order, for SARIF and baselines."""
+        text = "\0".join([self.code, *sorted(self.tensors)])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RuleConfig:
+    """Knobs the rules read."""
+
+    deep: bool = False
+    """Read every tensor's contents (ML503, full-content ML102)."""
+    min_duplicate_bytes: int = 4096
+    """ML102 ignores tensors smaller than this."""
+    min_bloat_bytes: int = 1024
+    """ML301 ignores storages wasting less than this."""
+    fragmented_min_storages: int = 4
+    """ML204 stays quiet below this many parameter storages."""
+    ties: tuple[tuple[str, str], ...] = ()
+    """Extra declared ties from `--tie a=b`."""
+
+
+@dataclass
+class RuleContext:
+    """What a rule check receives."""
+
+    facts: Facts
+    config: RuleConfig
+    content: ContentReader | None = None
+    """None when the source holds no readable data (metadata only, meta tensors)."""
+    progress: Callable[[str, int, int], None] | None = None
+    """Called as (task, done, total) by long content scans; the CLI draws a bar."""
+
+
+Check = Callable[[RuleContext], Iterable[Finding]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule: its contract fields and its check."""
+
+    code: str
+    name: str
+    severity: Severity
+    summary: str
+    """One line: when it fires."""
+    explanation: str
+    """Why it matters and how to fix it, for `memlayout explain`."""
+    hint: str
+    """The fix, as findings print it."""
+    check: Check = field(repr=False, compare=False)
+    deep_only: bool = False
+    """Runs only with --deep (reads every value)."""
+
+    def finding(
+        self,
+        tensors: Iterable[str],
+        message: str,
+        *,
+        storage: str | None = None,
+        wasted_bytes: int = 0,
+        hint: str | None = None,
+    ) -> Finding:
+        """A finding of this rule, with the rule's default severity and hint."""
+        return Finding(
+            code=self.code,
+            name=self.name,
+            severity=self.severity,
+            tensors=tuple(tensors),
+            message=message,
+            hint=hint or self.hint,
+            storage=storage,
+            wasted_bytes=wasted_bytes,
+        )
+
+
+RULES: dict[str, Rule] = {}
+
+
+def rule(
+    code: str, name: str, severity: Severity, summary: str, hint: str, explanation: str, deep_only: bool = False
+) -> Callable[[Check], Rule]:
+    """Register a check function as a rule. Family modules decorate their checks with this."""
+
+    def register(check: Check) -> Rule:
+        if code in RULES:
+            raise RuntimeError(f"rule code {code} registered twice")
+        registered = Rule(code, name, severity, summary, explanation.strip(), hint, check, deep_only)
+        RULES[code] = registered
+        return registered
+
+    return register
+
+
+def _longest_prefix(code: str, prefixes: Iterable[str]) -> int:
+    return max((len(p) for p in prefixes if code.startswith(p.upper())), default=-1)
+
+
+def is_selected(code: str, select: Iterable[str] = (), ignore: Iterable[str] = ()) -> bool:
+    """flake8's decision: the more specific of the matching select and ignore prefixes wins.
+
+    With no select, every code is selected (as if `--select ML`). A tie goes to ignore.
+    """
+    select = list(select) or ["ML"]
+    selected = _longest_prefix(code, select)
+    ignored = _longest_prefix(code, ignore)
+    return selected >= 0 and selected > ignored

@@ -1,0 +1,35 @@
+"""ML3xx: bytes that are stored but never used."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from memlayout.format_bytes import human_bytes
+from memlayout.rules.registry import Finding, RuleContext, Severity, rule
+
+
+@rule(
+    "ML301",
+    "storage-bloat",
+    Severity.WARNING,
+    "tensors use only part of their storage, and saving writes the whole storage",
+    "save `.clone()` of the slice (or run `memlayout flatten`), which copies only the used bytes",
+    """
+`torch.save` writes every storage whole, so a small slice of a big tensor drags
+the big tensor onto disk: a 10-element slice of a 1M-element float32 tensor saves
+as 4 MB (pytorch/pytorch #1995, #40157). Reported when the unused bytes, not
+counting short alignment padding between slots, reach --min-bloat-bytes (1 KiB).
+""",
+)
+def storage_bloat(ctx: RuleContext) -> Iterator[Finding]:
+    for storage in ctx.facts.storages:
+        if storage.unused_bytes >= ctx.config.min_bloat_bytes and storage.unused_bytes > 0:
+            share = storage.used_bytes / storage.nbytes if storage.nbytes else 0.0
+            yield storage_bloat.finding(
+                storage.tensors,
+                f"storage {storage.id} is {human_bytes(storage.nbytes)} but its tensors "
+                f"({', '.join(storage.tensors[:3])}{', ...' if len(storage.tensors) > 3 else ''}) "
+                f"use {share:.1%}; {human_bytes(storage.unused_bytes)} wasted",
+                storage=storage.id,
+                wasted_bytes=storage.unused_bytes,
+            )
