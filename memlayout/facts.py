@@ -35,11 +35,13 @@ from memlayout.strides import (
     union,
 )
 
-# A gap between used ranges this short, ending on a 16-byte boundary (or at the
-# storage end), is alignment padding such as flatten, FSDP or Megatron leave
-# between slots, not bloat.
-PADDING_LIMIT_BYTES = 512
-PADDING_BOUNDARY = 16
+# Alignment padding (what flatten, FSDP or Megatron leave between slots) is told
+# from bloat by the alignment the slots themselves show: the smallest alignment
+# among slot starts after byte 0. A gap shorter than that, ending on such a
+# boundary or at the buffer's end, is padding. With no slot after byte 0 there
+# is no evidence of alignment, and every gap is bloat.
+MIN_PADDING_ALIGNMENT = 16
+MAX_PADDING_ALIGNMENT = 4096
 
 
 @dataclass(frozen=True)
@@ -174,30 +176,36 @@ def infer_rnn_modules(names: Iterable[str]) -> list[ModuleRecord]:
     """RNN modules recognized from state-dict names alone, for sources without a module tree.
 
     The names follow `RNNBase._flat_weights_names`: per layer and direction,
-    weight_ih, weight_hh, bias_ih, bias_hh, weight_hr. A `_raw` suffix is the
-    weight-dropout pattern: the real weight is not a registered Parameter.
+    weight_ih, weight_hh, bias_ih, bias_hh, weight_hr. A `_raw` copy stands for a
+    weight that is not a registered Parameter (the weight-dropout pattern); awd-lstm
+    registers it on the RNN itself, fastai's WeightDropout on the wrapper above it.
     """
-    found: dict[str, dict[tuple[int, int, int], str]] = defaultdict(dict)
-    raw: dict[str, list[str]] = defaultdict(list)
+    weights: dict[str, dict[tuple[int, int, int], str]] = defaultdict(dict)
+    raw: dict[str, set[tuple[int, int, int]]] = defaultdict(set)
     for name in names:
         match = _RNN_WEIGHT.match(name)
         if not match:
             continue
-        prefix = match["prefix"]
-        base = f"{prefix}{match['kind']}_l{match['layer']}{match['reverse'] or ''}"
         key = (int(match["layer"]), 1 if match["reverse"] else 0, _RNN_ORDER.index(match["kind"]))
         if match["raw"]:
-            raw[prefix].append(base)
-            found[prefix].setdefault(key, base)
+            raw[match["prefix"]].add(key)
         else:
-            found[prefix][key] = base
+            weights[match["prefix"]][key] = name
     modules = []
-    for prefix, weights in found.items():
-        if not any(k[2] == 0 for k in weights):
+    for prefix, found in weights.items():
+        if not any(k[2] == 0 for k in found):
             continue
-        ordered = tuple(weights[k] for k in sorted(weights))
-        path = prefix.rstrip(".")
-        modules.append(ModuleRecord(path, "(inferred from names) RNN", RnnRecord("RNN", ordered, tuple(raw[prefix]))))
+        shadowed = {k for holder, keys in raw.items() if prefix.startswith(holder) for k in keys if k not in found}
+        names_by_key = dict(found)
+        for layer, reverse, kind in shadowed:
+            names_by_key[(layer, reverse, kind)] = (
+                f"{prefix}{_RNN_ORDER[kind]}_l{layer}{'_reverse' if reverse else ''}"
+            )
+        ordered = tuple(names_by_key[k] for k in sorted(names_by_key))
+        unregistered = tuple(names_by_key[k] for k in sorted(shadowed))
+        modules.append(
+            ModuleRecord(prefix.rstrip("."), "(inferred from names) RNN", RnnRecord("RNN", ordered, unregistered))
+        )
     return modules
 
 
@@ -248,18 +256,18 @@ def _tensor_fact(records: list[TensorRecord], storage: StorageRecord, storage_id
     )
 
 
-def _split_unused(
-    used: tuple[tuple[int, int], ...], nbytes: int
-) -> tuple[int, int]:
+def _split_unused(used: tuple[tuple[int, int], ...], nbytes: int) -> tuple[int, int]:
     """(padding, unused) bytes of a storage given its used ranges."""
+    starts = [start for start, _ in used if start > 0]
+    slot_alignment = min((min(s & -s, MAX_PADDING_ALIGNMENT) for s in starts), default=0)
     padding = unused = 0
     cursor = 0
     for start, end in (*used, (nbytes, nbytes)):
         gap = start - cursor
         if gap > 0:
-            aligned_end = start % PADDING_BOUNDARY == 0 or start == nbytes
+            on_boundary = start == nbytes or (slot_alignment and start % slot_alignment == 0)
             # A leading gap is never padding: nothing needed aligning before byte 0.
-            if cursor > 0 and gap < PADDING_LIMIT_BYTES and aligned_end:
+            if cursor > 0 and slot_alignment >= MIN_PADDING_ALIGNMENT and gap < slot_alignment and on_boundary:
                 padding += gap
             else:
                 unused += gap
