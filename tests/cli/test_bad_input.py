@@ -1,0 +1,95 @@
+"""Bad input: one clear line on stderr, exit 2, never a traceback (unless --debug)."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from memlayout.cli.app import app
+
+runner = CliRunner()
+
+
+def write_truncated_checkpoint(path: Path) -> None:
+    torch.save({"w": torch.randn(64, 64)}, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def write_random_bytes(path: Path) -> None:
+    path.write_bytes(os.urandom(4096))
+
+
+def write_text_file(path: Path) -> None:
+    path.write_text("these are not the weights you are looking for\n")
+
+
+def write_zip_without_pickle(path: Path) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("notes/readme.txt", "hello")
+
+
+def write_pickle_missing_a_record(path: Path) -> None:
+    torch.save({"w": torch.randn(4)}, path)
+    with zipfile.ZipFile(path) as source:
+        entries = [(info, source.read(info)) for info in source.infolist()]
+    with zipfile.ZipFile(path, "w") as target:
+        for info, data in entries:
+            if not info.filename.endswith("/data/0"):
+                target.writestr(info, data)
+
+
+CASES = {
+    "missing": (None, "no such file or directory"),
+    "empty": (lambda p: p.write_bytes(b""), "is empty"),
+    "truncated.pt": (write_truncated_checkpoint, ""),
+    "random.bin": (write_random_bytes, "not a checkpoint format"),
+    "notes.xyz": (write_text_file, "not a checkpoint format"),
+    "plain.zip": (write_zip_without_pickle, "not a torch.save file"),
+    "missing_record.pt": (write_pickle_missing_a_record, "lacks"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, name: str) -> None:
+    make, expected = CASES[name]
+    path = tmp_path / name
+    if make is not None:
+        make(path)
+    result = runner.invoke(app, ["inspect", str(path)])
+    assert result.exit_code == 2, result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("memlayout: error: ")
+    assert expected in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stdout == ""
+
+
+def test_directory_without_a_model(tmp_path: Path) -> None:
+    (tmp_path / "README.txt").write_text("nothing to see")
+    result = runner.invoke(app, ["inspect", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "directory with no model" in result.stderr
+
+
+def test_bad_input_leaves_an_existing_output_file_alone(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    report.write_text("previous report")
+    result = runner.invoke(app, ["inspect", str(tmp_path / "missing.pt"), "-o", str(report)])
+    assert result.exit_code == 2
+    assert report.read_text() == "previous report"
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "random.bin"
+    write_random_bytes(path)
+    result = runner.invoke(app, ["inspect", str(path), "--debug"])
+    assert result.exit_code != 0
+    assert result.exception is not None
+    assert type(result.exception).__name__ == "UnrecognizedFormatError"

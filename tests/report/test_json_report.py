@@ -1,0 +1,64 @@
+"""The JSON report: schema 1, validated, and a golden file for the bundled demo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from typer.testing import CliRunner
+
+import memlayout
+from memlayout.cli.app import app
+from memlayout.report.json_report import report_dict
+from tests import models
+
+SCHEMA = json.loads((Path(memlayout.__file__).parent / "report" / "schema_v1.json").read_text())
+GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "demo_checkpoint.json"
+
+
+def test_demo_report_matches_the_golden_file(
+    repo_root: Path, monkeypatch: pytest.MonkeyPatch, overwrite_golden: bool
+) -> None:
+    monkeypatch.chdir(repo_root)
+    result = CliRunner().invoke(app, ["inspect", "fixtures/demo_checkpoint.pt", "--format", "json"])
+    assert result.exit_code == 1
+    if overwrite_golden:
+        GOLDEN.write_text(result.stdout)
+    assert json.loads(result.stdout) == json.loads(GOLDEN.read_text()), "rerun with --overwrite if intended"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [models.LostTieLM, models.partial_overlap_state, models.WeightDropLSTM, models.nan_state, models.assign_loaded_tied_lm],
+)
+def test_reports_validate_against_the_schema(case: object) -> None:
+    data = report_dict(memlayout.inspect(case()))  # type: ignore[operator]
+    jsonschema.validate(data, SCHEMA)
+
+
+def test_the_contract_keys_exist() -> None:
+    data = report_dict(memlayout.inspect(models.LostTieLM()))
+    assert data["schema"] == 1
+    assert {"path", "format"} <= data["source"].keys()
+    assert {"tensors", "storages", "tensor_bytes", "storage_bytes", "wasted_bytes"} <= data["summary"].keys()
+    tensor = data["tensors"][0]
+    assert {"name", "names", "dtype", "device", "shape", "stride", "storage", "offset", "contiguous"} <= tensor.keys()
+    assert tensor["dtype"] == "float32"
+    assert {"id", "device", "nbytes", "tensors"} <= data["storages"][0].keys()
+    assert {"code", "name", "severity", "tensors", "message", "hint"} <= data["findings"][0].keys()
+
+
+def test_a_tied_parameter_is_one_tensor_with_every_name() -> None:
+    data = report_dict(memlayout.inspect(models.TiedEmbeddingLM()))
+    (tied,) = [t for t in data["tensors"] if len(t["names"]) > 1]
+    assert tied["names"] == ["embed.weight", "head.weight"]
+    assert data["summary"]["tensors"] == 1 and data["summary"]["names"] == 2
+
+
+def test_schema_rejects_a_report_missing_a_contract_key() -> None:
+    data = report_dict(memlayout.inspect(models.LostTieLM()))
+    del data["findings"][0]["hint"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, SCHEMA)
