@@ -96,6 +96,8 @@ SAFETENSORS_DTYPES: dict[str, str] = {
     "BF16": "bfloat16",
     "F8_E5M2": "float8_e5m2",
     "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
     "F8_E8M0": "float8_e8m0fnu",
     "I64": "int64",
     "I32": "int32",

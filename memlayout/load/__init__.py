@@ -45,8 +45,34 @@ def _load_torch_zip(path: str, options: LoadOptions) -> LoadedSource:
     return load_torch_zip(path)
 
 
+def _is_safetensors(path: str, head: bytes) -> bool:
+    from memlayout.load.safetensors_file import looks_like_safetensors
+
+    return looks_like_safetensors(head)
+
+
+def _load_safetensors(path: str, options: LoadOptions) -> LoadedSource:
+    from memlayout.load.safetensors_file import load_safetensors
+
+    return load_safetensors(path)
+
+
+def _is_hf_dir(path: str, head: bytes) -> bool:
+    from memlayout.load.hf_dir import is_hf_dir
+
+    return not head and is_hf_dir(path)
+
+
+def _load_hf_dir(path: str, options: LoadOptions) -> LoadedSource:
+    from memlayout.load.hf_dir import load_hf_dir
+
+    return load_hf_dir(path)
+
+
 # Order matters where formats nest: a TorchScript archive is also a zip.
 FORMATS: list[Format] = [
+    Format("safetensors", _is_safetensors, _load_safetensors),
+    Format("hf-dir", _is_hf_dir, _load_hf_dir),
     Format("torch-zip", _is_torch_zip, _load_torch_zip),
 ]
 

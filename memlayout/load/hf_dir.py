@@ -1,0 +1,274 @@
+"""Hugging Face model directories: config.json plus weights, single or sharded.
+
+Weights are found the way `from_pretrained` looks for them, safetensors first:
+`model.safetensors.index.json` (shards), `model.safetensors`,
+`pytorch_model.bin.index.json` (shards), `pytorch_model.bin`. Tensor names are
+the state-dict keys; a shard only decides where the bytes live.
+
+Tie intent comes from config.json. `tie_word_embeddings` missing from the file is
+taken as true: transformers 4.x saved configs as a diff against
+`PretrainedConfig`'s defaults, where it is true, so it was left out exactly when
+it was true (transformers 5 writes it explicitly, false for Llama and friends).
+With a tie declared, every output head found by a well-known name is declared
+tied to the input embedding, and ML103 compares them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
+from memlayout.load.records import (
+    DeclaredTie,
+    LoadedSource,
+    StorageReader,
+    StorageRecord,
+    TensorRecord,
+)
+from memlayout.load.safetensors_file import MappedFiles, map_file, read_header, safetensors_records
+
+CONFIG = "config.json"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+SAFETENSORS_SINGLE = "model.safetensors"
+BIN_INDEX = "pytorch_model.bin.index.json"
+BIN_SINGLE = "pytorch_model.bin"
+WEIGHT_FILES = (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, BIN_INDEX, BIN_SINGLE)
+
+# Output heads that transformers ties to the input embedding (`_tied_weights_keys`
+# of the *ForCausalLM / *ForMaskedLM / *ForConditionalGeneration classes).
+OUTPUT_HEAD_SUFFIXES = (
+    "lm_head.weight",
+    "lm_head.decoder.weight",
+    "cls.predictions.decoder.weight",
+    "predictions.decoder.weight",
+    "generator_lm_head.weight",
+    "pred_layer.proj.weight",
+    "embed_out.weight",
+)
+# Input embeddings, most specific first: encoder-decoder models share `shared`.
+INPUT_EMBEDDING_SUFFIXES = (
+    "shared.weight",
+    "embed_tokens.weight",
+    "transformer.wte.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "tok_embeddings.weight",
+    "embed_in.weight",
+    "embeddings.weight",
+)
+
+
+def is_hf_dir(path: str) -> bool:
+    """Whether a directory holds Hugging Face weights by their standard file names.
+
+    Args:
+        path: A directory.
+
+    Returns:
+        True when one of the standard weight files or index files is present.
+    """
+    return any(os.path.isfile(os.path.join(path, name)) for name in WEIGHT_FILES)
+
+
+def _read_json(path: str, what: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CorruptCheckpointError(f"{path}: the {what} is not readable JSON ({exc})") from exc
+
+
+def _index_shards(directory: str, index_name: str) -> dict[str, list[str]]:
+    """shard file -> tensor names, in the index's order; every shard must exist."""
+    index_path = os.path.join(directory, index_name)
+    index = _read_json(index_path, "index")
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CorruptCheckpointError(f"{index_path} has no weight_map of tensor name -> shard file")
+    shards: dict[str, list[str]] = {}
+    for name, shard in weight_map.items():
+        shards.setdefault(shard, []).append(name)
+    for shard in shards:
+        # A shard outside the directory would let an index read arbitrary files.
+        if os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
+            raise CorruptCheckpointError(f"{index_path} names shard {shard!r} outside the model directory")
+        if not os.path.isfile(os.path.join(directory, shard)):
+            raise CorruptCheckpointError(
+                f"{index_path} names shard {shard}, which is missing",
+                "download or copy every shard the index lists into the directory",
+            )
+    return shards
+
+
+@dataclass
+class ShardedReader:
+    """Dispatches storage reads to each shard's own reader."""
+
+    readers: dict[str, tuple[StorageReader, str]]
+    """merged storage key -> (the shard's reader, the shard's key)."""
+
+    def read(self, storage_key: str, start: int, length: int) -> bytes | memoryview:
+        """Return `length` bytes of storage `storage_key` from byte `start`.
+
+        Args:
+            storage_key: The merged key (`shard:key` for pickled shards).
+            start: Byte offset in the storage.
+            length: Bytes to read.
+
+        Returns:
+            The bytes, zero-copy where the shard's reader allows it.
+        """
+        reader, key = self.readers[storage_key]
+        return reader.read(key, start, length)
+
+
+def _load_safetensors_shards(directory: str, shards: list[str]) -> LoadedSource:
+    tensors: list[TensorRecord] = []
+    storages: dict[str, StorageRecord] = {}
+    spans: dict[str, Any] = {}
+    maps = []
+    try:
+        for shard in shards:
+            path = os.path.join(directory, shard)
+            header, _ = read_header(path)
+            shard_tensors, shard_storages = safetensors_records(header)
+            duplicates = storages.keys() & shard_storages.keys()
+            if duplicates:
+                raise CorruptCheckpointError(
+                    f"{directory}: tensor {sorted(duplicates)[0]} appears in more than one shard"
+                )
+            tensors += shard_tensors
+            storages.update(shard_storages)
+            mapped = map_file(path)
+            if mapped is not None:
+                maps.append(mapped)
+                spans.update({e.name: (mapped, e.start, e.nbytes) for e in header.entries})
+    except BaseException:
+        for mapped in maps:
+            mapped.close()
+        raise
+    reader = MappedFiles(spans, maps)
+    return LoadedSource(directory, "hf-safetensors", tensors, storages, reader=reader, close=reader.close)
+
+
+def _load_pickled_shards(directory: str, shards: list[str]) -> LoadedSource:
+    from memlayout.load import LoadOptions, load_path
+
+    merged = LoadedSource(directory, "hf-pytorch", [], {})
+    readers: dict[str, tuple[StorageReader, str]] = {}
+    closers = []
+    try:
+        for shard in shards:
+            source = load_path(os.path.join(directory, shard), LoadOptions())
+            if source.close is not None:
+                closers.append(source.close)
+            # Storage keys restart at "0" in every shard; prefix them to keep them apart.
+            prefix = f"{shard}:" if len(shards) > 1 else ""
+            for record in source.tensors:
+                merged.tensors.append(replace(record, storage_key=prefix + record.storage_key))
+            for key, storage in source.storages.items():
+                merged.storages[prefix + key] = replace(storage, key=prefix + key)
+                if source.reader is not None:
+                    readers[prefix + key] = (source.reader, key)
+            merged.modules += source.modules
+            merged.pickle_globals += [g for g in source.pickle_globals if g not in merged.pickle_globals]
+            merged.legacy_format |= source.legacy_format
+            merged.notes += source.notes
+    except BaseException:
+        for close in closers:
+            close()
+        raise
+
+    def close_all() -> None:
+        for close in closers:
+            close()
+
+    merged.reader = ShardedReader(readers)
+    merged.close = close_all
+    return merged
+
+
+def _first_by_suffix(names: list[str], suffixes: tuple[str, ...]) -> str | None:
+    for suffix in suffixes:
+        matches = [n for n in names if n == suffix or n.endswith("." + suffix)]
+        if matches:
+            return min(matches, key=len)
+    return None
+
+
+def declared_ties(config: dict[str, Any], names: list[str], declared_by: str = CONFIG) -> list[DeclaredTie]:
+    """Ties a Hugging Face config declares, for the tensors present.
+
+    Args:
+        config: The parsed config.json (or a pickled model's config state).
+        names: Every tensor name in the checkpoint.
+        declared_by: Where the config came from, for messages.
+
+    Returns:
+        Output head -> input embedding ties when `tie_word_embeddings` holds
+        (absent counts as true, see the module docstring), and decoder -> encoder
+        ties for matching names when `tie_encoder_decoder` is true.
+    """
+    ties: list[DeclaredTie] = []
+    text_config = config.get("text_config")
+    tie_words = config.get("tie_word_embeddings")
+    if tie_words is None and isinstance(text_config, dict):
+        tie_words = text_config.get("tie_word_embeddings")
+    if tie_words is None or bool(tie_words):
+        embedding = _first_by_suffix(names, INPUT_EMBEDDING_SUFFIXES)
+        if embedding is not None:
+            for name in names:
+                if name != embedding and any(
+                    name == suffix or name.endswith("." + suffix) for suffix in OUTPUT_HEAD_SUFFIXES
+                ):
+                    ties.append(DeclaredTie(name, embedding, f"{declared_by} tie_word_embeddings"))
+    if config.get("tie_encoder_decoder"):
+        present = set(names)
+        for name in names:
+            head, sep, rest = name.partition("encoder.")
+            if sep and (head == "" or head.endswith(".")):
+                partner = f"{head}decoder.{rest}"
+                if partner in present:
+                    ties.append(DeclaredTie(partner, name, f"{declared_by} tie_encoder_decoder"))
+    return ties
+
+
+def load_hf_dir(path: str) -> LoadedSource:
+    """Read a Hugging Face model directory as layout records.
+
+    Args:
+        path: A directory holding config.json and model weights.
+
+    Returns:
+        One `LoadedSource` over every shard, with the ties config.json declares.
+
+    Raises:
+        CorruptCheckpointError: an index names a missing shard, or a file is damaged.
+        UnrecognizedFormatError: no standard weight file is present.
+    """
+    if os.path.isfile(os.path.join(path, SAFETENSORS_INDEX)):
+        source = _load_safetensors_shards(path, list(_index_shards(path, SAFETENSORS_INDEX)))
+    elif os.path.isfile(os.path.join(path, SAFETENSORS_SINGLE)):
+        source = _load_safetensors_shards(path, [SAFETENSORS_SINGLE])
+    elif os.path.isfile(os.path.join(path, BIN_INDEX)):
+        source = _load_pickled_shards(path, list(_index_shards(path, BIN_INDEX)))
+    elif os.path.isfile(os.path.join(path, BIN_SINGLE)):
+        source = _load_pickled_shards(path, [BIN_SINGLE])
+    else:
+        raise UnrecognizedFormatError(f"{path} has none of {', '.join(WEIGHT_FILES)}")
+    config_path = os.path.join(path, CONFIG)
+    if os.path.isfile(config_path):
+        try:
+            config = _read_json(config_path, "model config")
+        except BaseException:
+            if source.close is not None:
+                source.close()
+            raise
+        if isinstance(config, dict):
+            source.declared_ties += declared_ties(config, [t.name for t in source.tensors])
+    else:
+        source.notes.append(f"{path} has no {CONFIG}: no tie intent is known")
+    return source

@@ -1,0 +1,296 @@
+"""safetensors files, read from the header alone, without torch.
+
+A file is an 8-byte little-endian header length, a JSON header, and a data
+section. Each header entry names a dtype, a shape and `data_offsets` relative to
+the data section. safetensors has no sharing: every tensor is its own storage, so
+each entry becomes one `StorageRecord` whose `base_address` is its absolute file
+offset (ML203 then checks alignment as the bytes sit in a memory map).
+
+Validation follows what the safetensors library itself refuses: a header length
+beyond the file, invalid JSON, unknown dtypes, offsets outside the data section,
+a shape that does not match the byte count, overlapping ranges, and holes or
+trailing bytes in the data section. Holes are errors rather than notes because
+`safetensors.safe_open` rejects such a file ("InvalidOffset" /
+"MetadataIncompleteBuffer"), so a file with holes is not loadable as written.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from memlayout.dtypes import SAFETENSORS_DTYPES, dtype_info
+from memlayout.errors import CorruptCheckpointError
+from memlayout.load.records import LoadedSource, StorageRecord, TensorKind, TensorRecord
+
+HEADER_LENGTH_BYTES = 8
+# safetensors refuses headers over 100 MB (MAX_HEADER_SIZE in the Rust crate); a
+# bigger length is a damaged file, and reading it would be a memory bomb.
+MAX_HEADER_BYTES = 100_000_000
+METADATA_KEY = "__metadata__"
+
+# Sub-byte dtypes: safetensors counts 4-bit elements; torch packs two per byte
+# (float4_e2m1fn_x2), so the torch shape halves the last dimension.
+_PACKED_DTYPES: dict[str, tuple[str, int]] = {"F4": ("float4_e2m1fn_x2", 2)}
+
+
+@dataclass(frozen=True)
+class SafetensorsEntry:
+    """One header entry, validated."""
+
+    name: str
+    dtype: str
+    """torch's short dtype name."""
+    shape: tuple[int, ...]
+    """Shape in torch's terms (packed dtypes already halved)."""
+    start: int
+    """Absolute file offset of the first byte."""
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class SafetensorsHeader:
+    """A parsed and validated header."""
+
+    entries: list[SafetensorsEntry]
+    metadata: dict[str, str]
+    data_start: int
+    """Absolute file offset of the data section (8 + header length)."""
+
+
+def looks_like_safetensors(head: bytes) -> bool:
+    """Whether the first bytes are a safetensors header start: a length, then `{`.
+
+    Args:
+        head: The file's first bytes (at least 9 to match).
+
+    Returns:
+        True when byte 8 opens a JSON object and the length is plausible.
+    """
+    if len(head) < HEADER_LENGTH_BYTES + 1 or head[HEADER_LENGTH_BYTES : HEADER_LENGTH_BYTES + 1] != b"{":
+        return False
+    length: int = struct.unpack("<Q", head[:HEADER_LENGTH_BYTES])[0]
+    return length >= 2
+
+
+def _fail(path: str, problem: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"{path}: invalid safetensors header: {problem}",
+        "the file is damaged or was not written by safetensors; re-export it with safetensors.torch.save_file",
+    )
+
+
+def _torch_shape(path: str, name: str, code: Any, shape: Any) -> tuple[str, tuple[int, ...], int]:
+    """(torch dtype, torch shape, expected bytes) of one entry."""
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise _fail(path, f"tensor {name!r} has shape {shape!r}; expected a list of non-negative ints")
+    count = 1
+    for dim in shape:
+        count *= dim
+    if code in _PACKED_DTYPES:
+        dtype, per_byte = _PACKED_DTYPES[code]
+        if not shape or shape[-1] % per_byte:
+            raise _fail(path, f"tensor {name!r} of packed dtype {code} has an odd last dimension {shape!r}")
+        return dtype, (*shape[:-1], shape[-1] // per_byte), count // per_byte
+    torch_dtype = SAFETENSORS_DTYPES.get(code) if isinstance(code, str) else None
+    if torch_dtype is None:
+        raise _fail(path, f"tensor {name!r} has unknown dtype {code!r}")
+    return torch_dtype, tuple(shape), count * dtype_info(torch_dtype).itemsize
+
+
+def parse_header(path: str, raw: bytes | memoryview, file_size: int) -> SafetensorsHeader:
+    """Validate a safetensors header as the safetensors library would.
+
+    Args:
+        path: The file, for messages.
+        raw: At least the first 8 + header-length bytes of the file.
+        file_size: The file's size in bytes.
+
+    Returns:
+        The entries sorted by file offset, the `__metadata__` strings, and where
+        the data section starts.
+
+    Raises:
+        CorruptCheckpointError: any inconsistency, naming the first one found.
+    """
+    if file_size < HEADER_LENGTH_BYTES:
+        raise _fail(path, f"the file is {file_size} bytes, too short for the 8-byte header length")
+    (length,) = struct.unpack("<Q", bytes(raw[:HEADER_LENGTH_BYTES]))
+    if length > MAX_HEADER_BYTES or HEADER_LENGTH_BYTES + length > file_size:
+        raise _fail(path, f"the header claims {length} bytes but the file has {file_size - HEADER_LENGTH_BYTES} after the length")
+    data_start = HEADER_LENGTH_BYTES + length
+    try:
+        header = json.loads(bytes(raw[HEADER_LENGTH_BYTES:data_start]))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _fail(path, f"the header is not valid JSON ({exc})") from exc
+    if not isinstance(header, dict):
+        raise _fail(path, "the header is not a JSON object")
+    metadata = header.pop(METADATA_KEY, None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _fail(path, "__metadata__ must map strings to strings")
+
+    data_size = file_size - data_start
+    entries: list[SafetensorsEntry] = []
+    for name, info in header.items():
+        if not isinstance(info, dict):
+            raise _fail(path, f"entry {name!r} is not an object")
+        dtype, shape, expected = _torch_shape(path, name, info.get("dtype"), info.get("shape"))
+        offsets = info.get("data_offsets")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        ):
+            raise _fail(path, f"tensor {name!r} has data_offsets {offsets!r}; expected [begin, end]")
+        begin, end = offsets
+        if not 0 <= begin <= end <= data_size:
+            raise _fail(path, f"tensor {name!r} has data_offsets [{begin}, {end}] outside the {data_size}-byte data section")
+        if end - begin != expected:
+            raise _fail(path, f"tensor {name!r} {info.get('dtype')}{info.get('shape')} needs {expected} bytes but its offsets span {end - begin}")
+        entries.append(SafetensorsEntry(name, dtype, shape, data_start + begin, end - begin))
+
+    entries.sort(key=lambda e: (e.start, e.nbytes))
+    cursor = data_start
+    previous = "the header"
+    for entry in entries:
+        if entry.start < cursor:
+            raise _fail(path, f"tensor {entry.name!r} overlaps {previous}")
+        if entry.start > cursor:
+            raise _fail(path, f"{entry.start - cursor} unused bytes (a hole) before tensor {entry.name!r}")
+        cursor = entry.start + entry.nbytes
+        previous = repr(entry.name)
+    if cursor != file_size:
+        raise _fail(path, f"{file_size - cursor} bytes after the last tensor are not covered by any entry")
+    return SafetensorsHeader(entries, {str(k): v for k, v in metadata.items()}, data_start)
+
+
+@dataclass
+class MappedFiles:
+    """Storage bytes read in place from memory-mapped files, one span per storage key."""
+
+    spans: dict[str, tuple[mmap.mmap, int, int]]
+    """storage key -> (map, absolute start, size)."""
+    maps: list[mmap.mmap]
+
+    def read(self, storage_key: str, start: int, length: int) -> memoryview:
+        """Return `length` bytes of storage `storage_key` from byte `start`.
+
+        Args:
+            storage_key: The key the loader gave the storage.
+            start: Byte offset inside the storage.
+            length: Bytes to read.
+
+        Returns:
+            A zero-copy view of the mapped file.
+        """
+        mapped, base, size = self.spans[storage_key]
+        if start < 0 or start + length > size:
+            raise CorruptCheckpointError(
+                f"storage {storage_key} is {size} bytes, but a tensor reads bytes {start}..{start + length}"
+            )
+        return memoryview(mapped)[base + start : base + start + length]
+
+    def close(self) -> None:
+        """Unmap every file."""
+        for mapped in self.maps:
+            mapped.close()
+
+
+def read_header(path: str) -> tuple[SafetensorsHeader, int]:
+    """Read and validate the header of one safetensors file.
+
+    Args:
+        path: The .safetensors file.
+
+    Returns:
+        The header and the file size.
+    """
+    with open(path, "rb") as handle:
+        file_size = os.fstat(handle.fileno()).st_size
+        prefix = handle.read(HEADER_LENGTH_BYTES)
+        if len(prefix) == HEADER_LENGTH_BYTES:
+            (length,) = struct.unpack("<Q", prefix)
+            if length <= MAX_HEADER_BYTES and HEADER_LENGTH_BYTES + length <= file_size:
+                prefix += handle.read(length)
+    return parse_header(path, prefix, file_size), file_size
+
+
+def safetensors_records(
+    header: SafetensorsHeader,
+) -> tuple[list[TensorRecord], dict[str, StorageRecord]]:
+    """One tensor and one storage per header entry, keyed by the tensor name.
+
+    Args:
+        header: A validated header.
+
+    Returns:
+        Tensor records (contiguous, offset 0) and storages whose base address is the
+        absolute file offset of the bytes.
+    """
+    tensors: list[TensorRecord] = []
+    storages: dict[str, StorageRecord] = {}
+    for entry in header.entries:
+        stride = _contiguous_stride(entry.shape)
+        tensors.append(TensorRecord(entry.name, TensorKind.TENSOR, entry.dtype, entry.shape, stride, entry.name, 0))
+        storages[entry.name] = StorageRecord(entry.name, "cpu", entry.nbytes, entry.start)
+    return tensors, storages
+
+
+def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride = []
+    step = 1
+    for dim in reversed(shape):
+        stride.append(step)
+        step *= max(dim, 1)
+    return tuple(reversed(stride))
+
+
+def map_file(path: str) -> mmap.mmap | None:
+    """Memory-map a file read-only; None for an empty data section (mmap refuses size 0).
+
+    Args:
+        path: The file.
+
+    Returns:
+        The map, or None when the file is empty.
+    """
+    with open(path, "rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            return None
+        return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def load_safetensors(path: str) -> LoadedSource:
+    """Read a safetensors file's header as layout records.
+
+    Args:
+        path: The .safetensors file.
+
+    Returns:
+        A `LoadedSource` with one storage per tensor and a reader over a memory map.
+
+    Raises:
+        CorruptCheckpointError: the header fails validation.
+    """
+    header, _ = read_header(path)
+    tensors, storages = safetensors_records(header)
+    mapped = map_file(path)
+    maps = [mapped] if mapped is not None else []
+    reader = MappedFiles({e.name: (mapped, e.start, e.nbytes) for e in header.entries if mapped is not None}, maps)
+    notes = []
+    if header.metadata:
+        shown = ", ".join(f"{k}={v[:40]}" for k, v in sorted(header.metadata.items())[:5])
+        notes.append(f"safetensors __metadata__: {shown}")
+    return LoadedSource(
+        path=path,
+        format="safetensors",
+        tensors=tensors,
+        storages=storages,
+        reader=reader,
+        notes=notes,
+        close=reader.close,
+    )

@@ -1,0 +1,146 @@
+"""safetensors files: header-only metadata, validation, and storage reads."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from memlayout.errors import CorruptCheckpointError
+from memlayout.inspection import run_inspection
+from memlayout.load import load_path
+from tests.load.conftest import assert_one_line_error, run_cli
+
+
+def write_raw(path: Path, header: dict[str, Any], data: bytes, declared_length: int | None = None) -> Path:
+    """A safetensors file written byte by byte, so tests can damage any part."""
+    encoded = json.dumps(header).encode()
+    length = len(encoded) if declared_length is None else declared_length
+    path.write_bytes(struct.pack("<Q", length) + encoded + data)
+    return path
+
+
+def test_reads_names_dtypes_shapes_and_file_offsets(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.randn(3, 4), "ids": torch.arange(5), "h": torch.ones(2, dtype=torch.bfloat16)}, str(path))
+    source = load_path(str(path))
+    by_name = {t.name: t for t in source.tensors}
+    assert source.format == "safetensors"
+    assert (by_name["w"].dtype, by_name["w"].shape, by_name["w"].stride) == ("float32", (3, 4), (4, 1))
+    assert (by_name["ids"].dtype, by_name["ids"].shape) == ("int64", (5,))
+    assert by_name["h"].dtype == "bfloat16"
+    # One storage per tensor, addressed by absolute file offset.
+    header_length = struct.unpack("<Q", path.read_bytes()[:8])[0]
+    data_start = 8 + header_length
+    starts = sorted(s.base_address or 0 for s in source.storages.values())
+    assert starts[0] == data_start
+    assert len(source.storages) == 3
+
+
+def test_reader_returns_the_bytes_safetensors_wrote(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    weights = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    save_file({"w": weights, "b": torch.zeros(7, dtype=torch.int16)}, str(path))
+    source = load_path(str(path))
+    try:
+        assert source.reader is not None
+        assert bytes(source.reader.read("w", 0, 48)) == weights.numpy().tobytes()
+        assert bytes(source.reader.read("w", 4, 4)) == weights.numpy().tobytes()[4:8]
+        with pytest.raises(CorruptCheckpointError):
+            source.reader.read("w", 40, 16)
+    finally:
+        assert source.close is not None
+        source.close()
+
+
+def test_metadata_is_kept_as_a_note(tmp_path: Path) -> None:
+    path = tmp_path / "m.safetensors"
+    save_file({"w": torch.zeros(2)}, str(path), metadata={"origin": "unit-test"})
+    source = load_path(str(path))
+    assert any("origin=unit-test" in note for note in source.notes)
+
+
+def test_detection_is_by_content_not_extension(tmp_path: Path) -> None:
+    path = tmp_path / "weights.bin"
+    save_file({"w": torch.zeros(4)}, str(path))
+    assert load_path(str(path)).format == "safetensors"
+
+
+def test_packed_float4_halves_the_last_dimension(tmp_path: Path) -> None:
+    path = write_raw(tmp_path / "f4.safetensors", {"q": {"dtype": "F4", "shape": [2, 4], "data_offsets": [0, 4]}}, b"\0" * 4)
+    (tensor,) = load_path(str(path)).tensors
+    assert (tensor.dtype, tensor.shape) == ("float4_e2m1fn_x2", (2, 2))
+
+
+def test_empty_and_zero_size_tensors_are_fine(tmp_path: Path) -> None:
+    path = tmp_path / "z.safetensors"
+    save_file({"empty": torch.zeros(0, 3), "w": torch.ones(2)}, str(path))
+    names = sorted(t.name for t in load_path(str(path)).tensors)
+    assert names == ["empty", "w"]
+
+
+def test_inspect_reports_duplicates_across_tensors(tmp_path: Path) -> None:
+    path = tmp_path / "dup.safetensors"
+    weights = torch.randn(64, 64)
+    save_file({"a": weights, "b": weights.clone()}, str(path))
+    report = run_inspection(str(path))
+    assert "ML102" in {f.code for f in report.findings}
+
+
+CORRUPT_CASES: dict[str, tuple[dict[str, Any], bytes, int | None, str]] = {
+    "header length beyond the file": ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, 10_000, "header claims"),
+    "offsets out of range": ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8, None, "outside"),
+    "overlapping tensors": (
+        {
+            "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+        },
+        b"\0" * 12,
+        None,
+        "overlaps",
+    ),
+    "a hole between tensors": (
+        {
+            "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+            "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
+        },
+        b"\0" * 12,
+        None,
+        "hole",
+    ),
+    "trailing bytes": ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 8, None, "not covered"),
+    "shape and size disagree": ({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, None, "needs 12 bytes"),
+    "unknown dtype": ({"w": {"dtype": "F13", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, None, "unknown dtype"),
+    "negative shape": ({"w": {"dtype": "U8", "shape": [-1], "data_offsets": [0, 0]}}, b"", None, "shape"),
+    "offsets not a pair": ({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0]}}, b"\0", None, "data_offsets"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT_CASES))
+def test_corrupt_header_is_a_one_line_cli_error(tmp_path: Path, case: str) -> None:
+    header, data, declared, fragment = CORRUPT_CASES[case]
+    path = write_raw(tmp_path / "bad.safetensors", header, data, declared)
+    with pytest.raises(CorruptCheckpointError):
+        load_path(str(path))
+    assert_one_line_error(run_cli("inspect", str(path)), "invalid safetensors header", fragment)
+
+
+def test_invalid_json_header_is_a_one_line_cli_error(tmp_path: Path) -> None:
+    body = b'{"w": {"dtype": '
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(struct.pack("<Q", len(body)) + body)
+    assert_one_line_error(run_cli("inspect", str(path)), "not valid JSON")
+
+
+def test_header_that_is_not_an_object_is_rejected(tmp_path: Path) -> None:
+    body = b"{}"
+    path = tmp_path / "ok.safetensors"
+    path.write_bytes(struct.pack("<Q", len(body)) + body)
+    assert load_path(str(path)).tensors == []
+    path.write_bytes(struct.pack("<Q", 4) + b"{1:2")
+    assert_one_line_error(run_cli("inspect", str(path)), "invalid safetensors header")
