@@ -328,24 +328,24 @@ def build_facts(source: LoadedSource) -> Facts:
     storages = []
     groups = []
     for key, storage_id in storage_ids.items():
-        record = source.storages[key]
+        storage_record = source.storages[key]
         views = views_by_storage[storage_id]
         used = union([v.bytes_used for v in views])
         used_bytes = sum(end - start for start, end in used)
-        padding, unused = _split_unused(used, record.nbytes)
+        padding, unused = _split_unused(used, storage_record.nbytes)
         storages.append(
             StorageFact(
                 id=storage_id,
                 key=key,
-                device=record.device,
-                nbytes=record.nbytes,
+                device=storage_record.device,
+                nbytes=storage_record.nbytes,
                 tensors=tuple(v.name for v in views),
                 used=used,
                 used_bytes=used_bytes,
                 padding_bytes=padding,
                 unused_bytes=unused,
-                base_address=record.base_address,
-                has_data=record.has_data,
+                base_address=storage_record.base_address,
+                has_data=storage_record.has_data,
             )
         )
         group = _alias_groups(storage_id, views)

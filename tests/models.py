@@ -192,7 +192,7 @@ class WeightDropLSTM(nn.Module):
         del self.lstm._parameters["weight_hh_l0"]
         self.weight_hh_l0_raw = nn.Parameter(raw.detach().clone())
         # What the wrapper does before every forward.
-        setattr(self.lstm, "weight_hh_l0", nn.functional.dropout(self.weight_hh_l0_raw, p=0.5))
+        self.lstm.weight_hh_l0 = nn.functional.dropout(self.weight_hh_l0_raw, p=0.5)
 
 
 def meta_and_cpu_state() -> dict[str, torch.Tensor]:

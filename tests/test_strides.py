@@ -65,7 +65,7 @@ def test_byte_set_is_exactly_the_bytes_the_view_touches(view: tuple, itemsize: i
     covered = {b for start, end in intervals for b in range(start, end)}
     assert covered == brute_bytes(shape, stride, offset, itemsize)
     # Intervals are sorted, disjoint and not touching (fully merged).
-    assert all(a_end < b_start for (_, a_end), (b_start, _) in zip(intervals, intervals[1:]))
+    assert all(a_end < b_start for (_, a_end), (b_start, _) in itertools.pairwise(intervals))
 
 
 @settings(max_examples=300, deadline=None)

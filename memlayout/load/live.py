@@ -41,7 +41,7 @@ class LiveStorageReader:
         chunk = as_bytes[start : start + length]
         if chunk.device.type != "cpu":
             chunk = chunk.cpu()
-        return memoryview(chunk.numpy())
+        return memoryview(chunk.numpy().data)
 
 
 class _Collector:
@@ -79,13 +79,13 @@ class _Collector:
                 shape=tuple(tensor.shape),
                 stride=tuple(tensor.stride()),
                 storage_key=key,
-                offset=tensor.storage_offset(),
+                offset=int(tensor.storage_offset()),
                 requires_grad=tensor.requires_grad,
                 object_id=id(tensor),
                 optimizer_state=optimizer_state,
                 section=section,
                 pinned=tensor.is_pinned() if on_cpu else None,
-                shared_memory=tensor.is_shared() if on_cpu else None,
+                shared_memory=bool(tensor.is_shared()) if on_cpu else None,  # type: ignore[no-untyped-call]
             )
         )
 
