@@ -19,9 +19,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[dev,bench]"
 	touch $(STAMP)
 
+# The demo checkpoint has findings, so inspect exits 1 by design; only a usage or
+# load error (exit 2) fails the target.
 demo: $(STAMP)
-	-$(VENV)/bin/memlayout inspect fixtures/demo_checkpoint.pt
-	@echo "(exit code 1 above means findings at or above --fail-on; see README)"
+	$(VENV)/bin/memlayout inspect fixtures/demo_checkpoint.pt; status=$$?; \
+	  echo "memlayout exit code: $$status (1 = findings at or above --fail-on; see README)"; \
+	  test $$status -le 1
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2

@@ -7,9 +7,11 @@ key bumps `schema`.
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from typing import Any
 
 from memlayout import __version__
+from memlayout.facts import TensorFact
 from memlayout.inspection import Report
 
 SCHEMA_VERSION = 1
@@ -18,6 +20,9 @@ SCHEMA_VERSION = 1
 def report_dict(report: Report) -> dict[str, Any]:
     """The report as plain JSON-ready data."""
     facts = report.facts
+    views_by_storage: dict[str, list[TensorFact]] = defaultdict(list)
+    for tensor in facts.tensors:
+        views_by_storage[tensor.storage].append(tensor)
     return {
         "schema": SCHEMA_VERSION,
         "tool": {"name": "memlayout", "version": __version__},
@@ -70,6 +75,10 @@ def report_dict(report: Report) -> dict[str, Any]:
                 "device": s.device,
                 "nbytes": s.nbytes,
                 "tensors": list(s.tensors),
+                "ranges": [
+                    {"tensor": t.name, "start": t.bytes_used.start, "end": t.bytes_used.end}
+                    for t in views_by_storage[s.id]
+                ],
                 "used_bytes": s.used_bytes,
                 "padding_bytes": s.padding_bytes,
                 "unused_bytes": s.unused_bytes,

@@ -62,3 +62,10 @@ def test_schema_rejects_a_report_missing_a_contract_key() -> None:
     del data["findings"][0]["hint"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, SCHEMA)
+
+
+def test_storages_list_the_byte_range_of_each_tensor() -> None:
+    base = models.torch.arange(100, dtype=models.torch.float32)
+    data = report_dict(memlayout.inspect({"a": base[:10], "b": base[50:60]}))
+    (storage,) = data["storages"]
+    assert storage["ranges"] == [{"tensor": "a", "start": 0, "end": 40}, {"tensor": "b", "start": 200, "end": 240}]
