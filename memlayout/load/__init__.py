@@ -69,11 +69,37 @@ def _load_hf_dir(path: str, options: LoadOptions) -> LoadedSource:
     return load_hf_dir(path)
 
 
+def _is_legacy(path: str, head: bytes) -> bool:
+    from memlayout.load.legacy import is_legacy_torch
+
+    return is_legacy_torch(head)
+
+
+def _load_legacy(path: str, options: LoadOptions) -> LoadedSource:
+    from memlayout.load.legacy import load_legacy
+
+    return load_legacy(path)
+
+
+def _is_bare_pickle(path: str, head: bytes) -> bool:
+    from memlayout.load.legacy import is_pickle
+
+    return is_pickle(head)
+
+
+def _load_bare_pickle(path: str, options: LoadOptions) -> LoadedSource:
+    from memlayout.load.legacy import load_bare_pickle
+
+    return load_bare_pickle(path)
+
+
 # Order matters where formats nest: a TorchScript archive is also a zip.
 FORMATS: list[Format] = [
     Format("safetensors", _is_safetensors, _load_safetensors),
     Format("hf-dir", _is_hf_dir, _load_hf_dir),
     Format("torch-zip", _is_torch_zip, _load_torch_zip),
+    Format("torch-legacy", _is_legacy, _load_legacy),
+    Format("pickle", _is_bare_pickle, _load_bare_pickle),
 ]
 
 

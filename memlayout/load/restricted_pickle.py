@@ -10,11 +10,12 @@ the file is ever imported or called.
 
 from __future__ import annotations
 
+import _compat_pickle
 import codecs
 import collections
 import io
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,67 +23,81 @@ from memlayout.dtypes import STORAGE_CLASS_DTYPES, dtype_info
 from memlayout.errors import CorruptCheckpointError
 from memlayout.load.records import PickleGlobal, section_of
 
-# Globals torch's own weights-only unpickler accepts (torch/_weights_only_unpickler.py),
-# in the spelling pickles use. Anything else is what `weights_only=False` would import
-# and call, which ML601 reports.
-WEIGHTS_ONLY_ALLOWED: frozenset[tuple[str, str]] = frozenset(
+# Globals torch's own weights-only unpickler accepts by default, copied from
+# torch 2.13's `torch/_weights_only_unpickler.py` (`_get_allowed_globals`) as
+# "module.name" paths. Anything else is what `weights_only=False` would import and
+# call, which ML601 reports. Notably absent there, so absent here: builtins.dict,
+# list, tuple, int, str, slice, frozenset (pickle builds those with opcodes, never
+# globals), layouts such as torch.strided (pickled through _get_layout) and memory
+# formats.
+_TENSOR_TYPE_NAMES = ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte")
+_STORAGE_TYPE_NAMES = (*_TENSOR_TYPE_NAMES, "Bool", "ComplexDouble", "ComplexFloat")
+_DTYPE_NAMES = [
+    "bfloat16", "bits16", "bits1x8", "bits2x4", "bits4x2", "bits8", "bool", "complex128",
+    "complex32", "complex64", "float16", "float32", "float4_e2m1fn_x2", "float64",
+    "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "int16", "int32", "int64", "int8", "qint32", "qint8", "quint2x4", "quint4x2", "quint8",
+    "uint16", "uint32", "uint64", "uint8"
+] + [f"{kind}{bits}" for kind in ("int", "uint") for bits in range(1, 8)]
+_REBUILD_FUNCTIONS = [
+    "_rebuild_parameter", "_rebuild_parameter_with_state", "_rebuild_qtensor",
+    "_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_sparse_tensor",
+    "_rebuild_meta_tensor_no_storage", "_rebuild_nested_tensor", "_rebuild_wrapper_subclass",
+    "_rebuild_device_tensor_from_numpy", "_rebuild_device_tensor_from_cpu_tensor"
+]
+WEIGHTS_ONLY_ALLOWED_PATHS: frozenset[str] = frozenset(
     [
-        ("collections", "OrderedDict"),
-        ("collections", "Counter"),
-        ("builtins", "set"),
-        ("builtins", "frozenset"),
-        ("builtins", "bytearray"),
-        ("builtins", "dict"),
-        ("builtins", "list"),
-        ("builtins", "tuple"),
-        ("builtins", "slice"),
-        ("builtins", "complex"),
-        ("builtins", "int"),
-        ("builtins", "float"),
-        ("builtins", "bool"),
-        ("builtins", "str"),
-        ("builtins", "bytes"),
-        ("__builtin__", "set"),
-        ("__builtin__", "frozenset"),
-        ("_codecs", "encode"),
-        ("torch", "Size"),
-        ("torch", "device"),
-        ("torch", "Tensor"),
-        ("torch.nn.parameter", "Parameter"),
-        ("torch._utils", "_rebuild_tensor"),
-        ("torch._utils", "_rebuild_tensor_v2"),
-        ("torch._utils", "_rebuild_tensor_v3"),
-        ("torch._utils", "_rebuild_parameter"),
-        ("torch._utils", "_rebuild_parameter_with_state"),
-        ("torch._utils", "_rebuild_meta_tensor_no_storage"),
-        ("torch._utils", "_rebuild_qtensor"),
-        ("torch._utils", "_rebuild_sparse_tensor"),
-        ("torch._utils", "_rebuild_nested_tensor"),
-        ("torch._utils", "_rebuild_wrapper_subclass"),
-        ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor"),
-        ("torch._utils", "_rebuild_device_tensor_from_numpy"),
-        ("torch._tensor", "_rebuild_from_type_v2"),
-        ("torch.serialization", "_get_layout"),
-        ("torch", "per_tensor_affine"),
-        ("torch", "per_channel_affine"),
-        ("torch", "per_tensor_symmetric"),
-        ("torch", "per_channel_symmetric"),
-        ("torch", "per_channel_affine_float_qparams"),
-        ("torch", "contiguous_format"),
-        ("torch", "channels_last"),
-        ("torch", "channels_last_3d"),
-        ("torch", "preserve_format"),
-        ("torch", "strided"),
-        ("torch", "sparse_coo"),
-        ("torch", "sparse_csr"),
-        ("torch", "sparse_csc"),
-        ("torch", "sparse_bsr"),
-        ("torch", "sparse_bsc"),
-        ("torch.storage", "UntypedStorage"),
-        ("torch", "UntypedStorage"),
+        "collections.OrderedDict",
+        "collections.Counter",
+        "torch.nn.parameter.Parameter",
+        "torch.serialization._get_layout",
+        "torch.Size",
+        "torch.Tensor",
+        "torch.device",
+        "_codecs.encode",
+        "builtins.bytearray",
+        "builtins.set",
+        "builtins.complex",
+        "torch._tensor._rebuild_from_type_v2",
+        "torch.storage.TypedStorage",
+        "torch.storage.UntypedStorage",
+        "torch.BoolTensor",
+        "torch.cuda.BoolTensor",
+        "torch.QInt8Storage",
+        "torch.QUInt8Storage",
+        "torch.QInt32Storage",
+        "torch.QUInt4x2Storage",
+        "torch.QUInt2x4Storage",
     ]
-    + [("torch", f"{cls}") for cls in STORAGE_CLASS_DTYPES]
+    + [f"torch.{name}" for name in _DTYPE_NAMES]
+    + [f"torch.{q}" for q in ("per_tensor_affine", "per_tensor_symmetric", "per_channel_affine",
+                              "per_channel_symmetric", "per_channel_affine_float_qparams")]
+    + [f"torch._utils.{name}" for name in _REBUILD_FUNCTIONS]
+    + [f"{ns}{t}Tensor" for ns in ("torch.", "torch.cuda.", "torch.sparse.", "torch.cuda.sparse.")
+       for t in _TENSOR_TYPE_NAMES]
+    + [f"{ns}{t}Storage" for ns in ("torch.", "torch.cuda.") for t in _STORAGE_TYPE_NAMES]
 )
+WEIGHTS_ONLY_ALLOWED: frozenset[tuple[str, str]] = frozenset(
+    (path.rpartition(".")[0], path.rpartition(".")[2]) for path in WEIGHTS_ONLY_ALLOWED_PATHS
+)
+
+
+def weights_only_allows(module: str, name: str) -> bool:
+    """Whether torch's default weights-only loader accepts this global.
+
+    Args:
+        module: The module as the pickle spells it (Python 2 names included).
+        name: The attribute name.
+
+    Returns:
+        True when `torch.load(weights_only=True)` would resolve it. Like torch, it
+        first maps Python 2 spellings (`__builtin__.set`) to Python 3 ones.
+    """
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+    elif module in _compat_pickle.IMPORT_MAPPING:
+        module = _compat_pickle.IMPORT_MAPPING[module]
+    return (module, name) in WEIGHTS_ONLY_ALLOWED
 
 
 @dataclass(eq=False)
@@ -130,14 +145,27 @@ class InertObject:
     class_module: str = ""
     class_name: str = ""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args = args
-        self.kwargs = kwargs
-        self.state: Any = None
-        self.items: list[Any] = []
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    state: Any
+    items: list[Any]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> InertObject:
+        # NEWOBJ calls only cls.__new__ (never __init__), so the fields are set here.
+        instance = super().__new__(cls)
+        instance.args = args
+        instance.kwargs = kwargs
+        instance.state = None
+        instance.items = []
+        return instance
 
     def __setstate__(self, state: Any) -> None:
         self.state = state
+
+    def __call__(self, *args: Any, **kwargs: Any) -> InertObject:
+        # REDUCE on a placeholder's result, as in getattr(__import__("os"), "system")(cmd),
+        # yields one more inert record, so the pickle still reads and ML601 can name it.
+        return InertObject(*args, **kwargs)
 
     # Containers pickled with APPENDS / SETITEMS call these on the object.
     def append(self, item: Any) -> None:
@@ -219,7 +247,10 @@ def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> An
 
 
 def _safe_codecs_encode(text: str, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-    # Protocol-2 pickles spell bytes as _codecs.encode(str, "latin1").
+    # Protocol-2 pickles spell bytes as _codecs.encode(str, "latin1"). Any other
+    # codec name would make codecs import a module from the encodings package.
+    if str(encoding).lower().replace("_", "-") not in ("latin1", "latin-1", "utf-8", "utf8", "ascii"):
+        raise pickle.UnpicklingError(f"_codecs.encode with codec {encoding!r} is not something torch writes")
     return codecs.encode(text, encoding, errors)
 
 
@@ -278,7 +309,7 @@ class RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         key = (module, name)
         if key not in self.referenced:
-            self.referenced[key] = PickleGlobal(module, name, key in WEIGHTS_ONLY_ALLOWED)
+            self.referenced[key] = PickleGlobal(module, name, weights_only_allows(module, name))
         if key in _SAFE_GLOBALS:
             return _SAFE_GLOBALS[key]
         if module in ("torch", "torch.storage") and name in STORAGE_CLASS_DTYPES:
@@ -295,9 +326,18 @@ class RestrictedUnpickler(pickle.Unpickler):
             )
         return self._placeholders[key]
 
+    @property
+    def storages(self) -> dict[str, PickledStorage]:
+        """Every storage the pickle's persistent ids named, by key."""
+        return self._storages
+
     def persistent_load(self, pid: Any) -> Any:
         if not self._storage_records:
             raise pickle.UnpicklingError("unexpected persistent id in a plain pickle")
+        if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module":
+            # Legacy torch.save files name each nn.Module class once as
+            # ("module", class, source file, source); the class is already a placeholder.
+            return pid[1]
         if not (isinstance(pid, tuple) and pid and pid[0] == "storage" and len(pid) >= 5):
             raise pickle.UnpicklingError(f"unsupported persistent id {pid!r:.80}")
         _, storage_type, key, location, count = pid[:5]

@@ -1,0 +1,208 @@
+"""Legacy (non-zip) torch.save files, and bare pickles, read without executing them.
+
+Before torch 1.6, and with `_use_new_zipfile_serialization=False` since, torch.save
+writes five things back to back: a pickled magic number, a pickled protocol
+version, a pickled dict of system info (byte order, type sizes), the main pickle
+(storages as persistent ids `('storage', type, key, location, numel, view)`,
+module classes as `('module', class, file, source)`), and a pickled sorted list of
+storage keys. Then, for each key in that order, an 8-byte element count and the
+storage's raw bytes. Every pickle goes through the restricted unpickler; storage
+bytes are located by walking the counts, so a reader can serve them in place.
+
+A file that starts like a protocol-2+ pickle but lacks the magic number is a bare
+pickle (`pickle.dump` of a model or dict): it is read the same way, metadata only.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import struct
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from memlayout.errors import CorruptCheckpointError
+from memlayout.load.pickled_tree import module_records, tensor_records
+from memlayout.load.records import LoadedSource, PickleGlobal
+from memlayout.load.restricted_pickle import PickledStorage, RestrictedUnpickler
+
+MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
+PROTOCOL_VERSION = 1001
+# pickle.dump(MAGIC_NUMBER, protocol>=2): PROTO n, then LONG1 of 10 little-endian bytes.
+_MAGIC_PICKLED = b"\x8a\x0a" + MAGIC_NUMBER.to_bytes(10, "little")
+_COUNT = struct.Struct("<q")
+_UNPICKLE_ERRORS = (
+    pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
+    AttributeError, UnicodeDecodeError, OverflowError, MemoryError, struct.error,
+)
+
+
+def is_pickle(head: bytes) -> bool:
+    """Whether the bytes open a protocol 2-5 pickle stream (legacy torch.save or bare pickle).
+
+    Args:
+        head: The file's first bytes.
+
+    Returns:
+        True when they start with the PROTO opcode and a known protocol.
+    """
+    return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
+def is_legacy_torch(head: bytes) -> bool:
+    """Whether the bytes open a legacy torch.save file (pickled magic number first).
+
+    Args:
+        head: The file's first bytes.
+
+    Returns:
+        True for the legacy format's signature.
+    """
+    return is_pickle(head) and head[2 : 2 + len(_MAGIC_PICKLED)] == _MAGIC_PICKLED
+
+
+@dataclass
+class LegacyStorageReader:
+    """Reads storage bytes from their place after the pickles."""
+
+    mapped: mmap.mmap
+    data_start: dict[str, int]
+    data_size: dict[str, int]
+
+    def read(self, storage_key: str, start: int, length: int) -> memoryview:
+        """Return `length` bytes of storage `storage_key` from byte `start`.
+
+        Args:
+            storage_key: The key from the pickle's persistent id.
+            start: Byte offset in the storage.
+            length: Bytes to read.
+
+        Returns:
+            A zero-copy view of the mapped file.
+        """
+        size = self.data_size[storage_key]
+        if start < 0 or start + length > size:
+            raise CorruptCheckpointError(
+                f"storage {storage_key} is {size} bytes, but a tensor reads bytes {start}..{start + length}"
+            )
+        base = self.data_start[storage_key]
+        return memoryview(self.mapped)[base + start : base + start + length]
+
+    def close(self) -> None:
+        """Unmap the file."""
+        self.mapped.close()
+
+
+def _load(path: str, handle: BinaryIO, what: str, storage_records: bool) -> tuple[Any, RestrictedUnpickler]:
+    unpickler = RestrictedUnpickler(handle, storage_records)  # type: ignore[arg-type]
+    try:
+        return unpickler.load(), unpickler
+    except _UNPICKLE_ERRORS as exc:
+        raise CorruptCheckpointError(f"{path}: the {what} pickle could not be read: {exc}") from exc
+
+
+def _storage_spans(
+    path: str, handle: BinaryIO, keys: list[str], storages: dict[str, PickledStorage], file_size: int
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Absolute start and byte size of each storage, walking the 8-byte counts."""
+    starts: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    position = handle.tell()
+    for key in keys:
+        handle.seek(position)
+        raw = handle.read(_COUNT.size)
+        if len(raw) < _COUNT.size:
+            raise CorruptCheckpointError(f"{path}: the file ends before storage {key}")
+        (count,) = _COUNT.unpack(raw)
+        storage = storages.get(key)
+        itemsize = storage.nbytes // storage.numel if storage is not None and storage.numel else 1
+        nbytes = count * itemsize
+        start = position + _COUNT.size
+        if count < 0 or start + nbytes > file_size:
+            raise CorruptCheckpointError(f"{path}: storage {key} ({nbytes} bytes) runs past the end of the file")
+        starts[key], sizes[key] = start, nbytes
+        position = start + nbytes
+    return starts, sizes
+
+
+def _merge_globals(unpicklers: list[RestrictedUnpickler]) -> list[PickleGlobal]:
+    merged: dict[tuple[str, str], PickleGlobal] = {}
+    for unpickler in unpicklers:
+        merged.update(unpickler.referenced)
+    return list(merged.values())
+
+
+def load_legacy(path: str) -> LoadedSource:
+    """Read a legacy torch.save file as metadata, executing nothing from it.
+
+    Args:
+        path: The file.
+
+    Returns:
+        A `LoadedSource` with `legacy_format=True` and a reader over a memory map.
+
+    Raises:
+        CorruptCheckpointError: a pickle is damaged or the storages are truncated.
+    """
+    with open(path, "rb") as handle:
+        file_size = os.fstat(handle.fileno()).st_size
+        magic, first = _load(path, handle, "magic number", False)
+        version, second = _load(path, handle, "protocol version", False)
+        if magic != MAGIC_NUMBER or version != PROTOCOL_VERSION:
+            raise CorruptCheckpointError(f"{path}: legacy torch.save header is invalid (protocol {version!r})")
+        sys_info, third = _load(path, handle, "system info", False)
+        if isinstance(sys_info, dict) and sys_info.get("little_endian") is False:
+            raise CorruptCheckpointError(
+                f"{path} was saved on a big-endian machine", "re-save it on a little-endian machine"
+            )
+        root, main = _load(path, handle, "main", True)
+        keys, fourth = _load(path, handle, "storage key list", False)
+        if not isinstance(keys, list):
+            raise CorruptCheckpointError(f"{path}: the storage key list is not a list")
+        storages = main.storages
+        starts, sizes = _storage_spans(path, handle, [str(k) for k in keys], storages, file_size)
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        tensors, storage_records = tensor_records(root, starts)
+        for key, record in storage_records.items():
+            if record.device != "meta" and key not in starts:
+                raise CorruptCheckpointError(f"{path}: the pickle names storage {key}, which the file lacks")
+    except BaseException:
+        mapped.close()
+        raise
+    reader = LegacyStorageReader(mapped, starts, sizes)
+    return LoadedSource(
+        path=path,
+        format="torch-legacy",
+        tensors=tensors,
+        storages=storage_records,
+        modules=module_records(root),
+        reader=reader,
+        pickle_globals=_merge_globals([first, second, third, main, fourth]),
+        legacy_format=True,
+        close=reader.close,
+    )
+
+
+def load_bare_pickle(path: str) -> LoadedSource:
+    """Read a plain pickle (not torch.save) as metadata, executing nothing from it.
+
+    Args:
+        path: The file.
+
+    Returns:
+        A `LoadedSource` of whatever tensors the placeholders reveal, without data.
+    """
+    with open(path, "rb") as handle:
+        root, unpickler = _load(path, handle, "main", False)
+    tensors, storages = tensor_records(root, None)
+    return LoadedSource(
+        path=path,
+        format="pickle",
+        tensors=tensors,
+        storages=storages,
+        modules=module_records(root),
+        pickle_globals=list(unpickler.referenced.values()),
+        notes=["a bare pickle, not a torch.save file: tensor data is not located"],
+    )

@@ -1,0 +1,101 @@
+"""ML6xx: what loading the file for real would execute, and outdated formats."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from memlayout.rules.registry import Finding, RuleContext, Severity, rule
+
+# Modules whose globals run commands, evaluate code or import arbitrary modules.
+# torch blocks os, sys, posix and nt even from add_safe_globals; the rest are
+# what published pickle exploits (and picklescan's denylist) use.
+CODE_EXECUTION_MODULES = frozenset(
+    [
+        "os", "posix", "nt", "sys", "subprocess", "runpy", "importlib", "pty", "socket",
+        "shutil", "webbrowser", "code", "codeop", "pickle", "_pickle", "marshal", "ctypes",
+        "commands", "platform", "multiprocessing", "asyncio", "pdb", "timeit", "torch.hub",
+    ]
+)
+CODE_EXECUTION_BUILTINS = frozenset(
+    ["eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr", "open", "breakpoint",
+     "globals", "locals", "vars", "input", "apply", "execfile"]
+)
+_BUILTIN_MODULES = frozenset(["builtins", "__builtin__"])
+_SHOWN = 12
+
+
+def runs_code(module: str, name: str) -> bool:
+    """Whether a pickle global is a known code-execution primitive.
+
+    Args:
+        module: The global's module as the pickle spells it.
+        name: The attribute name.
+
+    Returns:
+        True for `os.system`, `builtins.exec`, `subprocess.Popen` and the like.
+    """
+    if module in _BUILTIN_MODULES:
+        return name in CODE_EXECUTION_BUILTINS
+    return module.split(".")[0] in CODE_EXECUTION_MODULES or module in CODE_EXECUTION_MODULES
+
+
+def _listed(paths: list[str]) -> str:
+    shown = ", ".join(paths[:_SHOWN])
+    return shown + (f" and {len(paths) - _SHOWN} more" if len(paths) > _SHOWN else "")
+
+
+@rule(
+    "ML601",
+    "unsafe-pickle",
+    Severity.WARNING,
+    "the pickle references globals that torch's weights-only loader refuses",
+    "load it with weights_only=True, or re-save the weights as a state dict or safetensors; "
+    "never use weights_only=False on a file you did not write",
+    """
+A pickle names every class and function it needs as a global, and unpickling
+imports each one and calls it (REDUCE), constructs it (NEWOBJ) or runs its
+`__setstate__` (BUILD). `torch.load` defaults to `weights_only=True`, which accepts
+only tensors, containers and a fixed allowlist; this file names globals outside
+it, so loading it needs `weights_only=False`, which imports and runs them. For a
+pickled `nn.Module` they are the model's own classes (the code must be importable
+and is executed); `os.system`, `builtins.exec`, `subprocess.Popen` and the like
+run arbitrary commands. memlayout lists them from the pickle without importing
+or calling any of them.
+""",
+)
+def unsafe_pickle(ctx: RuleContext) -> Iterator[Finding]:
+    refused = [g for g in ctx.facts.source.pickle_globals if not g.allowed]
+    if not refused:
+        return
+    paths = sorted(dict.fromkeys(f"{g.module}.{g.name}" for g in refused))
+    modules = sorted({g.module for g in refused})
+    dangerous = sorted({f"{g.module}.{g.name}" for g in refused if runs_code(g.module, g.name)})
+    message = (
+        f"the pickle references {len(paths)} global(s) that torch.load(weights_only=True) refuses: "
+        f"{_listed(paths)}; torch.load(weights_only=False) would import {_listed(modules)} and call "
+        "or construct them while unpickling"
+    )
+    if dangerous:
+        message += f", and {_listed(dangerous)} can run arbitrary code"
+    yield unsafe_pickle.finding((), message)
+
+
+@rule(
+    "ML602",
+    "legacy-format",
+    Severity.INFO,
+    "the file uses torch's legacy (pre-1.6, non-zip) torch.save format",
+    "re-save it with a current torch.save (zip format) or as safetensors",
+    """
+torch.save wrote a plain pickle stream followed by raw storages until torch 1.6,
+and still does with `_use_new_zipfile_serialization=False`. Such a file cannot be
+memory-mapped (`torch.load(mmap=True)` needs the zip format), its storages are not
+aligned, and each is preceded by an 8-byte element count. Readers other than
+torch.load rarely support it.
+""",
+)
+def legacy_format(ctx: RuleContext) -> Iterator[Finding]:
+    if ctx.facts.source.legacy_format:
+        yield legacy_format.finding(
+            (), f"{ctx.facts.source.path or 'the source'} is a legacy (non-zip) torch.save file"
+        )
