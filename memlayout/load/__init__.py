@@ -93,10 +93,23 @@ def _load_bare_pickle(path: str, options: LoadOptions) -> LoadedSource:
     return load_bare_pickle(path)
 
 
+def _is_torchscript(path: str, head: bytes) -> bool:
+    from memlayout.load.torchscript import is_torchscript_zip
+
+    return _is_torch_zip(path, head) and is_torchscript_zip(path)
+
+
+def _load_torchscript(path: str, options: LoadOptions) -> LoadedSource:
+    from memlayout.load.torchscript import load_torchscript
+
+    return load_torchscript(path)
+
+
 # Order matters where formats nest: a TorchScript archive is also a zip.
 FORMATS: list[Format] = [
     Format("safetensors", _is_safetensors, _load_safetensors),
     Format("hf-dir", _is_hf_dir, _load_hf_dir),
+    Format("torchscript", _is_torchscript, _load_torchscript),
     Format("torch-zip", _is_torch_zip, _load_torch_zip),
     Format("torch-legacy", _is_legacy, _load_legacy),
     Format("pickle", _is_bare_pickle, _load_bare_pickle),

@@ -1,0 +1,283 @@
+"""TorchScript archives (`torch.jit.save`), read without torch.jit.load.
+
+The archive is a zip like torch.save's, plus `<archive>/code/` (the compiled
+TorchScript source) and `<archive>/constants.pkl`. `data.pkl` pickles the module
+tree with the same `('storage', ...)` persistent ids, but differently from a
+pickled `nn.Module`:
+
+- each module is a `__torch__.<qualified class>` object whose state is one flat
+  dict of attributes: parameters, buffers, submodules and plain values together;
+- parameters are plain `_rebuild_tensor_v2` tensors (no `_rebuild_parameter`);
+- typed lists go through `torch.jit._pickle.restore_type_tag` and
+  `build_tensorlist`.
+
+Which attributes are parameters and buffers is written in the class's source as
+`__parameters__ = [...]` and `__buffers__ = [...]` lines, and an RNN's `mode` as a
+`Final` constant; those lines are read as text (`ast.literal_eval`), never run.
+Tensor attributes that are neither count as buffers: they are module state saved
+with the module. Ties survive as pickle memo identity.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import zipfile
+from typing import Any
+
+from memlayout.errors import CorruptCheckpointError
+from memlayout.load.legacy import LegacyStorageReader
+from memlayout.load.pickled_tree import module_records, tensor_records
+from memlayout.load.records import LoadedSource, PickleGlobal
+from memlayout.load.restricted_pickle import InertObject, PickledTensor, RestrictedUnpickler
+
+TORCHSCRIPT_MODULE = "__torch__"
+_MANGLE = re.compile(r"\.___torch_mangle_\d+")
+_CLASS = re.compile(r"^class (\w+)\(", re.MULTILINE)
+_LIST_ATTRIBUTE = re.compile(r"^  (__parameters__|__buffers__) = (\[.*?\])\s*$", re.MULTILINE)
+_MODE = re.compile(r'^  mode : Final\[str\] = "(\w+)"\s*$', re.MULTILINE)
+_ZIP_ERRORS = (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError, NotImplementedError)
+
+
+def _first(values: Any = None, *rest: Any) -> Any:
+    return values
+
+
+def _as_list(values: Any = None, *rest: Any) -> list[Any]:
+    return list(values) if isinstance(values, (list, tuple)) else []
+
+
+# torch.jit's own pickle helpers, answered with inert equivalents.
+_TORCHSCRIPT_GLOBALS: dict[tuple[str, str], Any] = {
+    ("torch.jit._pickle", "restore_type_tag"): _first,
+    ("torch.jit._pickle", "build_tensorlist"): _as_list,
+    ("torch.jit._pickle", "build_intlist"): _as_list,
+    ("torch.jit._pickle", "build_doublelist"): _as_list,
+    ("torch.jit._pickle", "build_boollist"): _as_list,
+}
+
+
+class TorchScriptUnpickler(RestrictedUnpickler):
+    """The restricted unpickler plus inert answers for torch.jit's list helpers."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        """Resolve a global to an inert stand-in; nothing is imported.
+
+        Args:
+            module: The global's module.
+            name: The global's name.
+
+        Returns:
+            A list helper stand-in, or whatever the restricted unpickler returns.
+        """
+        found = super().find_class(module, name)
+        return _TORCHSCRIPT_GLOBALS.get((module, name), found)
+
+
+def is_torchscript_zip(path: str) -> bool:
+    """Whether a zip holds a TorchScript archive (a `code/` folder beside data.pkl).
+
+    Args:
+        path: A file that starts like a zip.
+
+    Returns:
+        True when the directory lists `<archive>/code/` or `<archive>/constants.pkl`.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except _ZIP_ERRORS:
+        return False
+    return any(
+        name.count("/") >= 1 and (name.split("/")[1] in ("code", "constants.pkl")) for name in names
+    )
+
+
+def _prefix(names: list[str]) -> str:
+    for name in names:
+        parts = name.split("/")
+        if len(parts) == 2 and parts[1] == "data.pkl":
+            return parts[0] + "/"
+    raise CorruptCheckpointError("the TorchScript archive has no <archive>/data.pkl")
+
+
+def _unpickle(path: str, data: bytes, what: str) -> tuple[Any, TorchScriptUnpickler]:
+    import io
+    import pickle
+
+    unpickler = TorchScriptUnpickler(io.BytesIO(data))
+    try:
+        return unpickler.load(), unpickler
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
+            AttributeError, UnicodeDecodeError, OverflowError, MemoryError) as exc:
+        raise CorruptCheckpointError(f"{path}: the TorchScript {what} could not be read: {exc}") from exc
+
+
+def _class_source(archive: zipfile.ZipFile, prefix: str, module: str, cache: dict[str, str]) -> str:
+    """The text of the code file defining classes of `module` (e.g. `__torch__.torch.nn.modules.linear`)."""
+    code_path = f"{prefix}code/{module.replace('.', '/')}.py"
+    if code_path not in cache:
+        try:
+            cache[code_path] = archive.read(code_path).decode("utf-8", "replace")
+        except _ZIP_ERRORS:
+            cache[code_path] = ""
+    return cache[code_path]
+
+
+def _class_block(source: str, name: str) -> str:
+    matches = list(_CLASS.finditer(source))
+    for index, match in enumerate(matches):
+        if match.group(1) == name:
+            end = matches[index + 1].start() if index + 1 < len(matches) else len(source)
+            return source[match.start() : end]
+    return ""
+
+
+def _declared_names(block: str, attribute: str) -> list[str]:
+    for match in _LIST_ATTRIBUTE.finditer(block):
+        if match.group(1) == attribute:
+            try:
+                value = ast.literal_eval(match.group(2))
+            except (ValueError, SyntaxError):
+                return []
+            return [str(v) for v in value] if isinstance(value, list) else []
+    return []
+
+
+def _restructure(archive: zipfile.ZipFile, prefix: str, root: Any) -> None:
+    """Give each TorchScript module the `_parameters/_buffers/_modules` state of a pickled nn.Module."""
+    cache: dict[str, str] = {}
+    seen: set[int] = set()
+    pending = [root]
+    while pending:
+        obj = pending.pop()
+        if not isinstance(obj, InertObject) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        cls = type(obj)
+        if not cls.class_module.startswith(TORCHSCRIPT_MODULE) or not isinstance(obj.state, dict):
+            continue
+        block = _class_block(_class_source(archive, prefix, cls.class_module, cache), cls.class_name)
+        parameter_names = set(_declared_names(block, "__parameters__"))
+        attributes: dict[str, Any] = obj.state
+        parameters: dict[str, Any] = {}
+        buffers: dict[str, Any] = {}
+        modules: dict[str, Any] = {}
+        for key, value in attributes.items():
+            if isinstance(value, PickledTensor):
+                if key in parameter_names:
+                    value.is_parameter = True
+                    parameters[key] = value
+                else:
+                    buffers[key] = value
+            elif isinstance(value, InertObject) and type(value).class_module.startswith(TORCHSCRIPT_MODULE):
+                modules[key] = value
+                pending.append(value)
+        state = {k: v for k, v in attributes.items() if k not in parameters and k not in buffers and k not in modules}
+        state.update(_parameters=parameters, _buffers=buffers, _modules=modules)
+        mode = _MODE.search(block)
+        if mode:
+            state["mode"] = mode.group(1)
+        obj.state = state
+        # Report the Python class the module was scripted from, without torch.jit's mangling.
+        cls.class_module = _MANGLE.sub("", cls.class_module).removeprefix(TORCHSCRIPT_MODULE + ".")
+
+
+def _storage_spans(
+    mapped_size: int, archive: zipfile.ZipFile, prefix: str
+) -> tuple[dict[str, int], dict[str, int]]:
+    import struct
+
+    local_header = struct.Struct("<4sHHHHHIIIHH")
+    starts: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    data_prefix = f"{prefix}data/"
+    assert archive.fp is not None
+    for info in archive.infolist():
+        if not info.filename.startswith(data_prefix) or info.filename.endswith("/"):
+            continue
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise CorruptCheckpointError(f"storage record {info.filename} is compressed; torch.jit.save never does that")
+        archive.fp.seek(info.header_offset)
+        header = archive.fp.read(local_header.size)
+        if len(header) < local_header.size or header[:4] != b"PK\x03\x04":
+            raise CorruptCheckpointError(f"the zip entry for {info.filename} is damaged")
+        fields = local_header.unpack(header)
+        start = info.header_offset + local_header.size + fields[9] + fields[10]
+        if start + info.file_size > mapped_size:
+            raise CorruptCheckpointError(f"storage record {info.filename} runs past the end of the file")
+        key = info.filename[len(data_prefix) :]
+        starts[key], sizes[key] = start, info.file_size
+    return starts, sizes
+
+
+def load_torchscript(path: str) -> LoadedSource:
+    """Read a TorchScript archive as layout records, without torch.jit.load.
+
+    Args:
+        path: The file written by `torch.jit.save`.
+
+    Returns:
+        A `LoadedSource` with the scripted module tree, parameters and buffers,
+        and a reader over the storage records.
+
+    Raises:
+        CorruptCheckpointError: the zip or a pickle inside is damaged.
+    """
+    import mmap
+    import os
+
+    with open(path, "rb") as handle:
+        try:
+            archive = zipfile.ZipFile(handle)
+            prefix = _prefix(archive.namelist())
+            data = archive.read(f"{prefix}data.pkl")
+            constants = archive.read(f"{prefix}constants.pkl") if f"{prefix}constants.pkl" in archive.namelist() else b""
+            starts, sizes = _storage_spans(os.fstat(handle.fileno()).st_size, archive, prefix)
+        except _ZIP_ERRORS as exc:
+            raise CorruptCheckpointError(f"{path} is not a readable TorchScript archive: {exc}") from exc
+        root, unpickler = _unpickle(path, data, "module pickle")
+        referenced = dict(unpickler.referenced)
+        tree: dict[str, Any] = {"": root}
+        if constants:
+            constants_root, constants_unpickler = _unpickle(path, constants, "constants pickle")
+            referenced.update(constants_unpickler.referenced)
+            tree["constants"] = constants_root
+        _restructure(archive, prefix, root)
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        tensors, storages = tensor_records(root, starts)
+        if constants:
+            constant_tensors, constant_storages = tensor_records({"constants": tree["constants"]}, starts)
+            tensors += constant_tensors
+            storages.update(constant_storages)
+        for key, storage in storages.items():
+            if storage.device != "meta" and key not in starts:
+                raise CorruptCheckpointError(f"{path}: the pickle names storage {key}, which the archive lacks")
+    except BaseException:
+        mapped.close()
+        raise
+    reader = LegacyStorageReader(mapped, starts, sizes)
+    return LoadedSource(
+        path=path,
+        format="torchscript",
+        tensors=tensors,
+        storages=storages,
+        modules=module_records(root),
+        reader=reader,
+        pickle_globals=_python_globals(referenced),
+        notes=[
+            "TorchScript archive: torch.load(weights_only=True) refuses it, and torch.jit.load "
+            "compiles and runs the TorchScript in its code/ folder"
+        ],
+        close=reader.close,
+    )
+
+
+def _python_globals(referenced: dict[tuple[str, str], PickleGlobal]) -> list[PickleGlobal]:
+    # __torch__ classes and torch.jit's list helpers are resolved by torch.jit.load
+    # from the archive itself, not imported from Python; anything else is reported.
+    return [
+        g for (module, _), g in referenced.items()
+        if not module.startswith(TORCHSCRIPT_MODULE) and module != "torch.jit._pickle"
+    ]
