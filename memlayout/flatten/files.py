@@ -1,0 +1,273 @@
+"""Flatten a checkpoint on disk (or an import spec) into OUT: load -> plan -> apply -> save.
+
+torch.save files are streamed: the tree is loaded with `torch.load(mmap=True)`,
+whose storages are never touched, the flat buffers are allocated, and each
+storage's used bytes are read from the file with pread straight into their slot.
+Peak memory is the flat bytes plus one small dense-copy temporary, not two models.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from memlayout.errors import FlattenError, UnsafeContentError, UsageError
+from memlayout.facts import Facts, build_facts
+from memlayout.flatten.plan import DEFAULT_ALIGN, FlatPlan, describe_changes, plan_flatten
+from memlayout.load.records import LoadedSource
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class FlattenOptions:
+    """What `memlayout flatten` was asked to do."""
+
+    out: str | None
+    """Destination; None with `check` (or `in_place`, where it is IN)."""
+    device: str = "auto"
+    align: int = DEFAULT_ALIGN
+    trust: bool = False
+    check: bool = False
+    in_place: bool = False
+    verify: bool = True
+
+
+@dataclass(frozen=True)
+class FlattenResult:
+    """What happened, for the summary."""
+
+    source: str
+    out: str | None
+    format: str
+    """The format read and written ("torch-zip state dict", "torch-zip module", ...)."""
+    device: str | None
+    device_reason: str
+    """Why this device ("auto: CUDA available", "asked for")."""
+    storages_before: int
+    storages_after: int
+    bytes_before: int
+    bytes_after: int
+    padding_bytes: int
+    bytes_copied: int
+    seconds: float
+    already_flat: bool
+    changes: tuple[str, ...]
+    """What flattening changes (or would change, with --check)."""
+    notes: tuple[str, ...]
+    verified: bool
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.exists(a) and os.path.exists(b):
+        return os.path.samefile(a, b)
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _check_paths(path: str, options: FlattenOptions) -> str | None:
+    if options.check:
+        return None
+    if options.in_place:
+        if options.out is not None and not _same_file(path, options.out):
+            raise UsageError("--in-place rewrites IN; do not also give a different -o")
+        if not os.path.exists(path):
+            raise UsageError(f"--in-place needs a file or directory, and {path} is not one")
+        return path
+    if options.out is None:
+        raise UsageError("no output given", "pass -o OUT, or --check to only check, or --in-place")
+    if _same_file(path, options.out):
+        raise UsageError(f"-o {options.out} is IN itself", "pass --in-place to rewrite IN, or choose another OUT")
+    return options.out
+
+
+def _require_trust(source: LoadedSource, options: FlattenOptions) -> None:
+    if options.trust:
+        return
+    if source.modules:
+        raise UnsafeContentError(
+            f"{source.path} holds a pickled nn.Module; re-saving it needs the real objects, which runs code from the file",
+            "pass --trust if you trust whoever wrote it, or save a state_dict instead",
+        )
+    refused = sorted({f"{g.module}.{g.name}" for g in source.pickle_globals if not g.allowed})
+    if refused:
+        raise UnsafeContentError(
+            f"{source.path} references {', '.join(refused[:3])}, which torch's weights-only loader refuses",
+            "pass --trust if you trust whoever wrote it",
+        )
+
+
+def _device_choice(device: str) -> tuple[str | None, str]:
+    from memlayout.flatten.live import resolve_device
+
+    resolved = resolve_device(device)
+    if device == "auto":
+        return resolved, "auto: " + ("CUDA is available" if resolved != "cpu" else "no CUDA device, using CPU")
+    return resolved, "as asked"
+
+
+def _result(
+    path: str, out: str | None, fmt: str, facts: Facts, plan: FlatPlan, device: tuple[str | None, str],
+    copied: int, seconds: float, changes: list[str], verified: bool,
+) -> FlattenResult:
+    untouched = {key[0] for key in plan.untouched}
+    placed_storages = {s.key for s in facts.storages} - untouched
+    return FlattenResult(
+        source=path,
+        out=out,
+        format=fmt,
+        device=device[0],
+        device_reason=device[1],
+        storages_before=len(facts.storages),
+        storages_after=len(plan.buffers) + len(untouched - placed_storages),
+        bytes_before=sum(s.nbytes for s in facts.storages),
+        bytes_after=plan.nbytes + sum(s.nbytes for s in facts.storages if s.key in untouched - placed_storages),
+        padding_bytes=plan.padding_bytes,
+        bytes_copied=copied,
+        seconds=seconds,
+        already_flat=not changes,
+        changes=tuple(changes),
+        notes=plan.notes,
+        verified=verified,
+    )
+
+
+def _format_name(source: LoadedSource) -> str:
+    if source.format == "torch-zip":
+        return "torch.save module pickle" if source.modules else "torch.save state dict"
+    if source.format in ("live-module", "state-dict"):
+        return "import spec (saved as a torch.save state dict)"
+    return source.format
+
+
+def flatten_path(path: str, options: FlattenOptions) -> FlattenResult:
+    """Flatten the model or checkpoint at `path` into `options.out`, verified.
+
+    Args:
+        path: A torch.save file, a safetensors file or HF directory, or an import
+            spec `pkg.mod:factory` (whose model is saved as a state dict, the format
+            that needs no code to load).
+        options: Output, device, alignment, trust, check and verification switches.
+
+    Returns:
+        A `FlattenResult` for the summary.
+
+    Raises:
+        UsageError: inconsistent paths or options.
+        UnsafeContentError: a module pickle without `trust`.
+        FlattenError: flattening or verification failed; nothing was written.
+    """
+    from memlayout.load import LoadOptions, load_path
+
+    out = _check_paths(path, options)
+    source = load_path(path, LoadOptions(trust=options.trust))
+    try:
+        facts = build_facts(source)
+        if options.check:
+            plan = plan_flatten(facts, align=options.align)
+            return _result(path, None, _format_name(source), facts, plan, (None, "check only"), 0, 0.0,
+                           _changes(plan, facts, source), False)
+        device = _device_choice(options.device)
+        plan = plan_flatten(facts, align=options.align, device=device[0])
+        changes = _changes(plan, facts, source)
+        assert out is not None
+        if source.format == "torch-zip":
+            _require_trust(source, options)
+            started = time.perf_counter()
+            copied, verified = _flatten_torch_zip(path, out, source, plan, options, {t for f in facts.tensors for t in f.names})
+        elif source.format in ("live-module", "state-dict"):
+            started = time.perf_counter()
+            copied, verified = _flatten_live_to_state_dict(source.live_object, out, facts, plan, options)
+        elif source.format == "safetensors":
+            if device[0] != "cpu":
+                raise UsageError("a safetensors file is rewritten on the CPU", "pass --device cpu")
+            from memlayout.flatten.safetensors_out import flatten_safetensors_file
+
+            started = time.perf_counter()
+            copied, verified = flatten_safetensors_file(path, out, source, plan, options.verify)
+        else:
+            raise FlattenError(
+                f"flatten cannot rewrite {source.format} sources yet",
+                "convert to a torch.save state dict or a safetensors file first",
+            )
+        seconds = time.perf_counter() - started
+        return _result(path, out, _format_name(source), facts, plan, device, copied, seconds, changes, verified)
+    finally:
+        if source.close is not None:
+            source.close()
+
+
+def _changes(plan: FlatPlan, facts: Facts, source: LoadedSource) -> list[str]:
+    if source.format == "safetensors":
+        from memlayout.flatten.safetensors_out import safetensors_changes
+
+        return safetensors_changes(plan, source)
+    return describe_changes(plan, facts)
+
+
+def _flatten_torch_zip(
+    path: str, out: str, source: LoadedSource, plan: FlatPlan, options: FlattenOptions, names: set[str]
+) -> tuple[int, bool]:
+    import pickle
+
+    import torch
+
+    from memlayout.flatten.apply import (
+        allocate,
+        copy_from_file,
+        mmap_storage_keys,
+        rebind,
+        views_of,
+    )
+    from memlayout.flatten.save import verify_torch_file, write_torch
+
+    reader: Any = source.reader
+    try:
+        tree = torch.load(path, map_location="cpu", mmap=True, weights_only=not options.trust)
+    except pickle.UnpicklingError as exc:
+        raise UnsafeContentError(f"{path} cannot be loaded weights-only: {str(exc).splitlines()[0]}") from exc
+    except (AttributeError, ImportError) as exc:
+        raise UsageError(
+            f"{path}: a class the pickle needs cannot be imported here ({exc})",
+            "run from a directory where the model's code is importable",
+        ) from exc
+    keys = mmap_storage_keys(tree, reader.data_start, reader.data_size)
+    buffers = allocate(plan)
+    copied = copy_from_file(plan, buffers, path, reader.data_start)
+
+    def key_of(tensor: torch.Tensor) -> str | None:
+        storage = tensor.untyped_storage()
+        return keys.get(storage.data_ptr()) if storage.nbytes() > 0 else None
+
+    rebind(tree, plan, views_of(plan, buffers), key_of)
+    verify = (lambda temporary: verify_torch_file(temporary, plan, buffers, names)) if options.verify else None
+    write_torch(tree, out, verify)
+    return copied, options.verify
+
+
+def _flatten_live_to_state_dict(
+    obj: Any, out: str, facts: Facts, plan: FlatPlan, options: FlattenOptions
+) -> tuple[int, bool]:
+    import torch
+
+    from memlayout.flatten.apply import (
+        allocate,
+        copy_from_storages,
+        live_storage_key,
+        rebind,
+        views_of,
+        walk_tensors,
+    )
+    from memlayout.flatten.save import verify_torch_file, write_torch
+
+    storages = {live_storage_key(t): t.untyped_storage() for t in walk_tensors(obj)}
+    buffers = allocate(plan)
+    copied = copy_from_storages(plan, buffers, storages)
+    rebind(obj, plan, views_of(plan, buffers), live_storage_key)
+    state = obj.state_dict() if isinstance(obj, torch.nn.Module) else obj
+    verify = (lambda temporary: verify_torch_file(temporary, plan, buffers)) if options.verify else None
+    write_torch(state, out, verify)
+    return copied, options.verify
+

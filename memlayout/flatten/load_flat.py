@@ -1,0 +1,110 @@
+"""Load a flat checkpoint into a fresh model without losing the flat layout.
+
+`load_state_dict` copies each tensor into the model's own storages, one per
+parameter, so the layout `memlayout flatten` wrote is gone after loading. Here the
+model's tensors are re-pointed at the checkpoint's buffers instead, each buffer
+moved to the device in one copy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from memlayout.errors import FlattenError, UsageError
+from memlayout.flatten.handle import FlatHandle
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _to_device(state: dict[str, Any], device: str) -> dict[str, Any]:
+    # Move each storage once and rebuild the views on it, so sharing survives the move.
+    import torch
+
+    moved: dict[int, Any] = {}
+    out: dict[str, Any] = {}
+    for name, tensor in state.items():
+        if not isinstance(tensor, torch.Tensor):
+            out[name] = tensor
+            continue
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr() if storage.nbytes() else id(tensor)
+        if key not in moved:
+            whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+            moved[key] = whole.to(device).untyped_storage()
+        view = torch.empty(0, dtype=tensor.dtype, device=device)
+        view.set_(moved[key], tensor.storage_offset(), tensor.shape, tensor.stride())
+        out[name] = view
+    return out
+
+
+def _state_for(model: Any, state: Any) -> dict[str, Any]:
+    names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    if isinstance(state, dict) and not names & state.keys() and isinstance(state.get("model"), dict):
+        return dict(state["model"])  # a training checkpoint: take its model section
+    if not isinstance(state, dict):
+        raise UsageError(f"the checkpoint holds a {type(state).__name__}, not a state dict")
+    return dict(state)
+
+
+def repoint(model: Any, state: dict[str, Any]) -> None:
+    """Point every parameter and persistent buffer of `model` at the tensor of the same name.
+
+    Args:
+        model: The fresh nn.Module.
+        state: Name -> tensor, on the target device.
+
+    Raises:
+        FlattenError: a name is missing or a shape or dtype differs; the model is untouched.
+    """
+    import torch
+
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        new = state.get(name)
+        if new is None:
+            if isinstance(tensor, torch.nn.Parameter):
+                raise FlattenError(f"the checkpoint has no {name}", "load a checkpoint saved from this model")
+            continue  # a non-persistent buffer, never in a state dict
+        if new.shape != tensor.shape or new.dtype != tensor.dtype:
+            raise FlattenError(
+                f"{name} is {tuple(new.shape)} {new.dtype} in the checkpoint but {tuple(tensor.shape)} {tensor.dtype} in the model"
+            )
+        pairs.append((tensor, new))
+    with torch.no_grad():
+        for tensor, new in pairs:
+            tensor.data = new
+    for module in model.modules():
+        if isinstance(module, torch.nn.RNNBase):
+            module._init_flat_weights()
+
+
+def load_flat_checkpoint(model: Any, path: str, device: str | None = None) -> FlatHandle:
+    """Restore a flat checkpoint into `model`, keeping its buffers and ties.
+
+    Args:
+        model: A freshly built nn.Module.
+        path: A torch.save state dict (or training checkpoint with a "model"
+            section) or a safetensors file written by `memlayout flatten`.
+        device: "cpu", "cuda", "cuda:N" or "auto"; None means CPU.
+
+    Returns:
+        The `FlatHandle` over the loaded buffers (unchanged when the file was flat).
+    """
+    import torch
+
+    from memlayout.flatten.live import flatten_object, resolve_device
+
+    target = resolve_device(device) or "cpu"
+    with open(path, "rb") as handle:
+        head = handle.read(16)
+    if head.startswith(b"PK\x03\x04"):
+        state = _state_for(model, torch.load(path, map_location="cpu", weights_only=True))
+        if target != "cpu":
+            state = _to_device(state, target)
+    else:
+        from memlayout.flatten.safetensors_out import load_flat_safetensors
+
+        state = load_flat_safetensors(path, target)
+    repoint(model, state)
+    return flatten_object(model)

@@ -1,0 +1,235 @@
+"""Flat safetensors files: written in flat-buffer order, loaded as one mapped buffer.
+
+safetensors stores one data section of dense, non-overlapping tensors and no
+aliasing. A flat file keeps each buffer's tensors together in slot order (buffers
+sorted by element size, so every tensor stays naturally aligned without padding,
+which the format forbids as a hole). A tie is stored once; its other names, and
+any strided view, go to `__metadata__["memlayout.aliases"]` as (stored name, element
+offset, shape, stride, dtype), which `load_flat` turns back into views. The header
+is padded with spaces so the data section starts on a 64-byte boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from memlayout.dtypes import SAFETENSORS_DTYPES
+from memlayout.errors import FlattenError
+from memlayout.flatten.plan import FlatPlan, Slot, dense_strides
+from memlayout.load.records import LoadedSource
+from memlayout.strides import MemoryFormat
+
+if TYPE_CHECKING:
+    import torch
+
+ALIASES_KEY = "memlayout.aliases"
+DATA_ALIGN = 64
+_CODES = {name: code for code, name in SAFETENSORS_DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    buffer: int
+    start: int
+    nbytes: int
+
+
+def _slot_entries(index: int, number: int, slot: Slot) -> tuple[_Entry, dict[str, Any]]:
+    # Store the view that covers the whole slot densely, else the raw bytes.
+    owner = next(
+        (
+            v for v in slot.views
+            if v.stride == dense_strides(v.shape, MemoryFormat.CONTIGUOUS)
+            and v.offset * v.itemsize == slot.start
+            and v.itemsize * _numel(v.shape) == slot.nbytes
+        ),
+        None,
+    )
+    if owner is not None:
+        entry = _Entry(owner.names[0], owner.dtype, owner.shape, index, slot.start, slot.nbytes)
+    else:
+        entry = _Entry(f"__memlayout_slot_{index}_{number}", "uint8", (slot.nbytes,), index, slot.start, slot.nbytes)
+    aliases = {}
+    for view in slot.views:
+        for name in view.names:
+            if name == entry.name:
+                continue
+            relative = view.offset * view.itemsize - slot.start
+            aliases[name] = {
+                "of": entry.name, "offset": relative // view.itemsize,
+                "shape": list(view.shape), "stride": list(view.stride), "dtype": view.dtype,
+            }
+    return entry, aliases
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def write_flat_safetensors(
+    path: str, plan: FlatPlan, buffers: list[torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
+    """Write the flat buffers as a standard safetensors file, ties as metadata aliases.
+
+    Args:
+        path: Destination (write to a temporary and rename; see `save.atomic_path`).
+        plan: The layout.
+        buffers: The filled buffers (any device).
+        metadata: `__metadata__` strings to keep (e.g. {"format": "pt"}).
+    """
+    entries: list[_Entry] = []
+    aliases: dict[str, Any] = {}
+    for index, flat in enumerate(plan.buffers):
+        for number, slot in enumerate(flat.slots):
+            if slot.nbytes == 0 and not slot.views[0].shape:
+                continue
+            entry, slot_aliases = _slot_entries(index, number, slot)
+            entries.append(entry)
+            aliases.update(slot_aliases)
+    from memlayout.dtypes import dtype_info
+
+    entries.sort(key=lambda e: -dtype_info(e.dtype).itemsize)
+    header: dict[str, Any] = {}
+    cursor = 0
+    for entry in entries:
+        code = _CODES.get(entry.dtype)
+        if code is None:
+            raise FlattenError(f"{entry.name}: dtype {entry.dtype} has no safetensors code")
+        header[entry.name] = {"dtype": code, "shape": list(entry.shape), "data_offsets": [cursor, cursor + entry.nbytes]}
+        cursor += entry.nbytes
+    meta = dict(metadata or {})
+    if aliases:
+        meta[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)
+    if meta:
+        header["__metadata__"] = meta
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % DATA_ALIGN)
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(raw)))
+        out.write(raw)
+        for entry in entries:
+            chunk = buffers[entry.buffer][entry.start : entry.start + entry.nbytes]
+            out.write(chunk.cpu().numpy().tobytes() if chunk.device.type != "cpu" else memoryview(chunk.numpy()))  # type: ignore[arg-type]
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def load_flat_safetensors(path: str, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file as a view of one buffer holding its data section.
+
+    Args:
+        path: The file (any safetensors file; aliases are restored when present).
+        device: "cpu" maps the file (zero-copy); a CUDA device gets one host-to-device copy.
+
+    Returns:
+        Name -> tensor, aliases included.
+    """
+    import torch
+
+    from memlayout.flatten.apply import torch_dtype
+    from memlayout.load.safetensors_file import read_header
+
+    header, file_size = read_header(path)
+    # shared=False maps copy-on-write: nothing is read until touched, and writes stay private.
+    whole = torch.UntypedStorage.from_file(path, shared=False, nbytes=file_size)
+    data = torch.empty(0, dtype=torch.uint8).set_(whole, header.data_start, (file_size - header.data_start,), (1,))
+    if device != "cpu":
+        data = data.to(device)
+    storage: Any = data.untyped_storage()
+    base = data.storage_offset()
+    state: dict[str, torch.Tensor] = {}
+    for entry in header.entries:
+        dtype = torch_dtype(entry.dtype)
+        start = base + entry.start - header.data_start
+        if start % dtype.itemsize:
+            raise FlattenError(f"{entry.name} is not aligned to its element size in {path}", "rewrite it with memlayout flatten")
+        view = torch.empty(0, dtype=dtype, device=data.device)
+        view.set_(storage, start // dtype.itemsize, entry.shape, dense_strides(entry.shape, MemoryFormat.CONTIGUOUS))
+        state[entry.name] = view
+    for name, alias in json.loads(header.metadata.get(ALIASES_KEY, "{}")).items():
+        owner = state[alias["of"]]
+        dtype = torch_dtype(alias["dtype"])
+        owner_start = owner.storage_offset() * owner.element_size()
+        view = torch.empty(0, dtype=dtype, device=data.device)
+        view.set_(storage, owner_start // dtype.itemsize + alias["offset"], tuple(alias["shape"]), tuple(alias["stride"]))
+        state[name] = view
+    return {name: tensor for name, tensor in state.items() if not name.startswith("__memlayout_slot_")}
+
+
+def safetensors_changes(plan: FlatPlan, source: LoadedSource) -> list[str]:
+    """What rewriting a safetensors file flat would change; empty when it is already flat.
+
+    A safetensors data section is one packed blob, so the file is flat when its
+    tensors already sit in the order `write_flat_safetensors` would use.
+
+    Args:
+        plan: The plan made from the file's facts.
+        source: The file's loaded metadata (tensor records in file order).
+
+    Returns:
+        One line, or none.
+    """
+    from memlayout.dtypes import dtype_info
+
+    planned = [
+        (view.names[0], dtype_info(view.dtype).itemsize)
+        for flat in plan.buffers for slot in flat.slots for view in slot.views
+    ]
+    order = [name for name, _ in sorted(planned, key=lambda item: -item[1])]
+    current = [record.name for record in source.tensors]
+    if order == current:
+        return []
+    moved = sum(1 for a, b in zip(order, current, strict=False) if a != b)
+    return [f"{moved} of {len(current)} tensors would move to keep each dtype group together in flat order"]
+
+
+def flatten_safetensors_file(
+    path: str, out: str, source: LoadedSource, plan: FlatPlan, verify: bool
+) -> tuple[int, bool]:
+    """Rewrite a safetensors file in flat-buffer order, verified, atomically.
+
+    Args:
+        path: IN.
+        out: OUT.
+        source: IN's loaded metadata (its reader's spans give file offsets).
+        plan: The layout (CPU buffers).
+        verify: Reload OUT and compare every tensor's bytes before renaming.
+
+    Returns:
+        (bytes copied, whether OUT was verified).
+    """
+    import torch
+
+    from memlayout.flatten.apply import allocate, copy_from_file
+    from memlayout.flatten.save import atomic_path
+    from memlayout.load.safetensors_file import read_header
+
+    header, _ = read_header(path)
+    offsets = {entry.name: entry.start for entry in header.entries}
+    buffers = allocate(plan)
+    copied = copy_from_file(plan, buffers, path, offsets)
+    metadata = {k: v for k, v in header.metadata.items() if k != ALIASES_KEY}
+    with atomic_path(out, suffix=".safetensors") as temporary:
+        write_flat_safetensors(temporary, plan, buffers, metadata)
+        if verify:
+            from memlayout.flatten.apply import as_bits, view_of
+
+            written = load_flat_safetensors(temporary)
+            for index, placement in plan.placements.values():
+                expected = view_of(buffers[index], placement)
+                for name in placement.names:
+                    got = written.get(name)
+                    if got is None or got.shape != expected.shape or not torch.equal(as_bits(got), as_bits(expected)):
+                        raise FlattenError(f"verification failed: {name} differs in the written file")
+            del written
+    return copied, verify

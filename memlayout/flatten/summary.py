@@ -1,0 +1,50 @@
+"""The text `memlayout flatten` prints: built here, printed by the CLI."""
+
+from __future__ import annotations
+
+from memlayout.flatten.files import FlattenResult
+from memlayout.format_bytes import human_bytes
+
+
+def render_check(result: FlattenResult) -> str:
+    """The `--check` report: already flat, or what flattening would change.
+
+    Args:
+        result: A result from `flatten_path` with `check` set.
+
+    Returns:
+        Lines ending in a newline.
+    """
+    if result.already_flat:
+        lines = [f"{result.source}: already flat ({result.storages_before} storages)"]
+    else:
+        lines = [f"{result.source}: would change ({result.format}):"]
+        lines += [f"  {change}" for change in result.changes]
+    lines += [f"  note: {note}" for note in result.notes]
+    return "\n".join(lines) + "\n"
+
+
+def render_summary(result: FlattenResult) -> str:
+    """The closing summary: storages, bytes, padding, time and throughput.
+
+    Args:
+        result: A result from `flatten_path`.
+
+    Returns:
+        Lines ending in a newline.
+    """
+    removed = result.bytes_before - (result.bytes_after - result.padding_bytes)
+    rate = result.bytes_copied / result.seconds / 1e9 if result.seconds > 0 else 0.0
+    lines = [
+        f"flattened {result.source} -> {result.out} ({result.format})",
+        f"  device    {result.device} ({result.device_reason})",
+        f"  storages  {result.storages_before} -> {result.storages_after}",
+        f"  bytes     {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)}"
+        f" ({human_bytes(max(removed, 0))} bloat removed, {human_bytes(result.padding_bytes)} padding)",
+        f"  time      {result.seconds:.3f} s ({rate:.2f} GB/s copied)",
+        "  verified  " + ("reloaded OUT: values and sharing match" if result.verified else "skipped (--no-verify)"),
+    ]
+    if result.already_flat:
+        lines.insert(1, "  IN was already flat; OUT is a verified copy")
+    lines += [f"  note: {note}" for note in result.notes]
+    return "\n".join(lines) + "\n"
