@@ -11,6 +11,7 @@ import sys
 import typer
 
 from memlayout import __version__
+from memlayout.cli.flatten_command import flatten_command
 from memlayout.cli.inspect_command import inspect_command
 from memlayout.cli.rules_command import explain_command, rules_command
 
@@ -40,6 +41,7 @@ def root(
 app.command("inspect")(inspect_command)
 app.command("rules")(rules_command)
 app.command("explain")(explain_command)
+app.command("flatten")(flatten_command)
 
 
 def main(argv: list[str] | None = None) -> int:
