@@ -105,9 +105,22 @@ def _load_torchscript(path: str, options: LoadOptions) -> LoadedSource:
     return load_torchscript(path)
 
 
+def _is_dcp_dir(path: str, head: bytes) -> bool:
+    from memlayout.load.dcp import is_dcp_dir
+
+    return not head and is_dcp_dir(path)
+
+
+def _load_dcp_dir(path: str, options: LoadOptions) -> LoadedSource:
+    from memlayout.load.dcp import load_dcp
+
+    return load_dcp(path)
+
+
 # Order matters where formats nest: a TorchScript archive is also a zip.
 FORMATS: list[Format] = [
     Format("safetensors", _is_safetensors, _load_safetensors),
+    Format("dcp", _is_dcp_dir, _load_dcp_dir),
     Format("hf-dir", _is_hf_dir, _load_hf_dir),
     Format("torchscript", _is_torchscript, _load_torchscript),
     Format("torch-zip", _is_torch_zip, _load_torch_zip),

@@ -1,0 +1,230 @@
+"""torch.distributed.checkpoint directories: `.metadata` plus `*.distcp` files.
+
+`.metadata` is a plain pickle of `torch.distributed.checkpoint.metadata.Metadata`,
+and `FileSystemReader.read_metadata` loads it with `pickle.load`, so it can run
+code. Here it goes through the restricted unpickler: the dataclasses become
+placeholders whose pickled state gives, per tensor, the dtype, the global shape and
+the chunks (offsets and sizes of each shard), and where each chunk's bytes lie.
+
+Metadata only: each tensor gets one storage of its global size with
+`has_data=False` (chunks are serialized tensors inside the .distcp files, not raw
+ranges), and the device is unknown because DCP does not record it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from memlayout.dtypes import dtype_info
+from memlayout.errors import CorruptCheckpointError
+from memlayout.load.records import (
+    LoadedSource,
+    PickleGlobal,
+    StorageRecord,
+    TensorKind,
+    TensorRecord,
+)
+from memlayout.load.restricted_pickle import InertObject, unpickle
+
+METADATA_FILE = ".metadata"
+DATA_SUFFIX = ".distcp"
+UNKNOWN_DEVICE = "unknown"
+_NOTE_LIMIT = 10
+# What a genuine .metadata pickle references: DCP's own dataclasses and the paths
+# it stores. They are what dcp.load imports anyway; anything else is reported.
+_EXPECTED_PREFIX = "torch.distributed.checkpoint."
+
+
+@dataclass(frozen=True)
+class DcpChunk:
+    """One shard of a tensor: where it sits in the global tensor."""
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DcpTensor:
+    """A tensor as `.metadata` describes it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    chunks: tuple[DcpChunk, ...]
+
+
+def is_dcp_dir(path: str) -> bool:
+    """Whether a directory looks like a torch.distributed.checkpoint save.
+
+    Args:
+        path: A directory.
+
+    Returns:
+        True when it holds `.metadata` or any `*.distcp` file.
+    """
+    if os.path.isfile(os.path.join(path, METADATA_FILE)):
+        return True
+    try:
+        return any(name.endswith(DATA_SUFFIX) for name in os.listdir(path))
+    except OSError:
+        return False
+
+
+def _state(obj: Any) -> dict[str, Any]:
+    return obj.state_dict if isinstance(obj, InertObject) else {}
+
+
+def _ints(value: Any, what: str) -> tuple[int, ...]:
+    if isinstance(value, InertObject):  # a torch.Size that was not resolved
+        value = value.args[0] if value.args else ()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and v >= 0 for v in value):
+        raise CorruptCheckpointError(f"DCP metadata has {what} {value!r:.80}; expected non-negative ints")
+    return tuple(value)
+
+
+def _dtype(properties: Any) -> str:
+    # TensorProperties pickles its fields as a tuple: (dtype, layout, requires_grad,
+    # memory_format, pin_memory); older versions pickle a dict with "dtype".
+    state = properties.state if isinstance(properties, InertObject) else None
+    if isinstance(state, tuple) and state and isinstance(state[0], str):
+        return state[0]
+    if isinstance(state, dict) and isinstance(state.get("dtype"), str):
+        return str(state["dtype"])
+    return "uint8"
+
+
+def dcp_tensors(root: Any) -> list[DcpTensor]:
+    """The tensors a `.metadata` object tree describes.
+
+    Args:
+        root: The restricted unpickler's result for `.metadata`.
+
+    Returns:
+        One `DcpTensor` per tensor entry; bytes entries (pickled non-tensors) are skipped.
+    """
+    entries = _state(root).get("state_dict_metadata")
+    if not isinstance(entries, dict):
+        raise CorruptCheckpointError("DCP .metadata has no state_dict_metadata: it is not a DCP checkpoint")
+    tensors = []
+    for name, entry in entries.items():
+        if not isinstance(entry, InertObject) or type(entry).class_name != "TensorStorageMetadata":
+            continue
+        state = _state(entry)
+        shape = _ints(state.get("size"), f"size of {name}")
+        chunks = tuple(
+            DcpChunk(_ints(_state(c).get("offsets"), f"chunk offsets of {name}"), _ints(_state(c).get("sizes"), f"chunk sizes of {name}"))
+            for c in state.get("chunks") or []
+        )
+        tensors.append(DcpTensor(str(name), _dtype(state.get("properties")), shape, chunks))
+    return tensors
+
+
+def _storage_files(root: Any) -> dict[str, int]:
+    """relative path -> bytes the metadata expects it to hold at least."""
+    needed: dict[str, int] = {}
+    storage_data = _state(root).get("storage_data")
+    for info in (storage_data or {}).values() if isinstance(storage_data, dict) else []:
+        state = _state(info)
+        relative = state.get("relative_path")
+        if isinstance(relative, str):
+            end = int(state.get("offset") or 0) + int(state.get("length") or 0)
+            needed[relative] = max(needed.get(relative, 0), end)
+    return needed
+
+
+def _check_files(path: str, needed: dict[str, int]) -> None:
+    for relative, end in sorted(needed.items()):
+        if os.path.isabs(relative) or ".." in relative.replace("\\", "/").split("/"):
+            raise CorruptCheckpointError(f"{path}: .metadata names data file {relative!r} outside the directory")
+        full = os.path.join(path, relative)
+        if not os.path.isfile(full):
+            raise CorruptCheckpointError(
+                f"{path}: .metadata names {relative}, which is missing",
+                "copy every .distcp file of the checkpoint into the directory",
+            )
+        if os.path.getsize(full) < end:
+            raise CorruptCheckpointError(f"{path}: {relative} is shorter than the {end} bytes .metadata expects")
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def _chunk_notes(tensors: list[DcpTensor], files: int) -> list[str]:
+    chunk_count = sum(len(t.chunks) for t in tensors)
+    notes = [
+        f"torch.distributed.checkpoint: {len(tensors)} tensors in {chunk_count} chunks over {files} "
+        "file(s); metadata only, so content checks are skipped; dcp.load reads .metadata with plain pickle.load"
+    ]
+    sharded = [t for t in tensors if len(t.chunks) > 1]
+    for tensor in sharded[:_NOTE_LIMIT]:
+        spans = " ".join(
+            "[" + ",".join(f"{o}:{o + s}" for o, s in zip(c.offsets, c.sizes, strict=False)) + "]" for c in tensor.chunks
+        )
+        notes.append(f"{tensor.name} {list(tensor.shape)} is sharded in {len(tensor.chunks)} chunks: {spans}")
+    if len(sharded) > _NOTE_LIMIT:
+        notes.append(f"... and {len(sharded) - _NOTE_LIMIT} more sharded tensors")
+    for tensor in tensors:
+        covered = sum(_numel(c.sizes) for c in tensor.chunks)
+        if covered != _numel(tensor.shape):
+            notes.append(f"{tensor.name}: its chunks hold {covered} of {_numel(tensor.shape)} elements")
+    return notes
+
+
+def _unexpected_globals(globals_: list[PickleGlobal]) -> list[PickleGlobal]:
+    return [
+        g for g in globals_
+        if not g.allowed and not (g.module.startswith(_EXPECTED_PREFIX) or g.module == "pathlib")
+    ]
+
+
+def load_dcp(path: str) -> LoadedSource:
+    """Read a torch.distributed.checkpoint directory's metadata, executing nothing.
+
+    Args:
+        path: The checkpoint directory.
+
+    Returns:
+        A metadata-only `LoadedSource`: global shapes and dtypes, chunk layout in notes.
+
+    Raises:
+        CorruptCheckpointError: `.metadata` is missing or damaged, or names missing files.
+    """
+    metadata_path = os.path.join(path, METADATA_FILE)
+    if not os.path.isfile(metadata_path):
+        raise CorruptCheckpointError(
+            f"{path} holds .distcp files but no {METADATA_FILE}",
+            "the save did not finish or the file was not copied; DCP writes .metadata last, on rank 0",
+        )
+    with open(metadata_path, "rb") as handle:
+        data = handle.read()
+    result = unpickle(data, storage_records=False)
+    tensors = dcp_tensors(result.root)
+    needed = _storage_files(result.root)
+    _check_files(path, needed)
+    records: list[TensorRecord] = []
+    storages: dict[str, StorageRecord] = {}
+    for tensor in tensors:
+        stride = []
+        step = 1
+        for dim in reversed(tensor.shape):
+            stride.append(step)
+            step *= max(dim, 1)
+        records.append(
+            TensorRecord(tensor.name, TensorKind.TENSOR, tensor.dtype, tensor.shape, tuple(reversed(stride)), tensor.name, 0)
+        )
+        nbytes = _numel(tensor.shape) * dtype_info(tensor.dtype).itemsize
+        storages[tensor.name] = StorageRecord(tensor.name, UNKNOWN_DEVICE, nbytes, None, has_data=False)
+    return LoadedSource(
+        path=path,
+        format="dcp",
+        tensors=records,
+        storages=storages,
+        pickle_globals=_unexpected_globals(result.globals),
+        notes=_chunk_notes(tensors, len(needed)),
+    )
