@@ -141,7 +141,7 @@ def load_flat_safetensors(path: str, device: str = "cpu") -> dict[str, torch.Ten
 
     header, file_size = read_header(path)
     # shared=False maps copy-on-write: nothing is read until touched, and writes stay private.
-    whole = torch.UntypedStorage.from_file(path, shared=False, nbytes=file_size)
+    whole: Any = torch.UntypedStorage.from_file(path, shared=False, nbytes=file_size)
     data = torch.empty(0, dtype=torch.uint8).set_(whole, header.data_start, (file_size - header.data_start,), (1,))
     if device != "cpu":
         data = data.to(device)
