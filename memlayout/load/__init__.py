@@ -117,11 +117,24 @@ def _load_dcp_dir(path: str, options: LoadOptions) -> LoadedSource:
     return load_dcp(path)
 
 
+def _is_pt2(path: str, head: bytes) -> bool:
+    from memlayout.load.pt2 import is_pt2_zip
+
+    return _is_torch_zip(path, head) and is_pt2_zip(path)
+
+
+def _load_pt2(path: str, options: LoadOptions) -> LoadedSource:
+    from memlayout.load.pt2 import load_pt2
+
+    return load_pt2(path)
+
+
 # Order matters where formats nest: a TorchScript archive is also a zip.
 FORMATS: list[Format] = [
     Format("safetensors", _is_safetensors, _load_safetensors),
     Format("dcp", _is_dcp_dir, _load_dcp_dir),
     Format("hf-dir", _is_hf_dir, _load_hf_dir),
+    Format("torch-export", _is_pt2, _load_pt2),
     Format("torchscript", _is_torchscript, _load_torchscript),
     Format("torch-zip", _is_torch_zip, _load_torch_zip),
     Format("torch-legacy", _is_legacy, _load_legacy),

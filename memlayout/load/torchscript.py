@@ -21,7 +21,9 @@ with the module. Ties survive as pickle memo identity.
 from __future__ import annotations
 
 import ast
+import os
 import re
+import struct
 import zipfile
 from typing import Any
 
@@ -74,6 +76,56 @@ class TorchScriptUnpickler(RestrictedUnpickler):
         return _TORCHSCRIPT_GLOBALS.get((module, name), found)
 
 
+_END_RECORD = struct.Struct("<4sHHHHIIH")
+_ZIP64_LOCATOR = struct.Struct("<4sIQI")
+_ZIP64_END = struct.Struct("<4sQHHIIQQQQ")
+_END_SEARCH = _END_RECORD.size + 0xFFFF
+# A central directory bigger than this is no small archive; detection gives up
+# and the torch zip loader reports whatever is wrong.
+_DIRECTORY_LIMIT = 64 << 20
+
+
+def central_directory(path: str) -> bytes:
+    """The raw central directory of a zip file, or b"" when it cannot be found.
+
+    Detection only needs to know whether some entry name occurs, and one read of
+    the directory plus a substring search costs microseconds, where building a
+    `zipfile.ZipFile` per format costs a parse of every entry.
+
+    Args:
+        path: A file that starts like a zip.
+
+    Returns:
+        The directory bytes (entry headers and names), or b"" if the end records
+        are missing or damaged.
+    """
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            tail_start = max(0, size - _END_SEARCH)
+            handle.seek(tail_start)
+            tail = handle.read()
+            at = tail.rfind(b"PK\x05\x06")
+            if at < 0 or at + _END_RECORD.size > len(tail):
+                return b""
+            fields = _END_RECORD.unpack_from(tail, at)
+            directory_size, directory_offset = fields[5], fields[6]
+            locator = at - _ZIP64_LOCATOR.size
+            if locator >= 0 and tail[locator : locator + 4] == b"PK\x06\x07":
+                end64 = _ZIP64_LOCATOR.unpack_from(tail, locator)[2]
+                handle.seek(end64)
+                record = handle.read(_ZIP64_END.size)
+                if len(record) < _ZIP64_END.size or record[:4] != b"PK\x06\x06":
+                    return b""
+                directory_size, directory_offset = _ZIP64_END.unpack(record)[8:10]
+            if directory_size > _DIRECTORY_LIMIT or directory_offset + directory_size > size:
+                return b""
+            handle.seek(directory_offset)
+            return handle.read(directory_size)
+    except (OSError, struct.error):
+        return b""
+
+
 def is_torchscript_zip(path: str) -> bool:
     """Whether a zip holds a TorchScript archive (a `code/` folder beside data.pkl).
 
@@ -81,16 +133,11 @@ def is_torchscript_zip(path: str) -> bool:
         path: A file that starts like a zip.
 
     Returns:
-        True when the directory lists `<archive>/code/` or `<archive>/constants.pkl`.
+        True when the directory lists `<archive>/constants.pkl` or `<archive>/code/`;
+        torch.save never writes either name.
     """
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-    except _ZIP_ERRORS:
-        return False
-    return any(
-        name.count("/") >= 1 and (name.split("/")[1] in ("code", "constants.pkl")) for name in names
-    )
+    directory = central_directory(path)
+    return b"/constants.pkl" in directory or b"/code/" in directory
 
 
 def _prefix(names: list[str]) -> str:
@@ -183,21 +230,32 @@ def _restructure(archive: zipfile.ZipFile, prefix: str, root: Any) -> None:
         cls.class_module = _MANGLE.sub("", cls.class_module).removeprefix(TORCHSCRIPT_MODULE + ".")
 
 
-def _storage_spans(
-    mapped_size: int, archive: zipfile.ZipFile, prefix: str
+def record_spans(
+    file_size: int, archive: zipfile.ZipFile, data_prefix: str
 ) -> tuple[dict[str, int], dict[str, int]]:
-    import struct
+    """Where the uncompressed records under a folder of a zip lie in the file.
 
+    Args:
+        file_size: The zip file's size.
+        archive: The open zip.
+        data_prefix: The folder, e.g. "archive/data/", with its trailing slash.
+
+    Returns:
+        (absolute start, size) maps keyed by the name below the folder.
+
+    Raises:
+        CorruptCheckpointError: a record is compressed, damaged, or runs past the end.
+    """
     local_header = struct.Struct("<4sHHHHHIIIHH")
     starts: dict[str, int] = {}
     sizes: dict[str, int] = {}
-    data_prefix = f"{prefix}data/"
+    mapped_size = file_size
     assert archive.fp is not None
     for info in archive.infolist():
         if not info.filename.startswith(data_prefix) or info.filename.endswith("/"):
             continue
         if info.compress_type != zipfile.ZIP_STORED:
-            raise CorruptCheckpointError(f"storage record {info.filename} is compressed; torch.jit.save never does that")
+            raise CorruptCheckpointError(f"storage record {info.filename} is compressed; torch never writes that")
         archive.fp.seek(info.header_offset)
         header = archive.fp.read(local_header.size)
         if len(header) < local_header.size or header[:4] != b"PK\x03\x04":
@@ -225,7 +283,6 @@ def load_torchscript(path: str) -> LoadedSource:
         CorruptCheckpointError: the zip or a pickle inside is damaged.
     """
     import mmap
-    import os
 
     with open(path, "rb") as handle:
         try:
@@ -233,7 +290,7 @@ def load_torchscript(path: str) -> LoadedSource:
             prefix = _prefix(archive.namelist())
             data = archive.read(f"{prefix}data.pkl")
             constants = archive.read(f"{prefix}constants.pkl") if f"{prefix}constants.pkl" in archive.namelist() else b""
-            starts, sizes = _storage_spans(os.fstat(handle.fileno()).st_size, archive, prefix)
+            starts, sizes = record_spans(os.fstat(handle.fileno()).st_size, archive, f"{prefix}data/")
         except _ZIP_ERRORS as exc:
             raise CorruptCheckpointError(f"{path} is not a readable TorchScript archive: {exc}") from exc
         root, unpickler = _unpickle(path, data, "module pickle")
