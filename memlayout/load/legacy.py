@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from memlayout.errors import CorruptCheckpointError
-from memlayout.load.pickled_tree import module_records, tensor_records
+from memlayout.load.pickled_tree import declared_ties_in_tree, module_records, tensor_records
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import PickledStorage, RestrictedUnpickler
 
@@ -178,6 +178,7 @@ def load_legacy(path: str) -> LoadedSource:
         tensors=tensors,
         storages=storage_records,
         modules=module_records(root),
+        declared_ties=declared_ties_in_tree(root, [t.name for t in tensors]),
         reader=reader,
         pickle_globals=_merge_globals([first, second, third, main, fourth]),
         legacy_format=True,

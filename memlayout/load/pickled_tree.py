@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from memlayout.load.records import ModuleRecord, RnnRecord, StorageRecord, TensorKind, TensorRecord
+from memlayout.load.records import (
+    DeclaredTie,
+    ModuleRecord,
+    RnnRecord,
+    StorageRecord,
+    TensorKind,
+    TensorRecord,
+)
 from memlayout.load.restricted_pickle import (
     InertObject,
     PickledStorage,
@@ -92,3 +99,44 @@ def _rnn_record(path: str, module: InertObject) -> RnnRecord | None:
     prefix = f"{path}." if path else ""
     unregistered = tuple(f"{prefix}{n}" for n in names if not isinstance(parameters.get(n), PickledTensor))
     return RnnRecord(mode, tuple(f"{prefix}{n}" for n in names), unregistered)
+
+
+def declared_ties_in_tree(root: Any, names: list[str]) -> list[DeclaredTie]:
+    """Ties a pickled Hugging Face model declares through its own state.
+
+    A pickled `PreTrainedModel` carries its config as a placeholder whose state is
+    the config's attributes (`tie_word_embeddings`, `tie_encoder_decoder`), and
+    transformers 5 models also carry `all_tied_weights_keys` ({target: source}).
+    Both are read from the inert tree; nothing from transformers is imported.
+
+    Args:
+        root: The unpickled tree.
+        names: Every tensor name found in it.
+
+    Returns:
+        Declared ties, named from the root, without duplicates.
+    """
+    from memlayout.load.hf_dir import declared_ties
+
+    ties: list[DeclaredTie] = []
+    seen: set[frozenset[str]] = set()
+    for path, module in walk_modules(root):
+        state = module.state_dict
+        config = state.get("config")
+        if not isinstance(config, InertObject) or not config.state_dict:
+            continue
+        prefix = f"{path}." if path else ""
+        local = [n[len(prefix) :] for n in names if n.startswith(prefix)]
+        found = declared_ties(config.state_dict, local, f"pickled {type(config).class_name}")
+        mapping = state.get("all_tied_weights_keys")
+        if isinstance(mapping, dict):
+            found += [
+                DeclaredTie(str(target), str(source), f"{type(module).class_name}.all_tied_weights_keys")
+                for target, source in mapping.items()
+            ]
+        for tie in found:
+            pair = frozenset((prefix + tie.target, prefix + tie.source))
+            if pair not in seen:
+                seen.add(pair)
+                ties.append(DeclaredTie(prefix + tie.target, prefix + tie.source, tie.declared_by))
+    return ties

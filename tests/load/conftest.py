@@ -41,3 +41,50 @@ def assert_one_line_error(result: CliResult, *fragments: str) -> None:
 def marker(tmp_path: Path) -> Path:
     """A file a malicious payload would create; tests assert it never appears."""
     return tmp_path / "PWNED"
+
+
+def pickle_with_locations(tensors: dict[str, tuple[int, str]]) -> tuple[bytes, dict[str, bytes]]:
+    """A torch.save-style data.pkl whose float32 storages claim the given locations.
+
+    This is what a machine with GPUs writes for CUDA tensors: the persistent id
+    carries "cuda:0" and the bytes are stored as usual. Built with pickle's own
+    persistent_id hook, so no GPU is needed.
+
+    Args:
+        tensors: name -> (element count, location).
+
+    Returns:
+        The pickle bytes and the storage records (key -> bytes) for a zip.
+    """
+    import collections
+    import io
+    import pickle
+
+    import torch
+
+    class StorageRef:
+        def __init__(self, key: str, numel: int, location: str) -> None:
+            self.key, self.numel, self.location = key, numel, location
+
+    class TensorRef:
+        def __init__(self, storage: StorageRef) -> None:
+            self.storage = storage
+
+        def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+            numel = self.storage.numel
+            return (torch._utils._rebuild_tensor_v2, (self.storage, 0, (numel,), (1,), False, collections.OrderedDict()))
+
+    class LocationPickler(pickle.Pickler):
+        def persistent_id(self, obj: object) -> object:
+            if isinstance(obj, StorageRef):
+                return ("storage", torch.FloatStorage, obj.key, obj.location, obj.numel)
+            return None
+
+    state = {}
+    records = {}
+    for index, (name, (numel, location)) in enumerate(tensors.items()):
+        state[name] = TensorRef(StorageRef(str(index), numel, location))
+        records[str(index)] = bytes(4 * numel)
+    buffer = io.BytesIO()
+    LocationPickler(buffer, protocol=2).dump(state)
+    return buffer.getvalue(), records
