@@ -14,7 +14,7 @@ import zipfile
 from dataclasses import dataclass
 
 from memlayout.errors import CorruptCheckpointError
-from memlayout.load.pickled_tree import module_records, tensor_records
+from memlayout.load.pickled_tree import declared_ties_in_tree, module_records, tensor_records
 from memlayout.load.records import LoadedSource
 from memlayout.load.restricted_pickle import unpickle
 
@@ -123,6 +123,7 @@ def load_torch_zip(path: str) -> LoadedSource:
         tensors=tensors,
         storages=storages,
         modules=module_records(result.root),
+        declared_ties=declared_ties_in_tree(result.root, [t.name for t in tensors]),
         reader=reader,
         pickle_globals=result.globals,
         close=reader.close,
