@@ -1,14 +1,20 @@
 """Reading tensor contents through a loader's `StorageReader`, in logical order.
 
 Rules that look at values (ML102 duplicates, ML503 non-finite) go through here, so
-they read only what they need: a few sampled elements, the full contents of true
-duplicate candidates, or, with --deep, every tensor in bounded chunks.
+they read only what they need: one small probe and a few sampled elements per
+duplicate candidate, the full contents of tensors whose samples match, or, with
+--deep, every floating tensor once, streamed in cache-sized chunks.
+
+Streaming keeps memory bounded: a reader that maps its file may offer
+`release(storage_key, start, length)`, and every chunk is released once the next
+one is asked for, because mapped file pages count in the process's RSS once
+touched. numpy is imported only when values are actually read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from memlayout.dtypes import dtype_info
 from memlayout.facts import TensorFact
@@ -18,7 +24,12 @@ from memlayout.strides import element_span
 if TYPE_CHECKING:
     import numpy as np
 
-DEFAULT_CHUNK_BYTES = 16 << 20
+# 4 MiB chunks stay in the last-level cache, so the masked copy and the reduction a
+# scan runs over one chunk read main memory once, while per-chunk overhead (a map
+# slice, a madvise) stays small. On the 2-core benchmark VM, 4 MiB scanned ~10%
+# faster than 1 MiB and twice as fast as the 16 MiB chunks used before.
+DEFAULT_CHUNK_BYTES = 4 << 20
+PROBE_BYTES = 64
 
 _UINT_FOR_ITEMSIZE = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 
@@ -31,15 +42,47 @@ def _element_offset(tensor: TensorFact, flat_index: int) -> int:
     return offset
 
 
+def _words(chunk: np.ndarray) -> np.ndarray:
+    # Elements wider than 8 bytes (complex128) have no numpy uint; their 8-byte
+    # words serve the fingerprint just as well.
+    return chunk.view("<u8") if chunk.dtype.kind == "V" else chunk
+
+
 class ContentReader:
     """Reads the values of tensors described by facts."""
 
-    def __init__(self, reader: StorageReader, storage_keys: dict[str, str]) -> None:
+    def __init__(
+        self, reader: StorageReader, storage_keys: dict[str, str], chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    ) -> None:
         self.reader = reader
         self.storage_keys = storage_keys
+        self.chunk_bytes = chunk_bytes
+        self._release: Callable[[str, int, int], None] | None = getattr(reader, "release", None)
 
     def _key(self, tensor: TensorFact) -> str:
         return self.storage_keys[tensor.storage]
+
+    def probe(self, tensor: TensorFact) -> bytes:
+        """Up to 64 bytes from the middle of the tensor: one read, to rule out most non-duplicates.
+
+        Trained weights differ almost everywhere, so this settles nearly every ML102
+        candidate with a single small read; only tensors that agree here (constant
+        ones, real copies) go on to `sample` and then to a full comparison.
+        """
+        if tensor.numel == 0:
+            return b""
+        size = tensor.itemsize
+        count = max(1, min(tensor.numel, PROBE_BYTES // size))
+        first = (tensor.numel - count) // 2
+        key = self._key(tensor)
+        if tensor.contiguous:
+            return bytes(self.reader.read(key, (tensor.offset + first) * size, count * size))
+        # The same logical elements, element by element: equal tensors must probe
+        # equal whatever their strides.
+        return b"".join(
+            bytes(self.reader.read(key, _element_offset(tensor, index) * size, size))
+            for index in range(first, first + count)
+        )
 
     def sample(self, tensor: TensorFact, count: int = 16) -> bytes:
         """`count` elements at evenly spaced logical positions, first and last included.
@@ -60,32 +103,38 @@ class ContentReader:
     def array(self, tensor: TensorFact) -> np.ndarray:
         """The whole tensor as unsigned integers of its item width, logical order, read-only.
 
-        Bit patterns, not values: equal arrays mean bitwise-equal tensors.
+        Bit patterns, not values: equal arrays mean bitwise-equal tensors. Maps the
+        whole tensor at once; scans should prefer `chunks`, which bound memory.
         """
         import numpy as np
 
         first, end = element_span(tensor.shape, tensor.stride, tensor.offset)
         size = tensor.itemsize
         raw = self.reader.read(self._key(tensor), first * size, (end - first) * size)
-        item = np.dtype(_UINT_FOR_ITEMSIZE.get(size, f"V{size}"))
-        flat = np.frombuffer(raw, dtype=item)
+        flat = np.frombuffer(raw, dtype=_item_dtype(size))
         if tensor.contiguous:
             return flat.reshape(tensor.shape)
         return np.lib.stride_tricks.as_strided(
             flat, shape=tensor.shape, strides=tuple(s * size for s in tensor.stride), writeable=False
         )
 
-    def chunks(self, tensor: TensorFact, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[np.ndarray]:
-        """The tensor's elements (as unsigned bit patterns) in pieces of about `chunk_bytes`.
+    def chunks(self, tensor: TensorFact, chunk_bytes: int | None = None) -> Iterator[np.ndarray]:
+        """The tensor's elements (as unsigned bit patterns), in logical order, in pieces of about `chunk_bytes`.
 
-        Contiguous tensors stream straight from the reader; strided ones are split
-        along their outer dims so that no piece spans more than `chunk_bytes`.
+        Contiguous tensors stream straight from the reader. Strided ones are split
+        along their outermost dims in memory (the largest strides), so a transposed
+        weight is read column by column in address order rather than jumping over
+        the whole tensor for every row. Each piece's mapped pages are released when
+        the next piece is asked for.
         """
         import numpy as np
 
+        chunk_bytes = chunk_bytes or self.chunk_bytes
         size = tensor.itemsize
-        item = np.dtype(_UINT_FOR_ITEMSIZE.get(size, f"V{size}"))
+        item = _item_dtype(size)
         key = self._key(tensor)
+        if tensor.numel == 0:
+            return
         if tensor.contiguous:
             start = tensor.offset * size
             remaining = tensor.nbytes
@@ -93,35 +142,136 @@ class ContentReader:
             while remaining > 0:
                 length = min(step, remaining)
                 yield np.frombuffer(self.reader.read(key, start, length), dtype=item)
+                if self._release is not None:
+                    self._release(key, start, length)
                 start += length
                 remaining -= length
             return
-        yield from self._strided_chunks(tensor.shape, tensor.stride, tensor.offset, size, key, item, chunk_bytes)
+        # A strided view's bytes are spread over its whole span (a transposed weight
+        # has neighbouring elements a row apart), so the span is mapped once and cut
+        # into blocks of leading indices; each block is gathered into a chunk-sized
+        # copy in logical order. The span is released when the tensor is done: at most
+        # one tensor's pages are resident, which is the bound --deep promises.
+        first, end = element_span(tensor.shape, tensor.stride, tensor.offset)
+        raw = self.reader.read(key, first * size, (end - first) * size)
+        view = np.lib.stride_tricks.as_strided(
+            np.frombuffer(raw, dtype=item),
+            shape=tensor.shape,
+            strides=tuple(s * size for s in tensor.stride),
+            writeable=False,
+        )
+        yield from _blocks(view, max(chunk_bytes // size, 1))
+        if self._release is not None:
+            self._release(key, first * size, (end - first) * size)
 
-    def _strided_chunks(
-        self,
-        shape: tuple[int, ...],
-        stride: tuple[int, ...],
-        offset: int,
-        size: int,
-        key: str,
-        item: np.dtype,
-        chunk_bytes: int,
-    ) -> Iterator[np.ndarray]:
+    def non_finite(self, tensor: TensorFact) -> int:
+        """How many NaN/Inf elements the tensor holds (0 for non-floating dtypes), in one streaming pass."""
+        info = dtype_info(tensor.dtype)
+        if not info.is_floating or tensor.numel == 0:
+            return 0
+        counter = _NonFiniteCounter(info.special_mask, info.special_pattern)
+        return sum(counter.count(chunk) for chunk in self.chunks(tensor))
+
+    def fingerprint(self, tensor: TensorFact) -> tuple[int, int]:
+        """(XOR, wrapping sum) of the elements' bit patterns in their own width, in one streaming pass.
+
+        Bitwise-equal tensors always get equal fingerprints, whatever their strides
+        or chunking, because both operations are associative and commutative.
+        Unequal tensors may collide (a permutation does), so an equal fingerprint
+        only nominates tensors for `equal`.
+        """
         import numpy as np
 
-        first, end = element_span(shape, stride, offset)
-        if (end - first) * size <= chunk_bytes or len(shape) <= 1:
-            raw = self.reader.read(key, first * size, (end - first) * size)
-            flat = np.frombuffer(raw, dtype=item)
-            yield np.lib.stride_tricks.as_strided(
-                flat, shape=shape, strides=tuple(s * size for s in stride), writeable=False
-            ).ravel()
-            return
-        for index in range(shape[0]):
-            yield from self._strided_chunks(
-                shape[1:], stride[1:], offset + index * stride[0], size, key, item, chunk_bytes
-            )
+        xor = total = 0
+        for chunk in self.chunks(tensor):
+            words = _words(chunk)
+            xor ^= int(np.bitwise_xor.reduce(words))
+            total += int(words.sum(dtype=words.dtype))
+        return xor, total & ((1 << (8 * min(tensor.itemsize, 8))) - 1)
+
+    def equal(self, a: TensorFact, b: TensorFact) -> bool:
+        """Whether two tensors of one dtype and shape are bitwise equal, compared chunk by chunk."""
+        import numpy as np
+
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        return all(np.array_equal(left, right) for left, right in _paired(self.chunks(a), self.chunks(b)))
+
+    def constant(self, tensor: TensorFact) -> bool:
+        """Whether every element has the first element's bit pattern."""
+        first: Any = None
+        for chunk in self.chunks(tensor):
+            if first is None:
+                first = chunk[0]
+            if not (chunk == first).all():
+                return False
+        return True
+
+
+def _item_dtype(itemsize: int) -> np.dtype[Any]:
+    import numpy as np
+
+    return np.dtype(_UINT_FOR_ITEMSIZE.get(itemsize, f"V{itemsize}"))
+
+
+def _blocks(view: np.ndarray, chunk_elements: int) -> Iterator[np.ndarray]:
+    """Flat copies of consecutive leading-index blocks of `view`, about `chunk_elements` each."""
+    if view.ndim <= 1:
+        for index in range(0, view.size, chunk_elements):
+            yield view[index : index + chunk_elements].copy()
+        return
+    inner = view[0].size
+    if inner == 0:
+        return
+    if inner > chunk_elements:
+        for index in range(view.shape[0]):
+            yield from _blocks(view[index], chunk_elements)
+        return
+    rows = max(1, chunk_elements // inner)
+    for index in range(0, view.shape[0], rows):
+        yield view[index : index + rows].ravel()
+
+
+def _paired(left: Iterator[np.ndarray], right: Iterator[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Two chunk streams of equal total length, re-cut into pairs of equal-length pieces."""
+    a = next(left, None)
+    b = next(right, None)
+    while a is not None and b is not None:
+        length = min(a.size, b.size)
+        yield a[:length], b[:length]
+        a = a[length:] if a.size > length else next(left, None)
+        b = b[length:] if b.size > length else next(right, None)
+
+
+class _NonFiniteCounter:
+    """Counts NaN/Inf in bit-pattern chunks, with a fast no-hit test for the common case.
+
+    For IEEE-style formats the special pattern is the whole exponent mask, and no
+    finite value can exceed it after masking; so `max(bits & mask) < mask` proves a
+    chunk finite with one masked reduction into a reused buffer, and only chunks with
+    a hit pay for the exact count.
+    """
+
+    def __init__(self, mask: int | None, pattern: int | None) -> None:
+        self.mask = mask
+        self.pattern = pattern
+        self._buffer: np.ndarray | None = None
+
+    def count(self, bits: np.ndarray) -> int:
+        if self.mask is None or self.pattern is None or bits.size == 0:
+            return 0
+        import numpy as np
+
+        mask = bits.dtype.type(self.mask)
+        if self.mask == self.pattern:
+            if self._buffer is None or self._buffer.size < bits.size or self._buffer.dtype != bits.dtype:
+                self._buffer = np.empty(bits.size, dtype=bits.dtype)
+            masked = self._buffer[: bits.size]
+            np.bitwise_and(bits, mask, out=masked)
+            if masked.max() != mask:
+                return 0
+            return int(np.count_nonzero(masked == mask))
+        return int(np.count_nonzero((bits & mask) == bits.dtype.type(self.pattern)))
 
 
 def non_finite_count(bits: np.ndarray, dtype: str) -> int:
@@ -129,8 +279,4 @@ def non_finite_count(bits: np.ndarray, dtype: str) -> int:
     info = dtype_info(dtype)
     if info.special_mask is None or bits.size == 0:
         return 0
-    import numpy as np
-
-    mask = bits.dtype.type(info.special_mask)
-    pattern = bits.dtype.type(info.special_pattern)
-    return int(np.count_nonzero((bits & mask) == pattern))
+    return _NonFiniteCounter(info.special_mask, info.special_pattern).count(bits)

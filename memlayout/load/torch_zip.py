@@ -3,6 +3,13 @@
 The archive holds `<archive>/data.pkl` and one uncompressed record per storage,
 `<archive>/data/<key>`, aligned to 64 bytes. Tensor metadata comes from the pickle
 through the restricted unpickler; storage bytes are read in place from the file.
+
+The zip directory is parsed here with `struct` over a memory map rather than with
+`zipfile`: `zipfile.ZipFile` builds a `ZipInfo` object per entry (decoding extra
+fields, timestamps and flags nobody here reads) and seeks and reads the file for
+each, which made it the largest single cost of listing a 400-tensor checkpoint.
+A checkpoint needs only four fields per entry, and torch always stores records
+uncompressed, so the directory walk is one `unpack_from` per entry.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-import zipfile
+import zlib
 from dataclasses import dataclass
 
 from memlayout.errors import CorruptCheckpointError
@@ -18,29 +25,92 @@ from memlayout.load.pickled_tree import declared_ties_in_tree, module_records, t
 from memlayout.load.records import LoadedSource
 from memlayout.load.restricted_pickle import unpickle
 
+# Fixed-size parts of the zip records (APPNOTE.TXT 4.3.7, 4.3.12, 4.3.14-16).
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _LOCAL_HEADER_MAGIC = b"PK\x03\x04"
+_LOCAL_NAME_LENGTHS = struct.Struct("<HH")
+"""File name and extra field lengths, at byte 26 of a local header."""
+_CENTRAL_ENTRY = struct.Struct("<4sHHHHHHIIIHHHHHII")
+_CENTRAL_MAGIC = b"PK\x01\x02"
+_END_RECORD = struct.Struct("<4sHHHHIIH")
+_END_MAGIC = b"PK\x05\x06"
+_ZIP64_LOCATOR = struct.Struct("<4sIQI")
+_ZIP64_LOCATOR_MAGIC = b"PK\x06\x07"
+_ZIP64_END_RECORD = struct.Struct("<4sQHHIIQQQQ")
+_ZIP64_END_MAGIC = b"PK\x06\x06"
+_ZIP64_EXTRA_ID = 0x0001
+_STORED, _DEFLATED = 0, 8
+# The end record sits within its own size plus the longest possible comment.
+_END_SEARCH = _END_RECORD.size + 0xFFFF
+
+# Reads up to this size go through pread instead of the map. Touching one byte of
+# a mapping maps the whole page-cache folio behind it (megabytes on kernels with
+# large folios), so ML102's few sampled elements per tensor would otherwise pull
+# most of a big checkpoint into the process's RSS and make closing the map cost
+# time in proportion to the file size.
+_PREAD_LIMIT = 64 << 10
+
+
+@dataclass(frozen=True)
+class ZipEntry:
+    """What memlayout needs of one zip directory entry."""
+
+    name: str
+    method: int
+    compressed_size: int
+    size: int
+    header_offset: int
+    crc: int
 
 
 @dataclass
 class ZipStorageReader:
-    """Reads storage bytes straight out of the archive's uncompressed records."""
+    """Reads storage bytes straight out of the archive's uncompressed records.
+
+    Small reads copy through `os.pread`; large ones are zero-copy views of the map,
+    which `release` gives back to the kernel once a content scan is done with them.
+    """
 
     mapped: mmap.mmap
     data_start: dict[str, int]
     data_size: dict[str, int]
+    fd: int = -1
+    """A descriptor of the file for small reads; closed by `close`."""
 
-    def read(self, storage_key: str, start: int, length: int) -> memoryview:
+    def _bounds(self, storage_key: str, start: int, length: int) -> int:
         size = self.data_size[storage_key]
-        if start < 0 or start + length > size:
+        if start < 0 or length < 0 or start + length > size:
             raise CorruptCheckpointError(
                 f"storage {storage_key} is {size} bytes, but a tensor reads bytes {start}..{start + length}"
             )
-        base = self.data_start[storage_key]
-        return memoryview(self.mapped)[base + start : base + start + length]
+        return self.data_start[storage_key] + start
+
+    def read(self, storage_key: str, start: int, length: int) -> bytes | memoryview:
+        base = self._bounds(storage_key, start, length)
+        if length <= _PREAD_LIMIT and self.fd >= 0:
+            return os.pread(self.fd, length, base)
+        return memoryview(self.mapped)[base : base + length]
+
+    def release(self, storage_key: str, start: int, length: int) -> None:
+        """Drop the map's pages over these bytes from the process (not from the page cache).
+
+        A streaming scan calls this on every chunk it has finished, so that RSS stays
+        at one chunk instead of growing to the whole file: mapped file pages count in
+        RSS once touched. The data stays readable; touching it again maps it again.
+        """
+        base = self._bounds(storage_key, start, length)
+        # madvise wants a page-aligned start; widening to whole pages is harmless
+        # because a read-only file map refaults any page it needs again.
+        first = base - base % mmap.PAGESIZE
+        end = min(base + length, len(self.mapped))
+        if end > first:
+            self.mapped.madvise(mmap.MADV_DONTNEED, first, end - first)
 
     def close(self) -> None:
         self.mapped.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def archive_prefix(names: list[str]) -> str:
@@ -51,28 +121,116 @@ def archive_prefix(names: list[str]) -> str:
     raise CorruptCheckpointError("the zip has no <archive>/data.pkl: it is not a torch.save file")
 
 
+def _end_of_directory(mapped: mmap.mmap) -> tuple[int, int, int]:
+    """(entry count, directory offset, directory size) from the end records."""
+    size = len(mapped)
+    at = mapped.rfind(_END_MAGIC, max(0, size - _END_SEARCH))
+    if at < 0 or at + _END_RECORD.size > size:
+        raise CorruptCheckpointError("the zip's end-of-directory record is missing (a truncated file?)")
+    _, _, _, _, count, directory_size, directory_offset, _ = _END_RECORD.unpack_from(mapped, at)
+    locator_at = at - _ZIP64_LOCATOR.size
+    if locator_at >= 0 and mapped[locator_at : locator_at + 4] == _ZIP64_LOCATOR_MAGIC:
+        # Archives over 4 GiB (or 65535 entries) keep the real values in the zip64 end record.
+        _, _, end64_at, _ = _ZIP64_LOCATOR.unpack_from(mapped, locator_at)
+        if end64_at + _ZIP64_END_RECORD.size > size or mapped[end64_at : end64_at + 4] != _ZIP64_END_MAGIC:
+            raise CorruptCheckpointError("the zip64 end-of-directory record is damaged")
+        fields = _ZIP64_END_RECORD.unpack_from(mapped, end64_at)
+        count, directory_size, directory_offset = fields[7], fields[8], fields[9]
+    if directory_offset + directory_size > size:
+        raise CorruptCheckpointError("the zip directory lies past the end of the file (a truncated file?)")
+    return count, directory_offset, directory_size
+
+
+def _zip64_values(extra: bytes, wanted: list[int]) -> list[int]:
+    # The zip64 extra field holds, in order, only those of (size, compressed size,
+    # header offset) whose 32-bit field was saturated at 0xFFFFFFFF.
+    at = 0
+    while at + 4 <= len(extra):
+        header_id, length = struct.unpack_from("<HH", extra, at)
+        if header_id == _ZIP64_EXTRA_ID:
+            values = list(struct.unpack_from(f"<{len(wanted)}Q", extra, at + 4)) if length >= 8 * len(wanted) else []
+            if len(values) == len(wanted):
+                return values
+            break
+        at += 4 + length
+    raise CorruptCheckpointError("a zip entry over 4 GiB lacks its zip64 sizes")
+
+
+def read_directory(mapped: mmap.mmap) -> list[ZipEntry]:
+    """Every entry of the zip's central directory.
+
+    Raises:
+        CorruptCheckpointError: the file is no zip, or its directory is damaged.
+    """
+    count, at, directory_size = _end_of_directory(mapped)
+    end = at + directory_size
+    entries = []
+    unpack = _CENTRAL_ENTRY.unpack_from
+    fixed = _CENTRAL_ENTRY.size
+    for _ in range(count):
+        if at + fixed > end:
+            raise CorruptCheckpointError("the zip directory ends before its last entry")
+        (magic, _, _, flags, method, _, _, crc, compressed, size, name_length, extra_length, comment_length,
+         _, _, _, offset) = unpack(mapped, at)
+        if magic != _CENTRAL_MAGIC:
+            raise CorruptCheckpointError("the zip directory is damaged")
+        name_end = at + fixed + name_length
+        # Bit 11 marks UTF-8 names; torch writes ASCII, other writers may use cp437.
+        name = mapped[at + fixed : name_end].decode("utf-8" if flags & 0x800 else "cp437")
+        if compressed == 0xFFFFFFFF or size == 0xFFFFFFFF or offset == 0xFFFFFFFF:
+            saturated = [value for value in (size, compressed, offset) if value == 0xFFFFFFFF]
+            values = iter(_zip64_values(mapped[name_end : name_end + extra_length], saturated))
+            size = next(values) if size == 0xFFFFFFFF else size
+            compressed = next(values) if compressed == 0xFFFFFFFF else compressed
+            offset = next(values) if offset == 0xFFFFFFFF else offset
+        entries.append(ZipEntry(name, method, compressed, size, offset, crc))
+        at = name_end + extra_length + comment_length
+    return entries
+
+
+def _data_start(mapped: mmap.mmap, entry: ZipEntry) -> int:
+    # The local header's extra field differs from the directory's (torch pads it to
+    # align the data to 64 bytes), so the data offset must come from the local header.
+    if mapped[entry.header_offset : entry.header_offset + 4] != _LOCAL_HEADER_MAGIC:
+        raise CorruptCheckpointError(f"the zip entry for {entry.name} is damaged")
+    name_length, extra_length = _LOCAL_NAME_LENGTHS.unpack_from(mapped, entry.header_offset + 26)
+    start: int = entry.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+    if start + entry.compressed_size > len(mapped):
+        raise CorruptCheckpointError(f"the zip entry {entry.name} runs past the end of the file")
+    return start
+
+
+def _read_pickle(mapped: mmap.mmap, entry: ZipEntry) -> bytes:
+    start = _data_start(mapped, entry)
+    data = mapped[start : start + entry.compressed_size]
+    if entry.method == _DEFLATED:
+        try:
+            data = zlib.decompress(data, -15)
+        except zlib.error as exc:
+            raise CorruptCheckpointError(f"{entry.name} cannot be decompressed: {exc}") from exc
+    elif entry.method != _STORED:
+        raise CorruptCheckpointError(f"{entry.name} uses zip compression method {entry.method}, which torch never writes")
+    if len(data) != entry.size or zlib.crc32(data) != entry.crc:
+        raise CorruptCheckpointError(f"{entry.name} fails its zip checksum; the file is damaged")
+    return data
+
+
 def _record_offsets(
-    mapped: mmap.mmap, infos: list[zipfile.ZipInfo], prefix: str
+    mapped: mmap.mmap, entries: list[ZipEntry], prefix: str
 ) -> tuple[dict[str, int], dict[str, int]]:
     data_prefix = f"{prefix}data/"
+    skip = len(data_prefix)
     starts: dict[str, int] = {}
     sizes: dict[str, int] = {}
-    for info in infos:
-        if not info.filename.startswith(data_prefix) or info.filename.endswith("/"):
+    for entry in entries:
+        name = entry.name
+        if not name.startswith(data_prefix) or name.endswith("/"):
             continue
-        key = info.filename[len(data_prefix) :]
-        if info.compress_type != zipfile.ZIP_STORED:
-            raise CorruptCheckpointError(f"storage record {info.filename} is compressed; torch.save never does that")
-        header = mapped[info.header_offset : info.header_offset + _LOCAL_HEADER.size]
-        if len(header) < _LOCAL_HEADER.size or header[:4] != _LOCAL_HEADER_MAGIC:
-            raise CorruptCheckpointError(f"the zip entry for {info.filename} is damaged")
-        fields = _LOCAL_HEADER.unpack(header)
-        name_length, extra_length = fields[9], fields[10]
-        start = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
-        if start + info.file_size > len(mapped):
-            raise CorruptCheckpointError(f"storage record {info.filename} runs past the end of the file")
-        starts[key] = start
-        sizes[key] = info.file_size
+        if entry.method != _STORED:
+            raise CorruptCheckpointError(f"storage record {name} is compressed; torch.save never does that")
+        key = name[skip:]
+        starts[key] = _data_start(mapped, entry)
+        sizes[key] = entry.size
     return starts, sizes
 
 
@@ -88,35 +246,39 @@ def load_torch_zip(path: str) -> LoadedSource:
     Raises:
         CorruptCheckpointError: the zip or the pickle inside is damaged.
     """
-    with open(path, "rb") as handle:
-        if os.fstat(handle.fileno()).st_size == 0:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if os.fstat(fd).st_size == 0:
             raise CorruptCheckpointError(f"{path} is empty")
-        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
         try:
-            try:
-                archive = zipfile.ZipFile(handle)
-                infos = archive.infolist()
-            except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-                raise CorruptCheckpointError(f"{path} is not a readable zip archive: {exc}") from exc
-            prefix = archive_prefix([info.filename for info in infos])
-            try:
-                pickle_bytes = archive.read(f"{prefix}data.pkl")
-            except (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError) as exc:
-                raise CorruptCheckpointError(f"{path}: data.pkl cannot be read: {exc}") from exc
-            starts, sizes = _record_offsets(mapped, infos, prefix)
-            result = unpickle(pickle_bytes)
-            tensors, storages = tensor_records(result.root, starts)
-            for key, storage in storages.items():
-                if storage.device != "meta" and key not in starts:
-                    raise CorruptCheckpointError(f"{path}: the pickle names storage {key}, which the archive lacks")
-                if key in sizes and storage.nbytes > sizes[key]:
-                    raise CorruptCheckpointError(
-                        f"{path}: storage {key} should hold {storage.nbytes} bytes but its record has {sizes[key]}"
-                    )
-        except BaseException:
-            mapped.close()
-            raise
-    reader = ZipStorageReader(mapped, starts, sizes)
+            entries = read_directory(mapped)
+        except (struct.error, UnicodeDecodeError, ValueError) as exc:
+            raise CorruptCheckpointError(f"{path} is not a readable zip archive: {exc}") from exc
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"{path} is not a readable zip archive: {exc.message}", exc.hint) from exc
+        by_name = {entry.name: entry for entry in entries}
+        prefix = archive_prefix(list(by_name))
+        pickle_bytes = _read_pickle(mapped, by_name[f"{prefix}data.pkl"])
+        starts, sizes = _record_offsets(mapped, entries, prefix)
+        result = unpickle(pickle_bytes)
+        tensors, storages = tensor_records(result.root, starts)
+        for key, storage in storages.items():
+            if storage.device != "meta" and key not in starts:
+                raise CorruptCheckpointError(f"{path}: the pickle names storage {key}, which the archive lacks")
+            if key in sizes and storage.nbytes > sizes[key]:
+                raise CorruptCheckpointError(
+                    f"{path}: storage {key} should hold {storage.nbytes} bytes but its record has {sizes[key]}"
+                )
+    except BaseException:
+        mapped.close()
+        os.close(fd)
+        raise
+    reader = ZipStorageReader(mapped, starts, sizes, fd)
     return LoadedSource(
         path=path,
         format="torch-zip",

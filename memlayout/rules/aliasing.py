@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 
+from memlayout.content import ContentReader
 from memlayout.facts import TensorFact
 from memlayout.format_bytes import human_bytes
 from memlayout.rules.registry import Finding, RuleContext, Severity, rule
@@ -37,17 +37,6 @@ def partial_overlap(ctx: RuleContext) -> Iterator[Finding]:
                 )
 
 
-def _content_digest(ctx: RuleContext, tensor: TensorFact) -> tuple[str, bool]:
-    """(digest of the bit patterns, whether every element is equal)."""
-    assert ctx.content is not None
-    array = ctx.content.array(tensor)
-    flat = array.reshape(-1)
-    constant = bool((flat == flat[0]).all())
-    # tobytes() copies only for strided views; contiguous ones hash in place.
-    data = flat.data if flat.flags.c_contiguous else flat.tobytes()
-    return hashlib.blake2b(data, digest_size=16).hexdigest(), constant
-
-
 def _share_memory(a: TensorFact, b: TensorFact, overlapping: set[frozenset[str]]) -> bool:
     return a.storage == b.storage and frozenset((a.name, b.name)) in overlapping
 
@@ -68,45 +57,72 @@ are read, plus the full contents of tensors whose samples match.
 """,
 )
 def duplicate_weights(ctx: RuleContext) -> Iterator[Finding]:
-    if ctx.content is None:
+    content = ctx.content
+    if content is None:
         return
     buckets: dict[tuple[str, tuple[int, ...]], list[TensorFact]] = defaultdict(list)
     for tensor in ctx.facts.tensors:
         if tensor.has_data and tensor.nbytes >= ctx.config.min_duplicate_bytes and not tensor.self_overlapping:
             buckets[(tensor.dtype, tensor.shape)].append(tensor)
+    candidates = [group for group in buckets.values() if len(group) > 1]
+    if not candidates:
+        return
     overlapping = {
         frozenset((pair.first, pair.second)) for group in ctx.facts.alias_groups for pair in group.pairs
     }
-    for candidates in buckets.values():
-        if len(candidates) < 2:
-            continue
-        by_sample: dict[bytes, list[TensorFact]] = defaultdict(list)
-        for tensor in candidates:
-            by_sample[ctx.content.sample(tensor)].append(tensor)
-        for matching in by_sample.values():
-            if len(matching) < 2:
+    # Each stage only splits groups, and tensors in different groups provably differ,
+    # so no stage loses a duplicate. One 64-byte probe and 16 sampled elements settle
+    # nearly every candidate of a trained model; what agrees on both is compared in
+    # full, streamed chunk by chunk. A fingerprint pass first splits groups of three
+    # or more, so that many look-alikes cost one read each, not one per pair. --deep
+    # changes nothing here: sampling never hides a duplicate, it only skips reads.
+    for stage in (content.probe, content.sample):
+        candidates = [split for group in candidates for split in _split(group, stage) if len(split) > 1]
+    candidates = [
+        split
+        for group in candidates
+        for split in (_split(group, content.fingerprint) if len(group) > 2 else [group])
+        if len(split) > 1
+    ]
+    for group in candidates:
+        for same in _equal_classes(content, group):
+            # Keep one representative per memory region: views that share bytes are ties.
+            distinct: list[TensorFact] = []
+            for tensor in same:
+                if not any(_share_memory(tensor, kept, overlapping) for kept in distinct):
+                    distinct.append(tensor)
+            if len(distinct) < 2 or content.constant(distinct[0]):
                 continue
-            by_digest: dict[str, list[TensorFact]] = defaultdict(list)
-            for tensor in matching:
-                digest, constant = _content_digest(ctx, tensor)
-                if not constant:
-                    by_digest[digest].append(tensor)
-            for same in by_digest.values():
-                # Keep one representative per memory region: views that share bytes are ties.
-                distinct: list[TensorFact] = []
-                for tensor in same:
-                    if not any(_share_memory(tensor, kept, overlapping) for kept in distinct):
-                        distinct.append(tensor)
-                if len(distinct) < 2:
-                    continue
-                wasted = (len(distinct) - 1) * distinct[0].nbytes
-                names = [t.name for t in distinct]
-                yield duplicate_weights.finding(
-                    names,
-                    f"{', '.join(names)} hold identical {distinct[0].dtype}{list(distinct[0].shape)} "
-                    f"contents in separate memory ({human_bytes(wasted)} duplicated)",
-                    wasted_bytes=wasted,
-                )
+            wasted = (len(distinct) - 1) * distinct[0].nbytes
+            names = [t.name for t in distinct]
+            yield duplicate_weights.finding(
+                names,
+                f"{', '.join(names)} hold identical {distinct[0].dtype}{list(distinct[0].shape)} "
+                f"contents in separate memory ({human_bytes(wasted)} duplicated)",
+                wasted_bytes=wasted,
+            )
+
+
+def _split(group: list[TensorFact], key: Callable[[TensorFact], Hashable]) -> list[list[TensorFact]]:
+    by_key: dict[Hashable, list[TensorFact]] = defaultdict(list)
+    for tensor in group:
+        by_key[key(tensor)].append(tensor)
+    return list(by_key.values())
+
+
+def _equal_classes(content: ContentReader, group: list[TensorFact]) -> list[list[TensorFact]]:
+    # Equal fingerprints only nominate: confirm byte for byte against each class's
+    # first member. True duplicates all join the first class, so this costs one
+    # comparison per tensor in the usual case.
+    classes: list[list[TensorFact]] = []
+    for tensor in group:
+        for members in classes:
+            if content.equal(members[0], tensor):
+                members.append(tensor)
+                break
+        else:
+            classes.append([tensor])
+    return [members for members in classes if len(members) > 1]
 
 
 def _tie_state(ctx: RuleContext, target: TensorFact, source: TensorFact) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from memlayout.content import non_finite_count
 from memlayout.facts import TensorFact
 from memlayout.rules.registry import Finding, RuleContext, Severity, rule
 
@@ -85,7 +84,7 @@ def non_finite(ctx: RuleContext) -> Iterator[Finding]:
     total = sum(t.nbytes for t in tensors)
     done = 0
     for tensor in tensors:
-        bad = sum(non_finite_count(chunk, tensor.dtype) for chunk in ctx.content.chunks(tensor))
+        bad = ctx.content.non_finite(tensor)
         done += tensor.nbytes
         if ctx.progress is not None:
             ctx.progress("scanning values", done, total)
