@@ -71,10 +71,15 @@ def looks_like_safetensors(head: bytes) -> bool:
     Returns:
         True when byte 8 opens a JSON object and the length is plausible.
     """
-    if len(head) < HEADER_LENGTH_BYTES + 1 or head[HEADER_LENGTH_BYTES : HEADER_LENGTH_BYTES + 1] != b"{":
+    if len(head) < HEADER_LENGTH_BYTES + 2 or head[HEADER_LENGTH_BYTES : HEADER_LENGTH_BYTES + 1] != b"{":
+        return False
+    # A JSON object's next byte opens a key, closes it, or is whitespace; and the
+    # length must be one safetensors accepts. Random bytes pass both with odds
+    # around 1e-13, so noise stays "unrecognized" instead of "damaged safetensors".
+    if head[HEADER_LENGTH_BYTES + 1 : HEADER_LENGTH_BYTES + 2] not in (b'"', b"}", b" ", b"\n", b"\r", b"\t"):
         return False
     length: int = struct.unpack("<Q", head[:HEADER_LENGTH_BYTES])[0]
-    return length >= 2
+    return 2 <= length <= MAX_HEADER_BYTES
 
 
 def _fail(path: str, problem: str) -> CorruptCheckpointError:

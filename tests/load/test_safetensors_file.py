@@ -142,5 +142,11 @@ def test_header_that_is_not_an_object_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "ok.safetensors"
     path.write_bytes(struct.pack("<Q", len(body)) + body)
     assert load_path(str(path)).tensors == []
-    path.write_bytes(struct.pack("<Q", 4) + b"{1:2")
+    path.write_bytes(struct.pack("<Q", 5) + b"{ 1:2")
     assert_one_line_error(run_cli("inspect", str(path)), "invalid safetensors header")
+
+
+def test_noise_with_a_brace_at_byte_8_is_not_taken_for_safetensors(tmp_path: Path) -> None:
+    path = tmp_path / "noise.bin"
+    path.write_bytes(b"\xff" * 8 + b"{" + b"\x00" * 100)
+    assert_one_line_error(run_cli("inspect", str(path)), "not a checkpoint format")
