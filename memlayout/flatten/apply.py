@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from memlayout.errors import FlattenError
+from memlayout.errors import FlattenError, UsageError
 from memlayout.flatten.plan import FlatPlan, Placement, Slot, ViewKey
 
 if TYPE_CHECKING:
@@ -68,6 +68,8 @@ def allocate(plan: FlatPlan, pin_memory: bool = False, share_memory: bool = Fals
     """
     import torch
 
+    if pin_memory and not torch.cuda.is_available():
+        raise UsageError("pin_memory needs CUDA, and none is available", "drop pin_memory on CPU-only machines")
     buffers = []
     for flat in plan.buffers:
         device = torch.device(flat.device)

@@ -21,7 +21,7 @@ from memlayout.flatten.plan import FlatPlan, Placement
 if TYPE_CHECKING:
     import torch
 
-COMPARE_CHUNK_BYTES = 64 << 20
+COMPARE_CHUNK_BYTES = 8 << 20
 
 
 def _fsync_directory(directory: str) -> None:

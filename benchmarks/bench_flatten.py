@@ -1,0 +1,193 @@
+"""CPU figures for `memlayout flatten`: throughput against the machine limit and other flatteners, and peak RSS.
+
+Usage: python benchmarks/bench_flatten.py [--size-mib 1024] [--tensors 400] [--repeat 3]
+
+Throughput: the same tensors, already in memory, flattened by
+  - the machine limit: one copy of each tensor into a freshly allocated buffer;
+  - memlayout (plan, allocate, copy, re-point every tensor);
+  - torch.cat, torch._utils._flatten_dense_tensors, parameters_to_vector, and
+    tensordict's consolidate() when tensordict is installed.
+Each is the best of --repeat round-robin rounds; a fresh buffer each run, as flattening really does.
+
+Memory: peak RSS (VmHWM) of `memlayout flatten IN -o OUT` on the checkpoint file, in a
+subprocess, minus the peak RSS of a bare `import torch`, divided by the model's
+bytes; next to the same for mmap-load-and-cat (the naive way).
+
+Prints a ratio table and writes raw numbers to benchmarks/results/flatten.json.
+The checkpoint is generated once into /.bench-data/ (gitignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / ".bench-data"
+RESULTS = ROOT / "benchmarks" / "results"
+
+# VmHWM is the peak RSS of this process image: unlike ru_maxrss, which a child
+# inherits from the parent at fork, it starts afresh at exec.
+_PEAK = """
+for line in open('/proc/self/status'):
+    if line.startswith('VmHWM:'):
+        print('PEAK', int(line.split()[1]) * 1024)
+"""
+CHILD_BARE = "import torch\n" + _PEAK
+CHILD_MEMLAYOUT = """
+import sys
+import torch
+from memlayout.flatten.files import FlattenOptions, flatten_path
+flatten_path(sys.argv[1], FlattenOptions(out=sys.argv[2], device="cpu"))
+""" + _PEAK
+CHILD_NAIVE = """
+import sys
+import torch
+state = torch.load(sys.argv[1], mmap=True, weights_only=True)
+flat = torch.cat([t.reshape(-1) for t in state.values()])
+""" + _PEAK
+
+
+def make_checkpoint(size_mib: int, count: int) -> Path:
+    """A state dict of `count` float32 tensors totalling `size_mib` MiB, sizes varied ~10x."""
+    import torch
+
+    path = DATA / f"flatten_{size_mib}mib_{count}.pt"
+    if path.exists():
+        return path
+    DATA.mkdir(exist_ok=True)
+    weights = [1 + (i * 7919) % 10 for i in range(count)]
+    total = size_mib * (1 << 20) // 4
+    numels = [total * w // sum(weights) for w in weights]
+    numels[-1] += total - sum(numels)
+    generator = torch.Generator().manual_seed(0)
+    state = {f"layer{i}.weight": torch.randn(n, generator=generator) for i, n in enumerate(numels)}
+    temporary = path.with_suffix(".tmp")
+    torch.save(state, temporary)
+    os.replace(temporary, path)
+    return path
+
+
+def best_time(run: Callable[[], Any], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = run()
+        best = min(best, time.perf_counter() - started)
+        del result
+    return best
+
+
+def throughput(path: Path, repeat: int) -> dict[str, float]:
+    """Seconds per method on the in-memory tensors."""
+    import torch
+    from torch.nn.utils import parameters_to_vector
+
+    from memlayout.flatten.live import flatten_object
+
+    state = torch.load(path, weights_only=True)
+    tensors = list(state.values())
+    total = sum(t.numel() for t in tensors)
+
+    def machine_limit() -> Any:
+        flat = torch.empty(total, dtype=torch.float32)
+        cursor = 0
+        for tensor in tensors:
+            flat[cursor : cursor + tensor.numel()].copy_(tensor.reshape(-1))
+            cursor += tensor.numel()
+        return flat
+
+    def memlayout_flatten() -> Any:
+        # Fresh tensor objects over the same storages: flatten re-points the objects
+        # it is given, and the originals must stay scattered for the next run.
+        return flatten_object({name: t.detach() for name, t in state.items()}, device="cpu")
+
+    methods: dict[str, Callable[[], Any]] = {
+        "machine limit (copy into fresh buffer)": machine_limit,
+        "memlayout.flatten": memlayout_flatten,
+        "torch.cat": lambda: torch.cat([t.reshape(-1) for t in tensors]),
+        "torch._utils._flatten_dense_tensors": lambda: torch._utils._flatten_dense_tensors(tensors),
+        "parameters_to_vector": lambda: parameters_to_vector(tensors),
+    }
+    try:
+        from tensordict import TensorDict
+
+        source = TensorDict(dict(state), batch_size=[])
+        methods["tensordict consolidate()"] = lambda: source.consolidate()
+    except ImportError:
+        print("tensordict not installed: its consolidate() is left out", file=sys.stderr)
+    # Round-robin rounds, best per method: a burst of load from elsewhere on the
+    # machine then costs every method a round instead of one method all its runs.
+    best = dict.fromkeys(methods, float("inf"))
+    for _ in range(repeat):
+        for name, run in methods.items():
+            best[name] = min(best[name], best_time(run, 1))
+    return best
+
+
+def peak_rss(code: str, *args: str) -> int:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, check=True)
+    return int(next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("PEAK")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--tensors", type=int, default=400)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    path = make_checkpoint(args.size_mib, args.tensors)
+    model_bytes = args.size_mib << 20
+    seconds = throughput(path, args.repeat)
+    limit = seconds["machine limit (copy into fresh buffer)"]
+
+    out = DATA / "flatten_out.pt"
+    bare = peak_rss(CHILD_BARE)
+    started = time.perf_counter()
+    with_memlayout = peak_rss(CHILD_MEMLAYOUT, str(path), str(out))
+    cli_seconds = time.perf_counter() - started
+    naive = peak_rss(CHILD_NAIVE, str(path))
+    out.unlink(missing_ok=True)
+
+    print(f"flatten benchmark: {args.tensors} float32 tensors, {args.size_mib} MiB, best of {args.repeat}")
+    print(f"{'method':42} {'seconds':>9} {'GB/s':>8} {'vs limit':>9}")
+    for name, value in seconds.items():
+        print(f"{name:42} {value:9.3f} {model_bytes / value / 1e9:8.2f} {limit / value:8.2f}x")
+    print()
+    print(f"{'peak RSS above bare import torch':42} {'bytes':>14} {'x model':>8}")
+    for name, peak in (("memlayout flatten from disk (verified)", with_memlayout), ("torch.load(mmap) + torch.cat", naive)):
+        print(f"{name:42} {peak - bare:14d} {(peak - bare) / model_bytes:8.2f}x")
+    print(f"(memlayout flatten file -> file, with verification, took {cli_seconds:.2f} s including interpreter start)")
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    record = {
+        "size_mib": args.size_mib,
+        "tensors": args.tensors,
+        "repeat": args.repeat,
+        "model_bytes": model_bytes,
+        "seconds": seconds,
+        "ratio_to_limit": {name: limit / value for name, value in seconds.items()},
+        "peak_rss_bytes": {"bare_import_torch": bare, "memlayout_flatten_file": with_memlayout, "mmap_load_cat": naive},
+        "peak_rss_over_model": {
+            "memlayout_flatten_file": (with_memlayout - bare) / model_bytes,
+            "mmap_load_cat": (naive - bare) / model_bytes,
+        },
+        "file_to_file_seconds": cli_seconds,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+    }
+    (RESULTS / "flatten.json").write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
