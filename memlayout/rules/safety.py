@@ -47,7 +47,7 @@ def _listed(paths: list[str]) -> str:
 @rule(
     "ML601",
     "unsafe-pickle",
-    Severity.WARNING,
+    Severity.ERROR,
     "the pickle references globals that torch's weights-only loader refuses",
     "load it with weights_only=True, or re-save the weights as a state dict or safetensors; "
     "never use weights_only=False on a file you did not write",
