@@ -115,3 +115,14 @@ def test_channels_last_resnet_block_is_clean_but_a_mix_is_reported() -> None:
     assert not {"ML201", "ML202"} & codes(block)
     block[3].weight.data = block[3].weight.data.contiguous()
     assert "ML202" in codes(block)
+
+
+def test_pickled_module_inside_a_checkpoint_keeps_its_section_and_kinds(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": model, "epoch": 1}, path)
+    facts = memlayout.inspect(str(path)).facts
+    by_name = {t.name: t for t in facts.tensors}
+    assert {t.section for t in facts.tensors} == {"model"}
+    assert by_name["model.0.weight"].kind.value == "parameter"
+    assert by_name["model.1.running_mean"].kind.value == "buffer"

@@ -440,8 +440,8 @@ def _walk(
     if isinstance(obj, InertObject) and is_module_state(obj.state_dict):
         state = obj.state_dict
         # Parameters, then buffers, then children: the order named_parameters walks.
-        for section, is_buffer in (("_parameters", False), ("_buffers", True)):
-            for key, value in (state.get(section) or {}).items():
+        for holder, is_buffer in (("_parameters", False), ("_buffers", True)):
+            for key, value in (state.get(holder) or {}).items():
                 if isinstance(value, PickledTensor):
                     yield WalkedTensor(_join(prefix, key), value, is_buffer, in_optimizer, section)
         for key, value in (state.get("_modules") or {}).items():
