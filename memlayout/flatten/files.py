@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from memlayout.errors import FlattenError, UnsafeContentError, UsageError
@@ -160,7 +160,10 @@ def flatten_path(path: str, options: FlattenOptions) -> FlattenResult:
         FlattenError: flattening or verification failed; nothing was written.
     """
     from memlayout.load import LoadOptions, load_path
+    from memlayout.load.hf_dir import is_hf_dir
 
+    if os.path.isdir(path) and is_hf_dir(path):
+        return _flatten_hf_dir(path, options)
     out = _check_paths(path, options)
     source = load_path(path, LoadOptions(trust=options.trust))
     try:
@@ -271,3 +274,57 @@ def _flatten_live_to_state_dict(
     write_torch(state, out, verify)
     return copied, options.verify
 
+
+
+def _flatten_hf_dir(path: str, options: FlattenOptions) -> FlattenResult:
+    """Flatten each weight file of a model directory on its own and copy the rest.
+
+    A shard keeps exactly its tensors, so the index stays true, and savers already
+    store a tie once (in one shard). The new directory is built beside OUT and
+    swapped in only when every file is written and verified.
+    """
+    import shutil
+
+    from memlayout.flatten.save import atomic_path
+    from memlayout.load.hf_dir import weight_files
+
+    files, _ = weight_files(path)
+    if options.check:
+        return _merge_results(path, None, [
+            flatten_path(os.path.join(path, name), replace(options, out=None)) for name in files
+        ], files)
+    out = _check_paths(path, options)
+    assert out is not None
+    results = []
+    with atomic_path(out, directory=True) as temporary:
+        for name in sorted(os.listdir(path)):
+            source, target = os.path.join(path, name), os.path.join(temporary, name)
+            if name in files:
+                results.append(flatten_path(source, replace(options, out=target, in_place=False)))
+            elif os.path.isdir(source):
+                shutil.copytree(source, target)
+            else:
+                shutil.copy2(source, target)
+    return _merge_results(path, out, results, files)
+
+
+def _merge_results(path: str, out: str | None, results: list[FlattenResult], files: list[str]) -> FlattenResult:
+    first = results[0]
+    return FlattenResult(
+        source=path,
+        out=out,
+        format=f"Hugging Face directory ({len(files)} {first.format} file{'s' if len(files) != 1 else ''})",
+        device=first.device,
+        device_reason=first.device_reason,
+        storages_before=sum(r.storages_before for r in results),
+        storages_after=sum(r.storages_after for r in results),
+        bytes_before=sum(r.bytes_before for r in results),
+        bytes_after=sum(r.bytes_after for r in results),
+        padding_bytes=sum(r.padding_bytes for r in results),
+        bytes_copied=sum(r.bytes_copied for r in results),
+        seconds=sum(r.seconds for r in results),
+        already_flat=all(r.already_flat for r in results),
+        changes=tuple(f"{name}: {change}" for name, r in zip(files, results, strict=True) for change in r.changes),
+        notes=tuple(dict.fromkeys(note for r in results for note in r.notes)),
+        verified=all(r.verified for r in results),
+    )

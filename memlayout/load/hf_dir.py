@@ -236,6 +236,33 @@ def declared_ties(config: dict[str, Any], names: list[str], declared_by: str = C
     return ties
 
 
+def weight_files(path: str) -> tuple[list[str], bool]:
+    """The weight files of a model directory, as the loader reads them.
+
+    safetensors wins over pytorch_model.bin, and an index over a single file, as in
+    transformers' own loading order.
+
+    Args:
+        path: The model directory.
+
+    Returns:
+        (file names relative to `path`, whether they are torch.save pickles).
+
+    Raises:
+        CorruptCheckpointError: an index names a missing shard.
+        UnrecognizedFormatError: no standard weight file is present.
+    """
+    if os.path.isfile(os.path.join(path, SAFETENSORS_INDEX)):
+        return list(_index_shards(path, SAFETENSORS_INDEX)), False
+    if os.path.isfile(os.path.join(path, SAFETENSORS_SINGLE)):
+        return [SAFETENSORS_SINGLE], False
+    if os.path.isfile(os.path.join(path, BIN_INDEX)):
+        return list(_index_shards(path, BIN_INDEX)), True
+    if os.path.isfile(os.path.join(path, BIN_SINGLE)):
+        return [BIN_SINGLE], True
+    raise UnrecognizedFormatError(f"{path} has none of {', '.join(WEIGHT_FILES)}")
+
+
 def load_hf_dir(path: str) -> LoadedSource:
     """Read a Hugging Face model directory as layout records.
 
@@ -249,16 +276,8 @@ def load_hf_dir(path: str) -> LoadedSource:
         CorruptCheckpointError: an index names a missing shard, or a file is damaged.
         UnrecognizedFormatError: no standard weight file is present.
     """
-    if os.path.isfile(os.path.join(path, SAFETENSORS_INDEX)):
-        source = _load_safetensors_shards(path, list(_index_shards(path, SAFETENSORS_INDEX)))
-    elif os.path.isfile(os.path.join(path, SAFETENSORS_SINGLE)):
-        source = _load_safetensors_shards(path, [SAFETENSORS_SINGLE])
-    elif os.path.isfile(os.path.join(path, BIN_INDEX)):
-        source = _load_pickled_shards(path, list(_index_shards(path, BIN_INDEX)))
-    elif os.path.isfile(os.path.join(path, BIN_SINGLE)):
-        source = _load_pickled_shards(path, [BIN_SINGLE])
-    else:
-        raise UnrecognizedFormatError(f"{path} has none of {', '.join(WEIGHT_FILES)}")
+    files, pickled = weight_files(path)
+    source = _load_pickled_shards(path, files) if pickled else _load_safetensors_shards(path, files)
     config_path = os.path.join(path, CONFIG)
     if os.path.isfile(config_path):
         try:
