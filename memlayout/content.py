@@ -5,15 +5,20 @@ they read only what they need: one small probe and a few sampled elements per
 duplicate candidate, the full contents of tensors whose samples match, or, with
 --deep, every floating tensor once, streamed in cache-sized chunks.
 
-Streaming keeps memory bounded: a reader that maps its file may offer
-`release(storage_key, start, length)`, and every chunk is released once the next
-one is asked for, because mapped file pages count in the process's RSS once
-touched. numpy is imported only when values are actually read.
+Streaming keeps memory bounded. Mapped file pages count in the process's RSS once
+touched, so a reader that maps its file may offer `release(storage_key, start,
+length)`, and every chunk is released once the next one is asked for; a reader
+that can also `read_into(storage_key, start, buffer)` lets the non-finite scan copy
+into a reused buffer instead, mapping nothing. numpy is imported only when values
+are actually read.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from memlayout.dtypes import dtype_info
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
 # faster than 1 MiB and twice as fast as the 16 MiB chunks used before.
 DEFAULT_CHUNK_BYTES = 4 << 20
 PROBE_BYTES = 64
+MAX_SCAN_THREADS = 4
 
 _UINT_FOR_ITEMSIZE = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 
@@ -58,6 +64,8 @@ class ContentReader:
         self.storage_keys = storage_keys
         self.chunk_bytes = chunk_bytes
         self._release: Callable[[str, int, int], None] | None = getattr(reader, "release", None)
+        self._read_into: Callable[[str, int, memoryview], None] | None = getattr(reader, "read_into", None)
+        self._local = threading.local()
 
     def _key(self, tensor: TensorFact) -> str:
         return self.storage_keys[tensor.storage]
@@ -170,7 +178,49 @@ class ContentReader:
         if not info.is_floating or tensor.numel == 0:
             return 0
         counter = _NonFiniteCounter(info.special_mask, info.special_pattern)
+        if tensor.contiguous and self._read_into is not None:
+            return sum(counter.count(chunk) for chunk in self._buffered_chunks(tensor))
         return sum(counter.count(chunk) for chunk in self.chunks(tensor))
+
+    def non_finite_counts(self, tensors: list[TensorFact]) -> Iterator[tuple[TensorFact, int]]:
+        """`non_finite` of each tensor, in order, spread over a few threads.
+
+        Copying out of the page cache (pread) and numpy's reductions both run with
+        the GIL released, so on the 2-core benchmark VM two threads scan ~1.8x
+        faster than one, where one thread is bound by the kernel's copy.
+        """
+        workers = min(MAX_SCAN_THREADS, os.cpu_count() or 1, len(tensors))
+        if workers <= 1:
+            for tensor in tensors:
+                yield tensor, self.non_finite(tensor)
+            return
+        with ThreadPoolExecutor(workers, thread_name_prefix="memlayout-scan") as pool:
+            yield from zip(tensors, pool.map(self.non_finite, tensors), strict=True)
+
+    def _buffered_chunks(self, tensor: TensorFact) -> Iterator[np.ndarray]:
+        # pread into one buffer per thread: nothing of the file is mapped, so RSS
+        # stays at the buffer whatever the file size, and the chunk is read into
+        # cache-resident memory the reductions then reuse. Only for consumers that
+        # finish with a chunk before asking for the next, as non_finite does.
+        import numpy as np
+
+        assert self._read_into is not None
+        size = tensor.itemsize
+        step = max(self.chunk_bytes // size, 1) * size
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None or len(buffer) < step:
+            buffer = self._local.buffer = bytearray(step)
+        view = memoryview(buffer)
+        key = self._key(tensor)
+        start = tensor.offset * size
+        remaining = tensor.nbytes
+        item = _item_dtype(size)
+        while remaining > 0:
+            length = min(step, remaining)
+            self._read_into(key, start, view[:length])
+            yield np.frombuffer(buffer, dtype=item, count=length // size)
+            start += length
+            remaining -= length
 
     def fingerprint(self, tensor: TensorFact) -> tuple[int, int]:
         """(XOR, wrapping sum) of the elements' bit patterns in their own width, in one streaming pass.

@@ -27,6 +27,7 @@ from memlayout.strides import (
     MemoryFormat,
     Relation,
     byte_set,
+    contiguous_byte_set,
     has_internal_overlap,
     is_contiguous,
     memory_format,
@@ -220,35 +221,60 @@ def _merge_kind(kinds: Iterable[TensorKind]) -> TensorKind:
 def _tensor_fact(records: list[TensorRecord], storage: StorageRecord, storage_id: str) -> TensorFact:
     first = records[0]
     info = dtype_info(first.dtype)
-    count = numel(first.shape)
+    shape, stride, itemsize = first.shape, first.stride, info.itemsize
+    count = numel(shape)
     data_address = None
     if storage.base_address is not None:
-        data_address = storage.base_address + first.offset * info.itemsize
-    return TensorFact(
-        name=first.name,
-        names=tuple(dict.fromkeys(r.name for r in records)),
-        kind=_merge_kind(r.kind for r in records),
-        dtype=info.name,
-        itemsize=info.itemsize,
-        device=storage.device,
-        shape=first.shape,
-        stride=first.stride,
-        storage=storage_id,
-        offset=first.offset,
-        numel=count,
-        nbytes=count * info.itemsize,
-        contiguous=is_contiguous(first.shape, first.stride),
-        memory_format=memory_format(first.shape, first.stride),
-        bytes_used=byte_set(first.shape, first.stride, first.offset, info.itemsize),
-        self_overlapping=has_internal_overlap(first.shape, first.stride),
-        data_address=data_address,
-        requires_grad=any(r.requires_grad for r in records),
-        parameter_ids=tuple(
+        data_address = storage.base_address + first.offset * itemsize
+    contiguous = is_contiguous(shape, stride)
+    if contiguous:
+        # Nearly every tensor of a checkpoint: one run of bytes, no self-overlap, and
+        # none of the strided geometry (or its numpy import) is needed.
+        fmt, used, overlapping = MemoryFormat.CONTIGUOUS, contiguous_byte_set(first.offset, count, itemsize), False
+    else:
+        fmt = memory_format(shape, stride)
+        used = byte_set(shape, stride, first.offset, itemsize)
+        overlapping = has_internal_overlap(shape, stride)
+    if len(records) == 1:
+        # The common untied tensor: skip the merging of names, kinds and identities.
+        names: tuple[str, ...] = (first.name,)
+        kind = first.kind
+        requires_grad = first.requires_grad
+        parameter_ids: tuple[int, ...] = (
+            (first.object_id,) if first.kind is TensorKind.PARAMETER and first.object_id is not None else ()
+        )
+        optimizer_state = first.optimizer_state
+    else:
+        names = tuple(dict.fromkeys(r.name for r in records))
+        kind = _merge_kind(r.kind for r in records)
+        requires_grad = any(r.requires_grad for r in records)
+        parameter_ids = tuple(
             dict.fromkeys(
                 r.object_id for r in records if r.kind is TensorKind.PARAMETER and r.object_id is not None
             )
-        ),
-        optimizer_state=all(r.optimizer_state for r in records),
+        )
+        optimizer_state = all(r.optimizer_state for r in records)
+    return TensorFact(
+        name=first.name,
+        names=names,
+        kind=kind,
+        dtype=info.name,
+        itemsize=itemsize,
+        device=storage.device,
+        shape=shape,
+        stride=stride,
+        storage=storage_id,
+        offset=first.offset,
+        numel=count,
+        nbytes=count * itemsize,
+        contiguous=contiguous,
+        memory_format=fmt,
+        bytes_used=used,
+        self_overlapping=overlapping,
+        data_address=data_address,
+        requires_grad=requires_grad,
+        parameter_ids=parameter_ids,
+        optimizer_state=optimizer_state,
         section=first.section,
         pinned=first.pinned,
         shared_memory=first.shared_memory,
@@ -307,9 +333,12 @@ def build_facts(source: LoadedSource) -> Facts:
         `StorageFact` per storage, and alias groups of views sharing bytes.
     """
     by_view: dict[tuple[object, ...], list[TensorRecord]] = defaultdict(list)
+    canonical: dict[str, str] = {}  # "torch.float32" and "float32" are one dtype
     for record in source.tensors:
-        view_key = (record.storage_key, record.offset, record.shape, record.stride, dtype_info(record.dtype).name)
-        by_view[view_key].append(record)
+        dtype = canonical.get(record.dtype)
+        if dtype is None:
+            dtype = canonical[record.dtype] = dtype_info(record.dtype).name
+        by_view[(record.storage_key, record.offset, record.shape, record.stride, dtype)].append(record)
 
     storage_ids: dict[str, str] = {}
     for records in by_view.values():
@@ -330,7 +359,7 @@ def build_facts(source: LoadedSource) -> Facts:
     for key, storage_id in storage_ids.items():
         storage_record = source.storages[key]
         views = views_by_storage[storage_id]
-        used = union([v.bytes_used for v in views])
+        used = views[0].bytes_used.intervals if len(views) == 1 else union([v.bytes_used for v in views])
         used_bytes = sum(end - start for start, end in used)
         padding, unused = _split_unused(used, storage_record.nbytes)
         storages.append(
@@ -348,7 +377,8 @@ def build_facts(source: LoadedSource) -> Facts:
                 has_data=storage_record.has_data,
             )
         )
-        group = _alias_groups(storage_id, views)
+        # One view alone can alias only itself, which ML105 reports from the fact.
+        group = _alias_groups(storage_id, views) if len(views) > 1 else None
         if group is not None:
             groups.append(group)
 

@@ -48,9 +48,14 @@ def _dense_in_order(shape: tuple[int, ...], stride: tuple[int, ...], order: tupl
 
 def is_contiguous(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     """torch's `is_contiguous()` for the default (row-major) format."""
-    if numel(shape) == 0:
-        return True
-    return _dense_in_order(shape, stride, tuple(reversed(range(len(shape)))))
+    # One pass from the innermost dim, the hot path of every fact: size-1 dims may
+    # carry any stride, and an empty tensor is contiguous whatever its strides.
+    expected = 1
+    for size, step in zip(reversed(shape), reversed(stride), strict=True):
+        if size != 1 and step != expected:
+            return numel(shape) == 0
+        expected *= size
+    return True
 
 
 def memory_format(shape: tuple[int, ...], stride: tuple[int, ...]) -> MemoryFormat:
@@ -129,6 +134,16 @@ class ByteSet:
         return sum(end - start for start, end in self.intervals)
 
 
+EMPTY_BYTE_SET = ByteSet((), True)
+
+
+def contiguous_byte_set(offset: int, count: int, itemsize: int) -> ByteSet:
+    """The bytes of a contiguous view of `count` elements: one run, no geometry needed."""
+    if count == 0:
+        return EMPTY_BYTE_SET
+    return ByteSet(((offset * itemsize, (offset + count) * itemsize),), True)
+
+
 def byte_set(shape: tuple[int, ...], stride: tuple[int, ...], offset: int, itemsize: int) -> ByteSet:
     """Exact byte intervals touched by a view, merging dims that are dense together.
 
@@ -136,7 +151,7 @@ def byte_set(shape: tuple[int, ...], stride: tuple[int, ...], offset: int, items
     run built so far, it extends the run. What is left is enumerated as run starts.
     """
     if numel(shape) == 0:
-        return ByteSet((), True)
+        return EMPTY_BYTE_SET
     # Zero-stride (expanded) and size-1 dims add no new bytes.
     dims = sorted((step, size) for size, step in zip(shape, stride, strict=True) if size > 1 and step != 0)
     run = 1

@@ -83,8 +83,7 @@ def non_finite(ctx: RuleContext) -> Iterator[Finding]:
     tensors = [t for t in ctx.facts.tensors if t.is_floating and t.has_data and t.numel > 0]
     total = sum(t.nbytes for t in tensors)
     done = 0
-    for tensor in tensors:
-        bad = ctx.content.non_finite(tensor)
+    for tensor, bad in ctx.content.non_finite_counts(tensors):
         done += tensor.nbytes
         if ctx.progress is not None:
             ctx.progress("scanning values", done, total)

@@ -1,0 +1,123 @@
+"""`inspect --deep` throughput against the machine's copy bandwidth, and its peak memory.
+
+Usage: python benchmarks/bench_deep.py [--quick]
+
+- Bandwidth: `memlayout.inspect(path, config=RuleConfig(deep=True))` on the 1 GiB
+  checkpoint (every value checked for NaN/Inf, ML102 candidates compared in full),
+  as GB/s of tensor bytes, against `dst.copy_(src)` of the same byte count between
+  two in-memory torch tensors (torch's own threads, the machine's practical memory
+  bandwidth). The deep figure includes the metadata inspection and reading through
+  the page cache, so it is what a user sees with a warm cache.
+- Start-up is left out of both figures: the deep run is timed in a subprocess after
+  one metadata inspection there (imports, first-call costs), the copy after one
+  untimed copy.
+- Memory: the deep run happens in a subprocess that polls its own RSS
+  (/proc/self/statm) every 2 ms; growth over its RSS just before the run is compared
+  with the promise: the largest tensor plus 64 MiB.
+
+Best of N, in round-robin rounds with the copy, so that drift hits both alike.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from checkpoints import MIB, checkpoint
+from harness import ROOT, Row, print_table, quick_requested, write_results
+
+# One deep run per round in a fresh process: RSS polled from a thread, the run timed
+# in-process (interpreter start-up and imports excluded, as for the copy).
+_CHILD = """
+import json, os, sys, threading, time
+import numpy  # loaded before the baseline: numpy's own pages are not scan memory
+import memlayout
+from memlayout.rules import RuleConfig
+# A metadata inspection first: lazy imports and first-call costs are start-up, not
+# scan time, just as the copy's figure leaves out importing torch.
+memlayout.inspect(sys.argv[1])
+page = os.sysconf("SC_PAGE_SIZE")
+def rss():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * page
+before = rss()
+peak = [before]
+done = threading.Event()
+def poll():
+    while not done.wait(0.002):
+        peak[0] = max(peak[0], rss())
+threading.Thread(target=poll, daemon=True).start()
+start = time.perf_counter()
+report = memlayout.inspect(sys.argv[1], config=RuleConfig(deep=True))
+seconds = time.perf_counter() - start
+done.set()
+print(json.dumps({"seconds": seconds, "growth": peak[0] - before, "bytes": report.summary.tensor_bytes,
+                  "largest": max(t.nbytes for t in report.facts.tensors)}))
+"""
+
+
+def deep_run(path: Path) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    measured: dict[str, Any] = json.loads(result.stdout)
+    return measured
+
+
+def copy_seconds(nbytes: int, repeat: int) -> float:
+    import torch
+
+    src = torch.randn(nbytes // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault both in before timing
+    best = float("inf")
+    import time
+
+    for _ in range(repeat):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    quick = quick_requested(argv)
+    ckpt = checkpoint("40MiB", 40 * MIB) if quick else checkpoint("1GiB", 1024 * MIB)
+    with open(ckpt.torch_path, "rb") as handle:  # warm the page cache
+        while handle.read(64 * MIB):
+            pass
+    rounds = 3 if quick else 5
+    deep_runs: list[dict[str, Any]] = []
+    copies: list[float] = []
+    for _ in range(rounds):
+        deep_runs.append(deep_run(ckpt.torch_path))
+        copies.append(copy_seconds(ckpt.nbytes, 3))
+    nbytes = deep_runs[0]["bytes"]
+    deep_best = min(r["seconds"] for r in deep_runs)
+    copy_best = min(copies)
+    deep_rate, copy_rate = nbytes / deep_best / 1e9, nbytes / copy_best / 1e9
+    growth = max(r["growth"] for r in deep_runs)
+    bound = deep_runs[0]["largest"] + 64 * MIB
+    rows = [
+        Row(f"--deep scan GB/s ({ckpt.label}, 400 tensors)", f"{deep_rate:.2f} GB/s",
+            f"torch copy_ {copy_rate:.2f} GB/s", deep_rate / copy_rate, ">= 0.5x", deep_rate / copy_rate >= 0.5),
+        Row(f"--deep peak RSS growth ({ckpt.label})", f"{growth / MIB:.1f} MiB",
+            f"largest tensor + 64 MiB = {bound / MIB:.1f} MiB", growth / bound, "<= 1x", growth <= bound),
+        Row(f"--deep peak RSS growth vs file ({ckpt.label})", f"{growth / MIB:.1f} MiB",
+            f"file {ckpt.torch_path.stat().st_size / MIB:.0f} MiB", growth / ckpt.torch_path.stat().st_size,
+            "(info)", True),
+    ]
+    print_table(f"bench_deep: inspect --deep{' (quick)' if quick else ''}", rows)
+    raw = {"deep_runs": deep_runs, "copy_seconds": copies, "bytes": nbytes, "file": str(ckpt.torch_path)}
+    print(f"raw numbers: {write_results('deep', rows, raw, quick).relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

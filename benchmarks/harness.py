@@ -1,0 +1,108 @@
+"""What every memlayout benchmark shares: best-of-N timing, one ratio table, raw JSON.
+
+Each benchmark compares against a peer or the machine's limit measured in the same
+run, because this kind of VM's speed drifts by 2x between minutes; ratios taken
+within one run hold up where absolute numbers do not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+QUICK_ENV = "MEMLAYOUT_BENCH_QUICK"
+
+
+def quick_requested(argv: list[str]) -> bool:
+    """`--quick` on the command line or MEMLAYOUT_BENCH_QUICK=1: small sizes, few repeats."""
+    return "--quick" in argv or os.environ.get(QUICK_ENV, "") not in ("", "0")
+
+
+def best_of(function: Callable[[], object], repeat: int) -> float:
+    """The fastest of `repeat` runs, in seconds: the run least disturbed by the machine."""
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        function()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def round_robin(functions: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Best time of each function, run in interleaved rounds so that drift hits all alike."""
+    best = dict.fromkeys(functions, float("inf"))
+    for _ in range(repeat):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            function()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a ratio table."""
+
+    metric: str
+    value: str
+    """The measured figure, human-readable."""
+    peer: str
+    """What it is compared with, and that figure."""
+    ratio: float
+    goal: str
+    """The target, e.g. "<= 0.5x"."""
+    met: bool
+
+
+def print_table(title: str, rows: list[Row]) -> None:
+    """The one table a benchmark prints."""
+    headers = ("metric", "value", "peer / limit", "ratio", "goal", "met")
+    cells = [(r.metric, r.value, r.peer, f"{r.ratio:.2f}x", r.goal, "yes" if r.met else "NO") for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    line = "  ".join("-" * w for w in widths)
+    print(f"\n{title}")
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
+    print(line)
+    for cell in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(cell, widths, strict=True)))
+    sys.stdout.flush()
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "processor": platform.processor(),
+    }
+
+
+def write_results(name: str, rows: list[Row], raw: dict[str, Any], quick: bool) -> Path:
+    """Raw numbers and the table's rows to benchmarks/results/<name>.json (quick runs: <name>-quick.json)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}{'-quick' if quick else ''}.json"
+    payload = {
+        "benchmark": name,
+        "quick": quick,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        "rows": [asdict(r) for r in rows],
+        "raw": raw,
+    }
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(temporary, path)
+    return path
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"

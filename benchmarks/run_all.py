@@ -1,0 +1,53 @@
+"""Run every benchmark script in benchmarks/ (`make bench`), each printing its ratio table.
+
+Usage: python benchmarks/run_all.py [--quick]
+
+`--quick` (or MEMLAYOUT_BENCH_QUICK=1) uses small sizes and few repeats: minutes,
+not tens of minutes. Raw numbers land in benchmarks/results/*.json. Exits non-zero
+when a benchmark script fails to run; missed goals show as "NO" in the tables.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+QUICK_ENV = "MEMLAYOUT_BENCH_QUICK"
+# Ours first (cheap to skim), then whatever else lives here: bench_flatten.py
+# belongs to the flatten work and runs if present.
+ORDER = ["bench_inspect.py", "bench_deep.py"]
+
+
+def scripts() -> list[Path]:
+    found = sorted(HERE.glob("bench_*.py"))
+    return sorted(found, key=lambda p: (ORDER.index(p.name) if p.name in ORDER else len(ORDER), p.name))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    quick = "--quick" in argv or os.environ.get(QUICK_ENV, "") not in ("", "0")
+    env = dict(os.environ)
+    if quick:
+        env[QUICK_ENV] = "1"
+    failed = []
+    for script in scripts():
+        # Only pass --quick to scripts that accept it; the others see the env variable.
+        args = ["--quick"] if quick and "--quick" in script.read_text() else []
+        print(f"\n=== {script.name} {' '.join(args)}", flush=True)
+        start = time.perf_counter()
+        result = subprocess.run([sys.executable, str(script), *args], env=env, check=False)
+        print(f"=== {script.name}: exit {result.returncode} in {time.perf_counter() - start:.0f} s", flush=True)
+        if result.returncode != 0:
+            failed.append(script.name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
