@@ -306,6 +306,8 @@ def _tensor_fact(records: list[TensorRecord], storage: StorageRecord, storage_id
 
 def _split_unused(used: tuple[tuple[int, int], ...], nbytes: int) -> tuple[int, int]:
     """(padding, unused) bytes of a storage given its used ranges."""
+    if len(used) == 1 and used[0][0] == 0 and used[0][1] >= nbytes:
+        return 0, 0  # one tensor filling its storage, the usual case: nothing unused
     starts = [start for start, _ in used if start > 0]
     slot_alignment = min((min(s & -s, MAX_PADDING_ALIGNMENT) for s in starts), default=0)
     padding = unused = 0
