@@ -165,11 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     quick = quick_requested(argv)
     sizes = QUICK_SIZES if quick else FULL_SIZES
-    checkpoints = [checkpoint(label, nbytes) for label, nbytes in sizes.items()]
+    headline_label = "40MiB" if quick else "1GiB"
+    checkpoints = [checkpoint(label, nbytes, twin=label == headline_label) for label, nbytes in sizes.items()]
+    headline = next(c for c in checkpoints if c.label == headline_label)
     for ckpt in checkpoints:
         _warm(ckpt.torch_path)
-        _warm(ckpt.safetensors_path)
-    headline = checkpoints[-1] if quick else next(c for c in checkpoints if c.label == "1GiB")
+    _warm(headline.safetensors_path)
     cli, cli_times = cli_rows(headline, 3 if quick else 7)
     in_process, in_process_times = in_process_rows(headline, 5 if quick else 30)
     scaling, scaling_times = scaling_rows(checkpoints, 5 if quick else 30)

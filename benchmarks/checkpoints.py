@@ -44,12 +44,14 @@ def _shapes(total_bytes: int) -> list[tuple[int, ...]]:
     return per_block * blocks
 
 
-def checkpoint(label: str, total_bytes: int) -> Checkpoint:
+def checkpoint(label: str, total_bytes: int, twin: bool = False) -> Checkpoint:
     """The checkpoint named `label` of about `total_bytes`, created on first use.
 
     Args:
         label: File stem, e.g. "1GiB".
         total_bytes: Target bytes of tensor data.
+        twin: Also make sure the safetensors twin exists (only the in-process
+            comparison reads it, so the big sizes skip it and save disk).
 
     Returns:
         The paths of the torch.save file and its safetensors twin.
@@ -59,12 +61,13 @@ def checkpoint(label: str, total_bytes: int) -> Checkpoint:
     safetensors_path = DATA_DIR / f"ckpt-{label}.safetensors"
     shapes = _shapes(total_bytes)
     nbytes = sum(4 * math.prod(shape) for shape in shapes)
-    if not (torch_path.exists() and safetensors_path.exists()):
-        _write(shapes, torch_path, safetensors_path)
+    wanted = [torch_path, safetensors_path] if twin else [torch_path]
+    if not all(path.exists() for path in wanted):
+        _write(shapes, [path for path in wanted if not path.exists()])
     return Checkpoint(label, torch_path, safetensors_path, nbytes)
 
 
-def _write(shapes: list[tuple[int, ...]], torch_path: Path, safetensors_path: Path) -> None:
+def _write(shapes: list[tuple[int, ...]], paths: list[Path]) -> None:
     import torch
     from safetensors.torch import save_file
 
@@ -72,9 +75,10 @@ def _write(shapes: list[tuple[int, ...]], torch_path: Path, safetensors_path: Pa
     state = {}
     for index, shape in enumerate(shapes):
         # Random values: no two tensors share contents, so ML102 has nothing to report
-        # and every candidate is settled by its sample, as in a real trained model.
+        # and every candidate is settled by its probe, as in a real trained model.
         state[f"blocks.{index // 8}.t{index % 8}"] = torch.randn(shape, generator=generator)
-    for path, save in ((torch_path, torch.save), (safetensors_path, save_file)):
+    for path in paths:
+        save = save_file if path.suffix == ".safetensors" else torch.save
         partial = path.with_suffix(path.suffix + ".partial")
         save(state, str(partial))
         os.replace(partial, path)
