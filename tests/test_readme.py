@@ -33,9 +33,16 @@ def readme_commands() -> list[str]:
 
 
 @pytest.mark.parametrize("command", readme_commands())
-def test_readme_command_runs(command: str, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readme_command_runs(
+    command: str, repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(repo_root)
-    result = CliRunner().invoke(app, shlex.split(command))
+    args = shlex.split(command)
+    # Outputs go to a scratch directory, never into the checkout.
+    for index, arg in enumerate(args[:-1]):
+        if arg in ("-o", "--output"):
+            args[index + 1] = str(tmp_path / Path(args[index + 1]).name)
+    result = CliRunner().invoke(app, args)
     assert result.exit_code in (0, 1), result.stderr
     assert result.stdout
 
@@ -48,3 +55,11 @@ def test_readme_shows_the_current_demo_findings(repo_root: Path, monkeypatch: py
     for finding in json.loads(result.stdout)["findings"]:
         assert f"{finding['code']} " in README
         assert finding["hint"] in README.replace("\n", " ")
+
+
+def test_readme_python_examples_run() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
+    runnable = [b for b in blocks if b.startswith("import torch, memlayout")]
+    assert runnable, "the README's self-contained examples start with `import torch, memlayout`"
+    for block in runnable:
+        exec(compile(block, "README.md", "exec"), {})
