@@ -160,3 +160,31 @@ def test_facts_built_for_speed_carry_every_field(tmp_path: Path) -> None:
         cls = TensorFact if isinstance(fact, TensorFact) else StorageFact
         assert set(vars(fact)) == {f.name for f in dataclasses.fields(cls)}
         assert fact == cls(**vars(fact))
+
+
+def test_fast_finite_test_never_misses_a_special_value() -> None:
+    # The scan proves chunks finite with two max reductions; check that shortcut
+    # against the exact mask test on every bit pattern of the 1- and 2-byte floats,
+    # one value per chunk so no neighbour can hide a miss.
+    from memlayout.content import _NonFiniteCounter
+    from memlayout.dtypes import DTYPES
+
+    for info in DTYPES.values():
+        if not info.is_floating or info.itemsize > 2:
+            continue
+        assert info.special_mask is not None and info.special_pattern is not None
+        counter = _NonFiniteCounter(info.special_mask, info.special_pattern)
+        width = np.uint8 if info.itemsize == 1 else np.uint16
+        patterns = np.arange(1 << (8 * info.itemsize), dtype=np.uint32).astype(width)
+        expected = (patterns & info.special_mask) == info.special_pattern
+        found = np.array([counter.count(patterns[i : i + 1]) for i in range(patterns.size)])
+        assert np.array_equal(found, expected.astype(int)), info.name
+
+
+def test_float32_and_float64_specials_are_counted() -> None:
+    from memlayout.content import non_finite_count
+
+    for dtype, width in (("float32", np.uint32), ("float64", np.uint64)):
+        values = np.array([0.0, -0.0, 1.5, -2.0, np.inf, -np.inf, np.nan, -np.nan, np.finfo(dtype).max], dtype=dtype)
+        assert non_finite_count(values.view(width), dtype) == 4
+        assert non_finite_count(values[[0, 1, 2, 3, 8]].view(width), dtype) == 0
