@@ -163,13 +163,19 @@ def test_share_memory_puts_buffers_in_shared_memory() -> None:
 
 
 def test_optimizer_built_before_flatten_still_updates_the_model() -> None:
+    torch.manual_seed(0)
     model = TransposedTie()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     flatten_object(model)
-    before = model.encoder.bias.detach().clone()
+    # A bias large enough that every ReLU is active, so every bias gets a gradient.
+    with torch.no_grad():
+        model.encoder.bias.fill_(10.0)
+        before = model.encoder.bias.detach().clone()
     model(torch.randn(2, 6)).sum().backward()
+    grad = model.encoder.bias.grad
+    assert grad is not None and bool((grad != 0).all())
     optimizer.step()
-    assert not torch.equal(model.encoder.bias, before)
+    assert torch.equal(model.encoder.bias, before - grad)
 
 
 def test_public_api_is_lazy_and_flattens_in_place() -> None:
