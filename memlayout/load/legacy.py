@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from memlayout.errors import CorruptCheckpointError
-from memlayout.load.pickled_tree import declared_ties_in_tree, module_records, tensor_records
+from memlayout.load.pickled_tree import declared_ties_in_tree, module_records, pickled_modules, tensor_records
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import PickledStorage, RestrictedUnpickler
 
@@ -172,13 +172,14 @@ def load_legacy(path: str) -> LoadedSource:
         mapped.close()
         raise
     reader = LegacyStorageReader(mapped, starts, sizes)
+    modules = pickled_modules(root)
     return LoadedSource(
         path=path,
         format="torch-legacy",
         tensors=tensors,
         storages=storage_records,
-        modules=module_records(root),
-        declared_ties=declared_ties_in_tree(root, [t.name for t in tensors]),
+        modules=module_records(modules),
+        declared_ties=declared_ties_in_tree(modules, [t.name for t in tensors]),
         reader=reader,
         pickle_globals=_merge_globals([first, second, third, main, fourth]),
         legacy_format=True,
@@ -203,7 +204,7 @@ def load_bare_pickle(path: str) -> LoadedSource:
         format="pickle",
         tensors=tensors,
         storages=storages,
-        modules=module_records(root),
+        modules=module_records(pickled_modules(root)),
         pickle_globals=list(unpickler.referenced.values()),
         notes=["a bare pickle, not a torch.save file: tensor data is not located"],
     )

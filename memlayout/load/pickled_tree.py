@@ -81,12 +81,18 @@ def tensor_records(
     return tensors, storages
 
 
-def module_records(root: Any) -> list[ModuleRecord]:
+def pickled_modules(root: Any, made_placeholders: bool = True) -> list[tuple[str, InertObject]]:
+    """(dotted path, placeholder) of every pickled nn.Module in the tree, walked once.
+
+    A pickled module is always a placeholder, so when the unpickler made none (a
+    plain state dict or training checkpoint) the tree is not walked at all.
+    """
+    return list(walk_modules(root)) if made_placeholders else []
+
+
+def module_records(modules: list[tuple[str, InertObject]]) -> list[ModuleRecord]:
     """The module tree of pickled nn.Modules, with RNN weight layout intent."""
-    modules = []
-    for path, module in walk_modules(root):
-        modules.append(ModuleRecord(path, type(module).qualified_name(), _rnn_record(path, module)))
-    return modules
+    return [ModuleRecord(path, type(module).qualified_name(), _rnn_record(path, module)) for path, module in modules]
 
 
 def _rnn_record(path: str, module: InertObject) -> RnnRecord | None:
@@ -101,7 +107,7 @@ def _rnn_record(path: str, module: InertObject) -> RnnRecord | None:
     return RnnRecord(mode, tuple(f"{prefix}{n}" for n in names), unregistered)
 
 
-def declared_ties_in_tree(root: Any, names: list[str]) -> list[DeclaredTie]:
+def declared_ties_in_tree(modules: list[tuple[str, InertObject]], names: list[str]) -> list[DeclaredTie]:
     """Ties a pickled Hugging Face model declares through its own state.
 
     A pickled `PreTrainedModel` carries its config as a placeholder whose state is
@@ -110,8 +116,8 @@ def declared_ties_in_tree(root: Any, names: list[str]) -> list[DeclaredTie]:
     Both are read from the inert tree; nothing from transformers is imported.
 
     Args:
-        root: The unpickled tree.
-        names: Every tensor name found in it.
+        modules: The tree's pickled modules, from `pickled_modules`.
+        names: Every tensor name found in the tree.
 
     Returns:
         Declared ties, named from the root, without duplicates.
@@ -120,7 +126,7 @@ def declared_ties_in_tree(root: Any, names: list[str]) -> list[DeclaredTie]:
 
     ties: list[DeclaredTie] = []
     seen: set[frozenset[str]] = set()
-    for path, module in walk_modules(root):
+    for path, module in modules:
         state = module.state_dict
         config = state.get("config")
         if not isinstance(config, InertObject) or not config.state_dict:

@@ -294,6 +294,8 @@ class UnpickleResult:
 
     root: Any
     globals: list[PickleGlobal] = field(default_factory=list)
+    made_placeholders: bool = True
+    """Whether any global became a placeholder; without one the tree holds no module."""
 
 
 class RestrictedUnpickler(pickle.Unpickler):
@@ -305,6 +307,11 @@ class RestrictedUnpickler(pickle.Unpickler):
         self._storages: dict[str, PickledStorage] = {}
         self.referenced: dict[tuple[str, str], PickleGlobal] = {}
         self._storage_records = storage_records
+
+    @property
+    def made_placeholders(self) -> bool:
+        """Whether any global became a placeholder (every pickled nn.Module does)."""
+        return bool(self._placeholders)
 
     def find_class(self, module: str, name: str) -> Any:
         key = (module, name)
@@ -380,7 +387,7 @@ def unpickle(data: bytes | memoryview, storage_records: bool = True) -> Unpickle
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
             AttributeError, UnicodeDecodeError, OverflowError, MemoryError) as exc:
         raise CorruptCheckpointError(f"the pickle could not be read: {exc}") from exc
-    return UnpickleResult(root, list(unpickler.referenced.values()))
+    return UnpickleResult(root, list(unpickler.referenced.values()), unpickler.made_placeholders)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from memlayout.errors import CorruptCheckpointError
-from memlayout.load.pickled_tree import declared_ties_in_tree, module_records, tensor_records
+from memlayout.load.pickled_tree import declared_ties_in_tree, module_records, pickled_modules, tensor_records
 from memlayout.load.records import LoadedSource
 from memlayout.load.restricted_pickle import unpickle
 
@@ -318,13 +318,14 @@ def load_torch_zip(path: str) -> LoadedSource:
         os.close(fd)
         raise
     reader = ZipStorageReader(mapped, starts, sizes, fd)
+    modules = pickled_modules(result.root, result.made_placeholders)
     return LoadedSource(
         path=path,
         format="torch-zip",
         tensors=tensors,
         storages=storages,
-        modules=module_records(result.root),
-        declared_ties=declared_ties_in_tree(result.root, [t.name for t in tensors]),
+        modules=module_records(modules),
+        declared_ties=declared_ties_in_tree(modules, [t.name for t in tensors]),
         reader=reader,
         pickle_globals=result.globals,
         close=reader.close,

@@ -29,7 +29,7 @@ from typing import Any
 
 from memlayout.errors import CorruptCheckpointError
 from memlayout.load.legacy import LegacyStorageReader
-from memlayout.load.pickled_tree import module_records, tensor_records
+from memlayout.load.pickled_tree import module_records, pickled_modules, tensor_records
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import InertObject, PickledTensor, RestrictedUnpickler
 
@@ -320,7 +320,7 @@ def load_torchscript(path: str) -> LoadedSource:
         format="torchscript",
         tensors=tensors,
         storages=storages,
-        modules=module_records(root),
+        modules=module_records(pickled_modules(root)),
         reader=reader,
         pickle_globals=_python_globals(referenced),
         notes=[
