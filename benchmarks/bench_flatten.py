@@ -20,9 +20,7 @@ The checkpoint is generated once into /.bench-data/ (gitignored).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -140,16 +138,23 @@ def peak_rss(code: str, *args: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-mib", type=int, default=1024)
-    parser.add_argument("--tensors", type=int, default=400)
-    parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args(argv)
+    from harness import QUICK_ENV, Row, print_table, write_results
 
-    path = make_checkpoint(args.size_mib, args.tensors)
-    model_bytes = args.size_mib << 20
-    seconds = throughput(path, args.repeat)
-    limit = seconds["machine limit (copy into fresh buffer)"]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mib", type=int, default=None, help="checkpoint size (1024; 64 with --quick)")
+    parser.add_argument("--tensors", type=int, default=400)
+    parser.add_argument("--repeat", type=int, default=None, help="rounds (5; 2 with --quick)")
+    parser.add_argument("--quick", action="store_true", help=f"small and fast (or {QUICK_ENV}=1)")
+    args = parser.parse_args(argv)
+    quick = args.quick or os.environ.get(QUICK_ENV, "") not in ("", "0")
+    size_mib = args.size_mib or (64 if quick else 1024)
+    repeat = args.repeat or (2 if quick else 5)
+
+    path = make_checkpoint(size_mib, args.tensors)
+    model_bytes = size_mib << 20
+    seconds = throughput(path, repeat)
+    limit_name, ours_name = "machine limit (copy into fresh buffer)", "memlayout.flatten"
+    limit, ours = seconds[limit_name], seconds[ours_name]
 
     out = DATA / "flatten_out.pt"
     bare = peak_rss(CHILD_BARE)
@@ -159,33 +164,32 @@ def main(argv: list[str] | None = None) -> int:
     naive = peak_rss(CHILD_NAIVE, str(path))
     out.unlink(missing_ok=True)
 
-    print(f"flatten benchmark: {args.tensors} float32 tensors, {args.size_mib} MiB, best of {args.repeat}")
-    print(f"{'method':42} {'seconds':>9} {'GB/s':>8} {'vs limit':>9}")
-    for name, value in seconds.items():
-        print(f"{name:42} {value:9.3f} {model_bytes / value / 1e9:8.2f} {limit / value:8.2f}x")
-    print()
-    print(f"{'peak RSS above bare import torch':42} {'bytes':>14} {'x model':>8}")
-    for name, peak in (("memlayout flatten from disk (verified)", with_memlayout), ("torch.load(mmap) + torch.cat", naive)):
-        print(f"{name:42} {peak - bare:14d} {(peak - bare) / model_bytes:8.2f}x")
-    print(f"(memlayout flatten file -> file, with verification, took {cli_seconds:.2f} s including interpreter start)")
+    def rate(value: float) -> str:
+        return f"{model_bytes / value / 1e9:.2f} GB/s"
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    record = {
-        "size_mib": args.size_mib,
+    rows = [Row("flatten throughput", rate(ours), f"machine limit {rate(limit)}", limit / ours, ">= 0.8x",
+                limit / ours >= 0.8)]
+    for name, value in seconds.items():
+        if name not in (limit_name, ours_name):
+            rows.append(Row(f"flatten vs {name}", rate(ours), f"{name} {rate(value)}", value / ours, ">= 1x",
+                            value / ours >= 1.0))
+    ours_rss, naive_rss = (with_memlayout - bare) / model_bytes, (naive - bare) / model_bytes
+    rows.append(Row("peak RSS flattening from disk", f"{(with_memlayout - bare) >> 20} MiB above import torch",
+                    f"model {size_mib} MiB", ours_rss, "<= 1.3x", ours_rss <= 1.3))
+    rows.append(Row("peak RSS of torch.load(mmap) + torch.cat", f"{(naive - bare) >> 20} MiB above import torch",
+                    f"model {size_mib} MiB", naive_rss, "(peer)", True))
+    print_table(f"flatten: {args.tensors} float32 tensors, {size_mib} MiB, best of {repeat} interleaved rounds "
+                f"(file -> file with verification: {cli_seconds:.2f} s incl. interpreter start)", rows)
+    raw = {
+        "size_mib": size_mib,
         "tensors": args.tensors,
-        "repeat": args.repeat,
+        "repeat": repeat,
         "model_bytes": model_bytes,
         "seconds": seconds,
-        "ratio_to_limit": {name: limit / value for name, value in seconds.items()},
         "peak_rss_bytes": {"bare_import_torch": bare, "memlayout_flatten_file": with_memlayout, "mmap_load_cat": naive},
-        "peak_rss_over_model": {
-            "memlayout_flatten_file": (with_memlayout - bare) / model_bytes,
-            "mmap_load_cat": (naive - bare) / model_bytes,
-        },
         "file_to_file_seconds": cli_seconds,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
     }
-    (RESULTS / "flatten.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_results("flatten", rows, raw, quick)
     return 0
 
 

@@ -23,7 +23,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from memlayout.errors import CorruptCheckpointError
-from memlayout.load.pickled_tree import declared_ties_in_tree, module_records, pickled_modules, tensor_records
+from memlayout.load.pickled_tree import (
+    declared_ties_in_tree,
+    module_records,
+    pickled_modules,
+    tensor_records,
+)
 from memlayout.load.records import LoadedSource
 from memlayout.load.restricted_pickle import unpickle
 
