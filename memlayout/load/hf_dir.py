@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
+from memlayout.load.mapped_files import MappedFiles, Span
 from memlayout.load.records import (
     DeclaredTie,
     LoadedSource,
@@ -28,7 +29,7 @@ from memlayout.load.records import (
     StorageRecord,
     TensorRecord,
 )
-from memlayout.load.safetensors_file import MappedFiles, map_file, read_header, safetensors_records
+from memlayout.load.safetensors_file import read_header, safetensors_records
 
 CONFIG = "config.json"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -124,15 +125,30 @@ class ShardedReader:
         reader, key = self.readers[storage_key]
         return reader.read(key, start, length)
 
+    def read_into(self, storage_key: str, start: int, buffer: memoryview) -> None:
+        """Copy bytes into `buffer`, through the shard's own `read_into` when it has one."""
+        reader, key = self.readers[storage_key]
+        read_into = getattr(reader, "read_into", None)
+        if read_into is not None:
+            read_into(key, start, buffer)
+        else:
+            buffer[:] = reader.read(key, start, len(buffer))
+
+    def release(self, storage_key: str, start: int, length: int) -> None:
+        """Give mapped pages back through the shard's reader, so a deep scan stays bounded."""
+        reader, key = self.readers[storage_key]
+        release = getattr(reader, "release", None)
+        if release is not None:
+            release(key, start, length)
+
 
 def _load_safetensors_shards(directory: str, shards: list[str]) -> LoadedSource:
     tensors: list[TensorRecord] = []
     storages: dict[str, StorageRecord] = {}
-    spans: dict[str, Any] = {}
-    maps = []
+    paths = [os.path.join(directory, shard) for shard in shards]
+    reader = MappedFiles.open(paths)
     try:
-        for shard in shards:
-            path = os.path.join(directory, shard)
+        for index, path in enumerate(paths):
             header, _ = read_header(path)
             shard_tensors, shard_storages = safetensors_records(header)
             duplicates = storages.keys() & shard_storages.keys()
@@ -142,15 +158,10 @@ def _load_safetensors_shards(directory: str, shards: list[str]) -> LoadedSource:
                 )
             tensors += shard_tensors
             storages.update(shard_storages)
-            mapped = map_file(path)
-            if mapped is not None:
-                maps.append(mapped)
-                spans.update({e.name: (mapped, e.start, e.nbytes) for e in header.entries})
+            reader.spans.update({e.name: Span(index, e.start, e.nbytes) for e in header.entries})
     except BaseException:
-        for mapped in maps:
-            mapped.close()
+        reader.close()
         raise
-    reader = MappedFiles(spans, maps)
     return LoadedSource(directory, "hf-safetensors", tensors, storages, reader=reader, close=reader.close)
 
 

@@ -15,14 +15,13 @@ pickle (`pickle.dump` of a model or dict): it is read the same way, metadata onl
 
 from __future__ import annotations
 
-import mmap
 import os
 import pickle
 import struct
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from memlayout.errors import CorruptCheckpointError
+from memlayout.load.mapped_files import MappedFiles, Span
 from memlayout.load.pickled_tree import (
     declared_ties_in_tree,
     module_records,
@@ -67,36 +66,6 @@ def is_legacy_torch(head: bytes) -> bool:
     return is_pickle(head) and head[2 : 2 + len(_MAGIC_PICKLED)] == _MAGIC_PICKLED
 
 
-@dataclass
-class LegacyStorageReader:
-    """Reads storage bytes from their place after the pickles."""
-
-    mapped: mmap.mmap
-    data_start: dict[str, int]
-    data_size: dict[str, int]
-
-    def read(self, storage_key: str, start: int, length: int) -> memoryview:
-        """Return `length` bytes of storage `storage_key` from byte `start`.
-
-        Args:
-            storage_key: The key from the pickle's persistent id.
-            start: Byte offset in the storage.
-            length: Bytes to read.
-
-        Returns:
-            A zero-copy view of the mapped file.
-        """
-        size = self.data_size[storage_key]
-        if start < 0 or start + length > size:
-            raise CorruptCheckpointError(
-                f"storage {storage_key} is {size} bytes, but a tensor reads bytes {start}..{start + length}"
-            )
-        base = self.data_start[storage_key]
-        return memoryview(self.mapped)[base + start : base + start + length]
-
-    def close(self) -> None:
-        """Unmap the file."""
-        self.mapped.close()
 
 
 def _load(path: str, handle: BinaryIO, what: str, storage_records: bool) -> tuple[Any, RestrictedUnpickler]:
@@ -167,16 +136,16 @@ def load_legacy(path: str) -> LoadedSource:
             raise CorruptCheckpointError(f"{path}: the storage key list is not a list")
         storages = main.storages
         starts, sizes = _storage_spans(path, handle, [str(k) for k in keys], storages, file_size)
-        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    reader = MappedFiles.open([path])
+    reader.spans = {key: Span(0, start, sizes[key]) for key, start in starts.items()}
     try:
         tensors, storage_records = tensor_records(root, starts)
         for key, record in storage_records.items():
             if record.device != "meta" and key not in starts:
                 raise CorruptCheckpointError(f"{path}: the pickle names storage {key}, which the file lacks")
     except BaseException:
-        mapped.close()
+        reader.close()
         raise
-    reader = LegacyStorageReader(mapped, starts, sizes)
     modules = pickled_modules(root)
     return LoadedSource(
         path=path,

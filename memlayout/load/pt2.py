@@ -17,14 +17,13 @@ metadata without data. Symbolic sizes (`as_expr`) cannot occur in saved weights.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import zipfile
 from typing import Any
 
 from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
-from memlayout.load.legacy import LegacyStorageReader
+from memlayout.load.mapped_files import MappedFiles, Span
 from memlayout.load.records import LoadedSource, StorageRecord, TensorKind, TensorRecord
 from memlayout.load.torchscript import central_directory, record_spans
 
@@ -114,7 +113,8 @@ def load_pt2(path: str) -> LoadedSource:
             starts, sizes = record_spans(file_size, archive, f"{prefix}data/")
         except _ZIP_ERRORS as exc:
             raise CorruptCheckpointError(f"{path} is not a readable torch.export archive: {exc}") from exc
-        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    reader = MappedFiles.open([path])
+    reader.spans = {key: Span(0, start, sizes[key]) for key, start in starts.items()}
     try:
         entries = _entries(
             path, weights, "weights",
@@ -146,9 +146,8 @@ def load_pt2(path: str) -> LoadedSource:
                 TensorRecord(name, kind, dtype, shape, stride, key, offset, requires_grad=bool(meta.get("requires_grad")))
             )
     except BaseException:
-        mapped.close()
+        reader.close()
         raise
-    reader = LegacyStorageReader(mapped, starts, sizes)
     return LoadedSource(
         path=path, format="torch-export", tensors=tensors, storages=storages, reader=reader, notes=notes,
         close=reader.close,

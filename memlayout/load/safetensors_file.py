@@ -17,7 +17,6 @@ trailing bytes in the data section. Holes are errors rather than notes because
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any
 
 from memlayout.dtypes import SAFETENSORS_DTYPES, dtype_info
 from memlayout.errors import CorruptCheckpointError
+from memlayout.load.mapped_files import MappedFiles, Span
 from memlayout.load.records import LoadedSource, StorageRecord, TensorKind, TensorRecord
 
 HEADER_LENGTH_BYTES = 8
@@ -173,36 +173,6 @@ def parse_header(path: str, raw: bytes | memoryview, file_size: int) -> Safetens
     return SafetensorsHeader(entries, {str(k): v for k, v in metadata.items()}, data_start)
 
 
-@dataclass
-class MappedFiles:
-    """Storage bytes read in place from memory-mapped files, one span per storage key."""
-
-    spans: dict[str, tuple[mmap.mmap, int, int]]
-    """storage key -> (map, absolute start, size)."""
-    maps: list[mmap.mmap]
-
-    def read(self, storage_key: str, start: int, length: int) -> memoryview:
-        """Return `length` bytes of storage `storage_key` from byte `start`.
-
-        Args:
-            storage_key: The key the loader gave the storage.
-            start: Byte offset inside the storage.
-            length: Bytes to read.
-
-        Returns:
-            A zero-copy view of the mapped file.
-        """
-        mapped, base, size = self.spans[storage_key]
-        if start < 0 or start + length > size:
-            raise CorruptCheckpointError(
-                f"storage {storage_key} is {size} bytes, but a tensor reads bytes {start}..{start + length}"
-            )
-        return memoryview(mapped)[base + start : base + start + length]
-
-    def close(self) -> None:
-        """Unmap every file."""
-        for mapped in self.maps:
-            mapped.close()
 
 
 def read_header(path: str) -> tuple[SafetensorsHeader, int]:
@@ -254,21 +224,6 @@ def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-def map_file(path: str) -> mmap.mmap | None:
-    """Memory-map a file read-only; None for an empty data section (mmap refuses size 0).
-
-    Args:
-        path: The file.
-
-    Returns:
-        The map, or None when the file is empty.
-    """
-    with open(path, "rb") as handle:
-        if os.fstat(handle.fileno()).st_size == 0:
-            return None
-        return mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-
-
 def load_safetensors(path: str) -> LoadedSource:
     """Read a safetensors file's header as layout records.
 
@@ -283,9 +238,8 @@ def load_safetensors(path: str) -> LoadedSource:
     """
     header, _ = read_header(path)
     tensors, storages = safetensors_records(header)
-    mapped = map_file(path)
-    maps = [mapped] if mapped is not None else []
-    reader = MappedFiles({e.name: (mapped, e.start, e.nbytes) for e in header.entries if mapped is not None}, maps)
+    reader = MappedFiles.open([path])
+    reader.spans = {e.name: Span(0, e.start, e.nbytes) for e in header.entries}
     notes = []
     if header.metadata:
         shown = ", ".join(f"{k}={v[:40]}" for k, v in sorted(header.metadata.items())[:5])

@@ -19,10 +19,10 @@ import mmap
 import os
 import struct
 import zlib
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from memlayout.errors import CorruptCheckpointError
+from memlayout.load.mapped_files import MappedFiles, Span
 from memlayout.load.pickled_tree import (
     declared_ties_in_tree,
     module_records,
@@ -50,12 +50,6 @@ _STORED, _DEFLATED = 0, 8
 # The end record sits within its own size plus the longest possible comment.
 _END_SEARCH = _END_RECORD.size + 0xFFFF
 
-# Reads up to this size go through pread instead of the map. Touching one byte of
-# a mapping maps the whole page-cache folio behind it (megabytes on kernels with
-# large folios), so ML102's few sampled elements per tensor would otherwise pull
-# most of a big checkpoint into the process's RSS and make closing the map cost
-# time in proportion to the file size.
-_PREAD_LIMIT = 64 << 10
 
 
 class ZipEntry(NamedTuple):
@@ -67,63 +61,6 @@ class ZipEntry(NamedTuple):
     size: int
     header_offset: int
     crc: int
-
-
-@dataclass
-class ZipStorageReader:
-    """Reads storage bytes straight out of the archive's uncompressed records.
-
-    Small reads copy through `os.pread`; large ones are zero-copy views of the map,
-    which `release` gives back to the kernel once a content scan is done with them.
-    """
-
-    mapped: mmap.mmap
-    data_start: dict[str, int]
-    data_size: dict[str, int]
-    fd: int = -1
-    """A descriptor of the file for small reads; closed by `close`."""
-
-    def _bounds(self, storage_key: str, start: int, length: int) -> int:
-        size = self.data_size[storage_key]
-        if start < 0 or length < 0 or start + length > size:
-            raise CorruptCheckpointError(
-                f"storage {storage_key} is {size} bytes, but a tensor reads bytes {start}..{start + length}"
-            )
-        return self.data_start[storage_key] + start
-
-    def read(self, storage_key: str, start: int, length: int) -> bytes | memoryview:
-        base = self._bounds(storage_key, start, length)
-        if length <= _PREAD_LIMIT and self.fd >= 0:
-            return os.pread(self.fd, length, base)
-        return memoryview(self.mapped)[base : base + length]
-
-    def read_into(self, storage_key: str, start: int, buffer: memoryview) -> None:
-        """Copy `len(buffer)` bytes of the storage from `start` into `buffer` (pread: nothing is mapped)."""
-        base = self._bounds(storage_key, start, len(buffer))
-        if self.fd < 0 or os.preadv(self.fd, [buffer], base) != len(buffer):
-            # A short read means the file shrank under us; the map would fault too.
-            raise CorruptCheckpointError(f"storage {storage_key} could not be read in full")
-
-    def release(self, storage_key: str, start: int, length: int) -> None:
-        """Drop the map's pages over these bytes from the process (not from the page cache).
-
-        A streaming scan calls this on every chunk it has finished, so that RSS stays
-        at one chunk instead of growing to the whole file: mapped file pages count in
-        RSS once touched. The data stays readable; touching it again maps it again.
-        """
-        base = self._bounds(storage_key, start, length)
-        # madvise wants a page-aligned start; widening to whole pages is harmless
-        # because a read-only file map refaults any page it needs again.
-        first = base - base % mmap.PAGESIZE
-        end = min(base + length, len(self.mapped))
-        if end > first:
-            self.mapped.madvise(mmap.MADV_DONTNEED, first, end - first)
-
-    def close(self) -> None:
-        self.mapped.close()
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 def archive_prefix(names: list[str]) -> str:
@@ -322,7 +259,7 @@ def load_torch_zip(path: str) -> LoadedSource:
     except BaseException:
         os.close(fd)
         raise
-    reader = ZipStorageReader(mapped, starts, sizes, fd)
+    reader = MappedFiles({key: Span(0, start, sizes[key]) for key, start in starts.items()}, [mapped], [fd])
     modules = pickled_modules(result.root, result.made_placeholders)
     return LoadedSource(
         path=path,

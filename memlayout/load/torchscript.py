@@ -28,7 +28,7 @@ import zipfile
 from typing import Any
 
 from memlayout.errors import CorruptCheckpointError
-from memlayout.load.legacy import LegacyStorageReader
+from memlayout.load.mapped_files import MappedFiles, Span
 from memlayout.load.pickled_tree import module_records, pickled_modules, tensor_records
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import InertObject, PickledTensor, RestrictedUnpickler
@@ -282,8 +282,6 @@ def load_torchscript(path: str) -> LoadedSource:
     Raises:
         CorruptCheckpointError: the zip or a pickle inside is damaged.
     """
-    import mmap
-
     with open(path, "rb") as handle:
         try:
             archive = zipfile.ZipFile(handle)
@@ -301,7 +299,8 @@ def load_torchscript(path: str) -> LoadedSource:
             referenced.update(constants_unpickler.referenced)
             tree["constants"] = constants_root
         _restructure(archive, prefix, root)
-        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    reader = MappedFiles.open([path])
+    reader.spans = {key: Span(0, start, sizes[key]) for key, start in starts.items()}
     try:
         tensors, storages = tensor_records(root, starts)
         if constants:
@@ -312,9 +311,8 @@ def load_torchscript(path: str) -> LoadedSource:
             if storage.device != "meta" and key not in starts:
                 raise CorruptCheckpointError(f"{path}: the pickle names storage {key}, which the archive lacks")
     except BaseException:
-        mapped.close()
+        reader.close()
         raise
-    reader = LegacyStorageReader(mapped, starts, sizes)
     return LoadedSource(
         path=path,
         format="torchscript",

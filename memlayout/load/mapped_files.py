@@ -1,0 +1,125 @@
+"""Storage bytes read in place from the files that hold them.
+
+Every file format whose tensors sit in the file as raw bytes (torch.save zips,
+legacy torch.save files, safetensors files and their shards) reads them through
+this one reader: bounds-checked spans over memory maps, with the two extras a
+streaming content scan needs to keep memory bounded.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass, field
+
+from memlayout.errors import CorruptCheckpointError
+
+# Reads up to this size go through pread instead of the map. Touching one byte of
+# a mapping maps the whole page-cache folio behind it (megabytes on kernels with
+# large folios), so ML102's few sampled elements per tensor would otherwise pull
+# most of a big checkpoint into the process's RSS and make closing the map cost
+# time in proportion to the file size.
+_PREAD_LIMIT = 64 << 10
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where one storage's bytes are: which file, from which byte, how many."""
+
+    file: int
+    """Index into `MappedFiles.maps` / `fds`."""
+    start: int
+    """Absolute offset of the storage's byte 0 in the file."""
+    size: int
+
+
+@dataclass
+class MappedFiles:
+    """Reads storage bytes straight out of memory-mapped files, one span per storage key.
+
+    Small reads copy through `os.pread`; large ones are zero-copy views of the map,
+    which `release` gives back to the kernel once a content scan is done with them.
+    """
+
+    spans: dict[str, Span]
+    maps: list[mmap.mmap] = field(default_factory=list)
+    fds: list[int] = field(default_factory=list)
+    """A descriptor per file for preads; closed by `close`."""
+
+    @classmethod
+    def open(cls, paths: list[str]) -> MappedFiles:
+        """Map each file read-only and keep a descriptor for preads.
+
+        Args:
+            paths: The files, in the order `Span.file` indexes them.
+
+        Returns:
+            A reader with no spans yet; add them to `spans`.
+        """
+        reader = cls({})
+        try:
+            for path in paths:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                reader.fds.append(fd)
+                # mmap refuses size 0; an empty file simply has no spans to read.
+                size = os.fstat(fd).st_size
+                reader.maps.append(mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else mmap.mmap(-1, 1))
+        except BaseException:
+            reader.close()
+            raise
+        return reader
+
+    @property
+    def data_start(self) -> dict[str, int]:
+        """storage key -> absolute offset in its file (for single-file writers such as flatten)."""
+        return {key: span.start for key, span in self.spans.items()}
+
+    @property
+    def data_size(self) -> dict[str, int]:
+        return {key: span.size for key, span in self.spans.items()}
+
+    def _bounds(self, storage_key: str, start: int, length: int) -> tuple[Span, int]:
+        span = self.spans[storage_key]
+        if start < 0 or length < 0 or start + length > span.size:
+            raise CorruptCheckpointError(
+                f"storage {storage_key} is {span.size} bytes, but a tensor reads bytes {start}..{start + length}"
+            )
+        return span, span.start + start
+
+    def read(self, storage_key: str, start: int, length: int) -> bytes | memoryview:
+        """Return `length` bytes of storage `storage_key` from byte `start`."""
+        span, base = self._bounds(storage_key, start, length)
+        if length <= _PREAD_LIMIT:
+            return os.pread(self.fds[span.file], length, base)
+        return memoryview(self.maps[span.file])[base : base + length]
+
+    def read_into(self, storage_key: str, start: int, buffer: memoryview) -> None:
+        """Copy `len(buffer)` bytes of the storage from `start` into `buffer` (pread: nothing is mapped)."""
+        span, base = self._bounds(storage_key, start, len(buffer))
+        if os.preadv(self.fds[span.file], [buffer], base) != len(buffer):
+            # A short read means the file shrank under us; the map would fault too.
+            raise CorruptCheckpointError(f"storage {storage_key} could not be read in full")
+
+    def release(self, storage_key: str, start: int, length: int) -> None:
+        """Drop the map's pages over these bytes from the process (not from the page cache).
+
+        A streaming scan calls this on every chunk it has finished, so that RSS stays
+        at one chunk instead of growing to the whole file: mapped file pages count in
+        RSS once touched. The data stays readable; touching it again maps it again.
+        """
+        span, base = self._bounds(storage_key, start, length)
+        mapped = self.maps[span.file]
+        # madvise wants a page-aligned start; widening to whole pages is harmless
+        # because a read-only file map refaults any page it needs again.
+        first = base - base % mmap.PAGESIZE
+        end = min(base + length, len(mapped))
+        if end > first:
+            mapped.madvise(mmap.MADV_DONTNEED, first, end - first)
+
+    def close(self) -> None:
+        """Unmap every file and close every descriptor."""
+        for mapped in self.maps:
+            mapped.close()
+        for fd in self.fds:
+            os.close(fd)
+        self.maps, self.fds = [], []
