@@ -139,10 +139,7 @@ def load_legacy(path: str) -> LoadedSource:
     reader = MappedFiles.open([path])
     reader.spans = {key: Span(0, start, sizes[key]) for key, start in starts.items()}
     try:
-        tensors, storage_records = tensor_records(root, starts)
-        for key, record in storage_records.items():
-            if record.device != "meta" and key not in starts:
-                raise CorruptCheckpointError(f"{path}: the pickle names storage {key}, which the file lacks")
+        tensors, storage_records = tensor_records(root, starts, sizes, path)
     except BaseException:
         reader.close()
         raise

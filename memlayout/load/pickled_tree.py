@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memlayout.errors import CorruptCheckpointError
 from memlayout.load.records import (
     DeclaredTie,
     ModuleRecord,
@@ -34,13 +35,23 @@ def _meta_storage_key(tensor: PickledTensor) -> str:
 
 
 def tensor_records(
-    root: Any, storage_base: dict[str, int] | None = None
+    root: Any,
+    storage_base: dict[str, int] | None = None,
+    storage_size: dict[str, int] | None = None,
+    source: str = "the file",
 ) -> tuple[list[TensorRecord], dict[str, StorageRecord]]:
     """Records for every tensor in the tree, and for the storages they view.
 
     Args:
         root: The unpickled tree.
-        storage_base: Byte offset of each storage key in the file, where known.
+        storage_base: Byte offset of each storage key in the file; None when the
+            format does not locate storage bytes (metadata only).
+        storage_size: Bytes each storage record holds in the file, where known.
+        source: The file, for error messages.
+
+    Raises:
+        CorruptCheckpointError: the pickle names a storage the file lacks, or one
+            bigger than its record.
     """
     tensors: list[TensorRecord] = []
     storages: dict[str, StorageRecord] = {}
@@ -53,6 +64,13 @@ def tensor_records(
         else:
             key = storage.key
             if key not in storages:
+                if storage_base is not None and key not in storage_base:
+                    raise CorruptCheckpointError(f"{source}: the pickle names storage {key}, which the file lacks")
+                if storage_size is not None and key in storage_size and storage.nbytes > storage_size[key]:
+                    raise CorruptCheckpointError(
+                        f"{source}: storage {key} should hold {storage.nbytes} bytes "
+                        f"but its record has {storage_size[key]}"
+                    )
                 base = storage_base.get(key) if storage_base else None
                 storages[key] = StorageRecord(
                     key, storage.location, storage.nbytes, base, has_data=storage_base is not None

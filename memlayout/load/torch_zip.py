@@ -245,14 +245,7 @@ def load_torch_zip(path: str) -> LoadedSource:
         pickle_bytes = _read_pickle(file, by_name[f"{prefix}data.pkl"])
         starts, sizes = _record_offsets(file, entries, prefix)
         result = unpickle(pickle_bytes)
-        tensors, storages = tensor_records(result.root, starts)
-        for key, storage in storages.items():
-            if storage.device != "meta" and key not in starts:
-                raise CorruptCheckpointError(f"{path}: the pickle names storage {key}, which the archive lacks")
-            if key in sizes and storage.nbytes > sizes[key]:
-                raise CorruptCheckpointError(
-                    f"{path}: storage {key} should hold {storage.nbytes} bytes but its record has {sizes[key]}"
-                )
+        tensors, storages = tensor_records(result.root, starts, sizes, path)
         # Mapping is cheap (microseconds) as long as nothing touches it; only
         # content reads and flatten's copies do.
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
