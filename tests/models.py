@@ -149,17 +149,21 @@ def fragmented_mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8))
 
 
+def pack_into_one_buffer(tensors: list[torch.Tensor], start: int = 0) -> None:
+    """Re-point each tensor at consecutive elements of one new buffer, from element `start`."""
+    flat = torch.empty(start + sum(t.numel() for t in tensors))
+    offset = start
+    for tensor in tensors:
+        count = tensor.numel()
+        flat[offset : offset + count].copy_(tensor.detach().reshape(-1))
+        tensor.data = flat[offset : offset + count].view_as(tensor)
+        offset += count
+
+
 def hand_flattened_mlp() -> nn.Module:
     """The same MLP with every parameter a view into one buffer."""
     model = fragmented_mlp()
-    params = list(model.parameters())
-    flat = torch.empty(sum(p.numel() for p in params))
-    offset = 0
-    for param in params:
-        count = param.numel()
-        flat[offset : offset + count].copy_(param.detach().reshape(-1))
-        param.data = flat[offset : offset + count].view_as(param)
-        offset += count
+    pack_into_one_buffer(list(model.parameters()))
     return model
 
 
@@ -171,14 +175,7 @@ def cpu_lstm() -> nn.LSTM:
 def cudnn_flat_lstm() -> nn.LSTM:
     """The LSTM with its weights packed in `_flat_weights_names` order from offset 0."""
     lstm = cpu_lstm()
-    weights = [getattr(lstm, name) for name in lstm._flat_weights_names]
-    flat = torch.empty(sum(w.numel() for w in weights))
-    offset = 0
-    for weight in weights:
-        count = weight.numel()
-        flat[offset : offset + count].copy_(weight.detach().reshape(-1))
-        weight.data = flat[offset : offset + count].view_as(weight)
-        offset += count
+    pack_into_one_buffer([getattr(lstm, name) for name in lstm._flat_weights_names])
     return lstm
 
 

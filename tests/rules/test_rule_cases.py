@@ -132,14 +132,8 @@ def test_rnn_state_dict_is_recognized_without_the_module() -> None:
 def test_rnn_mid_buffer_is_not_flat_for_cudnn() -> None:
     # cuDNN takes the whole storage of the first weight from offset 0, so a
     # whole-model buffer that puts the LSTM after another tensor still fails.
-    lstm = models.cudnn_flat_lstm()
-    weights = [getattr(lstm, n) for n in lstm._flat_weights_names]
-    flat = models.torch.empty(16 + sum(w.numel() for w in weights))
-    offset = 16
-    for weight in weights:
-        count = weight.numel()
-        weight.data = flat[offset : offset + count].view_as(weight)
-        offset += count
+    lstm = models.cpu_lstm()
+    models.pack_into_one_buffer([getattr(lstm, n) for n in lstm._flat_weights_names], start=16)
     (finding,) = [f for f in memlayout.inspect(lstm).findings if f.code == "ML401"]
     assert "starts at element 16" in finding.message
 
