@@ -162,9 +162,6 @@ class Facts:
     def storage(self, storage_id: str) -> StorageFact:
         return self._by_storage[storage_id]
 
-    def tensors_in(self, storage_id: str) -> list[TensorFact]:
-        return [t for t in self.tensors if t.storage == storage_id]
-
     def model_tensors(self) -> list[TensorFact]:
         """Tensors that are the model's own: everything but optimizer state."""
         return [t for t in self.tensors if not t.optimizer_state]

@@ -51,9 +51,6 @@ class Report:
     findings: tuple[Finding, ...]
     summary: Summary
 
-    def worst_severity(self) -> Severity | None:
-        return max((f.severity for f in self.findings), key=lambda s: s.rank, default=None)
-
     def fails(self, fail_on: str) -> bool:
         """Whether any finding is at or above `fail_on` (error, warning, info, never)."""
         if fail_on == "never":

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from memlayout.dtypes import STORAGE_CLASS_DTYPES, dtype_info
+from memlayout.dtypes import DTYPES, STORAGE_CLASS_DTYPES, dtype_info
 from memlayout.errors import CorruptCheckpointError
 from memlayout.load.records import PickleGlobal, section_of
 
@@ -321,7 +321,7 @@ class RestrictedUnpickler(pickle.Unpickler):
             return _SAFE_GLOBALS[key]
         if module in ("torch", "torch.storage") and name in STORAGE_CLASS_DTYPES:
             return StorageDtype(STORAGE_CLASS_DTYPES[name])
-        if module == "torch" and name in _TORCH_DTYPE_NAMES:
+        if module == "torch" and name in DTYPES:
             return name
         return self._placeholder(module, name)
 
@@ -354,17 +354,6 @@ class RestrictedUnpickler(pickle.Unpickler):
             storage = PickledStorage(key, _dtype_name(storage_type), str(location), int(count))
             self._storages[key] = storage
         return storage
-
-
-_TORCH_DTYPE_NAMES = frozenset(
-    [
-        "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
-        "uint8", "uint16", "uint32", "uint64", "bool", "complex64", "complex128",
-        "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu",
-        "qint8", "quint8", "qint32", "quint4x2", "double", "float", "half", "long", "int",
-        "short", "cfloat", "cdouble",
-    ]
-)
 
 
 def unpickle(data: bytes | memoryview, storage_records: bool = True) -> UnpickleResult:
