@@ -122,5 +122,9 @@ def dtype_info(name: str) -> DtypeInfo:
         The `DtypeInfo`. An unknown dtype is treated as opaque bytes so that layout
         checks still work on it; content checks skip it.
     """
+    # Called per tensor by facts and rules: the usual short name is one dict hit.
+    known = DTYPES.get(name)
+    if known is not None:
+        return known
     short = name.removeprefix("torch.")
     return DTYPES.get(short, DtypeInfo(short, 1, False))

@@ -10,9 +10,9 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
-from memlayout.dtypes import dtype_info
+from memlayout.dtypes import DtypeInfo, dtype_info
+from memlayout.frozen import positional_constructor
 from memlayout.load.records import (
     DeclaredTie,
     LoadedSource,
@@ -182,6 +182,10 @@ def infer_rnn_modules(names: Iterable[str]) -> list[ModuleRecord]:
     weights: dict[str, dict[tuple[int, int, int], str]] = defaultdict(dict)
     raw: dict[str, set[tuple[int, int, int]]] = defaultdict(set)
     for name in names:
+        # Every RNN weight name has "_l<layer>"; the substring test spares the regex
+        # for the hundreds of other names of a model.
+        if "_l" not in name:
+            continue
         match = _RNN_WEIGHT.match(name)
         if not match:
             continue
@@ -208,24 +212,6 @@ def infer_rnn_modules(names: Iterable[str]) -> list[ModuleRecord]:
     return modules
 
 
-_Fact = TypeVar("_Fact")
-
-
-def _frozen(cls: type[_Fact], fields: dict[str, Any]) -> _Fact:
-    """Build a frozen dataclass instance without its generated `__init__`.
-
-    A frozen dataclass's `__init__` assigns each field through `object.__setattr__`,
-    about 3 us for TensorFact's 24 fields; facts of a 400-tensor checkpoint spent a
-    fifth of the whole inspection there. Filling the instance dict directly makes the
-    same object (same fields, equality, hash and repr, still frozen) in a quarter of
-    the time. Only for classes without `__post_init__` or slots; every field must be
-    given, which the callers below do by keyword.
-    """
-    instance = object.__new__(cls)
-    instance.__dict__.update(fields)
-    return instance
-
-
 def _merge_kind(kinds: Iterable[TensorKind]) -> TensorKind:
     kinds = set(kinds)
     for kind in (TensorKind.PARAMETER, TensorKind.BUFFER):
@@ -234,30 +220,66 @@ def _merge_kind(kinds: Iterable[TensorKind]) -> TensorKind:
     return TensorKind.TENSOR
 
 
-def _tensor_fact(records: list[TensorRecord], storage: StorageRecord, storage_id: str) -> TensorFact:
+# Facts are built once per tensor: positional constructors skip the frozen
+# dataclass __init__ (see memlayout.frozen).
+_new_tensor_fact = positional_constructor(TensorFact)
+_new_storage_fact = positional_constructor(StorageFact)
+
+
+class _Geometry:
+    """What a (shape, stride) pair implies, whatever the offset: computed once per distinct pair.
+
+    A model repeats a handful of shapes hundreds of times (every block of a
+    transformer has the same projections), so facts look each pair up here instead
+    of re-deriving contiguity and memory format per tensor.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, bool, MemoryFormat, bool]] = {}
+        self._runs: dict[tuple[int, int, int], ByteSet] = {}
+
+    def of(self, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, bool, MemoryFormat, bool]:
+        """(numel, contiguous, memory format, self-overlapping)."""
+        key = (shape, stride)
+        known = self._known.get(key)
+        if known is None:
+            contiguous = is_contiguous(shape, stride)
+            if contiguous:
+                known = (numel(shape), True, MemoryFormat.CONTIGUOUS, False)
+            else:
+                known = (numel(shape), False, memory_format(shape, stride), has_internal_overlap(shape, stride))
+            self._known[key] = known
+        return known
+
+    def contiguous_bytes(self, offset: int, count: int, itemsize: int) -> ByteSet:
+        """The one run a contiguous view covers; equal runs share one (immutable) ByteSet."""
+        key = (offset, count, itemsize)
+        run = self._runs.get(key)
+        if run is None:
+            run = self._runs[key] = contiguous_byte_set(offset, count, itemsize)
+        return run
+
+
+def _tensor_fact(
+    records: list[TensorRecord], storage: StorageRecord, storage_id: str, dtype: DtypeInfo, geometry: _Geometry
+) -> TensorFact:
     first = records[0]
-    info = dtype_info(first.dtype)
-    shape, stride, itemsize = first.shape, first.stride, info.itemsize
-    count = numel(shape)
-    data_address = None
-    if storage.base_address is not None:
-        data_address = storage.base_address + first.offset * itemsize
-    contiguous = is_contiguous(shape, stride)
+    shape, stride, offset, itemsize = first.shape, first.stride, first.offset, dtype.itemsize
+    count, contiguous, fmt, overlapping = geometry.of(shape, stride)
+    base = storage.base_address
     if contiguous:
-        # Nearly every tensor of a checkpoint: one run of bytes, no self-overlap, and
-        # none of the strided geometry (or its numpy import) is needed.
-        fmt, used, overlapping = MemoryFormat.CONTIGUOUS, contiguous_byte_set(first.offset, count, itemsize), False
+        # Nearly every tensor of a checkpoint: one run of bytes, and none of the
+        # strided geometry (or its numpy import) is needed.
+        used = geometry.contiguous_bytes(offset, count, itemsize)
     else:
-        fmt = memory_format(shape, stride)
-        used = byte_set(shape, stride, first.offset, itemsize)
-        overlapping = has_internal_overlap(shape, stride)
+        used = byte_set(shape, stride, offset, itemsize)
     if len(records) == 1:
         # The common untied tensor: skip the merging of names, kinds and identities.
         names: tuple[str, ...] = (first.name,)
         kind = first.kind
         requires_grad = first.requires_grad
         parameter_ids: tuple[int, ...] = (
-            (first.object_id,) if first.kind is TensorKind.PARAMETER and first.object_id is not None else ()
+            (first.object_id,) if kind is TensorKind.PARAMETER and first.object_id is not None else ()
         )
         optimizer_state = first.optimizer_state
     else:
@@ -270,34 +292,13 @@ def _tensor_fact(records: list[TensorRecord], storage: StorageRecord, storage_id
             )
         )
         optimizer_state = all(r.optimizer_state for r in records)
-    return _frozen(
-        TensorFact,
-        dict(
-            name=first.name,
-            names=names,
-            kind=kind,
-            dtype=info.name,
-            itemsize=itemsize,
-            device=storage.device,
-            shape=shape,
-            stride=stride,
-            storage=storage_id,
-            offset=first.offset,
-            numel=count,
-            nbytes=count * itemsize,
-            contiguous=contiguous,
-            memory_format=fmt,
-            bytes_used=used,
-            self_overlapping=overlapping,
-            data_address=data_address,
-            requires_grad=requires_grad,
-            parameter_ids=parameter_ids,
-            optimizer_state=optimizer_state,
-            section=first.section,
-            pinned=first.pinned,
-            shared_memory=first.shared_memory,
-            has_data=storage.has_data,
-        ),
+    # Positional, in TensorFact's field order.
+    return _new_tensor_fact(
+        first.name, names, kind, dtype.name, itemsize, storage.device, shape, stride, storage_id, offset,
+        count, count * itemsize, contiguous, fmt, used, overlapping,
+        None if base is None else base + offset * itemsize,
+        requires_grad, parameter_ids, optimizer_state, first.section, first.pinned, first.shared_memory,
+        storage.has_data,
     )
 
 
@@ -353,56 +354,55 @@ def build_facts(source: LoadedSource) -> Facts:
         Immutable `Facts`: one `TensorFact` per distinct view (names merged), one
         `StorageFact` per storage, and alias groups of views sharing bytes.
     """
-    by_view: dict[tuple[object, ...], list[TensorRecord]] = defaultdict(list)
-    canonical: dict[str, str] = {}  # "torch.float32" and "float32" are one dtype
+    by_view: dict[tuple[object, ...], list[TensorRecord]] = {}
+    dtypes: dict[str, DtypeInfo] = {}  # "torch.float32" and "float32" are one dtype
     for record in source.tensors:
-        dtype = canonical.get(record.dtype)
-        if dtype is None:
-            dtype = canonical[record.dtype] = dtype_info(record.dtype).name
-        by_view[(record.storage_key, record.offset, record.shape, record.stride, dtype)].append(record)
+        info = dtypes.get(record.dtype)
+        if info is None:
+            info = dtypes[record.dtype] = dtype_info(record.dtype)
+        view = (record.storage_key, record.offset, record.shape, record.stride, info.name)
+        same_view = by_view.get(view)
+        if same_view is None:
+            by_view[view] = [record]
+        else:
+            same_view.append(record)
 
     storage_ids: dict[str, str] = {}
+    records_of_storage = source.storages
+    geometry = _Geometry()
+    tensors_list: list[TensorFact] = []
+    views_by_storage: dict[str, list[TensorFact]] = {}
     for records in by_view.values():
         key = records[0].storage_key
-        if key not in storage_ids:
-            storage_ids[key] = f"s{len(storage_ids)}"
-
-    tensors = tuple(
-        _tensor_fact(records, source.storages[records[0].storage_key], storage_ids[records[0].storage_key])
-        for records in by_view.values()
-    )
-    views_by_storage: dict[str, list[TensorFact]] = defaultdict(list)
-    for tensor in tensors:
-        views_by_storage[tensor.storage].append(tensor)
+        storage_id = storage_ids.get(key)
+        if storage_id is None:
+            storage_id = storage_ids[key] = f"s{len(storage_ids)}"
+            views_by_storage[storage_id] = []
+        fact = _tensor_fact(records, records_of_storage[key], storage_id, dtypes[records[0].dtype], geometry)
+        tensors_list.append(fact)
+        views_by_storage[storage_id].append(fact)
+    tensors = tuple(tensors_list)
 
     storages = []
     groups = []
     for key, storage_id in storage_ids.items():
-        storage_record = source.storages[key]
+        storage_record = records_of_storage[key]
         views = views_by_storage[storage_id]
-        used = views[0].bytes_used.intervals if len(views) == 1 else union([v.bytes_used for v in views])
-        used_bytes = sum(end - start for start, end in used)
+        if len(views) == 1:
+            used = views[0].bytes_used.intervals
+            # One view alone can alias only itself, which ML105 reports from the fact.
+            group = None
+        else:
+            used = union([v.bytes_used for v in views])
+            group = _alias_groups(storage_id, views)
+        used_bytes = used[0][1] - used[0][0] if len(used) == 1 else sum(end - start for start, end in used)
         padding, unused = _split_unused(used, storage_record.nbytes)
         storages.append(
-            _frozen(
-                StorageFact,
-                dict(
-                    id=storage_id,
-                    key=key,
-                    device=storage_record.device,
-                    nbytes=storage_record.nbytes,
-                    tensors=tuple(v.name for v in views),
-                    used=used,
-                    used_bytes=used_bytes,
-                    padding_bytes=padding,
-                    unused_bytes=unused,
-                    base_address=storage_record.base_address,
-                    has_data=storage_record.has_data,
-                ),
+            _new_storage_fact(
+                storage_id, key, storage_record.device, storage_record.nbytes, tuple(v.name for v in views),
+                used, used_bytes, padding, unused, storage_record.base_address, storage_record.has_data,
             )
         )
-        # One view alone can alias only itself, which ML105 reports from the fact.
-        group = _alias_groups(storage_id, views) if len(views) > 1 else None
         if group is not None:
             groups.append(group)
 

@@ -16,6 +16,8 @@ from memlayout.load.records import (
     StorageRecord,
     TensorKind,
     TensorRecord,
+    new_storage_record,
+    new_tensor_record,
 )
 from memlayout.load.restricted_pickle import (
     InertObject,
@@ -55,45 +57,34 @@ def tensor_records(
     """
     tensors: list[TensorRecord] = []
     storages: dict[str, StorageRecord] = {}
-    for walked in walk_tensors(root):
-        tensor = walked.tensor
+    has_data = storage_base is not None
+    parameter, buffer, plain = TensorKind.PARAMETER, TensorKind.BUFFER, TensorKind.TENSOR
+    # One pass, one record per tensor and per storage: this loop runs once per
+    # tensor of the checkpoint, so it builds records with positional constructors.
+    for name, tensor, is_buffer, in_optimizer, section in walk_tensors(root):
         storage: PickledStorage | None = tensor.storage
         if storage is None:
             key = _meta_storage_key(tensor)
-            storages[key] = StorageRecord(key, "meta", 0, None, has_data=False)
+            storages[key] = new_storage_record(key, "meta", 0, None, False)
         else:
             key = storage.key
             if key not in storages:
-                if storage_base is not None and key not in storage_base:
-                    raise CorruptCheckpointError(f"{source}: the pickle names storage {key}, which the file lacks")
-                if storage_size is not None and key in storage_size and storage.nbytes > storage_size[key]:
+                base = None
+                if storage_base is not None:
+                    base = storage_base.get(key)
+                    if base is None:
+                        raise CorruptCheckpointError(f"{source}: the pickle names storage {key}, which the file lacks")
+                if storage_size is not None and storage.nbytes > storage_size.get(key, storage.nbytes):
                     raise CorruptCheckpointError(
                         f"{source}: storage {key} should hold {storage.nbytes} bytes "
                         f"but its record has {storage_size[key]}"
                     )
-                base = storage_base.get(key) if storage_base else None
-                storages[key] = StorageRecord(
-                    key, storage.location, storage.nbytes, base, has_data=storage_base is not None
-                )
-        if tensor.is_parameter:
-            kind = TensorKind.PARAMETER
-        elif walked.is_buffer:
-            kind = TensorKind.BUFFER
-        else:
-            kind = TensorKind.TENSOR
+                storages[key] = new_storage_record(key, storage.location, storage.nbytes, base, has_data)
+        kind = parameter if tensor.is_parameter else buffer if is_buffer else plain
         tensors.append(
-            TensorRecord(
-                name=walked.name,
-                kind=kind,
-                dtype=tensor.dtype,
-                shape=tensor.shape,
-                stride=tensor.stride,
-                storage_key=key,
-                offset=tensor.offset,
-                requires_grad=tensor.requires_grad,
-                object_id=id(tensor),
-                optimizer_state=walked.in_optimizer,
-                section=walked.section,
+            new_tensor_record(
+                name, kind, tensor.dtype, tensor.shape, tensor.stride, key, tensor.offset,
+                tensor.requires_grad, id(tensor), in_optimizer, section, None, None,
             )
         )
     return tensors, storages

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from memlayout.frozen import positional_constructor
+
 
 class TensorKind(str, enum.Enum):
     """How a tensor is held by its owner."""
@@ -61,6 +63,12 @@ class TensorRecord:
     """Top-level key of a nested checkpoint ("model", "optimizer"); "" for a flat state dict or a module."""
     pinned: bool | None = None
     shared_memory: bool | None = None
+
+
+new_storage_record = positional_constructor(StorageRecord)
+"""`StorageRecord(key, device, nbytes, base_address, has_data)`, every field given, for loaders' hot loops."""
+new_tensor_record = positional_constructor(TensorRecord)
+"""`TensorRecord(...)` with all 13 fields in order, for loaders' hot loops."""
 
 
 @dataclass(frozen=True)

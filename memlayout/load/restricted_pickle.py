@@ -100,7 +100,9 @@ def weights_only_allows(module: str, name: str) -> bool:
     return (module, name) in WEIGHTS_ONLY_ALLOWED
 
 
-@dataclass(eq=False)
+# Slotted and mutable (eq=False: identity mirrors the pickle's memo): one of each is
+# built per tensor while unpickling, and slots make that a third cheaper.
+@dataclass(eq=False, slots=True)
 class PickledStorage:
     """A storage named by a persistent id: the data stays in the file."""
 
@@ -108,13 +110,11 @@ class PickledStorage:
     dtype: str
     location: str
     numel: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * dtype_info(self.dtype).itemsize
+    nbytes: int
+    """numel x the dtype's itemsize."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PickledTensor:
     """A tensor rebuilt as metadata only. Identity (`id`) mirrors the pickle's memo."""
 
@@ -208,10 +208,12 @@ def _dtype_name(value: Any) -> str:
 def _rebuild_tensor(
     storage: Any, offset: int, size: Any, stride: Any, *rest: Any
 ) -> PickledTensor:
+    # Called once per tensor of the pickle: the common case (a storage from
+    # persistent_load, tuples for size and stride) takes no conversion.
     requires_grad = bool(rest[0]) if rest else False
-    pickled_storage = storage if isinstance(storage, PickledStorage) else None
-    dtype = pickled_storage.dtype if pickled_storage else "uint8"
-    return PickledTensor(pickled_storage, int(offset), tuple(size), tuple(stride), dtype, requires_grad)
+    if type(storage) is PickledStorage:
+        return PickledTensor(storage, int(offset), tuple(size), tuple(stride), storage.dtype, requires_grad)
+    return PickledTensor(None, int(offset), tuple(size), tuple(stride), "uint8", requires_grad)
 
 
 def _rebuild_tensor_v3(
@@ -339,6 +341,22 @@ class RestrictedUnpickler(pickle.Unpickler):
         return self._storages
 
     def persistent_load(self, pid: Any) -> Any:
+        # Once per tensor of the file, so torch's own shape of id, ("storage",
+        # storage type, key, location, numel), takes the shortest path.
+        if type(pid) is tuple and len(pid) == 5 and pid[0] == "storage" and self._storage_records:
+            _, storage_type, key, location, count = pid
+            if type(key) is not str:
+                key = str(key)
+            storage = self._storages.get(key)
+            if storage is None:
+                # _new_storage inlined: one Python call per tensor instead of two.
+                dtype = storage_type.dtype if type(storage_type) is StorageDtype else _dtype_name(storage_type)
+                count = int(count)
+                info = DTYPES.get(dtype) or dtype_info(dtype)
+                storage = PickledStorage(key, dtype, location if type(location) is str else str(location), count,
+                                         count * info.itemsize)
+                self._storages[key] = storage
+            return storage
         if not self._storage_records:
             raise pickle.UnpicklingError("unexpected persistent id in a plain pickle")
         if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module":
@@ -349,10 +367,15 @@ class RestrictedUnpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"unsupported persistent id {pid!r:.80}")
         _, storage_type, key, location, count = pid[:5]
         key = str(key)
-        storage = self._storages.get(key)
-        if storage is None:
-            storage = PickledStorage(key, _dtype_name(storage_type), str(location), int(count))
-            self._storages[key] = storage
+        return self._storages.get(key) or self._new_storage(storage_type, key, location, count)
+
+    def _new_storage(self, storage_type: Any, key: str, location: Any, count: Any) -> PickledStorage:
+        dtype = storage_type.dtype if type(storage_type) is StorageDtype else _dtype_name(storage_type)
+        count = int(count)
+        info = DTYPES.get(dtype) or dtype_info(dtype)
+        storage = PickledStorage(key, dtype, location if type(location) is str else str(location), count,
+                                 count * info.itemsize)
+        self._storages[key] = storage
         return storage
 
 
@@ -379,15 +402,10 @@ def unpickle(data: bytes | memoryview, storage_records: bool = True) -> Unpickle
     return UnpickleResult(root, list(unpickler.referenced.values()), unpickler.made_placeholders)
 
 
-@dataclass(frozen=True)
-class WalkedTensor:
-    """A tensor found in the object tree, with how it is held."""
+WalkedTensor = tuple[str, PickledTensor, bool, bool, str]
+"""A tensor found in the object tree: (dotted name, tensor, is_buffer, in_optimizer, section).
 
-    name: str
-    tensor: PickledTensor
-    is_buffer: bool
-    in_optimizer: bool
-    section: str
+A plain tuple, not a record class: the walk yields one per tensor of the file."""
 
 
 def is_module_state(state: dict[str, Any]) -> bool:
@@ -395,14 +413,19 @@ def is_module_state(state: dict[str, Any]) -> bool:
     return "_parameters" in state and "_modules" in state
 
 
-def walk_tensors(obj: Any, prefix: str = "") -> Iterator[WalkedTensor]:
-    """Yield every tensor in an unpickled tree with its dotted name.
+def walk_tensors(obj: Any, prefix: str = "") -> list[WalkedTensor]:
+    """Every tensor in an unpickled tree with its dotted name, in pickle order.
 
     Dicts contribute their keys, lists and tuples their indices, pickled modules
     their parameters, buffers and children. A dict with `state` and
     `param_groups` is an optimizer's state dict.
     """
-    yield from _walk(obj, prefix, False, set(), "")
+    found: list[WalkedTensor] = []
+    if type(obj) is PickledTensor:
+        found.append((prefix, obj, False, False, ""))
+    else:
+        _walk(obj, prefix, False, set(), "", found)
+    return found
 
 
 def walk_modules(obj: Any, prefix: str = "") -> Iterator[tuple[str, InertObject]]:
@@ -425,11 +448,11 @@ def _children(obj: Any) -> Iterator[tuple[Any, Any]]:
 
 
 def _walk(
-    obj: Any, prefix: str, in_optimizer: bool, seen: set[int], section: str
-) -> Iterator[WalkedTensor]:
-    if isinstance(obj, PickledTensor):
-        yield WalkedTensor(prefix, obj, False, in_optimizer, section)
-        return
+    obj: Any, prefix: str, in_optimizer: bool, seen: set[int], section: str, found: list[WalkedTensor]
+) -> None:
+    # Appends to one list rather than yielding through every level: a state dict's
+    # tensors are each one step below the root, and a generator per step cost more
+    # than the rest of the walk.
     if id(obj) in seen or not isinstance(obj, (dict, list, tuple, InertObject)):
         return
     seen.add(id(obj))
@@ -438,16 +461,20 @@ def _walk(
         # Parameters, then buffers, then children: the order named_parameters walks.
         for holder, is_buffer in (("_parameters", False), ("_buffers", True)):
             for key, value in (state.get(holder) or {}).items():
-                if isinstance(value, PickledTensor):
-                    yield WalkedTensor(_join(prefix, key), value, is_buffer, in_optimizer, section)
+                if type(value) is PickledTensor:
+                    found.append((_join(prefix, key), value, is_buffer, in_optimizer, section))
         for key, value in (state.get("_modules") or {}).items():
-            yield from _walk(value, _join(prefix, key), in_optimizer, seen, section)
+            _walk(value, _join(prefix, key), in_optimizer, seen, section, found)
         return
     if isinstance(obj, dict) and {"state", "param_groups"} <= obj.keys():
         in_optimizer = True
+    dotted = f"{prefix}." if prefix else ""
     for key, value in _children(obj):
-        child_section = section_of(prefix, key, isinstance(value, PickledTensor), section)
-        yield from _walk(value, _join(prefix, key), in_optimizer, seen, child_section)
+        if type(value) is PickledTensor:
+            # A tensor keeps its parent's section (section_of with value_is_tensor).
+            found.append((f"{dotted}{key}", value, False, in_optimizer, section))
+        else:
+            _walk(value, f"{dotted}{key}", in_optimizer, seen, section_of(prefix, key, False, section), found)
 
 
 def _walk_modules(obj: Any, prefix: str, seen: set[int]) -> Iterator[tuple[str, InertObject]]:
