@@ -45,6 +45,8 @@ class MappedFiles:
     maps: list[mmap.mmap] = field(default_factory=list)
     fds: list[int] = field(default_factory=list)
     """A descriptor per file for preads; closed by `close`."""
+    checksums: dict[str, int] = field(default_factory=dict)
+    """CRC-32 of each storage's whole span, where the file records one (zip entries do)."""
 
     @classmethod
     def open(cls, paths: list[str]) -> MappedFiles:
@@ -85,6 +87,10 @@ class MappedFiles:
                 f"storage {storage_key} is {span.size} bytes, but a tensor reads bytes {start}..{start + length}"
             )
         return span, span.start + start
+
+    def checksum(self, storage_key: str) -> int | None:
+        """The CRC-32 the file records for the storage's whole span, read from metadata, or None."""
+        return self.checksums.get(storage_key)
 
     def read(self, storage_key: str, start: int, length: int) -> bytes | memoryview:
         """Return `length` bytes of storage `storage_key` from byte `start`."""

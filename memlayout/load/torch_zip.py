@@ -189,11 +189,15 @@ def _read_pickle(file: _File, entry: ZipEntry) -> bytes:
     return data
 
 
-def _record_offsets(file: _File, entries: list[ZipEntry], prefix: str) -> tuple[dict[str, int], dict[str, int]]:
+def _record_offsets(
+    file: _File, entries: list[ZipEntry], prefix: str
+) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """(data start, size, CRC-32) of every storage record, by storage key."""
     data_prefix = f"{prefix}data/"
     skip = len(data_prefix)
     starts: dict[str, int] = {}
     sizes: dict[str, int] = {}
+    checksums: dict[str, int] = {}
     # _data_start inlined: this loop runs once per storage and is most of a listing's
     # zip cost, so it keeps to one pread and one unpack per record.
     pread, unpack, fd, header_size = os.pread, _LOCAL_LENGTHS.unpack, file.fd, _LOCAL_HEADER.size
@@ -213,7 +217,8 @@ def _record_offsets(file: _File, entries: list[ZipEntry], prefix: str) -> tuple[
         key = name[skip:]
         starts[key] = start
         sizes[key] = entry.size
-    return starts, sizes
+        checksums[key] = entry.crc
+    return starts, sizes, checksums
 
 
 def load_torch_zip(path: str) -> LoadedSource:
@@ -243,7 +248,7 @@ def load_torch_zip(path: str) -> LoadedSource:
         by_name = {entry.name: entry for entry in entries}
         prefix = archive_prefix(list(by_name))
         pickle_bytes = _read_pickle(file, by_name[f"{prefix}data.pkl"])
-        starts, sizes = _record_offsets(file, entries, prefix)
+        starts, sizes, checksums = _record_offsets(file, entries, prefix)
         result = unpickle(pickle_bytes)
         tensors, storages = tensor_records(result.root, starts, sizes, path)
         # Mapping is cheap (microseconds) as long as nothing touches it; only
@@ -252,7 +257,9 @@ def load_torch_zip(path: str) -> LoadedSource:
     except BaseException:
         os.close(fd)
         raise
-    reader = MappedFiles({key: Span(0, start, sizes[key]) for key, start in starts.items()}, [mapped], [fd])
+    reader = MappedFiles(
+        {key: Span(0, start, sizes[key]) for key, start in starts.items()}, [mapped], [fd], checksums
+    )
     modules = pickled_modules(result.root, result.made_placeholders)
     return LoadedSource(
         path=path,

@@ -52,8 +52,10 @@ Two or more tensors are bitwise equal but do not share memory. Usually a tie was
 lost: `load_state_dict` into an untied model, `clone()`, meta-device init with
 `to_empty()`, or `load_state_dict(assign=True)`. Otherwise it is wasted memory and
 disk. Constant tensors (freshly initialized norms and zero biases) and tensors
-under --min-duplicate-bytes are ignored. Without --deep only a few sampled elements
-are read, plus the full contents of tensors whose samples match.
+under --min-duplicate-bytes are ignored. Without --deep, the CRC-32s a torch.save
+zip records for its storages settle most candidates without reading a byte; the
+rest are told apart by a few sampled elements, and tensors whose samples match are
+compared in full. --deep compares contents whatever the recorded CRCs say.
 """,
 )
 def duplicate_weights(ctx: RuleContext) -> Iterator[Finding]:
@@ -76,6 +78,11 @@ def duplicate_weights(ctx: RuleContext) -> Iterator[Finding]:
     # full, streamed chunk by chunk. A fingerprint pass first splits groups of three
     # or more, so that many look-alikes cost one read each, not one per pair. --deep
     # changes nothing here: sampling never hides a duplicate, it only skips reads.
+    if not ctx.config.deep:
+        # The zip directory's CRC-32s settle whole-storage candidates without a read.
+        # --deep skips this stage: it promises a full-content answer, and a damaged
+        # CRC could otherwise hide a duplicate.
+        candidates = [split for group in candidates for split in _split_by_checksum(content, group) if len(split) > 1]
     for stage in (content.probe, content.sample):
         candidates = [split for group in candidates for split in _split(group, stage) if len(split) > 1]
     candidates = [
@@ -101,6 +108,17 @@ def duplicate_weights(ctx: RuleContext) -> Iterator[Finding]:
                 f"contents in separate memory ({human_bytes(wasted)} duplicated)",
                 wasted_bytes=wasted,
             )
+
+
+def _split_by_checksum(content: ContentReader, group: list[TensorFact]) -> list[list[TensorFact]]:
+    by_checksum: dict[int, list[TensorFact]] = defaultdict(list)
+    for tensor in group:
+        checksum = content.recorded_checksum(tensor)
+        if checksum is None:
+            # A tensor without a recorded CRC cannot be told apart by one.
+            return [group]
+        by_checksum[checksum].append(tensor)
+    return list(by_checksum.values())
 
 
 def _split(group: list[TensorFact], key: Callable[[TensorFact], Hashable]) -> list[list[TensorFact]]:
