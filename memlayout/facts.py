@@ -390,16 +390,18 @@ def build_facts(source: LoadedSource) -> Facts:
         views = views_by_storage[storage_id]
         if len(views) == 1:
             used = views[0].bytes_used.intervals
+            names: tuple[str, ...] = (views[0].name,)
             # One view alone can alias only itself, which ML105 reports from the fact.
             group = None
         else:
             used = union([v.bytes_used for v in views])
+            names = tuple(v.name for v in views)
             group = _alias_groups(storage_id, views)
         used_bytes = used[0][1] - used[0][0] if len(used) == 1 else sum(end - start for start, end in used)
         padding, unused = _split_unused(used, storage_record.nbytes)
         storages.append(
             _new_storage_fact(
-                storage_id, key, storage_record.device, storage_record.nbytes, tuple(v.name for v in views),
+                storage_id, key, storage_record.device, storage_record.nbytes, names,
                 used, used_bytes, padding, unused, storage_record.base_address, storage_record.has_data,
             )
         )

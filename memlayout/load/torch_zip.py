@@ -200,24 +200,23 @@ def _record_offsets(
     checksums: dict[str, int] = {}
     # _data_start inlined: this loop runs once per storage and is most of a listing's
     # zip cost, so it keeps to one pread and one unpack per record.
-    pread, unpack, fd, header_size = os.pread, _LOCAL_LENGTHS.unpack, file.fd, _LOCAL_HEADER.size
-    for entry in entries:
-        name = entry.name
+    pread, unpack, fd, header_size, file_size = os.pread, _LOCAL_LENGTHS.unpack, file.fd, _LOCAL_HEADER.size, file.size
+    for name, method, _, size, header_offset, crc in entries:
         if not name.startswith(data_prefix) or name.endswith("/"):
             continue
-        if entry.method != _STORED:
+        if method != _STORED:
             raise CorruptCheckpointError(f"storage record {name} is compressed; torch.save never does that")
-        header = pread(fd, header_size, entry.header_offset)
+        header = pread(fd, header_size, header_offset)
         if len(header) != header_size:
             raise CorruptCheckpointError(f"the zip entry {name} runs past the end of the file (a truncated file?)")
         magic, name_length, extra_length = unpack(header)
-        start = entry.header_offset + header_size + name_length + extra_length
-        if magic != _LOCAL_HEADER_MAGIC or start + entry.size > file.size:
+        start = header_offset + header_size + name_length + extra_length
+        if magic != _LOCAL_HEADER_MAGIC or start + size > file_size:
             raise CorruptCheckpointError(f"the zip entry for {name} is damaged")
         key = name[skip:]
         starts[key] = start
-        sizes[key] = entry.size
-        checksums[key] = entry.crc
+        sizes[key] = size
+        checksums[key] = crc
     return starts, sizes, checksums
 
 
