@@ -35,39 +35,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoints import MIB, checkpoint
 from harness import ROOT, Row, print_table, quick_requested, write_results
 
-# One deep run per round in a fresh process: RSS polled from a thread, the run timed
-# in-process (interpreter start-up and imports excluded, as for the copy).
-_CHILD = """
-import json, os, sys, threading, time
-import numpy  # loaded before the baseline: numpy's own pages are not scan memory
-import memlayout
-from memlayout.rules import RuleConfig
-# A metadata inspection first: lazy imports and first-call costs are start-up, not
-# scan time, just as the copy's figure leaves out importing torch.
-memlayout.inspect(sys.argv[1])
-page = os.sysconf("SC_PAGE_SIZE")
-def rss():
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * page
-before = rss()
-peak = [before]
-done = threading.Event()
-def poll():
-    while not done.wait(0.002):
-        peak[0] = max(peak[0], rss())
-threading.Thread(target=poll, daemon=True).start()
-start = time.perf_counter()
-report = memlayout.inspect(sys.argv[1], config=RuleConfig(deep=True))
-seconds = time.perf_counter() - start
-done.set()
-print(json.dumps({"seconds": seconds, "growth": peak[0] - before, "bytes": report.summary.tensor_bytes,
-                  "largest": max(t.nbytes for t in report.facts.tensors)}))
-"""
+# One deep run per round in a fresh process (benchmarks/deep_rss_probe.py): RSS polled
+# from a thread, the run timed in-process (interpreter start-up and imports excluded,
+# as for the copy).
+_PROBE = Path(__file__).resolve().parent / "deep_rss_probe.py"
 
 
 def deep_run(path: Path) -> dict[str, Any]:
     result = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, check=True, cwd=ROOT
+        [sys.executable, str(_PROBE), str(path)], capture_output=True, text=True, check=True, cwd=ROOT
     )
     measured: dict[str, Any] = json.loads(result.stdout)
     return measured

@@ -16,34 +16,9 @@ MIB = 1 << 20
 TENSOR_MIB = 32
 TENSORS = 8
 
-# The child polls its own RSS (/proc/self/statm) from a thread while the deep run
-# goes, and again at every progress step. ru_maxrss is no use here: the kernel
-# updates that high-water mark lazily, and closing the map at the end of the run
-# drops the pages before it is read. Mapped file pages count in RSS once touched,
-# so a scan that kept them mapped would grow by the whole file.
-_CHILD = """
-import json, os, sys, threading
-import numpy  # imported up front so that its own pages are not counted as scan memory
-import memlayout
-from memlayout.inspection import run_inspection
-from memlayout.rules import RuleConfig
-page = os.sysconf("SC_PAGE_SIZE")
-def rss():
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * page
-before = rss()
-peak = [before]
-done = threading.Event()
-def poll():
-    while not done.wait(0.002):
-        peak[0] = max(peak[0], rss())
-threading.Thread(target=poll, daemon=True).start()
-def progress(task, finished, total):
-    peak[0] = max(peak[0], rss())
-report = run_inspection(sys.argv[1], config=RuleConfig(deep=True), progress=progress)
-done.set()
-print(json.dumps({"growth": peak[0] - before, "codes": sorted({f.code for f in report.findings})}))
-"""
+# The child (benchmarks/deep_rss_probe.py, which bench_deep.py runs too) polls its
+# own RSS while the deep run goes; see there for why ru_maxrss cannot serve.
+_PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "deep_rss_probe.py"
 
 
 def big_state() -> dict[str, torch.Tensor]:
@@ -84,7 +59,7 @@ def write_sharded_hf_directory(directory: Path) -> Path:
 @pytest.mark.parametrize("write", [write_torch_zip, write_safetensors, write_sharded_hf_directory])
 def test_deep_scan_memory_stays_near_one_tensor(tmp_path: Path, write: Callable[[Path], Path]) -> None:
     path = write(tmp_path)
-    result = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, str(_PROBE), str(path)], capture_output=True, text=True, check=True)
     measured = json.loads(result.stdout)
     assert "ML503" in measured["codes"]
     # The promise is ~64 MiB beyond one tensor; the files are over 200 MiB, so a scan
