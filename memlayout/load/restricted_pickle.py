@@ -348,15 +348,7 @@ class RestrictedUnpickler(pickle.Unpickler):
             if type(key) is not str:
                 key = str(key)
             storage = self._storages.get(key)
-            if storage is None:
-                # _new_storage inlined: one Python call per tensor instead of two.
-                dtype = storage_type.dtype if type(storage_type) is StorageDtype else _dtype_name(storage_type)
-                count = int(count)
-                info = DTYPES.get(dtype) or dtype_info(dtype)
-                storage = PickledStorage(key, dtype, location if type(location) is str else str(location), count,
-                                         count * info.itemsize)
-                self._storages[key] = storage
-            return storage
+            return storage if storage is not None else self._new_storage(storage_type, key, location, count)
         if not self._storage_records:
             raise pickle.UnpicklingError("unexpected persistent id in a plain pickle")
         if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module":
