@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from memlayout.errors import FlattenError, UsageError
 from memlayout.flatten.plan import FlatPlan, Placement, Slot, ViewKey
+from memlayout.flatten.populate import populate
 
 if TYPE_CHECKING:
     import torch
@@ -77,6 +78,7 @@ def allocate(plan: FlatPlan, pin_memory: bool = False, share_memory: bool = Fals
         buffer = torch.empty(flat.nbytes, dtype=torch.uint8, device=device, pin_memory=pin)
         if share_memory and device.type == "cpu":
             buffer.share_memory_()  # type: ignore[no-untyped-call]
+        populate(buffer)
         # Only the gaps are zeroed: touching every page twice would halve throughput
         # on a fresh allocation, which is page-fault bound.
         cursor = 0
