@@ -56,6 +56,20 @@ def as_bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(by_size[size]) if size in by_size else tensor
 
 
+def as_words(destination: torch.Tensor, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two same-length uint8 tensors as the widest integer words both are aligned to."""
+    # torch's CPU copy splits and vectorizes by element, and a byte copy as uint8
+    # ran ~10% slower than the same bytes as int64 (1 GiB: 71 ms against 63 ms).
+    import torch
+
+    for size, dtype in ((8, torch.int64), (4, torch.int32), (2, torch.int16)):
+        if destination.numel() % size == 0 and all(
+            t.data_ptr() % size == 0 and t.storage_offset() % size == 0 for t in (destination, source)
+        ):
+            return destination.view(dtype), source.view(dtype)
+    return destination, source
+
+
 def allocate(plan: FlatPlan, pin_memory: bool = False, share_memory: bool = False) -> list[torch.Tensor]:
     """One uint8 tensor per plan buffer, padding already zero.
 
@@ -151,9 +165,10 @@ def copy_from_storages(plan: FlatPlan, buffers: list[torch.Tensor], storages: di
             if slot.dense:
                 as_bits(_dense_destination(buffer, slot)).copy_(as_bits(_source_view(whole, slot, 0)))
             else:
-                buffer[slot.start : slot.start + slot.nbytes].copy_(
-                    whole[slot.source_start : slot.source_start + slot.nbytes]
+                destination, source = as_words(
+                    buffer[slot.start : slot.start + slot.nbytes], whole[slot.source_start : slot.source_start + slot.nbytes]
                 )
+                destination.copy_(source)
             copied += slot.nbytes
     return copied
 
