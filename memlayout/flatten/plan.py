@@ -153,7 +153,9 @@ def _regions(facts: Facts, tensors: list[TensorFact]) -> dict[str, _Region]:
     for storage_id, views in by_storage.items():
         key = facts.storage(storage_id).key
         current: _Region | None = None
-        for view in sorted(views, key=lambda v: (v.bytes_used.start, -v.bytes_used.end)):
+        # Most storages hold one view: sorting a one-item list still costs a key call.
+        ordered = views if len(views) == 1 else sorted(views, key=lambda v: (v.bytes_used.start, -v.bytes_used.end))
+        for view in ordered:
             start, end = view.bytes_used.start, view.bytes_used.end
             if current is None or start >= current.end:
                 current = _Region(key, [], start, end)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from memlayout.flatten import populate as populate_module
-from memlayout.flatten.apply import allocate, as_words
+from memlayout.flatten.apply import allocate, word_size, words
 from memlayout.flatten.plan import FlatBuffer, FlatPlan
 from memlayout.flatten.populate import populate
 
@@ -53,14 +53,15 @@ def test_allocate_still_zeroes_padding_when_pages_come_from_a_reused_heap() -> N
     assert int(buffer.count_nonzero()) == 0
 
 
-def test_byte_copies_use_the_widest_words_both_ends_are_aligned_to() -> None:
-    source = torch.arange(256, dtype=torch.int64).to(torch.uint8)
-    buffer = torch.zeros(256, dtype=torch.uint8)
-    for start, length, expected in ((0, 64, torch.int64), (4, 60, torch.int32), (2, 6, torch.int16), (3, 9, torch.uint8)):
-        destination, words = as_words(buffer[start : start + length], source[start : start + length])
-        assert destination.dtype == words.dtype == expected
-        destination.copy_(words)
-        assert torch.equal(buffer[start : start + length], source[start : start + length])
-    # Misaligned against each other: nothing wider than a byte fits both.
-    destination, words = as_words(buffer[8:16], source[9:17])
-    assert destination.dtype == torch.uint8
+def test_byte_copies_use_the_widest_words_every_address_offset_and_length_allows() -> None:
+    assert word_size(4096, 64, 128, 1024) == 8
+    assert word_size(4096, 64, 4, 1024) == 4
+    assert word_size(4096, 66, 128, 1024) == 2
+    assert word_size(4096, 64, 128, 1023) == 1
+
+
+def test_words_view_exactly_the_bytes_asked_for() -> None:
+    storage = torch.arange(64, dtype=torch.int64).to(torch.uint8).untyped_storage()
+    view = words(storage, 8, 16, torch.int32, torch.device("cpu"))
+    assert view.shape == (4,)
+    assert bytes(view.view(torch.uint8).tolist()) == bytes(range(8, 24))
