@@ -85,7 +85,9 @@ class _Collector:
                 optimizer_state=optimizer_state,
                 section=section,
                 pinned=tensor.is_pinned() if on_cpu else None,
-                shared_memory=bool(tensor.is_shared()) if on_cpu else None,  # type: ignore[no-untyped-call]
+                # Asked of the untyped storage: Tensor.is_shared() builds a TypedStorage
+                # first (1.1 us per tensor against 0.08 us).
+                shared_memory=bool(tensor.untyped_storage().is_shared()) if on_cpu else None,
             )
         )
 
