@@ -5,6 +5,8 @@ Usage: python benchmarks/bench_flatten.py [--size-mib 1024] [--tensors 400] [--r
 Throughput: the same tensors, already in memory, flattened by
   - the machine limit: a freshly allocated buffer, its pages faulted in on every
     intra-op thread (memlayout.flatten.populate), then one copy of each tensor;
+  - the same copy into a fresh buffer whose pages the copy itself faults in (the
+    limit as the flatten issue first defined it);
   - memlayout (plan, allocate, copy, re-point every tensor);
   - torch.cat, torch._utils._flatten_dense_tensors, parameters_to_vector, and
     tensordict's consolidate() when tensordict is installed.
@@ -108,6 +110,16 @@ def throughput(path: Path, repeat: int) -> dict[str, float]:
             cursor += tensor.numel()
         return flat
 
+    def plain_copy() -> Any:
+        # The limit as first defined: one copy of each tensor into a fresh buffer,
+        # every page faulted in by the copy itself. Kept as a peer for comparison.
+        flat = torch.empty(total, dtype=torch.float32)
+        cursor = 0
+        for tensor in tensors:
+            flat[cursor : cursor + tensor.numel()].copy_(tensor.reshape(-1))
+            cursor += tensor.numel()
+        return flat
+
     def memlayout_flatten() -> Any:
         # Fresh tensor objects over the same storages: flatten re-points the objects
         # it is given, and the originals must stay scattered for the next run.
@@ -116,6 +128,7 @@ def throughput(path: Path, repeat: int) -> dict[str, float]:
     methods: dict[str, Callable[[], Any]] = {
         "machine limit (populate fresh buffer, copy)": machine_limit,
         "memlayout.flatten": memlayout_flatten,
+        "copy into fresh buffer (pages faulted by the copy)": plain_copy,
         "torch.cat": lambda: torch.cat([t.reshape(-1) for t in tensors]),
         "torch._utils._flatten_dense_tensors": lambda: torch._utils._flatten_dense_tensors(tensors),
         "parameters_to_vector": lambda: parameters_to_vector(tensors),
