@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from memlayout.errors import UsageError
+from memlayout.atomic_write import write_text
 
 
 def write_output(text: str, path: str | None) -> None:
@@ -16,18 +14,7 @@ def write_output(text: str, path: str | None) -> None:
     if path is None:
         sys.stdout.write(text)
         return
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise UsageError(f"cannot write {path}: {directory} does not exist")
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".memlayout-", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    write_text(path, text)
 
 
 @contextmanager

@@ -285,7 +285,7 @@ def _flatten_hf_dir(path: str, options: FlattenOptions) -> FlattenResult:
     """
     import shutil
 
-    from memlayout.flatten.save import atomic_path
+    from memlayout.atomic_write import atomic_path
     from memlayout.load.hf_dir import weight_files
 
     files, _ = weight_files(path)

@@ -82,7 +82,7 @@ def write_flat_safetensors(
     """Write the flat buffers as a standard safetensors file, ties as metadata aliases.
 
     Args:
-        path: Destination (write to a temporary and rename; see `save.atomic_path`).
+        path: Destination (write to a temporary and rename; see `memlayout.atomic_write`).
         plan: The layout.
         buffers: The filled buffers (any device).
         metadata: `__metadata__` strings to keep (e.g. {"format": "pt"}).
@@ -210,8 +210,8 @@ def flatten_safetensors_file(
     """
     import torch
 
+    from memlayout.atomic_write import atomic_path
     from memlayout.flatten.apply import allocate, copy_from_file
-    from memlayout.flatten.save import atomic_path
     from memlayout.load.safetensors_file import read_header
 
     header, _ = read_header(path)

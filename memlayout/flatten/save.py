@@ -9,11 +9,10 @@ IN exactly as they were.
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from memlayout.atomic_write import atomic_path, fsync_path
 from memlayout.errors import FlattenError
 from memlayout.facts import build_facts
 from memlayout.flatten.plan import FlatPlan, Placement
@@ -22,76 +21,6 @@ if TYPE_CHECKING:
     import torch
 
 COMPARE_CHUNK_BYTES = 8 << 20
-
-
-def _fsync_directory(directory: str) -> None:
-    # The rename is durable only once the directory entry is on disk.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def fsync_path(path: str) -> None:
-    """Flush a written file's data to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextmanager
-def atomic_path(out: str, suffix: str = ".tmp", directory: bool = False) -> Iterator[str]:
-    """A temporary path beside `out`; renamed over `out` when the block succeeds.
-
-    Args:
-        out: The final path.
-        suffix: Suffix of the temporary name (some writers care about extensions).
-        directory: The temporary is a directory (an HF model folder).
-
-    Yields:
-        The temporary path to write and verify.
-    """
-    import shutil
-
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise FlattenError(f"cannot write {out}: {parent} does not exist", "create the directory first")
-    if directory:
-        temporary = tempfile.mkdtemp(dir=parent, prefix=".memlayout-flatten-", suffix=suffix)
-    else:
-        fd, temporary = tempfile.mkstemp(dir=parent, prefix=".memlayout-flatten-", suffix=suffix)
-        os.close(fd)
-    try:
-        yield temporary
-        if directory and os.path.isdir(out):
-            # A directory cannot be renamed over a non-empty one: move the old aside
-            # first, and put it back if the swap fails.
-            aside = tempfile.mkdtemp(dir=parent, prefix=".memlayout-old-")
-            os.rmdir(aside)
-            os.replace(out, aside)
-            try:
-                os.replace(temporary, out)
-            except BaseException:
-                os.replace(aside, out)
-                raise
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.replace(temporary, out)
-        _fsync_directory(parent)
-    except BaseException:
-        if os.path.isdir(temporary):
-            shutil.rmtree(temporary, ignore_errors=True)
-        elif os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
 
 
 def save_torch(obj: Any, path: str) -> None:
