@@ -99,26 +99,24 @@ def throughput(path: Path, repeat: int) -> dict[str, float]:
     tensors = list(state.values())
     total = sum(t.numel() for t in tensors)
 
-    def machine_limit() -> Any:
-        # The fastest way known here to fill a fresh buffer, with none of flatten's
-        # planning or re-pointing: faulting inside the copy (as torch.cat does) is slower.
-        flat = torch.empty(total, dtype=torch.float32)
-        populate(flat)
+    def copy_each(flat: Any) -> Any:
         cursor = 0
         for tensor in tensors:
             flat[cursor : cursor + tensor.numel()].copy_(tensor.reshape(-1))
             cursor += tensor.numel()
         return flat
 
+    def machine_limit() -> Any:
+        # The fastest way known here to fill a fresh buffer, with none of flatten's
+        # planning or re-pointing: faulting inside the copy (as torch.cat does) is slower.
+        flat = torch.empty(total, dtype=torch.float32)
+        populate(flat)
+        return copy_each(flat)
+
     def plain_copy() -> Any:
         # The limit as first defined: one copy of each tensor into a fresh buffer,
         # every page faulted in by the copy itself. Kept as a peer for comparison.
-        flat = torch.empty(total, dtype=torch.float32)
-        cursor = 0
-        for tensor in tensors:
-            flat[cursor : cursor + tensor.numel()].copy_(tensor.reshape(-1))
-            cursor += tensor.numel()
-        return flat
+        return copy_each(torch.empty(total, dtype=torch.float32))
 
     def memlayout_flatten() -> Any:
         # Fresh tensor objects over the same storages: flatten re-points the objects
