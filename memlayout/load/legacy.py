@@ -22,12 +22,7 @@ from typing import Any, BinaryIO
 
 from memlayout.errors import CorruptCheckpointError
 from memlayout.load.mapped_files import MappedFiles, Span
-from memlayout.load.pickled_tree import (
-    declared_ties_in_tree,
-    module_records,
-    pickled_modules,
-    tensor_records,
-)
+from memlayout.load.pickled_tree import modules_and_ties, tensor_records
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import PickledStorage, RestrictedUnpickler
 
@@ -143,14 +138,14 @@ def load_legacy(path: str) -> LoadedSource:
     except BaseException:
         reader.close()
         raise
-    modules = pickled_modules(root)
+    modules, ties = modules_and_ties(root, tensors)
     return LoadedSource(
         path=path,
         format="torch-legacy",
         tensors=tensors,
         storages=storage_records,
-        modules=module_records(modules),
-        declared_ties=declared_ties_in_tree(modules, [t.name for t in tensors]),
+        modules=modules,
+        declared_ties=ties,
         reader=reader,
         pickle_globals=_merge_globals([first, second, third, main, fourth]),
         legacy_format=True,
@@ -170,12 +165,14 @@ def load_bare_pickle(path: str) -> LoadedSource:
     with open(path, "rb") as handle:
         root, unpickler = _load(path, handle, "main", False)
     tensors, storages = tensor_records(root, None)
+    modules, ties = modules_and_ties(root, tensors)
     return LoadedSource(
         path=path,
         format="pickle",
         tensors=tensors,
         storages=storages,
-        modules=module_records(pickled_modules(root)),
+        modules=modules,
+        declared_ties=ties,
         pickle_globals=list(unpickler.referenced.values()),
         notes=["a bare pickle, not a torch.save file: tensor data is not located"],
     )

@@ -90,6 +90,24 @@ def tensor_records(
     return tensors, storages
 
 
+def modules_and_ties(
+    root: Any, tensors: list[TensorRecord], made_placeholders: bool = True
+) -> tuple[list[ModuleRecord], list[DeclaredTie]]:
+    """The module tree a pickled object holds, and the ties its pickled models declare.
+
+    Every loader of a torch pickle (zip, legacy, TorchScript, bare pickle) asks
+    both, from one walk of the tree.
+
+    Args:
+        root: The unpickled tree.
+        tensors: Its tensor records (declared ties name them).
+        made_placeholders: Whether the unpickler made any placeholder; without one
+            the tree holds no module and is not walked.
+    """
+    modules = pickled_modules(root, made_placeholders)
+    return module_records(modules), declared_ties_in_tree(modules, [t.name for t in tensors])
+
+
 def pickled_modules(root: Any, made_placeholders: bool = True) -> list[tuple[str, InertObject]]:
     """(dotted path, placeholder) of every pickled nn.Module in the tree, walked once.
 

@@ -23,12 +23,7 @@ from typing import NamedTuple
 
 from memlayout.errors import CorruptCheckpointError
 from memlayout.load.mapped_files import MappedFiles, Span
-from memlayout.load.pickled_tree import (
-    declared_ties_in_tree,
-    module_records,
-    pickled_modules,
-    tensor_records,
-)
+from memlayout.load.pickled_tree import modules_and_ties, tensor_records
 from memlayout.load.records import LoadedSource
 from memlayout.load.restricted_pickle import unpickle
 
@@ -259,14 +254,14 @@ def load_torch_zip(path: str) -> LoadedSource:
     reader = MappedFiles(
         {key: Span(0, start, sizes[key]) for key, start in starts.items()}, [mapped], [fd], checksums
     )
-    modules = pickled_modules(result.root, result.made_placeholders)
+    modules, ties = modules_and_ties(result.root, tensors, result.made_placeholders)
     return LoadedSource(
         path=path,
         format="torch-zip",
         tensors=tensors,
         storages=storages,
-        modules=module_records(modules),
-        declared_ties=declared_ties_in_tree(modules, [t.name for t in tensors]),
+        modules=modules,
+        declared_ties=ties,
         reader=reader,
         pickle_globals=result.globals,
         close=reader.close,

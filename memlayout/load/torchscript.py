@@ -29,7 +29,7 @@ from typing import Any
 
 from memlayout.errors import CorruptCheckpointError
 from memlayout.load.mapped_files import MappedFiles, Span
-from memlayout.load.pickled_tree import module_records, pickled_modules, tensor_records
+from memlayout.load.pickled_tree import modules_and_ties, tensor_records
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import InertObject, PickledTensor, RestrictedUnpickler
 
@@ -312,12 +312,14 @@ def load_torchscript(path: str) -> LoadedSource:
     except BaseException:
         reader.close()
         raise
+    modules, ties = modules_and_ties(root, tensors)
     return LoadedSource(
         path=path,
         format="torchscript",
         tensors=tensors,
         storages=storages,
-        modules=module_records(pickled_modules(root)),
+        modules=modules,
+        declared_ties=ties,
         reader=reader,
         pickle_globals=_python_globals(referenced),
         notes=[
