@@ -63,15 +63,13 @@ class ContentReader:
         reader: StorageReader,
         storage_keys: dict[str, str],
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        storage_bytes: dict[str, int] | None = None,
     ) -> None:
         self.reader = reader
         self.storage_keys = storage_keys
         self.chunk_bytes = chunk_bytes
         self._release: Callable[[str, int, int], None] | None = getattr(reader, "release", None)
         self._read_into: Callable[[str, int, memoryview], None] | None = getattr(reader, "read_into", None)
-        self._checksum: Callable[[str], int | None] | None = getattr(reader, "checksum", None)
-        self._storage_bytes: dict[str, int] = storage_bytes or {}
+        self._checksum: Callable[[str, int, int], int | None] | None = getattr(reader, "checksum", None)
         self._local = threading.local()
 
     def _key(self, tensor: TensorFact) -> str:
@@ -82,17 +80,12 @@ class ContentReader:
 
         A torch.save zip keeps a CRC-32 of every storage record in its directory, so
         two tensors that each fill their whole storage and whose CRCs differ are
-        proven different without reading a byte of either. Only whole, contiguous
-        storages qualify: the CRC says nothing about part of a record.
+        proven different without reading a byte of either. The reader answers only
+        for a whole record: the CRC says nothing about part of one.
         """
-        if (
-            self._checksum is None
-            or not tensor.contiguous
-            or tensor.offset != 0
-            or tensor.nbytes != self._storage_bytes.get(tensor.storage)
-        ):
+        if self._checksum is None or not tensor.contiguous:
             return None
-        return self._checksum(self._key(tensor))
+        return self._checksum(self._key(tensor), tensor.offset * tensor.itemsize, tensor.nbytes)
 
     def probe(self, tensor: TensorFact) -> bytes:
         """Up to 64 bytes from the middle of the tensor: one read, to rule out most non-duplicates.

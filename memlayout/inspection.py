@@ -111,11 +111,7 @@ def inspect_source(
     facts = build_facts(source)
     content = None
     if source.reader is not None:
-        content = ContentReader(
-            source.reader,
-            {s.id: s.key for s in facts.storages},
-            storage_bytes={s.id: s.nbytes for s in facts.storages},
-        )
+        content = ContentReader(source.reader, {s.id: s.key for s in facts.storages})
     findings = run_rules(facts, config, content, select, ignore, progress)
     return Report(facts, tuple(findings), summarize(facts, findings))
 

@@ -141,11 +141,11 @@ class ShardedReader:
         if release is not None:
             release(key, start, length)
 
-    def checksum(self, storage_key: str) -> int | None:
-        """The shard's recorded CRC-32 of the whole storage, where its format keeps one."""
+    def checksum(self, storage_key: str, start: int, length: int) -> int | None:
+        """The shard's recorded CRC-32 of these bytes, where its format keeps one."""
         reader, key = self.readers[storage_key]
         checksum = getattr(reader, "checksum", None)
-        return checksum(key) if checksum is not None else None
+        return checksum(key, start, length) if checksum is not None else None
 
 
 def _load_safetensors_shards(directory: str, shards: list[str]) -> LoadedSource:

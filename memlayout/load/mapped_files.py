@@ -88,8 +88,15 @@ class MappedFiles:
             )
         return span, span.start + start
 
-    def checksum(self, storage_key: str) -> int | None:
-        """The CRC-32 the file records for the storage's whole span, read from metadata, or None."""
+    def checksum(self, storage_key: str, start: int, length: int) -> int | None:
+        """The CRC-32 the file records for these bytes, from metadata alone; None if it records none.
+
+        A recorded CRC covers a storage's whole span, so only a read of exactly that
+        span has one.
+        """
+        span = self.spans[storage_key]
+        if start != 0 or length != span.size:
+            return None
         return self.checksums.get(storage_key)
 
     def read(self, storage_key: str, start: int, length: int) -> bytes | memoryview:

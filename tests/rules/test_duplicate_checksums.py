@@ -24,8 +24,8 @@ class CountingReader:
         self.read_keys.append(storage_key)
         return self.inner.read(storage_key, start, length)  # type: ignore[attr-defined, no-any-return]
 
-    def checksum(self, storage_key: str) -> int | None:
-        return self.inner.checksum(storage_key)  # type: ignore[attr-defined, no-any-return]
+    def checksum(self, storage_key: str, start: int, length: int) -> int | None:
+        return self.inner.checksum(storage_key, start, length)  # type: ignore[attr-defined, no-any-return]
 
 
 def _inspect_counting(path: Path, config: RuleConfig) -> tuple[set[str], list[str], LoadedSource]:
