@@ -341,32 +341,26 @@ class RestrictedUnpickler(pickle.Unpickler):
         return self._storages
 
     def persistent_load(self, pid: Any) -> Any:
-        # Once per tensor of the file, so torch's own shape of id, ("storage",
-        # storage type, key, location, numel), takes the shortest path.
-        if type(pid) is tuple and len(pid) == 5 and pid[0] == "storage" and self._storage_records:
-            _, storage_type, key, location, count = pid
-            if type(key) is not str:
-                key = str(key)
-            storage = self._storages.get(key)
-            return storage if storage is not None else self._new_storage(storage_type, key, location, count)
+        # Called once per tensor of the file; torch's own id is ("storage", storage
+        # type, key, location, numel), and a storage seen before is one dict lookup.
         if not self._storage_records:
             raise pickle.UnpicklingError("unexpected persistent id in a plain pickle")
+        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
+            _, storage_type, key, location, count = pid[:5]
+            if type(key) is not str:
+                key = str(key)
+            return self._storages.get(key) or self._new_storage(storage_type, key, location, count)
         if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module":
             # Legacy torch.save files name each nn.Module class once as
             # ("module", class, source file, source); the class is already a placeholder.
             return pid[1]
-        if not (isinstance(pid, tuple) and pid and pid[0] == "storage" and len(pid) >= 5):
-            raise pickle.UnpicklingError(f"unsupported persistent id {pid!r:.80}")
-        _, storage_type, key, location, count = pid[:5]
-        key = str(key)
-        return self._storages.get(key) or self._new_storage(storage_type, key, location, count)
+        raise pickle.UnpicklingError(f"unsupported persistent id {pid!r:.80}")
 
     def _new_storage(self, storage_type: Any, key: str, location: Any, count: Any) -> PickledStorage:
         dtype = storage_type.dtype if type(storage_type) is StorageDtype else _dtype_name(storage_type)
         count = int(count)
-        info = DTYPES.get(dtype) or dtype_info(dtype)
         storage = PickledStorage(key, dtype, location if type(location) is str else str(location), count,
-                                 count * info.itemsize)
+                                 count * dtype_info(dtype).itemsize)
         self._storages[key] = storage
         return storage
 
