@@ -126,6 +126,39 @@ class PickledTensor:
     requires_grad: bool = False
     is_parameter: bool = False
 
+    def __setstate__(self, state: Any) -> None:
+        # BUILD on a tensor comes only from torch < 0.4, which pickled a Parameter
+        # (then a Variable) with the state (requires_grad, volatile, hooks), or
+        # earlier as (data, grad, hooks, requires_grad, volatile); torch's
+        # Tensor.__setstate__ still reads both. Other states are not torch's: ignored.
+        if not isinstance(state, tuple):
+            return
+        if len(state) == 5:
+            data = state[0]
+            if type(data) is PickledTensor:
+                self.storage, self.offset, self.shape = data.storage, data.offset, data.shape
+                self.stride, self.dtype = data.stride, data.dtype
+            state = (state[3], state[4], state[2])
+        if len(state) == 3:
+            self.requires_grad = state[0] is True
+
+
+class LegacyParameter:
+    """What `torch.nn.parameter.Parameter` unpickles to in torch < 0.4's files.
+
+    Those pickled a Parameter as REDUCE `Parameter(data)` and BUILD with its state,
+    or as NEWOBJ `Parameter()` and BUILD with a state holding the data. Both make
+    a fresh parameter record here (a class, because NEWOBJ accepts only classes);
+    `PickledTensor.__setstate__` then reads the state.
+    """
+
+    def __new__(cls, data: Any = None, requires_grad: Any = True) -> Any:
+        if type(data) is PickledTensor:
+            return PickledTensor(
+                data.storage, data.offset, data.shape, data.stride, data.dtype, requires_grad is True, True
+            )
+        return PickledTensor(None, 0, (0,), (1,), "float32", requires_grad is True, True)
+
 
 @dataclass(frozen=True)
 class StorageDtype:
@@ -303,8 +336,12 @@ class UnpickleResult:
 class RestrictedUnpickler(pickle.Unpickler):
     """An unpickler that builds records and placeholders instead of running code."""
 
-    def __init__(self, stream: io.BufferedIOBase | io.BytesIO, storage_records: bool = True) -> None:
-        super().__init__(stream)
+    def __init__(
+        self, stream: io.BufferedIOBase | io.BytesIO, storage_records: bool = True, encoding: str = "ASCII"
+    ) -> None:
+        # `encoding` decodes Python 2 `str` objects, as in pickle.Unpickler; torch.load
+        # passes "utf-8", which a Python 2 file's class sources can need.
+        super().__init__(stream, encoding=encoding)
         self._placeholders: dict[tuple[str, str], type[InertObject]] = {}
         self._storages: dict[str, PickledStorage] = {}
         self.referenced: dict[tuple[str, str], PickleGlobal] = {}
