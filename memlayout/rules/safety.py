@@ -84,7 +84,7 @@ def unsafe_pickle(ctx: RuleContext) -> Iterator[Finding]:
     "ML602",
     "legacy-format",
     Severity.INFO,
-    "the file uses torch's legacy (pre-1.6, non-zip) torch.save format",
+    "the file uses a legacy torch.save format: the pre-1.6 non-zip stream or the earlier tar archive",
     "re-save it with a current torch.save (zip format) or as safetensors",
     """
 torch.save wrote a plain pickle stream followed by raw storages until torch 1.6,
@@ -92,10 +92,21 @@ and still does with `_use_new_zipfile_serialization=False`. Such a file cannot b
 memory-mapped (`torch.load(mmap=True)` needs the zip format), its storages are not
 aligned, and each is preceded by an 8-byte element count. Readers other than
 torch.load rarely support it.
+
+Before that stream, torch.save wrote a tar archive whose `storages`, `tensors` and
+`pickle` members hold the raw storages, the tensors' shapes and strides, and the
+object. torch.load still reads it, but only with `weights_only=False`: it refuses
+the tar format under the weights-only loader, so loading one always unpickles
+with full imports.
 """,
 )
 def legacy_format(ctx: RuleContext) -> Iterator[Finding]:
-    if ctx.facts.source.legacy_format:
-        yield legacy_format.finding(
-            (), f"{ctx.facts.source.path or 'the source'} is a legacy (non-zip) torch.save file"
-        )
+    source = ctx.facts.source
+    if not source.legacy_format:
+        return
+    where = source.path or "the source"
+    if source.format == "torch-legacy-tar":
+        message = f"{where} is a legacy tar-format torch.save file, which torch.load reads only with weights_only=False"
+    else:
+        message = f"{where} is a legacy (non-zip) torch.save file"
+    yield legacy_format.finding((), message)
