@@ -81,6 +81,18 @@ def _load_legacy(path: str, options: LoadOptions) -> LoadedSource:
     return load_legacy(path)
 
 
+def _is_legacy_tar(path: str, head: bytes) -> bool:
+    from memlayout.load.legacy_tar import is_legacy_tar
+
+    return is_legacy_tar(path, head)
+
+
+def _load_legacy_tar(path: str, options: LoadOptions) -> LoadedSource:
+    from memlayout.load.legacy_tar import load_legacy_tar
+
+    return load_legacy_tar(path)
+
+
 def _is_bare_pickle(path: str, head: bytes) -> bool:
     from memlayout.load.legacy import is_pickle
 
@@ -129,7 +141,8 @@ def _load_pt2(path: str, options: LoadOptions) -> LoadedSource:
     return load_pt2(path)
 
 
-# Order matters where formats nest: a TorchScript archive is also a zip.
+# Order matters where formats nest: a TorchScript archive is also a zip. The tar
+# check reads one 512-byte block, so it runs after the cheaper zip checks.
 FORMATS: list[Format] = [
     Format("safetensors", _is_safetensors, _load_safetensors),
     Format("dcp", _is_dcp_dir, _load_dcp_dir),
@@ -137,6 +150,7 @@ FORMATS: list[Format] = [
     Format("torch-export", _is_pt2, _load_pt2),
     Format("torchscript", _is_torchscript, _load_torchscript),
     Format("torch-zip", _is_torch_zip, _load_torch_zip),
+    Format("torch-legacy-tar", _is_legacy_tar, _load_legacy_tar),
     Format("torch-legacy", _is_legacy, _load_legacy),
     Format("pickle", _is_bare_pickle, _load_bare_pickle),
 ]
