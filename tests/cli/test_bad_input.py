@@ -21,6 +21,13 @@ def write_truncated_checkpoint(path: Path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
+def write_truncated_tar_checkpoint(path: Path) -> None:
+    # torch.save's original tar format, which no installable torch writes: the
+    # committed fixture, cut in half.
+    data = (Path(__file__).resolve().parents[2] / "fixtures" / "formats" / "legacy_tar_state_dict.pt").read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
 def write_random_bytes(path: Path) -> None:
     # Seeded, and starting with a byte no format's magic begins with, so the case
     # is the same on every run (random bytes that happen to start like a pickle
@@ -51,6 +58,7 @@ CASES = {
     "missing": (None, "no such file or directory"),
     "empty": (lambda p: p.write_bytes(b""), "is empty"),
     "truncated.pt": (write_truncated_checkpoint, ""),
+    "truncated_tar.pt": (write_truncated_tar_checkpoint, "cut short"),
     "random.bin": (write_random_bytes, "not a checkpoint format"),
     "notes.xyz": (write_text_file, "not a checkpoint format"),
     "plain.zip": (write_zip_without_pickle, "not a torch.save file"),

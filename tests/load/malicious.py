@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
+import tarfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -225,3 +226,42 @@ def in_persistent_id(marker: str) -> bytes:
         + global_("collections", "OrderedDict") + EMPTY_TUPLE + REDUCE + b"t" + REDUCE
     )
     return PROTO2 + EMPTY_DICT + text("w") + tensor + SETITEM + STOP
+
+
+def _tar(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def legacy_tar(main_pickle: bytes) -> bytes:
+    """torch.save's tar layout around a pickle: no storages, no tensors, the pickle as `pickle`."""
+    return _tar({
+        "storages": pickle.dumps(0, protocol=2) + pickle.dumps([], protocol=2),
+        "tensors": pickle.dumps(0, protocol=2),
+        "pickle": main_pickle,
+    })
+
+
+def legacy_tar_poisoned_record(marker: str, member: str) -> bytes:
+    """A tar whose storage or tensor record, read before the object, calls os.system.
+
+    In the `storages` member the call stands for the storage's location, which a
+    reader must refuse; in `tensors` it stands for the tensor class, which torch
+    reads and ignores, so the file still reads and ML601 must name the call.
+    """
+    payload = call("os", "system", text(shell_payload(marker)))
+    location = payload if member == "storages" else text("cpu")
+    tensor_class = payload if member == "tensors" else global_("torch", "FloatTensor")
+    storage_record = PROTO2 + MARK + b"K\x02" + location + global_("torch", "FloatStorage") + b"t" + STOP
+    tensor_record = PROTO2 + MARK + b"K\x01" + b"K\x02" + tensor_class + b"t" + STOP
+    return _tar({
+        "storages": pickle.dumps(1, protocol=2) + storage_record + struct.pack("<q", 1) + bytes(4)
+        + pickle.dumps([], protocol=2),
+        "tensors": pickle.dumps(1, protocol=2) + tensor_record + struct.pack("<i4xqqq", 1, 1, 1, 0),
+        "pickle": PROTO2 + EMPTY_DICT + STOP,
+    })

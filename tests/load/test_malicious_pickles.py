@@ -18,6 +18,7 @@ WRAPPERS = {
     "bare-pickle": lambda body: body,
     "torch-zip": malicious.torch_zip,
     "legacy": malicious.legacy,
+    "legacy-tar": malicious.legacy_tar,
 }
 
 
@@ -91,3 +92,14 @@ def test_user_classes_are_named_but_not_flagged_as_code_execution(tmp_path: Path
     assert "evil_pkg.models.Backdoor" in finding.message
     assert "import evil_pkg.models" in finding.message
     assert "arbitrary code" not in finding.message
+
+
+def test_payload_in_a_tar_storage_record_is_refused_not_executed(tmp_path: Path, marker: Path) -> None:
+    path = _write(tmp_path, "old.pt", malicious.legacy_tar_poisoned_record(str(marker), "storages"))
+    assert_one_line_error(run_cli("inspect", str(path)), "not a torch storage")
+
+
+def test_payload_in_a_tar_tensor_record_is_named_not_executed(tmp_path: Path, marker: Path) -> None:
+    path = _write(tmp_path, "old.pt", malicious.legacy_tar_poisoned_record(str(marker), "tensors"))
+    (finding,) = [f for f in run_inspection(str(path)).findings if f.code == "ML601"]
+    assert "os.system" in finding.message
