@@ -203,7 +203,7 @@ def load_dcp(path: str) -> LoadedSource:
         )
     with open(metadata_path, "rb") as handle:
         data = handle.read()
-    result = unpickle(data, storage_records=False)
+    result = unpickle(data, storage_records=False, what=metadata_path)
     tensors = dcp_tensors(result.root)
     needed = _storage_files(result.root)
     _check_files(path, needed)

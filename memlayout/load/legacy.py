@@ -16,7 +16,6 @@ pickle (`pickle.dump` of a model or dict): it is read the same way, metadata onl
 from __future__ import annotations
 
 import os
-import pickle
 import struct
 from typing import Any, BinaryIO
 
@@ -24,17 +23,17 @@ from memlayout.errors import CorruptCheckpointError
 from memlayout.load.mapped_files import MappedFiles, Span
 from memlayout.load.pickled_tree import modules_and_ties, tensor_records
 from memlayout.load.records import LoadedSource, PickleGlobal
-from memlayout.load.restricted_pickle import PickledStorage, RestrictedUnpickler
+from memlayout.load.restricted_pickle import (
+    PickledStorage,
+    RestrictedUnpickler,
+    run_unpickler,
+)
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
 # pickle.dump(MAGIC_NUMBER, protocol>=2): PROTO n, then LONG1 of 10 little-endian bytes.
 _MAGIC_PICKLED = b"\x8a\x0a" + MAGIC_NUMBER.to_bytes(10, "little")
 _COUNT = struct.Struct("<q")
-_UNPICKLE_ERRORS = (
-    pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
-    AttributeError, UnicodeDecodeError, OverflowError, MemoryError, struct.error,
-)
 
 
 def is_pickle(head: bytes) -> bool:
@@ -65,10 +64,7 @@ def is_legacy_torch(head: bytes) -> bool:
 
 def _load(path: str, handle: BinaryIO, what: str, storage_records: bool) -> tuple[Any, RestrictedUnpickler]:
     unpickler = RestrictedUnpickler(handle, storage_records)  # type: ignore[arg-type]
-    try:
-        return unpickler.load(), unpickler
-    except _UNPICKLE_ERRORS as exc:
-        raise CorruptCheckpointError(f"{path}: the {what} pickle could not be read: {exc}") from exc
+    return run_unpickler(unpickler, f"{path}: the {what} pickle"), unpickler
 
 
 def _storage_spans(

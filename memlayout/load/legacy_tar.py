@@ -43,6 +43,7 @@ from memlayout.load.restricted_pickle import (
     PickledTensor,
     RestrictedUnpickler,
     StorageDtype,
+    run_unpickler,
 )
 
 # The order torch.save wrote them; torch.load reads all but sys_info.
@@ -55,10 +56,6 @@ _COUNT = struct.Struct("<q")
 _NDIM = struct.Struct("<i4x")
 _INT64 = 8
 _TAR_ERRORS = (tarfile.TarError, OSError, ValueError, UnicodeDecodeError, EOFError)
-_UNPICKLE_ERRORS = (
-    pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
-    AttributeError, UnicodeDecodeError, OverflowError, MemoryError, struct.error,
-)
 
 
 @dataclass(frozen=True)
@@ -170,11 +167,7 @@ class _MemberReader:
             else _TarPickleUnpickler(self.stream, self.objects)
         )
         try:
-            return unpickler.load()
-        except _UNPICKLE_ERRORS as exc:
-            # A MemoryError (a damaged length the unpickler tried to allocate) has no text.
-            raise CorruptCheckpointError(f"{self.path}: {what} in the tar member {self.member.name} "
-                                         f"could not be read: {str(exc) or type(exc).__name__}") from exc
+            return run_unpickler(unpickler, f"{self.path}: {what} in the tar member {self.member.name}")
         finally:
             self.referenced.update(unpickler.referenced)
             self.made_placeholders |= unpickler.made_placeholders

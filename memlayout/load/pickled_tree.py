@@ -36,6 +36,17 @@ def _meta_storage_key(tensor: PickledTensor) -> str:
     return f"meta:{id(tensor)}"
 
 
+def _geometry_problem(tensor: PickledTensor) -> str | None:
+    """What makes a tensor's pickled geometry impossible, or None when it is sound."""
+    shape, stride = tensor.shape, tensor.stride
+    if len(shape) != len(stride):
+        return f"shape {shape!r:.80} and stride {stride!r:.80} differ in length"
+    for values, what in ((shape, "shape"), (stride, "stride")):
+        if not all(type(v) is int and v >= 0 for v in values):
+            return f"{what} {values!r:.80} is not a tuple of non-negative ints"
+    return None
+
+
 def tensor_records(
     root: Any,
     storage_base: dict[str, int] | None = None,
@@ -57,11 +68,26 @@ def tensor_records(
     """
     tensors: list[TensorRecord] = []
     storages: dict[str, StorageRecord] = {}
+    # A damaged or hostile pickle can rebuild a tensor from anything; each distinct
+    # (shape, stride) is checked once, as a model repeats a handful of them.
+    sound_geometry: set[tuple[object, object]] = set()
     has_data = storage_base is not None
     parameter, buffer, plain = TensorKind.PARAMETER, TensorKind.BUFFER, TensorKind.TENSOR
     # One pass, one record per tensor and per storage: this loop runs once per
     # tensor of the checkpoint, so it builds records with positional constructors.
     for name, tensor, is_buffer, in_optimizer, section in walk_tensors(root):
+        geometry = (tensor.shape, tensor.stride)
+        try:
+            sound = geometry in sound_geometry
+        except TypeError:  # an unhashable dimension
+            sound = False
+        if not sound:
+            problem = _geometry_problem(tensor)
+            if problem is not None:
+                raise CorruptCheckpointError(f"{source}: tensor {name!r:.120} has an impossible layout: {problem}")
+            sound_geometry.add(geometry)
+        if type(tensor.offset) is not int or tensor.offset < 0:
+            raise CorruptCheckpointError(f"{source}: tensor {name!r:.120} has storage offset {tensor.offset!r:.40}")
         storage: PickledStorage | None = tensor.storage
         if storage is None:
             key = _meta_storage_key(tensor)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+import zlib
 from typing import Any
 
 from memlayout.dtypes import dtype_info
@@ -36,7 +37,8 @@ SCALAR_TYPES: dict[int, str] = {
     28: "uint16", 29: "float8_e4m3fn", 30: "float8_e5m2", 31: "float8_e4m3fnuz",
     32: "float8_e5m2fnuz", 33: "float8_e8m0fnu", 34: "uint32", 35: "uint64",
 }
-_ZIP_ERRORS = (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError, NotImplementedError)
+# zlib.error: a damaged deflated member fails inside zipfile's decompressor.
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, ValueError, EOFError, KeyError, NotImplementedError)
 
 
 def is_pt2_zip(path: str) -> bool:

@@ -15,6 +15,8 @@ import codecs
 import collections
 import io
 import pickle
+import struct
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -402,12 +404,53 @@ class RestrictedUnpickler(pickle.Unpickler):
         return storage
 
 
-def unpickle(data: bytes | memoryview, storage_records: bool = True) -> UnpickleResult:
+# What a damaged stream raises from inside the unpickler. MemoryError comes from a
+# length field far beyond the data: the unpickler allocates before it reads.
+UNPICKLE_ERRORS = (
+    pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
+    AttributeError, UnicodeDecodeError, OverflowError, MemoryError, struct.error,
+)
+
+
+def unpickling_failed(what: str, exc: BaseException) -> CorruptCheckpointError:
+    """The error for a pickle that could not be read, naming the exception when it has no message."""
+    return CorruptCheckpointError(f"{what} could not be read: {str(exc) or type(exc).__name__}")
+
+
+_BYTEARRAY_DEALLOC_REPORT = "deallocated bytearray object has exported buffers"
+
+
+def run_unpickler(unpickler: pickle.Unpickler, what: str) -> Any:
+    """`unpickler.load()`, with a damaged stream raised as one `CorruptCheckpointError`.
+
+    CPython 3.11's unpickler, given a BYTEARRAY8 whose length cannot be allocated,
+    frees a half-built bytearray whose export count was never set; the bytearray's
+    destructor then reports a SystemError through `sys.excepthook`, which prints a
+    second line beside the one error the CLI promises. While loading, that one
+    report is dropped; any other goes to the hook that was installed.
+    """
+    hook = sys.excepthook
+
+    def drop_bytearray_dealloc_report(kind: type[BaseException], value: BaseException, trace: Any) -> None:
+        if not (kind is SystemError and str(value) == _BYTEARRAY_DEALLOC_REPORT):
+            hook(kind, value, trace)
+
+    sys.excepthook = drop_bytearray_dealloc_report
+    try:
+        return unpickler.load()
+    except UNPICKLE_ERRORS as exc:
+        raise unpickling_failed(what, exc) from exc
+    finally:
+        sys.excepthook = hook
+
+
+def unpickle(data: bytes | memoryview, storage_records: bool = True, what: str = "the pickle") -> UnpickleResult:
     """Unpickle `data` into inert records, executing nothing from it.
 
     Args:
         data: The pickle bytes (e.g. a torch zip's `data.pkl`).
         storage_records: Accept torch's `('storage', ...)` persistent ids.
+        what: The pickle as error messages name it, e.g. "model.pt: data.pkl".
 
     Returns:
         The object tree, with tensors as `PickledTensor`, storages as `PickledStorage`
@@ -417,11 +460,7 @@ def unpickle(data: bytes | memoryview, storage_records: bool = True) -> Unpickle
         CorruptCheckpointError: the pickle stream is malformed or truncated.
     """
     unpickler = RestrictedUnpickler(io.BytesIO(data), storage_records)
-    try:
-        root = unpickler.load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
-            AttributeError, UnicodeDecodeError, OverflowError, MemoryError) as exc:
-        raise CorruptCheckpointError(f"the pickle could not be read: {exc}") from exc
+    root = run_unpickler(unpickler, what)
     return UnpickleResult(root, list(unpickler.referenced.values()), unpickler.made_placeholders)
 
 

@@ -93,6 +93,8 @@ def _torch_shape(path: str, name: str, code: Any, shape: Any) -> tuple[str, tupl
     """(torch dtype, torch shape, expected bytes) of one entry."""
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise _fail(path, f"tensor {name!r} has shape {shape!r}; expected a list of non-negative ints")
+    if not isinstance(code, str):
+        raise _fail(path, f"tensor {name!r} has dtype {code!r}; expected a dtype name")
     count = 1
     for dim in shape:
         count *= dim
@@ -101,7 +103,7 @@ def _torch_shape(path: str, name: str, code: Any, shape: Any) -> tuple[str, tupl
         if not shape or shape[-1] % per_byte:
             raise _fail(path, f"tensor {name!r} of packed dtype {code} has an odd last dimension {shape!r}")
         return dtype, (*shape[:-1], shape[-1] // per_byte), count // per_byte
-    torch_dtype = SAFETENSORS_DTYPES.get(code) if isinstance(code, str) else None
+    torch_dtype = SAFETENSORS_DTYPES.get(code)
     if torch_dtype is None:
         raise _fail(path, f"tensor {name!r} has unknown dtype {code!r}")
     return torch_dtype, tuple(shape), count * dtype_info(torch_dtype).itemsize

@@ -243,7 +243,7 @@ def load_torch_zip(path: str) -> LoadedSource:
         prefix = archive_prefix(list(by_name))
         pickle_bytes = _read_pickle(file, by_name[f"{prefix}data.pkl"])
         starts, sizes, checksums = _record_offsets(file, entries, prefix)
-        result = unpickle(pickle_bytes)
+        result = unpickle(pickle_bytes, what=f"{path}: the pickle {prefix}data.pkl")
         tensors, storages = tensor_records(result.root, starts, sizes, path)
         # Mapping is cheap (microseconds) as long as nothing touches it; only
         # content reads and flatten's copies do.

@@ -25,20 +25,27 @@ import os
 import re
 import struct
 import zipfile
+import zlib
 from typing import Any
 
 from memlayout.errors import CorruptCheckpointError
 from memlayout.load.mapped_files import MappedFiles, Span
 from memlayout.load.pickled_tree import modules_and_ties, tensor_records
 from memlayout.load.records import LoadedSource, PickleGlobal
-from memlayout.load.restricted_pickle import InertObject, PickledTensor, RestrictedUnpickler
+from memlayout.load.restricted_pickle import (
+    InertObject,
+    PickledTensor,
+    RestrictedUnpickler,
+    run_unpickler,
+)
 
 TORCHSCRIPT_MODULE = "__torch__"
 _MANGLE = re.compile(r"\.___torch_mangle_\d+")
 _CLASS = re.compile(r"^class (\w+)\(", re.MULTILINE)
 _LIST_ATTRIBUTE = re.compile(r"^  (__parameters__|__buffers__) = (\[.*?\])\s*$", re.MULTILINE)
 _MODE = re.compile(r'^  mode : Final\[str\] = "(\w+)"\s*$', re.MULTILINE)
-_ZIP_ERRORS = (zipfile.BadZipFile, OSError, ValueError, EOFError, KeyError, NotImplementedError)
+# zlib.error: a damaged deflated member fails inside zipfile's decompressor.
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, ValueError, EOFError, KeyError, NotImplementedError)
 
 
 def _first(values: Any = None, *rest: Any) -> Any:
@@ -150,14 +157,9 @@ def _prefix(names: list[str]) -> str:
 
 def _unpickle(path: str, data: bytes, what: str) -> tuple[Any, TorchScriptUnpickler]:
     import io
-    import pickle
 
     unpickler = TorchScriptUnpickler(io.BytesIO(data))
-    try:
-        return unpickler.load(), unpickler
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
-            AttributeError, UnicodeDecodeError, OverflowError, MemoryError) as exc:
-        raise CorruptCheckpointError(f"{path}: the TorchScript {what} could not be read: {exc}") from exc
+    return run_unpickler(unpickler, f"{path}: the TorchScript {what}"), unpickler
 
 
 def _class_source(archive: zipfile.ZipFile, prefix: str, module: str, cache: dict[str, str]) -> str:

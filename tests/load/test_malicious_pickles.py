@@ -62,7 +62,7 @@ def test_cli_fails_on_the_unsafe_pickle_without_running_it(tmp_path: Path, marke
 def test_refused_codec_trick_is_a_one_line_error(tmp_path: Path, marker: Path) -> None:
     (payload,) = malicious.REFUSED
     path = _write(tmp_path, "model.pt", malicious.torch_zip(payload.build(str(marker))))
-    assert_one_line_error(run_cli("inspect", str(path)), "pickle could not be read")
+    assert_one_line_error(run_cli("inspect", str(path)), f"{path}: the pickle archive/data.pkl could not be read")
 
 
 def test_payload_in_a_persistent_id_is_refused(tmp_path: Path, marker: Path) -> None:
