@@ -38,7 +38,6 @@ from memlayout.load.mapped_files import MappedFiles, Span
 from memlayout.load.pickled_tree import modules_and_ties, tensor_records
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import (
-    LegacyParameter,
     PickledStorage,
     PickledTensor,
     RestrictedUnpickler,
@@ -200,14 +199,6 @@ class _TarPickleUnpickler(RestrictedUnpickler):
     def __init__(self, stream: io.BufferedIOBase, objects: dict[int, PickledTensor | _StorageSlice]) -> None:
         super().__init__(stream, False, "utf-8")
         self._objects = objects
-
-    def find_class(self, module: str, name: str) -> Any:
-        found = super().find_class(module, name)
-        if (module, name) == ("torch.nn.parameter", "Parameter"):
-            # Parameters were Variables then, pickled as Parameter(data) plus a
-            # state, not yet through torch._utils._rebuild_parameter.
-            return LegacyParameter
-        return found
 
     def persistent_load(self, pid: Any) -> Any:
         if isinstance(pid, tuple):

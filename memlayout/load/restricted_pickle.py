@@ -146,9 +146,10 @@ class PickledTensor:
 
 
 class LegacyParameter:
-    """What `torch.nn.parameter.Parameter` unpickles to in torch < 0.4's files.
+    """What `torch.nn.parameter.Parameter` unpickles to.
 
-    Those pickled a Parameter as REDUCE `Parameter(data)` and BUILD with its state,
+    Since torch 0.4 the class only names the type `_rebuild_from_type_v2` gives a
+    rebuilt tensor, which marks it a parameter. torch < 0.4's files pickled a Parameter as REDUCE `Parameter(data)` and BUILD with its state,
     or as NEWOBJ `Parameter()` and BUILD with a state holding the data. Both make
     a fresh parameter record here (a class, because NEWOBJ accepts only classes);
     `PickledTensor.__setstate__` then reads the state.
@@ -276,9 +277,7 @@ def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> An
     # Tensor subclasses pickle as (rebuild function, subclass, args, state). The
     # function is itself resolved through find_class, so calling it is safe.
     result = func(*args) if callable(func) else None
-    if isinstance(result, PickledTensor) and isinstance(new_type, type) and (
-        issubclass(new_type, InertObject) and new_type.class_name == "Parameter"
-    ):
+    if isinstance(result, PickledTensor) and new_type is LegacyParameter:
         result.is_parameter = True
     return result
 
@@ -360,6 +359,11 @@ class RestrictedUnpickler(pickle.Unpickler):
             self.referenced[key] = PickleGlobal(module, name, weights_only_allows(module, name))
         if key in _SAFE_GLOBALS:
             return _SAFE_GLOBALS[key]
+        if key == ("torch.nn.parameter", "Parameter"):
+            # Since torch 0.4 a Parameter pickles through _rebuild_parameter and the
+            # class appears only as _rebuild_from_type_v2's type; before, it was
+            # REDUCE Parameter(data) plus a Variable state, in tar and non-zip files alike.
+            return LegacyParameter
         if module in ("torch", "torch.storage") and name in STORAGE_CLASS_DTYPES:
             return StorageDtype(STORAGE_CLASS_DTYPES[name])
         if module == "torch" and name in DTYPES:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+import pickle
+import types
 from pathlib import Path
 
 import pytest
@@ -62,3 +65,32 @@ def test_truncated_storage_section_is_a_one_line_cli_error(tmp_path: Path) -> No
     data = path.read_bytes()
     path.write_bytes(data[:-100])
     assert_one_line_error(run_cli("inspect", str(path)), "runs past the end")
+
+
+class _OldParameterPickler(pickle.Pickler):
+    """Pickles a Parameter as torch < 0.4 did: REDUCE Parameter(data) plus its Variable state."""
+
+    def reducer_override(self, obj: object) -> object:
+        if isinstance(obj, torch.nn.Parameter):
+            return type(obj), (obj.data,), (obj.requires_grad, False, collections.OrderedDict())
+        return NotImplemented
+
+
+def test_pre_0_4_parameters_in_a_non_zip_file(tmp_path: Path) -> None:
+    # The non-zip writer of torch 0.2/0.3 was today's, but for how Parameters pickled;
+    # torch.save takes the pickle module, so only that part is swapped in.
+    old_pickle = types.SimpleNamespace(Pickler=_OldParameterPickler, dump=pickle.dump, __name__="pickle")
+    model = torch.nn.Linear(3, 2)
+    model.bias.requires_grad_(False)
+    path = tmp_path / "old.pt"
+    torch.save(model, path, pickle_module=old_pickle, _use_new_zipfile_serialization=False)
+
+    loaded = torch.load(path, weights_only=False)  # the real reader, on a file this test wrote
+    assert isinstance(loaded.weight, torch.nn.Parameter) and not loaded.bias.requires_grad
+    tensors = {t.name: t for t in load_path(str(path)).tensors}
+    assert set(tensors) == {"weight", "bias"}
+    for name, record in tensors.items():
+        real = getattr(loaded, name)
+        assert record.kind.value == "parameter", name
+        assert record.requires_grad == real.requires_grad, name
+        assert (record.shape, record.stride, record.offset) == (tuple(real.shape), real.stride(), real.storage_offset())
