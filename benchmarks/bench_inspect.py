@@ -14,6 +14,10 @@ safetensors twin of the same tensors. Three comparisons, each within this run:
   `safe_open(..., framework="numpy")` with every key's `get_slice().get_shape()` and
   `get_dtype()`, the fastest metadata API safetensors offers that gives per-tensor
   shape and dtype.
+- Floor: CPython's own C unpickler reading the checkpoint's `data.pkl` (bytes already
+  in memory) with callbacks that do nothing: the least any pure-Python reader of a
+  torch pickle pays, before the zip, records, facts or rules. It is shown against
+  the in-process goals' budgets (torch.load / 10, safetensors listing x 4).
 - Scaling: `memlayout.inspect` on 40 MiB, 400 MiB, 1 GiB and 4 GiB files of the same
   400 tensors, against the 40 MiB time.
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,12 +121,15 @@ def in_process_rows(headline: Checkpoint, repeat: int) -> tuple[list[Row], dict[
     def memlayout_inspect() -> None:
         memlayout.inspect(path)
 
+    unpickle_do_nothing = _do_nothing_unpickle(path)
+
     times = round_robin(
         {
             "torch.load(mmap=True, weights_only=True)": torch_load,
             "safetensors listing": safetensors_listing,
             "memlayout load (listing)": memlayout_load,
             "memlayout.inspect": memlayout_inspect,
+            "C unpickler, no-op callbacks": unpickle_do_nothing,
         },
         repeat,
     )
@@ -139,7 +147,41 @@ def in_process_rows(headline: Checkpoint, repeat: int) -> tuple[list[Row], dict[
             Row(f"in-process {name} ({headline.label})", ms(times[name]), f"safetensors listing {ms(st_time)}",
                 slower, "<= 4x slower", slower <= 4)
         )
+    floor = times["C unpickler, no-op callbacks"]
+    for budget_name, budget in (("torch.load mmap / 10", torch_time / 10), ("safetensors listing x 4", st_time * 4)):
+        rows.append(
+            Row(f"floor: C unpickler alone, no-op callbacks ({headline.label})", ms(floor),
+                f"{budget_name} = {ms(budget)}", floor / budget, "(floor)", True)
+        )
     return rows, times
+
+
+def _do_nothing_unpickle(path: str) -> Callable[[], object]:
+    """A call that unpickles the checkpoint's data.pkl with CPython's C unpickler, doing nothing per object."""
+    import io
+    import pickle
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        data = archive.read(next(name for name in archive.namelist() if name.endswith("/data.pkl")))
+
+    class DoNothing(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            # The state dict itself must take its items and its _metadata attribute.
+            return _Bag if name == "OrderedDict" else _nothing
+
+        def persistent_load(self, pid: Any) -> Any:
+            return None
+
+    return lambda: DoNothing(io.BytesIO(data)).load()
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+class _Bag(dict[Any, Any]):
+    """A dict that takes attributes, as an unpickled OrderedDict state dict needs."""
 
 
 def scaling_rows(checkpoints: list[Checkpoint], repeat: int) -> tuple[list[Row], dict[str, float]]:
