@@ -11,6 +11,12 @@ for each, which made it the largest single cost of listing a 400-tensor
 checkpoint. A checkpoint needs only a few fields per entry, and torch always stores
 records uncompressed, so the directory walk is one `unpack_from` per entry plus one
 30-byte pread per storage for its local header.
+
+The archive may be a window of a larger file (`read_torch_zip`): torch.export's
+older `.pt2` layout stores whole torch.save archives, uncompressed, as members of
+its own zip. Offsets inside the archive count from the window's start, and the
+storage offsets handed back are absolute in the file, so one memory map of the
+outer file serves the nested storages.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from memlayout.errors import CorruptCheckpointError
 from memlayout.load.mapped_files import MappedFiles, Span
 from memlayout.load.pickled_tree import modules_and_ties, tensor_records
 from memlayout.load.records import LoadedSource
-from memlayout.load.restricted_pickle import unpickle
+from memlayout.load.restricted_pickle import UnpickleResult, unpickle
 
 # Fixed-size parts of the zip records (APPNOTE.TXT 4.3.7, 4.3.12, 4.3.14-16).
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
@@ -73,14 +79,19 @@ class _File:
     whole page-cache folio behind it, so reading the 400 local headers of a 4 GiB
     checkpoint through the map cost 3.3 ms and made closing it slow, against 0.24 ms
     with pread, whatever the file size.
+
+    The archive is bytes `base .. base + size` of the file; offsets given to `read`
+    count from `base`, and no read leaves the window.
     """
 
-    def __init__(self, fd: int, size: int) -> None:
+    def __init__(self, fd: int, size: int, base: int = 0) -> None:
         self.fd = fd
         self.size = size
+        self.base = base
 
     def read(self, offset: int, length: int, what: str) -> bytes:
-        data = os.pread(self.fd, length, offset) if offset >= 0 else b""
+        inside = offset >= 0 and offset + length <= self.size
+        data = os.pread(self.fd, length, self.base + offset) if inside else b""
         if len(data) != length:
             raise CorruptCheckpointError(f"{what} runs past the end of the file (a truncated file?)")
         return data
@@ -187,7 +198,7 @@ def _read_pickle(file: _File, entry: ZipEntry) -> bytes:
 def _record_offsets(
     file: _File, entries: list[ZipEntry], prefix: str
 ) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-    """(data start, size, CRC-32) of every storage record, by storage key."""
+    """(absolute data start, size, CRC-32) of every storage record, by storage key."""
     data_prefix = f"{prefix}data/"
     skip = len(data_prefix)
     starts: dict[str, int] = {}
@@ -195,24 +206,71 @@ def _record_offsets(
     checksums: dict[str, int] = {}
     # _data_start inlined: this loop runs once per storage and is most of a listing's
     # zip cost, so it keeps to one pread and one unpack per record.
-    pread, unpack, fd, header_size, file_size = os.pread, _LOCAL_LENGTHS.unpack, file.fd, _LOCAL_HEADER.size, file.size
+    pread, unpack, fd, header_size = os.pread, _LOCAL_LENGTHS.unpack, file.fd, _LOCAL_HEADER.size
+    # Zip offsets count from the window's start; a header past the window's end
+    # yields a data start past it too, which the bounds check below refuses.
+    base = file.base
+    end = base + file.size
     for name, method, _, size, header_offset, crc in entries:
         if not name.startswith(data_prefix) or name.endswith("/"):
             continue
         if method != _STORED:
             raise CorruptCheckpointError(f"storage record {name} is compressed; torch.save never does that")
-        header = pread(fd, header_size, header_offset)
+        header = pread(fd, header_size, base + header_offset)
         if len(header) != header_size:
             raise CorruptCheckpointError(f"the zip entry {name} runs past the end of the file (a truncated file?)")
         magic, name_length, extra_length = unpack(header)
-        start = header_offset + header_size + name_length + extra_length
-        if magic != _LOCAL_HEADER_MAGIC or start + size > file_size:
+        start = base + header_offset + header_size + name_length + extra_length
+        if magic != _LOCAL_HEADER_MAGIC or start + size > end:
             raise CorruptCheckpointError(f"the zip entry for {name} is damaged")
         key = name[skip:]
         starts[key] = start
         sizes[key] = size
         checksums[key] = crc
     return starts, sizes, checksums
+
+
+class TorchZipArchive(NamedTuple):
+    """A torch.save archive's pickle, unpickled inertly, and where its storage records lie."""
+
+    prefix: str
+    """The archive's top folder, e.g. "archive/"."""
+    pickle: UnpickleResult
+    starts: dict[str, int]
+    """Absolute offset in the file of each storage record's byte 0, by storage key."""
+    sizes: dict[str, int]
+    checksums: dict[str, int]
+    """The CRC-32 the zip records for each storage record."""
+
+
+def read_torch_zip(fd: int, base: int, size: int, what: str) -> TorchZipArchive:
+    """Read the torch.save archive in bytes `base .. base + size` of an open file.
+
+    Args:
+        fd: The file, open for reading.
+        base: Where the archive starts in the file (0 for a torch.save file itself).
+        size: The archive's length in bytes.
+        what: The archive as error messages name it, e.g. the path.
+
+    Returns:
+        The inert pickle tree and the storage records' absolute spans.
+
+    Raises:
+        CorruptCheckpointError: the zip or the pickle inside is damaged.
+    """
+    file = _File(fd, size, base)
+    try:
+        entries = read_directory(file)
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        raise CorruptCheckpointError(f"{what} is not a readable zip archive: {exc}") from exc
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{what} is not a readable zip archive: {exc.message}", exc.hint) from exc
+    by_name = {entry.name: entry for entry in entries}
+    prefix = archive_prefix(list(by_name))
+    pickle_bytes = _read_pickle(file, by_name[f"{prefix}data.pkl"])
+    starts, sizes, checksums = _record_offsets(file, entries, prefix)
+    result = unpickle(pickle_bytes, what=f"{what}: the pickle {prefix}data.pkl")
+    return TorchZipArchive(prefix, result, starts, sizes, checksums)
 
 
 def load_torch_zip(path: str) -> LoadedSource:
@@ -232,18 +290,8 @@ def load_torch_zip(path: str) -> LoadedSource:
         size = os.fstat(fd).st_size
         if size == 0:
             raise CorruptCheckpointError(f"{path} is empty")
-        file = _File(fd, size)
-        try:
-            entries = read_directory(file)
-        except (struct.error, UnicodeDecodeError, ValueError) as exc:
-            raise CorruptCheckpointError(f"{path} is not a readable zip archive: {exc}") from exc
-        except CorruptCheckpointError as exc:
-            raise CorruptCheckpointError(f"{path} is not a readable zip archive: {exc.message}", exc.hint) from exc
-        by_name = {entry.name: entry for entry in entries}
-        prefix = archive_prefix(list(by_name))
-        pickle_bytes = _read_pickle(file, by_name[f"{prefix}data.pkl"])
-        starts, sizes, checksums = _record_offsets(file, entries, prefix)
-        result = unpickle(pickle_bytes, what=f"{path}: the pickle {prefix}data.pkl")
+        archive = read_torch_zip(fd, 0, size, path)
+        starts, sizes, result = archive.starts, archive.sizes, archive.pickle
         tensors, storages = tensor_records(result.root, starts, sizes, path)
         # Mapping is cheap (microseconds) as long as nothing touches it; only
         # content reads and flatten's copies do.
@@ -252,7 +300,7 @@ def load_torch_zip(path: str) -> LoadedSource:
         os.close(fd)
         raise
     reader = MappedFiles(
-        {key: Span(0, start, sizes[key]) for key, start in starts.items()}, [mapped], [fd], checksums
+        {key: Span(0, start, sizes[key]) for key, start in starts.items()}, [mapped], [fd], archive.checksums
     )
     modules, ties = modules_and_ties(result.root, tensors, result.made_placeholders)
     return LoadedSource(
