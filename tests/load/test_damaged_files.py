@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import pickle
+import shutil
 import struct
 import sys
 import tempfile
@@ -124,6 +125,30 @@ def test_damaged_pickle_behind_a_valid_crc_is_a_memlayout_error(
     # The zip's CRC would reject raw edits of data.pkl; re-zipping lets them reach the unpickler.
     archive = _rezipped(originals[name], lambda pkl: data.draw(byte_edits(pkl)), "data.pkl")
     _inspect_bytes(name, archive)
+
+
+@pytest.fixture(scope="module")
+def dcp_metadata(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
+    """A torch.distributed.checkpoint directory and its `.metadata` bytes."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = tmp_path_factory.mktemp("dcp") / "checkpoint"
+    dcp.save({"w": torch.randn(4, 4), "b": torch.randn(3)}, checkpoint_id=str(folder))
+    return folder, (folder / ".metadata").read_bytes()
+
+
+@FUZZ_SETTINGS
+@given(data=st.data())
+def test_damaged_dcp_metadata_is_a_memlayout_error(dcp_metadata: tuple[Path, bytes], data: st.DataObject) -> None:
+    # .metadata is a bare pickle with no checksum: every edit reaches the unpickler.
+    folder, metadata = dcp_metadata
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch) / "checkpoint"
+        shutil.copytree(folder, copy)
+        (copy / ".metadata").write_bytes(data.draw(byte_edits(metadata)))
+        for deep in (False, True):
+            with contextlib.suppress(MemlayoutError):
+                memlayout.inspect(str(copy), config=RuleConfig(deep=deep))
 
 
 _JSON_VALUES = st.recursive(
