@@ -1,6 +1,6 @@
-"""torch.export `.pt2` archives, read from their JSON configs alone.
+"""torch.export `.pt2` archives, read from their JSON configs or inert pickles.
 
-Since torch 2.6, `torch.export.save` writes a zip whose weights are described in
+Recent `torch.export.save` writes a zip whose weights are described in
 `<archive>/data/weights/model_weights_config.json` (and lifted constants in
 `data/constants/model_constants_config.json`): per tensor, the record holding its
 storage (`path_name`; tied or viewing tensors share one), dtype, sizes, strides,
@@ -8,16 +8,33 @@ storage offset, device and whether it is a parameter. Each record is raw storage
 bytes, so a clean read needs no unpickling and no torch: that is what this does.
 The graph itself (`models/*.json`) is not needed for layout.
 
-Not read, and said so: archives from older torch (a pickled
-`serialized_state_dict.pt` instead of the JSON configs) and tensors stored with
-`use_pickle` (tensor subclasses), whose bytes are a torch.save pickle; those get
-metadata without data. Symbolic sizes (`as_expr`) cannot occur in saved weights.
+Older torch (2.1 to 2.7) wrote another layout, which torch.export.load still
+reads: a flat zip of `serialized_exported_program.json`, `serialized_state_dict.pt`,
+`serialized_constants.pt` (lifted constants and non-persistent buffers),
+`serialized_example_inputs.pt` and `version`, where each `.pt` member is the
+whole byte stream of a torch.save archive (torch 2.1 named the state dict's
+`serialized_state_dict.json`).
+`zipfile.ZipFile(f, "w")` stored them uncompressed, so each nested archive is a
+byte range of the file: it is read in place by the torch.save zip reader, its
+pickle by the restricted unpickler, and its storages are served from the outer
+file. Which entries are parameters and buffers comes from the program's graph
+signature. A nested archive that was recompressed gets metadata without data.
+The example inputs are not weights; their pickle is read only for the globals
+it names, as torch.export.load unpickles it too.
+
+Not read, and said so: the first pt2 archives (torch 2.8), which pickled their
+weights before the JSON configs existed (pytorch/pytorch#161520), and tensors
+stored with `use_pickle` (tensor subclasses), whose bytes are a torch.save
+pickle; those get metadata without data. Symbolic sizes (`as_expr`) cannot occur
+in saved weights.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import struct
 import zipfile
 import zlib
 from typing import Any
@@ -25,11 +42,26 @@ from typing import Any
 from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
 from memlayout.load.mapped_files import MappedFiles, Span
-from memlayout.load.records import LoadedSource, StorageRecord, TensorKind, TensorRecord
+from memlayout.load.pickled_tree import tensor_records
+from memlayout.load.records import (
+    LoadedSource,
+    PickleGlobal,
+    StorageRecord,
+    TensorKind,
+    TensorRecord,
+)
+from memlayout.load.restricted_pickle import UnpickleResult, unpickle
+from memlayout.load.torch_zip import archive_prefix, read_torch_zip
 from memlayout.load.torchscript import central_directory, record_spans
 
 WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
 CONSTANTS_CONFIG = "data/constants/model_constants_config.json"
+# The older layout's members, at the zip's root. torch.export.load reads the
+# `.json` names of torch 2.1 into the same slots as the `.pt` ones.
+OLDER_PROGRAM = "serialized_exported_program.json"
+OLDER_STATE_DICT = ("serialized_state_dict.pt", "serialized_state_dict.json")
+OLDER_CONSTANTS = ("serialized_constants.pt", "serialized_constants.json")
+OLDER_EXAMPLE_INPUTS = "serialized_example_inputs.pt"
 # torch/_export/serde/schema.py ScalarType values.
 SCALAR_TYPES: dict[int, str] = {
     1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float16", 7: "float32",
@@ -48,10 +80,15 @@ def is_pt2_zip(path: str) -> bool:
         path: A file that starts like a zip.
 
     Returns:
-        True when the directory lists `<archive>/archive_format` or a weights config.
+        True when the directory lists `<archive>/archive_format`, a weights config
+        or the older layout's exported program.
     """
     directory = central_directory(path)
-    return b"/archive_format" in directory or WEIGHTS_CONFIG.encode() in directory
+    return (
+        b"/archive_format" in directory
+        or WEIGHTS_CONFIG.encode() in directory
+        or OLDER_PROGRAM.encode() in directory
+    )
 
 
 def _int(value: Any, what: str) -> int:
@@ -93,8 +130,8 @@ def load_pt2(path: str) -> LoadedSource:
         A `LoadedSource` with one storage per weight record (shared by ties and views).
 
     Raises:
-        UnrecognizedFormatError: an older archive layout that only pickles describe.
-        CorruptCheckpointError: the zip or a config is damaged.
+        UnrecognizedFormatError: an archive with neither layout's weights description.
+        CorruptCheckpointError: the zip, a config or a nested archive is damaged.
     """
     with open(path, "rb") as handle:
         try:
@@ -102,10 +139,12 @@ def load_pt2(path: str) -> LoadedSource:
             names = archive.namelist()
             configs = [n for n in names if n.endswith("/" + WEIGHTS_CONFIG)]
             if not configs:
+                if OLDER_PROGRAM in names or any(name in names for name in OLDER_STATE_DICT):
+                    return _load_older_layout(path, handle.fileno(), archive)
                 raise UnrecognizedFormatError(
-                    f"{path} is a torch.export archive without {WEIGHTS_CONFIG}: an older layout that "
-                    "describes its weights only in pickles, which memlayout will not execute",
-                    "re-export it with torch>=2.6 (torch.export.save), or save the state dict as safetensors",
+                    f"{path} is a torch.export archive without {WEIGHTS_CONFIG} or {OLDER_STATE_DICT[0]}, "
+                    "so memlayout finds no description of its weights",
+                    "re-export it with torch.export.save, or save the state dict as safetensors",
                 )
             prefix = configs[0][: -len(WEIGHTS_CONFIG)]
             weights = json.loads(archive.read(configs[0]))
@@ -153,4 +192,165 @@ def load_pt2(path: str) -> LoadedSource:
     return LoadedSource(
         path=path, format="torch-export", tensors=tensors, storages=storages, reader=reader, notes=notes,
         close=reader.close,
+    )
+
+
+# Where a zip member's data starts: after its local header, whose name and extra
+# field lengths may differ from the central directory's (APPNOTE.TXT 4.3.7).
+_LOCAL_HEADER = struct.Struct("<4s22xHH")
+
+
+def _member_start(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
+    assert archive.fp is not None
+    archive.fp.seek(info.header_offset)
+    header = archive.fp.read(_LOCAL_HEADER.size)
+    if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+        raise CorruptCheckpointError(f"the zip entry for {info.filename} is damaged")
+    _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
+    # A member running past the end of the file needs no check here: reading the
+    # nested archive's end record there comes up short and fails.
+    start: int = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+    return start
+
+
+@dataclasses.dataclass(frozen=True)
+class _NestedArchive:
+    """One torch.save archive found inside the older layout's zip."""
+
+    pickle: UnpickleResult
+    starts: dict[str, int] | None
+    """Absolute storage offsets in the outer file; None when the member is compressed."""
+    sizes: dict[str, int]
+    checksums: dict[str, int]
+
+
+def _read_nested(path: str, fd: int, archive: zipfile.ZipFile, member: str) -> _NestedArchive | None:
+    """The torch.save archive stored as `member`; None when the member is empty.
+
+    torch.export wrote b"" for an artifact it was told not to serialize, and its
+    reader takes that as an empty dict.
+    """
+    info = archive.getinfo(member)
+    what = f"{path}: {member}"
+    if info.file_size == 0:
+        return None
+    try:
+        return _read_nested_member(fd, archive, info, what)
+    except CorruptCheckpointError as exc:
+        # Messages from inside the nested archive name only its own entries.
+        if exc.message.startswith(what):
+            raise
+        raise CorruptCheckpointError(f"{what}: {exc.message}", exc.hint) from exc
+
+
+def _read_nested_member(
+    fd: int, archive: zipfile.ZipFile, info: zipfile.ZipInfo, what: str
+) -> _NestedArchive:
+    if info.compress_type == zipfile.ZIP_STORED:
+        nested = read_torch_zip(fd, _member_start(archive, info), info.file_size, what)
+        return _NestedArchive(nested.pickle, nested.starts, nested.sizes, nested.checksums)
+    # Recompressed by some other tool: the storages are not bytes of the file, and
+    # inflating a whole state dict to read them is not what a metadata read should
+    # cost. The nested zip is read through the decompressing stream instead, which
+    # keeps memory bounded (seeks re-inflate rather than buffer).
+    with archive.open(info) as stream, zipfile.ZipFile(stream) as inner:
+        inner_names = inner.namelist()
+        prefix = archive_prefix(inner_names)
+        data = inner.read(f"{prefix}data.pkl")
+        folder = f"{prefix}data/"
+        sizes = {
+            i.filename[len(folder) :]: i.file_size
+            for i in inner.infolist()
+            if i.filename.startswith(folder) and not i.filename.endswith("/")
+        }
+    return _NestedArchive(unpickle(data, what=f"{what}: the pickle {prefix}data.pkl"), None, sizes, {})
+
+
+def _signature_kinds(path: str, program: bytes) -> dict[str, TensorKind]:
+    """state-dict or constant name -> kind, from the program's graph signature.
+
+    A pickled state dict holds parameters as Parameters and buffers as plain
+    tensors, but the constants pickle mixes non-persistent buffers with lifted
+    constants; only the signature's input specs tell them apart.
+    """
+    try:
+        document = json.loads(program)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpointError(f"{path}: {OLDER_PROGRAM} is not valid JSON: {exc}") from exc
+    signature = (document.get("graph_module") or {}).get("signature") if isinstance(document, dict) else None
+    specs = signature.get("input_specs") if isinstance(signature, dict) else None
+    kinds: dict[str, TensorKind] = {}
+    for spec in specs if isinstance(specs, list) else []:
+        if not isinstance(spec, dict):
+            continue
+        for field, name_key, kind in (
+            ("parameter", "parameter_name", TensorKind.PARAMETER),
+            ("buffer", "buffer_name", TensorKind.BUFFER),
+            ("tensor_constant", "tensor_constant_name", TensorKind.TENSOR),
+        ):
+            entry = spec.get(field)
+            if isinstance(entry, dict) and isinstance(entry.get(name_key), str):
+                kinds[entry[name_key]] = kind
+    return kinds
+
+
+def _first_member(names: list[str], candidates: tuple[str, ...]) -> str | None:
+    return next((name for name in candidates if name in names), None)
+
+
+def _load_older_layout(path: str, fd: int, archive: zipfile.ZipFile) -> LoadedSource:
+    """Read the torch 2.1-2.7 layout: torch.save archives nested in the zip, never executed."""
+    names = archive.namelist()
+    state_member = _first_member(names, OLDER_STATE_DICT)
+    if state_member is None:
+        raise CorruptCheckpointError(
+            f"{path} is a torch.export archive of the older layout without {OLDER_STATE_DICT[0]}"
+        )
+    kinds = _signature_kinds(path, archive.read(OLDER_PROGRAM)) if OLDER_PROGRAM in names else {}
+    # (storage key label, member); the example inputs are read for their globals only.
+    members = [
+        ("state_dict", state_member),
+        ("constants", _first_member(names, OLDER_CONSTANTS)),
+        ("example_inputs", _first_member(names, (OLDER_EXAMPLE_INPUTS,))),
+    ]
+    tensors: list[TensorRecord] = []
+    storages: dict[str, StorageRecord] = {}
+    spans: dict[str, Span] = {}
+    checksums: dict[str, int] = {}
+    pickle_globals: dict[tuple[str, str], PickleGlobal] = {}
+    notes = [
+        "torch.export archive in the older layout (torch 2.1-2.7): its weights are torch.save archives "
+        "inside the zip, which torch.export.load unpickles with weights_only=False if the weights-only load fails"
+    ]
+    for label, member in members:
+        contents = _read_nested(path, fd, archive, member) if member is not None else None
+        if contents is None:
+            continue
+        for found in contents.pickle.globals:
+            pickle_globals.setdefault((found.module, found.name), found)
+        if label == "example_inputs":
+            continue
+        records, stored = tensor_records(contents.pickle.root, contents.starts, contents.sizes, f"{path}: {member}")
+        if contents.starts is None and records:
+            notes.append(f"{member} is compressed inside the zip; its tensors' contents are not read")
+        # Both archives number their storages from 0, so keys gain the archive's
+        # label. The file offset is no base address: torch.export.load copies each
+        # storage out of the zip into fresh memory, so the file's alignment is moot.
+        for key, storage in stored.items():
+            storages[f"{label}/{key}"] = dataclasses.replace(storage, key=f"{label}/{key}", base_address=None)
+            if contents.starts is not None and key in contents.starts:
+                spans[f"{label}/{key}"] = Span(0, contents.starts[key], contents.sizes[key])
+                if key in contents.checksums:
+                    checksums[f"{label}/{key}"] = contents.checksums[key]
+        default = TensorKind.BUFFER if label == "state_dict" else TensorKind.TENSOR
+        for record in records:
+            kind = kinds.get(record.name)
+            if kind is None:
+                kind = TensorKind.PARAMETER if record.kind is TensorKind.PARAMETER else default
+            tensors.append(dataclasses.replace(record, kind=kind, storage_key=f"{label}/{record.storage_key}"))
+    reader = MappedFiles.open([path])
+    reader.spans, reader.checksums = spans, checksums
+    return LoadedSource(
+        path=path, format="torch-export", tensors=tensors, storages=storages, reader=reader,
+        pickle_globals=list(pickle_globals.values()), notes=notes, close=reader.close,
     )
