@@ -266,9 +266,13 @@ def read_torch_zip(fd: int, base: int, size: int, what: str) -> TorchZipArchive:
     except CorruptCheckpointError as exc:
         raise CorruptCheckpointError(f"{what} is not a readable zip archive: {exc.message}", exc.hint) from exc
     by_name = {entry.name: entry for entry in entries}
-    prefix = archive_prefix(list(by_name))
-    pickle_bytes = _read_pickle(file, by_name[f"{prefix}data.pkl"])
-    starts, sizes, checksums = _record_offsets(file, entries, prefix)
+    try:
+        prefix = archive_prefix(list(by_name))
+        pickle_bytes = _read_pickle(file, by_name[f"{prefix}data.pkl"])
+        starts, sizes, checksums = _record_offsets(file, entries, prefix)
+    except CorruptCheckpointError as exc:
+        # Name the file: in a sharded directory the user cannot tell which shard it is.
+        raise CorruptCheckpointError(f"{what}: {exc.message}", exc.hint) from exc
     result = unpickle(pickle_bytes, what=f"{what}: the pickle {prefix}data.pkl")
     return TorchZipArchive(prefix, result, starts, sizes, checksums)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import struct
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,25 @@ def test_damaged_config_is_a_one_line_cli_error(tmp_path: Path) -> None:
 def test_directory_without_weights_is_unrecognized(tmp_path: Path) -> None:
     write_config(tmp_path, model_type="gpt2")
     assert_one_line_error(run_cli("inspect", str(tmp_path)), "directory")
+
+
+def test_damaged_bin_shard_is_named_in_the_error(tmp_path: Path) -> None:
+    # In a sharded directory the user must learn which shard is damaged.
+    torch.manual_seed(0)
+    second = "pytorch_model-00002-of-00002.bin"
+    _save_bin_shards(
+        tmp_path,
+        {
+            "pytorch_model-00001-of-00002.bin": {"model.embed_tokens.weight": torch.randn(16, 4)},
+            second: {"lm_head.weight": torch.randn(16, 4)},
+        },
+    )
+    write_config(tmp_path)
+    shard = tmp_path / second
+    with zipfile.ZipFile(shard) as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith("/data.pkl"))
+    data = bytearray(shard.read_bytes())
+    name_length, extra_length = struct.unpack_from("<HH", data, info.header_offset + 26)
+    data[info.header_offset + 30 + name_length + extra_length + info.file_size // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert_one_line_error(run_cli("inspect", str(tmp_path)), str(shard), "checksum")
