@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterable
 from typing import Any, BinaryIO
 
 from memlayout.errors import CorruptCheckpointError
@@ -91,11 +92,21 @@ def _storage_spans(
     return starts, sizes
 
 
-def _merge_globals(unpicklers: list[RestrictedUnpickler]) -> list[PickleGlobal]:
+def merge_globals(referenced: Iterable[dict[tuple[str, str], PickleGlobal]]) -> list[PickleGlobal]:
+    """The globals several pickles of one file reference, each once (ML601 lists them)."""
     merged: dict[tuple[str, str], PickleGlobal] = {}
-    for unpickler in unpicklers:
-        merged.update(unpickler.referenced)
+    for globals_of_one_pickle in referenced:
+        merged.update(globals_of_one_pickle)
     return list(merged.values())
+
+
+def refuse_big_endian(path: str, sys_info: Any) -> None:
+    """Raise for a file whose pickled system info says it was saved big-endian.
+
+    Storage bytes are read in place as little-endian; torch.load byte-swaps them.
+    """
+    if isinstance(sys_info, dict) and sys_info.get("little_endian") is False:
+        raise CorruptCheckpointError(f"{path} was saved on a big-endian machine", "re-save it on a little-endian machine")
 
 
 def load_legacy(path: str) -> LoadedSource:
@@ -117,10 +128,7 @@ def load_legacy(path: str) -> LoadedSource:
         if magic != MAGIC_NUMBER or version != PROTOCOL_VERSION:
             raise CorruptCheckpointError(f"{path}: legacy torch.save header is invalid (protocol {version!r})")
         sys_info, third = _load(path, handle, "system info", False)
-        if isinstance(sys_info, dict) and sys_info.get("little_endian") is False:
-            raise CorruptCheckpointError(
-                f"{path} was saved on a big-endian machine", "re-save it on a little-endian machine"
-            )
+        refuse_big_endian(path, sys_info)
         root, main = _load(path, handle, "main", True)
         keys, fourth = _load(path, handle, "storage key list", False)
         if not isinstance(keys, list):
@@ -143,7 +151,7 @@ def load_legacy(path: str) -> LoadedSource:
         modules=modules,
         declared_ties=ties,
         reader=reader,
-        pickle_globals=_merge_globals([first, second, third, main, fourth]),
+        pickle_globals=merge_globals(u.referenced for u in (first, second, third, main, fourth)),
         legacy_format=True,
         close=reader.close,
     )

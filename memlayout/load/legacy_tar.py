@@ -34,6 +34,7 @@ from typing import Any
 
 from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError
+from memlayout.load.legacy import merge_globals, refuse_big_endian
 from memlayout.load.mapped_files import MappedFiles, Span
 from memlayout.load.pickled_tree import modules_and_ties, tensor_records
 from memlayout.load.records import LoadedSource, PickleGlobal
@@ -344,13 +345,6 @@ def _check_extent(
         )
 
 
-def _merge_globals(readers: list[_MemberReader]) -> list[PickleGlobal]:
-    merged: dict[tuple[str, str], PickleGlobal] = {}
-    for reader in readers:
-        merged.update(reader.referenced)
-    return list(merged.values())
-
-
 def load_legacy_tar(path: str) -> LoadedSource:
     """Read a tar-format torch.save file as metadata, executing nothing from it.
 
@@ -374,10 +368,7 @@ def load_legacy_tar(path: str) -> LoadedSource:
             info_reader = _MemberReader(path, fd, members["sys_info"])
             sys_info = info_reader.load("the system info")
             readers.append(info_reader)
-            if isinstance(sys_info, dict) and sys_info.get("little_endian") is False:
-                raise CorruptCheckpointError(
-                    f"{path} was saved on a big-endian machine", "re-save it on a little-endian machine"
-                )
+            refuse_big_endian(path, sys_info)
         storage_reader = _MemberReader(path, fd, members["storages"])
         slices, starts, sizes = _read_storages(path, storage_reader)
         tensor_reader = _MemberReader(path, fd, members["tensors"])
@@ -402,7 +393,7 @@ def load_legacy_tar(path: str) -> LoadedSource:
         modules=modules,
         declared_ties=ties,
         reader=reader,
-        pickle_globals=_merge_globals(readers),
+        pickle_globals=merge_globals(r.referenced for r in readers),
         legacy_format=True,
         close=reader.close,
     )
