@@ -35,8 +35,8 @@ class UnrecognizedFormatError(MemlayoutError):
     """The file exists but is no checkpoint format memlayout knows."""
 
     default_hint = (
-        "memlayout reads torch.save files, safetensors, Hugging Face directories, "
-        "TorchScript and torch.distributed.checkpoint directories"
+        "memlayout reads torch.save files (zip, legacy non-zip and tar), safetensors, Hugging Face "
+        "directories, TorchScript, torch.export .pt2 and torch.distributed.checkpoint directories"
     )
 
 

@@ -19,7 +19,8 @@ def test_empty_file(tmp_path: Path) -> None:
 def test_random_bytes(tmp_path: Path) -> None:
     path = tmp_path / "noise.bin"
     path.write_bytes(b"\x13\x37" + os.urandom(4094))
-    assert_one_line_error(run_cli("inspect", str(path)), "not a checkpoint format")
+    # The hint lists what memlayout does read, the legacy and export formats included.
+    assert_one_line_error(run_cli("inspect", str(path)), "not a checkpoint format", "tar", ".pt2", "safetensors")
 
 
 def test_truncated_torch_zip(tmp_path: Path) -> None:
