@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import struct
 import zipfile
 import zlib
 from typing import Any
@@ -52,7 +51,7 @@ from memlayout.load.records import (
 )
 from memlayout.load.restricted_pickle import UnpickleResult, unpickle
 from memlayout.load.torch_zip import archive_prefix, read_torch_zip
-from memlayout.load.torchscript import central_directory, record_spans
+from memlayout.load.torchscript import central_directory, member_data_start, record_spans
 
 WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
 CONSTANTS_CONFIG = "data/constants/model_constants_config.json"
@@ -195,24 +194,6 @@ def load_pt2(path: str) -> LoadedSource:
     )
 
 
-# Where a zip member's data starts: after its local header, whose name and extra
-# field lengths may differ from the central directory's (APPNOTE.TXT 4.3.7).
-_LOCAL_HEADER = struct.Struct("<4s22xHH")
-
-
-def _member_start(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
-    assert archive.fp is not None
-    archive.fp.seek(info.header_offset)
-    header = archive.fp.read(_LOCAL_HEADER.size)
-    if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
-        raise CorruptCheckpointError(f"the zip entry for {info.filename} is damaged")
-    _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
-    # A member running past the end of the file needs no check here: reading the
-    # nested archive's end record there comes up short and fails.
-    start: int = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
-    return start
-
-
 @dataclasses.dataclass(frozen=True)
 class _NestedArchive:
     """One torch.save archive found inside the older layout's zip."""
@@ -247,7 +228,9 @@ def _read_nested_member(
     fd: int, archive: zipfile.ZipFile, info: zipfile.ZipInfo, what: str
 ) -> _NestedArchive:
     if info.compress_type == zipfile.ZIP_STORED:
-        nested = read_torch_zip(fd, _member_start(archive, info), info.file_size, what)
+        # A member running past the end of the file needs no check here: reading the
+        # nested archive's end record there comes up short and fails.
+        nested = read_torch_zip(fd, member_data_start(archive, info), info.file_size, what)
         return _NestedArchive(nested.pickle, nested.starts, nested.sizes, nested.checksums)
     # Recompressed by some other tool: the storages are not bytes of the file, and
     # inflating a whole state dict to read them is not what a metadata read should

@@ -232,6 +232,28 @@ def _restructure(archive: zipfile.ZipFile, prefix: str, root: Any) -> None:
         cls.class_module = _MANGLE.sub("", cls.class_module).removeprefix(TORCHSCRIPT_MODULE + ".")
 
 
+# A local header: its name and extra field lengths may differ from the central
+# directory's (torch pads the extra field to align data), so the data offset must
+# come from here (APPNOTE.TXT 4.3.7).
+_LOCAL_HEADER = struct.Struct("<4s22xHH")
+
+
+def member_data_start(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
+    """Where a zip member's data starts in the file, read from its local header.
+
+    Raises:
+        CorruptCheckpointError: the local header is missing or damaged.
+    """
+    assert archive.fp is not None
+    archive.fp.seek(info.header_offset)
+    header = archive.fp.read(_LOCAL_HEADER.size)
+    if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+        raise CorruptCheckpointError(f"the zip entry for {info.filename} is damaged")
+    _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
+    start: int = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+    return start
+
+
 def record_spans(
     file_size: int, archive: zipfile.ZipFile, data_prefix: str
 ) -> tuple[dict[str, int], dict[str, int]]:
@@ -248,23 +270,15 @@ def record_spans(
     Raises:
         CorruptCheckpointError: a record is compressed, damaged, or runs past the end.
     """
-    local_header = struct.Struct("<4sHHHHHIIIHH")
     starts: dict[str, int] = {}
     sizes: dict[str, int] = {}
-    mapped_size = file_size
-    assert archive.fp is not None
     for info in archive.infolist():
         if not info.filename.startswith(data_prefix) or info.filename.endswith("/"):
             continue
         if info.compress_type != zipfile.ZIP_STORED:
             raise CorruptCheckpointError(f"storage record {info.filename} is compressed; torch never writes that")
-        archive.fp.seek(info.header_offset)
-        header = archive.fp.read(local_header.size)
-        if len(header) < local_header.size or header[:4] != b"PK\x03\x04":
-            raise CorruptCheckpointError(f"the zip entry for {info.filename} is damaged")
-        fields = local_header.unpack(header)
-        start = info.header_offset + local_header.size + fields[9] + fields[10]
-        if start + info.file_size > mapped_size:
+        start = member_data_start(archive, info)
+        if start + info.file_size > file_size:
             raise CorruptCheckpointError(f"storage record {info.filename} runs past the end of the file")
         key = info.filename[len(data_prefix) :]
         starts[key], sizes[key] = start, info.file_size
