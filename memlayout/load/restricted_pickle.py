@@ -149,9 +149,10 @@ class LegacyParameter:
     """What `torch.nn.parameter.Parameter` unpickles to.
 
     Since torch 0.4 the class only names the type `_rebuild_from_type_v2` gives a
-    rebuilt tensor, which marks it a parameter. torch < 0.4's files pickled a Parameter as REDUCE `Parameter(data)` and BUILD with its state,
-    or as NEWOBJ `Parameter()` and BUILD with a state holding the data. Both make
-    a fresh parameter record here (a class, because NEWOBJ accepts only classes);
+    rebuilt tensor, which marks it a parameter. torch < 0.4's files pickled a
+    Parameter as REDUCE `Parameter(data)` and BUILD with its state, or as NEWOBJ
+    `Parameter()` and BUILD with a state holding the data. Both make a fresh
+    parameter record here (a class, because NEWOBJ accepts only classes);
     `PickledTensor.__setstate__` then reads the state.
     """
 
@@ -410,15 +411,10 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 # What a damaged stream raises from inside the unpickler. MemoryError comes from a
 # length field far beyond the data: the unpickler allocates before it reads.
-UNPICKLE_ERRORS = (
+_UNPICKLE_ERRORS = (
     pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
     AttributeError, UnicodeDecodeError, OverflowError, MemoryError, struct.error,
 )
-
-
-def unpickling_failed(what: str, exc: BaseException) -> CorruptCheckpointError:
-    """The error for a pickle that could not be read, naming the exception when it has no message."""
-    return CorruptCheckpointError(f"{what} could not be read: {str(exc) or type(exc).__name__}")
 
 
 _BYTEARRAY_DEALLOC_REPORT = "deallocated bytearray object has exported buffers"
@@ -442,8 +438,9 @@ def run_unpickler(unpickler: pickle.Unpickler, what: str) -> Any:
     sys.excepthook = drop_bytearray_dealloc_report
     try:
         return unpickler.load()
-    except UNPICKLE_ERRORS as exc:
-        raise unpickling_failed(what, exc) from exc
+    except _UNPICKLE_ERRORS as exc:
+        # A MemoryError has no message; the line must still say what went wrong.
+        raise CorruptCheckpointError(f"{what} could not be read: {str(exc) or type(exc).__name__}") from exc
     finally:
         sys.excepthook = hook
 
