@@ -35,7 +35,8 @@ def flatten_command(
 ) -> None:
     """Rewrite a model into flat, aligned buffers and save it in the same format, losing nothing."""
     with one_line_errors(debug):
-        from memlayout.flatten.files import FlattenOptions, flatten_path
+        from memlayout.flatten.files import flatten_path
+        from memlayout.flatten.options import FlattenOptions
         from memlayout.flatten.summary import render_check, render_summary
 
         options = FlattenOptions(

@@ -1,9 +1,9 @@
-"""Flatten a checkpoint on disk (or an import spec) into OUT: load -> plan -> apply -> save.
+"""Flatten a checkpoint on disk (or an import spec) into OUT: load -> plan -> write.
 
-torch.save files are streamed: the tree is loaded with `torch.load(mmap=True)`,
-whose storages are never touched, the flat buffers are allocated, and each
-storage's used bytes are read from the file with pread straight into their slot.
-Peak memory is the flat bytes plus one small dense-copy temporary, not two models.
+IN is loaded as records, its facts and flat plan are built, and the writer
+registered for its format (`memlayout.flatten.writers`) moves the bytes and writes
+OUT in the same format, verified. A Hugging Face directory is flattened file by
+file into a new directory.
 """
 
 from __future__ import annotations
@@ -11,29 +11,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
 
-from memlayout.errors import FlattenError, UnsafeContentError, UsageError
+from memlayout.errors import FlattenError, UsageError
 from memlayout.facts import Facts, build_facts
-from memlayout.flatten.plan import DEFAULT_ALIGN, FlatPlan, describe_changes, plan_flatten
-from memlayout.load.records import LoadedSource
-
-if TYPE_CHECKING:
-    import torch
-
-
-@dataclass(frozen=True)
-class FlattenOptions:
-    """What `memlayout flatten` was asked to do."""
-
-    out: str | None
-    """Destination; None with `check` (or `in_place`, where it is IN)."""
-    device: str = "auto"
-    align: int = DEFAULT_ALIGN
-    trust: bool = False
-    check: bool = False
-    in_place: bool = False
-    verify: bool = True
+from memlayout.flatten.options import FlattenOptions
+from memlayout.flatten.plan import FlatPlan, describe_changes, plan_flatten
+from memlayout.flatten.writers import FlattenJob, writer_for
 
 
 @dataclass(frozen=True)
@@ -83,22 +66,6 @@ def _check_paths(path: str, options: FlattenOptions) -> str | None:
     return options.out
 
 
-def _require_trust(source: LoadedSource, options: FlattenOptions) -> None:
-    if options.trust:
-        return
-    if source.modules:
-        raise UnsafeContentError(
-            f"{source.path} holds a pickled nn.Module; re-saving it needs the real objects, which runs code from the file",
-            "pass --trust if you trust whoever wrote it, or save a state_dict instead",
-        )
-    refused = sorted({f"{g.module}.{g.name}" for g in source.pickle_globals if not g.allowed})
-    if refused:
-        raise UnsafeContentError(
-            f"{source.path} references {', '.join(refused[:3])}, which torch's weights-only loader refuses",
-            "pass --trust if you trust whoever wrote it",
-        )
-
-
 def _device_choice(device: str) -> tuple[str | None, str]:
     from memlayout.flatten.live import resolve_device
 
@@ -134,14 +101,6 @@ def _result(
     )
 
 
-def _format_name(source: LoadedSource) -> str:
-    if source.format == "torch-zip":
-        return "torch.save module pickle" if source.modules else "torch.save state dict"
-    if source.format in ("live-module", "state-dict"):
-        return "import spec (saved as a torch.save state dict)"
-    return source.format
-
-
 def flatten_path(path: str, options: FlattenOptions) -> FlattenResult:
     """Flatten the model or checkpoint at `path` into `options.out`, verified.
 
@@ -168,112 +127,29 @@ def flatten_path(path: str, options: FlattenOptions) -> FlattenResult:
     source = load_path(path, LoadOptions(trust=options.trust))
     try:
         facts = build_facts(source)
+        writer = writer_for(source.format)
+        label = writer.label(source) if writer is not None else source.format
         if options.check:
             plan = plan_flatten(facts, align=options.align)
-            return _result(path, None, _format_name(source), facts, plan, (None, "check only"), 0, 0.0,
-                           _changes(plan, facts, source), False)
+            changes = writer.changes(plan, facts, source) if writer is not None else describe_changes(plan, facts)
+            return _result(path, None, label, facts, plan, (None, "check only"), 0, 0.0, changes, False)
         device = _device_choice(options.device)
         plan = plan_flatten(facts, align=options.align, device=device[0])
-        changes = _changes(plan, facts, source)
-        assert out is not None
-        if source.format == "torch-zip":
-            _require_trust(source, options)
-            started = time.perf_counter()
-            copied, verified = _flatten_torch_zip(path, out, source, plan, options, {t for f in facts.tensors for t in f.names})
-        elif source.format in ("live-module", "state-dict"):
-            started = time.perf_counter()
-            copied, verified = _flatten_live_to_state_dict(source.live_object, out, facts, plan, options)
-        elif source.format == "safetensors":
-            if device[0] != "cpu":
-                raise UsageError("a safetensors file is rewritten on the CPU", "pass --device cpu")
-            from memlayout.flatten.safetensors_out import flatten_safetensors_file
-
-            started = time.perf_counter()
-            copied, verified = flatten_safetensors_file(path, out, source, plan, options.verify)
-        else:
+        if writer is None:
             raise FlattenError(
                 f"flatten cannot rewrite {source.format} sources yet",
                 "convert to a torch.save state dict or a safetensors file first",
             )
+        changes = writer.changes(plan, facts, source)
+        writer.refuse(source, options, device[0])
+        assert out is not None
+        started = time.perf_counter()
+        written = writer.write(FlattenJob(path, out, source, facts, plan, options))
         seconds = time.perf_counter() - started
-        return _result(path, out, _format_name(source), facts, plan, device, copied, seconds, changes, verified)
+        return _result(path, out, label, facts, plan, device, written.bytes_copied, seconds, changes, written.verified)
     finally:
         if source.close is not None:
             source.close()
-
-
-def _changes(plan: FlatPlan, facts: Facts, source: LoadedSource) -> list[str]:
-    if source.format == "safetensors":
-        from memlayout.flatten.safetensors_out import safetensors_changes
-
-        return safetensors_changes(plan, source)
-    return describe_changes(plan, facts)
-
-
-def _flatten_torch_zip(
-    path: str, out: str, source: LoadedSource, plan: FlatPlan, options: FlattenOptions, names: set[str]
-) -> tuple[int, bool]:
-    import pickle
-
-    import torch
-
-    from memlayout.flatten.apply import (
-        allocate,
-        copy_from_file,
-        mmap_storage_keys,
-        rebind,
-        views_of,
-    )
-    from memlayout.flatten.save import verify_torch_file, write_torch
-
-    reader: Any = source.reader
-    try:
-        tree = torch.load(path, map_location="cpu", mmap=True, weights_only=not options.trust)
-    except pickle.UnpicklingError as exc:
-        raise UnsafeContentError(f"{path} cannot be loaded weights-only: {str(exc).splitlines()[0]}") from exc
-    except (AttributeError, ImportError) as exc:
-        raise UsageError(
-            f"{path}: a class the pickle needs cannot be imported here ({exc})",
-            "run from a directory where the model's code is importable",
-        ) from exc
-    keys = mmap_storage_keys(tree, reader.data_start, reader.data_size)
-    buffers = allocate(plan)
-    copied = copy_from_file(plan, buffers, path, reader.data_start)
-
-    def key_of(tensor: torch.Tensor) -> str | None:
-        storage = tensor.untyped_storage()
-        return keys.get(storage.data_ptr()) if storage.nbytes() > 0 else None
-
-    rebind(tree, plan, views_of(plan, buffers), key_of)
-    verify = (lambda temporary: verify_torch_file(temporary, plan, buffers, names)) if options.verify else None
-    write_torch(tree, out, verify)
-    return copied, options.verify
-
-
-def _flatten_live_to_state_dict(
-    obj: Any, out: str, facts: Facts, plan: FlatPlan, options: FlattenOptions
-) -> tuple[int, bool]:
-    import torch
-
-    from memlayout.flatten.apply import (
-        allocate,
-        copy_from_storages,
-        live_storage_key,
-        rebind,
-        views_of,
-        walk_tensors,
-    )
-    from memlayout.flatten.save import verify_torch_file, write_torch
-
-    storages = {live_storage_key(t): t.untyped_storage() for t in walk_tensors(obj)}
-    buffers = allocate(plan)
-    copied = copy_from_storages(plan, buffers, storages)
-    rebind(obj, plan, views_of(plan, buffers), live_storage_key)
-    state = obj.state_dict() if isinstance(obj, torch.nn.Module) else obj
-    verify = (lambda temporary: verify_torch_file(temporary, plan, buffers)) if options.verify else None
-    write_torch(state, out, verify)
-    return copied, options.verify
-
 
 
 def _flatten_hf_dir(path: str, options: FlattenOptions) -> FlattenResult:
@@ -328,3 +204,6 @@ def _merge_results(path: str, out: str | None, results: list[FlattenResult], fil
         notes=tuple(dict.fromkeys(note for r in results for note in r.notes)),
         verified=all(r.verified for r in results),
     )
+
+
+__all__ = ["FlattenOptions", "FlattenResult", "flatten_path"]

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from memlayout.errors import FlattenError, UsageError
 from memlayout.facts import Facts, TensorFact
+from memlayout.flat_groups import flat_group_key, with_device
 from memlayout.load.records import ModuleRecord, TensorKind
-from memlayout.rules.layout import flat_group_key
 from memlayout.rules.rnn import rnn_layout_problem
 from memlayout.strides import MemoryFormat, memory_format
 
@@ -276,11 +276,11 @@ def plan_flatten(facts: Facts, align: int = DEFAULT_ALIGN, device: str | None = 
                 continue
             assigned.add(id(region))
             rep = _group_rep(region)
-            key = _device_key(flat_group_key(rep), device)
+            key = with_device(flat_group_key(rep), device)
             groups.setdefault(key, []).append(region)
             group_rep.setdefault(key, rep)
         else:
-            key = _device_key(flat_group_key(tensor), device)
+            key = with_device(flat_group_key(tensor), device)
             groups.setdefault(key, []).append(region)
             group_rep.setdefault(key, tensor)
         if key not in ordered_keys:
@@ -307,11 +307,6 @@ def plan_flatten(facts: Facts, align: int = DEFAULT_ALIGN, device: str | None = 
             FlatBuffer(label, key, buffer_device, rep.dtype, nbytes, tuple(slots), key[1] if is_rnn else None)
         )
     return FlatPlan(tuple(buffers), align, tuple(untouched), tuple(notes), placements)
-
-
-def _device_key(key: tuple[str, ...], device: str | None) -> tuple[str, ...]:
-    # flat_group_key is (section, role, device, dtype, grad).
-    return key if device is None else (key[0], key[1], device, *key[3:])
 
 
 def _label(key: tuple[str, ...]) -> str:

@@ -6,6 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from memlayout.facts import TensorFact
+from memlayout.flat_groups import flat_group_key
 from memlayout.rules.registry import Finding, RuleContext, Severity, rule
 from memlayout.strides import MemoryFormat, Relation
 
@@ -123,17 +124,6 @@ def misaligned(ctx: RuleContext) -> Iterator[Finding]:
         f"{ALIGNMENT}-byte boundary",
         storage=next(iter(storages)) if len(storages) == 1 else None,
     )
-
-
-def flat_group_key(tensor: TensorFact) -> tuple[str, ...]:
-    """The flat buffer `memlayout flatten` puts a tensor in.
-
-    Parameters group by (section, device, dtype, requires_grad), everything else by
-    (section, device, dtype); see memlayout.flatten.plan, which uses this key.
-    """
-    role = "param" if tensor.kind.value == "parameter" else "other"
-    grad = str(tensor.requires_grad) if role == "param" else ""
-    return (tensor.section, role, tensor.device, tensor.dtype, grad)
 
 
 @rule(

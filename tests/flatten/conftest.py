@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from memlayout.facts import Facts
+from memlayout.flat_groups import flat_group_key
 from memlayout.flatten.live import live_facts
-from memlayout.rules.layout import flat_group_key
 from memlayout.rules.rnn import rnn_layout_problem
 from memlayout.strides import MemoryFormat, Relation, relation
 

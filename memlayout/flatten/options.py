@@ -1,0 +1,21 @@
+"""What `memlayout flatten` is asked to do: shared by the driver and every writer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memlayout.flatten.plan import DEFAULT_ALIGN
+
+
+@dataclass(frozen=True)
+class FlattenOptions:
+    """What `memlayout flatten` was asked to do."""
+
+    out: str | None
+    """Destination; None with `check` (or `in_place`, where it is IN)."""
+    device: str = "auto"
+    align: int = DEFAULT_ALIGN
+    trust: bool = False
+    check: bool = False
+    in_place: bool = False
+    verify: bool = True

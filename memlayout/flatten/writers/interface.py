@@ -1,0 +1,98 @@
+"""What a flatten writer is: one per source format it can rewrite flat.
+
+`memlayout.flatten.files` loads the source, builds its facts and plan, picks the
+writer registered for the loader's format (`memlayout.flatten.writers`), and
+hands it a `FlattenJob`. The writer moves the bytes into the planned layout,
+writes OUT atomically, verifies it, and says what it did in a `Written`.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+from memlayout.facts import Facts
+from memlayout.flatten.options import FlattenOptions
+from memlayout.flatten.plan import FlatPlan, describe_changes
+from memlayout.load.records import LoadedSource
+
+
+@dataclass(frozen=True)
+class FlattenJob:
+    """One rewrite: the loaded source, its facts and plan, and where it goes."""
+
+    path: str
+    """IN as the user gave it."""
+    out: str
+    """Where OUT goes (IN itself for --in-place)."""
+    source: LoadedSource
+    """IN's loaded records; still open (its reader locates the storage bytes)."""
+    facts: Facts
+    plan: FlatPlan
+    """The layout, already on the target device."""
+    options: FlattenOptions
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a writer did."""
+
+    bytes_copied: int
+    """Bytes moved into the flat layout."""
+    verified: bool
+    """OUT was read back and checked before it replaced anything."""
+
+
+class FlattenWriter(abc.ABC):
+    """Rewrites sources of some loader formats flat, in their own format."""
+
+    formats: tuple[str, ...] = ()
+    """The `LoadedSource.format` names this writer rewrites."""
+
+    def label(self, source: LoadedSource) -> str:
+        """How the summary names what is read and written, e.g. "torch.save state dict".
+
+        Args:
+            source: The loaded IN.
+
+        Returns:
+            A short human name.
+        """
+        return source.format
+
+    def changes(self, plan: FlatPlan, facts: Facts, source: LoadedSource) -> list[str]:
+        """What rewriting would change, one line each; empty when IN is already flat.
+
+        Args:
+            plan: The plan made from `facts`.
+            facts: IN's facts.
+            source: IN's loaded records.
+
+        Returns:
+            Lines for `--check` and the summary.
+        """
+        return describe_changes(plan, facts)
+
+    def refuse(self, source: LoadedSource, options: FlattenOptions, device: str | None) -> None:
+        """Raise when this rewrite must not start (no trust, wrong device); before any work.
+
+        Args:
+            source: The loaded IN.
+            options: What was asked.
+            device: The resolved target device.
+        """
+        return None
+
+    @abc.abstractmethod
+    def write(self, job: FlattenJob) -> Written:
+        """Write IN's flat copy to `job.out`, atomically and (when asked) verified.
+
+        Args:
+            job: The source, plan, destination and options.
+
+        Returns:
+            What was done.
+
+        Raises:
+            FlattenError: the copy or its verification failed; OUT is untouched.
+        """

@@ -1,0 +1,82 @@
+"""torch.save zip files rewritten flat, as a state dict or (with --trust) a module pickle.
+
+The file is streamed: the tree is loaded with `torch.load(mmap=True)`, whose
+storages are never touched, the flat buffers are allocated, and each storage's
+used bytes are read from the file with pread straight into their slot. Peak
+memory is the flat bytes plus one small dense-copy temporary, not two models.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from memlayout.errors import UnsafeContentError, UsageError
+from memlayout.flatten.options import FlattenOptions
+from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
+from memlayout.load.records import LoadedSource
+
+if TYPE_CHECKING:
+    import torch
+
+
+class TorchZipWriter(FlattenWriter):
+    """Streams each storage's used bytes from IN into its slot, then torch.saves the tree."""
+
+    formats = ("torch-zip",)
+
+    def label(self, source: LoadedSource) -> str:
+        return "torch.save module pickle" if source.modules else "torch.save state dict"
+
+    def refuse(self, source: LoadedSource, options: FlattenOptions, device: str | None) -> None:
+        if options.trust:
+            return
+        if source.modules:
+            raise UnsafeContentError(
+                f"{source.path} holds a pickled nn.Module; re-saving it needs the real objects, which runs code from the file",
+                "pass --trust if you trust whoever wrote it, or save a state_dict instead",
+            )
+        refused = sorted({f"{g.module}.{g.name}" for g in source.pickle_globals if not g.allowed})
+        if refused:
+            raise UnsafeContentError(
+                f"{source.path} references {', '.join(refused[:3])}, which torch's weights-only loader refuses",
+                "pass --trust if you trust whoever wrote it",
+            )
+
+    def write(self, job: FlattenJob) -> Written:
+        import pickle
+
+        import torch
+
+        from memlayout.flatten.apply import (
+            allocate,
+            copy_from_file,
+            mmap_storage_keys,
+            rebind,
+            views_of,
+        )
+        from memlayout.flatten.save import verify_torch_file, write_torch
+
+        path, plan, options = job.path, job.plan, job.options
+        names = {name for tensor in job.facts.tensors for name in tensor.names}
+        reader: Any = job.source.reader
+        try:
+            tree = torch.load(path, map_location="cpu", mmap=True, weights_only=not options.trust)
+        except pickle.UnpicklingError as exc:
+            raise UnsafeContentError(f"{path} cannot be loaded weights-only: {str(exc).splitlines()[0]}") from exc
+        except (AttributeError, ImportError) as exc:
+            raise UsageError(
+                f"{path}: a class the pickle needs cannot be imported here ({exc})",
+                "run from a directory where the model's code is importable",
+            ) from exc
+        keys = mmap_storage_keys(tree, reader.data_start, reader.data_size)
+        buffers = allocate(plan)
+        copied = copy_from_file(plan, buffers, path, reader.data_start)
+
+        def key_of(tensor: torch.Tensor) -> str | None:
+            storage = tensor.untyped_storage()
+            return keys.get(storage.data_ptr()) if storage.nbytes() > 0 else None
+
+        rebind(tree, plan, views_of(plan, buffers), key_of)
+        verify = (lambda temporary: verify_torch_file(temporary, plan, buffers, names)) if options.verify else None
+        write_torch(tree, job.out, verify)
+        return Written(copied, options.verify)
