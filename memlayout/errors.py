@@ -54,3 +54,9 @@ class UnsafeContentError(MemlayoutError):
 
 class FlattenError(MemlayoutError):
     """Flattening was refused or could not be verified; nothing was written."""
+
+
+class OutputError(MemlayoutError):
+    """An output could not be written; the previous file or folder is unchanged."""
+
+    default_hint = "check the path, its permissions and the free space"

@@ -31,6 +31,10 @@ def flatten_command(
     no_verify: Annotated[
         bool, typer.Option("--no-verify", help="Skip reloading OUT to compare values and sharing.")
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Write into a non-empty OUT folder, replacing only the files flatten writes."),
+    ] = False,
     debug: DebugOption = False,
 ) -> None:
     """Rewrite a model into flat, aligned buffers and save it in the same format, losing nothing."""
@@ -40,7 +44,8 @@ def flatten_command(
         from memlayout.flatten.summary import render_check, render_summary
 
         options = FlattenOptions(
-            out=output, device=device, align=align, trust=trust, check=check, in_place=in_place, verify=not no_verify
+            out=output, device=device, align=align, trust=trust, check=check, in_place=in_place, verify=not no_verify,
+            force=force,
         )
         result = flatten_path(path, options)
         sys.stdout.write(render_check(result) if check else render_summary(result))

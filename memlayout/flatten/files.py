@@ -42,6 +42,8 @@ class FlattenResult:
     """What flattening changes (or would change, with --check)."""
     notes: tuple[str, ...]
     verified: bool
+    unverified_reason: str = ""
+    """Why OUT was not re-read, when it was not."""
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -98,7 +100,16 @@ def _result(
         changes=tuple(changes),
         notes=plan.notes,
         verified=verified,
+        unverified_reason=_unverified_reason(out, verified),
     )
+
+
+def _unverified_reason(out: str | None, verified: bool) -> str:
+    from memlayout.atomic_write import resolve_target
+
+    if verified or out is None:
+        return ""
+    return "OUT is a device or pipe, which cannot be re-read" if resolve_target(out).is_stream else "--no-verify"
 
 
 def flatten_path(path: str, options: FlattenOptions) -> FlattenResult:
@@ -161,7 +172,7 @@ def _flatten_hf_dir(path: str, options: FlattenOptions) -> FlattenResult:
     """
     import shutil
 
-    from memlayout.atomic_write import atomic_path
+    from memlayout.atomic_write import atomic_directory
     from memlayout.load.hf_dir import weight_files
 
     files, _ = weight_files(path)
@@ -172,15 +183,17 @@ def _flatten_hf_dir(path: str, options: FlattenOptions) -> FlattenResult:
     out = _check_paths(path, options)
     assert out is not None
     results = []
-    with atomic_path(out, directory=True) as temporary:
+    # --in-place asked for IN to be rewritten, so its files may be replaced.
+    with atomic_directory(out, force=options.force or options.in_place) as temporary:
         for name in sorted(os.listdir(path)):
             source, target = os.path.join(path, name), os.path.join(temporary, name)
             if name in files:
                 results.append(flatten_path(source, replace(options, out=target, in_place=False)))
             elif os.path.isdir(source):
-                shutil.copytree(source, target)
+                # New files, as `cp -r` makes them: the umask applies, not IN's modes.
+                shutil.copytree(source, target, copy_function=shutil.copyfile)
             else:
-                shutil.copy2(source, target)
+                shutil.copyfile(source, target)
     return _merge_results(path, out, results, files)
 
 
@@ -203,6 +216,7 @@ def _merge_results(path: str, out: str | None, results: list[FlattenResult], fil
         changes=tuple(f"{name}: {change}" for name, r in zip(files, results, strict=True) for change in r.changes),
         notes=tuple(dict.fromkeys(note for r in results for note in r.notes)),
         verified=all(r.verified for r in results),
+        unverified_reason=next((r.unverified_reason for r in results if r.unverified_reason), ""),
     )
 
 

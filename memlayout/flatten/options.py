@@ -19,3 +19,5 @@ class FlattenOptions:
     check: bool = False
     in_place: bool = False
     verify: bool = True
+    force: bool = False
+    """Write into a non-empty output folder, replacing only the files flatten writes."""

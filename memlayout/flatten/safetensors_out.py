@@ -210,7 +210,7 @@ def flatten_safetensors_file(
     """
     import torch
 
-    from memlayout.atomic_write import atomic_path
+    from memlayout.atomic_write import atomic_file
     from memlayout.flatten.apply import allocate, copy_from_file
     from memlayout.load.safetensors_file import read_header
 
@@ -219,8 +219,11 @@ def flatten_safetensors_file(
     buffers = allocate(plan)
     copied = copy_from_file(plan, buffers, path, offsets)
     metadata = {k: v for k, v in header.metadata.items() if k != ALIASES_KEY}
-    with atomic_path(out, suffix=".safetensors") as temporary:
+    with atomic_file(out) as output:
+        temporary = output.path
         write_flat_safetensors(temporary, plan, buffers, metadata)
+        # A device or pipe is written straight into and cannot be re-read.
+        verify = verify and not output.is_stream
         if verify:
             from memlayout.flatten.apply import as_bits, view_of
 

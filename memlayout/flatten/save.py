@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from memlayout.atomic_write import atomic_path, fsync_path
+from memlayout.atomic_write import atomic_file, fsync_path
 from memlayout.errors import FlattenError
 from memlayout.facts import build_facts
 from memlayout.flatten.plan import FlatPlan, Placement
@@ -116,15 +116,21 @@ def write_torch(
     obj: Any,
     out: str,
     verify: Callable[[str], None] | None,
-) -> None:
+) -> bool:
     """torch.save `obj` atomically to `out`, verifying the temporary first.
 
     Args:
         obj: The flattened tree.
         out: The destination; replaced only after verification passes.
         verify: Called with the temporary path; raises to abort. None skips it.
+
+    Returns:
+        Whether OUT was verified: not with `verify` None, nor when OUT is a device
+        or pipe, which is written straight into and cannot be re-read.
     """
-    with atomic_path(out) as temporary:
-        save_torch(obj, temporary)
-        if verify is not None:
-            verify(temporary)
+    with atomic_file(out) as output:
+        save_torch(obj, output.path)
+        if verify is None or output.is_stream:
+            return False
+        verify(output.path)
+        return True

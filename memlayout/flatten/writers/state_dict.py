@@ -38,5 +38,4 @@ class LiveObjectWriter(FlattenWriter):
         rebind(obj, plan, views_of(plan, buffers), live_storage_key)
         state = obj.state_dict() if isinstance(obj, torch.nn.Module) else obj
         verify = (lambda temporary: verify_torch_file(temporary, plan, buffers)) if options.verify else None
-        write_torch(state, job.out, verify)
-        return Written(copied, options.verify)
+        return Written(copied, write_torch(state, job.out, verify))

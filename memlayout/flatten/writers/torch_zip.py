@@ -78,5 +78,4 @@ class TorchZipWriter(FlattenWriter):
 
         rebind(tree, plan, views_of(plan, buffers), key_of)
         verify = (lambda temporary: verify_torch_file(temporary, plan, buffers, names)) if options.verify else None
-        write_torch(tree, job.out, verify)
-        return Written(copied, options.verify)
+        return Written(copied, write_torch(tree, job.out, verify))
