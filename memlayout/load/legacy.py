@@ -138,7 +138,8 @@ def load_legacy(path: str) -> LoadedSource:
     reader = MappedFiles.open([path])
     reader.spans = {key: Span(0, start, sizes[key]) for key, start in starts.items()}
     try:
-        tensors, storage_records = tensor_records(root, starts, sizes, path)
+        # torch.load cannot map a legacy file: it reads each storage into fresh memory.
+        tensors, storage_records = tensor_records(root, starts, sizes, path, used_in_place=False)
     except BaseException:
         reader.close()
         raise

@@ -378,7 +378,8 @@ def load_legacy_tar(path: str) -> LoadedSource:
         main_reader = _MemberReader(path, fd, members["pickle"], objects)
         root = main_reader.load("the object")
         readers += [storage_reader, tensor_reader, main_reader]
-        tensor_list, storage_records = tensor_records(root, starts, sizes, path)
+        # torch.load extracts each storage into fresh memory; nothing is used in place.
+        tensor_list, storage_records = tensor_records(root, starts, sizes, path, used_in_place=False)
         mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except BaseException:
         os.close(fd)

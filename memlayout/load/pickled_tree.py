@@ -52,6 +52,7 @@ def tensor_records(
     storage_base: dict[str, int] | None = None,
     storage_size: dict[str, int] | None = None,
     source: str = "the file",
+    used_in_place: bool = True,
 ) -> tuple[list[TensorRecord], dict[str, StorageRecord]]:
     """Records for every tensor in the tree, and for the storages they view.
 
@@ -61,6 +62,10 @@ def tensor_records(
             format does not locate storage bytes (metadata only).
         storage_size: Bytes each storage record holds in the file, where known.
         source: The file, for error messages.
+        used_in_place: Whether torch uses the storage bytes where they lie in the
+            file (a zip under `torch.load(mmap=True)`), so that the file offset is
+            the storage's base address. False for formats whose loader copies each
+            storage into fresh memory (legacy torch.save, TorchScript).
 
     Raises:
         CorruptCheckpointError: the pickle names a storage the file lacks, or one
@@ -105,7 +110,9 @@ def tensor_records(
                         f"{source}: storage {key} should hold {storage.nbytes} bytes "
                         f"but its record has {storage_size[key]}"
                     )
-                storages[key] = new_storage_record(key, storage.location, storage.nbytes, base, has_data)
+                storages[key] = new_storage_record(
+                    key, storage.location, storage.nbytes, base if used_in_place else None, has_data
+                )
         kind = parameter if tensor.is_parameter else buffer if is_buffer else plain
         tensors.append(
             new_tensor_record(

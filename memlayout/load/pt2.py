@@ -181,7 +181,9 @@ def load_pt2(path: str) -> LoadedSource:
                 else:
                     if key not in sizes:
                         raise CorruptCheckpointError(f"{path}: tensor {name} names record {key}, which the archive lacks")
-                    storages[key] = StorageRecord(key, _device(meta), sizes[key], starts[key])
+                    # No base address: torch.export.load copies each record out of the zip
+                    # (get_storage_from_record) into fresh memory, so the file's alignment is moot.
+                    storages[key] = StorageRecord(key, _device(meta), sizes[key], None)
             tensors.append(
                 TensorRecord(name, kind, dtype, shape, stride, key, offset, requires_grad=bool(meta.get("requires_grad")))
             )

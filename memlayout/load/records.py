@@ -34,7 +34,10 @@ class StorageRecord:
     nbytes: int
     """Size of the whole storage in bytes."""
     base_address: int | None = None
-    """Address of byte 0 (live data pointer, or offset in the file); None if unknown."""
+    """Address of byte 0 where the bytes are used in place: a live data pointer, or
+    the offset in a file torch maps (a zip under `torch.load(mmap=True)`, safetensors).
+    None when unknown or when torch's loader copies the bytes into fresh memory
+    (legacy torch.save, TorchScript, torch.export), which its allocator aligns."""
     has_data: bool = True
     """False for meta tensors and metadata-only sources: nothing can be read."""
 

@@ -318,10 +318,11 @@ def load_torchscript(path: str) -> LoadedSource:
     reader = MappedFiles.open([path])
     reader.spans = {key: Span(0, start, sizes[key]) for key, start in starts.items()}
     try:
-        tensors, storages = tensor_records(root, starts, sizes, path)
+        # torch.jit.load reads each storage record into fresh memory; none is used in place.
+        tensors, storages = tensor_records(root, starts, sizes, path, used_in_place=False)
         if constants:
             constant_tensors, constant_storages = tensor_records(
-                {"constants": tree["constants"]}, starts, sizes, path
+                {"constants": tree["constants"]}, starts, sizes, path, used_in_place=False
             )
             tensors += constant_tensors
             storages.update(constant_storages)

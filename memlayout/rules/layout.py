@@ -97,8 +97,12 @@ def mixed_memory_format(ctx: RuleContext) -> Iterator[Finding]:
     """
 Vectorized loads, TorchInductor's generated kernels and apex's multi-tensor
 kernels need 16-byte-aligned data; a misaligned tensor takes a slow path or a
-copy. Offsets inside a file count from the file start, since memory-mapped
-storages keep that alignment. Tensors under 16 bytes are ignored.
+copy. Where torch uses a file's bytes in place (a torch.save zip under
+`torch.load(mmap=True)`, a safetensors file), the offset inside the file is the
+alignment the tensor gets. Where torch's loader copies each storage into fresh
+memory (legacy torch.save files, TorchScript, torch.export), the allocator
+aligns the storage and only the tensor's offset inside it counts. Tensors under
+16 bytes are ignored.
 """,
 )
 def misaligned(ctx: RuleContext) -> Iterator[Finding]:
@@ -106,8 +110,8 @@ def misaligned(ctx: RuleContext) -> Iterator[Finding]:
     for tensor in ctx.facts.tensors:
         if tensor.nbytes < ALIGNMENT:
             continue
-        # Without a known base address the storage itself is aligned (allocators
-        # and torch's zip writer both give at least 64 bytes).
+        # Without a base address the storage is fresh memory, aligned by torch's
+        # allocator (64 bytes on CPU, 256 on CUDA): only the offset inside it counts.
         address = tensor.data_address if tensor.data_address is not None else tensor.offset * tensor.itemsize
         if address % ALIGNMENT:
             found.append(tensor)

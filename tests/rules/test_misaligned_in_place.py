@@ -1,0 +1,77 @@
+"""ML203 fires only where torch really hands out misaligned memory.
+
+Each case asks torch itself where the tensor lands (`data_ptr() % 16`) with the
+loader a user would call, and requires ML203 to agree: a file's offsets count
+only where torch uses the file's bytes in place (a zip under `mmap=True`, a
+safetensors file); a legacy file is read into fresh, aligned memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import safetensors.torch
+import torch
+
+from memlayout.inspection import run_inspection
+from memlayout.load import load_path
+
+ALIGNMENT = 16
+
+
+def _misaligned_by_memlayout(path: Path) -> set[str]:
+    return {name for f in run_inspection(str(path), select=["ML203"]).findings for name in f.tensors}
+
+
+def _misaligned_by_torch(tensors: dict[str, torch.Tensor]) -> set[str]:
+    return {
+        name for name, t in tensors.items()
+        if t.numel() * t.element_size() >= ALIGNMENT and t.data_ptr() % ALIGNMENT
+    }
+
+
+def _odd_sized_state() -> dict[str, torch.Tensor]:
+    # Odd element counts put every storage after the first at an odd file offset.
+    return {f"w{i}": torch.randn(3 + 2 * i) for i in range(6)}
+
+
+def test_legacy_file_at_odd_offsets_is_aligned_once_loaded(tmp_path: Path) -> None:
+    path = tmp_path / "legacy.pt"
+    torch.save(_odd_sized_state(), path, _use_new_zipfile_serialization=False)
+    source = load_path(str(path))
+    try:
+        spans = source.reader.spans  # type: ignore[union-attr]
+        assert any(span.start % ALIGNMENT for span in spans.values()), "the case needs unaligned file offsets"
+    finally:
+        assert source.close is not None
+        source.close()
+    assert _misaligned_by_torch(torch.load(path, weights_only=True)) == set()
+    assert _misaligned_by_memlayout(path) == set()
+
+
+def test_legacy_file_with_a_view_into_its_storage_is_misaligned(tmp_path: Path) -> None:
+    base = torch.randn(1025)
+    path = tmp_path / "legacy_view.pt"
+    torch.save({"w": base[1:], "ok": torch.randn(64)}, path, _use_new_zipfile_serialization=False)
+    assert _misaligned_by_torch(torch.load(path, weights_only=True)) == {"w"}
+    assert _misaligned_by_memlayout(path) == {"w"}
+
+
+def test_zip_file_counts_its_offsets_under_mmap(tmp_path: Path) -> None:
+    base = torch.randn(1025)
+    path = tmp_path / "view.pt"
+    torch.save({"w": base[1:], "ok": torch.randn(64)}, path)
+    assert _misaligned_by_torch(torch.load(path, weights_only=True, mmap=True)) == {"w"}
+    assert _misaligned_by_memlayout(path) == {"w"}
+
+
+def test_safetensors_counts_its_file_offsets(tmp_path: Path) -> None:
+    # safetensors sorts by element size; a 3-byte uint8 tensor after a 20-byte
+    # float32 tensor puts the next uint8 tensor at an odd offset in the mapping.
+    path = tmp_path / "odd.safetensors"
+    safetensors.torch.save_file(
+        {"f": torch.randn(5), "a": torch.zeros(3, dtype=torch.uint8), "b": torch.ones(40, dtype=torch.uint8)}, path
+    )
+    loaded = safetensors.torch.load_file(path)
+    assert _misaligned_by_torch(loaded)
+    assert _misaligned_by_memlayout(path) == _misaligned_by_torch(loaded)
