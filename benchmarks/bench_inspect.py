@@ -114,9 +114,7 @@ def in_process_rows(headline: Checkpoint, repeat: int) -> tuple[list[Row], dict[
                 piece.get_shape(), piece.get_dtype()
 
     def memlayout_load() -> None:
-        source = load_path(path)
-        if source.close is not None:
-            source.close()
+        load_path(path).close()
 
     def memlayout_inspect() -> None:
         memlayout.inspect(path)

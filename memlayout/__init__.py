@@ -28,7 +28,6 @@ def inspect(
     config: RuleConfig | None = None,
     select: tuple[str, ...] = (),
     ignore: tuple[str, ...] = (),
-    trust: bool = False,
 ) -> Report:
     """Inspect a model or checkpoint's memory layout.
 
@@ -38,7 +37,6 @@ def inspect(
         config: Rule knobs; see `memlayout.rules.RuleConfig`.
         select: Rule codes or prefixes to run (all when empty), e.g. ("ML1",).
         ignore: Rule codes or prefixes to skip.
-        trust: Allow real unpickling of files that need it.
 
     Returns:
         A `Report` with `facts`, `findings` and `summary`.
@@ -52,7 +50,7 @@ def inspect(
     """
     from memlayout.inspection import run_inspection
 
-    return run_inspection(target, config=config, select=select, ignore=ignore, trust=trust)
+    return run_inspection(target, config=config, select=select, ignore=ignore)
 
 
 def flatten(

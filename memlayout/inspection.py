@@ -13,7 +13,7 @@ from typing import Any
 
 from memlayout.content import ContentReader
 from memlayout.facts import Facts, build_facts
-from memlayout.load import LoadOptions, load_object, load_path
+from memlayout.load import load_object, load_path
 from memlayout.load.records import LoadedSource, TensorKind
 from memlayout.rules import RULES, Finding, RuleConfig, RuleContext, Severity, is_selected
 
@@ -121,10 +121,11 @@ def run_inspection(
     config: RuleConfig | None = None,
     select: Iterable[str] = (),
     ignore: Iterable[str] = (),
-    trust: bool = False,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Report:
     """Inspect a path, an import spec, or a live object.
+
+    Nothing from a file is executed: every format is read as inert records.
 
     Args:
         target: A checkpoint path, a model directory, "pkg.module:callable", an
@@ -132,7 +133,6 @@ def run_inspection(
         config: Rule knobs (--deep, thresholds, extra ties).
         select: Codes or prefixes to run (all when empty).
         ignore: Codes or prefixes to skip.
-        trust: Allow real unpickling where a format needs it.
         progress: Called as (task, done, total) during long content scans.
 
     Returns:
@@ -145,11 +145,8 @@ def run_inspection(
         2
     """
     if isinstance(target, str) or hasattr(target, "__fspath__"):
-        source = load_path(str(target), LoadOptions(trust=trust))
+        source = load_path(str(target))
     else:
         source = load_object(target)
-    try:
+    with source:
         return inspect_source(source, config, select, ignore, progress)
-    finally:
-        if source.close is not None:
-            source.close()

@@ -15,7 +15,6 @@ from memlayout.cli.options import (
     IgnoreOption,
     OutputOption,
     SelectOption,
-    TrustOption,
     split_codes,
 )
 from memlayout.cli.output import progress_callback, write_output
@@ -48,11 +47,19 @@ def inspect_command(
     min_duplicate_bytes: Annotated[
         int, typer.Option("--min-duplicate-bytes", help="ML102 ignores smaller tensors.", min=0)
     ] = 4096,
-    trust: TrustOption = False,
+    trust: Annotated[bool, typer.Option("--trust", hidden=True)] = False,
     debug: DebugOption = False,
 ) -> None:
     """Report non-contiguous, duplicated, aliased, bloated and misaligned weights."""
     with one_line_errors(debug):
+        if trust:
+            # inspect reads every format inertly, so there is nothing to allow. The
+            # option is kept, hidden, only to say so: a user who passes it believes
+            # inspect might run code, and deserves to learn it never does.
+            raise UsageError(
+                "inspect takes no --trust: it never runs code from the file, so there is nothing to allow",
+                "drop --trust; only `memlayout flatten` of a pickled module needs it",
+            )
         from memlayout.inspection import run_inspection
         from memlayout.report import OutputFormat, render
         from memlayout.rules import RuleConfig
@@ -64,8 +71,7 @@ def inspect_command(
         config = RuleConfig(deep=deep, min_duplicate_bytes=min_duplicate_bytes, ties=parse_ties(tie))
         with progress_callback(enabled=deep) as progress:
             report = run_inspection(
-                path, config=config, select=split_codes(select), ignore=split_codes(ignore), trust=trust,
-                progress=progress,
+                path, config=config, select=split_codes(select), ignore=split_codes(ignore), progress=progress,
             )
         color = output is None and fmt is OutputFormat.TABLE and sys.stdout.isatty()
         write_output(render(report, fmt, color=color), output)

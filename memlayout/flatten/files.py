@@ -129,13 +129,13 @@ def flatten_path(path: str, options: FlattenOptions) -> FlattenResult:
         UnsafeContentError: a module pickle without `trust`.
         FlattenError: flattening or verification failed; nothing was written.
     """
-    from memlayout.load import LoadOptions, load_path
+    from memlayout.load import load_path
     from memlayout.load.hf_dir import is_hf_dir
 
     if os.path.isdir(path) and is_hf_dir(path):
         return _flatten_hf_dir(path, options)
     out = _check_paths(path, options)
-    source = load_path(path, LoadOptions(trust=options.trust))
+    source = load_path(path)
     try:
         facts = build_facts(source)
         writer = writer_for(source.format)
@@ -159,8 +159,7 @@ def flatten_path(path: str, options: FlattenOptions) -> FlattenResult:
         seconds = time.perf_counter() - started
         return _result(path, out, label, facts, plan, device, written.bytes_copied, seconds, changes, written.verified)
     finally:
-        if source.close is not None:
-            source.close()
+        source.close()
 
 
 def _flatten_hf_dir(path: str, options: FlattenOptions) -> FlattenResult:

@@ -108,8 +108,7 @@ def verify_torch_file(
             if not compare_bytes(path, reader.data_start[storage.key], buffers[index]):
                 raise FlattenError(f"verification failed: bytes of {plan.buffers[index].label} differ on disk")
     finally:
-        if source.close is not None:
-            source.close()
+        source.close()
 
 
 def write_torch(

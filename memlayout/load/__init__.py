@@ -18,28 +18,21 @@ HEAD_BYTES = 64
 
 
 @dataclass(frozen=True)
-class LoadOptions:
-    """What the caller allows a loader to do."""
-
-    trust: bool = False
-    """Real unpickling (executes code from the file) is allowed."""
-
-
-@dataclass(frozen=True)
 class Format:
     """One readable format."""
 
     name: str
     detect: Callable[[str, bytes], bool]
     """(path, first bytes or b"" for a directory) -> whether this format reads it."""
-    load: Callable[[str, LoadOptions], LoadedSource]
+    load: Callable[[str], LoadedSource]
+    """path -> what the file holds, read without executing anything from it."""
 
 
 def _is_torch_zip(path: str, head: bytes) -> bool:
     return head.startswith(b"PK\x03\x04")
 
 
-def _load_torch_zip(path: str, options: LoadOptions) -> LoadedSource:
+def _load_torch_zip(path: str) -> LoadedSource:
     from memlayout.load.torch_zip import load_torch_zip
 
     return load_torch_zip(path)
@@ -51,7 +44,7 @@ def _is_safetensors(path: str, head: bytes) -> bool:
     return looks_like_safetensors(head)
 
 
-def _load_safetensors(path: str, options: LoadOptions) -> LoadedSource:
+def _load_safetensors(path: str) -> LoadedSource:
     from memlayout.load.safetensors_file import load_safetensors
 
     return load_safetensors(path)
@@ -63,7 +56,7 @@ def _is_hf_dir(path: str, head: bytes) -> bool:
     return not head and is_hf_dir(path)
 
 
-def _load_hf_dir(path: str, options: LoadOptions) -> LoadedSource:
+def _load_hf_dir(path: str) -> LoadedSource:
     from memlayout.load.hf_dir import load_hf_dir
 
     return load_hf_dir(path)
@@ -75,7 +68,7 @@ def _is_legacy(path: str, head: bytes) -> bool:
     return is_legacy_torch(head)
 
 
-def _load_legacy(path: str, options: LoadOptions) -> LoadedSource:
+def _load_legacy(path: str) -> LoadedSource:
     from memlayout.load.legacy import load_legacy
 
     return load_legacy(path)
@@ -87,7 +80,7 @@ def _is_legacy_tar(path: str, head: bytes) -> bool:
     return is_legacy_tar(path, head)
 
 
-def _load_legacy_tar(path: str, options: LoadOptions) -> LoadedSource:
+def _load_legacy_tar(path: str) -> LoadedSource:
     from memlayout.load.legacy_tar import load_legacy_tar
 
     return load_legacy_tar(path)
@@ -99,7 +92,7 @@ def _is_bare_pickle(path: str, head: bytes) -> bool:
     return is_pickle(head)
 
 
-def _load_bare_pickle(path: str, options: LoadOptions) -> LoadedSource:
+def _load_bare_pickle(path: str) -> LoadedSource:
     from memlayout.load.legacy import load_bare_pickle
 
     return load_bare_pickle(path)
@@ -111,7 +104,7 @@ def _is_torchscript(path: str, head: bytes) -> bool:
     return _is_torch_zip(path, head) and is_torchscript_zip(path)
 
 
-def _load_torchscript(path: str, options: LoadOptions) -> LoadedSource:
+def _load_torchscript(path: str) -> LoadedSource:
     from memlayout.load.torchscript import load_torchscript
 
     return load_torchscript(path)
@@ -123,7 +116,7 @@ def _is_dcp_dir(path: str, head: bytes) -> bool:
     return not head and is_dcp_dir(path)
 
 
-def _load_dcp_dir(path: str, options: LoadOptions) -> LoadedSource:
+def _load_dcp_dir(path: str) -> LoadedSource:
     from memlayout.load.dcp import load_dcp
 
     return load_dcp(path)
@@ -135,7 +128,7 @@ def _is_pt2(path: str, head: bytes) -> bool:
     return _is_torch_zip(path, head) and is_pt2_zip(path)
 
 
-def _load_pt2(path: str, options: LoadOptions) -> LoadedSource:
+def _load_pt2(path: str) -> LoadedSource:
     from memlayout.load.pt2 import load_pt2
 
     return load_pt2(path)
@@ -161,12 +154,14 @@ def _read_head(path: str) -> bytes:
         return handle.read(HEAD_BYTES)
 
 
-def load_path(path: str, options: LoadOptions | None = None) -> LoadedSource:
+def load_path(path: str) -> LoadedSource:
     """Load a file, a directory or an import spec.
+
+    No loader runs code from a file: pickles are read by the restricted unpickler.
+    Only an import spec runs code, the user's own, by design.
 
     Args:
         path: A checkpoint file, a model directory, or `pkg.module:callable`.
-        options: What the loader may do; by default nothing from the file executes.
 
     Returns:
         The `LoadedSource` of the first format that recognizes the content.
@@ -176,7 +171,6 @@ def load_path(path: str, options: LoadOptions | None = None) -> LoadedSource:
         UnrecognizedFormatError: no format recognizes the content.
         CorruptCheckpointError: the content is recognized but damaged.
     """
-    options = options or LoadOptions()
     if not os.path.exists(path):
         from memlayout.load.import_spec import load_import_spec, looks_like_spec
 
@@ -194,7 +188,7 @@ def load_path(path: str, options: LoadOptions | None = None) -> LoadedSource:
             raise CorruptCheckpointError(f"{path} is empty", "the file holds no bytes; re-export it")
     for fmt in FORMATS:
         if fmt.detect(path, head):
-            return fmt.load(path, options)
+            return fmt.load(path)
     if not head:
         raise UnrecognizedFormatError(f"{path} is a directory with no model memlayout can read")
     raise UnrecognizedFormatError(f"{path} is not a checkpoint format memlayout recognizes")

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
-from memlayout.load.mapped_files import MappedFiles, Span
+from memlayout.load.file_source import file_source
+from memlayout.load.mapped_files import Span
 from memlayout.load.records import (
     DeclaredTie,
     LoadedSource,
@@ -110,6 +111,13 @@ class ShardedReader:
 
     readers: dict[str, tuple[StorageReader, str]]
     """merged storage key -> (the shard's reader, the shard's key)."""
+    shards: list[LoadedSource] = field(default_factory=list)
+    """Each shard as loaded; `close` closes them all."""
+
+    def close(self) -> None:
+        """Close every shard's files."""
+        for shard in self.shards:
+            shard.close()
 
     def read(self, storage_key: str, start: int, length: int) -> bytes | memoryview:
         """Return `length` bytes of storage `storage_key` from byte `start`.
@@ -151,37 +159,30 @@ class ShardedReader:
 def _load_safetensors_shards(directory: str, shards: list[str]) -> LoadedSource:
     tensors: list[TensorRecord] = []
     storages: dict[str, StorageRecord] = {}
+    spans: dict[str, Span] = {}
     paths = [os.path.join(directory, shard) for shard in shards]
-    reader = MappedFiles.open(paths)
-    try:
-        for index, path in enumerate(paths):
-            header, _ = read_header(path)
-            shard_tensors, shard_storages = safetensors_records(header)
-            duplicates = storages.keys() & shard_storages.keys()
-            if duplicates:
-                raise CorruptCheckpointError(
-                    f"{directory}: tensor {sorted(duplicates)[0]} appears in more than one shard"
-                )
-            tensors += shard_tensors
-            storages.update(shard_storages)
-            reader.spans.update({e.name: Span(index, e.start, e.nbytes) for e in header.entries})
-    except BaseException:
-        reader.close()
-        raise
-    return LoadedSource(directory, "hf-safetensors", tensors, storages, reader=reader, close=reader.close)
+    for index, path in enumerate(paths):
+        header, _ = read_header(path)
+        shard_tensors, shard_storages = safetensors_records(header)
+        duplicates = storages.keys() & shard_storages.keys()
+        if duplicates:
+            raise CorruptCheckpointError(f"{directory}: tensor {sorted(duplicates)[0]} appears in more than one shard")
+        tensors += shard_tensors
+        storages.update(shard_storages)
+        spans.update({e.name: Span(index, e.start, e.nbytes) for e in header.entries})
+    return file_source(directory, "hf-safetensors", tensors, storages, spans, files=paths)
 
 
 def _load_pickled_shards(directory: str, shards: list[str]) -> LoadedSource:
-    from memlayout.load import LoadOptions, load_path
+    from memlayout.load import load_path
 
     merged = LoadedSource(directory, "hf-pytorch", [], {})
     readers: dict[str, tuple[StorageReader, str]] = {}
-    closers = []
+    shard_sources: list[LoadedSource] = []
     try:
         for shard in shards:
-            source = load_path(os.path.join(directory, shard), LoadOptions())
-            if source.close is not None:
-                closers.append(source.close)
+            source = load_path(os.path.join(directory, shard))
+            shard_sources.append(source)
             # Storage keys restart at "0" in every shard; prefix them to keep them apart.
             prefix = f"{shard}:" if len(shards) > 1 else ""
             for record in source.tensors:
@@ -195,16 +196,10 @@ def _load_pickled_shards(directory: str, shards: list[str]) -> LoadedSource:
             merged.legacy_format |= source.legacy_format
             merged.notes += source.notes
     except BaseException:
-        for close in closers:
-            close()
+        for source in shard_sources:
+            source.close()
         raise
-
-    def close_all() -> None:
-        for close in closers:
-            close()
-
-    merged.reader = ShardedReader(readers)
-    merged.close = close_all
+    merged.reader = ShardedReader(readers, shard_sources)
     return merged
 
 
@@ -300,8 +295,7 @@ def load_hf_dir(path: str) -> LoadedSource:
         try:
             config = _read_json(config_path, "model config")
         except BaseException:
-            if source.close is not None:
-                source.close()
+            source.close()
             raise
         if isinstance(config, dict):
             source.declared_ties += declared_ties(config, [t.name for t in source.tensors])

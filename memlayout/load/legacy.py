@@ -21,8 +21,7 @@ from collections.abc import Iterable
 from typing import Any, BinaryIO
 
 from memlayout.errors import CorruptCheckpointError
-from memlayout.load.mapped_files import MappedFiles, Span
-from memlayout.load.pickled_tree import modules_and_ties, tensor_records
+from memlayout.load.file_source import StorageSpans, pickled_source
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import (
     PickledStorage,
@@ -135,26 +134,11 @@ def load_legacy(path: str) -> LoadedSource:
             raise CorruptCheckpointError(f"{path}: the storage key list is not a list")
         storages = main.storages
         starts, sizes = _storage_spans(path, handle, [str(k) for k in keys], storages, file_size)
-    reader = MappedFiles.open([path])
-    reader.spans = {key: Span(0, start, sizes[key]) for key, start in starts.items()}
-    try:
-        # torch.load cannot map a legacy file: it reads each storage into fresh memory.
-        tensors, storage_records = tensor_records(root, starts, sizes, path, used_in_place=False)
-    except BaseException:
-        reader.close()
-        raise
-    modules, ties = modules_and_ties(root, tensors)
-    return LoadedSource(
-        path=path,
-        format="torch-legacy",
-        tensors=tensors,
-        storages=storage_records,
-        modules=modules,
-        declared_ties=ties,
-        reader=reader,
+    # torch.load cannot map a legacy file: it reads each storage into fresh memory.
+    return pickled_source(
+        path, "torch-legacy", root, StorageSpans(starts, sizes), used_in_place=False,
         pickle_globals=merge_globals(u.referenced for u in (first, second, third, main, fourth)),
         legacy_format=True,
-        close=reader.close,
     )
 
 
@@ -169,15 +153,8 @@ def load_bare_pickle(path: str) -> LoadedSource:
     """
     with open(path, "rb") as handle:
         root, unpickler = _load(path, handle, "main", False)
-    tensors, storages = tensor_records(root, None)
-    modules, ties = modules_and_ties(root, tensors)
-    return LoadedSource(
-        path=path,
-        format="pickle",
-        tensors=tensors,
-        storages=storages,
-        modules=modules,
-        declared_ties=ties,
+    return pickled_source(
+        path, "pickle", root, None,
         pickle_globals=list(unpickler.referenced.values()),
         notes=["a bare pickle, not a torch.save file: tensor data is not located"],
     )

@@ -24,7 +24,6 @@ view's root storage at the view's offset, so aliasing across views is exact.
 from __future__ import annotations
 
 import io
-import mmap
 import os
 import pickle
 import struct
@@ -34,9 +33,8 @@ from typing import Any
 
 from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError
+from memlayout.load.file_source import StorageSpans, pickled_source
 from memlayout.load.legacy import merge_globals, refuse_big_endian
-from memlayout.load.mapped_files import MappedFiles, Span
-from memlayout.load.pickled_tree import modules_and_ties, tensor_records
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import (
     PickledStorage,
@@ -378,23 +376,12 @@ def load_legacy_tar(path: str) -> LoadedSource:
         main_reader = _MemberReader(path, fd, members["pickle"], objects)
         root = main_reader.load("the object")
         readers += [storage_reader, tensor_reader, main_reader]
-        # torch.load extracts each storage into fresh memory; nothing is used in place.
-        tensor_list, storage_records = tensor_records(root, starts, sizes, path, used_in_place=False)
-        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    except BaseException:
+    finally:
         os.close(fd)
-        raise
-    reader = MappedFiles({key: Span(0, start, sizes[key]) for key, start in starts.items()}, [mapped], [fd])
-    modules, ties = modules_and_ties(root, tensor_list, main_reader.made_placeholders)
-    return LoadedSource(
-        path=path,
-        format="torch-legacy-tar",
-        tensors=tensor_list,
-        storages=storage_records,
-        modules=modules,
-        declared_ties=ties,
-        reader=reader,
+    # torch.load extracts each storage into fresh memory; nothing is used in place.
+    return pickled_source(
+        path, "torch-legacy-tar", root, StorageSpans(starts, sizes), used_in_place=False,
         pickle_globals=merge_globals(r.referenced for r in readers),
+        made_placeholders=main_reader.made_placeholders,
         legacy_format=True,
-        close=reader.close,
     )

@@ -49,16 +49,20 @@ class MappedFiles:
     """CRC-32 of each storage's whole span, where the file records one (zip entries do)."""
 
     @classmethod
-    def open(cls, paths: list[str]) -> MappedFiles:
+    def open(
+        cls, paths: list[str], spans: dict[str, Span] | None = None, checksums: dict[str, int] | None = None
+    ) -> MappedFiles:
         """Map each file read-only and keep a descriptor for preads.
 
         Args:
             paths: The files, in the order `Span.file` indexes them.
+            spans: Where each storage's bytes are; more can be added to `spans` later.
+            checksums: The CRC-32 each whole span has, where the files record one.
 
         Returns:
-            A reader with no spans yet; add them to `spans`.
+            The reader; `close` releases the maps and descriptors.
         """
-        reader = cls({})
+        reader = cls({} if spans is None else spans, checksums={} if checksums is None else checksums)
         try:
             for path in paths:
                 fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))

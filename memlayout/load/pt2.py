@@ -40,7 +40,7 @@ from typing import Any
 
 from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
-from memlayout.load.mapped_files import MappedFiles, Span
+from memlayout.load.file_source import StorageSpans, file_source
 from memlayout.load.pickled_tree import tensor_records
 from memlayout.load.records import (
     LoadedSource,
@@ -153,47 +153,38 @@ def load_pt2(path: str) -> LoadedSource:
             starts, sizes = record_spans(file_size, archive, f"{prefix}data/")
         except _ZIP_ERRORS as exc:
             raise CorruptCheckpointError(f"{path} is not a readable torch.export archive: {exc}") from exc
-    reader = MappedFiles.open([path])
-    reader.spans = {key: Span(0, start, sizes[key]) for key, start in starts.items()}
-    try:
-        entries = _entries(
-            path, weights, "weights",
-            lambda e: TensorKind.PARAMETER if e.get("is_param") else TensorKind.BUFFER,
-        ) + _entries(path, constants, "constants", lambda e: TensorKind.TENSOR)
-        tensors: list[TensorRecord] = []
-        storages: dict[str, StorageRecord] = {}
-        notes = []
-        for name, key, pickled, meta, kind in entries:
-            dtype = SCALAR_TYPES.get(meta.get("dtype", 0))
-            if dtype is None:
-                raise CorruptCheckpointError(f"{path}: tensor {name} has unknown dtype code {meta.get('dtype')!r}")
-            shape = tuple(_int(v, f"size of {name}") for v in meta.get("sizes") or [])
-            stride = tuple(_int(v, f"stride of {name}") for v in meta.get("strides") or [])
-            offset = _int(meta.get("storage_offset", 0), f"storage offset of {name}")
+    entries = _entries(
+        path, weights, "weights",
+        lambda e: TensorKind.PARAMETER if e.get("is_param") else TensorKind.BUFFER,
+    ) + _entries(path, constants, "constants", lambda e: TensorKind.TENSOR)
+    tensors: list[TensorRecord] = []
+    storages: dict[str, StorageRecord] = {}
+    notes = []
+    for name, key, pickled, meta, kind in entries:
+        dtype = SCALAR_TYPES.get(meta.get("dtype", 0))
+        if dtype is None:
+            raise CorruptCheckpointError(f"{path}: tensor {name} has unknown dtype code {meta.get('dtype')!r}")
+        shape = tuple(_int(v, f"size of {name}") for v in meta.get("sizes") or [])
+        stride = tuple(_int(v, f"stride of {name}") for v in meta.get("strides") or [])
+        offset = _int(meta.get("storage_offset", 0), f"storage offset of {name}")
+        if pickled:
+            # The record is a torch.save pickle of a tensor subclass, not raw bytes.
+            key = f"{key}#pickled"
+            notes.append(f"{name} is stored pickled (a tensor subclass); its contents are not read")
+        if key not in storages:
             if pickled:
-                # The record is a torch.save pickle of a tensor subclass, not raw bytes.
-                key = f"{key}#pickled"
-                notes.append(f"{name} is stored pickled (a tensor subclass); its contents are not read")
-            if key not in storages:
-                if pickled:
-                    nbytes = (offset + sum((s - 1) * st for s, st in zip(shape, stride, strict=False)) + 1) * dtype_info(dtype).itemsize
-                    storages[key] = StorageRecord(key, _device(meta), nbytes if all(shape) else 0, None, has_data=False)
-                else:
-                    if key not in sizes:
-                        raise CorruptCheckpointError(f"{path}: tensor {name} names record {key}, which the archive lacks")
-                    # No base address: torch.export.load copies each record out of the zip
-                    # (get_storage_from_record) into fresh memory, so the file's alignment is moot.
-                    storages[key] = StorageRecord(key, _device(meta), sizes[key], None)
-            tensors.append(
-                TensorRecord(name, kind, dtype, shape, stride, key, offset, requires_grad=bool(meta.get("requires_grad")))
-            )
-    except BaseException:
-        reader.close()
-        raise
-    return LoadedSource(
-        path=path, format="torch-export", tensors=tensors, storages=storages, reader=reader, notes=notes,
-        close=reader.close,
-    )
+                nbytes = (offset + sum((s - 1) * st for s, st in zip(shape, stride, strict=False)) + 1) * dtype_info(dtype).itemsize
+                storages[key] = StorageRecord(key, _device(meta), nbytes if all(shape) else 0, None, has_data=False)
+            else:
+                if key not in sizes:
+                    raise CorruptCheckpointError(f"{path}: tensor {name} names record {key}, which the archive lacks")
+                # No base address: torch.export.load copies each record out of the zip
+                # (get_storage_from_record) into fresh memory, so the file's alignment is moot.
+                storages[key] = StorageRecord(key, _device(meta), sizes[key], None)
+        tensors.append(
+            TensorRecord(name, kind, dtype, shape, stride, key, offset, requires_grad=bool(meta.get("requires_grad")))
+        )
+    return file_source(path, "torch-export", tensors, storages, StorageSpans(starts, sizes), notes=notes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,7 +291,8 @@ def _load_older_layout(path: str, fd: int, archive: zipfile.ZipFile) -> LoadedSo
     ]
     tensors: list[TensorRecord] = []
     storages: dict[str, StorageRecord] = {}
-    spans: dict[str, Span] = {}
+    starts: dict[str, int] = {}
+    sizes: dict[str, int] = {}
     checksums: dict[str, int] = {}
     pickle_globals: dict[tuple[str, str], PickleGlobal] = {}
     notes = [
@@ -324,7 +316,7 @@ def _load_older_layout(path: str, fd: int, archive: zipfile.ZipFile) -> LoadedSo
         for key, storage in stored.items():
             storages[f"{label}/{key}"] = dataclasses.replace(storage, key=f"{label}/{key}", base_address=None)
             if contents.starts is not None and key in contents.starts:
-                spans[f"{label}/{key}"] = Span(0, contents.starts[key], contents.sizes[key])
+                starts[f"{label}/{key}"], sizes[f"{label}/{key}"] = contents.starts[key], contents.sizes[key]
                 if key in contents.checksums:
                     checksums[f"{label}/{key}"] = contents.checksums[key]
         default = TensorKind.BUFFER if label == "state_dict" else TensorKind.TENSOR
@@ -333,9 +325,7 @@ def _load_older_layout(path: str, fd: int, archive: zipfile.ZipFile) -> LoadedSo
             if kind is None:
                 kind = TensorKind.PARAMETER if record.kind is TensorKind.PARAMETER else default
             tensors.append(dataclasses.replace(record, kind=kind, storage_key=f"{label}/{record.storage_key}"))
-    reader = MappedFiles.open([path])
-    reader.spans, reader.checksums = spans, checksums
-    return LoadedSource(
-        path=path, format="torch-export", tensors=tensors, storages=storages, reader=reader,
-        pickle_globals=list(pickle_globals.values()), notes=notes, close=reader.close,
+    return file_source(
+        path, "torch-export", tensors, storages, StorageSpans(starts, sizes, checksums),
+        pickle_globals=list(pickle_globals.values()), notes=notes,
     )

@@ -24,7 +24,7 @@ from typing import Any
 
 from memlayout.dtypes import SAFETENSORS_DTYPES, dtype_info
 from memlayout.errors import CorruptCheckpointError
-from memlayout.load.mapped_files import MappedFiles, Span
+from memlayout.load.file_source import StorageSpans, file_source
 from memlayout.load.records import LoadedSource, StorageRecord, TensorKind, TensorRecord
 
 HEADER_LENGTH_BYTES = 8
@@ -240,18 +240,9 @@ def load_safetensors(path: str) -> LoadedSource:
     """
     header, _ = read_header(path)
     tensors, storages = safetensors_records(header)
-    reader = MappedFiles.open([path])
-    reader.spans = {e.name: Span(0, e.start, e.nbytes) for e in header.entries}
     notes = []
     if header.metadata:
         shown = ", ".join(f"{k}={v[:40]}" for k, v in sorted(header.metadata.items())[:5])
         notes.append(f"safetensors __metadata__: {shown}")
-    return LoadedSource(
-        path=path,
-        format="safetensors",
-        tensors=tensors,
-        storages=storages,
-        reader=reader,
-        notes=notes,
-        close=reader.close,
-    )
+    spans = StorageSpans({e.name: e.start for e in header.entries}, {e.name: e.nbytes for e in header.entries})
+    return file_source(path, "safetensors", tensors, storages, spans, notes=notes)

@@ -21,15 +21,13 @@ outer file serves the nested storages.
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 import zlib
 from typing import NamedTuple
 
 from memlayout.errors import CorruptCheckpointError
-from memlayout.load.mapped_files import MappedFiles, Span
-from memlayout.load.pickled_tree import modules_and_ties, tensor_records
+from memlayout.load.file_source import StorageSpans, pickled_source
 from memlayout.load.records import LoadedSource
 from memlayout.load.restricted_pickle import UnpickleResult, unpickle
 
@@ -295,26 +293,10 @@ def load_torch_zip(path: str) -> LoadedSource:
         if size == 0:
             raise CorruptCheckpointError(f"{path} is empty")
         archive = read_torch_zip(fd, 0, size, path)
-        starts, sizes, result = archive.starts, archive.sizes, archive.pickle
-        tensors, storages = tensor_records(result.root, starts, sizes, path)
-        # Mapping is cheap (microseconds) as long as nothing touches it; only
-        # content reads and flatten's copies do.
-        mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    except BaseException:
+    finally:
         os.close(fd)
-        raise
-    reader = MappedFiles(
-        {key: Span(0, start, sizes[key]) for key, start in starts.items()}, [mapped], [fd], archive.checksums
-    )
-    modules, ties = modules_and_ties(result.root, tensors, result.made_placeholders)
-    return LoadedSource(
-        path=path,
-        format="torch-zip",
-        tensors=tensors,
-        storages=storages,
-        modules=modules,
-        declared_ties=ties,
-        reader=reader,
-        pickle_globals=result.globals,
-        close=reader.close,
+    result = archive.pickle
+    return pickled_source(
+        path, "torch-zip", result.root, StorageSpans(archive.starts, archive.sizes, archive.checksums),
+        pickle_globals=result.globals, made_placeholders=result.made_placeholders,
     )

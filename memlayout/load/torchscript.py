@@ -29,8 +29,7 @@ import zlib
 from typing import Any
 
 from memlayout.errors import CorruptCheckpointError
-from memlayout.load.mapped_files import MappedFiles, Span
-from memlayout.load.pickled_tree import modules_and_ties, tensor_records
+from memlayout.load.file_source import StorageSpans, pickled_source
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import (
     InertObject,
@@ -315,35 +314,15 @@ def load_torchscript(path: str) -> LoadedSource:
             referenced.update(constants_unpickler.referenced)
             tree["constants"] = constants_root
         _restructure(archive, prefix, root)
-    reader = MappedFiles.open([path])
-    reader.spans = {key: Span(0, start, sizes[key]) for key, start in starts.items()}
-    try:
-        # torch.jit.load reads each storage record into fresh memory; none is used in place.
-        tensors, storages = tensor_records(root, starts, sizes, path, used_in_place=False)
-        if constants:
-            constant_tensors, constant_storages = tensor_records(
-                {"constants": tree["constants"]}, starts, sizes, path, used_in_place=False
-            )
-            tensors += constant_tensors
-            storages.update(constant_storages)
-    except BaseException:
-        reader.close()
-        raise
-    modules, ties = modules_and_ties(root, tensors)
-    return LoadedSource(
-        path=path,
-        format="torchscript",
-        tensors=tensors,
-        storages=storages,
-        modules=modules,
-        declared_ties=ties,
-        reader=reader,
+    # torch.jit.load reads each storage record into fresh memory; none is used in place.
+    return pickled_source(
+        path, "torchscript", root, StorageSpans(starts, sizes), used_in_place=False,
         pickle_globals=_python_globals(referenced),
+        more_tensors={"constants": tree["constants"]} if constants else None,
         notes=[
             "TorchScript archive: torch.load(weights_only=True) refuses it, and torch.jit.load "
             "compiles and runs the TorchScript in its code/ folder"
         ],
-        close=reader.close,
     )
 
 

@@ -130,7 +130,7 @@ def test_written_file_matches_plan_layout(tmp_path: Path) -> None:
     _flatten(src, out, align=256)
     source = load_torch_zip(str(out))
     facts = build_facts(source)
-    source.close()  # type: ignore[misc]
+    source.close()
     for tensor in facts.tensors:
         if tensor.name in ("model.encoder.bias", "step"):
             assert (tensor.offset * tensor.itemsize) % 256 == 0

@@ -52,7 +52,6 @@ def test_sharded_reader_reads_each_shard(sharded_gpt2: Path) -> None:
         assert source.reader is not None
         assert bytes(source.reader.read("transformer.ln_f.weight", 0, len(expected))) == expected
     finally:
-        assert source.close is not None
         source.close()
 
 

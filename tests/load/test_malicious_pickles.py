@@ -79,10 +79,16 @@ def test_payload_in_the_legacy_header_pickles_is_not_executed(tmp_path: Path, ma
     assert "Traceback" not in result.stderr
 
 
-def test_trust_is_not_needed_and_not_used_by_inspect(tmp_path: Path, marker: Path) -> None:
+def test_inspect_refuses_trust_and_its_hint_works(tmp_path: Path, marker: Path) -> None:
+    # inspect never runs code, so --trust would only mislead: it is refused with
+    # one line, and following the hint (dropping it) inspects the file inertly.
     path = _write(tmp_path, "model.pt", malicious.torch_zip(malicious.PAYLOADS[0].build(str(marker))))
-    report = run_inspection(str(path), trust=True)
-    assert "ML601" in {f.code for f in report.findings}
+    assert_one_line_error(run_cli("inspect", "--trust", str(path)), "inspect takes no --trust", "drop --trust")
+    assert "--trust" not in run_cli("inspect", "--help").stdout
+    followed = run_cli("inspect", str(path), "--format", "json")
+    assert followed.exit_code == 1
+    assert "ML601" in followed.stdout
+    assert not marker.exists()
 
 
 def test_user_classes_are_named_but_not_flagged_as_code_execution(tmp_path: Path, marker: Path) -> None:
