@@ -38,13 +38,9 @@ def _odd_sized_state() -> dict[str, torch.Tensor]:
 def test_legacy_file_at_odd_offsets_is_aligned_once_loaded(tmp_path: Path) -> None:
     path = tmp_path / "legacy.pt"
     torch.save(_odd_sized_state(), path, _use_new_zipfile_serialization=False)
-    source = load_path(str(path))
-    try:
+    with load_path(str(path)) as source:
         spans = source.reader.spans  # type: ignore[union-attr]
         assert any(span.start % ALIGNMENT for span in spans.values()), "the case needs unaligned file offsets"
-    finally:
-        assert source.close is not None
-        source.close()
     assert _misaligned_by_torch(torch.load(path, weights_only=True)) == set()
     assert _misaligned_by_memlayout(path) == set()
 
