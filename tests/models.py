@@ -232,3 +232,15 @@ def nan_state() -> dict[str, torch.Tensor]:
 def constant_tensors_state() -> dict[str, torch.Tensor]:
     """Freshly initialized norm weights: equal, large, constant — never duplicates."""
     return {"norm1.weight": torch.ones(2048), "norm2.weight": torch.ones(2048), "bias": torch.zeros(2048)}
+
+
+def one_finding_of_each_severity_state() -> dict[str, torch.Tensor]:
+    """ML101 (error): two slices overlap; ML201 (warning): a transposed matrix; ML203 (info): a view 4 bytes in."""
+    base = torch.arange(64, dtype=torch.float32)
+    shifted = torch.arange(65, dtype=torch.float32)
+    return {
+        "encoder.left": base[0:40],
+        "encoder.right": base[20:64],
+        "proj.weight": torch.arange(64, dtype=torch.float32).reshape(8, 8).t(),
+        "norm.shifted": shifted[1:],
+    }

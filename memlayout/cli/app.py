@@ -7,15 +7,74 @@ and metadata inspection start fast.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from memlayout import __version__
 from memlayout.cli.flatten_command import flatten_command
 from memlayout.cli.inspect_command import inspect_command
 from memlayout.cli.rules_command import explain_command, rules_command
 
+
+def _parser_errors() -> tuple[type[Exception], ...]:
+    # typer 0.29 raises its own vendored click's exceptions; older releases raise click's.
+    errors: list[type[Exception]] = [typer.TyperException]
+    try:
+        import click
+    except ImportError:  # pragma: no cover - typer without click
+        return tuple(errors)
+    return (*errors, click.ClickException)
+
+
+def _is_usage_error(exc: Exception) -> bool:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return "UsageError" in names and "NoArgsIsHelpError" not in names
+
+
+class OneLineUsageErrors(TyperGroup):
+    """A bad flag or value is one `memlayout: error: ...` line and exit 2, like every other error.
+
+    click would print the usage, a hint and a boxed message; a CI log and a
+    pre-commit run want the one line.
+    """
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        def run() -> Any:
+            return super(OneLineUsageErrors, self).main(
+                args, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **extra
+            )
+
+        if not standalone_mode:
+            return run()
+        try:
+            code = run()
+        except _parser_errors() as exc:
+            if not _is_usage_error(exc):
+                exc.show()  # type: ignore[attr-defined]
+                sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+            # typer words a rejected choice through pydantic, whose prefix says nothing.
+            message = exc.format_message().replace("Value error, ", "")  # type: ignore[attr-defined]
+            print(f"memlayout: error: {message}", file=sys.stderr)
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+        except typer.Abort:
+            print("memlayout: aborted", file=sys.stderr)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=OneLineUsageErrors,
     name="memlayout",
     help="Memory-layout diagnostics for PyTorch models and checkpoints.",
     no_args_is_help=True,

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from memlayout.batch import BatchReport
 from memlayout.cli.errors import one_line_errors
 from memlayout.cli.options import (
     DebugOption,
@@ -18,7 +19,8 @@ from memlayout.cli.options import (
     split_codes,
 )
 from memlayout.cli.output import progress_callback, write_output
-from memlayout.errors import UsageError
+from memlayout.errors import MemlayoutError, UsageError
+from memlayout.report import OutputFormat
 
 
 def parse_ties(values: list[str] | None) -> tuple[tuple[str, str], ...]:
@@ -31,11 +33,34 @@ def parse_ties(values: list[str] | None) -> tuple[tuple[str, str], ...]:
     return tuple(ties)
 
 
+class EveryPathFailed(MemlayoutError):
+    """No path of the call could be inspected; exit 2 with nothing written."""
+
+
+def report_load_errors(batch: BatchReport) -> None:
+    """Put each path's load error on stderr, one line each, whatever the report's format.
+
+    When no path loaded, nothing is written: the last path's error becomes the
+    command's one-line error, exit 2.
+    """
+    failures = batch.failures
+    last = len(failures) - 1 if len(failures) == len(batch.paths) else len(failures)
+    for path in failures[:last]:
+        print(f"memlayout: error: {path.error_line}", file=sys.stderr)
+    if last < len(failures):
+        only = len(batch.paths) == 1
+        raise EveryPathFailed((failures[last].error or "") if only else failures[last].error_line)
+
+
 def inspect_command(
-    path: Annotated[str, typer.Argument(help="Checkpoint file, model directory, or pkg.module:callable.")],
+    paths: Annotated[
+        list[str],
+        typer.Argument(help="Checkpoint files, model directories, folders of checkpoints, or pkg.module:callable.",
+                       metavar="PATH..."),
+    ],
     output_format: Annotated[
-        str, typer.Option("--format", "-f", help="table (default) or json.", metavar="FORMAT")
-    ] = "table",
+        OutputFormat, typer.Option("--format", "-f", help="The report's format.", case_sensitive=False)
+    ] = OutputFormat.TABLE,
     output: OutputOption = None,
     select: SelectOption = None,
     ignore: IgnoreOption = None,
@@ -50,7 +75,7 @@ def inspect_command(
     trust: Annotated[bool, typer.Option("--trust", hidden=True)] = False,
     debug: DebugOption = False,
 ) -> None:
-    """Report non-contiguous, duplicated, aliased, bloated and misaligned weights."""
+    """Report non-contiguous, duplicated, aliased, bloated and misaligned weights, for one path or several."""
     with one_line_errors(debug):
         if trust:
             # inspect reads every format inertly, so there is nothing to allow. The
@@ -60,20 +85,17 @@ def inspect_command(
                 "inspect takes no --trust: it never runs code from the file, so there is nothing to allow",
                 "drop --trust; only `memlayout flatten` of a pickled module needs it",
             )
-        from memlayout.inspection import run_inspection
-        from memlayout.report import OutputFormat, render
+        from memlayout.batch import inspect_paths
+        from memlayout.report import reporter_for
         from memlayout.rules import RuleConfig
 
-        try:
-            fmt = OutputFormat(output_format)
-        except ValueError:
-            raise UsageError(f"unknown --format {output_format!r}", "use table or json") from None
         config = RuleConfig(deep=deep, min_duplicate_bytes=min_duplicate_bytes, ties=parse_ties(tie))
         with progress_callback(enabled=deep) as progress:
-            report = run_inspection(
-                path, config=config, select=split_codes(select), ignore=split_codes(ignore), progress=progress,
+            batch = inspect_paths(
+                paths, config=config, select=split_codes(select), ignore=split_codes(ignore), fail_on=fail_on.value,
+                progress=progress, debug=debug,
             )
-        color = output is None and fmt is OutputFormat.TABLE and sys.stdout.isatty()
-        write_output(render(report, fmt, color=color), output)
-    if report.fails(fail_on.value):
-        raise typer.Exit(1)
+        report_load_errors(batch)
+        color = output is None and output_format is OutputFormat.TABLE and sys.stdout.isatty()
+        write_output(reporter_for(output_format, color=color).render(batch), output)
+    raise typer.Exit(batch.exit_code())

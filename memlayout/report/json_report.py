@@ -1,5 +1,7 @@
-"""The JSON report, schema version 1 (documented in the README, validated by schema_v1.json).
+"""The JSON report: schema 1 for one path, schema 2 for several (README; schema_v1/v2.json).
 
+One path gives exactly the schema-1 document. Several paths give a schema-2
+document whose `reports[]` each hold one path's schema-1 report, or its load error.
 Only additive changes are allowed within a schema version; removing or renaming a
 key bumps `schema`.
 """
@@ -11,10 +13,13 @@ from collections import defaultdict
 from typing import Any
 
 from memlayout import __version__
+from memlayout.batch import BaselineOutcome, BatchReport
 from memlayout.facts import TensorFact
 from memlayout.inspection import Report
+from memlayout.report.interface import Reporter
 
 SCHEMA_VERSION = 1
+MULTI_PATH_SCHEMA_VERSION = 2
 
 
 def report_dict(report: Report) -> dict[str, Any]:
@@ -120,6 +125,60 @@ def report_dict(report: Report) -> dict[str, Any]:
     }
 
 
+def baseline_dict(baseline: BaselineOutcome) -> dict[str, Any]:
+    """What the baseline did: `file`, `written`, `suppressed` (a count) and `fixed[]`."""
+    return {
+        "file": baseline.file,
+        "written": baseline.written,
+        "suppressed": baseline.suppressed,
+        "fixed": [
+            {"path": e.path, "code": e.code, "fingerprint": e.fingerprint, "tensors": list(e.tensors)}
+            for e in baseline.fixed
+        ],
+    }
+
+
+def batch_dict(batch: BatchReport) -> dict[str, Any]:
+    """Several paths as plain JSON-ready data (schema 2); each `report` is a schema-1 document."""
+    failed = len(batch.failures)
+    return {
+        "schema": MULTI_PATH_SCHEMA_VERSION,
+        "tool": {"name": "memlayout", "version": __version__},
+        "fail_on": batch.fail_on,
+        "exit_code": batch.exit_code(),
+        "summary": {
+            "paths": len(batch.paths),
+            "inspected": len(batch.paths) - failed,
+            "failed": failed,
+            "findings": batch.findings_by_severity(),
+        },
+        "reports": [
+            {
+                "path": p.path,
+                "report": None if p.report is None else report_dict(p.report),
+                "error": p.error,
+                "suppressed": len(p.suppressed),
+            }
+            for p in batch.paths
+        ],
+        "baseline": None if batch.baseline is None else baseline_dict(batch.baseline),
+    }
+
+
 def render_json(report: Report) -> str:
-    """The report as indented JSON text, ending with a newline."""
+    """One report as indented JSON text (schema 1), ending with a newline."""
     return json.dumps(report_dict(report), indent=2) + "\n"
+
+
+class JsonReporter(Reporter):
+    """Schema 1 for one inspected path (plus `baseline` when one is used), schema 2 for several."""
+
+    def render(self, batch: BatchReport) -> str:
+        single = batch.single
+        if single is not None and single.report is not None:
+            data = report_dict(single.report)
+            if batch.baseline is not None:
+                data["baseline"] = baseline_dict(batch.baseline)
+        else:
+            data = batch_dict(batch)
+        return json.dumps(data, indent=2) + "\n"

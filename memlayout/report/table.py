@@ -9,8 +9,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from memlayout.batch import BaselineOutcome, BatchReport
 from memlayout.format_bytes import human_bytes
 from memlayout.inspection import Report
+from memlayout.report.interface import Reporter, count_phrase
 from memlayout.rules import Severity
 
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -85,3 +87,43 @@ def render_table(report: Report, width: int = 120, color: bool = False) -> str:
     console.print(Text("findings", "bold"))
     console.print(_findings(report))
     return buffer.getvalue()
+
+
+def _baseline_lines(baseline: BaselineOutcome) -> list[str]:
+    lines = [f"baseline {baseline.file}: {baseline.suppressed} known finding(s) not shown"
+             + (" (just written)" if baseline.written else "")]
+    if baseline.fixed:
+        lines.append(f"baseline: {len(baseline.fixed)} recorded finding(s) no longer occur; "
+                     f"re-run with --write-baseline {baseline.file} to drop them:")
+        lines += [f"  fixed {e.code} {e.path}: {', '.join(e.tensors) or '(no tensor)'}" for e in baseline.fixed]
+    return lines
+
+
+class TableReporter(Reporter):
+    """The terminal report: one panel per path, then the totals when there are several."""
+
+    def __init__(self, width: int = 120, color: bool = False) -> None:
+        self.width = width
+        self.color = color
+
+    def render(self, batch: BatchReport) -> str:
+        parts: list[str] = []
+        for path in batch.paths:
+            if path.report is not None:
+                parts.append(render_table(path.report, width=self.width, color=self.color))
+            else:
+                parts.append(f"error: {path.error_line}\n")
+        tail: list[str] = []
+        if batch.single is None:
+            failed = len(batch.failures)
+            tail.append(
+                f"{len(batch.paths)} paths: {len(batch.paths) - failed} inspected, {failed} failed to load; "
+                f"findings: {count_phrase(batch.findings_by_severity())}"
+            )
+        if batch.baseline is not None:
+            tail += _baseline_lines(batch.baseline)
+        # Each part ends with a newline, so joining leaves a blank line between paths.
+        text = "\n".join(parts)
+        if tail:
+            text += ("\n" if batch.single is None else "") + "".join(line + "\n" for line in tail)
+        return text

@@ -104,6 +104,29 @@ class Rule:
     deep_only: bool = False
     """Runs only with --deep (reads every value)."""
 
+    @property
+    def family(self) -> str:
+        """The rule family its code's hundreds digit names ("aliasing" for ML1xx, ...)."""
+        return FAMILIES[self.code[:3]]
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """Labels for dashboards (SARIF `properties.tags`)."""
+        return (self.family, "security") if self.family == "safety" else (self.family,)
+
+    @property
+    def full_description(self) -> str:
+        """The explanation as one paragraph of plain text."""
+        return " ".join(self.explanation.split())
+
+    def help_text(self) -> str:
+        """The rule's whole documentation as plain text: what `memlayout explain` prints."""
+        return f"{self.code} {self.name} (default {self.severity.value})\n\n{self.summary}.\n\n{self.explanation}\n\nFix: {self.hint}\n"
+
+    def help_markdown(self) -> str:
+        """The same documentation as Markdown (SARIF's `help.markdown`)."""
+        return f"**{self.code} {self.name}** (default {self.severity.value}): {self.summary}.\n\n{self.full_description}\n\n**Fix:** {self.hint}\n"
+
     def finding(
         self,
         tensors: Iterable[str],
@@ -127,6 +150,16 @@ class Rule:
 
 
 RULES: dict[str, Rule] = {}
+
+FAMILIES = {
+    "ML1": "aliasing",
+    "ML2": "layout",
+    "ML3": "waste",
+    "ML4": "rnn",
+    "ML5": "dtype-device",
+    "ML6": "safety",
+}
+"""Each code's hundreds digit names its family, as the rule modules are split."""
 
 
 def rule(

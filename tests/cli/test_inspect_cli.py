@@ -130,10 +130,24 @@ def test_import_spec_that_raises_is_one_line(tmp_path: Path, monkeypatch: pytest
     assert len(err.strip().splitlines()) == 1
 
 
-def test_unknown_format_is_a_usage_error(demo: str) -> None:
-    code, _, err = invoke("inspect", demo, "--format", "xml")
-    assert code == 2
-    assert "unknown --format 'xml'" in err
+def test_unknown_format_is_a_one_line_usage_error(demo: str) -> None:
+    code, out, err = invoke("inspect", demo, "--format", "xml")
+    assert code == 2 and out == ""
+    assert err.startswith("memlayout: error: Invalid value for '--format'") and "'xml' is not one of" in err
+    assert "'sarif'" in err and "'junit'" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [["--fail-on", "bogus"], ["--no-such-flag"], ["--min-duplicate-bytes", "-1"]])
+def test_every_bad_flag_is_one_line_and_exit_2(demo: str, args: list[str]) -> None:
+    code, out, err = invoke("inspect", demo, *args)
+    assert code == 2 and out == ""
+    assert err.startswith("memlayout: error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_no_arguments_still_shows_the_help() -> None:
+    _, out, err = invoke()
+    assert "Usage: memlayout" in out + err and "inspect" in out + err
 
 
 def test_rules_lists_every_code_and_explain_shows_the_fix() -> None:

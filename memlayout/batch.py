@@ -1,0 +1,246 @@
+"""Several paths in one call: inspect each, keep going past the ones that fail to load.
+
+`inspect_paths` is what `memlayout inspect a.pt b.safetensors models/` runs. Each
+path gets a `PathReport` holding its `Report`, or the one-line reason it could not
+be loaded; the `BatchReport` over all of them is what every reporter renders, and
+its `exit_code` is the one place the CLI's exit status is decided.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from memlayout.errors import MemlayoutError, UnrecognizedFormatError
+from memlayout.inspection import Report, run_inspection
+from memlayout.rules import RULES, Finding, RuleConfig, Severity, is_selected
+
+EXIT_CLEAN = 0
+EXIT_FAILED = 1
+EXIT_USAGE_OR_LOAD_ERROR = 2
+
+# What a directory that is no model by itself is searched for, as pre-commit's hook
+# matches files. Each file found is still recognized by content, not by this list.
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pt2")
+
+
+@dataclass(frozen=True)
+class PathReport:
+    """One path of the call: its report, or why it could not be inspected."""
+
+    path: str
+    """The path (or import spec) as the user gave it, or as found inside a given directory."""
+    report: Report | None = None
+    """The inspection's result; None when the path failed to load."""
+    error: str | None = None
+    """The one-line reason the path failed to load, with its hint; None when it loaded."""
+    suppressed: tuple[Finding, ...] = ()
+    """Findings hidden because the baseline records them (they are not in `report`)."""
+
+    @property
+    def failed(self) -> bool:
+        return self.report is None
+
+    @property
+    def error_line(self) -> str:
+        """The load error, naming the path (most loaders' messages already start with it)."""
+        error = self.error or ""
+        return error if self.path in error else f"{self.path}: {error}"
+
+    def fails(self, fail_on: str) -> bool:
+        """Whether this path makes the run fail: a finding at or above `fail_on`, or a load error.
+
+        A load error counts as an error-severity result, so `--fail-on never` is the
+        only threshold it does not fail.
+        """
+        if self.report is None:
+            return fail_on != "never"
+        return self.report.fails(fail_on)
+
+
+@dataclass(frozen=True)
+class BaselineEntry:
+    """One finding a baseline file records."""
+
+    path: str
+    """The inspected path, relative to the baseline file's folder (an import spec as given)."""
+    code: str
+    fingerprint: str
+    """`Finding.fingerprint`: the rule code and the sorted tensor names, hashed."""
+    tensors: tuple[str, ...] = ()
+    """For people reading the file; matching uses the path and the fingerprint."""
+
+
+@dataclass(frozen=True)
+class BaselineOutcome:
+    """What the baseline did in this run."""
+
+    file: str
+    """The baseline file, as given."""
+    suppressed: int
+    """Findings found again and hidden."""
+    fixed: tuple[BaselineEntry, ...]
+    """Recorded findings of the inspected paths that no longer occur: the baseline can shrink."""
+    written: bool = False
+    """The file was (re)written by `--write-baseline` in this run."""
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """Every path of one call, as reporters render it."""
+
+    paths: tuple[PathReport, ...]
+    fail_on: str = "warning"
+    """The `--fail-on` threshold: error, warning, info or never."""
+    rules: tuple[str, ...] = field(default_factory=lambda: tuple(sorted(RULES)))
+    """The codes of the rules selected for this run, in code order (JUnit lists one testcase each)."""
+    deep: bool = False
+    """Whether content rules ran (--deep); deep-only rules are skipped without it."""
+    baseline: BaselineOutcome | None = None
+    given: tuple[str, ...] = ()
+    """The paths as the call named them, before folders were expanded; empty means `paths`."""
+
+    @property
+    def single(self) -> PathReport | None:
+        """The only path, when the call named exactly one that is no folder of checkpoints.
+
+        Its reports keep the one-path shapes (JSON schema 1); a folder gives the
+        several-path shapes even when it holds one checkpoint, so a script sees one
+        shape for one command line.
+        """
+        given = self.given or tuple(p.path for p in self.paths)
+        if len(self.paths) == 1 and given == (self.paths[0].path,):
+            return self.paths[0]
+        return None
+
+    @property
+    def reports(self) -> list[Report]:
+        return [p.report for p in self.paths if p.report is not None]
+
+    @property
+    def failures(self) -> list[PathReport]:
+        return [p for p in self.paths if p.report is None]
+
+    def findings_by_severity(self) -> dict[str, int]:
+        """Finding counts over every path, by severity (every severity present, zeros included)."""
+        counts = {severity.value: 0 for severity in Severity}
+        for report in self.reports:
+            for finding in report.findings:
+                counts[finding.severity.value] += 1
+        return counts
+
+    def exit_code(self) -> int:
+        """The worst over all paths: 2 when no path could be inspected, 1 when any path fails."""
+        if not self.paths or all(p.failed for p in self.paths):
+            return EXIT_USAGE_OR_LOAD_ERROR
+        return EXIT_FAILED if any(p.fails(self.fail_on) for p in self.paths) else EXIT_CLEAN
+
+
+def selected_rules(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> tuple[str, ...]:
+    """The codes `--select`/`--ignore` leave, in code order."""
+    select, ignore = list(select), list(ignore)
+    return tuple(code for code in sorted(RULES) if is_selected(code, select, ignore))
+
+
+def _directory_members(directory: str) -> list[str]:
+    # Sorted, hidden entries skipped (as ruff and black walk a tree), so the order of
+    # a combined report does not depend on the filesystem.
+    found: list[str] = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir() or entry.name.lower().endswith(CHECKPOINT_SUFFIXES):
+            found.append(entry.path)
+    return found
+
+
+@dataclass
+class _Walk:
+    """One call's settings, and the folders already walked (a symlink loop is walked once)."""
+
+    config: RuleConfig
+    select: tuple[str, ...]
+    ignore: tuple[str, ...]
+    progress: Callable[[str, int, int], None] | None
+    debug: bool
+    walked: set[str] = field(default_factory=set)
+
+    def inspect(self, path: str, given: bool) -> Iterator[PathReport]:
+        """`path`'s report, its error, or (for a folder that is no model) the reports of its checkpoints.
+
+        `given` is False for a sub-folder found while walking a given folder: one with
+        no checkpoint inside is skipped, not an error.
+        """
+        try:
+            report = run_inspection(
+                path, config=self.config, select=self.select, ignore=self.ignore, progress=self.progress,
+            )
+        except UnrecognizedFormatError as exc:
+            found = list(self._walk(path)) if os.path.isdir(path) else []
+            if found:
+                yield from found
+            elif given or not os.path.isdir(path):
+                if self.debug:
+                    raise
+                yield PathReport(path, error=exc.one_line())
+        except MemlayoutError as exc:
+            if self.debug:
+                raise
+            yield PathReport(path, error=exc.one_line())
+        except Exception as exc:  # a bug or an unforeseen input: this path fails, the others go on
+            if self.debug:
+                raise
+            yield PathReport(
+                path, error=f"{path}: unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)"
+            )
+        else:
+            yield PathReport(path, report=report)
+
+    def _walk(self, folder: str) -> Iterator[PathReport]:
+        real = os.path.realpath(folder)
+        if real in self.walked:
+            return
+        self.walked.add(real)
+        for member in _directory_members(folder):
+            yield from self.inspect(member, given=False)
+
+
+def inspect_paths(
+    paths: Iterable[str],
+    config: RuleConfig | None = None,
+    select: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    fail_on: str = "warning",
+    progress: Callable[[str, int, int], None] | None = None,
+    debug: bool = False,
+) -> BatchReport:
+    """Inspect each path; a path that fails to load is recorded, and the others still run.
+
+    Args:
+        paths: Checkpoint files, model directories, folders of checkpoints, or
+            `pkg.module:callable` specs.
+        config: Rule knobs (thresholds, --deep, extra ties).
+        select: Rule codes or prefixes to run (all when empty).
+        ignore: Rule codes or prefixes to skip.
+        fail_on: The severity at which a path fails the run (error, warning, info, never).
+        progress: Called as (task, done, total) during long content scans.
+        debug: Re-raise the first error instead of recording it (for --debug).
+
+    Returns:
+        The `BatchReport`, one `PathReport` per path (a folder of checkpoints gives one per file).
+
+    Example:
+        >>> from memlayout.batch import inspect_paths
+        >>> batch = inspect_paths(["fixtures/demo_checkpoint.pt", "missing.pt"])  # doctest: +SKIP
+        >>> [p.failed for p in batch.paths], batch.exit_code()  # doctest: +SKIP
+        ([False, True], 1)
+    """
+    config = config or RuleConfig()
+    select, ignore = tuple(select), tuple(ignore)
+    walk = _Walk(config, select, ignore, progress, debug)
+    given = tuple(paths)
+    reports = [report for path in given for report in walk.inspect(path, given=True)]
+    return BatchReport(
+        tuple(reports), fail_on=fail_on, rules=selected_rules(select, ignore), deep=config.deep, given=given
+    )

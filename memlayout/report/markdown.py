@@ -1,0 +1,84 @@
+"""A compact Markdown report for a pull-request comment: a summary line, then the
+findings in one table per severity, worst first.
+
+Tensor names come from the checkpoint, which may be anyone's: in the text they put
+into a table, Markdown's punctuation is backslash-escaped, so a name cannot close a
+cell, open a link or inject HTML into the comment.
+"""
+
+from __future__ import annotations
+
+import re
+
+from memlayout.batch import BatchReport, PathReport
+from memlayout.report.interface import Reporter, count_phrase, findings_in_order
+from memlayout.rules import Finding, Severity
+
+SECTION_TITLES = {Severity.ERROR: "Errors", Severity.WARNING: "Warnings", Severity.INFO: "Info"}
+_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_{}\[\]<>#+!|~&:])")
+
+
+def escape_text(text: str) -> str:
+    """Untrusted text for a table cell: punctuation escaped, on one line."""
+    return " ".join(_MARKDOWN_PUNCTUATION.sub(r"\\\1", text).split())
+
+
+def escape_cell(text: str) -> str:
+    """Our own Markdown (a hint with `code`) for a table cell: only `|` and newlines."""
+    return " ".join(text.replace("|", "\\|").split())
+
+
+def _code(path: str) -> str:
+    # A code span cannot hold its own backtick count; a path with backticks is escaped text instead.
+    return f"`{path}`" if "`" not in path and "\n" not in path else escape_text(path)
+
+
+def _summary(batch: BatchReport) -> str:
+    outcome = "fails" if batch.exit_code() else "passes"
+    counts = count_phrase(batch.findings_by_severity())
+    single = batch.single
+    where = _code(single.path) if single is not None else f"{len(batch.paths)} paths"
+    line = f"**memlayout {outcome}** (`--fail-on {batch.fail_on}`): {counts} in {where}"
+    if batch.failures:
+        line += f"; {len(batch.failures)} failed to load"
+    if batch.baseline is not None:
+        line += f"; {batch.baseline.suppressed} known from the baseline"
+    return line
+
+
+def _row(finding: Finding, path: PathReport, with_path: bool) -> str:
+    cells = [f"{finding.code} {finding.name}"]
+    if with_path:
+        cells.append(_code(path.path))
+    cells += [escape_text(finding.message), escape_cell(finding.hint)]
+    return "| " + " | ".join(cells) + " |"
+
+
+class MarkdownReporter(Reporter):
+    """Summary line, then a table per severity; the checkpoint column appears with several paths."""
+
+    def render(self, batch: BatchReport) -> str:
+        with_path = batch.single is None
+        lines = [_summary(batch)]
+        for severity in Severity:
+            rows = [
+                _row(finding, path, with_path)
+                for path in batch.paths
+                if path.report is not None
+                for finding in findings_in_order(path.report.findings)
+                if finding.severity is severity
+            ]
+            if not rows:
+                continue
+            header = ["rule", *(["checkpoint"] if with_path else []), "finding", "fix"]
+            lines += ["", f"#### {SECTION_TITLES[severity]} ({len(rows)})", "",
+                      "| " + " | ".join(header) + " |", "|" + "---|" * len(header), *rows]
+        if batch.failures:
+            lines += ["", f"#### Could not load ({len(batch.failures)})", ""]
+            lines += [f"- {escape_text(p.error_line)}" for p in batch.failures]
+        if batch.baseline is not None and batch.baseline.fixed:
+            lines += ["", f"#### Fixed since the baseline ({len(batch.baseline.fixed)})", ""]
+            lines += [f"- {e.code} in {_code(e.path)}: {escape_text(', '.join(e.tensors) or 'the checkpoint')}"
+                      for e in batch.baseline.fixed]
+            lines += ["", f"Re-run with `--write-baseline {batch.baseline.file}` to drop them from the baseline."]
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,180 @@
+"""SARIF 2.1.0, for code-scanning dashboards (GitHub code scanning, Azure DevOps, IDEs).
+
+One run for the whole call: the rule descriptors come from the rule registry, and
+each finding is a result in the artifact of its checkpoint. Nothing in the output
+depends on the machine or the time: paths are relative to the working directory,
+and each result's `partialFingerprints` hash only the rule and the tensor names, so
+a dashboard recognizes the same finding across runs, machines and file moves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path, PurePath
+from typing import Any
+from urllib.parse import quote
+
+from memlayout import __version__
+from memlayout.batch import BatchReport, PathReport
+from memlayout.report.interface import Reporter, findings_in_order
+from memlayout.rules import RULES, Finding, Rule, Severity
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+SARIF_VERSION = "2.1.0"
+FINGERPRINT_KEY = "memlayoutFinding/v1"
+"""The `partialFingerprints` key; its value is `Finding.fingerprint`."""
+
+
+def sarif_level(severity: Severity) -> str:
+    """SARIF's name for a severity: error, warning, note."""
+    return {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}[severity]
+
+
+def artifact_uri(path: str) -> str | None:
+    """A URI reference for a checkpoint on disk: relative to the working directory when it
+    lies inside it, else a file: URI; None for what is no file (an import spec, an object)."""
+    if not os.path.exists(path):
+        return None
+    given = Path(path)
+    if given.is_absolute():
+        try:
+            relative = PurePath(os.path.relpath(given, Path.cwd()))
+        except ValueError:  # another drive on Windows
+            return given.as_uri()
+        if relative.parts and relative.parts[0] == "..":
+            return given.as_uri()
+        return quote(relative.as_posix())
+    return quote(PurePath(os.path.normpath(path)).as_posix())
+
+
+def rule_descriptor(rule: Rule) -> dict[str, Any]:
+    """A `reportingDescriptor` built from the registry entry, the only source of a rule's texts."""
+    return {
+        "id": rule.code,
+        "name": rule.name,
+        "shortDescription": {"text": rule.summary},
+        "fullDescription": {"text": rule.full_description},
+        "help": {"text": rule.help_text(), "markdown": rule.help_markdown()},
+        "defaultConfiguration": {"level": sarif_level(rule.severity)},
+        "properties": {"tags": list(rule.tags)},
+    }
+
+
+def _location(path: PathReport) -> dict[str, Any]:
+    uri = artifact_uri(path.path)
+    if uri is None:
+        return {"logicalLocations": [{"fullyQualifiedName": path.path, "kind": "module"}]}
+    return {"physicalLocation": {"artifactLocation": {"uri": uri}}}
+
+
+def result_message(finding: Finding) -> str:
+    """The finding's message naming every tensor involved, then the fix."""
+    unnamed = [name for name in finding.tensors if name not in finding.message]
+    tensors = f" (tensors: {', '.join(unnamed)})" if unnamed else ""
+    return f"{finding.message}{tensors}. Fix: {finding.hint}"
+
+
+def _result(finding: Finding, path: PathReport, rule_index: dict[str, int]) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "ruleId": finding.code,
+        "ruleIndex": rule_index[finding.code],
+        "level": sarif_level(finding.severity),
+        "message": {"text": result_message(finding)},
+        "locations": [_location(path)],
+        "partialFingerprints": {FINGERPRINT_KEY: finding.fingerprint},
+        "properties": {
+            "tensors": list(finding.tensors),
+            "storage": finding.storage,
+            "wastedBytes": finding.wasted_bytes,
+        },
+    }
+    return result
+
+
+def _baseline_results(batch: BatchReport, rule_index: dict[str, int]) -> list[dict[str, Any]]:
+    # SARIF's own baseline vocabulary: a finding the baseline records is "unchanged"
+    # and carries an external suppression (viewers hide it); one it lacks is "new";
+    # a recorded finding that no longer occurs is an "absent" pass.
+    assert batch.baseline is not None
+    justification = f"recorded in the baseline {batch.baseline.file}"
+    results: list[dict[str, Any]] = []
+    for path in batch.paths:
+        if path.report is None:
+            continue
+        for finding in findings_in_order(path.report.findings):
+            results.append({**_result(finding, path, rule_index), "baselineState": "new"})
+        for finding in findings_in_order(path.suppressed):
+            results.append({
+                **_result(finding, path, rule_index),
+                "baselineState": "unchanged",
+                "suppressions": [{"kind": "external", "status": "accepted", "justification": justification}],
+            })
+    paths = {p.path: p for p in batch.paths}
+    for entry in batch.baseline.fixed:
+        path = paths.get(entry.path, PathReport(entry.path))
+        results.append({
+            "ruleId": entry.code,
+            "ruleIndex": rule_index[entry.code],
+            "kind": "pass",
+            "level": "none",
+            "message": {"text": f"{entry.code} on {', '.join(entry.tensors) or 'this checkpoint'} no longer occurs"},
+            "locations": [_location(path)],
+            "partialFingerprints": {FINGERPRINT_KEY: entry.fingerprint},
+            "baselineState": "absent",
+            "properties": {"tensors": list(entry.tensors)},
+        })
+    return results
+
+
+def _load_error(path: PathReport) -> dict[str, Any]:
+    return {
+        "level": "error",
+        "message": {"text": path.error_line},
+        "locations": [_location(path)],
+        "descriptor": {"id": "load-error"},
+    }
+
+
+def sarif_log(batch: BatchReport) -> dict[str, Any]:
+    """The SARIF log as plain JSON-ready data."""
+    codes = sorted(RULES)
+    rule_index = {code: index for index, code in enumerate(codes)}
+    artifacts: list[dict[str, Any]] = []
+    for path in batch.paths:
+        uri = artifact_uri(path.path)
+        if uri is not None and all(a["location"]["uri"] != uri for a in artifacts):
+            artifacts.append({"location": {"uri": uri}})
+    if batch.baseline is not None:
+        results = _baseline_results(batch, rule_index)
+    else:
+        results = [
+            _result(finding, path, rule_index)
+            for path in batch.paths
+            if path.report is not None
+            for finding in findings_in_order(path.report.findings)
+        ]
+    invocation: dict[str, Any] = {"executionSuccessful": not batch.failures}
+    if batch.failures:
+        invocation["toolExecutionNotifications"] = [_load_error(path) for path in batch.failures]
+    run: dict[str, Any] = {
+        "tool": {
+            "driver": {
+                "name": "memlayout",
+                "version": __version__,
+                "semanticVersion": __version__,
+                "rules": [rule_descriptor(RULES[code]) for code in codes],
+            }
+        },
+        "invocations": [invocation],
+        "artifacts": artifacts,
+        "results": results,
+    }
+    return {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": [run]}
+
+
+class SarifReporter(Reporter):
+    """One SARIF run holding every path's results."""
+
+    def render(self, batch: BatchReport) -> str:
+        return json.dumps(sarif_log(batch), indent=2) + "\n"

@@ -1,0 +1,213 @@
+"""Every `--format`: golden files on the demo checkpoint and on a checkpoint with one
+finding of each severity, and each format checked by its own consumer's rules (the
+SARIF 2.1.0 schema, an XML parser, the workflow-command grammar, Markdown tables).
+
+`sarif-schema-2.1.0.json` is the OASIS SARIF 2.1.0 (errata 01) schema, vendored
+unchanged from the oasis-tcs/sarif-spec repository (`sarif-2.1/schema/`).
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+from referencing import Registry, Resource
+from typer.testing import CliRunner
+
+import memlayout
+from memlayout.batch import BatchReport, PathReport
+from memlayout.cli.app import app
+from memlayout.report import OutputFormat, render, reporter_for
+from memlayout.report.interface import Reporter
+from memlayout.rules import RULES
+from tests import models
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = HERE.parent / "golden" / "formats"
+SARIF_SCHEMA = json.loads((HERE / "sarif-schema-2.1.0.json").read_text())
+REPORT_SCHEMAS = Path(memlayout.__file__).parent / "report"
+SCHEMA_V1 = json.loads((REPORT_SCHEMAS / "schema_v1.json").read_text())
+SCHEMA_V2 = json.loads((REPORT_SCHEMAS / "schema_v2.json").read_text())
+SUFFIX = {
+    OutputFormat.TABLE: "txt", OutputFormat.JSON: "json", OutputFormat.SARIF: "sarif",
+    OutputFormat.GITHUB: "github.txt", OutputFormat.MARKDOWN: "md", OutputFormat.JUNIT: "xml",
+}
+
+runner = CliRunner()
+
+
+def validate_sarif(text: str) -> dict[str, object]:
+    log = json.loads(text)
+    jsonschema.Draft4Validator(SARIF_SCHEMA, format_checker=jsonschema.FormatChecker()).validate(log)
+    return log  # type: ignore[no-any-return]
+
+
+def validate_multi_path_json(data: dict[str, object]) -> None:
+    registry = Registry().with_resource(SCHEMA_V1["$id"], Resource.from_contents(SCHEMA_V1))
+    jsonschema.Draft202012Validator(SCHEMA_V2, registry=registry).validate(data)
+
+
+@pytest.fixture
+def one_of_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A torch.save file with one ML101 (error), one ML201 (warning) and one ML203 (info), by relative path."""
+    monkeypatch.chdir(tmp_path)
+    torch.save(models.one_finding_of_each_severity_state(), "one_of_each.pt")
+    return "one_of_each.pt"
+
+
+@pytest.fixture
+def demo(repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.chdir(repo_root)
+    return "fixtures/demo_checkpoint.pt"
+
+
+def test_every_format_has_exactly_one_reporter() -> None:
+    batch = BatchReport((PathReport("x.pt", report=memlayout.inspect(models.partial_overlap_state())),))
+    for fmt in OutputFormat:
+        reporter = reporter_for(fmt)
+        assert isinstance(reporter, Reporter)
+        assert reporter.render(batch).endswith("\n")
+    assert {fmt.value for fmt in OutputFormat} == {"table", "json", "sarif", "github", "markdown", "junit"}
+
+
+def test_render_of_one_library_report_is_what_the_cli_prints(demo: str) -> None:
+    cli = runner.invoke(app, ["inspect", demo, "--format", "markdown"]).stdout
+    assert render(memlayout.inspect(demo), OutputFormat.MARKDOWN) == cli
+
+
+@pytest.mark.parametrize("fmt", list(OutputFormat), ids=lambda f: f.value)
+@pytest.mark.parametrize("case", ["demo", "one_of_each"])
+def test_golden_files(case: str, fmt: OutputFormat, request: pytest.FixtureRequest, overwrite_golden: bool) -> None:
+    path = request.getfixturevalue(case)
+    result = runner.invoke(app, ["inspect", path, "--format", fmt.value])
+    assert result.exit_code == 1, result.stderr
+    golden = GOLDEN / f"{case}.{SUFFIX[fmt]}"
+    if overwrite_golden:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(result.stdout)
+    assert result.stdout == golden.read_text(), "rerun with --overwrite if the change is intended"
+
+
+def test_one_of_each_has_one_finding_per_severity(one_of_each: str) -> None:
+    report = memlayout.inspect(one_of_each)
+    assert sorted((f.severity.value, f.code) for f in report.findings) == [
+        ("error", "ML101"), ("info", "ML203"), ("warning", "ML201"),
+    ]
+
+
+def test_sarif_validates_and_carries_the_registry(repo_root: Path, one_of_each: str) -> None:
+    # Both fixtures are in one call: one run, results in two artifacts.
+    demo = str(repo_root / "fixtures" / "demo_checkpoint.pt")
+    result = runner.invoke(app, ["inspect", demo, one_of_each, "--format", "sarif"])
+    log = validate_sarif(result.stdout)
+    (run,) = log["runs"]  # type: ignore[index]
+    rules = run["tool"]["driver"]["rules"]
+    assert [r["id"] for r in rules] == sorted(RULES)
+    for descriptor in rules:
+        rule = RULES[descriptor["id"]]
+        assert descriptor["name"] == rule.name
+        assert descriptor["shortDescription"]["text"] == rule.summary
+        assert descriptor["help"]["text"] == rule.help_text()
+    assert {a["location"]["uri"] for a in run["artifacts"]} == {"one_of_each.pt", Path(demo).resolve().as_uri()}
+    levels = {r["ruleId"]: r["level"] for r in run["results"]}
+    assert levels["ML101"] == "error" and levels["ML201"] == "warning" and levels["ML203"] == "note"
+    for sarif_result in run["results"]:
+        assert run["tool"]["driver"]["rules"][sarif_result["ruleIndex"]]["id"] == sarif_result["ruleId"]
+        assert all(name in sarif_result["message"]["text"] for name in sarif_result["properties"]["tensors"])
+
+
+def test_sarif_fingerprints_do_not_depend_on_where_the_file_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fingerprints = []
+    for folder in ("first", "second/nested"):
+        (tmp_path / folder).mkdir(parents=True)
+        monkeypatch.chdir(tmp_path / folder)
+        torch.save(models.one_finding_of_each_severity_state(), "model.pt")
+        log = validate_sarif(runner.invoke(app, ["inspect", "model.pt", "-f", "sarif"]).stdout)
+        fingerprints.append(sorted(
+            (r["ruleId"], r["partialFingerprints"]["memlayoutFinding/v1"]) for r in log["runs"][0]["results"]  # type: ignore[index]
+        ))
+        assert str(tmp_path) not in json.dumps(log)
+    assert fingerprints[0] == fingerprints[1] and len(fingerprints[0]) == 3
+
+
+def test_sarif_of_a_live_object_has_a_logical_location() -> None:
+    text = render(memlayout.inspect(models.partial_overlap_state()), OutputFormat.SARIF)
+    result = validate_sarif(text)["runs"][0]["results"][0]  # type: ignore[index]
+    assert result["locations"] == [{"logicalLocations": [{"fullyQualifiedName": "(object)", "kind": "module"}]}]
+
+
+def test_junit_has_a_suite_per_checkpoint_and_a_case_per_rule(one_of_each: str) -> None:
+    result = runner.invoke(app, ["inspect", one_of_each, "missing.pt", "-f", "junit", "--fail-on", "error"])
+    root = ET.fromstring(result.stdout)
+    suites = root.findall("testsuite")
+    assert [s.get("name") for s in suites] == ["one_of_each.pt", "missing.pt"]
+    cases = {c.get("name"): c for c in suites[0].findall("testcase")}
+    assert len(cases) == len(RULES)
+    # At --fail-on error only ML101 fails; ML201 and ML203 pass with their findings as output.
+    assert [name for name, c in cases.items() if c.find("failure") is not None] == ["ML101 partial-overlap"]
+    assert "proj.weight" in cases["ML201 non-contiguous"].findtext("system-out", "")
+    assert cases["ML503 non-finite"].find("skipped") is not None
+    assert suites[0].get("failures") == "1" and suites[0].get("skipped") == "1"
+    assert suites[1].find("testcase/error") is not None and root.get("errors") == "1"
+
+
+def test_junit_select_limits_the_cases(one_of_each: str) -> None:
+    root = ET.fromstring(runner.invoke(app, ["inspect", one_of_each, "-f", "junit", "--select", "ML2"]).stdout)
+    assert [c.get("name") for c in root.iter("testcase")] == [
+        "ML201 non-contiguous", "ML202 mixed-memory-format", "ML203 misaligned", "ML204 fragmented",
+    ]
+
+
+def test_github_commands_follow_severity(one_of_each: str) -> None:
+    out = runner.invoke(app, ["inspect", one_of_each, "-f", "github"]).stdout
+    lines = out.splitlines()
+    assert lines[0].startswith("::error file=one_of_each.pt,title=ML101 partial-overlap::")
+    assert lines[1].startswith("::warning file=one_of_each.pt,title=ML201 non-contiguous::")
+    assert lines[2].startswith("::notice file=one_of_each.pt,title=ML203 misaligned::")
+    assert lines[3] == "memlayout: 1 path(s), 0 failed to load; findings: 1 error, 1 warning, 1 info"
+
+
+def test_markdown_groups_findings_by_severity(one_of_each: str) -> None:
+    out = runner.invoke(app, ["inspect", one_of_each, "-f", "markdown"]).stdout
+    assert out.splitlines()[0] == (
+        "**memlayout fails** (`--fail-on warning`): 1 error, 1 warning, 1 info in `one_of_each.pt`"
+    )
+    titles = [line for line in out.splitlines() if line.startswith("#### ")]
+    assert titles == ["#### Errors (1)", "#### Warnings (1)", "#### Info (1)"]
+
+
+HOSTILE = "evil|name`[x](http://a.b)<script>%0A,:\x01\nnext"
+
+
+def hostile_batch() -> BatchReport:
+    """A checkpoint whose tensor name tries to break each format's syntax."""
+    base = torch.arange(64, dtype=torch.float32)
+    report = memlayout.inspect({HOSTILE: base[0:40], "plain": base[20:64]})
+    return BatchReport((PathReport("dir,with:odd%chars.pt", report=report),))
+
+
+def test_a_hostile_tensor_name_cannot_break_any_format() -> None:
+    batch = hostile_batch()
+    sarif = validate_sarif(reporter_for(OutputFormat.SARIF).render(batch))
+    assert HOSTILE in sarif["runs"][0]["results"][0]["properties"]["tensors"]  # type: ignore[index]
+    assert HOSTILE in json.loads(reporter_for(OutputFormat.JSON).render(batch))["findings"][0]["tensors"]
+    junit = ET.fromstring(reporter_for(OutputFormat.JUNIT).render(batch))
+    assert "evil|name" in "".join(junit.itertext())
+    github = reporter_for(OutputFormat.GITHUB).render(batch).splitlines()
+    # One command per finding: the name's newline and "%0A" stay inside the message.
+    assert len(github) == 2 and github[0].startswith("::error title=ML101 partial-overlap::")
+    assert "%250A" in github[0] and "\x01" in github[0]
+    markdown = reporter_for(OutputFormat.MARKDOWN).render(batch)
+    row = next(line for line in markdown.splitlines() if line.startswith("| ML101"))
+    assert row.count(" | ") == 2  # rule | finding | fix: the name's "|" did not open a cell
+    assert "<script>" not in markdown and "\\[x\\](http" in markdown
+
+
+def test_github_property_values_are_escaped() -> None:
+    from memlayout.report.github import escape_property
+
+    assert escape_property("a,b:c%d\ne") == "a%2Cb%3Ac%25d%0Ae"
