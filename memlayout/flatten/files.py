@@ -65,6 +65,15 @@ def _check_paths(path: str, options: FlattenOptions) -> str | None:
         raise UsageError("no output given", "pass -o OUT, or --check to only check, or --in-place")
     if _same_file(path, options.out):
         raise UsageError(f"-o {options.out} is IN itself", "pass --in-place to rewrite IN, or choose another OUT")
+    if os.path.isdir(options.out) and not os.path.isdir(path):
+        # A file is flattened into one file; a folder as OUT is a Hugging Face directory's.
+        # Refused before any work, like `cp`'s target errors, rather than after the copy.
+        name = os.path.basename(path.rstrip(os.sep)) if os.path.exists(path) else "model.pt"
+        suggestion = os.path.join(options.out, name)
+        raise UsageError(
+            f"-o {options.out} is an existing folder, and flatten writes IN ({path}) as one file",
+            f"give the file to write, e.g. -o {suggestion}",
+        )
     return options.out
 
 
