@@ -140,6 +140,10 @@ class SourceFact:
     legacy_format: bool = False
     pickle_globals: tuple[PickleGlobal, ...] = ()
     notes: tuple[str, ...] = ()
+    layout_unrecorded: str = ""
+    """Why the storages, strides, offsets and devices are stand-ins, when they are."""
+    content_unreadable: str = ""
+    """Why the tensors' bytes cannot be read, when they cannot."""
 
 
 @dataclass(frozen=True)
@@ -416,6 +420,8 @@ def build_facts(source: LoadedSource) -> Facts:
             legacy_format=source.legacy_format,
             pickle_globals=tuple(source.pickle_globals),
             notes=tuple(source.notes),
+            layout_unrecorded=source.layout_unrecorded,
+            content_unreadable=source.content_unreadable,
         ),
         tensors=tensors,
         storages=tuple(storages),

@@ -15,7 +15,16 @@ from memlayout.content import ContentReader
 from memlayout.facts import Facts, build_facts
 from memlayout.load import load_object, load_path
 from memlayout.load.records import LoadedSource, TensorKind
-from memlayout.rules import RULES, Finding, RuleConfig, RuleContext, Severity, is_selected
+from memlayout.rules import (
+    RULES,
+    Finding,
+    Requirement,
+    RuleConfig,
+    RuleContext,
+    Severity,
+    SkippedRule,
+    is_selected,
+)
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,8 @@ class Report:
     facts: Facts
     findings: tuple[Finding, ...]
     summary: Summary
+    skipped: tuple[SkippedRule, ...] = ()
+    """Selected rules that did not run because the source lacks what they read, and why."""
 
     def fails(self, fail_on: str) -> bool:
         """Whether any finding is at or above `fail_on` (error, warning, info, never)."""
@@ -79,6 +90,26 @@ def summarize(facts: Facts, findings: Iterable[Finding]) -> Summary:
     )
 
 
+def missing_requirements(facts: Facts, content: ContentReader | None) -> dict[Requirement, str]:
+    """What this source does not record that some rules read, each with the reason.
+
+    Args:
+        facts: The source's facts.
+        content: Its content reader, None when its bytes cannot be read.
+
+    Returns:
+        Requirement -> why the source lacks it; empty for a source that has everything.
+    """
+    missing: dict[Requirement, str] = {}
+    if facts.source.layout_unrecorded:
+        missing[Requirement.LAYOUT] = facts.source.layout_unrecorded
+    if content is None:
+        missing[Requirement.CONTENT] = facts.source.content_unreadable or (
+            f"the {facts.source.format} source gives no tensor bytes to read"
+        )
+    return missing
+
+
 def run_rules(
     facts: Facts,
     config: RuleConfig,
@@ -86,17 +117,29 @@ def run_rules(
     select: Iterable[str] = (),
     ignore: Iterable[str] = (),
     progress: Callable[[str, int, int], None] | None = None,
-) -> list[Finding]:
-    """Every selected rule's findings, in code order."""
+) -> tuple[list[Finding], list[SkippedRule]]:
+    """Every selected rule's findings, in code order, and the rules the source cannot feed.
+
+    A rule that reads something the source does not record (layout of a
+    metadata-only source, bytes of a bare pickle) is not run: on stand-in records
+    it would report things that are not in the file. It is listed with the reason.
+    """
     select, ignore = list(select), list(ignore)
     context = RuleContext(facts, config, content, progress)
+    missing = missing_requirements(facts, content)
     findings: list[Finding] = []
+    skipped: list[SkippedRule] = []
     for code in sorted(RULES):
         rule_ = RULES[code]
         if not is_selected(code, select, ignore) or (rule_.deep_only and not config.deep):
             continue
+        lacking = [missing[need] for need in Requirement if need in rule_.needs and need in missing]
+        if lacking:
+            # The first missing requirement is reason enough; layout comes before content.
+            skipped.append(SkippedRule(code, rule_.name, lacking[0]))
+            continue
         findings.extend(rule_.check(context))
-    return findings
+    return findings, skipped
 
 
 def inspect_source(
@@ -112,8 +155,8 @@ def inspect_source(
     content = None
     if source.reader is not None:
         content = ContentReader(source.reader, {s.id: s.key for s in facts.storages})
-    findings = run_rules(facts, config, content, select, ignore, progress)
-    return Report(facts, tuple(findings), summarize(facts, findings))
+    findings, skipped = run_rules(facts, config, content, select, ignore, progress)
+    return Report(facts, tuple(findings), summarize(facts, findings), tuple(skipped))
 
 
 def run_inspection(

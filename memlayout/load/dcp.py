@@ -227,4 +227,9 @@ def load_dcp(path: str) -> LoadedSource:
         storages=storages,
         pickle_globals=_unexpected_globals(result.globals),
         notes=_chunk_notes(tensors, len(needed)),
+        layout_unrecorded=(
+            "torch.distributed.checkpoint metadata records no storages, strides, offsets or devices "
+            "(dcp.load copies each tensor into the caller's own tensors)"
+        ),
+        content_unreadable="torch.distributed.checkpoint is read as metadata only",
     )

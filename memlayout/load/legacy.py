@@ -153,8 +153,10 @@ def load_bare_pickle(path: str) -> LoadedSource:
     """
     with open(path, "rb") as handle:
         root, unpickler = _load(path, handle, "main", False)
-    return pickled_source(
+    source = pickled_source(
         path, "pickle", root, None,
         pickle_globals=list(unpickler.referenced.values()),
         notes=["a bare pickle, not a torch.save file: tensor data is not located"],
     )
+    source.content_unreadable = "a bare pickle locates no tensor bytes that can be read without unpickling it"
+    return source

@@ -151,6 +151,12 @@ class LoadedSource:
     """Things the loader wants the user to know that are not findings."""
     live_object: Any = None
     """The loaded object itself when it is real (a live object); flatten uses it."""
+    layout_unrecorded: str = ""
+    """Why the source records no real storages, strides, offsets or devices, when it
+    records none (DCP metadata): its storage records are then stand-ins, one per
+    tensor, and the rules that read layout do not run. Empty when the layout is real."""
+    content_unreadable: str = ""
+    """Why the tensors' bytes cannot be read, when `reader` is None; empty otherwise."""
 
     def close(self) -> None:
         """Release the files and maps behind `reader`; safe to call more than once."""

@@ -122,6 +122,7 @@ def report_dict(report: Report) -> dict[str, Any]:
             }
             for f in report.findings
         ],
+        "skipped_rules": [{"code": s.code, "name": s.name, "reason": s.reason} for s in report.skipped],
     }
 
 

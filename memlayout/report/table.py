@@ -83,10 +83,23 @@ def render_table(report: Report, width: int = 120, color: bool = False) -> str:
     console.print(Panel(_summary(report), title=title, title_align="left", expand=False))
     for note in source.notes:
         console.print(Text(f"note: {note}", "dim"))
-    console.print(_storages(report))
+    if source.layout_unrecorded:
+        console.print(Text(f"storages: not recorded: {source.layout_unrecorded}", "dim"))
+    else:
+        console.print(_storages(report))
     console.print(Text("findings", "bold"))
     console.print(_findings(report))
+    for line in _skipped(report):
+        console.print(line)
     return buffer.getvalue()
+
+
+def _skipped(report: Report) -> list[Text]:
+    # One line per reason: a metadata-only source skips a dozen rules for one cause.
+    by_reason: dict[str, list[str]] = {}
+    for skipped in report.skipped:
+        by_reason.setdefault(skipped.reason, []).append(skipped.code)
+    return [Text(f"skipped {', '.join(codes)}: {reason}", "dim") for reason, codes in by_reason.items()]
 
 
 def _baseline_lines(baseline: BaselineOutcome) -> list[str]:

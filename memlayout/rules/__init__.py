@@ -6,11 +6,15 @@ from memlayout.rules import aliasing, dtype_device, layout, rnn, safety, waste  
 from memlayout.rules.registry import (
     RULES,
     Finding,
+    Requirement,
     Rule,
     RuleConfig,
     RuleContext,
     Severity,
+    SkippedRule,
     is_selected,
 )
 
-__all__ = ["RULES", "Finding", "Rule", "RuleConfig", "RuleContext", "Severity", "is_selected"]
+__all__ = [
+    "RULES", "Finding", "Requirement", "Rule", "RuleConfig", "RuleContext", "Severity", "SkippedRule", "is_selected",
+]

@@ -8,7 +8,7 @@ from collections.abc import Callable, Hashable, Iterator
 from memlayout.content import ContentReader
 from memlayout.facts import TensorFact
 from memlayout.format_bytes import human_bytes
-from memlayout.rules.registry import Finding, RuleContext, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, Severity, rule
 from memlayout.strides import Relation
 
 
@@ -25,6 +25,7 @@ part of the other, and safetensors refuses to save them ("Some tensors share
 memory"). Views that cover exactly the same bytes (a tie, a transposed tie) and a
 view contained in a bigger buffer (a flat parameter buffer) are not partial overlaps.
 """,
+    needs=(Requirement.LAYOUT,),
 )
 def partial_overlap(ctx: RuleContext) -> Iterator[Finding]:
     for group in ctx.facts.alias_groups:
@@ -57,6 +58,7 @@ zip records for its storages settle most candidates without reading a byte; the
 rest are told apart by a few sampled elements, and tensors whose samples match are
 compared in full. --deep compares contents whatever the recorded CRCs say.
 """,
+    needs=(Requirement.LAYOUT, Requirement.CONTENT),
 )
 def duplicate_weights(ctx: RuleContext) -> Iterator[Finding]:
     content = ctx.content
@@ -165,6 +167,7 @@ is silently replaced by the input embedding, losing whatever the head learned.
 A tie counts as kept when both names reach the same bytes of one storage, as the
 same view or as a transposed view.
 """,
+    needs=(Requirement.LAYOUT,),
 )
 def broken_tie(ctx: RuleContext) -> Iterator[Finding]:
     declared = [(tie.target, tie.source, tie.declared_by) for tie in ctx.facts.declared_ties]
@@ -208,6 +211,7 @@ Two different `nn.Parameter` objects share memory, as after
 so an optimizer updates the same memory twice per step (and keeps two sets of
 moments), and parameter counts double.
 """,
+    needs=(Requirement.LAYOUT,),
 )
 def aliased_not_tied(ctx: RuleContext) -> Iterator[Finding]:
     for tensor in ctx.facts.tensors:
@@ -246,6 +250,7 @@ Different indices of one tensor address the same memory, as after `expand()` or
 refuses many of them), every kernel that needs real memory copies it, and a
 gradient step applies several updates to one element.
 """,
+    needs=(Requirement.LAYOUT,),
 )
 def self_overlap(ctx: RuleContext) -> Iterator[Finding]:
     for tensor in ctx.facts.tensors:

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from memlayout.facts import TensorFact
-from memlayout.rules.registry import Finding, RuleContext, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, Severity, rule
 
 
 def _minority(groups: dict[str, list[TensorFact]]) -> list[str]:
@@ -27,6 +27,7 @@ checkpoint saved that way needs `map_location` to load anywhere else. Scalars
 (0-d tensors such as an optimizer's step count, which torch keeps on the CPU)
 are not counted.
 """,
+    needs=(Requirement.LAYOUT,),
 )
 def mixed_device(ctx: RuleContext) -> Iterator[Finding]:
     by_device: dict[str, list[TensorFact]] = defaultdict(list)
@@ -76,6 +77,7 @@ bfloat16 and float8 work without conversion. Reads every value, so it runs with
 --deep only, streaming each tensor in bounded chunks.
 """,
     deep_only=True,
+    needs=(Requirement.CONTENT,),
 )
 def non_finite(ctx: RuleContext) -> Iterator[Finding]:
     if ctx.content is None:

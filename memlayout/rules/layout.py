@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from memlayout.facts import TensorFact
 from memlayout.flat_groups import flat_group_key
-from memlayout.rules.registry import Finding, RuleContext, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, Severity, rule
 from memlayout.strides import MemoryFormat, Relation
 
 ALIGNMENT = 16
@@ -39,6 +39,7 @@ layout and copy it on every call; safetensors refuses to save it ("You are tryin
 to save a non contiguous tensor"). channels_last conv weights are dense by design
 and not reported, nor is a transposed view that ties to a dense tensor.
 """,
+    needs=(Requirement.LAYOUT,),
 )
 def non_contiguous(ctx: RuleContext) -> Iterator[Finding]:
     for tensor in ctx.facts.model_tensors():
@@ -74,6 +75,7 @@ def _conv_format(tensor: TensorFact) -> MemoryFormat | None:
 A model runs fastest when every conv uses one memory format. With a mix, each
 boundary between formats costs a layout conversion of the activations.
 """,
+    needs=(Requirement.LAYOUT,),
 )
 def mixed_memory_format(ctx: RuleContext) -> Iterator[Finding]:
     formats: dict[MemoryFormat, list[str]] = defaultdict(list)
@@ -104,6 +106,7 @@ memory (legacy torch.save files, TorchScript, torch.export), the allocator
 aligns the storage and only the tensor's offset inside it counts. Tensors under
 16 bytes are ignored.
 """,
+    needs=(Requirement.LAYOUT,),
 )
 def misaligned(ctx: RuleContext) -> Iterator[Finding]:
     found: list[TensorFact] = []
@@ -143,6 +146,7 @@ let one fused op cover a whole group. Reported from --fragmented-min-storages
 (4 by default) when flattening would reduce the count. RNN modules get a buffer
 each, as cuDNN requires.
 """,
+    needs=(Requirement.LAYOUT,),
 )
 def fragmented(ctx: RuleContext) -> Iterator[Finding]:
     tensors = [t for t in ctx.facts.model_tensors() if t.has_data and t.numel > 0]

@@ -56,6 +56,25 @@ class Finding:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+class Requirement(str, enum.Enum):
+    """What a rule reads that some sources do not record."""
+
+    LAYOUT = "layout"
+    """The real storages, strides, offsets and devices (DCP metadata records none)."""
+    CONTENT = "content"
+    """The tensors' bytes (a bare pickle or metadata-only source has none to read)."""
+
+
+@dataclass(frozen=True)
+class SkippedRule:
+    """A selected rule that did not run because the source lacks what it reads."""
+
+    code: str
+    name: str
+    reason: str
+    """What the source does not record, in words."""
+
+
 @dataclass(frozen=True)
 class RuleConfig:
     """Knobs the rules read."""
@@ -103,6 +122,8 @@ class Rule:
     check: Check = field(repr=False, compare=False)
     deep_only: bool = False
     """Runs only with --deep (reads every value)."""
+    needs: frozenset[Requirement] = frozenset()
+    """What the rule reads beyond names, dtypes and shapes; without it the rule is skipped."""
 
     @property
     def family(self) -> str:
@@ -163,14 +184,23 @@ FAMILIES = {
 
 
 def rule(
-    code: str, name: str, severity: Severity, summary: str, hint: str, explanation: str, deep_only: bool = False
+    code: str,
+    name: str,
+    severity: Severity,
+    summary: str,
+    hint: str,
+    explanation: str,
+    deep_only: bool = False,
+    needs: Iterable[Requirement] = (),
 ) -> Callable[[Check], Rule]:
     """Register a check function as a rule. Family modules decorate their checks with this."""
 
     def register(check: Check) -> Rule:
         if code in RULES:
             raise RuntimeError(f"rule code {code} registered twice")
-        registered = Rule(code, name, severity, summary, explanation.strip(), hint, check, deep_only)
+        registered = Rule(
+            code, name, severity, summary, explanation.strip(), hint, check, deep_only, frozenset(needs)
+        )
         RULES[code] = registered
         return registered
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from memlayout.facts import Facts, TensorFact
 from memlayout.load.records import RnnRecord
-from memlayout.rules.registry import Finding, RuleContext, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, Severity, rule
 
 
 def rnn_layout_problem(facts: Facts, rnn: RnnRecord) -> str | None:
@@ -55,6 +55,7 @@ b_hh, w_hr) at the start of one storage, `_cudnn_rnn` warns "RNN module weights
 are not part of single contiguous chunk of memory" and copies every weight on
 every call. A whole-model flat buffer that places the RNN mid-buffer fails too.
 """,
+    needs=(Requirement.LAYOUT,),
 )
 def rnn_not_flat(ctx: RuleContext) -> Iterator[Finding]:
     for module in ctx.facts.modules:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from memlayout.format_bytes import human_bytes
-from memlayout.rules.registry import Finding, RuleContext, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, Severity, rule
 
 
 @rule(
@@ -20,6 +20,7 @@ the big tensor onto disk: a 10-element slice of a 1M-element float32 tensor save
 as 4 MB (pytorch/pytorch #1995, #40157). Reported when the unused bytes, not
 counting short alignment padding between slots, reach --min-bloat-bytes (1 KiB).
 """,
+    needs=(Requirement.LAYOUT,),
 )
 def storage_bloat(ctx: RuleContext) -> Iterator[Finding]:
     for storage in ctx.facts.storages:
