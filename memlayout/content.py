@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 # 4 MiB chunks stay in the last-level cache, so the masked copy and the reduction a
 # scan runs over one chunk read main memory once, while per-chunk overhead (a map
-# slice, a madvise) stays small. On the 2-core benchmark VM, 4 MiB scanned ~10%
-# faster than 1 MiB and twice as fast as the 16 MiB chunks used before.
+# slice, a madvise) stays small. The size was chosen by measuring 1, 4 and 16 MiB
+# with bench_deep.py (figures in benchmarks/README.md).
 DEFAULT_CHUNK_BYTES = 4 << 20
 PROBE_BYTES = 64
 MAX_SCAN_THREADS = 4
@@ -203,8 +203,8 @@ class ContentReader:
         """`non_finite` of each tensor, in order, spread over a few threads.
 
         Copying out of the page cache (pread) and numpy's reductions both run with
-        the GIL released, so on the 2-core benchmark VM two threads scan ~1.8x
-        faster than one, where one thread is bound by the kernel's copy. Tensors go
+        the GIL released, so two threads scan faster than one, which is bound by
+        the kernel's copy (benchmarks/README.md has the figures). Tensors go
         to the threads in batches of ~16 MiB: one task per small tensor would spend
         more on handing work between threads than on reading it.
         """
@@ -330,8 +330,8 @@ class _NonFiniteCounter:
     sign, is all ones. With the sign clear such a value is at least the mask as a
     signed integer; with the sign set it is at least sign|mask as an unsigned one.
     So two max reductions, which write nothing, prove a chunk finite, and only a
-    chunk with a hit pays for the exact count (measured ~8% faster per deep scan
-    than masking into a buffer first). Formats whose special pattern is not that
+    chunk with a hit pays for the exact count (faster than masking into a buffer
+    first, as measured in benchmarks/README.md). Formats whose special pattern is not that
     (the "fnuz" float8s, e8m0) take the exact count on every chunk.
     """
 

@@ -3,11 +3,10 @@
 Filling a freshly allocated buffer is bound by page faults, not by the copy: each
 first write to a 4 KiB page traps into the kernel, which zeroes the page and maps
 it. `madvise(MADV_POPULATE_WRITE)` (Linux 5.14+) does the same work for a whole
-range in one call with no trap per page; split over the intra-op threads it
-faulted 1 GiB in about 150 ms on a 2-core VM, after which the copy ran at memory
-speed (about 60 ms) where faulting inside the copy took about 250 ms in all.
-One thread alone was slower than faulting inside a two-thread copy, so the range
-is always split. Where the call is missing or refused, the copy faults the pages
+range in one call with no trap per page; split over the intra-op threads, it and
+the copy that follows at memory speed together beat faulting inside the copy
+(bench_flatten.py; the figures are in benchmarks/README.md). One thread alone was
+slower than faulting inside a two-thread copy, so the range is always split. Where the call is missing or refused, the copy faults the pages
 in as before: this only ever changes speed.
 """
 

@@ -86,7 +86,7 @@ class _Collector:
                 section=section,
                 pinned=tensor.is_pinned() if on_cpu else None,
                 # Asked of the untyped storage: Tensor.is_shared() builds a TypedStorage
-                # first (1.1 us per tensor against 0.08 us).
+                # first, which costs more than the rest of the record (benchmarks/README.md).
                 shared_memory=bool(tensor.untyped_storage().is_shared()) if on_cpu else None,
             )
         )
