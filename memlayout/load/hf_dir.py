@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
@@ -186,9 +186,9 @@ def _load_pickled_shards(directory: str, shards: list[str]) -> LoadedSource:
             # Storage keys restart at "0" in every shard; prefix them to keep them apart.
             prefix = f"{shard}:" if len(shards) > 1 else ""
             for record in source.tensors:
-                merged.tensors.append(replace(record, storage_key=prefix + record.storage_key))
+                merged.tensors.append(record._replace(storage_key=prefix + record.storage_key))
             for key, storage in source.storages.items():
-                merged.storages[prefix + key] = replace(storage, key=prefix + key)
+                merged.storages[prefix + key] = storage._replace(key=prefix + key)
                 if source.reader is not None:
                     readers[prefix + key] = (source.reader, key)
             merged.modules += source.modules

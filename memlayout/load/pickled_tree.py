@@ -16,8 +16,6 @@ from memlayout.load.records import (
     StorageRecord,
     TensorKind,
     TensorRecord,
-    new_storage_record,
-    new_tensor_record,
 )
 from memlayout.load.restricted_pickle import (
     InertObject,
@@ -79,7 +77,7 @@ def tensor_records(
     has_data = storage_base is not None
     parameter, buffer, plain = TensorKind.PARAMETER, TensorKind.BUFFER, TensorKind.TENSOR
     # One pass, one record per tensor and per storage: this loop runs once per
-    # tensor of the checkpoint, so it builds records with positional constructors.
+    # tensor of the checkpoint, so it builds records positionally.
     for name, tensor, is_buffer, in_optimizer, section in walk_tensors(root):
         geometry = (tensor.shape, tensor.stride)
         try:
@@ -96,7 +94,7 @@ def tensor_records(
         storage: PickledStorage | None = tensor.storage
         if storage is None:
             key = _meta_storage_key(tensor)
-            storages[key] = new_storage_record(key, "meta", 0, None, False)
+            storages[key] = StorageRecord(key, "meta", 0, None, False)
         else:
             key = storage.key
             if key not in storages:
@@ -110,12 +108,12 @@ def tensor_records(
                         f"{source}: storage {key} should hold {storage.nbytes} bytes "
                         f"but its record has {storage_size[key]}"
                     )
-                storages[key] = new_storage_record(
+                storages[key] = StorageRecord(
                     key, storage.location, storage.nbytes, base if used_in_place else None, has_data
                 )
         kind = parameter if tensor.is_parameter else buffer if is_buffer else plain
         tensors.append(
-            new_tensor_record(
+            TensorRecord(
                 name, kind, tensor.dtype, tensor.shape, tensor.stride, key, tensor.offset,
                 tensor.requires_grad, id(tensor), in_optimizer, section, None, None,
             )

@@ -314,7 +314,7 @@ def _load_older_layout(path: str, fd: int, archive: zipfile.ZipFile) -> LoadedSo
         # label. The file offset is no base address: torch.export.load copies each
         # storage out of the zip into fresh memory, so the file's alignment is moot.
         for key, storage in stored.items():
-            storages[f"{label}/{key}"] = dataclasses.replace(storage, key=f"{label}/{key}", base_address=None)
+            storages[f"{label}/{key}"] = storage._replace(key=f"{label}/{key}", base_address=None)
             if contents.starts is not None and key in contents.starts:
                 starts[f"{label}/{key}"], sizes[f"{label}/{key}"] = contents.starts[key], contents.sizes[key]
                 if key in contents.checksums:
@@ -324,7 +324,7 @@ def _load_older_layout(path: str, fd: int, archive: zipfile.ZipFile) -> LoadedSo
             kind = kinds.get(record.name)
             if kind is None:
                 kind = TensorKind.PARAMETER if record.kind is TensorKind.PARAMETER else default
-            tensors.append(dataclasses.replace(record, kind=kind, storage_key=f"{label}/{record.storage_key}"))
+            tensors.append(record._replace(kind=kind, storage_key=f"{label}/{record.storage_key}"))
     return file_source(
         path, "torch-export", tensors, storages, StorageSpans(starts, sizes, checksums),
         pickle_globals=list(pickle_globals.values()), notes=notes,

@@ -3,6 +3,12 @@
 Every format (live objects, torch.save zips, safetensors, ...) is reduced to these
 records, so facts and rules work the same on a live model and on a file that was
 never unpickled for real.
+
+The two records built once per tensor and per storage are NamedTuples: immutable
+and typed like a frozen dataclass, but built in a third of the time and a
+fraction of the memory (a mixture-of-experts checkpoint holds 100,000 tensors;
+the figures are in benchmarks/README.md). Hot loops build them positionally,
+which mypy checks against the field types.
 """
 
 from __future__ import annotations
@@ -10,9 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol
-
-from memlayout.frozen import positional_constructor
+from typing import Any, NamedTuple, Protocol
 
 
 class TensorKind(str, enum.Enum):
@@ -23,8 +27,7 @@ class TensorKind(str, enum.Enum):
     TENSOR = "tensor"
 
 
-@dataclass(frozen=True)
-class StorageRecord:
+class StorageRecord(NamedTuple):
     """One storage: a block of bytes that tensors view."""
 
     key: str
@@ -42,8 +45,7 @@ class StorageRecord:
     """False for meta tensors and metadata-only sources: nothing can be read."""
 
 
-@dataclass(frozen=True)
-class TensorRecord:
+class TensorRecord(NamedTuple):
     """One named tensor as the loader found it."""
 
     name: str
@@ -66,12 +68,6 @@ class TensorRecord:
     """Top-level key of a nested checkpoint ("model", "optimizer"); "" for a flat state dict or a module."""
     pinned: bool | None = None
     shared_memory: bool | None = None
-
-
-new_storage_record = positional_constructor(StorageRecord)
-"""`StorageRecord(key, device, nbytes, base_address, has_data)`, every field given, for loaders' hot loops."""
-new_tensor_record = positional_constructor(TensorRecord)
-"""`TensorRecord(...)` with all 13 fields in order, for loaders' hot loops."""
 
 
 @dataclass(frozen=True)
