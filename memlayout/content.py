@@ -274,7 +274,7 @@ class ContentReader:
 
         if a.dtype != b.dtype or a.shape != b.shape:
             return False
-        return all(np.array_equal(left, right) for left, right in _paired(self.chunks(a), self.chunks(b)))
+        return all(np.array_equal(left, right) for left, right in paired_chunks(self.chunks(a), self.chunks(b)))
 
     def constant(self, tensor: TensorFact) -> bool:
         """Whether every element has the first element's bit pattern."""
@@ -311,7 +311,7 @@ def _blocks(view: np.ndarray, chunk_elements: int) -> Iterator[np.ndarray]:
         yield view[index : index + rows].ravel()
 
 
-def _paired(left: Iterator[np.ndarray], right: Iterator[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def paired_chunks(left: Iterator[np.ndarray], right: Iterator[np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Two chunk streams of equal total length, re-cut into pairs of equal-length pieces."""
     a = next(left, None)
     b = next(right, None)

@@ -159,6 +159,16 @@ def inspect_source(
     return Report(facts, tuple(findings), summarize(facts, findings), tuple(skipped))
 
 
+def load_target(target: Any) -> LoadedSource:
+    """Load a path or an import spec (a `str` or path-like), or a live object.
+
+    The caller closes the source (a `with` block) when done with its contents.
+    """
+    if isinstance(target, str) or hasattr(target, "__fspath__"):
+        return load_path(str(target))
+    return load_object(target)
+
+
 def run_inspection(
     target: Any,
     config: RuleConfig | None = None,
@@ -187,9 +197,6 @@ def run_inspection(
         >>> report.summary.parameters
         2
     """
-    if isinstance(target, str) or hasattr(target, "__fspath__"):
-        source = load_path(str(target))
-    else:
-        source = load_object(target)
+    source = load_target(target)
     with source:
         return inspect_source(source, config, select, ignore, progress)

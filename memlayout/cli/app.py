@@ -14,6 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from memlayout import __version__
+from memlayout.cli.diff_command import diff_command
 from memlayout.cli.flatten_command import flatten_command
 from memlayout.cli.inspect_command import inspect_command
 from memlayout.cli.rules_command import explain_command, rules_command
@@ -101,6 +102,7 @@ app.command("inspect")(inspect_command)
 app.command("rules")(rules_command)
 app.command("explain")(explain_command)
 app.command("flatten")(flatten_command)
+app.command("diff")(diff_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,12 +21,12 @@ from memlayout.dtypes import SAFETENSORS_DTYPES
 from memlayout.errors import FlattenError
 from memlayout.flatten.plan import FlatPlan, Slot, dense_strides
 from memlayout.load.records import LoadedSource
+from memlayout.load.safetensors_file import MEMLAYOUT_ALIASES_KEY as ALIASES_KEY
 from memlayout.strides import MemoryFormat
 
 if TYPE_CHECKING:
     import torch
 
-ALIASES_KEY = "memlayout.aliases"
 DATA_ALIGN = 64
 _CODES = {name: code for code, name in SAFETENSORS_DTYPES.items()}
 

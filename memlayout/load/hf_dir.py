@@ -30,7 +30,12 @@ from memlayout.load.records import (
     StorageRecord,
     TensorRecord,
 )
-from memlayout.load.safetensors_file import read_header, safetensors_records
+from memlayout.load.safetensors_file import (
+    SafetensorsHeader,
+    metadata_ties,
+    read_header,
+    safetensors_records,
+)
 
 CONFIG = "config.json"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -160,9 +165,11 @@ def _load_safetensors_shards(directory: str, shards: list[str]) -> LoadedSource:
     tensors: list[TensorRecord] = []
     storages: dict[str, StorageRecord] = {}
     spans: dict[str, Span] = {}
+    headers: list[SafetensorsHeader] = []
     paths = [os.path.join(directory, shard) for shard in shards]
     for index, path in enumerate(paths):
         header, _ = read_header(path)
+        headers.append(header)
         shard_tensors, shard_storages = safetensors_records(header)
         duplicates = storages.keys() & shard_storages.keys()
         if duplicates:
@@ -170,7 +177,9 @@ def _load_safetensors_shards(directory: str, shards: list[str]) -> LoadedSource:
         tensors += shard_tensors
         storages.update(shard_storages)
         spans.update({e.name: Span(index, e.start, e.nbytes) for e in header.entries})
-    return file_source(directory, "hf-safetensors", tensors, storages, spans, files=paths)
+    names = set(storages)
+    ties = [tie for header in headers for tie in metadata_ties(header, names)]
+    return file_source(directory, "hf-safetensors", tensors, storages, spans, files=paths, declared_ties=ties)
 
 
 def _load_pickled_shards(directory: str, shards: list[str]) -> LoadedSource:
@@ -246,6 +255,28 @@ def declared_ties(config: dict[str, Any], names: list[str], declared_by: str = C
                 if partner in present:
                     ties.append(DeclaredTie(partner, name, f"{declared_by} tie_encoder_decoder"))
     return ties
+
+
+def config_ties(path: str, names: list[str]) -> list[DeclaredTie]:
+    """The ties a model directory's config.json declares for any of `names`, stored or not.
+
+    The loader declares ties among the tensors a directory stores. A comparison
+    also needs the names the directory does not store but its config restores on
+    load (`save_pretrained` writes `transformer.wte.weight` and drops the tied
+    `lm_head.weight`), so it asks again with the other side's names.
+
+    Args:
+        path: The model directory.
+        names: Candidate tensor names, e.g. the stored ones plus another checkpoint's.
+
+    Returns:
+        `declared_ties(config, names)`; empty without a readable config.json.
+    """
+    config_path = os.path.join(path, CONFIG)
+    if not os.path.isfile(config_path):
+        return []
+    config = _read_json(config_path, "model config")
+    return declared_ties(config, names) if isinstance(config, dict) else []
 
 
 def weight_files(path: str) -> tuple[list[str], bool]:

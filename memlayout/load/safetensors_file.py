@@ -12,6 +12,13 @@ a shape that does not match the byte count, overlapping ranges, and holes or
 trailing bytes in the data section. Holes are errors rather than notes because
 `safetensors.safe_open` rejects such a file ("InvalidOffset" /
 "MetadataIncompleteBuffer"), so a file with holes is not loadable as written.
+
+A file stores each tie once. Two writers record, in `__metadata__`, which names
+the loader brings back: `safetensors.torch.save_model` maps each name it dropped
+to the name it kept (`{"transformer.wte.weight": "lm_head.weight"}`), and
+`memlayout flatten` lists its aliases under `memlayout.aliases`. Both become
+declared ties, so a missing name that the file's own metadata restores is not a
+lost tie.
 """
 
 from __future__ import annotations
@@ -25,13 +32,20 @@ from typing import Any
 from memlayout.dtypes import SAFETENSORS_DTYPES, dtype_info
 from memlayout.errors import CorruptCheckpointError
 from memlayout.load.file_source import StorageSpans, file_source
-from memlayout.load.records import LoadedSource, StorageRecord, TensorKind, TensorRecord
+from memlayout.load.records import (
+    DeclaredTie,
+    LoadedSource,
+    StorageRecord,
+    TensorKind,
+    TensorRecord,
+)
 
 HEADER_LENGTH_BYTES = 8
 # safetensors refuses headers over 100 MB (MAX_HEADER_SIZE in the Rust crate); a
 # bigger length is a damaged file, and reading it would be a memory bomb.
 MAX_HEADER_BYTES = 100_000_000
 METADATA_KEY = "__metadata__"
+MEMLAYOUT_ALIASES_KEY = "memlayout.aliases"
 
 # Sub-byte dtypes: safetensors counts 4-bit elements; torch packs two per byte
 # (float4_e2m1fn_x2), so the torch shape halves the last dimension.
@@ -217,6 +231,55 @@ def safetensors_records(
     return tensors, storages
 
 
+def metadata_ties(header: SafetensorsHeader, present: set[str] | None = None) -> list[DeclaredTie]:
+    """Names a file's `__metadata__` restores from a stored tensor, as declared ties.
+
+    Args:
+        header: A validated header.
+        present: Every tensor name of the checkpoint (all shards); this file's names by default.
+
+    Returns:
+        One tie per restored name: `save_model`'s dropped -> kept names, and each
+        `memlayout.aliases` entry that is the whole stored tensor (a tie, not a
+        strided view of it). Keys that name a stored tensor, or values that do
+        not, are other metadata (`{"format": "pt"}`) and are skipped.
+    """
+    stored = {entry.name: entry for entry in header.entries}
+    names = present if present is not None else set(stored)
+    ties: list[DeclaredTie] = []
+    for key, value in header.metadata.items():
+        if key != MEMLAYOUT_ALIASES_KEY and key not in names and value in names:
+            ties.append(DeclaredTie(key, value, f"{METADATA_KEY} (safetensors save_model)"))
+    aliases = _aliases(header.metadata.get(MEMLAYOUT_ALIASES_KEY))
+    for alias, view in aliases.items():
+        of = view.get("of")
+        entry = stored.get(of) if isinstance(of, str) else None
+        if (
+            entry is not None
+            and alias not in names
+            and view.get("offset") == 0
+            and view.get("dtype") == entry.dtype
+            and view.get("shape") == list(entry.shape)
+            and view.get("stride") == list(_contiguous_stride(entry.shape))
+        ):
+            ties.append(DeclaredTie(alias, entry.name, f"{METADATA_KEY} {MEMLAYOUT_ALIASES_KEY}"))
+    return ties
+
+
+def _aliases(text: str | None) -> dict[str, dict[str, Any]]:
+    # The aliases are a hint for ties, never needed to read the file: a damaged
+    # value is ignored rather than refused.
+    if text is None:
+        return {}
+    try:
+        aliases = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(aliases, dict):
+        return {}
+    return {str(k): v for k, v in aliases.items() if isinstance(v, dict)}
+
+
 def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     stride = []
     step = 1
@@ -245,4 +308,6 @@ def load_safetensors(path: str) -> LoadedSource:
         shown = ", ".join(f"{k}={v[:40]}" for k, v in sorted(header.metadata.items())[:5])
         notes.append(f"safetensors __metadata__: {shown}")
     spans = StorageSpans({e.name: e.start for e in header.entries}, {e.name: e.nbytes for e in header.entries})
-    return file_source(path, "safetensors", tensors, storages, spans, notes=notes)
+    return file_source(
+        path, "safetensors", tensors, storages, spans, declared_ties=metadata_ties(header), notes=notes
+    )

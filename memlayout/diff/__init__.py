@@ -1,0 +1,101 @@
+"""`memlayout diff`: compare two checkpoints' layouts, A (before) and B (after).
+
+load A and B -> inspect each (facts, findings, summary) -> compare facts ->
+frozen `Change` records in a `DiffReport` -> reporters (table, JSON, markdown,
+HTML). Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from memlayout.diff.changes import Change, ChangeKind, DiffReport
+from memlayout.diff.names import NameMap
+from memlayout.load.records import DeclaredTie, LoadedSource
+
+
+@dataclass(frozen=True)
+class DiffOptions:
+    """What to compare and how names match."""
+
+    names: NameMap = field(default_factory=NameMap)
+    deep: bool = False
+    """Read every value of both sides: changed values, and the rules' --deep checks."""
+    ties: tuple[tuple[str, str], ...] = ()
+    """Extra declared ties (`--tie TARGET=SOURCE`), by B's names."""
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    min_duplicate_bytes: int = 4096
+
+
+def run_diff(
+    a: Any, b: Any, options: DiffOptions | None = None, progress: Callable[[str, int, int], None] | None = None
+) -> DiffReport:
+    """Compare checkpoint (or model) A with B.
+
+    Args:
+        a: The checkpoint before: a path in any format memlayout reads, an import
+            spec, or a live module, state dict or training checkpoint.
+        b: The checkpoint after, in the same or another format.
+        options: Name matching, --deep, extra ties, rule selection.
+        progress: Called as (task, done, total) during --deep scans.
+
+    Returns:
+        A `DiffReport`: both inspections, and the changes most severe first.
+
+    Raises:
+        MemlayoutError: either side cannot be loaded, or names collide after mapping.
+
+    Example:
+        >>> import torch
+        >>> from memlayout.diff import run_diff
+        >>> a = {"w": torch.zeros(4, 4)}
+        >>> [c.kind.value for c in run_diff(a, {"w": a["w"].half()}).changes]
+        ['dtype', 'storage-bytes']
+    """
+    from memlayout.content import ContentReader
+    from memlayout.diff.compare import ValueComparer, compare_reports
+    from memlayout.diff.values import ValueComparison, comparable, compare_values
+    from memlayout.facts import TensorFact
+    from memlayout.inspection import inspect_source, load_target
+    from memlayout.rules import RuleConfig
+
+    options = options or DiffOptions()
+    config = RuleConfig(deep=options.deep, min_duplicate_bytes=options.min_duplicate_bytes, ties=options.ties)
+    # Both sides stay open until the values are compared; nothing is executed from either.
+    with load_target(a) as source_a, load_target(b) as source_b:
+        # --tie names B's tensors; A's own declarations come from A.
+        report_a = inspect_source(source_a, replace(config, ties=()), options.select, options.ignore, progress)
+        report_b = inspect_source(source_b, config, options.select, options.ignore, progress)
+        values: ValueComparer | None = None
+        if options.deep and source_a.reader is not None and source_b.reader is not None:
+            content_a = ContentReader(source_a.reader, {s.id: s.key for s in report_a.facts.storages})
+            content_b = ContentReader(source_b.reader, {s.id: s.key for s in report_b.facts.storages})
+
+            def values(x: TensorFact, y: TensorFact) -> ValueComparison | None:
+                return compare_values(content_a, x, content_b, y) if comparable(x, y) else None
+
+        candidates = sorted({n for r in (report_a, report_b) for t in r.facts.tensors for n in t.names})
+        changes, matched = compare_reports(
+            report_a, report_b, options.names, options.ties, values,
+            restoring_a=_config_ties(source_a, candidates), restoring_b=_config_ties(source_b, candidates),
+        )
+    return DiffReport(
+        report_a, report_b, tuple(changes), matched,
+        strip_prefixes=options.names.strip_prefixes, renames=options.names.renames, deep=options.deep,
+    )
+
+
+def _config_ties(source: LoadedSource, names: list[str]) -> list[DeclaredTie]:
+    """What a model directory's config restores among `names`, stored there or not."""
+    from memlayout.load.hf_dir import config_ties, is_hf_dir
+
+    if source.path is None or not os.path.isdir(source.path) or not is_hf_dir(source.path):
+        return []
+    return config_ties(source.path, names)
+
+
+__all__ = ["Change", "ChangeKind", "DiffOptions", "DiffReport", "NameMap", "run_diff"]
