@@ -17,6 +17,7 @@ import io
 import pickle
 import struct
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -420,6 +421,47 @@ _UNPICKLE_ERRORS = (
 _BYTEARRAY_DEALLOC_REPORT = "deallocated bytearray object has exported buffers"
 
 
+class _BytearrayReportFilter:
+    """One process-wide `sys.excepthook` that drops that report from unpickling threads only.
+
+    Swapping `sys.excepthook` per call is not thread-safe: two overlapping calls
+    restore each other's hooks, and one can leave its filter installed for good.
+    Here the filter is installed when the first load starts and removed when the
+    last one ends (unless someone installed another hook meanwhile), and it drops
+    the report only when it comes from a thread that is unpickling right now: a
+    report from any other thread, and every other error, reaches the previous hook.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+        self._previous: Any = None
+        self._local = threading.local()
+
+    def __call__(self, kind: type[BaseException], value: BaseException, trace: Any) -> None:
+        if getattr(self._local, "depth", 0) and kind is SystemError and str(value) == _BYTEARRAY_DEALLOC_REPORT:
+            return
+        (self._previous or sys.__excepthook__)(kind, value, trace)
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._active == 0:
+                self._previous = sys.excepthook
+                sys.excepthook = self
+            self._active += 1
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._local.depth -= 1
+        with self._lock:
+            self._active -= 1
+            if self._active == 0 and sys.excepthook is self:
+                sys.excepthook = self._previous
+
+
+_DROP_BYTEARRAY_REPORT = _BytearrayReportFilter()
+
+
 def run_unpickler(unpickler: pickle.Unpickler, what: str) -> Any:
     """`unpickler.load()`, with a damaged stream raised as one `CorruptCheckpointError`.
 
@@ -427,22 +469,14 @@ def run_unpickler(unpickler: pickle.Unpickler, what: str) -> Any:
     frees a half-built bytearray whose export count was never set; the bytearray's
     destructor then reports a SystemError through `sys.excepthook`, which prints a
     second line beside the one error the CLI promises. While loading, that one
-    report is dropped; any other goes to the hook that was installed.
+    report from this thread is dropped; safe to call from several threads at once.
     """
-    hook = sys.excepthook
-
-    def drop_bytearray_dealloc_report(kind: type[BaseException], value: BaseException, trace: Any) -> None:
-        if not (kind is SystemError and str(value) == _BYTEARRAY_DEALLOC_REPORT):
-            hook(kind, value, trace)
-
-    sys.excepthook = drop_bytearray_dealloc_report
-    try:
-        return unpickler.load()
-    except _UNPICKLE_ERRORS as exc:
-        # A MemoryError has no message; the line must still say what went wrong.
-        raise CorruptCheckpointError(f"{what} could not be read: {str(exc) or type(exc).__name__}") from exc
-    finally:
-        sys.excepthook = hook
+    with _DROP_BYTEARRAY_REPORT:
+        try:
+            return unpickler.load()
+        except _UNPICKLE_ERRORS as exc:
+            # A MemoryError has no message; the line must still say what went wrong.
+            raise CorruptCheckpointError(f"{what} could not be read: {str(exc) or type(exc).__name__}") from exc
 
 
 def unpickle(data: bytes | memoryview, storage_records: bool = True, what: str = "the pickle") -> UnpickleResult:
