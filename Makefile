@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv demo test lint bench bench-gpu fixtures clean
+.PHONY: venv demo test lint bench bench-gpu fixtures clean reliability
 
 venv: $(STAMP)
 
@@ -41,3 +41,8 @@ fixtures: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# SIGKILL at random points in 200 flattens of a 64 MiB checkpoint (a 20-kill slice
+# runs in make test). Figures: docs/reliability.md.
+reliability: $(STAMP)
+	$(PY) -m tests.reliability.sigkill --kills 200 --mib 64
