@@ -34,8 +34,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import zipfile
-import zlib
 from typing import Any
 
 from memlayout.dtypes import dtype_info
@@ -50,8 +48,8 @@ from memlayout.load.records import (
     TensorRecord,
 )
 from memlayout.load.restricted_pickle import UnpickleResult, unpickle
-from memlayout.load.torch_zip import archive_prefix, read_torch_zip
-from memlayout.load.torchscript import central_directory, member_data_start, record_spans
+from memlayout.load.torch_zip import read_torch_zip
+from memlayout.zip_archive import ZipReader, central_directory_bytes, read_recompressed_archive
 
 WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
 CONSTANTS_CONFIG = "data/constants/model_constants_config.json"
@@ -68,8 +66,6 @@ SCALAR_TYPES: dict[int, str] = {
     28: "uint16", 29: "float8_e4m3fn", 30: "float8_e5m2", 31: "float8_e4m3fnuz",
     32: "float8_e5m2fnuz", 33: "float8_e8m0fnu", 34: "uint32", 35: "uint64",
 }
-# zlib.error: a damaged deflated member fails inside zipfile's decompressor.
-_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, ValueError, EOFError, KeyError, NotImplementedError)
 
 
 def is_pt2_zip(path: str) -> bool:
@@ -82,7 +78,7 @@ def is_pt2_zip(path: str) -> bool:
         True when the directory lists `<archive>/archive_format`, a weights config
         or the older layout's exported program.
     """
-    directory = central_directory(path)
+    directory = central_directory_bytes(path)
     return (
         b"/archive_format" in directory
         or WEIGHTS_CONFIG.encode() in directory
@@ -132,27 +128,37 @@ def load_pt2(path: str) -> LoadedSource:
         UnrecognizedFormatError: an archive with neither layout's weights description.
         CorruptCheckpointError: the zip, a config or a nested archive is damaged.
     """
-    with open(path, "rb") as handle:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        archive = ZipReader(fd, os.fstat(fd).st_size, 0, path)
+        names = archive.names
+        configs = [n for n in names if n.endswith("/" + WEIGHTS_CONFIG)]
+        if not configs:
+            if OLDER_PROGRAM in names or any(name in names for name in OLDER_STATE_DICT):
+                try:
+                    return _load_older_layout(path, archive)
+                except CorruptCheckpointError as exc:
+                    if exc.message.startswith(path):
+                        raise
+                    raise CorruptCheckpointError(
+                        f"{path} is not a readable torch.export archive: {exc.message}", exc.hint
+                    ) from exc
+            raise UnrecognizedFormatError(
+                f"{path} is a torch.export archive without {WEIGHTS_CONFIG} or {OLDER_STATE_DICT[0]}, "
+                "so memlayout finds no description of its weights",
+                "re-export it with torch.export.save, or save the state dict as safetensors",
+            )
+        prefix = configs[0][: -len(WEIGHTS_CONFIG)]
+        constants_name = prefix + CONSTANTS_CONFIG
         try:
-            archive = zipfile.ZipFile(handle)
-            names = archive.namelist()
-            configs = [n for n in names if n.endswith("/" + WEIGHTS_CONFIG)]
-            if not configs:
-                if OLDER_PROGRAM in names or any(name in names for name in OLDER_STATE_DICT):
-                    return _load_older_layout(path, handle.fileno(), archive)
-                raise UnrecognizedFormatError(
-                    f"{path} is a torch.export archive without {WEIGHTS_CONFIG} or {OLDER_STATE_DICT[0]}, "
-                    "so memlayout finds no description of its weights",
-                    "re-export it with torch.export.save, or save the state dict as safetensors",
-                )
-            prefix = configs[0][: -len(WEIGHTS_CONFIG)]
             weights = json.loads(archive.read(configs[0]))
-            constants_name = prefix + CONSTANTS_CONFIG
-            constants = json.loads(archive.read(constants_name)) if constants_name in names else {"config": {}}
-            file_size = os.fstat(handle.fileno()).st_size
-            starts, sizes = record_spans(file_size, archive, f"{prefix}data/")
-        except _ZIP_ERRORS as exc:
-            raise CorruptCheckpointError(f"{path} is not a readable torch.export archive: {exc}") from exc
+            constants = json.loads(archive.read(constants_name)) if constants_name in archive.by_name else {"config": {}}
+            starts, sizes, _ = archive.record_spans(f"{prefix}data/")
+        except (CorruptCheckpointError, ValueError) as exc:
+            message = exc.message if isinstance(exc, CorruptCheckpointError) else str(exc)
+            raise CorruptCheckpointError(f"{path} is not a readable torch.export archive: {message}") from exc
+    finally:
+        os.close(fd)
     entries = _entries(
         path, weights, "weights",
         lambda e: TensorKind.PARAMETER if e.get("is_param") else TensorKind.BUFFER,
@@ -198,18 +204,18 @@ class _NestedArchive:
     checksums: dict[str, int]
 
 
-def _read_nested(path: str, fd: int, archive: zipfile.ZipFile, member: str) -> _NestedArchive | None:
+def _read_nested(path: str, archive: ZipReader, member: str) -> _NestedArchive | None:
     """The torch.save archive stored as `member`; None when the member is empty.
 
     torch.export wrote b"" for an artifact it was told not to serialize, and its
     reader takes that as an empty dict.
     """
-    info = archive.getinfo(member)
+    entry = archive.entry(member)
     what = f"{path}: {member}"
-    if info.file_size == 0:
+    if entry.size == 0:
         return None
     try:
-        return _read_nested_member(fd, archive, info, what)
+        return _read_nested_member(path, archive, member, what)
     except CorruptCheckpointError as exc:
         # Messages from inside the nested archive name only its own entries.
         if exc.message.startswith(what):
@@ -217,28 +223,15 @@ def _read_nested(path: str, fd: int, archive: zipfile.ZipFile, member: str) -> _
         raise CorruptCheckpointError(f"{what}: {exc.message}", exc.hint) from exc
 
 
-def _read_nested_member(
-    fd: int, archive: zipfile.ZipFile, info: zipfile.ZipInfo, what: str
-) -> _NestedArchive:
-    if info.compress_type == zipfile.ZIP_STORED:
+def _read_nested_member(path: str, archive: ZipReader, member: str, what: str) -> _NestedArchive:
+    entry = archive.entry(member)
+    if entry.method == 0:
         # A member running past the end of the file needs no check here: reading the
         # nested archive's end record there comes up short and fails.
-        nested = read_torch_zip(fd, member_data_start(archive, info), info.file_size, what)
+        nested = read_torch_zip(archive.file.fd, archive.data_start(entry), entry.size, what)
         return _NestedArchive(nested.pickle, nested.starts, nested.sizes, nested.checksums)
-    # Recompressed by some other tool: the storages are not bytes of the file, and
-    # inflating a whole state dict to read them is not what a metadata read should
-    # cost. The nested zip is read through the decompressing stream instead, which
-    # keeps memory bounded (seeks re-inflate rather than buffer).
-    with archive.open(info) as stream, zipfile.ZipFile(stream) as inner:
-        inner_names = inner.namelist()
-        prefix = archive_prefix(inner_names)
-        data = inner.read(f"{prefix}data.pkl")
-        folder = f"{prefix}data/"
-        sizes = {
-            i.filename[len(folder) :]: i.file_size
-            for i in inner.infolist()
-            if i.filename.startswith(folder) and not i.filename.endswith("/")
-        }
+    # Recompressed by some other tool: the storages are no bytes of the file.
+    prefix, data, sizes = read_recompressed_archive(path, member, what)
     return _NestedArchive(unpickle(data, what=f"{what}: the pickle {prefix}data.pkl"), None, sizes, {})
 
 
@@ -274,9 +267,9 @@ def _first_member(names: list[str], candidates: tuple[str, ...]) -> str | None:
     return next((name for name in candidates if name in names), None)
 
 
-def _load_older_layout(path: str, fd: int, archive: zipfile.ZipFile) -> LoadedSource:
+def _load_older_layout(path: str, archive: ZipReader) -> LoadedSource:
     """Read the torch 2.1-2.7 layout: torch.save archives nested in the zip, never executed."""
-    names = archive.namelist()
+    names = archive.names
     state_member = _first_member(names, OLDER_STATE_DICT)
     if state_member is None:
         raise CorruptCheckpointError(
@@ -300,7 +293,7 @@ def _load_older_layout(path: str, fd: int, archive: zipfile.ZipFile) -> LoadedSo
         "inside the zip, which torch.export.load unpickles with weights_only=False if the weights-only load fails"
     ]
     for label, member in members:
-        contents = _read_nested(path, fd, archive, member) if member is not None else None
+        contents = _read_nested(path, archive, member) if member is not None else None
         if contents is None:
             continue
         for found in contents.pickle.globals:

@@ -23,9 +23,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import struct
-import zipfile
-import zlib
 from typing import Any
 
 from memlayout.errors import CorruptCheckpointError
@@ -37,14 +34,13 @@ from memlayout.load.restricted_pickle import (
     RestrictedUnpickler,
     run_unpickler,
 )
+from memlayout.zip_archive import ZipReader, archive_prefix, central_directory_bytes
 
 TORCHSCRIPT_MODULE = "__torch__"
 _MANGLE = re.compile(r"\.___torch_mangle_\d+")
 _CLASS = re.compile(r"^class (\w+)\(", re.MULTILINE)
 _LIST_ATTRIBUTE = re.compile(r"^  (__parameters__|__buffers__) = (\[.*?\])\s*$", re.MULTILINE)
 _MODE = re.compile(r'^  mode : Final\[str\] = "(\w+)"\s*$', re.MULTILINE)
-# zlib.error: a damaged deflated member fails inside zipfile's decompressor.
-_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, ValueError, EOFError, KeyError, NotImplementedError)
 
 
 def _first(values: Any = None, *rest: Any) -> Any:
@@ -82,56 +78,6 @@ class TorchScriptUnpickler(RestrictedUnpickler):
         return _TORCHSCRIPT_GLOBALS.get((module, name), found)
 
 
-_END_RECORD = struct.Struct("<4sHHHHIIH")
-_ZIP64_LOCATOR = struct.Struct("<4sIQI")
-_ZIP64_END = struct.Struct("<4sQHHIIQQQQ")
-_END_SEARCH = _END_RECORD.size + 0xFFFF
-# A central directory bigger than this is no small archive; detection gives up
-# and the torch zip loader reports whatever is wrong.
-_DIRECTORY_LIMIT = 64 << 20
-
-
-def central_directory(path: str) -> bytes:
-    """The raw central directory of a zip file, or b"" when it cannot be found.
-
-    Detection only needs to know whether some entry name occurs, and one read of
-    the directory plus a substring search costs microseconds, where building a
-    `zipfile.ZipFile` per format costs a parse of every entry.
-
-    Args:
-        path: A file that starts like a zip.
-
-    Returns:
-        The directory bytes (entry headers and names), or b"" if the end records
-        are missing or damaged.
-    """
-    try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            tail_start = max(0, size - _END_SEARCH)
-            handle.seek(tail_start)
-            tail = handle.read()
-            at = tail.rfind(b"PK\x05\x06")
-            if at < 0 or at + _END_RECORD.size > len(tail):
-                return b""
-            fields = _END_RECORD.unpack_from(tail, at)
-            directory_size, directory_offset = fields[5], fields[6]
-            locator = at - _ZIP64_LOCATOR.size
-            if locator >= 0 and tail[locator : locator + 4] == b"PK\x06\x07":
-                end64 = _ZIP64_LOCATOR.unpack_from(tail, locator)[2]
-                handle.seek(end64)
-                record = handle.read(_ZIP64_END.size)
-                if len(record) < _ZIP64_END.size or record[:4] != b"PK\x06\x06":
-                    return b""
-                directory_size, directory_offset = _ZIP64_END.unpack(record)[8:10]
-            if directory_size > _DIRECTORY_LIMIT or directory_offset + directory_size > size:
-                return b""
-            handle.seek(directory_offset)
-            return handle.read(directory_size)
-    except (OSError, struct.error):
-        return b""
-
-
 def is_torchscript_zip(path: str) -> bool:
     """Whether a zip holds a TorchScript archive (a `code/` folder beside data.pkl).
 
@@ -142,16 +88,8 @@ def is_torchscript_zip(path: str) -> bool:
         True when the directory lists `<archive>/constants.pkl` or `<archive>/code/`;
         torch.save never writes either name.
     """
-    directory = central_directory(path)
+    directory = central_directory_bytes(path)
     return b"/constants.pkl" in directory or b"/code/" in directory
-
-
-def _prefix(names: list[str]) -> str:
-    for name in names:
-        parts = name.split("/")
-        if len(parts) == 2 and parts[1] == "data.pkl":
-            return parts[0] + "/"
-    raise CorruptCheckpointError("the TorchScript archive has no <archive>/data.pkl")
 
 
 def _unpickle(path: str, data: bytes, what: str) -> tuple[Any, TorchScriptUnpickler]:
@@ -161,13 +99,14 @@ def _unpickle(path: str, data: bytes, what: str) -> tuple[Any, TorchScriptUnpick
     return run_unpickler(unpickler, f"{path}: the TorchScript {what}"), unpickler
 
 
-def _class_source(archive: zipfile.ZipFile, prefix: str, module: str, cache: dict[str, str]) -> str:
+def _class_source(archive: ZipReader, prefix: str, module: str, cache: dict[str, str]) -> str:
     """The text of the code file defining classes of `module` (e.g. `__torch__.torch.nn.modules.linear`)."""
     code_path = f"{prefix}code/{module.replace('.', '/')}.py"
     if code_path not in cache:
         try:
             cache[code_path] = archive.read(code_path).decode("utf-8", "replace")
-        except _ZIP_ERRORS:
+        except CorruptCheckpointError:
+            # A missing or damaged code file only costs the parameter/buffer split.
             cache[code_path] = ""
     return cache[code_path]
 
@@ -192,7 +131,7 @@ def _declared_names(block: str, attribute: str) -> list[str]:
     return []
 
 
-def _restructure(archive: zipfile.ZipFile, prefix: str, root: Any) -> None:
+def _restructure(archive: ZipReader, prefix: str, root: Any) -> None:
     """Give each TorchScript module the `_parameters/_buffers/_modules` state of a pickled nn.Module."""
     cache: dict[str, str] = {}
     seen: set[int] = set()
@@ -231,59 +170,6 @@ def _restructure(archive: zipfile.ZipFile, prefix: str, root: Any) -> None:
         cls.class_module = _MANGLE.sub("", cls.class_module).removeprefix(TORCHSCRIPT_MODULE + ".")
 
 
-# A local header: its name and extra field lengths may differ from the central
-# directory's (torch pads the extra field to align data), so the data offset must
-# come from here (APPNOTE.TXT 4.3.7).
-_LOCAL_HEADER = struct.Struct("<4s22xHH")
-
-
-def member_data_start(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> int:
-    """Where a zip member's data starts in the file, read from its local header.
-
-    Raises:
-        CorruptCheckpointError: the local header is missing or damaged.
-    """
-    assert archive.fp is not None
-    archive.fp.seek(info.header_offset)
-    header = archive.fp.read(_LOCAL_HEADER.size)
-    if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
-        raise CorruptCheckpointError(f"the zip entry for {info.filename} is damaged")
-    _, name_length, extra_length = _LOCAL_HEADER.unpack(header)
-    start: int = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
-    return start
-
-
-def record_spans(
-    file_size: int, archive: zipfile.ZipFile, data_prefix: str
-) -> tuple[dict[str, int], dict[str, int]]:
-    """Where the uncompressed records under a folder of a zip lie in the file.
-
-    Args:
-        file_size: The zip file's size.
-        archive: The open zip.
-        data_prefix: The folder, e.g. "archive/data/", with its trailing slash.
-
-    Returns:
-        (absolute start, size) maps keyed by the name below the folder.
-
-    Raises:
-        CorruptCheckpointError: a record is compressed, damaged, or runs past the end.
-    """
-    starts: dict[str, int] = {}
-    sizes: dict[str, int] = {}
-    for info in archive.infolist():
-        if not info.filename.startswith(data_prefix) or info.filename.endswith("/"):
-            continue
-        if info.compress_type != zipfile.ZIP_STORED:
-            raise CorruptCheckpointError(f"storage record {info.filename} is compressed; torch never writes that")
-        start = member_data_start(archive, info)
-        if start + info.file_size > file_size:
-            raise CorruptCheckpointError(f"storage record {info.filename} runs past the end of the file")
-        key = info.filename[len(data_prefix) :]
-        starts[key], sizes[key] = start, info.file_size
-    return starts, sizes
-
-
 def load_torchscript(path: str) -> LoadedSource:
     """Read a TorchScript archive as layout records, without torch.jit.load.
 
@@ -297,15 +183,17 @@ def load_torchscript(path: str) -> LoadedSource:
     Raises:
         CorruptCheckpointError: the zip or a pickle inside is damaged.
     """
-    with open(path, "rb") as handle:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        archive = ZipReader(fd, os.fstat(fd).st_size, 0, path)
         try:
-            archive = zipfile.ZipFile(handle)
-            prefix = _prefix(archive.namelist())
+            prefix = archive_prefix(archive.names)
             data = archive.read(f"{prefix}data.pkl")
-            constants = archive.read(f"{prefix}constants.pkl") if f"{prefix}constants.pkl" in archive.namelist() else b""
-            starts, sizes = record_spans(os.fstat(handle.fileno()).st_size, archive, f"{prefix}data/")
-        except _ZIP_ERRORS as exc:
-            raise CorruptCheckpointError(f"{path} is not a readable TorchScript archive: {exc}") from exc
+            constants_name = f"{prefix}constants.pkl"
+            constants = archive.read(constants_name) if constants_name in archive.by_name else b""
+            starts, sizes, _ = archive.record_spans(f"{prefix}data/")
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"{path} is not a readable TorchScript archive: {exc.message}") from exc
         root, unpickler = _unpickle(path, data, "module pickle")
         referenced = dict(unpickler.referenced)
         tree: dict[str, Any] = {"": root}
@@ -314,6 +202,8 @@ def load_torchscript(path: str) -> LoadedSource:
             referenced.update(constants_unpickler.referenced)
             tree["constants"] = constants_root
         _restructure(archive, prefix, root)
+    finally:
+        os.close(fd)
     # torch.jit.load reads each storage record into fresh memory; none is used in place.
     return pickled_source(
         path, "torchscript", root, StorageSpans(starts, sizes), used_in_place=False,
