@@ -72,6 +72,9 @@ def inspect_command(
     min_duplicate_bytes: Annotated[
         int, typer.Option("--min-duplicate-bytes", help="ML102 ignores smaller tensors.", min=0)
     ] = 4096,
+    all_storages: Annotated[
+        bool, typer.Option("--all", help="The table lists every storage, not the 20 largest of more than 50.")
+    ] = False,
     trust: Annotated[bool, typer.Option("--trust", hidden=True)] = False,
     debug: DebugOption = False,
 ) -> None:
@@ -97,5 +100,6 @@ def inspect_command(
             )
         report_load_errors(batch)
         color = output is None and output_format is OutputFormat.TABLE and sys.stdout.isatty()
-        write_output(reporter_for(output_format, color=color).render(batch), output)
+        reporter = reporter_for(output_format, color=color, all_storages=all_storages)
+        write_output(reporter.render(batch), output)
     raise typer.Exit(batch.exit_code())

@@ -16,7 +16,46 @@ from memlayout.report.interface import Reporter, count_phrase
 from memlayout.rules import Severity
 
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
-MAX_STORAGE_ROWS = 40
+# Up to FOLD_OVER storages are all listed; past that, the SHOWN_WHEN_FOLDED largest
+# and one line saying how many are folded (`--all` lists every one).
+FOLD_OVER = 50
+SHOWN_WHEN_FOLDED = 20
+BAR_WIDTH = 16
+# Each kind of byte has its own character, so the bar reads without color too.
+BAR_PARTS = (("used", "\u2588", "green"), ("padding", "\u2592", "blue"), ("unused", "\u2591", "yellow"))
+
+
+def storage_bar(used: int, padding: int, unused: int, width: int = BAR_WIDTH) -> Text:
+    """A bar of `width` cells: used, then padding, then unused bytes, each in proportion.
+
+    Every kind that is present gets at least one cell, so a small bloat still shows;
+    otherwise each kind gets its share of the cells, rounded to the nearest.
+
+    Args:
+        used: Bytes some tensor uses.
+        padding: Alignment padding bytes.
+        unused: Bytes no tensor uses (bloat).
+        width: Cells in the bar.
+
+    Returns:
+        The bar, styled per kind.
+    """
+    sizes = (used, padding, unused)
+    total = sum(sizes)
+    bar = Text()
+    if total <= 0:
+        return bar
+    exact = [size * width / total for size in sizes]
+    cells = [max(int(share), 1) if size > 0 else 0 for size, share in zip(sizes, exact, strict=True)]
+    # Settle rounding against the exact shares: give a cell to the kind furthest
+    # below its share, or take one from the kind furthest above it (never its last).
+    while sum(cells) < width:
+        cells[max(range(3), key=lambda i: exact[i] - cells[i])] += 1
+    while sum(cells) > width:
+        cells[max((i for i in range(3) if cells[i] > 1), key=lambda i: cells[i] - exact[i])] -= 1
+    for (_, char, style), count in zip(BAR_PARTS, cells, strict=True):
+        bar.append(char * count, style)
+    return bar
 
 
 def _summary(report: Report) -> Table:
@@ -43,19 +82,26 @@ def _summary(report: Report) -> Table:
     return grid
 
 
-def _storages(report: Report) -> Table:
+def _storages(report: Report, all_storages: bool) -> Table:
     table = Table(title="storages", title_justify="left", expand=False)
     for column, justify in (("id", "left"), ("device", "left"), ("size", "right"), ("used", "right"),
-                            ("unused", "right"), ("tensors", "left")):
+                            ("unused", "right"), ("layout", "left"), ("tensors", "left")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     storages = sorted(report.facts.storages, key=lambda s: -s.nbytes)
-    for storage in storages[:MAX_STORAGE_ROWS]:
+    shown = storages if all_storages or len(storages) <= FOLD_OVER else storages[:SHOWN_WHEN_FOLDED]
+    for storage in shown:
         names = ", ".join(storage.tensors[:3]) + (f" +{len(storage.tensors) - 3}" if len(storage.tensors) > 3 else "")
         unused = Text(human_bytes(storage.unused_bytes), "yellow" if storage.unused_bytes else "")
+        bar = storage_bar(storage.used_bytes, storage.padding_bytes, storage.unused_bytes)
         table.add_row(storage.id, storage.device, human_bytes(storage.nbytes), human_bytes(storage.used_bytes),
-                      unused, names)
-    if len(storages) > MAX_STORAGE_ROWS:
-        table.caption = f"{len(storages) - MAX_STORAGE_ROWS} smaller storages not shown (use --format json)"
+                      unused, bar, names)
+    legend = "layout: \u2588 used  \u2592 padding  \u2591 unused"
+    folded = len(storages) - len(shown)
+    if folded:
+        legend = f"{folded} smaller storages folded ({human_bytes(sum(s.nbytes for s in storages[len(shown):]))}); " \
+                 f"--all shows every storage\n{legend}"
+    table.caption = legend
+    table.caption_justify = "left"
     return table
 
 
@@ -74,19 +120,27 @@ def _findings(report: Report) -> Group | Text:
     return Group(*lines)
 
 
-def render_table(report: Report, width: int = 120, color: bool = False) -> str:
-    """The rich report as text; ANSI colors only when `color` is set."""
+def render_table(report: Report, width: int = 120, color: bool = False, all_storages: bool = False) -> str:
+    """The rich report as text; ANSI colors only when `color` is set.
+
+    Args:
+        report: One path's report.
+        width: Line width.
+        color: ANSI colors.
+        all_storages: List every storage, not the largest 20 of more than 50.
+    """
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, force_terminal=color, no_color=not color, highlight=False)
     source = report.facts.source
-    title = f"memlayout: {source.path or '(object)'} [{source.format}]"
+    # A Text title: the "[format]" suffix is not console markup.
+    title = Text(f"memlayout: {source.path or '(object)'} [{source.format}]")
     console.print(Panel(_summary(report), title=title, title_align="left", expand=False))
     for note in source.notes:
         console.print(Text(f"note: {note}", "dim"))
     if source.layout_unrecorded:
         console.print(Text(f"storages: not recorded: {source.layout_unrecorded}", "dim"))
     else:
-        console.print(_storages(report))
+        console.print(_storages(report, all_storages))
     console.print(Text("findings", "bold"))
     console.print(_findings(report))
     for line in _skipped(report):
@@ -115,15 +169,16 @@ def _baseline_lines(baseline: BaselineOutcome) -> list[str]:
 class TableReporter(Reporter):
     """The terminal report: one panel per path, then the totals when there are several."""
 
-    def __init__(self, width: int = 120, color: bool = False) -> None:
+    def __init__(self, width: int = 120, color: bool = False, all_storages: bool = False) -> None:
         self.width = width
         self.color = color
+        self.all_storages = all_storages
 
     def render(self, batch: BatchReport) -> str:
         parts: list[str] = []
         for path in batch.paths:
             if path.report is not None:
-                parts.append(render_table(path.report, width=self.width, color=self.color))
+                parts.append(render_table(path.report, width=self.width, color=self.color, all_storages=self.all_storages))
             else:
                 parts.append(f"error: {path.error_line}\n")
         tail: list[str] = []

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
 import memlayout
+from memlayout.cli.app import app
 from memlayout.report import OutputFormat, render
+from memlayout.report.table import render_table, storage_bar
 from tests import models
 
 
@@ -24,7 +32,60 @@ def test_table_says_when_there_is_nothing_to_report() -> None:
     assert "no findings" in render(memlayout.inspect(models.cloned_slice_state()), OutputFormat.TABLE)
 
 
-def test_long_storage_lists_are_capped_with_a_pointer_to_json() -> None:
-    state = {f"t{i}": models.torch.randn(4) for i in range(60)}
+def storage_rows(text: str) -> list[str]:
+    return [line for line in text.splitlines() if re.match(r"│ s\d+ ", line)]
+
+
+def test_more_than_50_storages_show_the_20_largest_and_say_how_many_are_folded() -> None:
+    state = {f"t{i}": models.torch.randn(i + 1) for i in range(60)}
     text = render(memlayout.inspect(state), OutputFormat.TABLE, width=200)
-    assert "20 smaller storages not shown" in text
+    rows = storage_rows(text)
+    assert len(rows) == 20
+    assert [row.split("│")[3].strip() for row in rows[:2]] == ["240 B", "236 B"]  # largest first
+    folded = sum(4 * (i + 1) for i in range(40))
+    assert f"40 smaller storages folded ({folded / 1024:.1f} KiB); --all shows every storage" in text
+
+
+def test_all_storages_and_up_to_50_are_never_folded() -> None:
+    many = memlayout.inspect({f"t{i}": models.torch.randn(4) for i in range(60)})
+    assert len(storage_rows(render_table(many, width=200, all_storages=True))) == 60
+    fifty = memlayout.inspect({f"t{i}": models.torch.randn(4) for i in range(50)})
+    text = render(fifty, OutputFormat.TABLE, width=200)
+    assert len(storage_rows(text)) == 50 and "folded" not in text
+
+
+def test_the_inspect_all_option_reaches_the_table(tmp_path: Path) -> None:
+    path = tmp_path / "many.pt"
+    models.torch.save({f"t{i}": models.torch.randn(4) for i in range(60)}, path)
+    folded = CliRunner().invoke(app, ["inspect", str(path), "--fail-on", "never"])
+    every = CliRunner().invoke(app, ["inspect", str(path), "--all", "--fail-on", "never"])
+    assert folded.exit_code == every.exit_code == 0
+    assert len(storage_rows(folded.stdout)) == 20 and len(storage_rows(every.stdout)) == 60
+
+
+@pytest.mark.parametrize(
+    ("used", "padding", "unused", "expected"),
+    [
+        (100, 0, 0, "\u2588" * 16),
+        (50, 0, 50, "\u2588" * 8 + "\u2591" * 8),
+        (1, 0, 10_000, "\u2588" + "\u2591" * 15),  # a tiny used part still gets a cell
+        (10_000, 1, 1, "\u2588" * 14 + "\u2592" + "\u2591"),
+        (60, 20, 20, "\u2588" * 10 + "\u2592" * 3 + "\u2591" * 3),
+    ],
+)
+def test_storage_bar_shares_cells_by_bytes(used: int, padding: int, unused: int, expected: str) -> None:
+    assert storage_bar(used, padding, unused).plain == expected
+
+
+def test_bars_come_from_the_facts_of_bloat_and_padding() -> None:
+    import torch
+
+    bloated = memlayout.inspect({"w": torch.randn(1024)[:256]})  # a quarter of its storage used
+    (row,) = storage_rows(render(bloated, OutputFormat.TABLE, width=200))
+    assert "\u2588" * 4 + "\u2591" * 12 + " " in row
+    flat = torch.zeros(64)  # two slots aligned to 64 bytes, with padding after the first
+    padded = memlayout.inspect({"a": flat[:12], "b": flat[16:28]})
+    storage = padded.facts.storages[0]
+    assert storage.padding_bytes == 16 and storage.unused_bytes == 256 - 96 - 16
+    (row,) = storage_rows(render(padded, OutputFormat.TABLE, width=200))
+    assert "\u2592" in row and "\u2591" in row
