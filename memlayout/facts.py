@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from memlayout.cudnn_layout import INFERRED_RNN_LABEL, geometry_from_shapes, local_name
 from memlayout.dtypes import DtypeInfo, dtype_info
 from memlayout.load.records import (
     DeclaredTie,
@@ -177,17 +178,20 @@ _RNN_WEIGHT = re.compile(r"^(?P<prefix>.*?)(?P<kind>weight_ih|weight_hh|bias_ih|
 _RNN_ORDER = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
 
 
-def infer_rnn_modules(names: Iterable[str]) -> list[ModuleRecord]:
-    """RNN modules recognized from state-dict names alone, for sources without a module tree.
+def infer_rnn_modules(tensors: Mapping[str, TensorFact]) -> list[ModuleRecord]:
+    """RNN modules recognized from state-dict names and shapes, for sources without a module tree.
 
     The names follow `RNNBase._flat_weights_names`: per layer and direction,
     weight_ih, weight_hh, bias_ih, bias_hh, weight_hr. A `_raw` copy stands for a
     weight that is not a registered Parameter (the weight-dropout pattern); awd-lstm
     registers it on the RNN itself, fastai's WeightDropout on the wrapper above it.
+    The mode comes from the gate multiple of the shapes (LSTM 4, GRU 3, RNN 1; an
+    RNN's tanh or relu cannot be told from its weights), and names whose shapes
+    form no torch RNN are not taken for one.
     """
     weights: dict[str, dict[tuple[int, int, int], str]] = defaultdict(dict)
-    raw: dict[str, set[tuple[int, int, int]]] = defaultdict(set)
-    for name in names:
+    raw: dict[str, dict[tuple[int, int, int], str]] = defaultdict(dict)
+    for name in tensors:
         # Every RNN weight name has "_l<layer>"; the substring test spares the regex
         # for the hundreds of other names of a model.
         if "_l" not in name:
@@ -197,23 +201,33 @@ def infer_rnn_modules(names: Iterable[str]) -> list[ModuleRecord]:
             continue
         key = (int(match["layer"]), 1 if match["reverse"] else 0, _RNN_ORDER.index(match["kind"]))
         if match["raw"]:
-            raw[match["prefix"]].add(key)
+            raw[match["prefix"]][key] = name
         else:
             weights[match["prefix"]][key] = name
     modules = []
     for prefix, found in weights.items():
         if not any(k[2] == 0 for k in found):
             continue
-        shadowed = {k for holder, keys in raw.items() if prefix.startswith(holder) for k in keys if k not in found}
+        shadowed = {
+            k: raw_name for holder, keys in raw.items() if prefix.startswith(holder)
+            for k, raw_name in keys.items() if k not in found
+        }
         names_by_key = dict(found)
-        for layer, reverse, kind in shadowed:
-            names_by_key[(layer, reverse, kind)] = (
-                f"{prefix}{_RNN_ORDER[kind]}_l{layer}{'_reverse' if reverse else ''}"
-            )
+        shapes = {local_name(name): tensors[name].shape for name in found.values()}
+        for (layer, reverse, kind), raw_name in shadowed.items():
+            name = f"{prefix}{_RNN_ORDER[kind]}_l{layer}{'_reverse' if reverse else ''}"
+            names_by_key[(layer, reverse, kind)] = name
+            shapes[local_name(name)] = tensors[raw_name].shape
+        geometry = geometry_from_shapes(None, shapes)
+        if isinstance(geometry, str):
+            continue
         ordered = tuple(names_by_key[k] for k in sorted(names_by_key))
         unregistered = tuple(names_by_key[k] for k in sorted(shadowed))
+        label = INFERRED_RNN_LABEL if geometry.mode == "RNN" else geometry.mode
         modules.append(
-            ModuleRecord(prefix.rstrip("."), "(inferred from names) RNN", RnnRecord("RNN", ordered, unregistered))
+            ModuleRecord(
+                prefix.rstrip("."), f"(inferred from names) {label}", RnnRecord(geometry.mode, ordered, unregistered)
+            )
         )
     return modules
 

@@ -172,8 +172,50 @@ def cpu_lstm() -> nn.LSTM:
     return nn.LSTM(8, 8, num_layers=2)
 
 
+def cudnn_buffer_order(rnn: nn.RNNBase) -> list[str | int]:
+    """The RNN's weights in the order cuDNN's buffer holds them, as ONNX's OptimizedRNN
+    and MXNet's fused RNN concatenate them: weight-or-bias outermost, then layer, then
+    direction, then input/hidden(/projection). An int stands for bias space that an
+    RNN without bias leaves (its element count): cuDNN keeps it all the same."""
+    gates = {"LSTM": 4, "GRU": 3}.get(rnn.mode, 1)
+    entries: list[str | int] = []
+    for kind, parts in (("weight", ("ih", "hh", "hr")), ("bias", ("ih", "hh"))):
+        for layer in range(rnn.num_layers):
+            for suffix in ("", "_reverse")[: 2 if rnn.bidirectional else 1]:
+                for part in parts:
+                    name = f"{kind}_{part}_l{layer}{suffix}"
+                    if name in rnn._flat_weights_names:
+                        entries.append(name)
+                    elif kind == "bias":
+                        entries.append(gates * rnn.hidden_size)
+    return entries
+
+
+def pack_like_cudnn(rnn: nn.RNNBase, start: int = 0) -> None:
+    """Re-point the RNN's weights at one new buffer in cuDNN's order, from element `start`."""
+    entries = cudnn_buffer_order(rnn)
+    sizes = [e if isinstance(e, int) else getattr(rnn, e).numel() for e in entries]
+    flat = torch.zeros(start + sum(sizes), dtype=rnn.weight_ih_l0.dtype)
+    offset = start
+    for entry, size in zip(entries, sizes, strict=True):
+        if isinstance(entry, str):
+            tensor = getattr(rnn, entry)
+            flat[offset : offset + size].copy_(tensor.detach().reshape(-1))
+            tensor.data = flat[offset : offset + size].view_as(tensor)
+        offset += size
+    rnn._init_flat_weights()
+
+
 def cudnn_flat_lstm() -> nn.LSTM:
-    """The LSTM with its weights packed in `_flat_weights_names` order from offset 0."""
+    """The LSTM with its weights where cuDNN puts them: every matrix, then every bias."""
+    lstm = cpu_lstm()
+    pack_like_cudnn(lstm)
+    return lstm
+
+
+def names_order_lstm() -> nn.LSTM:
+    """The LSTM packed in `_flat_weights_names` order (w_ih, w_hh, b_ih, b_hh per layer):
+    one chunk, but not where cuDNN expects its weights once there are two layers."""
     lstm = cpu_lstm()
     pack_into_one_buffer([getattr(lstm, name) for name in lstm._flat_weights_names])
     return lstm

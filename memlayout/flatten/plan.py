@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from memlayout.cudnn_layout import CudnnLayout, layout_of, local_name, rnn_layout_problem
 from memlayout.errors import FlattenError, UsageError
 from memlayout.facts import Facts, TensorFact
 from memlayout.flat_groups import flat_group_key, with_device
 from memlayout.load.records import ModuleRecord, TensorKind
-from memlayout.rules.rnn import rnn_layout_problem
 from memlayout.strides import MemoryFormat, memory_format
 
 DEFAULT_ALIGN = 64
@@ -49,7 +49,7 @@ class Slot:
     """One region of a source storage and its place in a flat buffer."""
 
     start: int
-    """Byte offset in the buffer; a multiple of the plan's alignment (or packed, for RNNs)."""
+    """Byte offset in the buffer; a multiple of the plan's alignment (or where cuDNN puts the weight, for RNNs)."""
     nbytes: int
     source_storage: str
     """The loader's storage key the bytes come from."""
@@ -77,7 +77,7 @@ class FlatBuffer:
     nbytes: int
     slots: tuple[Slot, ...]
     rnn_module: str | None = None
-    """Set for an RNN's own buffer, which cuDNN needs packed from byte 0 with no tail."""
+    """Set for an RNN's own buffer, laid out as cuDNN's weight space from byte 0."""
 
     @property
     def used_bytes(self) -> int:
@@ -171,8 +171,11 @@ def _group_rep(region: _Region) -> TensorFact:
     return next((v for v in region.views if v.kind is TensorKind.PARAMETER), region.views[0])
 
 
-def _rnn_weights(facts: Facts, module: ModuleRecord, region_of: dict[str, _Region]) -> list[TensorFact] | str:
-    """The RNN's weights in cuDNN order, or why flatten cannot give it its own buffer."""
+def _rnn_weights(
+    facts: Facts, module: ModuleRecord, region_of: dict[str, _Region]
+) -> tuple[list[TensorFact], CudnnLayout] | str:
+    """The RNN's weights in `_flat_weights_names` order and cuDNN's layout for them,
+    or why flatten cannot give the RNN its own buffer."""
     assert module.rnn is not None
     weights = []
     for name in module.rnn.flat_weight_names:
@@ -188,7 +191,10 @@ def _rnn_weights(facts: Facts, module: ModuleRecord, region_of: dict[str, _Regio
         return "two of its weights are the same tensor, which cuDNN cannot use in place"
     if len({(w.dtype, w.device) for w in weights}) > 1:
         return "its weights mix dtypes or devices"
-    return weights
+    layout = layout_of(facts, module.rnn)
+    if isinstance(layout, str):
+        return layout
+    return weights, layout
 
 
 def _check_align(align: int) -> None:
@@ -247,22 +253,28 @@ def plan_flatten(facts: Facts, align: int = DEFAULT_ALIGN, device: str | None = 
     group_rep: dict[tuple[str, ...], TensorFact] = {}
     assigned: set[int] = set()
     rnn_of: dict[str, tuple[str, ...]] = {}
+    rnn_starts: dict[str, int] = {}
+    rnn_numel: dict[tuple[str, ...], int] = {}
     for module in facts.modules:
         if module.rnn is None or module.rnn.unregistered:
             continue
-        weights = _rnn_weights(facts, module, region_of)
-        if isinstance(weights, str):
+        found = _rnn_weights(facts, module, region_of)
+        if isinstance(found, str):
             if rnn_layout_problem(facts, module.rnn) is not None:
-                notes.append(f"{module.rnn.mode} {module.path or '(root)'}: not given its own buffer: {weights}")
+                notes.append(f"{module.rnn.mode} {module.path or '(root)'}: not given its own buffer: {found}")
             continue
+        weights, layout = found
         if any(id(region_of[w.name]) in assigned for w in weights):
             continue  # the same RNN object reached under a second path
         rnn_key: tuple[str, ...] = ("rnn", module.path)
-        for weight in weights:
+        for name, weight in zip(module.rnn.flat_weight_names, weights, strict=True):
             rnn_of[weight.name] = rnn_key
+            rnn_starts[weight.name] = layout.slot(local_name(name)).offset * weight.itemsize
             assigned.add(id(region_of[weight.name]))
-        groups[rnn_key] = [region_of[w.name] for w in weights]
+        # Slots in buffer order: cuDNN's offsets, not the weights' name order.
+        groups[rnn_key] = [region_of[w.name] for w in sorted(weights, key=lambda w: rnn_starts[w.name])]
         group_rep[rnn_key] = weights[0]
+        rnn_numel[rnn_key] = layout.numel
 
     # Groups appear in source order; an RNN group sits where its first weight does.
     ordered_keys: list[tuple[str, ...]] = []
@@ -295,13 +307,20 @@ def plan_flatten(facts: Facts, align: int = DEFAULT_ALIGN, device: str | None = 
         slots = []
         cursor = 0
         for member in groups[key]:
-            slot = _place(facts, member, cursor, 1 if is_rnn else align)
+            if is_rnn:
+                # cuDNN's layout: each weight at its own offset, gaps (bias space of an
+                # RNN without bias) left zero.
+                assert isinstance(member, _Region)
+                slot = _place(facts, member, rnn_starts[member.views[0].name], 1)
+            else:
+                slot = _place(facts, member, cursor, align)
             slots.append(slot)
             cursor = slot.start + slot.nbytes
             for placement in slot.views:
                 placements[placement.source] = (len(buffers), placement)
-        # cuDNN's try_get_weight_buf wants the RNN storage to hold exactly its weights.
-        nbytes = cursor if is_rnn else _round_up(cursor, max(align, rep.itemsize))
+        # try_get_weight_buf takes the whole storage as the weight space: make it
+        # exactly as long as cuDNN's (bias space included).
+        nbytes = rnn_numel[key] * rep.itemsize if is_rnn else _round_up(cursor, max(align, rep.itemsize))
         label = f"rnn {key[1] or '(root)'}" if is_rnn else _label(key)
         buffers.append(
             FlatBuffer(label, key, buffer_device, rep.dtype, nbytes, tuple(slots), key[1] if is_rnn else None)

@@ -75,7 +75,8 @@ class RnnRecord:
     """An RNN/LSTM/GRU module and the weights cuDNN wants as one chunk."""
 
     mode: str
-    """"LSTM", "GRU", "RNN_TANH" or "RNN_RELU"."""
+    """"LSTM", "GRU", "RNN_TANH" or "RNN_RELU"; "RNN" for an Elman RNN recognized from
+    state-dict names, whose tanh or relu the weights cannot show."""
     flat_weight_names: tuple[str, ...]
     """Full dotted names in `_flat_weights_names` order."""
     unregistered: tuple[str, ...] = ()

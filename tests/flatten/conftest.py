@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
+from memlayout.cudnn_layout import rnn_layout_problem
 from memlayout.facts import Facts
 from memlayout.flat_groups import flat_group_key
 from memlayout.flatten.live import live_facts
-from memlayout.rules.rnn import rnn_layout_problem
 from memlayout.strides import MemoryFormat, Relation, relation
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -12,6 +12,7 @@ from memlayout.flatten.plan import describe_changes, plan_flatten
 from tests.flatten.conftest import assert_flat_invariants, assert_padding_zero, snapshot
 from tests.flatten.models import ConvNet, LstmLM, TransposedTie, WeightDropLSTM
 from tests.flatten.strategies import build_checkpoint, build_module, layout_steps
+from tests.models import cudnn_buffer_order
 
 FIXED = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -69,10 +70,12 @@ def test_lstm_gets_its_own_buffer_in_cudnn_order_from_offset_zero() -> None:
     expected = model(tokens)
     handle = flatten_object(model)
     (group,) = [g for g in handle.groups if g.rnn_module == "lstm"]
-    names = [f"lstm.{n}" for n in model.lstm._flat_weights_names]
-    assert group.names == tuple(names)
+    order = cudnn_buffer_order(model.lstm)
+    assert group.names == tuple(f"lstm.{name}" for name in order)
     offset = 0
-    for weight in model.lstm._flat_weights:
+    for name in order:
+        assert isinstance(name, str)
+        weight = getattr(model.lstm, name)
         assert weight.untyped_storage().data_ptr() == group.data.data_ptr()
         assert weight.storage_offset() == offset
         offset += weight.numel()

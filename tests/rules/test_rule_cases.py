@@ -133,9 +133,17 @@ def test_rnn_mid_buffer_is_not_flat_for_cudnn() -> None:
     # cuDNN takes the whole storage of the first weight from offset 0, so a
     # whole-model buffer that puts the LSTM after another tensor still fails.
     lstm = models.cpu_lstm()
-    models.pack_into_one_buffer([getattr(lstm, n) for n in lstm._flat_weights_names], start=16)
+    models.pack_like_cudnn(lstm, start=16)
     (finding,) = [f for f in memlayout.inspect(lstm).findings if f.code == "ML401"]
-    assert "starts at element 16" in finding.message
+    assert "weight weight_ih_l0 is at element 16; cuDNN expects it at element 0" in finding.message
+
+
+def test_rnn_packed_in_parameter_name_order_is_not_where_cudnn_expects_it() -> None:
+    # One chunk from element 0, but per layer w_ih, w_hh, b_ih, b_hh: cuDNN wants
+    # every matrix before any bias, so the first bias is where layer 1's w_ih goes.
+    (finding,) = [f for f in memlayout.inspect(models.names_order_lstm()).findings if f.code == "ML401"]
+    assert "weight bias_ih_l0 is at element 512; cuDNN expects it at element 1024" in finding.message
+    assert "(3 more weights out of place)" in finding.message  # b_hh_l0, w_ih_l1, w_hh_l1
 
 
 def test_weight_drop_state_dict_shows_the_raw_pattern() -> None:
