@@ -13,10 +13,17 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from memlayout.cudnn_layout import INFERRED_RNN_LABEL, geometry_from_shapes, local_name
+from memlayout.cudnn_layout import (
+    INFERRED_RNN_LABEL,
+    geometry_from_shapes,
+    layout_of,
+    local_name,
+    rnn_layout_problem,
+    unused_bias_numel,
+)
 from memlayout.dtypes import DtypeInfo, dtype_info
 from memlayout.load.records import (
     DeclaredTie,
@@ -109,7 +116,8 @@ class StorageFact(NamedTuple):
     """Merged byte ranges any tensor touches."""
     used_bytes: int
     padding_bytes: int
-    """Unused bytes that are alignment padding between or after slots."""
+    """Unused bytes that are alignment padding between or after slots, or the bias
+    space cuDNN's layout keeps in the buffer of an RNN without biases."""
     unused_bytes: int
     """Unused bytes that are not padding: what saving writes for nothing."""
     base_address: int | None
@@ -316,8 +324,10 @@ def _tensor_fact(
     )
 
 
-def _split_unused(used: tuple[tuple[int, int], ...], nbytes: int) -> tuple[int, int]:
-    """(padding, unused) bytes of a storage given its used ranges."""
+def _split_unused(
+    used: tuple[tuple[int, int], ...], nbytes: int, reserved: tuple[int, int] | None = None
+) -> tuple[int, int]:
+    """(padding, unused) bytes of a storage given its used ranges; bytes of `reserved` are padding."""
     if len(used) == 1 and used[0][0] == 0 and used[0][1] >= nbytes:
         return 0, 0  # one tensor filling its storage, the usual case: nothing unused
     starts = [start for start, _ in used if start > 0]
@@ -326,6 +336,10 @@ def _split_unused(used: tuple[tuple[int, int], ...], nbytes: int) -> tuple[int, 
     cursor = 0
     for start, end in (*used, (nbytes, nbytes)):
         gap = start - cursor
+        if gap > 0 and reserved is not None:
+            kept = max(0, min(start, reserved[1]) - max(cursor, reserved[0]))
+            padding += kept
+            gap -= kept
         if gap > 0:
             on_boundary = start == nbytes or (slot_alignment and start % slot_alignment == 0)
             # A leading gap is never padding: nothing needed aligning before byte 0.
@@ -423,7 +437,7 @@ def build_facts(source: LoadedSource) -> Facts:
             groups.append(group)
 
     by_name = {name: t for t in tensors for name in t.names}
-    return Facts(
+    facts = Facts(
         source=SourceFact(
             path=source.path,
             format=source.format,
@@ -441,3 +455,33 @@ def build_facts(source: LoadedSource) -> Facts:
         _by_name=by_name,
         _by_storage={s.id: s for s in storages},
     )
+    return _with_rnn_bias_space(facts) if facts.modules else facts
+
+
+def _with_rnn_bias_space(facts: Facts) -> Facts:
+    """Count the bias space of an RNN without biases, in cuDNN's layout, as padding.
+
+    torch describes every RNN to cuDNN with two bias vectors per layer, so cuDNN's
+    weight buffer keeps that space (zero) even for `bias=False`, and
+    `try_get_weight_buf` refuses a storage without it: those bytes are required,
+    not bloat.
+    """
+    reserved: dict[str, tuple[int, int]] = {}
+    for module in facts.modules:
+        if module.rnn is None or rnn_layout_problem(facts, module.rnn) is not None:
+            continue
+        layout = layout_of(facts, module.rnn)
+        first = facts.tensor(module.rnn.flat_weight_names[0])
+        if isinstance(layout, str) or first is None or not unused_bias_numel(layout):
+            continue
+        end = layout.numel * first.itemsize
+        reserved[first.storage] = (end - unused_bias_numel(layout) * first.itemsize, end)
+    if not reserved:
+        return facts
+    storages = []
+    for storage in facts.storages:
+        if storage.id in reserved:
+            padding, unused = _split_unused(storage.used, storage.nbytes, reserved[storage.id])
+            storage = storage._replace(padding_bytes=padding, unused_bytes=unused)
+        storages.append(storage)
+    return replace(facts, storages=tuple(storages), _by_storage={s.id: s for s in storages})

@@ -17,6 +17,7 @@ import torch
 
 import memlayout
 from memlayout.cudnn_layout import RnnGeometry, cudnn_layout, geometry_from_shapes
+from memlayout.flatten.files import FlattenOptions, flatten_path
 
 # corpus name -> (the RNN's prefix in the loaded tree, the mode its gate multiple shows)
 CUDNN_WRITTEN = {
@@ -88,3 +89,30 @@ def test_ml401_fires_on_the_same_gru_saved_per_parameter(realworld: Callable[[st
     assert finding.message.startswith("GRU gru: its 16 weights live in 16 separate storages")
 
 
+
+
+@pytest.mark.parametrize("name", sorted(CUDNN_WRITTEN))
+def test_flatten_keeps_the_layout_cudnn_wrote(name: str, realworld: Callable[[str], Path], tmp_path: Path) -> None:
+    prefix, _ = CUDNN_WRITTEN[name]
+    source = realworld(name)
+    if name == "resemblyzer":
+        # A legacy-format file: re-save it as a zip with torch's own writer, which
+        # keeps every storage whole and every view's offset.
+        zipped = tmp_path / "pretrained.pt"
+        torch.save(torch.load(source, map_location="cpu", weights_only=True), zipped)
+        source = zipped
+    before = _rnn_weights(source, prefix)
+    out = tmp_path / "flat.pt"
+    flatten_path(str(source), FlattenOptions(out=str(out), device="cpu"))
+    after = _rnn_weights(out, prefix)
+    assert after.keys() == before.keys()
+    assert len({w.untyped_storage().data_ptr() for w in after.values()}) == 1
+    for weight_name, weight in before.items():
+        assert after[weight_name].storage_offset() == weight.storage_offset(), weight_name
+        assert torch.equal(after[weight_name], weight)
+    (any_before, *_), (any_after, *_) = before.values(), after.values()
+    assert any_after.untyped_storage().nbytes() == any_before.untyped_storage().nbytes()
+    assert "ML401" not in {f.code for f in memlayout.inspect(str(out)).findings}
+    # Nothing about the RNN is among what --check would change.
+    check = flatten_path(str(source), FlattenOptions(out=None, check=True))
+    assert not [line for line in check.changes if prefix in line]
