@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from memlayout.errors import MemlayoutError, UnrecognizedFormatError
-from memlayout.inspection import Report, run_inspection
-from memlayout.rules import RULES, Finding, RuleConfig, Severity, is_selected
+from memlayout.inspection import Report, run_inspection, summarize
+from memlayout.rules import (
+    RULES,
+    Finding,
+    RuleConfig,
+    Severity,
+    is_ignored_for_its_tensors,
+    is_selected,
+)
 
 EXIT_CLEAN = 0
 EXIT_FAILED = 1
@@ -137,6 +144,13 @@ class BatchReport:
         return EXIT_FAILED if any(p.fails(self.fail_on) for p in self.paths) else EXIT_CLEAN
 
 
+def without_findings(report: Report, dropped: Iterable[Finding]) -> Report:
+    """`report` less some findings, its summary counted again from the ones left."""
+    gone = set(dropped)
+    kept = tuple(f for f in report.findings if f not in gone)
+    return replace(report, findings=kept, summary=summarize(report.facts, kept))
+
+
 def selected_rules(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> tuple[str, ...]:
     """The codes `--select`/`--ignore` leave, in code order."""
     select, ignore = list(select), list(ignore)
@@ -164,6 +178,7 @@ class _Walk:
     ignore: tuple[str, ...]
     progress: Callable[[str, int, int], None] | None
     debug: bool
+    per_tensor_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     walked: set[str] = field(default_factory=set)
 
     def inspect(self, path: str, given: bool) -> Iterator[PathReport]:
@@ -195,6 +210,9 @@ class _Walk:
                 path, error=f"{path}: unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)"
             )
         else:
+            if self.per_tensor_ignores:
+                dropped = [f for f in report.findings if is_ignored_for_its_tensors(f, self.per_tensor_ignores)]
+                report = without_findings(report, dropped) if dropped else report
             yield PathReport(path, report=report)
 
     def _walk(self, folder: str) -> Iterator[PathReport]:
@@ -212,6 +230,7 @@ def inspect_paths(
     select: Iterable[str] = (),
     ignore: Iterable[str] = (),
     fail_on: str = "warning",
+    per_tensor_ignores: Iterable[tuple[str, Iterable[str]]] = (),
     progress: Callable[[str, int, int], None] | None = None,
     debug: bool = False,
 ) -> BatchReport:
@@ -224,6 +243,8 @@ def inspect_paths(
         select: Rule codes or prefixes to run (all when empty).
         ignore: Rule codes or prefixes to skip.
         fail_on: The severity at which a path fails the run (error, warning, info, never).
+        per_tensor_ignores: (glob, codes) pairs: a finding all of whose tensors match a
+            glob listing its code is dropped (`per-tensor-ignores` in the config).
         progress: Called as (task, done, total) during long content scans.
         debug: Re-raise the first error instead of recording it (for --debug).
 
@@ -238,7 +259,8 @@ def inspect_paths(
     """
     config = config or RuleConfig()
     select, ignore = tuple(select), tuple(ignore)
-    walk = _Walk(config, select, ignore, progress, debug)
+    ignores = tuple((glob, tuple(codes)) for glob, codes in per_tensor_ignores)
+    walk = _Walk(config, select, ignore, progress, debug, ignores)
     given = tuple(paths)
     reports = [report for path in given for report in walk.inspect(path, given=True)]
     return BatchReport(

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memlayout.batch import BatchReport
 from memlayout.cli.errors import one_line_errors
 from memlayout.cli.options import (
     DebugOption,
     FailOn,
-    FailOnOption,
     IgnoreOption,
     OutputOption,
     SelectOption,
@@ -21,6 +19,9 @@ from memlayout.cli.options import (
 from memlayout.cli.output import progress_callback, write_output
 from memlayout.errors import MemlayoutError, UsageError
 from memlayout.report import OutputFormat
+
+if TYPE_CHECKING:
+    from memlayout.batch import BatchReport
 
 
 def parse_ties(values: list[str] | None) -> tuple[tuple[str, str], ...]:
@@ -52,6 +53,36 @@ def report_load_errors(batch: BatchReport) -> None:
         raise EveryPathFailed((failures[last].error or "") if only else failures[last].error_line)
 
 
+def apply_baseline_flags(batch: BatchReport, baseline: str | None, write_baseline: str | None) -> BatchReport:
+    """Record the findings (--write-baseline) and hide the recorded ones (--baseline)."""
+    from memlayout.baseline import (
+        apply_baseline,
+        baseline_text,
+        previous_entries,
+        read_baseline,
+        record_baseline,
+    )
+
+    if baseline is not None and write_baseline is not None and baseline != write_baseline:
+        raise UsageError(
+            "--baseline and --write-baseline name different files",
+            "to shrink a baseline, write the same file that --baseline reads",
+        )
+    if write_baseline is not None:
+        entries = record_baseline(batch, write_baseline, previous_entries(write_baseline))
+        write_output(baseline_text(entries), write_baseline)
+        return apply_baseline(batch, entries, write_baseline, written=True)
+    if baseline is not None:
+        return apply_baseline(batch, read_baseline(baseline), baseline)
+    return batch
+
+
+def _codes(values: list[str] | None, flag: str) -> tuple[str, ...] | None:
+    from memlayout.config import check_codes
+
+    return check_codes(split_codes(values), flag) if values else None
+
+
 def inspect_command(
     paths: Annotated[
         list[str],
@@ -64,14 +95,40 @@ def inspect_command(
     output: OutputOption = None,
     select: SelectOption = None,
     ignore: IgnoreOption = None,
-    fail_on: FailOnOption = FailOn.WARNING,
+    fail_on: Annotated[
+        FailOn | None,
+        typer.Option("--fail-on", help="Exit 1 when a finding is at or above this severity. [default: warning]"),
+    ] = None,
     deep: Annotated[bool, typer.Option("--deep", help="Read every value: NaN/Inf (ML503), full duplicate scan.")] = False,
     tie: Annotated[
         list[str] | None, typer.Option("--tie", help="Declare TARGET=SOURCE tied (ML103); repeatable.", metavar="A=B")
     ] = None,
     min_duplicate_bytes: Annotated[
-        int, typer.Option("--min-duplicate-bytes", help="ML102 ignores smaller tensors.", min=0)
-    ] = 4096,
+        int | None, typer.Option("--min-duplicate-bytes", help="ML102 ignores smaller tensors. [default: 4096]", min=0)
+    ] = None,
+    min_bloat_bytes: Annotated[
+        int | None,
+        typer.Option("--min-bloat-bytes", help="ML301 ignores storages wasting fewer bytes. [default: 1024]", min=0),
+    ] = None,
+    fragmented_min_storages: Annotated[
+        int | None,
+        typer.Option("--fragmented-min-storages", help="ML204 stays quiet below this many storages. [default: 4]",
+                     min=0),
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option("--config", help="Read settings from FILE instead of the nearest pyproject.toml's "
+                     "[tool.memlayout].", metavar="FILE"),
+    ] = None,
+    isolated: Annotated[bool, typer.Option("--isolated", help="Read no configuration file.")] = False,
+    baseline: Annotated[
+        str | None, typer.Option("--baseline", help="Hide the findings FILE records; report the ones fixed since.",
+                                 metavar="FILE"),
+    ] = None,
+    write_baseline: Annotated[
+        str | None, typer.Option("--write-baseline", help="Record the current findings in FILE (then as --baseline).",
+                                 metavar="FILE"),
+    ] = None,
     all_storages: Annotated[
         bool, typer.Option("--all", help="The table lists every storage, not the 20 largest of more than 50.")
     ] = False,
@@ -89,16 +146,23 @@ def inspect_command(
                 "drop --trust; only `memlayout flatten` of a pickled module needs it",
             )
         from memlayout.batch import inspect_paths
+        from memlayout.config import resolve_settings
         from memlayout.report import reporter_for
-        from memlayout.rules import RuleConfig
 
-        config = RuleConfig(deep=deep, min_duplicate_bytes=min_duplicate_bytes, ties=parse_ties(tie))
+        settings = resolve_settings(config, isolated).overridden(
+            select=_codes(select, "--select"), ignore=_codes(ignore, "--ignore"),
+            fail_on=None if fail_on is None else fail_on.value, ties=parse_ties(tie) if tie else None,
+            min_duplicate_bytes=min_duplicate_bytes, min_bloat_bytes=min_bloat_bytes,
+            fragmented_min_storages=fragmented_min_storages,
+        )
         with progress_callback(enabled=deep) as progress:
             batch = inspect_paths(
-                paths, config=config, select=split_codes(select), ignore=split_codes(ignore), fail_on=fail_on.value,
-                progress=progress, debug=debug,
+                paths, config=settings.rule_config(deep), select=settings.select, ignore=settings.ignore,
+                fail_on=settings.fail_on, per_tensor_ignores=settings.per_tensor_ignores, progress=progress,
+                debug=debug,
             )
         report_load_errors(batch)
+        batch = apply_baseline_flags(batch, baseline, write_baseline)
         color = output is None and output_format is OutputFormat.TABLE and sys.stdout.isatty()
         reporter = reporter_for(output_format, color=color, all_storages=all_storages)
         write_output(reporter.render(batch), output)

@@ -12,9 +12,11 @@ from memlayout.rules.registry import (
     RuleContext,
     Severity,
     SkippedRule,
+    is_ignored_for_its_tensors,
     is_selected,
 )
 
 __all__ = [
-    "RULES", "Finding", "Requirement", "Rule", "RuleConfig", "RuleContext", "Severity", "SkippedRule", "is_selected",
+    "RULES", "Finding", "Requirement", "Rule", "RuleConfig", "RuleContext", "Severity", "SkippedRule",
+    "is_ignored_for_its_tensors", "is_selected",
 ]

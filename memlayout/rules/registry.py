@@ -10,6 +10,7 @@ import enum
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -220,3 +221,19 @@ def is_selected(code: str, select: Iterable[str] = (), ignore: Iterable[str] = (
     selected = _longest_prefix(code, select)
     ignored = _longest_prefix(code, ignore)
     return selected >= 0 and selected > ignored
+
+
+def is_ignored_for_its_tensors(finding: Finding, per_tensor_ignores: Iterable[tuple[str, Iterable[str]]]) -> bool:
+    """Whether `per-tensor-ignores` drops `finding`: every tensor it names matches a glob
+    that lists its code (or a prefix of it). A finding that names no tensor is kept.
+
+    Globs are `fnmatch` patterns on the dotted names, so `*.running_mean` matches
+    `bn.running_mean` and `layer1.0.bn.running_mean`.
+    """
+    pairs = [(glob, tuple(c.upper() for c in codes)) for glob, codes in per_tensor_ignores]
+    if not finding.tensors or not pairs:
+        return False
+    return all(
+        any(fnmatchcase(tensor, glob) and finding.code.startswith(codes) for glob, codes in pairs)
+        for tensor in finding.tensors
+    )
