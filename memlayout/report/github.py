@@ -58,6 +58,13 @@ class GithubReporter(Reporter):
                     f"{entry.code} on {', '.join(entry.tensors) or 'this checkpoint'} no longer occurs; "
                     f"re-run with --write-baseline {batch.baseline.file} to drop it from the baseline",
                 ))
+        # Plain lines are log output, not annotations: a rule that could not run is no finding.
+        lines += [
+            f"memlayout: {skipped.code} {skipped.name} not run on {path.path}: {skipped.reason}\n"
+            for path in batch.paths
+            if path.report is not None
+            for skipped in path.report.skipped
+        ]
         failed = len(batch.failures)
         summary = f"memlayout: {len(batch.paths)} path(s), {failed} failed to load; findings: " + count_phrase(
             batch.findings_by_severity()

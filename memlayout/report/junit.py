@@ -2,8 +2,8 @@
 
 One testsuite per checkpoint and one testcase per selected rule. A testcase fails
 when its rule has findings at or above `--fail-on`; findings below it are listed in
-the testcase's output, and a rule that did not run (a `--deep` rule without --deep)
-is skipped. A checkpoint that failed to load is a testsuite with one errored case.
+the testcase's output, and a rule that did not run (a `--deep` rule without --deep,
+or one the source lacks the data for) is skipped with the reason. A checkpoint that failed to load is a testsuite with one errored case.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def _suite(path: PathReport, batch: BatchReport) -> ET.Element:
     by_code: dict[str, list[Finding]] = {}
     for finding in findings_in_order(path.report.findings):
         by_code.setdefault(finding.code, []).append(finding)
+    not_run = {s.code: s.reason for s in path.report.skipped}
     suite = ET.Element("testsuite", name=xml_text(path.path))
     failures = skipped = 0
     for code in batch.rules:
@@ -58,6 +59,10 @@ def _suite(path: PathReport, batch: BatchReport) -> ET.Element:
         case = ET.SubElement(suite, "testcase", classname=xml_text(path.path), name=f"{code} {rule.name}")
         if rule.deep_only and not batch.deep:
             ET.SubElement(case, "skipped", message="reads every value: runs with --deep only")
+            skipped += 1
+            continue
+        if code in not_run:
+            ET.SubElement(case, "skipped", message=xml_text(not_run[code]))
             skipped += 1
             continue
         findings = by_code.get(code, [])

@@ -73,6 +73,11 @@ class MarkdownReporter(Reporter):
             header = ["rule", *(["checkpoint"] if with_path else []), "finding", "fix"]
             lines += ["", f"#### {SECTION_TITLES[severity]} ({len(rows)})", "",
                       "| " + " | ".join(header) + " |", "|" + "---|" * len(header), *rows]
+        skipped = [(p, s) for p in batch.paths if p.report is not None for s in p.report.skipped]
+        if skipped:
+            lines += ["", f"#### Rules not run ({len(skipped)})", ""]
+            lines += [f"- {s.code} {s.name}" + (f" on {_code(p.path)}" if with_path else "") + f": {escape_text(s.reason)}"
+                      for p, s in skipped]
         if batch.failures:
             lines += ["", f"#### Could not load ({len(batch.failures)})", ""]
             lines += [f"- {escape_text(p.error_line)}" for p in batch.failures]

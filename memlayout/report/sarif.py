@@ -1,7 +1,8 @@
 """SARIF 2.1.0, for code-scanning dashboards (GitHub code scanning, Azure DevOps, IDEs).
 
 One run for the whole call: the rule descriptors come from the rule registry, and
-each finding is a result in the artifact of its checkpoint. Nothing in the output
+each finding is a result in the artifact of its checkpoint. A path that failed to
+load, and a rule a source lacks the data for, are notifications of the invocation. Nothing in the output
 depends on the machine or the time: paths are relative to the working directory,
 and each result's `partialFingerprints` hash only the rule and the tensor names, so
 a dashboard recognizes the same finding across runs, machines and file moves.
@@ -136,6 +137,17 @@ def _load_error(path: PathReport) -> dict[str, Any]:
     }
 
 
+def _skipped_rule(code: str, reason: str, path: PathReport, rule_index: dict[str, int]) -> dict[str, Any]:
+    # A rule the source cannot feed is a note about the run, not a result.
+    return {
+        "level": "note",
+        "message": {"text": f"{code} {RULES[code].name} was not run on {path.path}: {reason}"},
+        "locations": [_location(path)],
+        "descriptor": {"id": "rule-skipped"},
+        "associatedRule": {"id": code, "index": rule_index[code]},
+    }
+
+
 def sarif_log(batch: BatchReport) -> dict[str, Any]:
     """The SARIF log as plain JSON-ready data."""
     codes = sorted(RULES)
@@ -155,8 +167,14 @@ def sarif_log(batch: BatchReport) -> dict[str, Any]:
             for finding in findings_in_order(path.report.findings)
         ]
     invocation: dict[str, Any] = {"executionSuccessful": not batch.failures}
-    if batch.failures:
-        invocation["toolExecutionNotifications"] = [_load_error(path) for path in batch.failures]
+    notifications = [_load_error(path) for path in batch.failures] + [
+        _skipped_rule(skipped.code, skipped.reason, path, rule_index)
+        for path in batch.paths
+        if path.report is not None
+        for skipped in path.report.skipped
+    ]
+    if notifications:
+        invocation["toolExecutionNotifications"] = notifications
     run: dict[str, Any] = {
         "tool": {
             "driver": {

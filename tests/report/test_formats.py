@@ -221,3 +221,24 @@ def test_github_property_values_are_escaped() -> None:
     from memlayout.report.github import escape_property
 
     assert escape_property("a,b:c%d\ne") == "a%2Cb%3Ac%25d%0Ae"
+
+
+def test_every_format_says_which_rules_did_not_run_and_why() -> None:
+    import dataclasses
+
+    from memlayout.rules import SkippedRule
+
+    reason = "the source records no tensor bytes"
+    report = dataclasses.replace(
+        memlayout.inspect(models.partial_overlap_state()), skipped=(SkippedRule("ML102", "duplicate-weights", reason),)
+    )
+    batch = BatchReport((PathReport("x.pt", report=report),))
+    junit = ET.fromstring(reporter_for(OutputFormat.JUNIT).render(batch))
+    case = next(c for c in junit.iter("testcase") if c.get("name") == "ML102 duplicate-weights")
+    assert case.find("skipped").get("message") == reason  # type: ignore[union-attr]
+    sarif = validate_sarif(reporter_for(OutputFormat.SARIF).render(batch))
+    (note,) = sarif["runs"][0]["invocations"][0]["toolExecutionNotifications"]  # type: ignore[index]
+    assert note["associatedRule"]["id"] == "ML102" and reason in note["message"]["text"]
+    assert "- ML102 duplicate-weights: the source records no tensor bytes" in reporter_for(OutputFormat.MARKDOWN).render(batch)
+    assert f"ML102 duplicate-weights not run on x.pt: {reason}" in reporter_for(OutputFormat.GITHUB).render(batch)
+    assert json.loads(reporter_for(OutputFormat.JSON).render(batch))["skipped_rules"][0]["reason"] == reason
