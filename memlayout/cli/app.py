@@ -14,6 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from memlayout import __version__
+from memlayout.cli.activations_command import activations_command
 from memlayout.cli.diff_command import diff_command
 from memlayout.cli.flatten_command import flatten_command
 from memlayout.cli.inspect_command import inspect_command
@@ -103,6 +104,7 @@ app.command("rules")(rules_command)
 app.command("explain")(explain_command)
 app.command("flatten")(flatten_command)
 app.command("diff")(diff_command)
+app.command("activations")(activations_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,394 @@
+"""The activations pipeline: build -> trace -> facts -> plan (traced again to check) -> report data.
+
+By default the model and its inputs are fake tensors (FakeTensorMode): shapes,
+dtypes and strides without data, so a 7B model's step is traced in a few
+hundred MiB. `mode="meta"` uses meta tensors instead (no device semantics);
+`mode="real"` runs the step for real on the device, as a check.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from memlayout.activations.facts import Trace
+from memlayout.activations.input_specs import InputSpec, parse_input_spec
+from memlayout.activations.plan import Plan, Planner
+from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
+from memlayout.errors import MemlayoutError, UsageError
+
+MODES = ("fake", "meta", "real")
+MAX_CHECKS = 6
+"""Plans traced again at most per budget, before falling back to the lowest plan."""
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan for a budget, and what tracing it again measured."""
+
+    budget_bytes: int
+    plan: Plan
+    peak_bytes: int
+    """The peak of a trace with the plan applied."""
+    allocator_peak_bytes: int | None
+    estimated_peak_bytes: int
+    """The planner's estimate before that trace."""
+    recompute_flops: int
+    """Forward FLOPs rerun during backward, counted in the trace with the plan applied."""
+    checks: int
+    """How many plans were traced to find this one."""
+    pitfalls: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ActivationReport:
+    """Everything `memlayout activations` reports."""
+
+    target: str | None
+    target_kind: str
+    model_class: str
+    inputs: tuple[str, ...]
+    device: str
+    mode: str
+    loss: str
+    summary: Summary
+    modules: tuple[ModuleFacts, ...]
+    plan: PlanResult | None
+    notes: tuple[str, ...]
+    trace: Trace
+
+
+class BudgetUnreachableError(MemlayoutError):
+    """No plan brings the peak under the budget."""
+
+    def __init__(self, budget: int, lowest: PlanResult) -> None:
+        from memlayout.format_bytes import human_bytes
+
+        self.budget_bytes = budget
+        self.lowest = lowest
+        super().__init__(
+            f"no checkpoint plan fits a budget of {human_bytes(budget)} ({budget} bytes): the lowest reachable "
+            f"peak is {human_bytes(lowest.peak_bytes)} ({lowest.peak_bytes} bytes)",
+            "raise --budget to at least the lowest peak, or shrink the batch",
+        )
+
+
+InputsArg = Sequence[Any] | str | None
+
+
+class _Step:
+    """A model and its inputs in one tensor world (fake, meta or real), ready to trace."""
+
+    def __init__(self, mode: str, device: str) -> None:
+        import torch
+
+        if mode not in MODES:
+            raise UsageError(f"unknown mode {mode!r}", "use fake, meta or real")
+        if mode == "real" and device == "meta":
+            raise UsageError("--real needs a device with memory", "use --device cpu or cuda")
+        if device.startswith("cuda") and mode == "real" and not torch.cuda.is_available():
+            raise UsageError("--real --device cuda needs a CUDA device, and none is available")
+        self.mode = mode
+        self.device = "meta" if mode == "meta" else device
+        self.fake_mode: Any = None
+        if mode == "fake":
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.model: Any = None
+        self.args: tuple[Any, ...] = ()
+        self.kwargs: dict[str, Any] = {}
+        self.descriptions: tuple[str, ...] = ()
+
+    def context(self) -> AbstractContextManager[Any]:
+        import torch
+
+        stack = ExitStack()
+        if self.fake_mode is not None:
+            stack.enter_context(self.fake_mode)
+        if self.mode != "real" or self.device != "cpu":
+            stack.enter_context(torch.device(self.device))
+        return stack
+
+    def make_inputs(self, inputs: InputsArg, kwargs: Mapping[str, Any] | None) -> None:
+        import torch
+
+        with self.context():
+            generator = torch.Generator(device=self.device).manual_seed(0) if self.mode == "real" else None
+            args: list[Any] = []
+            named: dict[str, Any] = {}
+            descriptions: list[str] = []
+            if isinstance(inputs, str):
+                from memlayout.load.import_spec import resolve_spec
+
+                made = resolve_spec(inputs)
+                if isinstance(made, torch.Tensor):
+                    made = (made,)
+                if isinstance(made, Mapping):
+                    named.update(made)
+                elif isinstance(made, (tuple, list)):
+                    args.extend(made)
+                else:
+                    raise UsageError(
+                        f"{inputs} returned a {type(made).__name__}",
+                        "return a tuple of positional arguments or a dict of keyword arguments",
+                    )
+                descriptions.append(inputs)
+            else:
+                for item in inputs or ():
+                    if isinstance(item, str):
+                        item = parse_input_spec(item)
+                    if isinstance(item, InputSpec):
+                        tensor = item.make_tensor(self.device, generator)
+                        if item.name:
+                            named[item.name] = tensor
+                        else:
+                            args.append(tensor)
+                        descriptions.append(item.describe())
+                    else:
+                        args.append(self._adopt(item))
+                        descriptions.append(_describe(item))
+            for name, value in (kwargs or {}).items():
+                named[name] = self._adopt(value)
+                descriptions.append(f"{name}={_describe(value)}")
+            self.args = tuple(self._adopt(a) for a in args)
+            self.kwargs = {k: self._adopt(v) for k, v in named.items()}
+            self.descriptions = tuple(descriptions)
+
+    def _adopt(self, value: Any) -> Any:
+        """A real tensor given by the caller, converted to this world's tensors."""
+        import torch
+
+        if not isinstance(value, torch.Tensor) or self.mode == "real":
+            return value
+        if self.fake_mode is not None:
+            from torch._subclasses.fake_tensor import FakeTensor
+
+            return value if isinstance(value, FakeTensor) else self.fake_mode.from_tensor(value)
+        return value.to("meta")
+
+    def adopt_model(self, model: Any) -> Any:
+        """A copy of a live model in this world's tensors (the caller's model is never run or changed)."""
+        import torch
+
+        memo: dict[int, Any] = {}
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            if id(tensor) in memo:
+                continue
+            if self.mode == "real":
+                continue
+            converted = self._adopt(tensor.detach())
+            if isinstance(tensor, torch.nn.Parameter):
+                converted = torch.nn.Parameter(converted, requires_grad=tensor.requires_grad)
+            memo[id(tensor)] = converted
+        with self.context():
+            return copy.deepcopy(model, memo)
+
+    def trace(self, plan: Plan | None = None) -> Trace:
+        from memlayout.activations.apply import apply_plan
+        from memlayout.activations.trace import trace_step
+
+        for parameter in self.model.parameters():
+            parameter.grad = None
+        with ExitStack() as stack:
+            notes: tuple[str, ...] = ()
+            if plan is not None and not plan.empty:
+                applied = stack.enter_context(apply_plan(self.model, plan))
+                notes = tuple(applied.notes)
+            stack.enter_context(self.context() if self.mode != "real" else nullcontext())
+            trace = trace_step(self.model, self.args, self.kwargs, device=self.device, mode=self.mode, notes=notes)
+        for parameter in self.model.parameters():
+            parameter.grad = None
+        return trace
+
+
+def _describe(value: Any) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"{dtype}[{','.join(str(int(d)) for d in value.shape)}]"
+    return type(value).__name__
+
+
+def analyze(
+    target: Any,
+    inputs: InputsArg = None,
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+    budget: int | None = None,
+    device: str = "cpu",
+    mode: str = "fake",
+    trust: bool = False,
+) -> ActivationReport:
+    """Trace one training step of a model and report its activation memory (and a plan for `budget`).
+
+    Args:
+        target: An nn.Module (copied, never run), or a TARGET string: `pkg.mod:build`,
+            a Hugging Face model directory or config.json, or a pickled module (`trust=True`).
+        inputs: Positional inputs: tensors, `InputSpec`s or spec strings
+            (`"int64[4,128]<50257"`, `"labels=int64[4,128]<50257"`); or a
+            `pkg.mod:make_inputs` spec returning a tuple or a dict.
+        kwargs: Keyword inputs (tensors).
+        budget: Bytes the step's peak must fit in; adds a checkpoint plan.
+        device: The device the step is for: cpu, cuda or meta.
+        mode: fake (default, no memory), meta, or real (runs the step on `device`).
+        trust: Allow unpickling a module file.
+
+    Returns:
+        An `ActivationReport`.
+
+    Raises:
+        BudgetUnreachableError: no plan fits `budget`; it names the lowest peak reached.
+    """
+    import torch
+
+    if device == "meta":
+        mode = "meta" if mode != "real" else mode
+    step = _Step(mode, device)
+    notes: list[str] = []
+    if isinstance(target, torch.nn.Module):
+        step.model = step.adopt_model(target)
+        target_text, kind = None, "module"
+    else:
+        from memlayout.activations.target import build_model
+
+        with step.context():
+            step.model, target_kind = build_model(str(target), trust=trust)
+        target_text, kind = str(target), target_kind.kind
+    step.model.train()
+    if step.mode == "real" and step.device != "cpu":
+        step.model.to(step.device)
+    step.make_inputs(inputs, kwargs)
+    if not step.args and not step.kwargs:
+        raise UsageError(
+            "no inputs to run the step with",
+            "give --input 'float32[8,3,224,224]' (repeatable; name=... for keyword inputs) or --inputs pkg.mod:make_inputs",
+        )
+    try:
+        baseline = step.trace()
+    except MemlayoutError:
+        raise
+    except Exception as exc:  # the model's own forward or backward failed on these inputs
+        raise UsageError(
+            f"the step failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            "check the inputs' shapes and dtypes against the model's forward (--debug shows the traceback)",
+        ) from exc
+    summary = summarize(baseline, cuda=step.device.startswith("cuda"))
+    modules = module_facts(baseline)
+    plan = _plan(step, baseline, summary, modules, budget) if budget is not None else None
+    return ActivationReport(
+        target=target_text,
+        target_kind=kind,
+        model_class=type(step.model).__name__,
+        inputs=step.descriptions,
+        device=step.device,
+        mode=step.mode,
+        loss=baseline.loss,
+        summary=summary,
+        modules=modules,
+        plan=plan,
+        notes=tuple(notes),
+        trace=baseline,
+    )
+
+
+def _plan(
+    step: _Step, baseline: Trace, summary: Summary, modules: tuple[ModuleFacts, ...], budget: int
+) -> PlanResult:
+    if budget < 0:
+        raise UsageError(f"the budget {budget} is negative")
+    cuda = step.device.startswith("cuda")
+    if summary.peak_bytes <= budget:
+        return PlanResult(budget, Plan(), summary.peak_bytes, summary.allocator_peak_bytes, summary.peak_bytes, 0, 0, ())
+    planner = Planner(baseline)
+    checked: dict[Plan, Summary] = {}
+
+    def check(chosen: list[int]) -> tuple[Plan, Summary]:
+        plan = planner.plan_of(chosen)
+        if plan not in checked:
+            checked[plan] = summarize(step.trace(plan), cuda=cuda)
+        return plan, checked[plan]
+
+    def result(chosen: list[int], plan: Plan, measured: Summary) -> PlanResult:
+        return PlanResult(
+            budget_bytes=budget,
+            plan=plan,
+            peak_bytes=measured.peak_bytes,
+            allocator_peak_bytes=measured.allocator_peak_bytes,
+            estimated_peak_bytes=planner.estimate(chosen),
+            recompute_flops=measured.recompute_flops,
+            checks=len(checked),
+            pitfalls=pitfalls(plan, modules, step.model),
+        )
+
+    target = budget
+    for _ in range(MAX_CHECKS):
+        chosen = planner.search(target)
+        if chosen is None:
+            break
+        plan, measured = check(chosen)
+        if measured.peak_bytes <= budget:
+            return result(chosen, plan, measured)
+        # The estimate was short by this much: aim lower by the same amount.
+        target -= max(measured.peak_bytes - budget, 1)
+    chosen = planner.lowest()
+    plan, measured = check(chosen)
+    lowest = result(chosen, plan, measured)
+    if measured.peak_bytes <= budget:
+        return lowest
+    best = min(checked.items(), key=lambda item: item[1].peak_bytes)
+    if best[1].peak_bytes < lowest.peak_bytes:
+        lowest = PlanResult(budget, best[0], best[1].peak_bytes, best[1].allocator_peak_bytes, lowest.estimated_peak_bytes,
+                            best[1].recompute_flops, len(checked), pitfalls(best[0], modules, step.model))
+    raise BudgetUnreachableError(budget, lowest)
+
+
+def pitfalls(plan: Plan, modules: tuple[ModuleFacts, ...], model: Any) -> tuple[str, ...]:
+    """The checkpoint pitfalls that apply to this plan's modules, one sentence each."""
+    if plan.empty:
+        return ()
+    paths = list(plan.checkpoint) + [s.module for s in plan.sequential]
+
+    def inside(path: str) -> list[ModuleFacts]:
+        return [m for m in modules if any(m.path == p or m.path.startswith(p + ".") or p == "" for p in [path])]
+
+    found: list[str] = [
+        "wrap with use_reentrant=False (apply_plan does): the reentrant variant does not work with "
+        "torch.autograd.grad, only with .backward()",
+    ]
+
+    def flagged(check: Callable[[ModuleFacts], bool]) -> list[str]:
+        return [p for p in paths if any(check(m) for m in inside(p))]
+
+    if hit := flagged(lambda m: m.reads_outside_state):
+        found.append(
+            f"{', '.join(hit)} read tensors that are not their inputs, parameters or buffers (global or cached "
+            "state): if that state changes before backward, the rerun computes something else and the gradients "
+            "are silently wrong"
+        )
+    if hit := flagged(lambda m: m.moves_device):
+        found.append(
+            f"{', '.join(hit)} move tensors to another device: checkpoint restores the RNG state only of its "
+            "inputs' devices, so random ops on the other device draw differently on the rerun"
+        )
+    if hit := flagged(lambda m: m.mutates_buffers):
+        found.append(
+            f"{', '.join(hit)} update buffers in forward (e.g. BatchNorm running statistics): the rerun updates "
+            "them a second time"
+        )
+    if hit := flagged(lambda m: m.uses_randomness):
+        found.append(
+            f"{', '.join(hit)} use randomness (dropout): checkpoint stashes and restores the RNG state so the "
+            "rerun draws the same mask, which costs time; keep preserve_rng_state=True for them"
+        )
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "use_cache"):
+        found.append(
+            "Hugging Face models need use_cache=False under checkpoint (apply_plan sets model.config.use_cache "
+            "= False): a layer that appends to a key/value cache appends again when it reruns"
+        )
+    return tuple(found)

@@ -1,0 +1,166 @@
+"""Apply a checkpoint plan to a live model, and take it off again.
+
+Each module in `plan.checkpoint` gets an instance-level `forward` that runs the
+class's forward through `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`;
+each nn.Sequential in `plan.sequential` runs its children through
+`checkpoint_sequential(..., use_reentrant=False)`. The module's own hooks run once,
+as before; only what autograd saves changes.
+
+Why non-reentrant: the reentrant variant does not work with
+`torch.autograd.grad` (only `.backward()`), ignores inputs that do not require
+grad, and cannot take keyword arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from memlayout.activations import rerun
+from memlayout.activations.plan import Plan
+from memlayout.errors import UsageError
+
+_MISSING = object()
+
+
+@dataclass
+class AppliedPlan:
+    """A plan applied to a model; `remove()` restores the model exactly."""
+
+    plan: Plan
+    notes: list[str] = field(default_factory=list)
+    """What apply_plan changed besides the wrapping (e.g. `config.use_cache`)."""
+    _restore: list[Any] = field(default_factory=list, repr=False)
+
+    def remove(self) -> None:
+        """Undo every change, last first."""
+        while self._restore:
+            self._restore.pop()()
+
+    def __enter__(self) -> AppliedPlan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def apply_plan(model: Any, plan: Plan | Mapping[str, Any], *, preserve_rng_state: bool = True) -> AppliedPlan:
+    """Checkpoint the modules a plan names, in place.
+
+    Args:
+        model: The nn.Module the plan was made for.
+        plan: A `Plan`, `report.plan.plan`, or the `plan` object of a JSON report.
+        preserve_rng_state: Stash and restore the RNG state so that dropout masks
+            match on recompute (torch's default). False saves that time in modules
+            that use no randomness.
+
+    Returns:
+        An `AppliedPlan`; call `remove()` (or use it as a context manager) to undo.
+
+    Raises:
+        UsageError: a path is not a module of `model`, or a `sequential` entry is not an nn.Sequential.
+
+    Example:
+        >>> import torch, memlayout.activations as act
+        >>> model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(4)])
+        >>> applied = act.apply_plan(model, {"checkpoint": ["1", "2"], "sequential": []})
+        >>> model(torch.randn(2, 8, requires_grad=True)).sum().backward()
+        >>> applied.remove()
+    """
+    import torch
+
+    plan = Plan.coerce(plan)
+    applied = AppliedPlan(plan=plan)
+    try:
+        for path in plan.checkpoint:
+            _wrap(applied, _module(model, path), _checkpointed_forward, preserve_rng_state)
+        for item in plan.sequential:
+            module = _module(model, item.module)
+            if not isinstance(module, torch.nn.Sequential):
+                raise UsageError(
+                    f"plan.sequential names {item.module!r}, a {type(module).__name__}, not an nn.Sequential"
+                )
+            if not 1 <= item.segments <= len(module):
+                raise UsageError(f"{item.module!r} has {len(module)} children; {item.segments} segments do not fit")
+            _wrap(applied, module, _sequential_forward(item.segments), preserve_rng_state)
+        if not plan.empty:
+            _disable_cache(model, applied)
+    except BaseException:
+        applied.remove()
+        raise
+    return applied
+
+
+def _module(model: Any, path: str) -> Any:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        raise UsageError(f"the plan names {path!r}, which is not a module of this model") from None
+
+
+def _wrap(applied: AppliedPlan, module: Any, make: Any, preserve_rng_state: bool) -> None:
+    previous = module.__dict__.get("forward", _MISSING)
+    original = module.forward
+    module.forward = make(module, original, preserve_rng_state)
+
+    def restore() -> None:
+        if previous is _MISSING:
+            module.__dict__.pop("forward", None)
+        else:
+            module.forward = previous
+
+    applied._restore.append(restore)
+
+
+def _checkpointed_forward(module: Any, original: Any, preserve_rng_state: bool) -> Any:
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with rerun.announced(module):
+            return original(*args, **kwargs)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return original(*args, **kwargs)
+        return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state, **kwargs)
+
+    return forward
+
+
+def _sequential_forward(segments: int) -> Any:
+    def make(module: Any, original: Any, preserve_rng_state: bool) -> Any:
+        import torch
+        from torch.utils.checkpoint import checkpoint_sequential
+
+        def forward(input: Any) -> Any:
+            if not torch.is_grad_enabled():
+                return original(input)
+            return checkpoint_sequential(  # type: ignore[no-untyped-call]
+                module, segments, input, use_reentrant=False, preserve_rng_state=preserve_rng_state
+            )
+
+        return forward
+
+    return make
+
+
+def _disable_cache(model: Any, applied: AppliedPlan) -> None:
+    """Hugging Face models must not build a key/value cache under checkpoint.
+
+    A checkpointed layer that appends to a cache appends again when it reruns in
+    backward, and the cache keeps the activations checkpoint meant to free.
+    transformers' own `gradient_checkpointing_enable()` turns `use_cache` off for
+    the same reason.
+    """
+    config = getattr(model, "config", None)
+    if config is None or not getattr(config, "use_cache", False):
+        return
+    config.use_cache = False
+    applied.notes.append("set model.config.use_cache = False (a key/value cache does not work under checkpoint)")
+
+    def restore() -> None:
+        config.use_cache = True
+
+    applied._restore.append(restore)

@@ -1,0 +1,114 @@
+"""Frozen facts of one traced training step: storage lifetimes and module calls.
+
+A trace is a sequence of events: each storage's allocation and its release is
+one event, numbered from 1. Everything else (the peak, what is saved for
+backward, what a module costs) is derived from these records, so the planner
+and the reporters work on plain data, never on live tensors.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class StorageKind(str, enum.Enum):
+    """What a storage holds."""
+
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    INPUT = "input"
+    GRADIENT = "gradient"
+    """A parameter's `.grad` at the end of the step."""
+    STEP = "step"
+    """Created during the step: activations and temporaries."""
+    OTHER = "other"
+    """Existed before the step and is not model state or an input (a tensor a module keeps in a plain attribute)."""
+
+
+class Phase(str, enum.Enum):
+    """When an event happened."""
+
+    SETUP = "setup"
+    """Before the step: model state and inputs."""
+    FORWARD = "forward"
+    LOSS = "loss"
+    """After the model returned, while the loss is computed."""
+    BACKWARD = "backward"
+    RECOMPUTE = "recompute"
+    """A checkpointed module running its forward again during backward."""
+
+
+@dataclass(frozen=True)
+class StorageLife:
+    """One storage: its size and the events of its allocation and release."""
+
+    nbytes: int
+    kind: StorageKind
+    born: int
+    died: int | None
+    """None when it is still alive at the end of the step."""
+    call: int | None
+    """The innermost module call that allocated it (ModuleCall.id); None outside any module."""
+    phase: Phase
+    saved: bool
+    """Saved for backward during forward, and still alive when backward starts."""
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """One call of a module's forward (modules called in a loop have several)."""
+
+    id: int
+    path: str
+    """Dotted path from the model (`transformer.h.0.attn`); "" is the model itself."""
+    class_name: str
+    parent: int | None
+    recompute: bool
+    """A rerun of a checkpointed module during backward."""
+    start: int
+    """Event number when the call began; storages it allocates have `born` in (start, end]."""
+    end: int
+    backward_start: int | None
+    """Event number just before the first backward op of this call or any call inside it."""
+    input_storages: tuple[int, ...]
+    """Indexes into Trace.storages."""
+    output_storages: tuple[int, ...]
+    saved_storages: tuple[int, ...]
+    """Storages autograd saved while this call (not a call inside it) ran, model state excluded."""
+    flops: int
+    """Forward FLOPs of ops run directly in this call (calls inside it not included)."""
+    uses_randomness: bool
+    moves_device: bool
+    reads_outside_state: bool
+    mutates_buffers: bool
+
+
+@dataclass(frozen=True)
+class ModuleInfo:
+    """A module of the model, whether or not it ran."""
+
+    path: str
+    class_name: str
+    sequential_children: tuple[str, ...] | None
+    """The child paths of an nn.Sequential (what checkpoint_sequential splits); None otherwise."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Everything recorded about one step."""
+
+    storages: tuple[StorageLife, ...]
+    calls: tuple[ModuleCall, ...]
+    modules: tuple[ModuleInfo, ...]
+    """Every module of the model, in definition order."""
+    events: int
+    forward_end: int
+    """The last event before backward began."""
+    loss: str
+    """How the loss was picked (see step.py)."""
+    recompute_flops: int
+    device: str
+    mode: str
+    """fake, meta or real."""
+    notes: tuple[str, ...]

@@ -1,0 +1,72 @@
+"""The `--input` shorthand: `float32[8,3,224,224]`, `int64[4,128]<50257`, `labels=int64[4,128]<50257`.
+
+Parsing is torch-free; `make_tensor` builds the tensor (fake, meta or real) when
+the step is traced.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from memlayout.errors import UsageError
+
+_SPEC = re.compile(
+    r"^\s*(?:(?P<name>[A-Za-z_]\w*)\s*=\s*)?(?P<dtype>[a-z]+\d*)\s*\[(?P<shape>[\d,\s]*)\]\s*(?:<\s*(?P<high>\d+)\s*)?$"
+)
+FLOATING = ("float16", "bfloat16", "float32", "float64")
+INTEGRAL = ("bool", "uint8", "int8", "int16", "int32", "int64")
+HINT = "write DTYPE[D0,D1,...] with an optional name= before and <HIGH after, e.g. 'int64[4,128]<50257'"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input tensor the step is fed."""
+
+    name: str | None
+    """Keyword argument name; None for a positional argument."""
+    dtype: str
+    shape: tuple[int, ...]
+    high: int | None
+    """Integer inputs are drawn from [0, high): token ids below the vocabulary size."""
+
+    def describe(self) -> str:
+        text = f"{self.dtype}[{','.join(map(str, self.shape))}]" + (f"<{self.high}" if self.high is not None else "")
+        return f"{self.name}={text}" if self.name else text
+
+    def make_tensor(self, device: Any, generator: Any = None) -> Any:
+        """The tensor itself: random normal floats, or random integers in [0, high)."""
+        import torch
+
+        dtype = getattr(torch, self.dtype)
+        if self.dtype in FLOATING:
+            return torch.randn(self.shape, dtype=dtype, device=device, generator=generator)
+        if self.dtype == "bool":
+            return torch.randint(0, 2, self.shape, device=device, generator=generator).bool()
+        return torch.randint(0, self.high or 2, self.shape, dtype=dtype, device=device, generator=generator)
+
+
+def parse_input_spec(text: str) -> InputSpec:
+    """Parse one `--input` value.
+
+    Raises:
+        UsageError: unknown dtype, bad shape, or a bound on a floating input.
+    """
+    match = _SPEC.match(text)
+    if not match:
+        raise UsageError(f"--input {text!r} is not an input spec", HINT)
+    dtype = match.group("dtype")
+    if dtype not in FLOATING + INTEGRAL:
+        raise UsageError(f"--input {text!r}: unknown dtype {dtype!r}", f"use one of {', '.join(FLOATING + INTEGRAL)}")
+    shape_text = match.group("shape").strip()
+    try:
+        shape = tuple(int(part) for part in shape_text.split(",")) if shape_text else ()
+    except ValueError:
+        raise UsageError(f"--input {text!r}: the shape is not a list of integers", HINT) from None
+    high = int(match.group("high")) if match.group("high") is not None else None
+    if high is not None and dtype not in INTEGRAL:
+        raise UsageError(f"--input {text!r}: a bound (<{high}) only applies to integer inputs", HINT)
+    if high is not None and high < 1:
+        raise UsageError(f"--input {text!r}: the bound must be at least 1", HINT)
+    return InputSpec(name=match.group("name"), dtype=dtype, shape=shape, high=high)

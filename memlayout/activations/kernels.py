@@ -1,0 +1,90 @@
+"""What fake and meta kernels do not say about the real ones: workspace sizes and FLOPs.
+
+Meta kernels give every output its true shape, except where the real kernel's
+size depends on the library behind it. The one that matters for training on CPU
+is oneDNN's LSTM (`aten.mkldnn_rnn_layer`): its training workspace, saved for
+backward, is larger than the layer's output, and its meta kernel returns it
+empty. The size below follows oneDNN's `set_conf`/`set_offsets` (rnn_utils):
+seven regions, each starting on a 4096-byte page, with leading dimensions
+rounded to 64 bytes and moved off multiples of 256 elements. A test compares it
+with the real kernel's workspace over a grid of shapes.
+
+FLOPs come from `torch.utils.flop_counter`'s registry (matmuls, convolutions,
+attention; element-wise ops count 0, as FlopCounterMode counts them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import flop_registry, sdpa_flop
+
+_PAGE = 4096
+_FLOPS: dict[Any, Any] = dict(flop_registry)
+if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+    # CPU's fused attention is not in the registry; its FLOPs are those of any SDPA.
+    _FLOPS[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu] = sdpa_flop
+
+
+def _good_leading_dimension(dim: int, itemsize: int) -> int:
+    per_line = 64 // itemsize
+    ld = -(-dim // per_line) * per_line
+    return ld + per_line if ld % 256 == 0 else ld
+
+
+def onednn_lstm_workspace_bytes(steps: int, batch: int, input_size: int, hidden_size: int) -> int:
+    """Bytes of the workspace oneDNN's float32 LSTM keeps for backward, for one layer and direction."""
+    itemsize = 4
+    states = (1 + 1) * (steps + 1) * batch
+    regions = (
+        steps * batch * _good_leading_dimension(4 * hidden_size, itemsize) * itemsize,  # gates
+        steps * batch * _good_leading_dimension(hidden_size, itemsize) * itemsize,  # ht
+        states * _good_leading_dimension(max(hidden_size, input_size), itemsize) * itemsize,  # states
+        states * hidden_size * 4,  # c states
+        states * _good_leading_dimension(max(input_size, hidden_size), 4) * 4,  # diff states (layer)
+        states * _good_leading_dimension(max(input_size, hidden_size), 4) * 4,  # diff states (iter)
+        states * hidden_size * 4,  # diff c states
+        0,  # grid (GRU only)
+    )
+    offset = 0
+    for size in regions:
+        offset = -(-offset // _PAGE) * _PAGE + size
+    return offset
+
+
+def _mkldnn_rnn_layer(args: Any, kwargs: Any) -> dict[int, int] | None:
+    names = (
+        "input", "w0", "w1", "w2", "w3", "hx_", "cx_", "reverse", "batch_sizes", "mode", "hidden_size",
+        "num_layers", "has_biases", "bidirectional", "batch_first", "train",
+    )
+    values = dict(zip(names, args, strict=False)) | dict(kwargs)
+    source = values["input"]
+    if not values.get("train") or source.dtype != torch.float32:
+        return None
+    # ATen transposes a batch-first input before this op, whatever `batch_first` says.
+    steps, batch = source.shape[0], source.shape[1]
+    workspace = onednn_lstm_workspace_bytes(int(steps), int(batch), int(source.shape[-1]), int(values["hidden_size"]))
+    return {3: workspace}
+
+
+_CORRECTIONS: dict[Any, Any] = {}
+if hasattr(torch.ops.aten, "mkldnn_rnn_layer"):
+    _CORRECTIONS[torch.ops.aten.mkldnn_rnn_layer.default] = _mkldnn_rnn_layer
+
+
+def corrected_output_nbytes(func: Any, args: Any, kwargs: Any) -> dict[int, int] | None:
+    """Output position -> the storage bytes the real kernel allocates, where the meta kernel differs."""
+    correction = _CORRECTIONS.get(func)
+    return correction(args, kwargs) if correction is not None else None
+
+
+def forward_flops(func: Any, args: Any, kwargs: Any, out: Any) -> int:
+    """FLOPs of one op by torch's flop counter formulas; 0 for ops it does not count."""
+    formula = _FLOPS.get(func._overloadpacket)
+    if formula is None:
+        return 0
+    try:
+        return int(formula(*args, **kwargs, out_val=out))
+    except Exception:  # a formula that does not fit an unusual call counts nothing rather than failing the trace
+        return 0

@@ -1,0 +1,319 @@
+"""Checkpoint plans: which modules to checkpoint, and how the peak is expected to move.
+
+Pure: a `Planner` reads a baseline `Trace` and proposes plans; it never runs a
+model. The orchestrator (analysis.py) traces each proposal again with the plan
+applied, and only that trace's peak is reported.
+
+The estimate. Checkpointing one call of a module frees, from the end of its
+forward until its backward begins, every storage that was allocated inside it
+and saved for backward, except its outputs (the next module holds them). Its
+inputs are kept alive until then (checkpoint keeps them to rerun), and when its
+backward begins its forward reruns: the saved storages come back, plus the
+call's transient temporaries. `checkpoint_sequential` with N segments does the
+same for each of its first N-1 segments of children. The live-bytes curve of
+the baseline is cut at those event numbers into intervals; each option's effect
+is one row of a matrix over the intervals, and a plan's estimated peak is the
+maximum of the baseline's interval maxima plus the rows of its options.
+
+The search. Cheapest means least recompute (the forward FLOPs of what is
+rerun). Options are taken greedily by estimated peak reduction per FLOP, a
+module may replace the options inside it, and options that turn out not to be
+needed are dropped again, most expensive first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from memlayout.activations.facts import ModuleCall, StorageKind, Trace
+from memlayout.activations.summary import live_curve, subtree_calls
+from memlayout.errors import UsageError
+
+
+@dataclass(frozen=True)
+class SequentialSegments:
+    """Run an nn.Sequential through `checkpoint_sequential(module, segments, input)`."""
+
+    module: str
+    segments: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to checkpoint. Paths are dotted module paths from the model."""
+
+    checkpoint: tuple[str, ...] = ()
+    """Modules to wrap with `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`."""
+    sequential: tuple[SequentialSegments, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.checkpoint and not self.sequential
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "checkpoint": list(self.checkpoint),
+            "sequential": [{"module": s.module, "segments": s.segments} for s in self.sequential],
+        }
+
+    @classmethod
+    def coerce(cls, plan: Plan | Mapping[str, Any]) -> Plan:
+        """A Plan, or the `plan` object of a JSON report (extra keys are ignored)."""
+        if isinstance(plan, Plan):
+            return plan
+        if not isinstance(plan, Mapping):
+            raise UsageError(f"a plan is a Plan or a mapping with 'checkpoint' and 'sequential', not {type(plan).__name__}")
+        try:
+            checkpoint = tuple(str(path) for path in plan.get("checkpoint", ()))
+            sequential = tuple(
+                SequentialSegments(module=str(item["module"]), segments=int(item["segments"]))
+                for item in plan.get("sequential", ())
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"the plan is malformed: {exc}", "pass report.plan or a JSON report's 'plan' object") from exc
+        return cls(checkpoint=checkpoint, sequential=sequential)
+
+
+@dataclass(frozen=True)
+class _Gap:
+    end: int
+    """Freed after this event..."""
+    backward_start: int
+    """...until this one."""
+    freed: int
+    kept_inputs: int
+    rerun_overhead: int
+
+
+@dataclass(frozen=True)
+class Option:
+    """One choice: checkpoint a module, or run a Sequential in N segments."""
+
+    path: str
+    segments: int | None
+    """None for checkpoint(module); N for checkpoint_sequential."""
+    flops: int
+    """Forward FLOPs rerun in backward."""
+    gaps: tuple[_Gap, ...]
+
+    def conflicts_with(self, other: Option) -> bool:
+        """Two options on one module, or on a module and one inside it, do not go together."""
+        a, b = self.path, other.path
+        return a == b or a == "" or b == "" or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _paths_order(trace: Trace) -> dict[str, int]:
+    return {info.path: position for position, info in enumerate(trace.modules)}
+
+
+class Planner:
+    """Estimates plan peaks from a baseline trace and searches for the cheapest plan under a target."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.curve = live_curve(trace)
+        self.baseline_peak = int(self.curve.max()) if len(self.curve) else 0
+        storages = trace.storages
+        self._born = np.fromiter((s.born for s in storages), dtype=np.int64, count=len(storages))
+        freeable = np.fromiter(
+            (s.nbytes if s.saved and s.kind is StorageKind.STEP else 0 for s in storages),
+            dtype=np.int64, count=len(storages),
+        )
+        self._freeable_prefix = np.concatenate(([0], np.cumsum(freeable)))
+        self._freeable = freeable
+        self._inside = subtree_calls(trace)
+        self.options = self._options()
+        self._build_matrix()
+
+    # options ----------------------------------------------------------------
+    def _options(self) -> list[Option]:
+        trace = self.trace
+        calls_by_path: dict[str, list[ModuleCall]] = {}
+        for call in trace.calls:
+            if not call.recompute:
+                calls_by_path.setdefault(call.path, []).append(call)
+        options: list[Option] = []
+        for info in trace.modules:
+            calls = calls_by_path.get(info.path)
+            if not calls:
+                continue
+            gaps = [self._gap(call, call, call) for call in calls]
+            # Checkpointing the whole model frees nothing before its backward begins.
+            if info.path and all(g is not None for g in gaps) and any(
+                g.freed > g.kept_inputs for g in gaps if g is not None
+            ):
+                flops = sum(trace.calls[i].flops for call in calls for i in self._inside[call.id])
+                options.append(Option(info.path, None, flops, tuple(g for g in gaps if g is not None)))
+            if info.sequential_children and len(info.sequential_children) >= 2:
+                options.extend(self._sequential_options(info.path, info.sequential_children, calls))
+        return options
+
+    def _sequential_options(self, path: str, children: Sequence[str], calls: list[ModuleCall]) -> list[Option]:
+        trace = self.trace
+        runs: list[list[ModuleCall]] = []
+        for call in calls:
+            inner = [c for c in trace.calls if c.parent == call.id and not c.recompute]
+            if [c.path for c in inner] != list(children):
+                return []  # not a plain Sequential run (children skipped, repeated or reordered)
+            runs.append(inner)
+        options: list[Option] = []
+        count = len(children)
+        for segments in range(2, count + 1):
+            size = count // segments
+            gaps: list[_Gap] = []
+            flops = 0
+            for run in runs:
+                for first in range(0, size * (segments - 1), size):
+                    chunk = run[first : first + size]
+                    gap = self._gap(chunk[0], chunk[-1], None)
+                    if gap is None:
+                        return options
+                    gaps.append(gap)
+                    flops += sum(trace.calls[i].flops for c in chunk for i in self._inside[c.id])
+            if any(g.freed > g.kept_inputs for g in gaps):
+                options.append(Option(path, segments, flops, tuple(gaps)))
+        return options
+
+    def _gap(self, first: ModuleCall, last: ModuleCall, whole: ModuleCall | None) -> _Gap | None:
+        """The effect of checkpointing the calls from `first` to `last` (one call, or a segment)."""
+        trace = self.trace
+        starts = [trace.calls[i].backward_start for c in self._span(first, last) for i in self._inside[c.id]]
+        known = [s for s in starts if s is not None]
+        if not known:
+            return None  # never reached by backward: nothing to rerun
+        backward_start = min(known)
+        start, end = first.start, last.end
+        low = int(np.searchsorted(self._born, start, side="right"))
+        high = int(np.searchsorted(self._born, end, side="right"))
+        freed = int(self._freeable_prefix[high] - self._freeable_prefix[low])
+        outputs = last.output_storages
+        freed -= sum(int(self._freeable[i]) for i in outputs if low <= i < high)
+        kept_inputs = sum(
+            trace.storages[i].nbytes
+            for i in first.input_storages
+            if trace.storages[i].kind is StorageKind.STEP
+            and trace.storages[i].died is not None
+            and (trace.storages[i].died or 0) <= backward_start
+        )
+        growth = int(self.curve[start : end + 1].max() - self.curve[start]) if end >= start else 0
+        return _Gap(end, backward_start, max(freed, 0), kept_inputs, max(growth - max(freed, 0), 0))
+
+    def _span(self, first: ModuleCall, last: ModuleCall) -> list[ModuleCall]:
+        if first.id == last.id:
+            return [first]
+        return [c for c in self.trace.calls if c.parent == first.parent and first.id <= c.id <= last.id]
+
+    # the estimate -------------------------------------------------------------
+    def _build_matrix(self) -> None:
+        events = self.trace.events
+        cuts = {0}
+        for option in self.options:
+            for gap in option.gaps:
+                cuts.update(point + 1 for point in (gap.end, gap.backward_start) if point + 1 <= events)
+        # Interval j holds events starts[j] .. starts[j+1]-1; a gap (end, backward_start] is whole intervals.
+        starts = np.array(sorted(cuts), dtype=np.int64)
+        self._interval_max = np.maximum.reduceat(self.curve, starts) if len(self.curve) else np.zeros(1, np.int64)
+        width = len(starts)
+
+        def interval(event: int) -> int:
+            return int(np.searchsorted(starts, event)) if event <= events else width
+
+        self._rows = np.zeros((len(self.options), width), dtype=np.int64)
+        for row, option in enumerate(self.options):
+            for gap in option.gaps:
+                first, last = interval(gap.end + 1), interval(gap.backward_start + 1)
+                self._rows[row, first:last] -= gap.freed - gap.kept_inputs
+                if last < width:
+                    self._rows[row, last] += gap.rerun_overhead
+        self._costs = np.array([o.flops for o in self.options], dtype=np.float64)
+
+    def estimate(self, chosen: Iterable[int]) -> int:
+        """Estimated peak with these options (indexes into `options`) applied."""
+        values = self._interval_max.copy()
+        for row in chosen:
+            values += self._rows[row]
+        return int(values.max())
+
+    # the search ---------------------------------------------------------------
+    def search(self, target: int) -> list[int] | None:
+        """The cheapest options found whose estimated peak is at most `target`; None if none reach it."""
+        chosen: list[int] = []
+        values = self._interval_max.copy()
+        while int(values.max()) > target:
+            step = self._best_step(chosen, values)
+            if step is None:
+                return None
+            add, remove = step
+            for row in remove:
+                chosen.remove(row)
+                values -= self._rows[row]
+            chosen.append(add)
+            values += self._rows[add]
+        return self._prune(chosen, target)
+
+    def lowest(self) -> list[int]:
+        """Options taken while any lowers the estimated peak: the lowest peak this planner reaches."""
+        chosen: list[int] = []
+        values = self._interval_max.copy()
+        while (step := self._best_step(chosen, values)) is not None:
+            add, remove = step
+            for row in remove:
+                chosen.remove(row)
+                values -= self._rows[row]
+            chosen.append(add)
+            values += self._rows[add]
+        return self._prune(chosen, int(values.max()))
+
+    def _best_step(self, chosen: list[int], values: np.ndarray) -> tuple[int, list[int]] | None:
+        if not self.options:
+            return None
+        peak = int(values.max())
+        cost = float(sum(self._costs[row] for row in chosen))
+        peaks = (values[None, :] + self._rows).max(axis=1)
+        best: tuple[float, int, int, list[int]] | None = None
+        for row, option in enumerate(self.options):
+            if row in chosen:
+                continue
+            conflicts = [other for other in chosen if option.conflicts_with(self.options[other])]
+            new_peak = int(peaks[row])
+            added = float(self._costs[row])
+            if conflicts:
+                adjusted = values + self._rows[row]
+                for other in conflicts:
+                    adjusted = adjusted - self._rows[other]
+                new_peak = int(adjusted.max())
+                added -= float(sum(self._costs[other] for other in conflicts))
+            gain = peak - new_peak
+            if gain <= 0:
+                continue
+            # Free (zero-FLOP) steps first, largest gain first; then the most bytes per FLOP.
+            score = float("inf") if added <= 0 else gain / added
+            key = (score, gain)
+            if best is None or key > (best[0], best[1]):
+                best = (score, gain, row, conflicts)
+        del cost
+        return None if best is None else (best[2], best[3])
+
+    def _prune(self, chosen: list[int], target: int) -> list[int]:
+        kept = list(chosen)
+        for row in sorted(chosen, key=lambda r: (-self._costs[r], r)):
+            trial = [r for r in kept if r != row]
+            if self.estimate(trial) <= target:
+                kept = trial
+        return kept
+
+    def plan_of(self, chosen: Iterable[int]) -> Plan:
+        """The Plan for these options, paths in the model's definition order."""
+        order = _paths_order(self.trace)
+        options = sorted((self.options[row] for row in chosen), key=lambda o: order.get(o.path, 0))
+        return Plan(
+            checkpoint=tuple(o.path for o in options if o.segments is None),
+            sequential=tuple(SequentialSegments(o.path, o.segments) for o in options if o.segments is not None),
+        )
+
+    def recompute_flops(self, chosen: Iterable[int]) -> int:
+        return int(sum(self.options[row].flops for row in chosen))

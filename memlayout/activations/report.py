@@ -1,0 +1,180 @@
+"""Reporters for `memlayout activations`: each turns an ActivationReport into text and never prints.
+
+The JSON keys are a contract, versioned by `schema` and published as
+`memlayout/activations/schema_v1.json`; within a version keys are only added.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import json
+from typing import Any
+
+from memlayout import __version__
+from memlayout.activations.analysis import ActivationReport
+from memlayout.format_bytes import human_bytes
+
+SCHEMA_VERSION = 1
+DEFAULT_DEPTH = 3
+
+
+class ActivationsFormat(str, enum.Enum):
+    """The names `memlayout activations --format` accepts."""
+
+    TABLE = "table"
+    JSON = "json"
+
+
+def render(report: ActivationReport, fmt: ActivationsFormat, *, depth: int = DEFAULT_DEPTH, width: int = 120,
+           color: bool = False) -> str:
+    """Render `report` in `fmt`; one exhaustive mapping from format to formatter."""
+    if fmt is ActivationsFormat.TABLE:
+        return render_table(report, depth=depth, width=width, color=color)
+    if fmt is ActivationsFormat.JSON:
+        return json.dumps(report_dict(report), indent=2) + "\n"
+    raise AssertionError(f"unhandled format {fmt}")
+
+
+def report_dict(report: ActivationReport) -> dict[str, Any]:
+    """The report as plain JSON-ready data (schema 1)."""
+    s = report.summary
+    plan = report.plan
+    return {
+        "schema": SCHEMA_VERSION,
+        "report": "activations",
+        "tool": {"name": "memlayout", "version": __version__},
+        "target": {"spec": report.target, "kind": report.target_kind, "class": report.model_class},
+        "inputs": list(report.inputs),
+        "device": report.device,
+        "mode": report.mode,
+        "loss": report.loss,
+        "summary": {
+            "peak_bytes": s.peak_bytes,
+            "allocator_peak_bytes": s.allocator_peak_bytes,
+            "activation_bytes": s.activation_bytes,
+            "parameter_bytes": s.parameter_bytes,
+            "buffer_bytes": s.buffer_bytes,
+            "gradient_bytes": s.gradient_bytes,
+            "input_bytes": s.input_bytes,
+            "peak_at": {"module": s.peak_at.module, "class": s.peak_at.class_name, "phase": s.peak_at.phase},
+            "at_peak": dict(s.at_peak),
+            "forward_flops": s.forward_flops,
+        },
+        "modules": [
+            {
+                "path": m.path,
+                "class": m.class_name,
+                "calls": m.calls,
+                "saved_bytes": m.saved_bytes,
+                "output_bytes": m.output_bytes,
+                "input_bytes": m.input_bytes,
+                "forward_flops": m.forward_flops,
+                "uses_randomness": m.uses_randomness,
+                "moves_device": m.moves_device,
+                "reads_outside_state": m.reads_outside_state,
+                "mutates_buffers": m.mutates_buffers,
+            }
+            for m in report.modules
+        ],
+        "plan": None if plan is None else {
+            "budget_bytes": plan.budget_bytes,
+            **plan.plan.to_dict(),
+            "peak_bytes": plan.peak_bytes,
+            "allocator_peak_bytes": plan.allocator_peak_bytes,
+            "estimated_peak_bytes": plan.estimated_peak_bytes,
+            "recompute_flops": plan.recompute_flops,
+            "checks": plan.checks,
+            "pitfalls": list(plan.pitfalls),
+        },
+        "notes": list(report.notes),
+    }
+
+
+def flops_text(count: int) -> str:
+    """1.2e12 -> "1.20 TFLOP"."""
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.2f} {unit}"
+    return f"{count} FLOP"
+
+
+def module_label(path: str | None) -> str:
+    if path is None:
+        return "(outside the model)"
+    return path or "(model)"
+
+
+def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width: int = 120, color: bool = False) -> str:
+    """The terminal report: summary, modules down to `depth`, and the plan."""
+    from rich.console import Console, Group
+    from rich.panel import Panel
+    from rich.table import Table
+
+    s = report.summary
+    grid = Table.grid(padding=(0, 2))
+    for style in ("bold", "", "bold", ""):
+        grid.add_column(style=style)
+    at = s.peak_at
+    peak_at = f"{module_label(at.module)} ({at.class_name}), {at.phase}" if at.class_name else f"{module_label(at.module)}, {at.phase}"
+    grid.add_row("peak", human_bytes(s.peak_bytes), "at", peak_at)
+    if s.allocator_peak_bytes is not None:
+        grid.add_row("peak, CUDA blocks", human_bytes(s.allocator_peak_bytes), "", "")
+    grid.add_row("activations", human_bytes(s.activation_bytes), "saved for backward", "each storage once, model state excluded")
+    grid.add_row("parameters", human_bytes(s.parameter_bytes), "gradients", human_bytes(s.gradient_bytes))
+    grid.add_row("inputs", human_bytes(s.input_bytes), "forward", flops_text(s.forward_flops))
+    parts = ", ".join(f"{name.replace('_', ' ')} {human_bytes(v)}" for name, v in s.at_peak.items() if v)
+    grid.add_row("at the peak", parts, "", "")
+    title = f"memlayout activations: {report.target or report.model_class}"
+    subtitle = f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss}"
+    parts_out: list[Any] = [Panel(grid, title=title, subtitle=subtitle, title_align="left", expand=False)]
+
+    table = Table(title=f"modules (depth <= {depth}; --depth, or --format json for all)", title_justify="left")
+    for name, justify in (("module", "left"), ("class", "left"), ("calls", "right"), ("saved", "right"),
+                          ("output", "right"), ("forward", "right"), ("notes", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    shown = [m for m in report.modules if (m.path.count(".") + 1 if m.path else 0) <= depth]
+    for m in shown:
+        notes = [name for flag, name in ((m.uses_randomness, "random"), (m.mutates_buffers, "updates buffers"),
+                                         (m.reads_outside_state, "reads outside state"),
+                                         (m.moves_device, "moves device")) if flag]
+        indent = "  " * (m.path.count(".") + 1 if m.path else 0)
+        table.add_row(indent + module_label(m.path), m.class_name, str(m.calls), human_bytes(m.saved_bytes),
+                      human_bytes(m.output_bytes), flops_text(m.forward_flops), ", ".join(notes))
+    hidden = len(report.modules) - len(shown)
+    if hidden:
+        table.caption = f"{hidden} deeper modules not shown"
+    parts_out.append(table)
+    if report.plan is not None:
+        parts_out.append(_plan_text(report))
+    for note in report.notes:
+        parts_out.append(f"note: {note}")
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, force_terminal=color, color_system="standard" if color else None,
+                      highlight=False)
+    console.print(Group(*parts_out))
+    return buffer.getvalue()
+
+
+def _plan_text(report: ActivationReport) -> str:
+    plan = report.plan
+    assert plan is not None
+    lines = [f"plan for a budget of {human_bytes(plan.budget_bytes)}"]
+    if plan.plan.empty:
+        lines.append(f"  nothing to checkpoint: the peak {human_bytes(plan.peak_bytes)} already fits")
+        return "\n".join(lines)
+    if plan.plan.checkpoint:
+        lines.append(f"  checkpoint   {', '.join(module_label(p) for p in plan.plan.checkpoint)}")
+    for item in plan.plan.sequential:
+        lines.append(f"  sequential   {module_label(item.module)} in {item.segments} segments (checkpoint_sequential)")
+    share = plan.recompute_flops / report.summary.forward_flops if report.summary.forward_flops else 0.0
+    lines.append(
+        f"  peak         {human_bytes(plan.peak_bytes)} (traced with the plan applied; estimated "
+        f"{human_bytes(plan.estimated_peak_bytes)}; {plan.checks} plan(s) traced)"
+    )
+    lines.append(f"  recompute    {flops_text(plan.recompute_flops)} ({share:.0%} of the forward)")
+    lines.append("  apply it     memlayout.activations.apply_plan(model, report.plan.plan) in Python, or the JSON "
+                 "report's \"plan\" object")
+    for pitfall in plan.pitfalls:
+        lines.append(f"  pitfall      {pitfall}")
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+"""One training step, as the trace and the real measurements run it.
+
+The loss is `output.loss` when the output has one (Hugging Face models given
+labels), else the sum of every floating output that requires grad. The output
+is released before backward, as `loss = model(x).loss; loss.backward()` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from memlayout.errors import UsageError
+
+LOSS_FROM_OUTPUT = "output.loss"
+LOSS_FROM_SUM = "sum of floating outputs"
+
+
+def output_tensors(output: Any) -> Iterator[Any]:
+    """Every tensor in a model output: nested tuples, lists, dicts and ModelOutputs.
+
+    Other objects (a key/value cache, a dataclass) are not looked into.
+    """
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, Mapping):
+        for value in output.values():
+            yield from output_tensors(value)
+    elif isinstance(output, (list, tuple)):
+        for value in output:
+            yield from output_tensors(value)
+
+
+def pick_loss(output: Any) -> tuple[Any, str]:
+    """The scalar to call backward on, and which rule chose it.
+
+    Raises:
+        UsageError: nothing in the output can be differentiated.
+    """
+    import torch
+
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad and loss.numel() == 1:
+        return loss.reshape(()), LOSS_FROM_OUTPUT
+    floats = [t for t in output_tensors(output) if t.is_floating_point() and t.requires_grad]
+    if not floats:
+        raise UsageError(
+            "the model's output has no floating tensor that requires grad, so there is no backward to measure",
+            "return the loss (or logits) from forward, and build the model in train mode with trainable parameters",
+        )
+    total = floats[0].sum()
+    for tensor in floats[1:]:
+        total = total + tensor.sum()
+    return total, LOSS_FROM_SUM
+
+
+def run_step(
+    model: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], on_phase: Callable[[str], None] | None = None
+) -> tuple[Any, str]:
+    """Forward, loss, backward. Returns the detached loss and how it was picked.
+
+    Args:
+        model: The module, in train mode.
+        args: Positional inputs.
+        kwargs: Keyword inputs.
+        on_phase: Called with "forward", "loss" and "backward" as each begins.
+    """
+    notify = on_phase or (lambda _phase: None)
+    notify("forward")
+    output = model(*args, **kwargs)
+    notify("loss")
+    loss, how = pick_loss(output)
+    del output
+    notify("backward")
+    loss.backward()
+    return loss.detach(), how

@@ -1,0 +1,175 @@
+"""What a trace says: the peak and where it happens, what is saved for backward, per-module costs.
+
+Pure functions of a `Trace`; numpy does the sweeps over events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from memlayout.activations.facts import ModuleCall, Phase, StorageKind, Trace
+
+CUDA_BLOCK = 512
+"""The CUDA caching allocator rounds every block up to a multiple of 512 bytes (kMinBlockSize)."""
+
+
+@dataclass(frozen=True)
+class PeakAt:
+    """Where the peak happens."""
+
+    module: str | None
+    """The innermost module's path ("" is the model itself); None outside every module."""
+    class_name: str | None
+    phase: str
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The step's totals."""
+
+    peak_bytes: int
+    """Peak of live tensor bytes (parameters, gradients, saved activations, temporaries, inputs)."""
+    allocator_peak_bytes: int | None
+    """The same peak with each block rounded as the CUDA caching allocator rounds it; CUDA only."""
+    activation_bytes: int
+    """Saved for backward and alive when backward begins, each storage once, model state excluded."""
+    parameter_bytes: int
+    buffer_bytes: int
+    gradient_bytes: int
+    input_bytes: int
+    peak_at: PeakAt
+    at_peak: dict[str, int]
+    """What is live at the peak: parameters, buffers, inputs, gradients, saved_activations, other."""
+    forward_flops: int
+    recompute_flops: int
+
+
+@dataclass(frozen=True)
+class ModuleFacts:
+    """One module over the whole step (all its calls)."""
+
+    path: str
+    class_name: str
+    calls: int
+    saved_bytes: int
+    """Storages autograd saved while the module ran (inside calls included), alive when backward begins."""
+    output_bytes: int
+    input_bytes: int
+    forward_flops: int
+    uses_randomness: bool
+    moves_device: bool
+    reads_outside_state: bool
+    mutates_buffers: bool
+
+
+def live_curve(trace: Trace, block: int = 1) -> np.ndarray:
+    """Live bytes after each event: curve[e] for e in 0..trace.events."""
+    nbytes = np.fromiter((s.nbytes for s in trace.storages), dtype=np.int64, count=len(trace.storages))
+    if block > 1:
+        nbytes = -(-nbytes // block) * block
+    born = np.fromiter((s.born for s in trace.storages), dtype=np.int64, count=len(trace.storages))
+    died = np.fromiter(
+        (trace.events + 1 if s.died is None else s.died for s in trace.storages), dtype=np.int64,
+        count=len(trace.storages),
+    )
+    delta = np.zeros(trace.events + 2, dtype=np.int64)
+    np.add.at(delta, born, nbytes)
+    np.add.at(delta, died, -nbytes)
+    return np.cumsum(delta)[: trace.events + 1]
+
+
+def alive_at(trace: Trace, event: int) -> list[int]:
+    """Indexes of the storages alive right after `event`."""
+    return [i for i, s in enumerate(trace.storages) if s.born <= event and (s.died is None or s.died > event)]
+
+
+def summarize(trace: Trace, cuda: bool = False) -> Summary:
+    """The summary of a trace; `cuda` adds the allocator-rounded peak."""
+    curve = live_curve(trace)
+    peak_event = int(np.argmax(curve)) if len(curve) else 0
+    by_born = {s.born: s for s in trace.storages}
+    at = by_born.get(peak_event)
+    call = trace.calls[at.call] if at is not None and at.call is not None else None
+    peak_at = PeakAt(
+        module=call.path if call is not None else None,
+        class_name=call.class_name if call is not None else None,
+        phase=at.phase.value if at is not None else Phase.SETUP.value,
+    )
+    breakdown = dict.fromkeys(("parameters", "buffers", "inputs", "gradients", "saved_activations", "other"), 0)
+    for index in alive_at(trace, peak_event):
+        storage = trace.storages[index]
+        breakdown[_category(storage.kind, storage.saved)] += storage.nbytes
+
+    def total(kind: StorageKind) -> int:
+        return sum(s.nbytes for s in trace.storages if s.kind is kind)
+
+    return Summary(
+        peak_bytes=int(curve[peak_event]) if len(curve) else 0,
+        allocator_peak_bytes=int(live_curve(trace, CUDA_BLOCK).max()) if cuda else None,
+        activation_bytes=sum(s.nbytes for s in trace.storages if s.saved),
+        parameter_bytes=total(StorageKind.PARAMETER),
+        buffer_bytes=total(StorageKind.BUFFER),
+        gradient_bytes=sum(s.nbytes for s in trace.storages if s.kind is StorageKind.GRADIENT and s.died is None),
+        input_bytes=total(StorageKind.INPUT),
+        peak_at=peak_at,
+        at_peak=breakdown,
+        forward_flops=sum(c.flops for c in trace.calls if not c.recompute),
+        recompute_flops=trace.recompute_flops,
+    )
+
+
+def _category(kind: StorageKind, saved: bool) -> str:
+    if kind is StorageKind.PARAMETER:
+        return "parameters"
+    if kind is StorageKind.BUFFER:
+        return "buffers"
+    if kind is StorageKind.INPUT:
+        return "inputs"
+    if kind is StorageKind.GRADIENT:
+        return "gradients"
+    return "saved_activations" if saved else "other"
+
+
+def subtree_calls(trace: Trace) -> dict[int, list[int]]:
+    """call id -> ids of the forward calls inside it, itself included."""
+    inside: dict[int, list[int]] = {c.id: [c.id] for c in trace.calls if not c.recompute}
+    for call in reversed(trace.calls):
+        if call.recompute or call.parent is None or call.parent not in inside:
+            continue
+        inside[call.parent].extend(inside[call.id])
+    return inside
+
+
+def module_facts(trace: Trace) -> tuple[ModuleFacts, ...]:
+    """Per-module facts, in the model's definition order, for every module that ran in forward."""
+    storages = trace.storages
+    inside = subtree_calls(trace)
+    calls_by_path: dict[str, list[ModuleCall]] = {}
+    for call in trace.calls:
+        if not call.recompute:
+            calls_by_path.setdefault(call.path, []).append(call)
+    facts = []
+    for info in trace.modules:
+        calls = calls_by_path.get(info.path)
+        if not calls:
+            continue
+        members = [trace.calls[i] for call in calls for i in inside[call.id]]
+        saved = {i for member in members for i in member.saved_storages if storages[i].saved}
+        facts.append(
+            ModuleFacts(
+                path=info.path,
+                class_name=info.class_name,
+                calls=len(calls),
+                saved_bytes=sum(storages[i].nbytes for i in saved),
+                output_bytes=sum(storages[i].nbytes for call in calls for i in call.output_storages),
+                input_bytes=sum(storages[i].nbytes for call in calls for i in call.input_storages),
+                forward_flops=sum(member.flops for member in members),
+                uses_randomness=any(m.uses_randomness for m in members),
+                moves_device=any(m.moves_device for m in members),
+                reads_outside_state=any(m.reads_outside_state for m in members),
+                mutates_buffers=any(m.mutates_buffers for m in members),
+            )
+        )
+    return tuple(facts)

@@ -1,0 +1,422 @@
+"""Trace one training step: every storage's lifetime, and what each module call does.
+
+The tracer is a TorchDispatchMode, as PyTorch's own MemTracker is: every aten op
+that returns a tensor is seen, and each distinct storage is counted once, from
+the op that allocated it to the moment its last reference dies (a weakref
+callback on the storage). Views and in-place ops return a storage already known,
+so they cost nothing; tied weights are one storage. Fake tensors
+(FakeTensorMode) and meta tensors have storages of their own, one per
+allocation, so the same bookkeeping holds without a byte of real memory.
+
+Around the dispatch mode:
+- module forward hooks give the module path of every op in forward;
+- a `saved_tensors_hooks` pack hook sees what autograd saves, and where;
+- autograd nodes are tagged with the call that created them, so an op run in
+  backward is attributed through `torch._C._current_autograd_node()`;
+- a checkpointed module reruns its forward during backward: those ops are the
+  recompute phase.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from memlayout.activations import rerun
+from memlayout.activations.facts import (
+    ModuleCall,
+    ModuleInfo,
+    Phase,
+    StorageKind,
+    StorageLife,
+    Trace,
+)
+from memlayout.activations.kernels import corrected_output_nbytes, forward_flops
+from memlayout.activations.step import output_tensors, run_step
+
+NODE_KEY = "memlayout.call"
+_MOVE_OPS = {torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default}
+
+
+class _Storage:
+    """Mutable record while tracing; frozen into a StorageLife at the end."""
+
+    __slots__ = ("born", "call", "died", "kind", "nbytes", "phase", "ref", "storage_nbytes")
+
+    def __init__(
+        self, nbytes: int, storage_nbytes: int, kind: StorageKind, born: int, call: int | None, phase: Phase
+    ) -> None:
+        self.nbytes = nbytes
+        self.storage_nbytes = storage_nbytes
+        """What the storage itself reports; differs from nbytes where a kernel correction applies."""
+        self.kind = kind
+        self.born = born
+        self.died: int | None = None
+        self.call = call
+        self.phase = phase
+        self.ref: Any = None
+
+
+class _Call:
+    __slots__ = (
+        "backward_start", "class_name", "end", "flops", "id", "inputs", "module", "moves_device", "mutates_buffers",
+        "outputs", "parent", "path", "reads_outside_state", "recompute", "saved", "start", "uses_randomness",
+    )
+
+    def __init__(self, call_id: int, module: Any, path: str, parent: int | None, recompute: bool, start: int) -> None:
+        self.id = call_id
+        self.module = module
+        self.path = path
+        self.class_name = type(module).__name__
+        self.parent = parent
+        self.recompute = recompute
+        self.start = start
+        self.end = start
+        self.backward_start: int | None = None
+        self.inputs: tuple[int, ...] = ()
+        self.outputs: tuple[int, ...] = ()
+        self.saved: list[int] = []
+        self.flops = 0
+        self.uses_randomness = False
+        self.moves_device = False
+        self.reads_outside_state = False
+        self.mutates_buffers = False
+
+
+class StepTracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Records storages and module calls while one step runs under it."""
+
+    def __init__(self, model: torch.nn.Module, *, correct_kernels: bool) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.model = model
+        self.correct_kernels = correct_kernels
+        self.paths = {id(module): path for path, module in model.named_modules()}
+        self.storages: list[_Storage] = []
+        self.index: Any = WeakIdKeyDictionary()
+        self.calls: list[_Call] = []
+        self.stack: list[_Call] = []
+        self.pending: list[tuple[Any, int]] = []
+        self.saved: set[int] = set()
+        self.seq = 0
+        self.phase = Phase.SETUP
+        self.forward_end = 0
+        self.recompute_flops = 0
+        self.backward_call: int | None = None
+        self.rerun_depth = 0
+        self.parameter_storages: set[int] = set()
+
+    # storages -------------------------------------------------------------
+    def storage_of(self, tensor: torch.Tensor, kind: StorageKind, nbytes: int | None = None) -> int | None:
+        """The index of the tensor's storage, recording it as new if it was never seen."""
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse and other storage-less layouts
+            return None
+        index: int | None = self.index.get(storage)
+        storage_nbytes = storage.nbytes()
+        if index is not None:
+            record = self.storages[index]
+            if record.storage_nbytes == storage_nbytes:
+                return index
+            # resize_ and set_ change a storage's size: the old allocation ends here.
+            self._release(record)
+        return self._allocate(storage, storage_nbytes if nbytes is None else nbytes, storage_nbytes, kind)
+
+    def _allocate(self, storage: Any, nbytes: int, storage_nbytes: int, kind: StorageKind) -> int:
+        self.seq += 1
+        call = self._current_call()
+        record = _Storage(nbytes, storage_nbytes, kind, self.seq, call, self.phase)
+        index = len(self.storages)
+        self.storages.append(record)
+        record.ref = weakref.ref(storage, functools.partial(self._released, record))
+        self.index[storage] = index
+        return index
+
+    def _released(self, record: _Storage, _ref: Any) -> None:
+        self._release(record)
+
+    def _release(self, record: _Storage) -> None:
+        if record.died is None:
+            self.seq += 1
+            record.died = self.seq
+
+    def _current_call(self) -> int | None:
+        if self.stack:
+            return self.stack[-1].id
+        if self.phase in (Phase.BACKWARD, Phase.RECOMPUTE):
+            return self.backward_call
+        return None
+
+    # dispatch ---------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        phase = self.phase
+        if phase is Phase.BACKWARD:
+            self._attribute_backward_op()
+        elif phase in (Phase.FORWARD, Phase.LOSS) and self.stack:
+            self._check_inputs(func, args, kwargs)
+        out = func(*args, **kwargs)
+        sizes = corrected_output_nbytes(func, args, kwargs) if self.correct_kernels else None
+        flat = out if isinstance(out, (tuple, list)) else (out,)
+        for position, value in enumerate(flat):
+            if isinstance(value, torch.Tensor):
+                kind = StorageKind.STEP
+                self.storage_of(value, kind, None if sizes is None else sizes.get(position))
+                if phase is Phase.FORWARD and self.stack:
+                    self.pending.append((weakref.ref(value), self.stack[-1].id))
+        if phase is Phase.FORWARD or (phase is Phase.LOSS and self.stack) or self._recomputing():
+            self._count_flops(func, args, kwargs, out)
+        return out
+
+    def _recomputing(self) -> bool:
+        return self.phase is Phase.RECOMPUTE or (self.phase is Phase.BACKWARD and bool(self.stack))
+
+    def _attribute_backward_op(self) -> None:
+        if self.stack:  # a checkpointed module's children rerun under their own hooks
+            return
+        node: Any = torch._C._current_autograd_node()
+        call = node.metadata.get(NODE_KEY) if node is not None else None
+        if call is not None:
+            self.backward_call = call
+            record = self.calls[call]
+            if record.backward_start is None:
+                record.backward_start = self.seq
+
+    def _check_inputs(self, func: Any, args: Any, kwargs: Any) -> None:
+        call = self.stack[-1]
+        schema_args = func._schema.arguments
+        for position, value in enumerate(args):
+            if not isinstance(value, torch.Tensor):
+                continue
+            known = self.index.get(value.untyped_storage()) if value.layout == torch.strided else None
+            if known is None:
+                # A tensor the step neither received nor created: state kept outside the module's
+                # inputs, parameters and buffers. Scalars are constants, not state.
+                if value.numel() > 1:
+                    call.reads_outside_state = True
+                self.storage_of(value, StorageKind.OTHER)
+                continue
+            alias = schema_args[position].alias_info if position < len(schema_args) else None
+            if alias is not None and alias.is_write and self.storages[known].kind is StorageKind.BUFFER:
+                call.mutates_buffers = True
+        if func in _MOVE_OPS:
+            source = args[1] if func is torch.ops.aten.copy_.default else args[0]
+            target = args[0].device if func is torch.ops.aten.copy_.default else kwargs.get("device")
+            if target is not None and isinstance(source, torch.Tensor) and torch.device(target) != source.device:
+                call.moves_device = True
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            call.uses_randomness = True
+        if func is torch.ops.aten.native_batch_norm.default and len(args) > 5 and args[5] and args[3] is not None:
+            call.mutates_buffers = True  # its schema does not mark the running statistics it updates
+
+    def _count_flops(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        flops = forward_flops(func, args, kwargs, out)
+        if not flops:
+            return
+        if self._recomputing():
+            self.recompute_flops += flops
+        elif self.stack:
+            self.stack[-1].flops += flops
+
+    # module hooks -----------------------------------------------------------
+    def _pre_hook(self, module: Any, args: Any, kwargs: Any) -> None:
+        path = self.paths.get(id(module))
+        if path is not None:
+            self._enter(module, path, args, kwargs)
+
+    def _enter(self, module: Any, path: str, args: Any, kwargs: Any) -> None:
+        recompute = self.phase in (Phase.BACKWARD, Phase.RECOMPUTE)
+        parent = self.stack[-1].id if self.stack else (self.backward_call if recompute else None)
+        call = _Call(len(self.calls), module, path, parent, recompute, self.seq)
+        if not recompute:
+            call.inputs = self._storages_of((args, kwargs))
+        self.calls.append(call)
+        self.stack.append(call)
+
+    def _post_hook(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+        if self.stack and self.stack[-1].module is module:
+            self._leave(output)
+
+    def _leave(self, output: Any) -> None:
+        call = self.stack.pop()
+        call.end = self.seq
+        if not call.recompute:
+            call.outputs = self._storages_of(output)
+            self._tag_pending_nodes()
+
+    def _storages_of(self, values: Any) -> tuple[int, ...]:
+        found: dict[int, None] = {}
+        for tensor in _tensors(values):
+            index = self.storage_of(tensor, StorageKind.OTHER)
+            if index is not None:
+                found[index] = None
+        return tuple(found)
+
+    def _tag_pending_nodes(self) -> None:
+        """Tag the autograd nodes of tensors made since the last tag with the call that made them.
+
+        autograd attaches a node to an op's output after the dispatch mode returns it,
+        so tagging waits until the module (or the forward) finishes.
+        """
+        for ref, call in self.pending:
+            tensor = ref()
+            if tensor is not None and tensor.grad_fn is not None:
+                tensor.grad_fn.metadata.setdefault(NODE_KEY, call)
+        self.pending.clear()
+
+    def _rerun(self, module: Any, entering: bool) -> None:
+        """A checkpointed module's own forward starts or ends (apply.py tells us)."""
+        if self.phase not in (Phase.BACKWARD, Phase.RECOMPUTE):
+            return
+        if entering:
+            self._enter(module, self.paths.get(id(module), "?"), (), {})
+            self.rerun_depth += 1
+            self.phase = Phase.RECOMPUTE
+            return
+        if self.stack and self.stack[-1].module is module:
+            self._leave(None)
+        self.rerun_depth -= 1
+        if self.rerun_depth == 0:
+            self.phase = Phase.BACKWARD
+
+    # saved tensors ------------------------------------------------------------
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.phase in (Phase.FORWARD, Phase.LOSS):
+            index = self.storage_of(tensor, StorageKind.OTHER)
+            if index is not None and index not in self.parameter_storages:
+                self.saved.add(index)
+                if self.stack:
+                    self.stack[-1].saved.append(index)
+        return tensor
+
+    # the step -----------------------------------------------------------------
+    def set_phase(self, name: str) -> None:
+        phase = Phase(name)
+        if phase is not Phase.FORWARD:
+            self._tag_pending_nodes()
+        if phase is Phase.BACKWARD:
+            self.forward_end = self.seq
+        self.phase = phase
+
+    def register_state(self, args: Iterable[Any], kwargs: Mapping[str, Any]) -> None:
+        """Count the model's parameters, buffers, existing gradients and the inputs, before the step."""
+        for parameter in self.model.parameters():
+            index = self.storage_of(parameter, StorageKind.PARAMETER)
+            if index is not None:
+                self.parameter_storages.add(index)
+            if parameter.grad is not None:
+                self.storage_of(parameter.grad, StorageKind.GRADIENT)
+        for buffer in self.model.buffers():
+            index = self.storage_of(buffer, StorageKind.BUFFER)
+            if index is not None:
+                self.parameter_storages.add(index)
+        for tensor in _tensors((tuple(args), dict(kwargs))):
+            self.storage_of(tensor, StorageKind.INPUT)
+
+    def freeze(self, loss: str, device: str, mode: str, notes: tuple[str, ...]) -> Trace:
+        gradients = set()
+        for parameter in self.model.parameters():
+            if parameter.grad is not None:
+                index = self.index.get(parameter.grad.untyped_storage())
+                if index is not None:
+                    gradients.add(index)
+        self._propagate_backward_starts()
+        storages = tuple(
+            StorageLife(
+                nbytes=s.nbytes,
+                kind=StorageKind.GRADIENT if i in gradients else s.kind,
+                born=s.born,
+                died=s.died,
+                call=s.call,
+                phase=s.phase,
+                saved=i in self.saved and (s.died is None or s.died > self.forward_end),
+            )
+            for i, s in enumerate(self.storages)
+        )
+        calls = tuple(
+            ModuleCall(
+                id=c.id, path=c.path, class_name=c.class_name, parent=c.parent, recompute=c.recompute,
+                start=c.start, end=c.end, backward_start=c.backward_start, input_storages=c.inputs,
+                output_storages=c.outputs, saved_storages=tuple(dict.fromkeys(c.saved)), flops=c.flops, uses_randomness=c.uses_randomness,
+                moves_device=c.moves_device, reads_outside_state=c.reads_outside_state,
+                mutates_buffers=c.mutates_buffers,
+            )
+            for c in self.calls
+        )
+        modules = tuple(
+            ModuleInfo(
+                path=path,
+                class_name=type(module).__name__,
+                sequential_children=tuple(
+                    f"{path}.{name}" if path else name for name, _ in module.named_children()
+                ) if isinstance(module, torch.nn.Sequential) else None,
+            )
+            for path, module in self.model.named_modules()
+        )
+        return Trace(
+            storages=storages, calls=calls, modules=modules, events=self.seq, forward_end=self.forward_end,
+            loss=loss, recompute_flops=self.recompute_flops, device=device, mode=mode, notes=notes,
+        )
+
+    def _propagate_backward_starts(self) -> None:
+        for call in reversed(self.calls):  # children come after their parents
+            if call.parent is None or call.backward_start is None:
+                continue
+            parent = self.calls[call.parent]
+            if parent.backward_start is None or call.backward_start < parent.backward_start:
+                parent.backward_start = call.backward_start
+
+
+def _tensors(values: Any) -> Iterable[torch.Tensor]:
+    if isinstance(values, tuple) and len(values) == 2 and isinstance(values[1], Mapping):
+        yield from output_tensors(values[0])
+        yield from output_tensors(values[1])
+    else:
+        yield from output_tensors(values)
+
+
+def trace_step(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    device: str,
+    mode: str,
+    notes: tuple[str, ...] = (),
+    on_loss: Callable[[Any], None] | None = None,
+) -> Trace:
+    """Run one step of `model` on the inputs under the tracer and return its facts.
+
+    Args:
+        model: The model, already on fake, meta or real tensors, in train mode.
+        args: Positional inputs.
+        kwargs: Keyword inputs.
+        device: The device the step is for (recorded in the trace).
+        mode: "fake", "meta" or "real"; kernel corrections apply to fake and meta.
+        notes: Carried into the trace.
+        on_loss: Receives the detached loss.
+    """
+    tracer = StepTracer(model, correct_kernels=mode != "real")
+    with ExitStack() as stack:
+        for module in model.modules():
+            if id(module) in tracer.paths:
+                stack.enter_context(module.register_forward_pre_hook(tracer._pre_hook, with_kwargs=True))
+                stack.enter_context(
+                    module.register_forward_hook(tracer._post_hook, with_kwargs=True, always_call=True)
+                )
+        stack.enter_context(rerun.listening(tracer._rerun))
+        tracer.register_state(args, kwargs)
+        stack.enter_context(tracer)
+        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(tracer._pack, lambda tensor: tensor))
+        loss, how = run_step(model, args, kwargs, on_phase=tracer.set_phase)
+    if on_loss is not None:
+        on_loss(loss)
+    del loss
+    return tracer.freeze(how, device, mode, notes)

@@ -1,0 +1,65 @@
+"""`memlayout activations`: trace one training step, report its activation memory, plan to a budget."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from memlayout.cli.errors import one_line_errors
+from memlayout.cli.options import DebugOption, OutputOption, TrustOption
+from memlayout.cli.output import write_output
+from memlayout.errors import UsageError
+
+BUDGET_UNREACHABLE = 1
+
+
+def activations_command(
+    target: Annotated[
+        str, typer.Argument(help="pkg.module:build, a Hugging Face model directory or config.json, or a pickled module.")
+    ],
+    inputs: Annotated[
+        str | None, typer.Option("--inputs", help="pkg.module:make_inputs returning a tuple or a dict.", metavar="SPEC")
+    ] = None,
+    input_specs: Annotated[
+        list[str] | None,
+        typer.Option("--input", help="One input: 'float32[8,3,224,224]', 'int64[4,128]<50257', name=... for a keyword; repeatable.",
+                     metavar="SPEC"),
+    ] = None,
+    budget: Annotated[
+        str | None, typer.Option("--budget", help="Plan checkpoints so the peak fits: bytes, 8GiB, 512MiB.", metavar="SIZE")
+    ] = None,
+    output_format: Annotated[str, typer.Option("--format", "-f", help="table (default) or json.", metavar="FORMAT")] = "table",
+    output: OutputOption = None,
+    device: Annotated[str, typer.Option("--device", help="The device the step is for: cpu, cuda or meta.")] = "cpu",
+    real: Annotated[bool, typer.Option("--real", help="Run the step for real on --device (uses the memory), as a check.")] = False,
+    depth: Annotated[int, typer.Option("--depth", help="Module depth the table shows.", min=0)] = 3,
+    trust: TrustOption = False,
+    debug: DebugOption = False,
+) -> None:
+    """Activation memory of one training step, and a checkpoint plan that fits --budget."""
+    with one_line_errors(debug):
+        from memlayout.activations.analysis import BudgetUnreachableError, analyze
+        from memlayout.activations.report import ActivationsFormat, render
+        from memlayout.activations.sizes import parse_size
+
+        try:
+            fmt = ActivationsFormat(output_format)
+        except ValueError:
+            raise UsageError(f"unknown --format {output_format!r}", "use table or json") from None
+        if inputs and input_specs:
+            raise UsageError("give --inputs or --input, not both")
+        if device not in ("cpu", "cuda", "meta") and not device.startswith("cuda:"):
+            raise UsageError(f"unknown --device {device!r}", "use cpu, cuda or meta")
+        budget_bytes = parse_size(budget) if budget is not None else None
+        try:
+            report = analyze(
+                target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
+                mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust,
+            )
+        except BudgetUnreachableError as exc:
+            print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
+            raise typer.Exit(BUDGET_UNREACHABLE) from None
+        color = output is None and fmt is ActivationsFormat.TABLE and sys.stdout.isatty()
+        write_output(render(report, fmt, depth=depth, color=color), output)

@@ -1,0 +1,83 @@
+"""Models the activations tests and benchmarks trace, fake, and run for real.
+
+Each builder takes sizes so that tests use tiny ones and the benchmarks larger
+ones; each is seeded, so two builds give the same weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def gpt2(layers: int = 2, width: int = 64, heads: int = 4, vocab: int = 500, positions: int = 128,
+         dropout: float = 0.1) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=vocab, n_positions=positions,
+                        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config).train()
+
+
+def bert(layers: int = 2, width: int = 64, heads: int = 4, vocab: int = 500, positions: int = 128) -> nn.Module:
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    config = BertConfig(hidden_size=width, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=4 * width, vocab_size=vocab, max_position_embeddings=positions)
+    return BertForMaskedLM(config).train()
+
+
+def flat_cnn(channels: int = 16, classes: int = 10) -> nn.Sequential:
+    """One flat nn.Sequential of conv/norm/activation layers: single-layer checkpoints save nothing here."""
+    torch.manual_seed(0)
+    c = channels
+    return nn.Sequential(
+        nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(),
+        nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(),
+        nn.Conv2d(c, 2 * c, 3, padding=1), nn.BatchNorm2d(2 * c), nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(2 * c, 2 * c, 3, padding=1), nn.BatchNorm2d(2 * c), nn.ReLU(),
+        nn.Conv2d(2 * c, 2 * c, 3, padding=1), nn.BatchNorm2d(2 * c), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2 * c, classes),
+    ).train()
+
+
+class LSTMLanguageModel(nn.Module):
+    """Embedding, a stacked LSTM with dropout between layers, and a vocabulary head."""
+
+    def __init__(self, vocab: int = 500, width: int = 64, hidden: int = 96, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.lstm = nn.LSTM(width, hidden, num_layers=layers, batch_first=True, dropout=0.1)
+        self.drop = nn.Dropout(0.1)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.lstm(self.embed(ids))
+        return self.head(self.drop(hidden))
+
+
+def lstm_lm(**sizes: Any) -> nn.Module:
+    torch.manual_seed(0)
+    return LSTMLanguageModel(**sizes).train()
+
+
+def token_inputs(batch: int, length: int, vocab: int, labels: bool = True) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (batch, length), generator=generator)
+    return (ids,), ({"labels": ids.clone()} if labels else {})
+
+
+def image_inputs(batch: int, size: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    generator = torch.Generator().manual_seed(1)
+    return (torch.randn(batch, 3, size, size, generator=generator),), {}
+
+
+def gpt2_inputs() -> dict[str, Any]:
+    """`--inputs tests.activations.models:gpt2_inputs`: keyword inputs for `gpt2()`."""
+    args, kwargs = token_inputs(2, 32, 500)
+    return {"input_ids": args[0], **kwargs}

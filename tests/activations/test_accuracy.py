@@ -1,0 +1,85 @@
+"""The prediction on fake tensors against a real CPU step measured by PyTorch's MemTracker.
+
+Goal (issue 13): peak_bytes within 2% of MemTracker, activation_bytes within 2%
+of what a saved_tensors_hooks pack hook sees, once per storage. The larger
+sizes are measured in benchmarks/bench_activations.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import memlayout.activations as act
+from tests.activations import models
+from tests.activations.measure import memtracker_step, saved_bytes_seen_by_pack_hook
+
+CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+    "gpt2": (lambda: models.gpt2(), lambda: models.token_inputs(4, 64, 500)),
+    "bert": (lambda: models.bert(), lambda: models.token_inputs(4, 64, 500)),
+    "flat-cnn": (lambda: models.flat_cnn(), lambda: models.image_inputs(8, 32)),
+    "lstm-lm": (lambda: models.lstm_lm(), lambda: models.token_inputs(4, 48, 500, labels=False)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fake_prediction_matches_memtracker_on_a_real_step(case: str) -> None:
+    build, make_inputs = CASES[case]
+    args, kwargs = make_inputs()
+    report = act.analyze(build(), list(args), kwargs=kwargs)
+    real = memtracker_step(build(), args, kwargs)
+    assert report.mode == "fake"
+    assert abs(report.summary.peak_bytes - real.peak_bytes) <= 0.02 * real.peak_bytes, (
+        report.summary.peak_bytes, real.peak_bytes)
+    seen = saved_bytes_seen_by_pack_hook(build(), args, kwargs)
+    assert abs(report.summary.activation_bytes - seen) <= 0.02 * seen, (report.summary.activation_bytes, seen)
+
+
+def test_real_mode_measures_the_same_step_as_memtracker() -> None:
+    args, kwargs = models.token_inputs(2, 32, 500)
+    report = act.analyze(models.gpt2(), list(args), kwargs=kwargs, mode="real")
+    real = memtracker_step(models.gpt2(), args, kwargs)
+    assert report.mode == "real"
+    assert report.summary.peak_bytes == real.peak_bytes
+
+
+def test_tied_weights_count_once() -> None:
+    model = models.gpt2()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    args, kwargs = models.token_inputs(2, 16, 500)
+    report = act.analyze(model, list(args), kwargs=kwargs)
+    unique = {id(p): p.numel() * p.element_size() for p in model.parameters()}
+    assert report.summary.parameter_bytes == sum(unique.values())
+    # the head's weight is the embedding's: counting it twice would add vocab x width x 4 bytes
+    assert report.summary.parameter_bytes < sum(p.numel() * 4 for _, p in model.named_parameters(remove_duplicate=False))
+
+
+def test_views_and_in_place_ops_cost_nothing() -> None:
+    import torch
+
+    class Views(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(256, 256)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.linear(x)
+            y = y.view(-1).view(x.shape).transpose(0, 1).transpose(0, 1)  # views: same storage
+            y.mul_(2).add_(1)  # in place: same storage
+            return y
+
+    class Copies(Views):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.linear(x)
+            return (y.transpose(0, 1).contiguous() * 2 + 1).transpose(0, 1)
+
+    def forward_storages(model: torch.nn.Module) -> list[int]:
+        trace = act.analyze(model, [x]).trace
+        return [s.nbytes for s in trace.storages if s.phase.value == "forward"]
+
+    x = torch.randn(64, 256)
+    assert forward_storages(Views()) == [64 * 256 * 4]  # the linear's output, nothing else
+    assert forward_storages(Copies()) == [64 * 256 * 4] * 4
+    assert act.analyze(Views(), [x]).summary.peak_bytes == memtracker_step(Views(), (x,), {}).peak_bytes

@@ -1,0 +1,141 @@
+"""`memlayout activations` on the command line: outputs, the budget's exit code, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from memlayout.cli.app import app
+from tests.activations import models
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
+GPT2 = ["activations", "tests.activations.models:gpt2", "--input", "int64[2,32]<500", "--input", "labels=int64[2,32]<500"]
+
+
+def run(args: list[str]) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, args)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_json_report_follows_its_schema() -> None:
+    code, out, err = run([*GPT2, "--format", "json"])
+    assert code == 0, err
+    report = json.loads(out)
+    jsonschema.validate(report, SCHEMA)
+    assert report["loss"] == "output.loss"
+    assert report["plan"] is None
+    summary = report["summary"]
+    assert summary["peak_bytes"] >= summary["activation_bytes"] + summary["parameter_bytes"]
+    paths = [m["path"] for m in report["modules"]]
+    assert paths[0] == "" and "transformer.h.1.mlp" in paths
+    dropout = next(m for m in report["modules"] if m["path"] == "transformer.drop")
+    assert dropout["uses_randomness"] and dropout["saved_bytes"] > 0
+    head = next(m for m in report["modules"] if m["path"] == "lm_head")
+    assert head["forward_flops"] == 2 * 2 * 32 * 64 * 500  # 2 * tokens * width * vocab
+
+
+def test_json_report_with_a_plan_follows_its_schema(tmp_path: Path) -> None:
+    code, out, _ = run([*GPT2, "--format", "json"])
+    peak = json.loads(out)["summary"]["peak_bytes"]
+    target = tmp_path / "report.json"
+    code, out, err = run([*GPT2, "--format", "json", "--budget", str(int(peak * 0.8)), "-o", str(target)])
+    assert code == 0, err
+    assert out == ""
+    report = json.loads(target.read_text())
+    jsonschema.validate(report, SCHEMA)
+    plan = report["plan"]
+    assert plan["budget_bytes"] == int(peak * 0.8)
+    assert plan["peak_bytes"] <= plan["budget_bytes"]
+    assert plan["checkpoint"] or plan["sequential"]
+    assert plan["recompute_flops"] > 0 or all("act" in p or "drop" in p for p in plan["checkpoint"])
+    assert any("use_reentrant=False" in p for p in plan["pitfalls"])
+    assert any("use_cache=False" in p for p in plan["pitfalls"])
+
+
+def test_table_report() -> None:
+    code, out, err = run([*GPT2, "--budget", "1GiB"])
+    assert code == 0, err
+    assert "peak" in out and "transformer.h.0" in out
+    assert "nothing to checkpoint" in out
+
+
+def test_unreachable_budget_exits_1_with_one_line() -> None:
+    code, out, err = run([*GPT2, "--budget", "1KiB"])
+    assert code == 1
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("memlayout: error: no checkpoint plan fits a budget of 1.0 KiB")
+    assert "the lowest reachable peak is" in lines[0]
+
+
+def test_inputs_factory() -> None:
+    code, out, err = run(["activations", "tests.activations.models:gpt2", "--inputs",
+                          "tests.activations.models:gpt2_inputs", "--format", "json"])
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["loss"] == "output.loss"
+    assert report["inputs"] == ["tests.activations.models:gpt2_inputs"]
+
+
+def test_hugging_face_config_directory_is_built_without_weights(tmp_path: Path) -> None:
+    models.gpt2().config.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+    code, out, err = run(["activations", str(tmp_path), "--input", "int64[2,32]<500", "--format", "json"])
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["target"]["kind"] == "hf-config" and report["target"]["class"] == "GPT2LMHeadModel"
+    assert report["loss"] == "sum of floating outputs"
+    code, out_json, err = run(["activations", str(tmp_path / "config.json"), "--input", "int64[2,32]<500",
+                               "--format", "json"])
+    assert code == 0, err
+    assert json.loads(out_json)["summary"] == report["summary"]
+
+
+def test_pickled_module_needs_trust(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    torch.save(models.flat_cnn(), path)
+    code, out, err = run(["activations", str(path), "--input", "float32[2,3,16,16]"])
+    assert code == 2 and out == ""
+    assert err.startswith("memlayout: error: ") and "--trust" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run(["activations", str(path), "--input", "float32[2,3,16,16]", "--trust", "--format", "json"])
+    assert code == 0, err
+    assert json.loads(out)["target"]["class"] == "Sequential"
+
+
+def test_real_run_on_cpu_agrees_with_the_fake_one() -> None:
+    code, fake, _ = run([*GPT2, "--format", "json"])
+    code, real, err = run([*GPT2, "--format", "json", "--real"])
+    assert code == 0, err
+    assert json.loads(real)["mode"] == "real"
+    assert json.loads(real)["summary"]["peak_bytes"] == json.loads(fake)["summary"]["peak_bytes"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["activations", "no_such_module_xyz:build", "--input", "float32[2]"], "cannot import"),
+        (["activations", "/no/such/file.pt", "--input", "float32[2]"], "does not exist"),
+        ([*GPT2[:2]], "no inputs"),
+        ([*GPT2, "--input", "float32[2,x]"], "not an input spec"),
+        ([*GPT2, "--budget", "lots"], "is not a size"),
+        ([*GPT2, "--format", "xml"], "unknown --format"),
+        ([*GPT2, "--real", "--device", "meta"], "--real needs a device with memory"),
+        ([*GPT2, "--device", "tpu"], "unknown --device"),
+        ([*GPT2[:2], "--inputs", "a.b:c", "--input", "float32[2]"], "not both"),
+        (["activations", "tests.activations.models:token_inputs", "--input", "float32[2]"], "calling"),
+        (["activations", "tests.activations.models:gpt2_inputs", "--input", "float32[2]"], "not an nn.Module"),
+        (["activations", "tests.activations.models:flat_cnn", "--input", "int64[2,3,8,8]<5"], "the step failed"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    code, out, err = run(args)
+    assert code == 2, (out, err)
+    assert out == ""
+    assert err.startswith("memlayout: error: ") and len(err.strip().splitlines()) == 1, err
+    assert message in err

@@ -1,0 +1,120 @@
+"""The plan holds for real: applied to a real model, the measured peak fits the budget,
+and the loss and every gradient are bitwise equal to the step without the plan."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import memlayout.activations as act
+from memlayout.activations.plan import Plan, SequentialSegments
+from memlayout.errors import UsageError
+from tests.activations import models
+from tests.activations.measure import memtracker_step
+
+CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any], float]] = {
+    # model, inputs, budget as a share of the unplanned peak
+    "gpt2": (lambda: models.gpt2(layers=3), lambda: models.token_inputs(4, 64, 500), 0.7),
+    "flat-cnn": (lambda: models.flat_cnn(), lambda: models.image_inputs(8, 32), 0.8),
+    "lstm-lm": (lambda: models.lstm_lm(), lambda: models.token_inputs(4, 48, 500, labels=False), 0.95),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_applied_plan_fits_the_budget_and_changes_no_bit(case: str) -> None:
+    build, make_inputs, share = CASES[case]
+    args, kwargs = make_inputs()
+    plain = memtracker_step(build(), args, kwargs)
+    budget = int(plain.peak_bytes * share)
+    report = act.analyze(build(), list(args), kwargs=kwargs, budget=budget)
+    assert report.plan is not None and not report.plan.plan.empty
+    assert report.plan.peak_bytes <= budget
+
+    model = build()
+    with act.apply_plan(model, report.plan.plan):
+        planned = memtracker_step(model, args, kwargs)
+    assert planned.peak_bytes <= budget, (planned.peak_bytes, budget, report.plan.plan)
+    assert abs(planned.peak_bytes - report.plan.peak_bytes) <= 0.02 * planned.peak_bytes
+    assert torch.equal(planned.loss, plain.loss)
+    assert planned.grads.keys() == plain.grads.keys()
+    for name, grad in plain.grads.items():
+        assert torch.equal(planned.grads[name], grad), name
+
+
+def test_flat_sequential_gets_segments_not_single_layers() -> None:
+    args, _ = models.image_inputs(8, 32)
+    peak = act.analyze(models.flat_cnn(), list(args)).summary.peak_bytes
+    report = act.analyze(models.flat_cnn(), list(args), budget=int(peak * 0.8))
+    assert report.plan is not None
+    assert report.plan.plan.checkpoint == ()
+    assert [s.module for s in report.plan.plan.sequential] == [""]
+
+
+def test_budget_above_the_peak_needs_no_plan() -> None:
+    args, kwargs = models.token_inputs(2, 16, 500)
+    report = act.analyze(models.gpt2(), list(args), kwargs=kwargs, budget=10**12)
+    assert report.plan is not None and report.plan.plan.empty
+    assert report.plan.peak_bytes == report.summary.peak_bytes
+    assert report.plan.recompute_flops == 0
+
+
+def test_tighter_budgets_cost_more_recompute() -> None:
+    args, kwargs = models.token_inputs(4, 64, 500)
+    baseline = act.analyze(models.gpt2(layers=3), list(args), kwargs=kwargs).summary.peak_bytes
+    costs = []
+    for share in (0.9, 0.75, 0.6):
+        plan = act.analyze(models.gpt2(layers=3), list(args), kwargs=kwargs, budget=int(baseline * share)).plan
+        assert plan is not None and plan.peak_bytes <= int(baseline * share)
+        costs.append(plan.recompute_flops)
+    assert costs == sorted(costs)
+
+
+def test_unreachable_budget_names_the_lowest_peak() -> None:
+    args, kwargs = models.token_inputs(2, 32, 500)
+    with pytest.raises(act.BudgetUnreachableError) as caught:
+        act.analyze(models.gpt2(), list(args), kwargs=kwargs, budget=1000)
+    lowest = caught.value.lowest
+    assert lowest.peak_bytes > 1000
+    assert str(lowest.peak_bytes) in caught.value.one_line()
+    # the lowest peak is itself reachable: asking for it gives a plan
+    again = act.analyze(models.gpt2(), list(args), kwargs=kwargs, budget=lowest.peak_bytes)
+    assert again.plan is not None and again.plan.peak_bytes <= lowest.peak_bytes
+
+
+def test_apply_plan_takes_the_json_plan_and_removes_cleanly() -> None:
+    model = models.flat_cnn()
+    forward = type(model).forward
+    applied = act.apply_plan(model, {"checkpoint": ["0"], "sequential": [{"module": "", "segments": 2}], "peak_bytes": 1})
+    assert applied.plan == Plan(checkpoint=("0",), sequential=(SequentialSegments("", 2),))
+    assert "forward" in vars(model) and "forward" in vars(model[0])
+    applied.remove()
+    assert "forward" not in vars(model) and "forward" not in vars(model[0])
+    assert type(model).forward is forward
+
+
+def test_apply_plan_turns_off_the_hugging_face_cache_and_restores_it() -> None:
+    model = models.gpt2()
+    assert model.config.use_cache
+    with act.apply_plan(model, {"checkpoint": ["transformer.h.0"], "sequential": []}) as applied:
+        assert not model.config.use_cache
+        assert any("use_cache" in note for note in applied.notes)
+    assert model.config.use_cache
+
+
+@pytest.mark.parametrize(
+    "plan, message",
+    [
+        ({"checkpoint": ["nope"], "sequential": []}, "not a module"),
+        ({"checkpoint": [], "sequential": [{"module": "0", "segments": 2}]}, "not an nn.Sequential"),
+        ({"checkpoint": [], "sequential": [{"module": "", "segments": 99}]}, "do not fit"),
+        ({"checkpoint": [], "sequential": [{"segments": 2}]}, "malformed"),
+    ],
+)
+def test_apply_plan_refuses_a_plan_for_another_model(plan: dict[str, Any], message: str) -> None:
+    model = models.flat_cnn()
+    with pytest.raises(UsageError, match=message):
+        act.apply_plan(model, plan)
+    assert "forward" not in vars(model) and all("forward" not in vars(m) for m in model)
