@@ -362,7 +362,7 @@ def rebind(
     with torch.no_grad():
         for tensor, new in targets.values():
             tensor.data = new
-    for module in _modules(obj):
+    for module in modules_of(obj):
         if isinstance(module, torch.nn.RNNBase):
             # Identity is kept, so the weakrefs already match; rebuilding the list is
             # cheap insurance against wrappers that swapped entries in between.
@@ -370,17 +370,18 @@ def rebind(
     return len(targets)
 
 
-def _modules(obj: Any) -> Iterator[Any]:
+def modules_of(obj: Any) -> Iterator[Any]:
+    """Every nn.Module a flattenable tree holds, submodules included."""
     import torch
 
     if isinstance(obj, torch.nn.Module):
         yield from obj.modules()
     elif isinstance(obj, dict):
         for value in obj.values():
-            yield from _modules(value)
+            yield from modules_of(value)
     elif isinstance(obj, (list, tuple)):
         for value in obj:
-            yield from _modules(value)
+            yield from modules_of(value)
 
 
 def mmap_storage_keys(obj: Any, file_offsets: dict[str, int], file_sizes: dict[str, int]) -> dict[int, str]:

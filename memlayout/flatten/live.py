@@ -15,6 +15,7 @@ from memlayout.flatten.apply import (
     views_of,
     walk_tensors,
 )
+from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
 from memlayout.flatten.handle import FlatGroup, FlatHandle
 from memlayout.flatten.plan import DEFAULT_ALIGN, FlatPlan, is_identity, plan_flatten
 
@@ -151,6 +152,9 @@ def flatten_object(
         buffers = allocate(plan, pin_memory=pin_memory, share_memory=share_memory)
         copied = copy_from_storages(plan, buffers, storages)
         rebind(obj, plan, views_of(plan, buffers), live_storage_key)
+        # On CUDA, torch's own flatten_parameters() lays out each RNN for the cuDNN
+        # installed, and the handle holds the buffer it made.
+        plan, buffers, _ = adopt_cudnn_layouts(obj, plan, buffers, facts)
         changed = True
     groups = groups_of(plan, buffers)
     if grads:

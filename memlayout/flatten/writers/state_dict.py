@@ -29,6 +29,7 @@ class LiveObjectWriter(FlattenWriter):
             views_of,
             walk_tensors,
         )
+        from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
         from memlayout.flatten.save import verify_torch_file, write_torch
 
         obj, plan, options = job.source.live_object, job.plan, job.options
@@ -36,6 +37,8 @@ class LiveObjectWriter(FlattenWriter):
         buffers = allocate(plan)
         copied = copy_from_storages(plan, buffers, storages)
         rebind(obj, plan, views_of(plan, buffers), live_storage_key)
+        # On CUDA, cuDNN lays out each RNN itself and its buffer is what gets saved.
+        plan, buffers, _ = adopt_cudnn_layouts(obj, plan, buffers, job.facts)
         state = obj.state_dict() if isinstance(obj, torch.nn.Module) else obj
         verify = (lambda temporary: verify_torch_file(temporary, plan, buffers)) if options.verify else None
         return Written(copied, write_torch(state, job.out, verify))

@@ -54,6 +54,7 @@ class TorchZipWriter(FlattenWriter):
             rebind,
             views_of,
         )
+        from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
         from memlayout.flatten.save import verify_torch_file, write_torch
 
         path, plan, options = job.path, job.plan, job.options
@@ -77,5 +78,7 @@ class TorchZipWriter(FlattenWriter):
             return keys.get(storage.data_ptr()) if storage.nbytes() > 0 else None
 
         rebind(tree, plan, views_of(plan, buffers), key_of)
+        # On CUDA, cuDNN lays out each RNN itself and its buffer is what gets saved.
+        plan, buffers, _ = adopt_cudnn_layouts(tree, plan, buffers, job.facts)
         verify = (lambda temporary: verify_torch_file(temporary, plan, buffers, names)) if options.verify else None
         return Written(copied, write_torch(tree, job.out, verify))
