@@ -6,8 +6,11 @@ Usage: python benchmarks/bench_flatten_gpu.py [--size-mib 1024] [--tensors 400] 
   of pageable tensors, against a plain pinned copy of the same bytes (the limit).
 - Streaming a checkpoint file to CUDA: peak `torch.cuda.max_memory_allocated`
   over the flat bytes (goal: at most 1.02x).
-- LSTM forward+backward after `memlayout.flatten(device="cuda")` against after
-  `flatten_parameters()`, and whether cuDNN warned that it copies the weights.
+- A 2-layer bidirectional LSTM's forward+backward after `flatten_parameters()`
+  (the peer), after `memlayout.flatten(device="cuda")` (which hands the RNN to
+  cuDNN), with its weights packed by `memlayout.cudnn_layout` alone, and with
+  every weight in its own storage (what ML401 flags), and whether cuDNN warned
+  that it copies the weights.
 
 Prints a ratio table and writes raw numbers to benchmarks/results/flatten_gpu.json.
 """
@@ -38,6 +41,25 @@ def cuda_time(run: Any, repeat: int) -> float:
         torch.cuda.synchronize()
         best = min(best, time.perf_counter() - started)
     return best
+
+
+def pack_by_layout_module(lstm: Any) -> None:
+    """Put the CUDA LSTM's weights where `memlayout.cudnn_layout` says, with no help from cuDNN."""
+    import torch
+
+    from memlayout.cudnn_layout import cudnn_layout, geometry_from_shapes
+
+    shapes = {name: tuple(getattr(lstm, name).shape) for name in lstm._flat_weights_names}
+    geometry = geometry_from_shapes(lstm.mode, shapes)
+    assert not isinstance(geometry, str), geometry
+    layout = cudnn_layout(geometry)
+    flat = torch.zeros(layout.numel, device="cuda")
+    with torch.no_grad():
+        for slot in layout.slots:
+            weight = getattr(lstm, slot.name)
+            flat[slot.offset : slot.offset + slot.numel].copy_(weight.reshape(-1))
+            weight.data = flat[slot.offset : slot.offset + slot.numel].view_as(weight)
+    lstm._init_flat_weights()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,14 +103,26 @@ def main(argv: list[str] | None = None) -> int:
     lstm_times = {}
     warned = {}
     tokens = torch.randn(64, 32, 512, device="cuda")
-    for how in ("flatten_parameters()", "memlayout.flatten"):
+    variants = (
+        "flatten_parameters()", "memlayout.flatten", "memlayout.cudnn_layout, no hand-over", "separate storages",
+    )
+    for how in variants:
         torch.manual_seed(0)
-        lstm = torch.nn.LSTM(512, 512, num_layers=2)
+        # Two bidirectional layers: the case where parameter-name order and cuDNN's differ.
+        lstm = torch.nn.LSTM(512, 512, num_layers=2, bidirectional=True)
         if how == "memlayout.flatten":
             flatten_object(lstm, device="cuda")
+        elif how == "memlayout.cudnn_layout, no hand-over":
+            lstm = lstm.cuda()
+            pack_by_layout_module(lstm)
         else:
             lstm = lstm.cuda()
             lstm.flatten_parameters()
+            if how == "separate storages":
+                # What ML401 flags: every weight its own storage, so cuDNN copies them each call.
+                with torch.no_grad():
+                    for weight in lstm._flat_weights:
+                        weight.data = weight.data.clone()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             lstm_times[how] = cuda_time(lambda m=lstm: m(tokens)[0].sum().backward(), args.repeat * 3)

@@ -5,6 +5,9 @@ Its offsets are checked against files cuDNN wrote in tests/realworld/test_rnn_la
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -15,6 +18,7 @@ from memlayout.cudnn_layout import (
     geometry_from_shapes,
     weight_shapes,
 )
+from tests.cudnn.record_cudnn_layouts import differences
 
 
 @pytest.mark.parametrize(
@@ -63,3 +67,19 @@ def test_geometry_from_a_torch_module_builds_the_same_weights(module: torch.nn.R
     )
     # torch's own parameter list, names, order and shapes, is what the geometry rebuilds.
     assert list(weight_shapes(geometry).items()) == list(shapes.items())
+
+
+TABLES = Path(__file__).parent / "cudnn" / "tables"
+
+
+def test_layout_matches_every_table_recorded_on_a_gpu() -> None:
+    tables = sorted(TABLES.glob("*.json"))
+    if not tables:
+        pytest.skip(
+            "no cuDNN layout table recorded yet: run tests/cudnn/record_cudnn_layouts.py on a CUDA machine "
+            "and commit its output under tests/cudnn/tables/"
+        )
+    for table in tables:
+        recorded = json.loads(table.read_text())
+        for case in recorded["cases"]:
+            assert differences(case) == [], (table.name, case)

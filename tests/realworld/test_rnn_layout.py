@@ -18,6 +18,7 @@ import torch
 import memlayout
 from memlayout.cudnn_layout import RnnGeometry, cudnn_layout, geometry_from_shapes
 from memlayout.flatten.files import FlattenOptions, flatten_path
+from tests.cudnn.record_cudnn_layouts import differences
 
 # corpus name -> (the RNN's prefix in the loaded tree, the mode its gate multiple shows)
 CUDNN_WRITTEN = {
@@ -116,3 +117,25 @@ def test_flatten_keeps_the_layout_cudnn_wrote(name: str, realworld: Callable[[st
     # Nothing about the RNN is among what --check would change.
     check = flatten_path(str(source), FlattenOptions(out=None, check=True))
     assert not [line for line in check.changes if prefix in line]
+
+
+def test_the_gpu_table_check_accepts_what_cudnn_wrote_and_rejects_a_moved_weight(
+    realworld: Callable[[str], Path],
+) -> None:
+    # A GPU-recorded table is checked by `differences`; fed a file cuDNN wrote, in the
+    # table's own shape, it must agree, and must notice one weight moved.
+    weights = _rnn_weights(realworld("medaka-hac-v6"), "gru.")
+    geometry = geometry_from_shapes(None, {n: tuple(w.shape) for n, w in weights.items()})
+    assert isinstance(geometry, RnnGeometry)
+    any_weight = weights["weight_ih_l0"]
+    case = {
+        "mode": geometry.mode, "input_size": geometry.input_size, "hidden_size": geometry.hidden_size,
+        "num_layers": geometry.num_layers, "bidirectional": geometry.bidirectional, "bias": geometry.bias,
+        "proj_size": geometry.proj_size, "one_storage": True,
+        "offsets": {n: w.storage_offset() for n, w in weights.items()},
+        "numel": any_weight.untyped_storage().nbytes() // any_weight.element_size(),
+    }
+    assert differences(case) == []
+    case["offsets"] = {**case["offsets"], "weight_ih_l1": 0}
+    where = weights["weight_ih_l1"].storage_offset()
+    assert differences(case) == [f"weight_ih_l1: cuDNN put it at 0, memlayout at {where}"]
