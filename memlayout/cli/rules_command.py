@@ -22,7 +22,7 @@ def rules_command() -> None:
 
 
 def explain_command(code: Annotated[str, typer.Argument(help="A rule code such as ML102, or its name.")]) -> None:
-    """Explain one rule: why it matters and how to fix it."""
+    """Explain one rule: what it detects, why it matters, an example, and how to fix it."""
     with one_line_errors(debug=False):
         from memlayout.rules import RULES
 
@@ -30,7 +30,6 @@ def explain_command(code: Annotated[str, typer.Argument(help="A rule code such a
         rule = RULES.get(wanted.upper()) or next((r for r in RULES.values() if r.name == wanted.lower()), None)
         if rule is None:
             raise UsageError(f"no rule {code!r}", "`memlayout rules` lists them")
-        sys.stdout.write(
-            f"{rule.code} {rule.name} (default {rule.severity.value})\n\n{rule.summary}.\n\n"
-            f"{rule.explanation}\n\nFix: {rule.hint}\n"
-        )
+        from memlayout.report.rule_docs import explain_text
+
+        sys.stdout.write(explain_text(rule))

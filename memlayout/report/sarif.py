@@ -19,6 +19,7 @@ from urllib.parse import quote
 from memlayout import __version__
 from memlayout.batch import BatchReport, PathReport
 from memlayout.report.interface import Reporter, findings_in_order
+from memlayout.report.rule_docs import explain_markdown, explain_text
 from memlayout.rules import RULES, Finding, Rule, Severity
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -56,7 +57,7 @@ def rule_descriptor(rule: Rule) -> dict[str, Any]:
         "name": rule.name,
         "shortDescription": {"text": rule.summary},
         "fullDescription": {"text": rule.full_description},
-        "help": {"text": rule.help_text(), "markdown": rule.help_markdown()},
+        "help": {"text": explain_text(rule), "markdown": explain_markdown(rule)},
         "defaultConfiguration": {"level": sarif_level(rule.severity)},
         "properties": {"tags": list(rule.tags)},
     }

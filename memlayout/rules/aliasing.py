@@ -8,7 +8,7 @@ from collections.abc import Callable, Hashable, Iterator
 from memlayout.content import ContentReader
 from memlayout.facts import TensorFact
 from memlayout.format_bytes import human_bytes
-from memlayout.rules.registry import Finding, Requirement, RuleContext, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 from memlayout.strides import Relation
 
 
@@ -19,13 +19,29 @@ from memlayout.strides import Relation
     "two tensors overlap in one storage without being the same view",
     "give each tensor its own memory (`.clone()`), or make them the same view if they are meant to be one",
     """
-Two tensors share some bytes of a storage, and each also has bytes the other lacks.
-An in-place update of one (an optimizer step, `add_`, `copy_`) silently changes
-part of the other, and safetensors refuses to save them ("Some tensors share
-memory"). Views that cover exactly the same bytes (a tie, a transposed tie) and a
-view contained in a bigger buffer (a flat parameter buffer) are not partial overlaps.
+An in-place update of one tensor (an optimizer step, `add_`, `copy_`) silently
+changes part of the other, so two parameters train each other's weights, and
+safetensors refuses to save them ("Some tensors share memory").
 """,
     needs=(Requirement.LAYOUT,),
+    detects=(
+        "Two views of one storage whose bytes intersect while each also has bytes the other lacks. "
+        "The bytes of each view are computed exactly from its shape, stride and offset, so views of "
+        "the same bytes (a tie, a transposed tie) and a view inside a bigger one (a slot of a flat "
+        "buffer) are not reported."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+buffer = torch.zeros(100)
+torch.save({"a": buffer[0:60], "b": buffer[40:100]}, "model.pt")
+""",
+        command="memlayout inspect model.pt",
+        fixed="""
+torch.save({"a": buffer[0:60].clone(), "b": buffer[40:100].clone()}, "model.pt")
+""",
+    ),
 )
 def partial_overlap(ctx: RuleContext) -> Iterator[Finding]:
     for group in ctx.facts.alias_groups:
@@ -59,6 +75,23 @@ rest are told apart by a few sampled elements, and tensors whose samples match a
 compared in full. --deep compares contents whatever the recorded CRCs say.
 """,
     needs=(Requirement.LAYOUT, Requirement.CONTENT),
+    detects=(
+        "Two or more tensors of the same dtype and shape, with bitwise-equal contents, in separate "
+        "memory. Constant tensors (a fresh norm's ones, zero biases) and tensors under `min- "
+        "duplicate-bytes` (4096 bytes by default) are left out."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+embed = torch.randn(1000, 64)
+torch.save({"embed.weight": embed, "head.weight": embed.clone()}, "model.pt")
+""",
+        command="memlayout inspect model.pt",
+        fixed="""
+torch.save({"embed.weight": embed, "head.weight": embed}, "model.pt")  # tied: one storage
+""",
+    ),
 )
 def duplicate_weights(ctx: RuleContext) -> Iterator[Finding]:
     content = ctx.content
@@ -168,6 +201,24 @@ A tie counts as kept when both names reach the same bytes of one storage, as the
 same view or as a transposed view.
 """,
     needs=(Requirement.LAYOUT,),
+    detects=(
+        "A tie the model declares (Hugging Face's `tie_word_embeddings`, a model's "
+        "`_tied_weights_keys`, `--tie TARGET=SOURCE` or `ties` in the configuration) whose two "
+        "tensors do not reach the same bytes of one storage. A tied name missing from the checkpoint "
+        "is not reported: savers drop tied copies."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+torch.save({"embed.weight": torch.randn(1000, 64), "head.weight": torch.randn(1000, 64)}, "model.pt")
+""",
+        command="memlayout inspect model.pt --tie head.weight=embed.weight",
+        fixed="""
+embed = torch.randn(1000, 64)
+torch.save({"embed.weight": embed, "head.weight": embed}, "model.pt")
+""",
+    ),
 )
 def broken_tie(ctx: RuleContext) -> Iterator[Finding]:
     declared = [(tie.target, tie.source, tie.declared_by) for tie in ctx.facts.declared_ties]
@@ -212,6 +263,25 @@ so an optimizer updates the same memory twice per step (and keeps two sets of
 moments), and parameter counts double.
 """,
     needs=(Requirement.LAYOUT,),
+    detects=(
+        "Distinct `nn.Parameter` objects, in a live module or a pickled one, that view the same "
+        "memory."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Embedding(100, 16), nn.Linear(16, 100, bias=False))
+model[1].weight = nn.Parameter(model[0].weight.data)  # a second Parameter on the same memory
+torch.save(model, "model.pt")
+""",
+        command="memlayout inspect model.pt --select ML104",
+        fixed="""
+model[1].weight = model[0].weight  # one Parameter under two names
+torch.save(model, "model.pt")
+""",
+    ),
 )
 def aliased_not_tied(ctx: RuleContext) -> Iterator[Finding]:
     for tensor in ctx.facts.tensors:
@@ -251,6 +321,21 @@ refuses many of them), every kernel that needs real memory copies it, and a
 gradient step applies several updates to one element.
 """,
     needs=(Requirement.LAYOUT,),
+    detects=(
+        "A tensor in which different indices address the same element: a zero stride (from `expand`) "
+        "or strides that make rows overlap."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+torch.save({"bias": torch.zeros(1, 64).expand(32, 64)}, "model.pt")
+""",
+        command="memlayout inspect model.pt",
+        fixed="""
+torch.save({"bias": torch.zeros(1, 64).expand(32, 64).contiguous()}, "model.pt")
+""",
+    ),
 )
 def self_overlap(ctx: RuleContext) -> Iterator[Finding]:
     for tensor in ctx.facts.tensors:

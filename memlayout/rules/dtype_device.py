@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from memlayout.facts import TensorFact
-from memlayout.rules.registry import Finding, Requirement, RuleContext, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 
 
 def _minority(groups: dict[str, list[TensorFact]]) -> list[str]:
@@ -28,6 +28,21 @@ checkpoint saved that way needs `map_location` to load anywhere else. Scalars
 are not counted.
 """,
     needs=(Requirement.LAYOUT,),
+    detects=(
+        "Tensors of one model or checkpoint on more than one device (cpu and cuda:0, or meta and "
+        "cpu); 0-d scalars are not counted."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+torch.save({"weight": torch.zeros(8, 8), "bias": torch.zeros(8, device="meta")}, "model.pt")
+""",
+        command="memlayout inspect model.pt",
+        fixed="""
+torch.save({"weight": torch.zeros(8, 8), "bias": torch.zeros(8)}, "model.pt")
+""",
+    ),
 )
 def mixed_device(ctx: RuleContext) -> Iterator[Finding]:
     by_device: dict[str, list[TensorFact]] = defaultdict(list)
@@ -52,6 +67,25 @@ layer is left in a bfloat16 model. Mixed dtypes cost casts at every boundary,
 split flat buffers and fused optimizers into several groups, and are often an
 accident of loading. Optimizer state is not counted.
 """,
+    detects=(
+        "Floating-point parameters and buffers of one model in more than one dtype; optimizer state "
+        "is not counted."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16))
+model[0].half()
+torch.save(model.state_dict(), "model.pt")
+""",
+        command="memlayout inspect model.pt --select ML502",
+        fixed="""
+model.half()
+torch.save(model.state_dict(), "model.pt")
+""",
+    ),
 )
 def mixed_dtype(ctx: RuleContext) -> Iterator[Finding]:
     by_dtype: dict[str, list[TensorFact]] = defaultdict(list)
@@ -78,6 +112,23 @@ bfloat16 and float8 work without conversion. Reads every value, so it runs with
 """,
     deep_only=True,
     needs=(Requirement.CONTENT,),
+    detects=(
+        "NaN or Inf elements in a floating tensor, found from the bit patterns of every value "
+        "(bfloat16 and float8 included). Runs with `--deep` only."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+weight = torch.randn(64, 64)
+weight[3, 5] = float("nan")
+torch.save({"weight": weight}, "model.pt")
+""",
+        command="memlayout inspect model.pt --deep",
+        fixed="""
+torch.save({"weight": torch.randn(64, 64)}, "model.pt")  # an earlier checkpoint, before the divergence
+""",
+    ),
 )
 def non_finite(ctx: RuleContext) -> Iterator[Finding]:
     if ctx.content is None:

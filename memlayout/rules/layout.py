@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from memlayout.facts import TensorFact
 from memlayout.flat_groups import flat_group_key
-from memlayout.rules.registry import Finding, Requirement, RuleContext, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 from memlayout.strides import MemoryFormat, Relation
 
 ALIGNMENT = 16
@@ -40,6 +40,23 @@ to save a non contiguous tensor"). channels_last conv weights are dense by desig
 and not reported, nor is a transposed view that ties to a dense tensor.
 """,
     needs=(Requirement.LAYOUT,),
+    detects=(
+        "A parameter or buffer whose strides are neither contiguous nor channels_last-contiguous: "
+        "transposed, permuted, or sliced with a step. A transposed view that ties to a dense tensor "
+        "is not reported."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+weight = torch.randn(64, 32)
+torch.save({"proj.weight": weight.t()}, "model.pt")
+""",
+        command="memlayout inspect model.pt",
+        fixed="""
+torch.save({"proj.weight": weight.t().contiguous()}, "model.pt")
+""",
+    ),
 )
 def non_contiguous(ctx: RuleContext) -> Iterator[Finding]:
     for tensor in ctx.facts.model_tensors():
@@ -76,6 +93,25 @@ A model runs fastest when every conv uses one memory format. With a mix, each
 boundary between formats costs a layout conversion of the activations.
 """,
     needs=(Requirement.LAYOUT,),
+    detects=(
+        "4-D convolution weights of one model in more than one memory format: some channels_last, "
+        "others contiguous. 1x1 kernels, which are both, are not counted."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3))
+model[0].to(memory_format=torch.channels_last)
+torch.save(model.state_dict(), "model.pt")
+""",
+        command="memlayout inspect model.pt --select ML202",
+        fixed="""
+model.to(memory_format=torch.channels_last)
+torch.save(model.state_dict(), "model.pt")
+""",
+    ),
 )
 def mixed_memory_format(ctx: RuleContext) -> Iterator[Finding]:
     formats: dict[MemoryFormat, list[str]] = defaultdict(list)
@@ -107,6 +143,23 @@ aligns the storage and only the tensor's offset inside it counts. Tensors under
 16 bytes are ignored.
 """,
     needs=(Requirement.LAYOUT,),
+    detects=(
+        "A tensor of 16 bytes or more whose first byte is not on a 16-byte boundary: of its storage, "
+        "or of the file where torch uses the file's bytes in place (a torch.save zip under "
+        "`mmap=True`, safetensors)."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+data = torch.randn(1001)
+torch.save({"weight": data[1:]}, "model.pt")  # starts 4 bytes into its storage
+""",
+        command="memlayout inspect model.pt",
+        fixed="""
+torch.save({"weight": data[1:].clone()}, "model.pt")
+""",
+    ),
 )
 def misaligned(ctx: RuleContext) -> Iterator[Finding]:
     found: list[TensorFact] = []
@@ -147,6 +200,27 @@ let one fused op cover a whole group. Reported from --fragmented-min-storages
 each, as cuDNN requires.
 """,
     needs=(Requirement.LAYOUT,),
+    detects=(
+        "Model tensors spread over `fragmented-min-storages` (4) storages or more when `memlayout "
+        "flatten` would use fewer: one buffer per device, dtype and requires_grad, and one per RNN "
+        "module."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+from torch import nn
+
+model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])
+torch.save(model.state_dict(), "model.pt")
+""",
+        command="memlayout inspect model.pt",
+        fixed="""
+import memlayout
+
+memlayout.flatten(model)  # one buffer for all eight parameters
+torch.save(model.state_dict(), "model.pt")
+""",
+    ),
 )
 def fragmented(ctx: RuleContext) -> Iterator[Finding]:
     tensors = [t for t in ctx.facts.model_tensors() if t.has_data and t.numel > 0]

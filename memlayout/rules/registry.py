@@ -108,8 +108,25 @@ Check = Callable[[RuleContext], Iterable[Finding]]
 
 
 @dataclass(frozen=True)
+class RuleExample:
+    """A small reproduction of a rule's finding and of its fix, run by the tests."""
+
+    setup: str
+    """Python that writes the checkpoint `command` reads (`model.pt` in the working directory)."""
+    command: str
+    """The `memlayout inspect ...` line that reports the finding."""
+    fixed: str
+    """Python, run after `setup` in the same namespace, that rewrites the checkpoint with the fix."""
+
+
+@dataclass(frozen=True)
 class Rule:
-    """One rule: its contract fields and its check."""
+    """One rule: its contract fields, its documentation and its check.
+
+    The documentation here is the only copy: `memlayout explain`, SARIF's rule help
+    and the README's rule reference are all rendered from it
+    (`memlayout.report.rule_docs`).
+    """
 
     code: str
     name: str
@@ -117,14 +134,18 @@ class Rule:
     summary: str
     """One line: when it fires."""
     explanation: str
-    """Why it matters and how to fix it, for `memlayout explain`."""
+    """Why it matters: the real failure it causes."""
     hint: str
-    """The fix, as findings print it."""
+    """How to fix it, as findings print it."""
     check: Check = field(repr=False, compare=False)
     deep_only: bool = False
     """Runs only with --deep (reads every value)."""
     needs: frozenset[Requirement] = frozenset()
     """What the rule reads beyond names, dtypes and shapes; without it the rule is skipped."""
+    detects: str = ""
+    """What it detects, exactly: the condition, its thresholds and what is left out."""
+    example: RuleExample | None = None
+    """A small checkpoint that triggers it, and the same checkpoint fixed."""
 
     @property
     def family(self) -> str:
@@ -138,16 +159,8 @@ class Rule:
 
     @property
     def full_description(self) -> str:
-        """The explanation as one paragraph of plain text."""
-        return " ".join(self.explanation.split())
-
-    def help_text(self) -> str:
-        """The rule's whole documentation as plain text: what `memlayout explain` prints."""
-        return f"{self.code} {self.name} (default {self.severity.value})\n\n{self.summary}.\n\n{self.explanation}\n\nFix: {self.hint}\n"
-
-    def help_markdown(self) -> str:
-        """The same documentation as Markdown (SARIF's `help.markdown`)."""
-        return f"**{self.code} {self.name}** (default {self.severity.value}): {self.summary}.\n\n{self.full_description}\n\n**Fix:** {self.hint}\n"
+        """What it detects and why it matters, as one paragraph of plain text."""
+        return " ".join(f"{self.detects} {self.explanation}".split())
 
     def finding(
         self,
@@ -193,14 +206,23 @@ def rule(
     explanation: str,
     deep_only: bool = False,
     needs: Iterable[Requirement] = (),
+    *,
+    detects: str = "",
+    example: RuleExample | None = None,
 ) -> Callable[[Check], Rule]:
-    """Register a check function as a rule. Family modules decorate their checks with this."""
+    """Register a check function as a rule. Family modules decorate their checks with this.
+
+    `summary`, `detects`, `explanation` (why it matters), `example` and `hint` (how
+    to fix it) are the rule's whole documentation; a test requires every part.
+    """
 
     def register(check: Check) -> Rule:
         if code in RULES:
             raise RuntimeError(f"rule code {code} registered twice")
         registered = Rule(
-            code, name, severity, summary, explanation.strip(), hint, check, deep_only, frozenset(needs)
+            code, name, severity, summary, explanation.strip(), hint, check, deep_only, frozenset(needs),
+            " ".join(detects.split()),
+            None if example is None else RuleExample(example.setup.strip(), example.command, example.fixed.strip()),
         )
         RULES[code] = registered
         return registered

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from memlayout.cudnn_layout import rnn_layout_problem
-from memlayout.rules.registry import Finding, Requirement, RuleContext, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 
 
 @rule(
@@ -30,6 +30,25 @@ place and the element cuDNN expects it at. Checked against files cuDNN wrote
 (resemblyzer's 3-layer LSTM, BeatNet's 2-layer LSTM, medaka's bidirectional GRU).
 """,
     needs=(Requirement.LAYOUT,),
+    detects=(
+        "An RNN, LSTM or GRU (a module, or one recognized from `weight_ih_l0`-style names) whose "
+        "weights are not one chunk of one storage, from element 0, in cuDNN's weight layout."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+lstm = torch.nn.LSTM(32, 32, num_layers=2)
+torch.save(lstm.state_dict(), "model.pt")
+""",
+        command="memlayout inspect model.pt --select ML401",
+        fixed="""
+import memlayout
+
+memlayout.flatten(lstm)  # one buffer in cuDNN's layout
+torch.save(lstm.state_dict(), "model.pt")
+""",
+    ),
 )
 def rnn_not_flat(ctx: RuleContext) -> Iterator[Finding]:
     for module in ctx.facts.modules:
@@ -57,6 +76,24 @@ before every forward. That tensor is new memory each call, so no flattening can
 make it one chunk with the others: cuDNN copies (salesforce/awd-lstm-lm #120,
 pytorch #86457).
 """,
+    detects=(
+        "An RNN weight that is a plain tensor attribute instead of a registered Parameter: the "
+        "weight-dropout pattern, where a `*_raw` Parameter stands in for it."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+state = torch.nn.LSTM(32, 32).state_dict()
+state["weight_hh_l0_raw"] = state.pop("weight_hh_l0")  # as awd-lstm's WeightDrop keeps it
+torch.save(state, "model.pt")
+""",
+        command="memlayout inspect model.pt --select ML402",
+        fixed="""
+state = torch.nn.LSTM(32, 32).state_dict()  # dropout on activations instead: weights stay Parameters
+torch.save(state, "model.pt")
+""",
+    ),
 )
 def rnn_weights_shadowed(ctx: RuleContext) -> Iterator[Finding]:
     for module in ctx.facts.modules:

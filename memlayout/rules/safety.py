@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from memlayout.rules.registry import Finding, RuleContext, Severity, rule
+from memlayout.rules.registry import Finding, RuleContext, RuleExample, Severity, rule
 
 # Modules whose globals run commands, evaluate code or import arbitrary modules.
 # torch blocks os, sys, posix and nt even from add_safe_globals; the rest are
@@ -62,6 +62,23 @@ and is executed); `os.system`, `builtins.exec`, `subprocess.Popen` and the like
 run arbitrary commands. memlayout lists them from the pickle without importing
 or calling any of them.
 """,
+    detects=(
+        "A pickle (a torch.save file, TorchScript, DCP metadata) that names globals outside the "
+        "allowlist of torch's weights-only loader: the model's own classes, or callables such as "
+        "`os.system`."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+model = torch.nn.Linear(4, 4)
+torch.save(model, "model.pt")  # pickles the module's class, not only tensors
+""",
+        command="memlayout inspect model.pt",
+        fixed="""
+torch.save(model.state_dict(), "model.pt")
+""",
+    ),
 )
 def unsafe_pickle(ctx: RuleContext) -> Iterator[Finding]:
     refused = [g for g in ctx.facts.source.pickle_globals if not g.allowed]
@@ -99,6 +116,21 @@ object. torch.load still reads it, but only with `weights_only=False`: it refuse
 the tar format under the weights-only loader, so loading one always unpickles
 with full imports.
 """,
+    detects=(
+        "A file in a legacy torch.save format: the pre-1.6 non-zip stream (still written with "
+        "`_use_new_zipfile_serialization=False`) or the tar archive before it."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+torch.save({"weight": torch.randn(4, 4)}, "model.pt", _use_new_zipfile_serialization=False)
+""",
+        command="memlayout inspect model.pt",
+        fixed="""
+torch.save({"weight": torch.randn(4, 4)}, "model.pt")
+""",
+    ),
 )
 def legacy_format(ctx: RuleContext) -> Iterator[Finding]:
     source = ctx.facts.source

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from memlayout.format_bytes import human_bytes
-from memlayout.rules.registry import Finding, Requirement, RuleContext, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 
 
 @rule(
@@ -17,10 +17,26 @@ from memlayout.rules.registry import Finding, Requirement, RuleContext, Severity
     """
 `torch.save` writes every storage whole, so a small slice of a big tensor drags
 the big tensor onto disk: a 10-element slice of a 1M-element float32 tensor saves
-as 4 MB (pytorch/pytorch #1995, #40157). Reported when the unused bytes, not
-counting short alignment padding between slots, reach --min-bloat-bytes (1 KiB).
+as 4 MB (pytorch/pytorch #1995, #40157), and loading it allocates the whole
+storage again.
 """,
     needs=(Requirement.LAYOUT,),
+    detects=(
+        "`min-bloat-bytes` (1 KiB) or more of a storage that no tensor uses, alignment padding "
+        "between slots not counted."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+big = torch.randn(1_000_000)
+torch.save({"head": big[:10]}, "model.pt")  # 4 MB on disk for 40 bytes
+""",
+        command="memlayout inspect model.pt",
+        fixed="""
+torch.save({"head": big[:10].clone()}, "model.pt")  # 1.5 KB
+""",
+    ),
 )
 def storage_bloat(ctx: RuleContext) -> Iterator[Finding]:
     for storage in ctx.facts.storages:

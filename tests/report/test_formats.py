@@ -23,6 +23,7 @@ from memlayout.batch import BatchReport, PathReport
 from memlayout.cli.app import app
 from memlayout.report import OutputFormat, render, reporter_for
 from memlayout.report.interface import Reporter
+from memlayout.report.rule_docs import explain_markdown, explain_text
 from memlayout.rules import RULES
 from tests import models
 
@@ -121,7 +122,8 @@ def test_sarif_validates_and_carries_the_registry(repo_root: Path, one_of_each: 
         rule = RULES[descriptor["id"]]
         assert descriptor["name"] == rule.name
         assert descriptor["shortDescription"]["text"] == rule.summary
-        assert descriptor["help"]["text"] == rule.help_text()
+        assert descriptor["help"]["text"] == explain_text(rule)
+        assert descriptor["help"]["markdown"] == explain_markdown(rule)
     assert {a["location"]["uri"] for a in run["artifacts"]} == {"one_of_each.pt", Path(demo).resolve().as_uri()}
     levels = {r["ruleId"]: r["level"] for r in run["results"]}
     assert levels["ML101"] == "error" and levels["ML201"] == "warning" and levels["ML203"] == "note"

@@ -1,0 +1,76 @@
+"""Each rule's documentation is complete, its example really triggers the rule, its fix
+really clears it, and every place that shows the documentation renders the registry's."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from memlayout.cli.app import app
+from memlayout.report.rule_docs import SECTIONS, explain_text, rules_reference_markdown
+from memlayout.rules import RULES
+
+runner = CliRunner()
+START, END = "<!-- rule-reference:start -->", "<!-- rule-reference:end -->"
+
+
+def reported_codes(command: str) -> list[str]:
+    args = shlex.split(command)
+    assert args[:2] == ["memlayout", "inspect"]
+    result = runner.invoke(app, [*args[1:], "--format", "json"])
+    assert result.exit_code in (0, 1), result.stderr
+    return [f["code"] for f in json.loads(result.stdout)["findings"]]
+
+
+@pytest.mark.parametrize("code", sorted(RULES))
+def test_every_rule_is_documented_in_full(code: str) -> None:
+    rule = RULES[code]
+    assert rule.summary and rule.detects and rule.explanation and rule.hint and rule.example is not None
+    assert rule.example.command.startswith("memlayout inspect ")
+
+
+@pytest.mark.parametrize("code", sorted(RULES))
+def test_the_example_triggers_the_rule_and_the_fix_clears_it(
+    code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    example = RULES[code].example
+    assert example is not None
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {}
+    exec(compile(example.setup, f"{code} example", "exec"), namespace)
+    assert code in reported_codes(example.command)
+    exec(compile(example.fixed, f"{code} fix", "exec"), namespace)
+    assert code not in reported_codes(example.command)
+
+
+@pytest.mark.parametrize("code", sorted(RULES))
+def test_explain_prints_the_four_sections(code: str) -> None:
+    result = runner.invoke(app, ["explain", code])
+    assert result.exit_code == 0
+    assert result.stdout == explain_text(RULES[code])
+    positions = [result.stdout.index(f"\n{title}\n") for title in SECTIONS]
+    assert positions == sorted(positions)
+    assert RULES[code].example.command in result.stdout  # type: ignore[union-attr]
+
+
+def test_explain_takes_a_name_and_refuses_an_unknown_code() -> None:
+    assert runner.invoke(app, ["explain", "duplicate-weights"]).stdout == explain_text(RULES["ML102"])
+    result = runner.invoke(app, ["explain", "ML999"])
+    assert result.exit_code == 2 and "no rule 'ML999'" in result.stderr
+
+
+def test_the_readme_rule_reference_is_the_registry(repo_root: Path, overwrite_golden: bool) -> None:
+    readme_path = repo_root / "README.md"
+    readme = readme_path.read_text()
+    expected = f"{START}\n\n{rules_reference_markdown(RULES[c] for c in sorted(RULES))}\n{END}"
+    current = re.search(re.escape(START) + ".*?" + re.escape(END), readme, flags=re.S)
+    assert current is not None, f"the README needs the {START} ... {END} block"
+    if overwrite_golden:
+        readme_path.write_text(readme.replace(current.group(0), expected))
+        return
+    assert current.group(0) == expected, "the README's rule reference drifted: rerun pytest with --overwrite"
