@@ -128,3 +128,20 @@ def test_flatten_lays_rnn_out_like_cudnn_with_values_and_outputs_unchanged(
     _assert_cudnn_layout(fresh)
     assert all(torch.equal(getattr(fresh, n), v) for n, v in values.items())
     assert torch.equal(fresh(x)[0], expected)
+
+
+def test_load_flat_from_safetensors_gives_the_rnn_cudnns_layout(tmp_path: Path) -> None:
+    # A flat safetensors file is one mapped data section with no holes, so the RNN
+    # (bias space and all) gets its own buffer when loaded.
+    from safetensors.torch import save_file
+
+    build = CASES["LSTM-l2-bi-nobias-proj2"]
+    rnn = build().eval()
+    x = _inputs(rnn)
+    expected = rnn(x)[0]
+    save_file({k: v.contiguous() for k, v in rnn.state_dict().items()}, tmp_path / "in.safetensors")
+    flatten_path(str(tmp_path / "in.safetensors"), FlattenOptions(out=str(tmp_path / "out.safetensors"), device="cpu"))
+    fresh = build().eval()
+    memlayout.load_flat(fresh, str(tmp_path / "out.safetensors"))
+    _assert_cudnn_layout(fresh)
+    assert torch.equal(fresh(x)[0], expected)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 
 import memlayout
 from memlayout.rules import RULES, RuleConfig
@@ -157,3 +158,28 @@ def test_a_transposed_view_keeps_a_declared_tie() -> None:
     untied = models.TransposedTieAutoencoder()
     untied.decoder_weight = untied.decoder_weight.clone()
     assert "ML103" in codes(untied, tie)
+
+
+def test_rnn_first_in_a_longer_buffer_is_what_cudnn_accepts() -> None:
+    # try_get_weight_buf cuts a longer storage to cuDNN's length: a whole-model buffer
+    # that starts with the RNN in cuDNN's layout needs no copy.
+    lstm = models.cpu_lstm()
+    models.pack_like_cudnn(lstm)
+    first = lstm.weight_ih_l0
+    longer = torch.zeros(first.untyped_storage().nbytes() // 4 + 100)
+    longer[: longer.numel() - 100].copy_(torch.empty(0).set_(first.untyped_storage()))
+    for name in lstm._flat_weights_names:
+        weight = getattr(lstm, name)
+        weight.data = longer[weight.storage_offset() : weight.storage_offset() + weight.numel()].view_as(weight)
+    assert "ML401" not in codes(lstm)
+
+
+def test_rnn_without_bias_needs_cudnns_bias_space() -> None:
+    # cuDNN's weight space keeps two bias vectors per layer even for bias=False;
+    # one chunk of just the matrices is too short, and cuDNN copies.
+    lstm = torch.nn.LSTM(8, 8, bias=False)
+    models.pack_into_one_buffer([lstm.weight_ih_l0, lstm.weight_hh_l0])
+    (finding,) = [f for f in memlayout.inspect(lstm).findings if f.code == "ML401"]
+    assert "holds 512 elements, but cuDNN's buffer for this LSTM is 576 (bias space included)" in finding.message
+    models.pack_like_cudnn(lstm)
+    assert "ML401" not in codes(lstm)
