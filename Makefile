@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv demo test lint bench bench-gpu fixtures clean reliability
+.PHONY: venv demo test lint bench bench-gpu fixtures clean reliability fuzz
 
 venv: $(STAMP)
 
@@ -46,3 +46,8 @@ clean:
 # runs in make test). Figures: docs/reliability.md.
 reliability: $(STAMP)
 	$(PY) -m tests.reliability.sigkill --kills 200 --mib 64
+
+# 10,000 mutated inputs for each fuzz target (atheris, or hypothesis without it);
+# a slice runs in make test. Figures: docs/reliability.md.
+fuzz: $(STAMP)
+	$(PY) -m tests.fuzz.run --runs 10000 --jobs 2 --json .bench-data/fuzz/summary.json

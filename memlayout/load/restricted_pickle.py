@@ -24,6 +24,7 @@ from typing import Any
 
 from memlayout.dtypes import DTYPES, STORAGE_CLASS_DTYPES, dtype_info
 from memlayout.errors import CorruptCheckpointError
+from memlayout.load.pickle_memo import check_stream_memo_indices
 from memlayout.load.records import PickleGlobal, section_of
 
 # Globals torch's own weights-only unpickler accepts by default, copied from
@@ -345,6 +346,8 @@ class RestrictedUnpickler(pickle.Unpickler):
         # `encoding` decodes Python 2 `str` objects, as in pickle.Unpickler; torch.load
         # passes "utf-8", which a Python 2 file's class sources can need.
         super().__init__(stream, encoding=encoding)
+        self.stream = stream
+        """What `run_unpickler` checks before loading (see `memlayout.load.pickle_memo`)."""
         self._placeholders: dict[tuple[str, str], type[InertObject]] = {}
         self._storages: dict[str, PickledStorage] = {}
         self.referenced: dict[tuple[str, str], PickleGlobal] = {}
@@ -470,7 +473,13 @@ def run_unpickler(unpickler: pickle.Unpickler, what: str) -> Any:
     destructor then reports a SystemError through `sys.excepthook`, which prints a
     second line beside the one error the CLI promises. While loading, that one
     report from this thread is dropped; safe to call from several threads at once.
+
+    A `RestrictedUnpickler`'s stream is first checked for memo indices that would
+    make the C unpickler allocate without bound (`memlayout.load.pickle_memo`).
     """
+    stream = getattr(unpickler, "stream", None)
+    if stream is not None:
+        check_stream_memo_indices(stream, what)
     with _DROP_BYTEARRAY_REPORT:
         try:
             return unpickler.load()

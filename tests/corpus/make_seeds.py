@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+import zipfile
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "formats"
 SEED_DIR = Path(__file__).resolve().parent / "seeds"
 SEED_NAMES = (
     "state_dict.pt", "module.pt", "checkpoint.pt", "views.pt", "legacy.pt", "legacy_module.pt",
-    "tar_state_dict.pt", "tar_module.pt", "script.pt", "model.pt2", "model.safetensors",
+    "tar_state_dict.pt", "tar_module.pt", "script.pt", "model.pt2", "model_older.pt2", "model.safetensors",
     "hf_sharded", "hf_bin", "dcp",
 )
 
@@ -45,7 +46,7 @@ def write_seeds(folder: Path) -> dict[str, Path]:
     Returns:
         name -> path, for: state_dict.pt, module.pt, checkpoint.pt (model +
         optimizer + epoch), views.pt, legacy.pt, legacy_module.pt, tar_state_dict.pt,
-        tar_module.pt, script.pt, model.pt2, model.safetensors, hf_sharded/ (config,
+        tar_module.pt, script.pt, model.pt2 (and model_older.pt2, torch <= 2.7's layout), model.safetensors, hf_sharded/ (config,
         two safetensors shards and their index), hf_bin/ (pytorch_model.bin), dcp/.
     """
     import torch
@@ -77,6 +78,18 @@ def write_seeds(folder: Path) -> dict[str, Path]:
         torch.jit.save(torch.jit.script(torch.nn.Linear(3, 3)), path("script.pt"))
     program = torch.export.export(torch.nn.Linear(3, 2), (torch.randn(1, 3),))
     torch.export.save(program, str(path("model.pt2")))
+    # The layout torch.export.save wrote up to torch 2.7: the serializer's artifact
+    # fields as zip members, the weights as nested torch.save archives.
+    from torch._export.serde.schema import SCHEMA_VERSION
+    from torch._export.serde.serialize import serialize
+
+    artifact = serialize(program)
+    with zipfile.ZipFile(path("model_older.pt2"), "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("serialized_exported_program.json", artifact.exported_program)
+        archive.writestr("serialized_state_dict.pt", artifact.state_dict)
+        archive.writestr("serialized_constants.pt", artifact.constants)
+        archive.writestr("serialized_example_inputs.pt", artifact.example_inputs)
+        archive.writestr("version", ".".join(map(str, SCHEMA_VERSION)))
     save_file({k: v.clone().contiguous() for k, v in state.items()}, path("model.safetensors"))
 
     sharded = path("hf_sharded")
