@@ -6,8 +6,10 @@ returns data; rendering is the reporters' job.
 
 from __future__ import annotations
 
+import gc
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,6 +199,26 @@ def run_inspection(
         >>> report.summary.parameters
         2
     """
-    source = load_target(target)
-    with source:
+    with cyclic_gc_paused(), load_target(target) as source:
         return inspect_source(source, config, select, ignore, progress)
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Pause CPython's cyclic garbage collector while an inspection builds its records.
+
+    An inspection allocates a few containers per tensor (records, facts) and keeps
+    them all, and none of them forms a cycle. The collector runs whenever
+    allocations outnumber frees by 700, and its older generations traverse every
+    container allocated since: at 40,000 tensors that was 40% of the time spent
+    (benchmarks/README.md). Reference counting still frees everything as usual, and
+    a cycle made meanwhile (a hostile pickle can make some) waits for the next
+    collection after the pause. If the collector was already off, it stays off.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from memlayout.load.mapped_files import MappedFiles, Span
+from memlayout.load.mapped_files import MappedFiles
 from memlayout.load.pickled_tree import modules_and_ties, tensor_records
 from memlayout.load.records import (
     DeclaredTie,
@@ -25,14 +25,16 @@ from memlayout.load.records import (
 
 
 class StorageSpans(NamedTuple):
-    """Where a file holds each storage's bytes, by storage key."""
+    """Where the files hold each storage's bytes, by storage key."""
 
     starts: dict[str, int]
-    """Absolute offset in the file of each storage's byte 0."""
+    """Absolute offset in its file of each storage's byte 0."""
     sizes: dict[str, int]
     """Bytes the file holds for each storage."""
     checksums: dict[str, int] | None = None
     """The CRC-32 the file records for each whole storage, where it records one (zip entries do)."""
+    file_of: dict[str, int] | None = None
+    """Which of several files holds each storage; None for one file."""
 
 
 def file_source(
@@ -40,7 +42,7 @@ def file_source(
     format: str,
     tensors: list[TensorRecord],
     storages: dict[str, StorageRecord],
-    spans: StorageSpans | Mapping[str, Span] | None,
+    spans: StorageSpans | None,
     *,
     files: Sequence[str] | None = None,
     pickle_globals: Sequence[PickleGlobal] = (),
@@ -59,9 +61,9 @@ def file_source(
         format: The format name ("torch-zip", "safetensors", ...).
         tensors: The tensor records.
         storages: The storage records, by key.
-        spans: Where each storage's bytes lie: `StorageSpans` in `path` itself, or
-            `Span`s into `files`; None when the bytes are not located (no reader).
-        files: The files `Span.file` indexes; `[path]` by default.
+        spans: Where each storage's bytes lie; None when the bytes are not located
+            (no reader).
+        files: The files `spans.file_of` indexes; `[path]` by default.
         pickle_globals: Every global the file's pickles reference.
         modules: The module tree, where the file holds one.
         declared_ties: Ties the file declares.
@@ -72,13 +74,9 @@ def file_source(
         The source; close it (or use it as a context manager) when done.
     """
     reader = None
-    if isinstance(spans, StorageSpans):
-        sizes = spans.sizes
-        reader = MappedFiles.open(
-            [path], {key: Span(0, start, sizes[key]) for key, start in spans.starts.items()}, spans.checksums
-        )
-    elif spans is not None:
-        reader = MappedFiles.open(list(files) if files is not None else [path], dict(spans))
+    if spans is not None:
+        paths = list(files) if files is not None else [path]
+        reader = MappedFiles.open(paths, spans.starts, spans.sizes, spans.file_of, spans.checksums)
     return LoadedSource(
         path=path,
         format=format,

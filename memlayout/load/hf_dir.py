@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
-from memlayout.load.file_source import file_source
-from memlayout.load.mapped_files import Span
+from memlayout.load.file_source import StorageSpans, file_source
 from memlayout.load.records import (
     DeclaredTie,
     LoadedSource,
@@ -164,8 +163,10 @@ class ShardedReader:
 def _load_safetensors_shards(directory: str, shards: list[str]) -> LoadedSource:
     tensors: list[TensorRecord] = []
     storages: dict[str, StorageRecord] = {}
-    spans: dict[str, Span] = {}
     headers: list[SafetensorsHeader] = []
+    starts: dict[str, int] = {}
+    sizes: dict[str, int] = {}
+    file_of: dict[str, int] = {}
     paths = [os.path.join(directory, shard) for shard in shards]
     for index, path in enumerate(paths):
         header, _ = read_header(path)
@@ -176,9 +177,11 @@ def _load_safetensors_shards(directory: str, shards: list[str]) -> LoadedSource:
             raise CorruptCheckpointError(f"{directory}: tensor {sorted(duplicates)[0]} appears in more than one shard")
         tensors += shard_tensors
         storages.update(shard_storages)
-        spans.update({e.name: Span(index, e.start, e.nbytes) for e in header.entries})
+        for entry in header.entries:
+            starts[entry.name], sizes[entry.name], file_of[entry.name] = entry.start, entry.nbytes, index
     names = set(storages)
     ties = [tie for header in headers for tie in metadata_ties(header, names)]
+    spans = StorageSpans(starts, sizes, file_of=file_of)
     return file_source(directory, "hf-safetensors", tensors, storages, spans, files=paths, declared_ties=ties)
 
 

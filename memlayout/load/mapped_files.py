@@ -11,6 +11,7 @@ from __future__ import annotations
 import mmap
 import os
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from memlayout.errors import CorruptCheckpointError
 
@@ -22,8 +23,7 @@ from memlayout.errors import CorruptCheckpointError
 _PREAD_LIMIT = 64 << 10
 
 
-@dataclass(frozen=True)
-class Span:
+class Span(NamedTuple):
     """Where one storage's bytes are: which file, from which byte, how many."""
 
     file: int
@@ -35,13 +35,22 @@ class Span:
 
 @dataclass
 class MappedFiles:
-    """Reads storage bytes straight out of memory-mapped files, one span per storage key.
+    """Reads storage bytes straight out of memory-mapped files, by storage key.
 
     Small reads copy through `os.pread`; large ones are zero-copy views of the map,
     which `release` gives back to the kernel once a content scan is done with them.
+
+    Where each storage lies is kept as the loader's own dicts (start, size, and the
+    file for several files), not as an object per storage: a checkpoint can hold
+    100,000 storages, and the loader has the dicts already.
     """
 
-    spans: dict[str, Span]
+    starts: dict[str, int]
+    """Absolute offset of each storage's byte 0 in its file, by storage key."""
+    sizes: dict[str, int]
+    """Bytes each storage spans."""
+    file_of: dict[str, int] | None = None
+    """Index into `maps` / `fds` of each storage's file; None when there is one file."""
     maps: list[mmap.mmap] = field(default_factory=list)
     fds: list[int] = field(default_factory=list)
     """A descriptor per file for preads; closed by `close`."""
@@ -50,19 +59,26 @@ class MappedFiles:
 
     @classmethod
     def open(
-        cls, paths: list[str], spans: dict[str, Span] | None = None, checksums: dict[str, int] | None = None
+        cls,
+        paths: list[str],
+        starts: dict[str, int],
+        sizes: dict[str, int],
+        file_of: dict[str, int] | None = None,
+        checksums: dict[str, int] | None = None,
     ) -> MappedFiles:
         """Map each file read-only and keep a descriptor for preads.
 
         Args:
-            paths: The files, in the order `Span.file` indexes them.
-            spans: Where each storage's bytes are; more can be added to `spans` later.
+            paths: The files, in the order `file_of` indexes them.
+            starts: Where each storage's bytes start in its file, by storage key.
+            sizes: How many bytes each storage spans.
+            file_of: Which file holds each storage; None when `paths` is one file.
             checksums: The CRC-32 each whole span has, where the files record one.
 
         Returns:
             The reader; `close` releases the maps and descriptors.
         """
-        reader = cls({} if spans is None else spans, checksums={} if checksums is None else checksums)
+        reader = cls(starts, sizes, file_of, checksums={} if checksums is None else checksums)
         try:
             for path in paths:
                 fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -76,21 +92,29 @@ class MappedFiles:
         return reader
 
     @property
+    def spans(self) -> dict[str, Span]:
+        """Every storage's span, built on demand (for tests and tools; reads do not use it)."""
+        file_of = self.file_of or {}
+        return {key: Span(file_of.get(key, 0), start, self.sizes[key]) for key, start in self.starts.items()}
+
+    @property
     def data_start(self) -> dict[str, int]:
         """storage key -> absolute offset in its file (for single-file writers such as flatten)."""
-        return {key: span.start for key, span in self.spans.items()}
+        return self.starts
 
     @property
     def data_size(self) -> dict[str, int]:
-        return {key: span.size for key, span in self.spans.items()}
+        return self.sizes
 
-    def _bounds(self, storage_key: str, start: int, length: int) -> tuple[Span, int]:
-        span = self.spans[storage_key]
-        if start < 0 or length < 0 or start + length > span.size:
+    def _bounds(self, storage_key: str, start: int, length: int) -> tuple[int, int]:
+        """(file index, absolute offset) of bytes `start .. start + length` of the storage."""
+        size = self.sizes[storage_key]
+        if start < 0 or length < 0 or start + length > size:
             raise CorruptCheckpointError(
-                f"storage {storage_key} is {span.size} bytes, but a tensor reads bytes {start}..{start + length}"
+                f"storage {storage_key} is {size} bytes, but a tensor reads bytes {start}..{start + length}"
             )
-        return span, span.start + start
+        file = self.file_of[storage_key] if self.file_of is not None else 0
+        return file, self.starts[storage_key] + start
 
     def checksum(self, storage_key: str, start: int, length: int) -> int | None:
         """The CRC-32 the file records for these bytes, from metadata alone; None if it records none.
@@ -98,22 +122,21 @@ class MappedFiles:
         A recorded CRC covers a storage's whole span, so only a read of exactly that
         span has one.
         """
-        span = self.spans[storage_key]
-        if start != 0 or length != span.size:
+        if start != 0 or length != self.sizes[storage_key]:
             return None
         return self.checksums.get(storage_key)
 
     def read(self, storage_key: str, start: int, length: int) -> bytes | memoryview:
         """Return `length` bytes of storage `storage_key` from byte `start`."""
-        span, base = self._bounds(storage_key, start, length)
+        file, base = self._bounds(storage_key, start, length)
         if length <= _PREAD_LIMIT:
-            return os.pread(self.fds[span.file], length, base)
-        return memoryview(self.maps[span.file])[base : base + length]
+            return os.pread(self.fds[file], length, base)
+        return memoryview(self.maps[file])[base : base + length]
 
     def read_into(self, storage_key: str, start: int, buffer: memoryview) -> None:
         """Copy `len(buffer)` bytes of the storage from `start` into `buffer` (pread: nothing is mapped)."""
-        span, base = self._bounds(storage_key, start, len(buffer))
-        if os.preadv(self.fds[span.file], [buffer], base) != len(buffer):
+        file, base = self._bounds(storage_key, start, len(buffer))
+        if os.preadv(self.fds[file], [buffer], base) != len(buffer):
             # A short read means the file shrank under us; the map would fault too.
             raise CorruptCheckpointError(f"storage {storage_key} could not be read in full")
 
@@ -124,8 +147,8 @@ class MappedFiles:
         at one chunk instead of growing to the whole file: mapped file pages count in
         RSS once touched. The data stays readable; touching it again maps it again.
         """
-        span, base = self._bounds(storage_key, start, length)
-        mapped = self.maps[span.file]
+        file, base = self._bounds(storage_key, start, length)
+        mapped = self.maps[file]
         # madvise wants a page-aligned start; widening to whole pages is harmless
         # because a read-only file map refaults any page it needs again.
         first = base - base % mmap.PAGESIZE
