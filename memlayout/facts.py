@@ -257,28 +257,28 @@ class _Geometry:
     """
 
     def __init__(self) -> None:
-        self._known: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, bool, MemoryFormat, bool]] = {}
-        self._runs: dict[tuple[int, int, int], ByteSet] = {}
+        self.known: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, bool, MemoryFormat, bool]] = {}
+        self.runs: dict[tuple[int, int, int], ByteSet] = {}
 
     def of(self, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, bool, MemoryFormat, bool]:
         """(numel, contiguous, memory format, self-overlapping)."""
         key = (shape, stride)
-        known = self._known.get(key)
+        known = self.known.get(key)
         if known is None:
             contiguous = is_contiguous(shape, stride)
             if contiguous:
                 known = (numel(shape), True, MemoryFormat.CONTIGUOUS, False)
             else:
                 known = (numel(shape), False, memory_format(shape, stride), has_internal_overlap(shape, stride))
-            self._known[key] = known
+            self.known[key] = known
         return known
 
     def contiguous_bytes(self, offset: int, count: int, itemsize: int) -> ByteSet:
         """The one run a contiguous view covers; equal runs share one (immutable) ByteSet."""
         key = (offset, count, itemsize)
-        run = self._runs.get(key)
+        run = self.runs.get(key)
         if run is None:
-            run = self._runs[key] = contiguous_byte_set(offset, count, itemsize)
+            run = self.runs[key] = contiguous_byte_set(offset, count, itemsize)
         return run
 
 
@@ -382,61 +382,110 @@ def build_facts(source: LoadedSource) -> Facts:
         Immutable `Facts`: one `TensorFact` per distinct view (names merged), one
         `StorageFact` per storage, and alias groups of views sharing bytes.
     """
+    # Everything below runs once per tensor of checkpoints of up to 100,000
+    # tensors, so the common case (one name per view, one view per storage) takes
+    # a straight path with no per-tensor function call.
     by_view: dict[tuple[object, ...], list[TensorRecord]] = {}
+    views_of_storage: dict[str, int] = {}
     dtypes: dict[str, DtypeInfo] = {}  # "torch.float32" and "float32" are one dtype
     for record in source.tensors:
         info = dtypes.get(record.dtype)
         if info is None:
             info = dtypes[record.dtype] = dtype_info(record.dtype)
-        view = (record.storage_key, record.offset, record.shape, record.stride, info.name)
+        key = record.storage_key
+        view = (key, record.offset, record.shape, record.stride, info.name)
         same_view = by_view.get(view)
         if same_view is None:
             by_view[view] = [record]
+            views_of_storage[key] = views_of_storage.get(key, 0) + 1
         else:
             same_view.append(record)
 
     storage_ids: dict[str, str] = {}
     records_of_storage = source.storages
     geometry = _Geometry()
+    geometry_of, runs = geometry.known.get, geometry.runs
+    parameter = TensorKind.PARAMETER
     tensors_list: list[TensorFact] = []
-    views_by_storage: dict[str, list[TensorFact]] = {}
+    by_name: dict[str, TensorFact] = {}
+    # Storages in order of first use; a storage with several views gets its fact
+    # once all of them are known, in the slot it was given.
+    storages: list[StorageFact | None] = []
+    shared_storages: dict[str, tuple[int, list[TensorFact]]] = {}
     for records in by_view.values():
-        key = records[0].storage_key
+        first = records[0]
+        key = first.storage_key
+        storage_record = records_of_storage[key]
         storage_id = storage_ids.get(key)
         if storage_id is None:
             storage_id = storage_ids[key] = f"s{len(storage_ids)}"
-            views_by_storage[storage_id] = []
-        fact = _tensor_fact(records, records_of_storage[key], storage_id, dtypes[records[0].dtype], geometry)
-        tensors_list.append(fact)
-        views_by_storage[storage_id].append(fact)
-    tensors = tuple(tensors_list)
-
-    storages = []
-    groups = []
-    for key, storage_id in storage_ids.items():
-        storage_record = records_of_storage[key]
-        views = views_by_storage[storage_id]
-        if len(views) == 1:
-            used = views[0].bytes_used.intervals
-            names: tuple[str, ...] = (views[0].name,)
-            # One view alone can alias only itself, which ML105 reports from the fact.
-            group = None
+            storages.append(None)
+            if views_of_storage[key] > 1:
+                shared_storages[key] = (len(storages) - 1, [])
+        if len(records) == 1:
+            # _tensor_fact for one name, inlined.
+            shape, stride, offset = first.shape, first.stride, first.offset
+            dtype = dtypes[first.dtype]
+            itemsize = dtype.itemsize
+            known = geometry_of((shape, stride))
+            count, contiguous, fmt, overlapping = known if known is not None else geometry.of(shape, stride)
+            if contiguous:
+                used_bytes_key = (offset, count, itemsize)
+                bytes_used = runs.get(used_bytes_key)
+                if bytes_used is None:
+                    bytes_used = geometry.contiguous_bytes(offset, count, itemsize)
+            else:
+                bytes_used = byte_set(shape, stride, offset, itemsize)
+            kind = first.kind
+            base = storage_record.base_address
+            fact = TensorFact(
+                first.name, (first.name,), kind, dtype.name, itemsize, storage_record.device, shape, stride,
+                storage_id, offset, count, count * itemsize, contiguous, fmt, bytes_used, overlapping,
+                None if base is None else base + offset * itemsize, first.requires_grad,
+                (first.object_id,) if kind is parameter and first.object_id is not None else (),
+                first.optimizer_state, first.section, first.pinned, first.shared_memory, storage_record.has_data,
+            )
+            by_name[first.name] = fact
         else:
-            used = union([v.bytes_used for v in views])
-            names = tuple(v.name for v in views)
-            group = _alias_groups(storage_id, views)
-        used_bytes = used[0][1] - used[0][0] if len(used) == 1 else sum(end - start for start, end in used)
-        padding, unused = _split_unused(used, storage_record.nbytes)
-        storages.append(
-            StorageFact(
-                storage_id, key, storage_record.device, storage_record.nbytes, names,
+            fact = _tensor_fact(records, storage_record, storage_id, dtypes[first.dtype], geometry)
+            for name in fact.names:
+                by_name[name] = fact
+        tensors_list.append(fact)
+        if key in shared_storages:
+            shared_storages[key][1].append(fact)
+        else:
+            used = fact.bytes_used.intervals
+            if len(used) == 1:
+                start, end = used[0]
+                used_bytes = end - start
+            else:
+                used_bytes = sum(end - start for start, end in used)
+            padding, unused = _split_unused(used, storage_record.nbytes)
+            storages[-1] = StorageFact(
+                storage_id, key, storage_record.device, storage_record.nbytes, (fact.name,),
                 used, used_bytes, padding, unused, storage_record.base_address, storage_record.has_data,
             )
+    tensors = tuple(tensors_list)
+
+    groups = []
+    for key, (slot, views) in shared_storages.items():
+        storage_record = records_of_storage[key]
+        storage_id = storage_ids[key]
+        used = union([v.bytes_used for v in views])
+        used_bytes = sum(end - start for start, end in used)
+        padding, unused = _split_unused(used, storage_record.nbytes)
+        storages[slot] = StorageFact(
+            storage_id, key, storage_record.device, storage_record.nbytes, tuple(v.name for v in views),
+            used, used_bytes, padding, unused, storage_record.base_address, storage_record.has_data,
         )
+        group = _alias_groups(storage_id, views)
         if group is not None:
             groups.append(group)
+    # Alias groups in storage order, as they were when every storage was visited in order.
+    groups.sort(key=lambda group: int(group.storage[1:]))
+    storage_facts = tuple(storage for storage in storages if storage is not None)
+    assert len(storage_facts) == len(storages)
 
-    by_name = {name: t for t in tensors for name in t.names}
     facts = Facts(
         source=SourceFact(
             path=source.path,
@@ -448,12 +497,12 @@ def build_facts(source: LoadedSource) -> Facts:
             content_unreadable=source.content_unreadable,
         ),
         tensors=tensors,
-        storages=tuple(storages),
+        storages=storage_facts,
         alias_groups=tuple(groups),
         modules=tuple(source.modules or infer_rnn_modules(by_name)),
         declared_ties=tuple(source.declared_ties),
         _by_name=by_name,
-        _by_storage={s.id: s for s in storages},
+        _by_storage={s.id: s for s in storage_facts},
     )
     return _with_rnn_bias_space(facts) if facts.modules else facts
 
