@@ -73,7 +73,14 @@ MODE_OF_GATE_MULTIPLE = {4: "LSTM", 3: "GRU", 1: "RNN"}
 INFERRED_RNN_LABEL = "RNN (tanh or relu: the weights cannot tell)"
 """How an Elman RNN recognised from its weights alone is described."""
 
-_WEIGHT_NAME = re.compile(r"^(?P<kind>weight_ih|weight_hh|bias_ih|bias_hh|weight_hr)_l(?P<layer>\d+)(?P<reverse>_reverse)?$")
+WEIGHT_KINDS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
+"""The kinds of RNN weight in `_flat_weights_names` order within a layer and direction."""
+
+WEIGHT_NAME = re.compile(
+    rf"^(?P<prefix>.*?)(?P<kind>{'|'.join(WEIGHT_KINDS)})_l(?P<layer>\d+)(?P<reverse>_reverse)?(?P<raw>_raw)?$"
+)
+"""A dotted RNN weight name: module prefix, kind, layer, direction, and the `_raw`
+suffix weight-dropout wrappers give the Parameter they keep."""
 
 
 @dataclass(frozen=True)
@@ -234,8 +241,8 @@ def geometry_from_shapes(mode: str | None, shapes: Mapping[str, tuple[int, ...]]
     """
     parsed = {}
     for name in shapes:
-        match = _WEIGHT_NAME.match(name)
-        if match is None:
+        match = WEIGHT_NAME.match(name)
+        if match is None or match["prefix"] or match["raw"]:
             return f"{name} is not an RNN weight name"
         parsed[name] = (match["kind"], int(match["layer"]), bool(match["reverse"]))
     if "weight_ih_l0" not in shapes or "weight_hh_l0" not in shapes:

@@ -10,7 +10,6 @@ typed as a frozen dataclass, built several times faster and in less memory.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -18,6 +17,8 @@ from typing import NamedTuple
 
 from memlayout.cudnn_layout import (
     INFERRED_RNN_LABEL,
+    WEIGHT_KINDS,
+    WEIGHT_NAME,
     geometry_from_shapes,
     layout_of,
     local_name,
@@ -182,10 +183,6 @@ class Facts:
         return [t for t in self.tensors if not t.optimizer_state]
 
 
-_RNN_WEIGHT = re.compile(r"^(?P<prefix>.*?)(?P<kind>weight_ih|weight_hh|bias_ih|bias_hh|weight_hr)_l(?P<layer>\d+)(?P<reverse>_reverse)?(?P<raw>_raw)?$")
-_RNN_ORDER = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
-
-
 def infer_rnn_modules(tensors: Mapping[str, TensorFact]) -> list[ModuleRecord]:
     """RNN modules recognized from state-dict names and shapes, for sources without a module tree.
 
@@ -204,10 +201,10 @@ def infer_rnn_modules(tensors: Mapping[str, TensorFact]) -> list[ModuleRecord]:
         # for the hundreds of other names of a model.
         if "_l" not in name:
             continue
-        match = _RNN_WEIGHT.match(name)
+        match = WEIGHT_NAME.match(name)
         if not match:
             continue
-        key = (int(match["layer"]), 1 if match["reverse"] else 0, _RNN_ORDER.index(match["kind"]))
+        key = (int(match["layer"]), 1 if match["reverse"] else 0, WEIGHT_KINDS.index(match["kind"]))
         if match["raw"]:
             raw[match["prefix"]][key] = name
         else:
@@ -223,7 +220,7 @@ def infer_rnn_modules(tensors: Mapping[str, TensorFact]) -> list[ModuleRecord]:
         names_by_key = dict(found)
         shapes = {local_name(name): tensors[name].shape for name in found.values()}
         for (layer, reverse, kind), raw_name in shadowed.items():
-            name = f"{prefix}{_RNN_ORDER[kind]}_l{layer}{'_reverse' if reverse else ''}"
+            name = f"{prefix}{WEIGHT_KINDS[kind]}_l{layer}{'_reverse' if reverse else ''}"
             names_by_key[(layer, reverse, kind)] = name
             shapes[local_name(name)] = tensors[raw_name].shape
         geometry = geometry_from_shapes(None, shapes)
