@@ -195,9 +195,39 @@ class ContentReader:
         if not info.is_floating or tensor.numel == 0:
             return 0
         counter = _NonFiniteCounter(info.special_mask, info.special_pattern)
+        if tensor.self_overlapping:
+            return self._overlapping_non_finite(tensor, counter)
         if tensor.contiguous and self._read_into is not None:
             return sum(counter.count(chunk) for chunk in self._buffered_chunks(tensor))
         return sum(counter.count(chunk) for chunk in self.chunks(tensor))
+
+    def _overlapping_non_finite(self, tensor: TensorFact, counter: _NonFiniteCounter) -> int:
+        # A view whose indices share elements (expand's zero strides, or windows)
+        # can name 2**40 elements of a few bytes; walking them all never ends (a
+        # fuzzed tar file did exactly that). Zero-stride dims repeat what the rest
+        # holds, so the rest is counted once and multiplied; windows that still
+        # overlap are counted over the memory they cover, each element once.
+        import numpy as np
+
+        from memlayout.strides import has_internal_overlap
+
+        kept = [(size, step) for size, step in zip(tensor.shape, tensor.stride, strict=True) if step != 0]
+        shape, stride = tuple(size for size, _ in kept), tuple(step for _, step in kept)
+        distinct = 1
+        for size in shape:
+            distinct *= size
+        repeat = tensor.numel // distinct if distinct else 0
+        size = tensor.itemsize
+        first, end = element_span(shape, stride, tensor.offset)
+        key = self._key(tensor)
+        flat = np.frombuffer(self.reader.read(key, first * size, (end - first) * size), dtype=_item_dtype(size))
+        chunk = max(self.chunk_bytes // size, 1)
+        if has_internal_overlap(shape, stride):
+            return sum(counter.count(flat[index : index + chunk]) for index in range(0, flat.size, chunk))
+        view = np.lib.stride_tricks.as_strided(
+            flat, shape=shape or (1,), strides=tuple(step * size for step in stride) or (size,), writeable=False
+        )
+        return repeat * sum(counter.count(block) for block in _blocks(view, chunk))
 
     def non_finite_counts(self, tensors: list[TensorFact]) -> Iterator[tuple[TensorFact, int]]:
         """`non_finite` of each tensor, in order, spread over a few threads.

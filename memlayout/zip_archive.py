@@ -136,7 +136,11 @@ class ArchiveFile:
         Raises:
             CorruptCheckpointError: fewer bytes are there.
         """
-        data = os.pread(self.fd, length, self.base + offset) if offset >= 0 else b""
+        # Offsets come from the file: one past the end (or past what pread takes,
+        # 2**63) is damage, not an OverflowError.
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise CorruptCheckpointError(f"{what} runs past the end of the file (a truncated file?)")
+        data = os.pread(self.fd, length, self.base + offset)
         if len(data) != length:
             raise CorruptCheckpointError(f"{what} runs past the end of the file (a truncated file?)")
         return data

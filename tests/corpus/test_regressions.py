@@ -40,3 +40,21 @@ def test_regression_input_ends_as_recorded(replayed: dict[str, dict[str, Any]], 
 def test_the_manifest_names_every_file_and_only_them() -> None:
     folder = REPO_ROOT / "tests" / "corpus" / "regressions"
     assert sorted(p.name for p in folder.glob("*.bin")) == sorted(manifest())
+
+
+def test_the_deep_scan_of_overlapping_views_counts_as_torch_does(tmp_path: Path) -> None:
+    # The fix for the zero-stride hang counts each distinct element once and
+    # multiplies by the repeats; torch's own count is the reference.
+    import torch
+
+    import memlayout
+    from memlayout.rules import RuleConfig
+
+    expanded = torch.tensor([1.0, float("nan"), 3.0]).expand(1000, 3)
+    scalar = torch.tensor(float("inf")).expand(7, 5)
+    torch.save({"expanded": expanded, "scalar": scalar}, tmp_path / "views.pt")
+    report = memlayout.inspect(str(tmp_path / "views.pt"), config=RuleConfig(deep=True))
+    messages = sorted(f.message for f in report.findings if f.code == "ML503")
+    expected = {name: int((~torch.isfinite(t)).sum()) for name, t in (("expanded", expanded), ("scalar", scalar))}
+    assert messages == [f"expanded has {expected['expanded']} NaN/Inf values of 3000",
+                        f"scalar has {expected['scalar']} NaN/Inf values of 35"]
