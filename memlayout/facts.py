@@ -321,30 +321,62 @@ def _tensor_fact(
     )
 
 
+def unused_ranges(
+    used: tuple[tuple[int, int], ...], nbytes: int, reserved: tuple[int, int] | None = None
+) -> list[tuple[int, int, bool]]:
+    """Every byte range of a storage no tensor uses, as (start, end, is padding).
+
+    Padding is told from bloat by the alignment the slots show (see
+    MIN_PADDING_ALIGNMENT); bytes inside `reserved` (an RNN's bias space in
+    cuDNN's layout, see `rnn_reserved_bytes`) are padding whatever their size.
+
+    Args:
+        used: The storage's merged used ranges, in order (`StorageFact.used`).
+        nbytes: The storage's size.
+        reserved: A byte range that is required, not bloat.
+
+    Returns:
+        The gaps in order.
+    """
+    if len(used) == 1 and used[0][0] == 0 and used[0][1] >= nbytes:
+        return []  # one tensor filling its storage, the usual case: nothing unused
+    starts = [start for start, _ in used if start > 0]
+    slot_alignment = min((min(s & -s, MAX_PADDING_ALIGNMENT) for s in starts), default=0)
+    gaps: list[tuple[int, int, bool]] = []
+    cursor = 0
+    for start, end in (*used, (nbytes, nbytes)):
+        pieces = [(cursor, start)] if start > cursor else []
+        kept = 0
+        if pieces and reserved is not None:
+            low, high = max(cursor, reserved[0]), min(start, reserved[1])
+            if high > low:
+                kept = high - low
+                pieces = [(a, b) for a, b in ((cursor, low), (high, start)) if b > a]
+                gaps.append((low, high, True))
+        gap = start - cursor - kept
+        if gap > 0:
+            on_boundary = start == nbytes or (slot_alignment and start % slot_alignment == 0)
+            # A leading gap is never padding: nothing needed aligning before byte 0.
+            padding = bool(
+                cursor > 0 and slot_alignment >= MIN_PADDING_ALIGNMENT and gap < slot_alignment and on_boundary
+            )
+            gaps += [(a, b, padding) for a, b in pieces]
+        cursor = max(cursor, end)
+    return sorted(gaps)
+
+
 def _split_unused(
     used: tuple[tuple[int, int], ...], nbytes: int, reserved: tuple[int, int] | None = None
 ) -> tuple[int, int]:
     """(padding, unused) bytes of a storage given its used ranges; bytes of `reserved` are padding."""
     if len(used) == 1 and used[0][0] == 0 and used[0][1] >= nbytes:
         return 0, 0  # one tensor filling its storage, the usual case: nothing unused
-    starts = [start for start, _ in used if start > 0]
-    slot_alignment = min((min(s & -s, MAX_PADDING_ALIGNMENT) for s in starts), default=0)
     padding = unused = 0
-    cursor = 0
-    for start, end in (*used, (nbytes, nbytes)):
-        gap = start - cursor
-        if gap > 0 and reserved is not None:
-            kept = max(0, min(start, reserved[1]) - max(cursor, reserved[0]))
-            padding += kept
-            gap -= kept
-        if gap > 0:
-            on_boundary = start == nbytes or (slot_alignment and start % slot_alignment == 0)
-            # A leading gap is never padding: nothing needed aligning before byte 0.
-            if cursor > 0 and slot_alignment >= MIN_PADDING_ALIGNMENT and gap < slot_alignment and on_boundary:
-                padding += gap
-            else:
-                unused += gap
-        cursor = max(cursor, end)
+    for start, end, is_padding in unused_ranges(used, nbytes, reserved):
+        if is_padding:
+            padding += end - start
+        else:
+            unused += end - start
     return padding, unused
 
 
@@ -512,6 +544,20 @@ def _with_rnn_bias_space(facts: Facts) -> Facts:
     `try_get_weight_buf` refuses a storage without it: those bytes are required,
     not bloat.
     """
+    reserved = rnn_reserved_bytes(facts)
+    if not reserved:
+        return facts
+    storages = []
+    for storage in facts.storages:
+        if storage.id in reserved:
+            padding, unused = _split_unused(storage.used, storage.nbytes, reserved[storage.id])
+            storage = storage._replace(padding_bytes=padding, unused_bytes=unused)
+        storages.append(storage)
+    return replace(facts, storages=tuple(storages), _by_storage={s.id: s for s in storages})
+
+
+def rnn_reserved_bytes(facts: Facts) -> dict[str, tuple[int, int]]:
+    """storage id -> the byte range cuDNN keeps for the biases of an RNN without biases."""
     reserved: dict[str, tuple[int, int]] = {}
     for module in facts.modules:
         if module.rnn is None or rnn_layout_problem(facts, module.rnn) is not None:
@@ -522,12 +568,4 @@ def _with_rnn_bias_space(facts: Facts) -> Facts:
             continue
         end = layout.numel * first.itemsize
         reserved[first.storage] = (end - unused_bias_numel(layout) * first.itemsize, end)
-    if not reserved:
-        return facts
-    storages = []
-    for storage in facts.storages:
-        if storage.id in reserved:
-            padding, unused = _split_unused(storage.used, storage.nbytes, reserved[storage.id])
-            storage = storage._replace(padding_bytes=padding, unused_bytes=unused)
-        storages.append(storage)
-    return replace(facts, storages=tuple(storages), _by_storage={s.id: s for s in storages})
+    return reserved

@@ -39,6 +39,11 @@ def diff_command(
         list[str] | None,
         typer.Option("--map", help="Match A's names starting OLD to B's starting NEW; repeatable.", metavar="OLD=NEW"),
     ] = None,
+    html: Annotated[
+        str | None,
+        typer.Option("--html", help="Also write A and B's storage maps side by side to FILE (self-contained HTML).",
+                     metavar="FILE"),
+    ] = None,
     deep: Annotated[bool, typer.Option("--deep", help="Read every value of both: report tensors whose values changed.")] = False,
     fail_on: Annotated[
         FailOn, typer.Option("--fail-on", help="Exit 1 when a change is at or above this severity.")
@@ -78,5 +83,9 @@ def diff_command(
             diff = run_diff(a, b, options, progress=progress)
         color = output is None and fmt is DiffFormat.TABLE and sys.stdout.isatty()
         write_output(render_diff(diff, fmt, color=color), output)
+        if html is not None:
+            from memlayout.report.html import render_diff_html
+
+            write_output(render_diff_html(diff), html)
     if diff.fails(fail_on.value):
         raise typer.Exit(1)

@@ -129,6 +129,10 @@ def inspect_command(
         str | None, typer.Option("--write-baseline", help="Record the current findings in FILE (then as --baseline).",
                                  metavar="FILE"),
     ] = None,
+    html: Annotated[
+        str | None,
+        typer.Option("--html", help="Also write a self-contained HTML storage map to FILE.", metavar="FILE"),
+    ] = None,
     all_storages: Annotated[
         bool, typer.Option("--all", help="The table lists every storage, not the 20 largest of more than 50.")
     ] = False,
@@ -166,4 +170,8 @@ def inspect_command(
         color = output is None and output_format is OutputFormat.TABLE and sys.stdout.isatty()
         reporter = reporter_for(output_format, color=color, all_storages=all_storages)
         write_output(reporter.render(batch), output)
+        if html is not None:
+            from memlayout.report.html import render_html
+
+            write_output(render_html(*(p.report for p in batch.paths if p.report is not None)), html)
     raise typer.Exit(batch.exit_code())

@@ -1,0 +1,258 @@
+"""The HTML storage map: one self-contained file, for `inspect --html` and `diff --html`.
+
+The page holds the summary, the findings (or, for a diff, the changes) and a map
+where each storage is a bar scaled to its bytes with its tensors as segments.
+Everything is inline (CSS, script, data as JSON) and the page's content security
+policy forbids every network load, so the file opens the same offline, attached
+to a ticket or archived by CI. The page is built by Jinja2 templates from plain
+data computed here; the script draws the map lazily, so that a model with
+100,000 tensors opens fast.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from memlayout import __version__
+from memlayout.facts import Facts, rnn_reserved_bytes, unused_ranges
+from memlayout.format_bytes import human_bytes
+from memlayout.inspection import Report
+from memlayout.rules import Finding
+from memlayout.strides import Relation
+
+if TYPE_CHECKING:
+    from memlayout.diff.changes import DiffReport
+
+MAP_DATA_VERSION = 1
+"""Version of the JSON the page embeds (`#memlayout-data`), for tools that read it back."""
+
+# How a diff colours a tensor, worst first: a change of each kind marks the
+# tensors it names on the side(s) where they exist.
+_BROKEN = {"tie-lost", "declared-tie-broken", "data-lost"}
+_CHANGED = {"dtype", "shape", "device", "contiguity", "stride", "values"}
+_MARK_ORDER = ("broken", "removed", "added", "changed")
+
+
+def _partial_overlaps(facts: Facts) -> dict[str, list[list[int]]]:
+    """storage id -> byte ranges where two views overlap partially (ML101), by their spans, merged.
+
+    A tie (the same bytes) and a view inside a bigger one (a flat buffer and its
+    slots) are deliberate sharing: the map shows them as stacked segments. Only
+    partial overlaps, which no layout means to have, are drawn as overlaps.
+    """
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for group in facts.alias_groups:
+        for pair in group.pairs:
+            if pair.relation is not Relation.PARTIAL:
+                continue
+            first, second = facts.tensor(pair.first), facts.tensor(pair.second)
+            if first is None or second is None:
+                continue
+            start = max(first.bytes_used.start, second.bytes_used.start)
+            end = min(first.bytes_used.end, second.bytes_used.end)
+            if end > start:
+                ranges.setdefault(group.storage, []).append((start, end))
+    merged: dict[str, list[list[int]]] = {}
+    for storage, spans in ranges.items():
+        out: list[list[int]] = []
+        for start, end in sorted(spans):
+            if out and start <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], end)
+            else:
+                out.append([start, end])
+        merged[storage] = out
+    return merged
+
+
+def _tensor_indices(facts: Facts, index: dict[str, int], names: Iterable[str]) -> list[int]:
+    found = []
+    for name in names:
+        tensor = facts.tensor(name)
+        if tensor is not None:
+            found.append(index[tensor.name])
+    return list(dict.fromkeys(found))
+
+
+def side_data(
+    report: Report,
+    label: str = "",
+    key_of: Callable[[str], str] | None = None,
+    marks: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One checkpoint's map as compact JSON-ready data.
+
+    Args:
+        report: The inspection.
+        label: "A" or "B" in a diff; "" for one report.
+        key_of: The diff's name matching, so the page can link a tensor to its match.
+        marks: key -> "broken", "removed", "added" or "changed", to colour a diff.
+
+    Returns:
+        Lists rather than objects per tensor and storage, to keep a 100,000-tensor
+        page small: tensors are [names, dtype, shape, stride, offset, first byte,
+        end byte, storage index, kind, keys, mark]; storages (largest first) are
+        [id, device, nbytes, used, padding, unused, gaps [start, end, is padding],
+        partial overlaps [start, end]].
+    """
+    facts = report.facts
+    storages = sorted(facts.storages, key=lambda s: (-s.nbytes, s.id))
+    storage_index = {s.id: i for i, s in enumerate(storages)}
+    tensor_index = {t.name: i for i, t in enumerate(facts.tensors)}
+    tensors = []
+    for tensor in facts.tensors:
+        keys = [key_of(n) for n in tensor.names] if key_of is not None else []
+        mark = ""
+        if marks:
+            found = {marks[k] for k in keys if k in marks}
+            mark = next((m for m in _MARK_ORDER if m in found), "")
+        tensors.append([
+            list(tensor.names), tensor.dtype, list(tensor.shape), list(tensor.stride), tensor.offset,
+            tensor.bytes_used.start, tensor.bytes_used.end, storage_index[tensor.storage], tensor.kind.value,
+            keys, mark,
+        ])
+    overlaps = _partial_overlaps(facts)
+    reserved = rnn_reserved_bytes(facts) if facts.modules else {}
+    storage_rows = []
+    for storage in storages:
+        gaps = [
+            [start, end, int(padding)]
+            for start, end, padding in unused_ranges(storage.used, storage.nbytes, reserved.get(storage.id))
+        ]
+        storage_rows.append([
+            storage.id, storage.device, storage.nbytes, storage.used_bytes, storage.padding_bytes,
+            storage.unused_bytes, gaps, overlaps.get(storage.id, []),
+        ])
+    links = [
+        [tensor_index[pair.first], tensor_index[pair.second], pair.relation.value]
+        for group in facts.alias_groups for pair in group.pairs
+    ]
+    for tie in facts.declared_ties:
+        tied, tied_to = facts.tensor(tie.target), facts.tensor(tie.source)
+        if tied is not None and tied_to is not None and tied is not tied_to:
+            links.append([tensor_index[tied.name], tensor_index[tied_to.name], "declared"])
+    findings = [_finding(facts, tensor_index, f) for f in report.findings]
+    for finding in report.findings:
+        if finding.code == "ML102":  # copies that should perhaps be one: link them like a tie
+            members = _tensor_indices(facts, tensor_index, finding.tensors)
+            links += [[members[0], other, "duplicate"] for other in members[1:]]
+    source = facts.source
+    return {
+        "label": label,
+        "path": source.path or "(object)",
+        "format": source.format,
+        "summary": asdict(report.summary),
+        "tensors": tensors,
+        "storages": storage_rows,
+        "links": links,
+        "findings": findings,
+    }
+
+
+def _finding(facts: Facts, index: dict[str, int], finding: Finding) -> list[Any]:
+    return [finding.code, finding.severity.value, finding.name, finding.message, finding.hint,
+            _tensor_indices(facts, index, finding.tensors)]
+
+
+def _summary_rows(report: Report) -> list[tuple[str, str]]:
+    s = report.summary
+    return [
+        ("tensors", f"{s.tensors} ({s.names} names)"),
+        ("storages", str(s.storages)),
+        ("tensor bytes", human_bytes(s.tensor_bytes)),
+        ("storage bytes", human_bytes(s.storage_bytes)),
+        ("unique bytes", human_bytes(s.unique_bytes)),
+        ("wasted bytes", human_bytes(s.wasted_bytes)),
+        ("padding bytes", human_bytes(s.padding_bytes)),
+        ("findings", ", ".join(f"{count} {severity}" for severity, count in s.findings.items())),
+    ]
+
+
+def _page(title: str, sides: list[dict[str, Any]], reports: list[Report], changes: list[list[Any]] | None) -> str:
+    from jinja2 import Environment, PackageLoader, select_autoescape
+    from jinja2.utils import htmlsafe_json_dumps
+
+    environment = Environment(
+        loader=PackageLoader("memlayout.report", "templates"),
+        autoescape=select_autoescape(default=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    data = {"version": MAP_DATA_VERSION, "sides": sides, "changes": changes}
+    # htmlsafe_json_dumps escapes <, >, & and ' so that no tensor name can close the
+    # script element; compact separators keep a 100,000-tensor page smaller.
+    embedded = htmlsafe_json_dumps(data, dumps=lambda obj, **_: json.dumps(obj, separators=(",", ":")))
+    template = environment.get_template("storage_map.html.j2")
+    return template.render(
+        title=title,
+        version=__version__,
+        sides=[
+            {"data": side, "summary": _summary_rows(report)} for side, report in zip(sides, reports, strict=True)
+        ],
+        changes=changes,
+        data=embedded,
+    )
+
+
+def render_html(*reports: Report) -> str:
+    """The storage maps of one or more reports as one self-contained HTML page.
+
+    Args:
+        reports: What `memlayout.inspect` returned (`inspect PATH...` gives several).
+
+    Returns:
+        The page's text.
+    """
+    paths = [r.facts.source.path or "(object)" for r in reports]
+    title = f"memlayout: {paths[0]}" if len(paths) == 1 else f"memlayout: {len(paths)} checkpoints"
+    return _page(title, [side_data(r) for r in reports], list(reports), None)
+
+
+def render_diff_html(diff: DiffReport) -> str:
+    """A diff as a page: A and B side by side, their changes coloured and linked.
+
+    Args:
+        diff: What `memlayout.diff.run_diff` returned.
+
+    Returns:
+        The page's text.
+    """
+    from memlayout.diff.grouping import change_lines
+    from memlayout.diff.names import NameMap
+
+    names = NameMap(diff.strip_prefixes, diff.renames)
+    marks_a: dict[str, str] = {}
+    marks_b: dict[str, str] = {}
+    for change in diff.changes:
+        kind = change.kind.value
+        if kind in _BROKEN:
+            mark_a = mark_b = "broken"
+        elif kind == "removed":
+            mark_a, mark_b = "removed", ""
+        elif kind == "added":
+            mark_a, mark_b = "", "added"
+        elif kind in _CHANGED:
+            mark_a = mark_b = "changed"
+        else:
+            continue
+        for key in change.tensors:
+            for marks, mark in ((marks_a, mark_a), (marks_b, mark_b)):
+                known = marks.get(key)
+                if mark and (known is None or _MARK_ORDER.index(mark) < _MARK_ORDER.index(known)):
+                    marks[key] = mark
+    side_a = side_data(diff.a, "A", names.key_in_a, marks_a)
+    side_b = side_data(diff.b, "B", names.key_in_b, marks_b)
+    index_a = {t.name: i for i, t in enumerate(diff.a.facts.tensors)}
+    index_b = {t.name: i for i, t in enumerate(diff.b.facts.tensors)}
+    lines = [
+        [
+            line.severity.value, line.kind.value, line.text,
+            _tensor_indices(diff.a.facts, index_a, [n for c in line.changes for n in c.a_names]),
+            _tensor_indices(diff.b.facts, index_b, [n for c in line.changes for n in c.b_names]),
+        ]
+        for line in change_lines(diff.changes)
+    ]
+    title = f"memlayout diff: {diff.a.facts.source.path or '(object)'} -> {diff.b.facts.source.path or '(object)'}"
+    return _page(title, [side_a, side_b], [diff.a, diff.b], lines)
