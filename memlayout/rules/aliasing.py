@@ -58,6 +58,17 @@ def _share_memory(a: TensorFact, b: TensorFact, overlapping: set[frozenset[str]]
     return a.storage == b.storage and frozenset((a.name, b.name)) in overlapping
 
 
+def _optimizer_state_hint(ctx: RuleContext) -> str:
+    # Name the checkpoint's own model section when there is exactly one, so that the
+    # hint is a line to run: resemblyzer keeps its weights under "model_state".
+    sections = {t.section for t in ctx.facts.model_tensors()}
+    model = f'checkpoint["{next(iter(sections))}"]' if len(sections) == 1 and "" not in sections else "the model's state_dict"
+    return (
+        "do not tie optimizer state; for a checkpoint meant for inference, save only the model's weights "
+        f"(`torch.save({model}, path)`), which drops the optimizer's copies"
+    )
+
+
 @rule(
     "ML102",
     "duplicate-weights",
@@ -69,7 +80,14 @@ Two or more tensors are bitwise equal but do not share memory. Usually a tie was
 lost: `load_state_dict` into an untied model, `clone()`, meta-device init with
 `to_empty()`, or `load_state_dict(assign=True)`. Otherwise it is wasted memory and
 disk. Constant tensors (freshly initialized norms and zero biases) and tensors
-under --min-duplicate-bytes are ignored. Without --deep, the CRC-32s a torch.save
+under --min-duplicate-bytes are ignored.
+
+Optimizer state gets its own judgment, at info severity. Equal moments (Adam's
+`exp_avg`, `exp_avg_sq`) follow from equal gradients, and some parameters get
+equal gradients by construction: an LSTM adds `bias_ih` and `bias_hh` into the
+same gates, so their moments stay bitwise equal for the whole run. Tying them
+would be wrong; the copy costs only disk, and a checkpoint meant for inference
+needs no optimizer state at all. Without --deep, the CRC-32s a torch.save
 zip records for its storages settle most candidates without reading a byte; the
 rest are told apart by a few sampled elements, and tensors whose samples match are
 compared in full. --deep compares contents whatever the recorded CRCs say.
@@ -137,10 +155,21 @@ def duplicate_weights(ctx: RuleContext) -> Iterator[Finding]:
                 continue
             wasted = (len(distinct) - 1) * distinct[0].nbytes
             names = [t.name for t in distinct]
+            what = f"{distinct[0].dtype}{list(distinct[0].shape)}"
+            if all(t.optimizer_state for t in distinct):
+                yield duplicate_weights.finding(
+                    names,
+                    f"optimizer state {', '.join(names)} holds identical {what} contents in separate memory "
+                    f"({human_bytes(wasted)} duplicated): equal moments come from equal gradients, as an "
+                    "LSTM's bias_ih and bias_hh get by construction, not from a lost tie",
+                    wasted_bytes=wasted,
+                    severity=Severity.INFO,
+                    hint=_optimizer_state_hint(ctx),
+                )
+                continue
             yield duplicate_weights.finding(
                 names,
-                f"{', '.join(names)} hold identical {distinct[0].dtype}{list(distinct[0].shape)} "
-                f"contents in separate memory ({human_bytes(wasted)} duplicated)",
+                f"{', '.join(names)} hold identical {what} contents in separate memory ({human_bytes(wasted)} duplicated)",
                 wasted_bytes=wasted,
             )
 

@@ -170,12 +170,13 @@ class Rule:
         storage: str | None = None,
         wasted_bytes: int = 0,
         hint: str | None = None,
+        severity: Severity | None = None,
     ) -> Finding:
-        """A finding of this rule, with the rule's default severity and hint."""
+        """A finding of this rule, with the rule's default severity and hint unless given."""
         return Finding(
             code=self.code,
             name=self.name,
-            severity=self.severity,
+            severity=severity or self.severity,
             tensors=tuple(tensors),
             message=message,
             hint=hint or self.hint,
