@@ -12,11 +12,12 @@ import os
 import time
 from dataclasses import dataclass, replace
 
-from memlayout.errors import FlattenError, UsageError
+from memlayout.errors import FlattenError, UnsafeContentError, UsageError
 from memlayout.facts import Facts, build_facts
 from memlayout.flatten.options import FlattenOptions
-from memlayout.flatten.plan import FlatPlan, describe_changes, plan_flatten
+from memlayout.flatten.plan import plan_flatten
 from memlayout.flatten.writers import FlattenJob, writer_for
+from memlayout.flatten.writers.interface import LayoutAfter
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,30 @@ def _check_paths(path: str, options: FlattenOptions) -> str | None:
     return options.out
 
 
+def refuse_unflattenable(facts: Facts, options: FlattenOptions) -> None:
+    """Raise flatten's refusal for this source, if it has one; the same with and without --check.
+
+    Args:
+        facts: The loaded source's facts.
+        options: What was asked (--trust).
+
+    Raises:
+        FlattenError: flatten does not rewrite this format (and what to do instead).
+        UnsafeContentError: rewriting it needs real objects and --trust was not given.
+    """
+    from memlayout.flatten_support import flatten_route
+
+    route = flatten_route(facts.source)
+    where = facts.source.path or "the source"
+    if route.refusal:
+        raise FlattenError(f"{where}: {route.refusal}", route.alternative or None)
+    if route.trust_reason and not options.trust:
+        raise UnsafeContentError(
+            f"{where}: flatten needs --trust: {route.trust_reason}",
+            "pass --trust only if you trust whoever wrote the file",
+        )
+
+
 def _device_choice(device: str) -> tuple[str | None, str]:
     from memlayout.flatten.live import resolve_device
 
@@ -87,11 +112,9 @@ def _device_choice(device: str) -> tuple[str | None, str]:
 
 
 def _result(
-    path: str, out: str | None, fmt: str, facts: Facts, plan: FlatPlan, device: tuple[str | None, str],
-    copied: int, seconds: float, changes: list[str], verified: bool,
+    path: str, out: str | None, fmt: str, facts: Facts, after: LayoutAfter, notes: tuple[str, ...],
+    device: tuple[str | None, str], copied: int, seconds: float, changes: list[str], verified: bool,
 ) -> FlattenResult:
-    untouched = {key[0] for key in plan.untouched}
-    placed_storages = {s.key for s in facts.storages} - untouched
     return FlattenResult(
         source=path,
         out=out,
@@ -99,15 +122,15 @@ def _result(
         device=device[0],
         device_reason=device[1],
         storages_before=len(facts.storages),
-        storages_after=len(plan.buffers) + len(untouched - placed_storages),
+        storages_after=after.storages,
         bytes_before=sum(s.nbytes for s in facts.storages),
-        bytes_after=plan.nbytes + sum(s.nbytes for s in facts.storages if s.key in untouched - placed_storages),
-        padding_bytes=plan.padding_bytes,
+        bytes_after=after.nbytes,
+        padding_bytes=after.padding_bytes,
         bytes_copied=copied,
         seconds=seconds,
         already_flat=not changes,
         changes=tuple(changes),
-        notes=plan.notes,
+        notes=notes,
         verified=verified,
         unverified_reason=_unverified_reason(out, verified),
     )
@@ -135,8 +158,9 @@ def flatten_path(path: str, options: FlattenOptions) -> FlattenResult:
 
     Raises:
         UsageError: inconsistent paths or options.
-        UnsafeContentError: a module pickle without `trust`.
-        FlattenError: flattening or verification failed; nothing was written.
+        UnsafeContentError: a source that needs real objects (a module pickle), without `trust`.
+        FlattenError: a format flatten refuses, or flattening or verification failed;
+            nothing was written.
     """
     from memlayout.load import load_path
     from memlayout.load.hf_dir import is_hf_dir
@@ -147,26 +171,31 @@ def flatten_path(path: str, options: FlattenOptions) -> FlattenResult:
     source = load_path(path)
     try:
         facts = build_facts(source)
+        # Refusals come first and are the same with --check: a CI gate on --check
+        # must fail the way flatten itself would, not promise a change it refuses.
+        refuse_unflattenable(facts, options)
         writer = writer_for(source.format)
-        label = writer.label(source) if writer is not None else source.format
-        if options.check:
-            plan = plan_flatten(facts, align=options.align)
-            changes = writer.changes(plan, facts, source) if writer is not None else describe_changes(plan, facts)
-            return _result(path, None, label, facts, plan, (None, "check only"), 0, 0.0, changes, False)
-        device = _device_choice(options.device)
-        plan = plan_flatten(facts, align=options.align, device=device[0])
         if writer is None:
             raise FlattenError(
-                f"flatten cannot rewrite {source.format} sources yet",
+                f"flatten has no writer for {source.format} sources",
                 "convert to a torch.save state dict or a safetensors file first",
             )
+        label = writer.label(source)
+        if options.check:
+            plan = plan_flatten(facts, align=options.align)
+            changes = writer.changes(plan, facts, source)
+            return _result(path, None, label, facts, writer.layout_after(plan, facts), plan.notes,
+                           (None, "check only"), 0, 0.0, changes, False)
+        device = _device_choice(options.device)
+        plan = plan_flatten(facts, align=options.align, device=device[0])
         changes = writer.changes(plan, facts, source)
         writer.refuse(source, options, device[0])
         assert out is not None
         started = time.perf_counter()
         written = writer.write(FlattenJob(path, out, source, facts, plan, options))
         seconds = time.perf_counter() - started
-        return _result(path, out, label, facts, plan, device, written.bytes_copied, seconds, changes, written.verified)
+        return _result(path, out, label, facts, writer.layout_after(plan, facts), plan.notes, device,
+                       written.bytes_copied, seconds, changes, written.verified)
     finally:
         source.close()
 

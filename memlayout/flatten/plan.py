@@ -410,7 +410,7 @@ def describe_changes(plan: FlatPlan, facts: Facts, limit: int = 20) -> list[str]
     if before != len(plan.buffers) or any(len(v) > 1 for v in storage_of_buffer.values()) or any(
         len(v) > 1 for v in buffers_of_storage.values()
     ):
-        lines.append(f"{before} storages would become {len(plan.buffers)} flat buffers")
+        lines.append(f"{before} storages become {len(plan.buffers)} flat buffers")
     for index, buffer in enumerate(plan.buffers):
         keys = storage_of_buffer[index]
         if len(keys) == 1:
@@ -421,5 +421,5 @@ def describe_changes(plan: FlatPlan, facts: Facts, limit: int = 20) -> list[str]
                 )
     lines.extend(details[:limit])
     if len(details) > limit:
-        lines.append(f"... and {len(details) - limit} more tensors would move")
+        lines.append(f"... and {len(details) - limit} more tensors move")
     return lines

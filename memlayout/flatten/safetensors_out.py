@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
 DATA_ALIGN = 64
+COPY_CHUNK_BYTES = 8 << 20
 _CODES = {name: code for code, name in SAFETENSORS_DTYPES.items()}
 
 
@@ -76,16 +77,28 @@ def _numel(shape: tuple[int, ...]) -> int:
     return count
 
 
-def write_flat_safetensors(
-    path: str, plan: FlatPlan, buffers: list[torch.Tensor], metadata: dict[str, str] | None = None
-) -> None:
-    """Write the flat buffers as a standard safetensors file, ties as metadata aliases.
+@dataclass(frozen=True)
+class FlatHeader:
+    """The header a flat rewrite writes, and the entries of its data section in order."""
+
+    raw: bytes
+    """The JSON header, padded with spaces so the data section starts on DATA_ALIGN bytes."""
+    entries: list[_Entry]
+    """What the data section holds, in file order."""
+    aliases: dict[str, Any]
+    """Names stored as views of an entry (ties, strided views), as `__metadata__` records them."""
+
+
+def flat_header(plan: FlatPlan, metadata: dict[str, str] | None = None) -> FlatHeader:
+    """The header and data order a flat rewrite gives, computed without touching any bytes.
 
     Args:
-        path: Destination (write to a temporary and rename; see `memlayout.atomic_write`).
         plan: The layout.
-        buffers: The filled buffers (any device).
         metadata: `__metadata__` strings to keep (e.g. {"format": "pt"}).
+
+    Returns:
+        The padded header and the entries in data order (by element size, largest
+        first, so that every tensor stays naturally aligned without a gap).
     """
     entries: list[_Entry] = []
     aliases: dict[str, Any] = {}
@@ -114,6 +127,22 @@ def write_flat_safetensors(
         header["__metadata__"] = meta
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-(8 + len(raw)) % DATA_ALIGN)
+    return FlatHeader(raw, entries, aliases)
+
+
+def write_flat_safetensors(
+    path: str, plan: FlatPlan, buffers: list[torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
+    """Write the flat buffers as a standard safetensors file, ties as metadata aliases.
+
+    Args:
+        path: Destination (write to a temporary and rename; see `memlayout.atomic_write`).
+        plan: The layout.
+        buffers: The filled buffers (any device).
+        metadata: `__metadata__` strings to keep (e.g. {"format": "pt"}).
+    """
+    planned = flat_header(plan, metadata)
+    raw, entries = planned.raw, planned.entries
     with open(path, "wb") as out:
         out.write(struct.pack("<Q", len(raw)))
         out.write(raw)
@@ -169,28 +198,41 @@ def load_flat_safetensors(path: str, device: str = "cpu") -> dict[str, torch.Ten
 def safetensors_changes(plan: FlatPlan, source: LoadedSource) -> list[str]:
     """What rewriting a safetensors file flat would change; empty when it is already flat.
 
-    A safetensors data section is one packed blob, so the file is flat when its
-    tensors already sit in the order `write_flat_safetensors` would use.
+    A safetensors data section is one mapped buffer with no gaps, so flat means:
+    tensors in the order the flat rewrite uses, the data section starting on a
+    64-byte boundary, and the same alias metadata. An already flat file is copied
+    byte for byte, so "already flat" promises an identical OUT.
 
     Args:
         plan: The plan made from the file's facts.
-        source: The file's loaded metadata (tensor records in file order).
+        source: The file's loaded metadata.
 
     Returns:
-        One line, or none.
+        One line per change.
     """
-    from memlayout.dtypes import dtype_info
+    from memlayout.load.safetensors_file import read_header
 
-    planned = [
-        (view.names[0], dtype_info(view.dtype).itemsize)
-        for flat in plan.buffers for slot in flat.slots for view in slot.views
-    ]
-    order = [name for name, _ in sorted(planned, key=lambda item: -item[1])]
-    current = [record.name for record in source.tensors]
-    if order == current:
-        return []
-    moved = sum(1 for a, b in zip(order, current, strict=False) if a != b)
-    return [f"{moved} of {len(current)} tensors would move to keep each dtype group together in flat order"]
+    assert source.path is not None
+    header, _ = read_header(source.path)
+    metadata = {k: v for k, v in header.metadata.items() if k != ALIASES_KEY}
+    planned = flat_header(plan, metadata)
+    lines = []
+    order = [entry.name for entry in planned.entries]
+    current = [entry.name for entry in header.entries]
+    if order != current:
+        moved = sum(1 for a, b in zip(order, current, strict=False) if a != b) + abs(len(order) - len(current))
+        lines.append(f"{moved} of {len(current)} tensors move to keep each dtype group together in flat order")
+    if header.data_start % DATA_ALIGN:
+        lines.append(
+            f"the data section starts at byte {header.data_start}, only {header.data_start & -header.data_start}-byte "
+            f"aligned; the header is padded to start it on a {DATA_ALIGN}-byte boundary, which moves every "
+            "tensor's file offset"
+        )
+    if planned.aliases != json.loads(header.metadata.get(ALIASES_KEY, "{}")):
+        lines.append(
+            f"{len(planned.aliases)} ties and strided views are recorded in __metadata__[{ALIASES_KEY!r}]"
+        )
+    return lines
 
 
 def flatten_safetensors_file(
@@ -198,10 +240,14 @@ def flatten_safetensors_file(
 ) -> tuple[int, bool]:
     """Rewrite a safetensors file in flat-buffer order, verified, atomically.
 
+    A file that is already flat (`safetensors_changes` is empty) is copied byte
+    for byte, so that "OUT is a verified copy" is literally true; otherwise the
+    header is rewritten and the tensors are moved into flat order.
+
     Args:
         path: IN.
         out: OUT.
-        source: IN's loaded metadata (its reader's spans give file offsets).
+        source: IN's loaded metadata (its storages' base addresses give file offsets).
         plan: The layout (CPU buffers).
         verify: Reload OUT and compare every tensor's bytes before renaming.
 
@@ -214,8 +260,10 @@ def flatten_safetensors_file(
     from memlayout.flatten.apply import allocate, copy_from_file
     from memlayout.load.safetensors_file import read_header
 
+    if not safetensors_changes(plan, source):
+        return _copy_verified(path, out, verify)
     header, _ = read_header(path)
-    offsets = {entry.name: entry.start for entry in header.entries}
+    offsets = {key: storage.base_address for key, storage in source.storages.items() if storage.base_address is not None}
     buffers = allocate(plan)
     copied = copy_from_file(plan, buffers, path, offsets)
     metadata = {k: v for k, v in header.metadata.items() if k != ALIASES_KEY}
@@ -236,3 +284,29 @@ def flatten_safetensors_file(
                         raise FlattenError(f"verification failed: {name} differs in the written file")
             del written
     return copied, verify
+
+
+def _copy_verified(path: str, out: str, verify: bool) -> tuple[int, bool]:
+    """Copy IN to OUT byte for byte, atomically, and compare OUT with IN before committing."""
+    import shutil
+
+    from memlayout.atomic_write import atomic_file
+
+    with atomic_file(out) as output:
+        with open(path, "rb") as source, output.open() as target:
+            shutil.copyfileobj(source, target, COPY_CHUNK_BYTES)
+        copied = os.path.getsize(path)
+        verify = verify and not output.is_stream
+        if verify and not _same_bytes(path, output.path):
+            raise FlattenError(f"verification failed: the copy of {path} differs from it")
+    return copied, verify
+
+
+def _same_bytes(a: str, b: str) -> bool:
+    with open(a, "rb") as first, open(b, "rb") as second:
+        while True:
+            left, right = first.read(COPY_CHUNK_BYTES), second.read(COPY_CHUNK_BYTES)
+            if left != right:
+                return False
+            if not left:
+                return True

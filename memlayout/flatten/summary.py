@@ -5,6 +5,9 @@ from __future__ import annotations
 from memlayout.flatten.files import FlattenResult
 from memlayout.format_bytes import human_bytes
 
+SUMMARY_CHANGES = 5
+"""How many changes the closing summary names."""
+
 
 def render_check(result: FlattenResult) -> str:
     """The `--check` report: already flat, or what flattening would change.
@@ -16,7 +19,8 @@ def render_check(result: FlattenResult) -> str:
         Lines ending in a newline.
     """
     if result.already_flat:
-        lines = [f"{result.source}: already flat ({result.storages_before} storages)"]
+        count = result.storages_before
+        lines = [f"{result.source}: already flat ({count} storage{'' if count == 1 else 's'})"]
     else:
         lines = [f"{result.source}: would change ({result.format}):"]
         lines += [f"  {change}" for change in result.changes]
@@ -46,5 +50,11 @@ def render_summary(result: FlattenResult) -> str:
     ]
     if result.already_flat:
         lines.insert(1, "  IN was already flat; OUT is a verified copy")
+    else:
+        # Say what changed, so that a rewrite is never mistaken for a copy (--check lists all).
+        shown = list(result.changes[:SUMMARY_CHANGES])
+        if len(result.changes) > SUMMARY_CHANGES:
+            shown.append(f"... and {len(result.changes) - SUMMARY_CHANGES} more (--check lists them all)")
+        lines[1:1] = [f"  changed   {change}" for change in shown]
     lines += [f"  note: {note}" for note in result.notes]
     return "\n".join(lines) + "\n"

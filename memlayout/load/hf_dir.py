@@ -168,18 +168,19 @@ def _load_safetensors_shards(directory: str, shards: list[str]) -> LoadedSource:
     sizes: dict[str, int] = {}
     file_of: dict[str, int] = {}
     paths = [os.path.join(directory, shard) for shard in shards]
-    for index, path in enumerate(paths):
+    names: set[str] = set()
+    for index, (shard, path) in enumerate(zip(shards, paths, strict=True)):
         header, _ = read_header(path)
         headers.append(header)
-        shard_tensors, shard_storages = safetensors_records(header)
-        duplicates = storages.keys() & shard_storages.keys()
+        shard_tensors, shard_storages, shard_spans = safetensors_records(header, shard)
+        duplicates = names & {t.name for t in shard_tensors}
         if duplicates:
             raise CorruptCheckpointError(f"{directory}: tensor {sorted(duplicates)[0]} appears in more than one shard")
+        names.update(t.name for t in shard_tensors)
         tensors += shard_tensors
         storages.update(shard_storages)
-        for entry in header.entries:
-            starts[entry.name], sizes[entry.name], file_of[entry.name] = entry.start, entry.nbytes, index
-    names = set(storages)
+        for key, start in shard_spans.starts.items():
+            starts[key], sizes[key], file_of[key] = start, shard_spans.sizes[key], index
     ties = [tie for header in headers for tie in metadata_ties(header, names)]
     spans = StorageSpans(starts, sizes, file_of=file_of)
     return file_source(directory, "hf-safetensors", tensors, storages, spans, files=paths, declared_ties=ties)

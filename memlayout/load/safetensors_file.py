@@ -2,9 +2,13 @@
 
 A file is an 8-byte little-endian header length, a JSON header, and a data
 section. Each header entry names a dtype, a shape and `data_offsets` relative to
-the data section. safetensors has no sharing: every tensor is its own storage, so
-each entry becomes one `StorageRecord` whose `base_address` is its absolute file
-offset (ML203 then checks alignment as the bytes sit in a memory map).
+the data section. The data section is one mapped buffer: `safe_open` maps the file
+once and every tensor it returns points into that mapping at its file offset. So
+the data section is one `StorageRecord` whose `base_address` is its absolute file
+offset, and each tensor is a view at its element offset (ML203 then checks
+alignment as the bytes sit in the mapping, and ML204 sees one buffer, as flatten
+does). A tensor whose byte offset is no multiple of its element size cannot be
+an element offset of that storage; it gets a storage of its own at its file offset.
 
 Validation follows what the safetensors library itself refuses: a header length
 beyond the file, invalid JSON, unknown dtypes, offsets outside the data section,
@@ -210,25 +214,39 @@ def read_header(path: str) -> tuple[SafetensorsHeader, int]:
     return parse_header(path, prefix, file_size), file_size
 
 
+DATA_STORAGE = "data"
+"""The storage key of a file's data section."""
+
+
 def safetensors_records(
-    header: SafetensorsHeader,
-) -> tuple[list[TensorRecord], dict[str, StorageRecord]]:
-    """One tensor and one storage per header entry, keyed by the tensor name.
+    header: SafetensorsHeader, data_key: str = DATA_STORAGE
+) -> tuple[list[TensorRecord], dict[str, StorageRecord], StorageSpans]:
+    """The data section as one storage, and each header entry as a contiguous view of it.
 
     Args:
         header: A validated header.
+        data_key: The data section's storage key (a shard's name in a model directory).
 
     Returns:
-        Tensor records (contiguous, offset 0) and storages whose base address is the
-        absolute file offset of the bytes.
+        Tensor records, storages whose base address is the absolute file offset of
+        their byte 0 (the data section, and any entry at an offset its element size
+        does not divide), and where the file holds each storage.
     """
+    data_size = sum(entry.nbytes for entry in header.entries)  # validated: no holes, no overlap
     tensors: list[TensorRecord] = []
-    storages: dict[str, StorageRecord] = {}
+    storages = {data_key: StorageRecord(data_key, "cpu", data_size, header.data_start)}
+    spans = StorageSpans({data_key: header.data_start}, {data_key: data_size})
     for entry in header.entries:
         stride = _contiguous_stride(entry.shape)
-        tensors.append(TensorRecord(entry.name, TensorKind.TENSOR, entry.dtype, entry.shape, stride, entry.name, 0))
-        storages[entry.name] = StorageRecord(entry.name, "cpu", entry.nbytes, entry.start)
-    return tensors, storages
+        relative = entry.start - header.data_start
+        itemsize = dtype_info(entry.dtype).itemsize
+        key, offset = data_key, relative // itemsize
+        if relative % itemsize:
+            key, offset = f"{data_key}:{entry.name}", 0
+            storages[key] = StorageRecord(key, "cpu", entry.nbytes, entry.start)
+            spans.starts[key], spans.sizes[key] = entry.start, entry.nbytes
+        tensors.append(TensorRecord(entry.name, TensorKind.TENSOR, entry.dtype, entry.shape, stride, key, offset))
+    return tensors, storages, spans
 
 
 def metadata_ties(header: SafetensorsHeader, present: set[str] | None = None) -> list[DeclaredTie]:
@@ -296,18 +314,17 @@ def load_safetensors(path: str) -> LoadedSource:
         path: The .safetensors file.
 
     Returns:
-        A `LoadedSource` with one storage per tensor and a reader over a memory map.
+        A `LoadedSource` with the data section as one storage and a reader over a memory map.
 
     Raises:
         CorruptCheckpointError: the header fails validation.
     """
     header, _ = read_header(path)
-    tensors, storages = safetensors_records(header)
+    tensors, storages, spans = safetensors_records(header)
     notes = []
     if header.metadata:
         shown = ", ".join(f"{k}={v[:40]}" for k, v in sorted(header.metadata.items())[:5])
         notes.append(f"safetensors __metadata__: {shown}")
-    spans = StorageSpans({e.name: e.start for e in header.entries}, {e.name: e.nbytes for e in header.entries})
     return file_source(
         path, "safetensors", tensors, storages, spans, declared_ties=metadata_ties(header), notes=notes
     )

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from memlayout.facts import TensorFact
 from memlayout.flat_groups import flat_group_key
+from memlayout.flatten_support import alignment_hint, flatten_hint
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 from memlayout.strides import MemoryFormat, Relation
 
@@ -70,6 +71,7 @@ def non_contiguous(ctx: RuleContext) -> Iterator[Finding]:
                 (tensor.name,),
                 f"{tensor.name} (shape {list(tensor.shape)}, stride {list(tensor.stride)}) is not contiguous",
                 storage=tensor.storage,
+                hint=f"store it contiguous (`p.data = p.data.contiguous()`), or {flatten_hint(ctx.facts.source)}",
             )
 
 
@@ -183,6 +185,7 @@ def misaligned(ctx: RuleContext) -> Iterator[Finding]:
         f"{len(names)} tensor{'s' if len(names) != 1 else ''} ({shown}) do not start on a "
         f"{ALIGNMENT}-byte boundary",
         storage=next(iter(storages)) if len(storages) == 1 else None,
+        hint=alignment_hint(ctx.facts.source),
     )
 
 
@@ -232,6 +235,7 @@ def fragmented(ctx: RuleContext) -> Iterator[Finding]:
         yield fragmented.finding(
             [],
             f"{len(tensors)} model tensors spread over {before} storages; flatten would use {after}",
+            hint=f"{flatten_hint(ctx.facts.source)} to get one buffer per device, dtype and requires_grad",
         )
 
 

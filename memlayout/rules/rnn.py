@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from memlayout.cudnn_layout import rnn_layout_problem
+from memlayout.flatten_support import flatten_hint
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 
 
@@ -60,6 +61,8 @@ def rnn_not_flat(ctx: RuleContext) -> Iterator[Finding]:
             yield rnn_not_flat.finding(
                 module.rnn.flat_weight_names,
                 f"{module.rnn.mode} {label}: {problem}; cuDNN will copy its weights on every call",
+                hint="call `module.flatten_parameters()` after moving to CUDA, or "
+                f"{flatten_hint(ctx.facts.source)}",
             )
 
 

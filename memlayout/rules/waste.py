@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from memlayout.flatten_support import flatten_hint
 from memlayout.format_bytes import human_bytes
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 
@@ -49,4 +50,6 @@ def storage_bloat(ctx: RuleContext) -> Iterator[Finding]:
                 f"use {share:.1%}; {human_bytes(storage.unused_bytes)} wasted",
                 storage=storage.id,
                 wasted_bytes=storage.unused_bytes,
+                hint=f"save `.clone()` of the slice (or {flatten_hint(ctx.facts.source)}), "
+                "which copies only the used bytes",
             )

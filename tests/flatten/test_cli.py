@@ -21,7 +21,7 @@ def state_file(tmp_path: Path) -> Path:
 def test_check_exits_1_and_says_what_would_change(state_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["flatten", str(state_file), "--check"]) == 1
     out = capsys.readouterr().out
-    assert "would become" in out
+    assert "would change" in out and "storages become" in out
     assert state_file.exists()
 
 

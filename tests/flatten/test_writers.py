@@ -68,9 +68,10 @@ def test_a_format_without_writer_is_refused_and_nothing_is_written(
     src, out = tmp_path / "in.pt", tmp_path / "out.pt"
     torch.save(LstmLM().state_dict(), src)
     monkeypatch.delitem(writers._BY_FORMAT, "torch-zip")
-    with pytest.raises(FlattenError, match="cannot rewrite torch-zip sources"):
+    with pytest.raises(FlattenError, match="no writer for torch-zip sources") as refused:
         flatten_path(str(src), FlattenOptions(out=str(out), device="cpu"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.pt"]
-    # --check needs no writer: it says what would change.
-    check = flatten_path(str(src), FlattenOptions(out=None, check=True))
-    assert not check.already_flat and check.format == "torch-zip"
+    # --check refuses the same way: it never promises a change flatten would not make.
+    with pytest.raises(FlattenError) as checked:
+        flatten_path(str(src), FlattenOptions(out=None, check=True))
+    assert checked.value.one_line() == refused.value.one_line()

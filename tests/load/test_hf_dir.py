@@ -50,7 +50,9 @@ def test_sharded_reader_reads_each_shard(sharded_gpt2: Path) -> None:
     source = load_path(str(sharded_gpt2))
     try:
         assert source.reader is not None
-        assert bytes(source.reader.read("transformer.ln_f.weight", 0, len(expected))) == expected
+        record = next(t for t in source.tensors if t.name == "transformer.ln_f.weight")
+        start = record.offset * 4
+        assert bytes(source.reader.read(record.storage_key, start, len(expected))) == expected
     finally:
         source.close()
 

@@ -34,12 +34,32 @@ def test_reads_names_dtypes_shapes_and_file_offsets(tmp_path: Path) -> None:
     assert (by_name["w"].dtype, by_name["w"].shape, by_name["w"].stride) == ("float32", (3, 4), (4, 1))
     assert (by_name["ids"].dtype, by_name["ids"].shape) == ("int64", (5,))
     assert by_name["h"].dtype == "bfloat16"
-    # One storage per tensor, addressed by absolute file offset.
-    header_length = struct.unpack("<Q", path.read_bytes()[:8])[0]
+    # The data section is one storage at its absolute file offset; each tensor a view of it.
+    raw = path.read_bytes()
+    header_length = struct.unpack("<Q", raw[:8])[0]
     data_start = 8 + header_length
-    starts = sorted(s.base_address or 0 for s in source.storages.values())
-    assert starts[0] == data_start
-    assert len(source.storages) == 3
+    (storage,) = source.storages.values()
+    assert storage.base_address == data_start and storage.nbytes == len(raw) - data_start
+    offsets = json.loads(raw[8:data_start])
+    for record in source.tensors:
+        itemsize = {"float32": 4, "int64": 8, "bfloat16": 2}[record.dtype]
+        assert record.storage_key == storage.key
+        assert record.offset * itemsize == offsets[record.name]["data_offsets"][0]
+
+
+def test_one_storage_is_what_safetensors_maps(tmp_path: Path) -> None:
+    # safe_open maps the file once: each tensor's pointer is the mapping plus its file
+    # offset, which is what one storage with element offsets says.
+    from safetensors import safe_open
+
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.randn(3, 4), "ids": torch.arange(5), "h": torch.ones(2, dtype=torch.bfloat16)}, str(path))
+    source = load_path(str(path))
+    with safe_open(str(path), "pt") as opened:
+        loaded = {name: opened.get_tensor(name) for name in opened.keys()}  # noqa: SIM118
+    by_name = {t.name: t for t in source.tensors}
+    base = {name: t.data_ptr() - by_name[name].offset * t.element_size() for name, t in loaded.items()}
+    assert len(set(base.values())) == 1
 
 
 def test_reader_returns_the_bytes_safetensors_wrote(tmp_path: Path) -> None:
@@ -49,10 +69,12 @@ def test_reader_returns_the_bytes_safetensors_wrote(tmp_path: Path) -> None:
     source = load_path(str(path))
     try:
         assert source.reader is not None
-        assert bytes(source.reader.read("w", 0, 48)) == weights.numpy().tobytes()
-        assert bytes(source.reader.read("w", 4, 4)) == weights.numpy().tobytes()[4:8]
+        w = next(t for t in source.tensors if t.name == "w")
+        start = w.offset * 4
+        assert bytes(source.reader.read(w.storage_key, start, 48)) == weights.numpy().tobytes()
+        assert bytes(source.reader.read(w.storage_key, start + 4, 4)) == weights.numpy().tobytes()[4:8]
         with pytest.raises(CorruptCheckpointError):
-            source.reader.read("w", 40, 16)
+            source.reader.read(w.storage_key, source.storages[w.storage_key].nbytes - 8, 16)
     finally:
         source.close()
 

@@ -71,3 +71,15 @@ def test_safetensors_counts_its_file_offsets(tmp_path: Path) -> None:
     loaded = safetensors.torch.load_file(path)
     assert _misaligned_by_torch(loaded)
     assert _misaligned_by_memlayout(path) == _misaligned_by_torch(loaded)
+
+
+def test_safetensors_hint_is_the_copy_that_aligns_not_a_flatten_that_cannot(tmp_path: Path) -> None:
+    path = tmp_path / "odd.safetensors"
+    safetensors.torch.save_file(
+        {"f": torch.randn(5), "a": torch.zeros(3, dtype=torch.uint8), "b": torch.ones(40, dtype=torch.uint8)}, path
+    )
+    (finding,) = run_inspection(str(path), select=["ML203"]).findings
+    assert "memlayout flatten`" not in finding.hint and "`.clone()`" in finding.hint
+    # Follow it: a clone after loading starts on an aligned address.
+    loaded = safetensors.torch.load_file(path)
+    assert _misaligned_by_torch({name: loaded[name].clone() for name in finding.tensors}) == set()

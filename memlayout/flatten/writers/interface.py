@@ -34,6 +34,17 @@ class FlattenJob:
 
 
 @dataclass(frozen=True)
+class LayoutAfter:
+    """What OUT holds, for the summary: the same numbers `inspect OUT` reports."""
+
+    storages: int
+    nbytes: int
+    """Bytes of every storage OUT holds."""
+    padding_bytes: int
+    """Of those, alignment padding between slots."""
+
+
+@dataclass(frozen=True)
 class Written:
     """What a writer did."""
 
@@ -72,6 +83,20 @@ class FlattenWriter(abc.ABC):
             Lines for `--check` and the summary.
         """
         return describe_changes(plan, facts)
+
+    def layout_after(self, plan: FlatPlan, facts: Facts) -> LayoutAfter:
+        """The storages OUT holds: the plan's buffers, and the storages it leaves alone.
+
+        Args:
+            plan: The plan made from `facts`.
+            facts: IN's facts.
+
+        Returns:
+            Storage count, bytes and padding of OUT.
+        """
+        untouched = {key[0] for key in plan.untouched}
+        kept = [s for s in facts.storages if s.key in untouched]
+        return LayoutAfter(len(plan.buffers) + len(kept), plan.nbytes + sum(s.nbytes for s in kept), plan.padding_bytes)
 
     def refuse(self, source: LoadedSource, options: FlattenOptions, device: str | None) -> None:
         """Raise when this rewrite must not start (no trust, wrong device); before any work.

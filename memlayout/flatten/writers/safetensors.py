@@ -6,7 +6,7 @@ from memlayout.errors import UsageError
 from memlayout.facts import Facts
 from memlayout.flatten.options import FlattenOptions
 from memlayout.flatten.plan import FlatPlan
-from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
+from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, LayoutAfter, Written
 from memlayout.load.records import LoadedSource
 
 
@@ -19,6 +19,11 @@ class SafetensorsWriter(FlattenWriter):
         from memlayout.flatten.safetensors_out import safetensors_changes
 
         return safetensors_changes(plan, source)
+
+    def layout_after(self, plan: FlatPlan, facts: Facts) -> LayoutAfter:
+        # One data section, tensors back to back: the format allows no padding.
+        nbytes = sum(slot.nbytes for flat in plan.buffers for slot in flat.slots)
+        return LayoutAfter(1 if nbytes else 0, nbytes, 0)
 
     def refuse(self, source: LoadedSource, options: FlattenOptions, device: str | None) -> None:
         if device != "cpu":

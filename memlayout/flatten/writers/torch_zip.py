@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from memlayout.errors import UnsafeContentError, UsageError
-from memlayout.flatten.options import FlattenOptions
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
 from memlayout.load.records import LoadedSource
 
@@ -26,21 +25,6 @@ class TorchZipWriter(FlattenWriter):
 
     def label(self, source: LoadedSource) -> str:
         return "torch.save module pickle" if source.modules else "torch.save state dict"
-
-    def refuse(self, source: LoadedSource, options: FlattenOptions, device: str | None) -> None:
-        if options.trust:
-            return
-        if source.modules:
-            raise UnsafeContentError(
-                f"{source.path} holds a pickled nn.Module; re-saving it needs the real objects, which runs code from the file",
-                "pass --trust if you trust whoever wrote it, or save a state_dict instead",
-            )
-        refused = sorted({f"{g.module}.{g.name}" for g in source.pickle_globals if not g.allowed})
-        if refused:
-            raise UnsafeContentError(
-                f"{source.path} references {', '.join(refused[:3])}, which torch's weights-only loader refuses",
-                "pass --trust if you trust whoever wrote it",
-            )
 
     def write(self, job: FlattenJob) -> Written:
         import pickle

@@ -1,0 +1,181 @@
+"""What `memlayout flatten` does with each source format, in one place.
+
+Rules read it so that a finding's hint never sends the user to a flatten that
+refuses, and says `--trust` where flatten needs it; flatten reads it to refuse,
+in the same words, both when asked to write and under `--check`. Plain data
+about formats: nothing here imports torch or the flatten machinery, so the
+rules stay light. Every format a loader produces has an entry (a test holds the
+table to `memlayout.load.FORMATS` and to the flatten writer registry).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from memlayout.facts import SourceFact
+
+
+class Trust(enum.Enum):
+    """When flattening a format needs `--trust` (real objects, which runs code from the file)."""
+
+    NEVER = "never"
+    """Nothing from the file is executed: safetensors, live objects."""
+    IF_UNSAFE_GLOBALS = "if-unsafe-globals"
+    """A torch pickle: only when it names globals outside torch's weights-only allow-list."""
+    ALWAYS = "always"
+    """The format's own loader runs code from the file (TorchScript)."""
+
+
+@dataclass(frozen=True)
+class FormatSupport:
+    """How flatten treats one loader format."""
+
+    writes: str
+    """What OUT is, e.g. "a torch.save zip"."""
+    trust: Trust = Trust.NEVER
+    trust_reason: str = ""
+    """Why loading it for real runs code from the file, for `Trust.ALWAYS`."""
+    refusal: str = ""
+    """Why flatten refuses this format; empty when it flattens it."""
+    alternative: str = ""
+    """What works instead, for a refused format."""
+    pads: bool = True
+    """Whether OUT can hold padding between tensors, so flatten can align each one.
+    A safetensors data section allows no gaps: flatten orders its tensors but cannot pad them."""
+
+
+_PICKLE_TRUST = "re-saving it needs the real objects, and unpickling them runs code from the file"
+
+FORMAT_SUPPORT: dict[str, FormatSupport] = {
+    "torch-zip": FormatSupport("a torch.save zip", Trust.IF_UNSAFE_GLOBALS),
+    "safetensors": FormatSupport("a safetensors file", pads=False),
+    "hf-safetensors": FormatSupport("a Hugging Face directory (each safetensors file flattened)", pads=False),
+    "hf-pytorch": FormatSupport("a Hugging Face directory (each torch.save file flattened)", Trust.IF_UNSAFE_GLOBALS),
+    "live-module": FormatSupport("a torch.save state dict"),
+    "state-dict": FormatSupport("a torch.save state dict"),
+    "torch-legacy": FormatSupport(
+        "a current torch.save file",
+        refusal="flatten does not rewrite legacy (non-zip) torch.save files yet",
+        alternative="re-save it with a current torch.save (`torch.save(torch.load(IN), OUT)`), then flatten OUT",
+    ),
+    "torch-legacy-tar": FormatSupport(
+        "a current torch.save file",
+        refusal="flatten does not rewrite tar-format torch.save files yet",
+        alternative="re-save it with a current torch.save (`torch.save(torch.load(IN, weights_only=False), OUT)`, "
+        "only for a file you trust), then flatten OUT",
+    ),
+    "torchscript": FormatSupport(
+        "a TorchScript archive",
+        refusal="flatten does not rewrite TorchScript archives yet",
+        alternative="flatten the module before `torch.jit.save` (`memlayout.flatten(module)`)",
+    ),
+    "torch-export": FormatSupport(
+        "a torch.export archive",
+        refusal="flatten does not rewrite torch.export archives yet",
+        alternative="flatten the model before exporting it (`memlayout.flatten(model)`, then torch.export)",
+    ),
+    "dcp": FormatSupport(
+        "",
+        refusal=(
+            "a torch.distributed.checkpoint directory has no layout of its own to flatten: dcp.load copies "
+            "each tensor into the state dict the caller passes, so the caller's tensors decide the layout"
+        ),
+        alternative=(
+            "flatten the model before loading into it: `memlayout.flatten(model)`, then "
+            "`dcp.load(model.state_dict(), checkpoint_id=DIR)` keeps the flat buffers"
+        ),
+    ),
+    "pickle": FormatSupport(
+        "",
+        refusal="a bare pickle is not a torch.save file, and its tensor bytes are not located without unpickling it",
+        alternative="load it (pickle.load runs code from the file: only one you trust), torch.save the object, "
+        "then flatten that file",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class FlattenRoute:
+    """What flatten does with one loaded source."""
+
+    command: str
+    """The command that flattens it ("memlayout flatten", with --trust where needed); "" when refused."""
+    writes: str
+    """What OUT is."""
+    trust_reason: str
+    """Why it needs --trust; "" when it does not."""
+    refusal: str
+    """Why flatten refuses it; "" when it does not."""
+    alternative: str
+    """What works instead, when refused."""
+
+
+def _unsafe_globals(source: SourceFact) -> list[str]:
+    return sorted({f"{g.module}.{g.name}" for g in source.pickle_globals if not g.allowed})
+
+
+def flatten_route(source: SourceFact) -> FlattenRoute:
+    """How `memlayout flatten` treats this source.
+
+    Args:
+        source: The source's facts (format and the globals its pickles name).
+
+    Returns:
+        The command that works, with the reason --trust is needed where it is, or
+        the refusal and what to do instead.
+    """
+    support = FORMAT_SUPPORT.get(source.format)
+    if support is None:
+        return FlattenRoute("", "", "", f"flatten does not rewrite {source.format} sources", "")
+    if support.refusal:
+        return FlattenRoute("", support.writes, "", support.refusal, support.alternative)
+    trust_reason = ""
+    if support.trust is Trust.ALWAYS:
+        trust_reason = support.trust_reason
+    elif support.trust is Trust.IF_UNSAFE_GLOBALS:
+        unsafe = _unsafe_globals(source)
+        if unsafe:
+            shown = ", ".join(unsafe[:3]) + (f" and {len(unsafe) - 3} more" if len(unsafe) > 3 else "")
+            trust_reason = f"its pickle names {shown}, outside torch's weights-only allow-list; {_PICKLE_TRUST}"
+    command = "memlayout flatten --trust" if trust_reason else "memlayout flatten"
+    return FlattenRoute(command, support.writes, trust_reason, "", "")
+
+
+def alignment_hint(source: SourceFact) -> str:
+    """ML203's hint: flatten where it can align every tensor, else the copy that aligns.
+
+    Args:
+        source: The source's facts.
+
+    Returns:
+        The hint text.
+    """
+    support = FORMAT_SUPPORT.get(source.format)
+    if support is not None and not support.pads:
+        return (
+            "`.clone()` the tensor after loading (a fresh allocation is aligned); the format stores tensors "
+            "back to back with no gaps, so no rewrite of the file can align every one"
+        )
+    return f"{flatten_hint(source)} (slots start on --align bytes, 64 by default), or `.clone()` the tensor"
+
+
+def flatten_hint(source: SourceFact) -> str:
+    """The flatten step of a finding's hint: a command that works for this source, or what works instead.
+
+    Args:
+        source: The source's facts.
+
+    Returns:
+        A clause such as "run `memlayout flatten`", "run `memlayout flatten --trust`
+        (...)", "call `memlayout.flatten(model)`" for an object passed in Python, or
+        the alternative for a format flatten refuses.
+    """
+    if source.path is None:
+        return "call `memlayout.flatten(model)`"
+    route = flatten_route(source)
+    if route.refusal:
+        return route.alternative or route.refusal
+    if route.trust_reason:
+        return f"run `{route.command}` (only for a file you trust: {route.trust_reason})"
+    return f"run `{route.command}`"
