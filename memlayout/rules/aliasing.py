@@ -80,17 +80,17 @@ Two or more tensors are bitwise equal but do not share memory. Usually a tie was
 lost: `load_state_dict` into an untied model, `clone()`, meta-device init with
 `to_empty()`, or `load_state_dict(assign=True)`. Otherwise it is wasted memory and
 disk. Constant tensors (freshly initialized norms and zero biases) and tensors
-under --min-duplicate-bytes are ignored.
+under --min-duplicate-bytes are ignored. Without --deep, the CRC-32s a torch.save
+zip records for its storages settle most candidates without reading a byte; the
+rest are told apart by a few sampled elements, and tensors whose samples match are
+compared in full. --deep compares contents whatever the recorded CRCs say.
 
 Optimizer state gets its own judgment, at info severity. Equal moments (Adam's
 `exp_avg`, `exp_avg_sq`) follow from equal gradients, and some parameters get
 equal gradients by construction: an LSTM adds `bias_ih` and `bias_hh` into the
 same gates, so their moments stay bitwise equal for the whole run. Tying them
 would be wrong; the copy costs only disk, and a checkpoint meant for inference
-needs no optimizer state at all. Without --deep, the CRC-32s a torch.save
-zip records for its storages settle most candidates without reading a byte; the
-rest are told apart by a few sampled elements, and tensors whose samples match are
-compared in full. --deep compares contents whatever the recorded CRCs say.
+needs no optimizer state at all.
 """,
     needs=(Requirement.LAYOUT, Requirement.CONTENT),
     detects=(
