@@ -38,6 +38,11 @@ browser:
 test: $(STAMP) browser
 	$(PY) -m pytest -q -n 2
 
+# Full-size goals that take minutes and GiBs (issue 13's GPT-2 64x512 and Llama 7B).
+.PHONY: slow
+slow: $(STAMP)
+	MEMLAYOUT_SLOW=1 $(PY) -m pytest -q -m slow tests/activations
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check memlayout tests benchmarks fixtures
 	$(VENV)/bin/mypy

@@ -89,6 +89,11 @@ class _Step:
             raise UsageError(f"unknown mode {mode!r}", "use fake, meta or real")
         if mode == "real" and device == "meta":
             raise UsageError("--real needs a device with memory", "use --device cpu or cuda")
+        if device.startswith("cuda") and not torch.backends.cuda.is_built():  # type: ignore[no-untyped-call]
+            raise UsageError(
+                "--device cuda needs a torch built with CUDA, even for fake tensors; this one is CPU-only",
+                "install a CUDA build of torch, or trace for --device cpu",
+            )
         if device.startswith("cuda") and mode == "real" and not torch.cuda.is_available():
             raise UsageError("--real --device cuda needs a CUDA device, and none is available")
         self.mode = mode
@@ -260,8 +265,9 @@ def analyze(
             step.model, target_kind = build_model(str(target), trust=trust)
         target_text, kind = str(target), target_kind.kind
     step.model.train()
-    if step.mode == "real" and step.device != "cpu":
-        step.model.to(step.device)
+    if step.device not in ("cpu", "meta"):
+        with step.context():
+            step.model.to(step.device)
     step.make_inputs(inputs, kwargs)
     if not step.args and not step.kwargs:
         raise UsageError(
@@ -354,7 +360,7 @@ def pitfalls(plan: Plan, modules: tuple[ModuleFacts, ...], model: Any) -> tuple[
     paths = list(plan.checkpoint) + [s.module for s in plan.sequential]
 
     def inside(path: str) -> list[ModuleFacts]:
-        return [m for m in modules if any(m.path == p or m.path.startswith(p + ".") or p == "" for p in [path])]
+        return [m for m in modules if path == "" or m.path == path or m.path.startswith(path + ".")]
 
     found: list[str] = [
         "wrap with use_reentrant=False (apply_plan does): the reentrant variant does not work with "
@@ -362,7 +368,7 @@ def pitfalls(plan: Plan, modules: tuple[ModuleFacts, ...], model: Any) -> tuple[
     ]
 
     def flagged(check: Callable[[ModuleFacts], bool]) -> list[str]:
-        return [p for p in paths if any(check(m) for m in inside(p))]
+        return [p or "the model" for p in paths if any(check(m) for m in inside(p))]
 
     if hit := flagged(lambda m: m.reads_outside_state):
         found.append(

@@ -240,41 +240,63 @@ class Planner:
 
     # the search ---------------------------------------------------------------
     def search(self, target: int) -> list[int] | None:
-        """The cheapest options found whose estimated peak is at most `target`; None if none reach it."""
+        """The cheapest options found whose estimated peak is at most `target`; None if none reach it.
+
+        Greedy by bytes per FLOP; at every step the cheapest single move that would reach
+        the target from there is kept as a candidate, and the cheapest candidate wins
+        (the usual greedy for a covering knapsack, which alone can overshoot a lot).
+        """
         chosen: list[int] = []
         values = self._interval_max.copy()
-        while int(values.max()) > target:
-            step = self._best_step(chosen, values)
-            if step is None:
-                return None
-            add, remove = step
-            for row in remove:
-                chosen.remove(row)
-                values -= self._rows[row]
-            chosen.append(add)
-            values += self._rows[add]
-        return self._prune(chosen, target)
+        candidates: list[list[int]] = []
+        while True:
+            if int(values.max()) <= target:
+                candidates.append(list(chosen))
+                break
+            ratio_move, finishing = self._moves(chosen, values, target)
+            if finishing is not None:
+                candidates.append(self._applied(chosen, finishing))
+            if ratio_move is None:
+                break
+            chosen, values = self._apply(chosen, values, ratio_move)
+        if not candidates:
+            return None
+        pruned = [self._prune(candidate, target) for candidate in candidates]
+        return min(pruned, key=lambda rows: (sum(self._costs[r] for r in rows), len(rows), sorted(rows)))
 
     def lowest(self) -> list[int]:
         """Options taken while any lowers the estimated peak: the lowest peak this planner reaches."""
         chosen: list[int] = []
         values = self._interval_max.copy()
-        while (step := self._best_step(chosen, values)) is not None:
-            add, remove = step
-            for row in remove:
-                chosen.remove(row)
-                values -= self._rows[row]
-            chosen.append(add)
-            values += self._rows[add]
+        while (move := self._moves(chosen, values, None)[0]) is not None:
+            chosen, values = self._apply(chosen, values, move)
         return self._prune(chosen, int(values.max()))
 
-    def _best_step(self, chosen: list[int], values: np.ndarray) -> tuple[int, list[int]] | None:
+    def _applied(self, chosen: list[int], move: tuple[int, list[int]]) -> list[int]:
+        add, remove = move
+        return [row for row in chosen if row not in remove] + [add]
+
+    def _apply(self, chosen: list[int], values: np.ndarray, move: tuple[int, list[int]]) -> tuple[list[int], np.ndarray]:
+        add, remove = move
+        values = values + self._rows[add]
+        for row in remove:
+            values = values - self._rows[row]
+        return self._applied(chosen, move), values
+
+    def _moves(
+        self, chosen: list[int], values: np.ndarray, target: int | None
+    ) -> tuple[tuple[int, list[int]] | None, tuple[int, list[int]] | None]:
+        """The best move by peak bytes saved per FLOP, and the cheapest move that reaches `target`.
+
+        A move adds one option and drops the chosen options it conflicts with (a module
+        replacing the modules inside it).
+        """
         if not self.options:
-            return None
+            return None, None
         peak = int(values.max())
-        cost = float(sum(self._costs[row] for row in chosen))
         peaks = (values[None, :] + self._rows).max(axis=1)
         best: tuple[float, int, int, list[int]] | None = None
+        finishing: tuple[float, int, int, list[int]] | None = None
         for row, option in enumerate(self.options):
             if row in chosen:
                 continue
@@ -290,13 +312,20 @@ class Planner:
             gain = peak - new_peak
             if gain <= 0:
                 continue
-            # Free (zero-FLOP) steps first, largest gain first; then the most bytes per FLOP.
-            score = float("inf") if added <= 0 else gain / added
-            key = (score, gain)
-            if best is None or key > (best[0], best[1]):
+            if target is not None and new_peak <= target and (
+                finishing is None or (added, -gain) < (finishing[0], -finishing[1])
+            ):
+                finishing = (added, gain, row, conflicts)
+            # Free (zero-FLOP) moves first, largest gain first; then the most bytes per FLOP, counting
+            # only the bytes still needed (a move that overshoots the target gets no credit for it).
+            useful = gain if target is None else min(gain, peak - target)
+            score = float("inf") if added <= 0 else useful / added
+            if best is None or (score, gain) > (best[0], best[1]):
                 best = (score, gain, row, conflicts)
-        del cost
-        return None if best is None else (best[2], best[3])
+        return (
+            None if best is None else (best[2], best[3]),
+            None if finishing is None else (finishing[2], finishing[3]),
+        )
 
     def _prune(self, chosen: list[int], target: int) -> list[int]:
         kept = list(chosen)

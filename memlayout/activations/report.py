@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import io
 import json
+import textwrap
 from typing import Any
 
 from memlayout import __version__
@@ -101,8 +102,8 @@ def flops_text(count: int) -> str:
 
 def module_label(path: str | None) -> str:
     if path is None:
-        return "(outside the model)"
-    return path or "(model)"
+        return "outside the model"
+    return path or "the model"
 
 
 def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width: int = 120, color: bool = False) -> str:
@@ -116,37 +117,40 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     for style in ("bold", "", "bold", ""):
         grid.add_column(style=style)
     at = s.peak_at
-    peak_at = f"{module_label(at.module)} ({at.class_name}), {at.phase}" if at.class_name else f"{module_label(at.module)}, {at.phase}"
-    grid.add_row("peak", human_bytes(s.peak_bytes), "at", peak_at)
+    where = module_label(at.module) + (f" ({at.class_name})" if at.class_name else "")
+    grid.add_row("peak", human_bytes(s.peak_bytes), "at", f"{where}, {at.phase}")
     if s.allocator_peak_bytes is not None:
-        grid.add_row("peak, CUDA blocks", human_bytes(s.allocator_peak_bytes), "", "")
+        grid.add_row("peak in CUDA blocks", human_bytes(s.allocator_peak_bytes), "", "")
     grid.add_row("activations", human_bytes(s.activation_bytes), "saved for backward", "each storage once, model state excluded")
     grid.add_row("parameters", human_bytes(s.parameter_bytes), "gradients", human_bytes(s.gradient_bytes))
     grid.add_row("inputs", human_bytes(s.input_bytes), "forward", flops_text(s.forward_flops))
-    parts = ", ".join(f"{name.replace('_', ' ')} {human_bytes(v)}" for name, v in s.at_peak.items() if v)
-    grid.add_row("at the peak", parts, "", "")
+    live = ", ".join(f"{name.replace('_', ' ')} {human_bytes(v)}" for name, v in s.at_peak.items() if v)
     title = f"memlayout activations: {report.target or report.model_class}"
     subtitle = f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss}"
-    parts_out: list[Any] = [Panel(grid, title=title, subtitle=subtitle, title_align="left", expand=False)]
+    parts_out: list[Any] = [
+        Panel(Group(grid, f"[bold]live at the peak[/bold]  {live}"), title=title, subtitle=subtitle,
+              title_align="left", expand=False)
+    ]
 
-    table = Table(title=f"modules (depth <= {depth}; --depth, or --format json for all)", title_justify="left")
+    table = Table(title=f"modules (depth <= {depth}; --depth N, or --format json for all)", title_justify="left")
     for name, justify in (("module", "left"), ("class", "left"), ("calls", "right"), ("saved", "right"),
                           ("output", "right"), ("forward", "right"), ("notes", "left")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     shown = [m for m in report.modules if (m.path.count(".") + 1 if m.path else 0) <= depth]
+    shown_paths = {m.path for m in shown}
     for m in shown:
+        ancestors = sum(1 for p in shown_paths if p != m.path and (p == "" or m.path.startswith(p + ".")))
         notes = [name for flag, name in ((m.uses_randomness, "random"), (m.mutates_buffers, "updates buffers"),
                                          (m.reads_outside_state, "reads outside state"),
                                          (m.moves_device, "moves device")) if flag]
-        indent = "  " * (m.path.count(".") + 1 if m.path else 0)
-        table.add_row(indent + module_label(m.path), m.class_name, str(m.calls), human_bytes(m.saved_bytes),
+        table.add_row("  " * ancestors + module_label(m.path), m.class_name, str(m.calls), human_bytes(m.saved_bytes),
                       human_bytes(m.output_bytes), flops_text(m.forward_flops), ", ".join(notes))
     hidden = len(report.modules) - len(shown)
     if hidden:
         table.caption = f"{hidden} deeper modules not shown"
     parts_out.append(table)
     if report.plan is not None:
-        parts_out.append(_plan_text(report))
+        parts_out.append(_plan_text(report, width))
     for note in report.notes:
         parts_out.append(f"note: {note}")
     buffer = io.StringIO()
@@ -156,25 +160,30 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     return buffer.getvalue()
 
 
-def _plan_text(report: ActivationReport) -> str:
+def _plan_text(report: ActivationReport, width: int) -> Any:
+    from rich.text import Text
+
     plan = report.plan
     assert plan is not None
     lines = [f"plan for a budget of {human_bytes(plan.budget_bytes)}"]
+
+    def field(name: str, text: str) -> None:
+        lines.append(textwrap.fill(text, width=width, initial_indent=f"  {name:<11}", subsequent_indent=" " * 13))
+
     if plan.plan.empty:
-        lines.append(f"  nothing to checkpoint: the peak {human_bytes(plan.peak_bytes)} already fits")
-        return "\n".join(lines)
+        field("fits", f"nothing to checkpoint: the peak {human_bytes(plan.peak_bytes)} is within the budget")
+        return Text("\n".join(lines))
     if plan.plan.checkpoint:
-        lines.append(f"  checkpoint   {', '.join(module_label(p) for p in plan.plan.checkpoint)}")
+        field("checkpoint", ", ".join(module_label(p) for p in plan.plan.checkpoint))
     for item in plan.plan.sequential:
-        lines.append(f"  sequential   {module_label(item.module)} in {item.segments} segments (checkpoint_sequential)")
+        field("sequential", f"{module_label(item.module)} in {item.segments} segments (checkpoint_sequential)")
     share = plan.recompute_flops / report.summary.forward_flops if report.summary.forward_flops else 0.0
-    lines.append(
-        f"  peak         {human_bytes(plan.peak_bytes)} (traced with the plan applied; estimated "
-        f"{human_bytes(plan.estimated_peak_bytes)}; {plan.checks} plan(s) traced)"
-    )
-    lines.append(f"  recompute    {flops_text(plan.recompute_flops)} ({share:.0%} of the forward)")
-    lines.append("  apply it     memlayout.activations.apply_plan(model, report.plan.plan) in Python, or the JSON "
-                 "report's \"plan\" object")
+    plural = "" if plan.checks == 1 else "s"
+    field("peak", f"{human_bytes(plan.peak_bytes)}, traced with the plan applied (estimated "
+                  f"{human_bytes(plan.estimated_peak_bytes)}; {plan.checks} plan{plural} traced)")
+    field("recompute", f"{flops_text(plan.recompute_flops)} ({share:.0%} of the forward)")
+    field("apply it", "memlayout.activations.apply_plan(model, plan) with report.plan.plan in Python, or the "
+                      "\"plan\" object of --format json")
     for pitfall in plan.pitfalls:
-        lines.append(f"  pitfall      {pitfall}")
-    return "\n".join(lines)
+        field("pitfall", pitfall)
+    return Text("\n".join(lines))

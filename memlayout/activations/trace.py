@@ -195,13 +195,8 @@ class StepTracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for position, value in enumerate(args):
             if not isinstance(value, torch.Tensor):
                 continue
-            known = self.index.get(value.untyped_storage()) if value.layout == torch.strided else None
+            known = self._known_or_outside(value)
             if known is None:
-                # A tensor the step neither received nor created: state kept outside the module's
-                # inputs, parameters and buffers. Scalars are constants, not state.
-                if value.numel() > 1:
-                    call.reads_outside_state = True
-                self.storage_of(value, StorageKind.OTHER)
                 continue
             alias = schema_args[position].alias_info if position < len(schema_args) else None
             if alias is not None and alias.is_write and self.storages[known].kind is StorageKind.BUFFER:
@@ -215,6 +210,19 @@ class StepTracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
             call.uses_randomness = True
         if func is torch.ops.aten.native_batch_norm.default and len(args) > 5 and args[5] and args[3] is not None:
             call.mutates_buffers = True  # its schema does not mark the running statistics it updates
+
+    def _known_or_outside(self, tensor: torch.Tensor) -> int | None:
+        """The storage index of a tensor an op reads; a tensor the step neither received nor
+        created is state kept outside the module's inputs, parameters and buffers (scalars are
+        constants, not state)."""
+        if tensor.layout != torch.strided:
+            return None
+        known: int | None = self.index.get(tensor.untyped_storage())
+        if known is None:
+            if tensor.numel() > 1 and self.stack and self.phase in (Phase.FORWARD, Phase.LOSS):
+                self.stack[-1].reads_outside_state = True
+            known = self.storage_of(tensor, StorageKind.OTHER)
+        return known
 
     def _count_flops(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         flops = forward_flops(func, args, kwargs, out)
@@ -289,7 +297,8 @@ class StepTracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
     # saved tensors ------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.phase in (Phase.FORWARD, Phase.LOSS):
-            index = self.storage_of(tensor, StorageKind.OTHER)
+            # autograd saves an op's inputs before the op reaches the dispatch mode
+            index = self._known_or_outside(tensor)
             if index is not None and index not in self.parameter_storages:
                 self.saved.add(index)
                 if self.stack:

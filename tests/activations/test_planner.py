@@ -1,0 +1,62 @@
+"""The planner on its own estimate: the search against a brute force over every valid plan."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import memlayout.activations as act
+from memlayout.activations.plan import Planner
+
+
+def mlp_stack() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    blocks = [torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)) for _ in range(6)]
+    return torch.nn.Sequential(*blocks)
+
+
+@pytest.fixture(scope="module")
+def planner() -> Planner:
+    report = act.analyze(mlp_stack(), ["float32[512,64]"])
+    return Planner(report.trace)
+
+
+@pytest.fixture(scope="module")
+def every_plan(planner: Planner) -> list[tuple[int, float]]:
+    """(estimated peak, recompute FLOPs) of every valid set of options."""
+    options = planner.options
+    plans = []
+    for size in range(len(options) + 1):
+        for rows in itertools.combinations(range(len(options)), size):
+            if not any(options[a].conflicts_with(options[b]) for a, b in itertools.combinations(rows, 2)):
+                plans.append((planner.estimate(rows), float(sum(options[r].flops for r in rows))))
+    return plans
+
+
+def test_options_are_blocks_and_segments(planner: Planner) -> None:
+    kinds = {(o.path, o.segments) for o in planner.options}
+    assert ("0", None) in kinds and ("", 2) in kinds
+    assert all(o.path != "" or o.segments for o in planner.options), "the whole model is never checkpointed"
+
+
+@pytest.mark.parametrize("share", [0.95, 0.85, 0.75, 0.65, 0.55])
+def test_search_finds_the_cheapest_plan_of_its_estimate(
+    planner: Planner, every_plan: list[tuple[int, float]], share: float
+) -> None:
+    target = int(planner.baseline_peak * share)
+    fitting = [cost for peak, cost in every_plan if peak <= target]
+    best = min(fitting) if fitting else None
+    chosen = planner.search(target)
+    if best is None:
+        assert chosen is None
+        return
+    assert chosen is not None
+    assert planner.estimate(chosen) <= target
+    assert planner.recompute_flops(chosen) == best
+
+
+def test_lowest_is_below_every_single_option(planner: Planner) -> None:
+    lowest = planner.estimate(planner.lowest())
+    assert all(lowest <= planner.estimate([row]) for row in range(len(planner.options)))

@@ -1,0 +1,33 @@
+"""The README's `memlayout activations` examples are real: each command runs and prints what the README shows."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from memlayout.cli.app import app
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+EXAMPLES = re.findall(r"```console\n\$ memlayout (activations .+?)\n(.*?)```", README, flags=re.DOTALL)
+
+
+def test_the_readme_has_examples() -> None:
+    assert len(EXAMPLES) >= 3
+
+
+@pytest.mark.parametrize("command, shown", EXAMPLES, ids=[c[:60] for c, _ in EXAMPLES])
+def test_readme_example_output_is_what_the_command_prints(
+    command: str, shown: str, repo_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(repo_root)
+    result = CliRunner().invoke(app, shlex.split(command))
+    assert result.exit_code in (0, 1), result.stderr
+    if result.exit_code == 0:
+        assert result.stdout.rstrip("\n") == shown.rstrip("\n")
+    else:  # the budget's one line (transformers may log its own lines to stderr too)
+        ours = [line for line in result.stderr.splitlines() if line.startswith("memlayout: ")]
+        assert ours == shown.rstrip("\n").splitlines()
