@@ -311,11 +311,6 @@ def walk_tensors(obj: Any) -> Iterator[torch.Tensor]:
     yield from walk(obj)
 
 
-def live_storage_key(tensor: torch.Tensor) -> str:
-    """The key `memlayout.load.live` gives the tensor's storage."""
-    return f"{tensor.device}:{tensor.untyped_storage()._cdata:#x}"
-
-
 def tensor_view_key(tensor: torch.Tensor, storage_key: str) -> ViewKey:
     """The `ViewKey` of a live tensor, given its storage's loader key."""
     dtype = str(tensor.dtype).removeprefix("torch.")
@@ -382,42 +377,3 @@ def modules_of(obj: Any) -> Iterator[Any]:
     elif isinstance(obj, (list, tuple)):
         for value in obj:
             yield from modules_of(value)
-
-
-def mmap_storage_keys(obj: Any, file_offsets: dict[str, int], file_sizes: dict[str, int]) -> dict[int, str]:
-    """Zip record key of each storage of a tree loaded with `torch.load(mmap=True)`.
-
-    torch maps the whole file once and slices each storage at its record's offset,
-    so pointer differences are file-offset differences; anchoring the lowest pointer
-    at the lowest record gives every storage's record, checked by offset and size.
-
-    Args:
-        obj: The loaded tree.
-        file_offsets: Record key -> absolute file offset of the record's bytes.
-        file_sizes: Record key -> record size.
-
-    Returns:
-        storage data_ptr -> record key, for every non-empty storage.
-
-    Raises:
-        FlattenError: the storages do not line up with the file's records.
-    """
-    pointers = {}
-    for tensor in walk_tensors(obj):
-        storage = tensor.untyped_storage()
-        if storage.nbytes() > 0:
-            pointers[storage.data_ptr()] = storage.nbytes()
-    if not pointers:
-        return {}
-    by_offset = {offset: key for key, offset in file_offsets.items() if file_sizes.get(key, 0) > 0}
-    base = min(pointers) - min(by_offset)
-    keys = {}
-    for pointer, nbytes in pointers.items():
-        key = by_offset.get(pointer - base)
-        if key is None or file_sizes[key] != nbytes:
-            raise FlattenError(
-                "the memory-mapped load does not line up with the file's storage records",
-                "rerun with --debug and report it; this torch may map files differently",
-            )
-        keys[pointer] = key
-    return keys

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from memlayout.errors import FlattenError, UnsafeContentError, UsageError
 from memlayout.facts import Facts, build_facts
-from memlayout.flatten.options import FlattenOptions
+from memlayout.flatten.options import FlattenOptions, Progress
 from memlayout.flatten.plan import plan_flatten
 from memlayout.flatten.writers import FlattenJob, writer_for
 from memlayout.flatten.writers.interface import LayoutAfter
@@ -45,6 +45,10 @@ class FlattenResult:
     verified: bool
     unverified_reason: str = ""
     """Why OUT was not re-read, when it was not."""
+    verification: str = ""
+    """What verification compared, when it ran."""
+    stages: tuple[tuple[str, float], ...] = ()
+    """Seconds per stage ("plan", "copy", "verify", "fsync", ...), in order."""
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -114,6 +118,7 @@ def _device_choice(device: str) -> tuple[str | None, str]:
 def _result(
     path: str, out: str | None, fmt: str, facts: Facts, after: LayoutAfter, notes: tuple[str, ...],
     device: tuple[str | None, str], copied: int, seconds: float, changes: list[str], verified: bool,
+    verification: str = "", stages: tuple[tuple[str, float], ...] = (),
 ) -> FlattenResult:
     return FlattenResult(
         source=path,
@@ -133,6 +138,8 @@ def _result(
         notes=notes,
         verified=verified,
         unverified_reason=_unverified_reason(out, verified),
+        verification=verification if verified else "",
+        stages=stages,
     )
 
 
@@ -144,7 +151,7 @@ def _unverified_reason(out: str | None, verified: bool) -> str:
     return "OUT is a device or pipe, which cannot be re-read" if resolve_target(out).is_stream else "--no-verify"
 
 
-def flatten_path(path: str, options: FlattenOptions) -> FlattenResult:
+def flatten_path(path: str, options: FlattenOptions, progress: Progress | None = None) -> FlattenResult:
     """Flatten the model or checkpoint at `path` into `options.out`, verified.
 
     Args:
@@ -152,6 +159,8 @@ def flatten_path(path: str, options: FlattenOptions) -> FlattenResult:
             spec `pkg.mod:factory` (whose model is saved as a state dict, the format
             that needs no code to load).
         options: Output, device, alignment, trust, check and verification switches.
+        progress: Called as `progress(task, done, total)` with the bytes copied and
+            verified so far, by writers that stream.
 
     Returns:
         A `FlattenResult` for the summary.
@@ -166,8 +175,9 @@ def flatten_path(path: str, options: FlattenOptions) -> FlattenResult:
     from memlayout.load.hf_dir import is_hf_dir
 
     if os.path.isdir(path) and is_hf_dir(path):
-        return _flatten_hf_dir(path, options)
+        return _flatten_hf_dir(path, options, progress)
     out = _check_paths(path, options)
+    planning = time.perf_counter()
     source = load_path(path)
     try:
         facts = build_facts(source)
@@ -192,15 +202,16 @@ def flatten_path(path: str, options: FlattenOptions) -> FlattenResult:
         writer.refuse(source, options, device[0])
         assert out is not None
         started = time.perf_counter()
-        written = writer.write(FlattenJob(path, out, source, facts, plan, options))
+        written = writer.write(FlattenJob(path, out, source, facts, plan, options, progress))
         seconds = time.perf_counter() - started
+        stages = (("plan", started - planning), *written.stages.items())
         return _result(path, out, label, facts, writer.layout_after(plan, facts), plan.notes, device,
-                       written.bytes_copied, seconds, changes, written.verified)
+                       written.bytes_copied, seconds, changes, written.verified, written.verification, stages)
     finally:
         source.close()
 
 
-def _flatten_hf_dir(path: str, options: FlattenOptions) -> FlattenResult:
+def _flatten_hf_dir(path: str, options: FlattenOptions, progress: Progress | None = None) -> FlattenResult:
     """Flatten each weight file of a model directory on its own and copy the rest.
 
     A shard keeps exactly its tensors, so the index stays true, and savers already
@@ -225,7 +236,7 @@ def _flatten_hf_dir(path: str, options: FlattenOptions) -> FlattenResult:
         for name in sorted(os.listdir(path)):
             source, target = os.path.join(path, name), os.path.join(temporary, name)
             if name in files:
-                results.append(flatten_path(source, replace(options, out=target, in_place=False)))
+                results.append(flatten_path(source, replace(options, out=target, in_place=False), progress))
             elif os.path.isdir(source):
                 # New files, as `cp -r` makes them: the umask applies, not IN's modes.
                 shutil.copytree(source, target, copy_function=shutil.copyfile)
@@ -254,6 +265,7 @@ def _merge_results(path: str, out: str | None, results: list[FlattenResult], fil
         notes=tuple(dict.fromkeys(note for r in results for note in r.notes)),
         verified=all(r.verified for r in results),
         unverified_reason=next((r.unverified_reason for r in results if r.unverified_reason), ""),
+        verification=next((r.verification for r in results if r.verification), ""),
     )
 
 

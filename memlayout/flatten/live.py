@@ -9,7 +9,6 @@ from memlayout.facts import Facts, build_facts
 from memlayout.flatten.apply import (
     allocate,
     copy_from_storages,
-    live_storage_key,
     rebind,
     torch_dtype,
     views_of,
@@ -18,6 +17,7 @@ from memlayout.flatten.apply import (
 from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
 from memlayout.flatten.handle import FlatGroup, FlatHandle
 from memlayout.flatten.plan import DEFAULT_ALIGN, FlatPlan, is_identity, plan_flatten
+from memlayout.load.live import storage_key
 
 if TYPE_CHECKING:
     import torch
@@ -65,7 +65,7 @@ def live_facts(obj: Any) -> Facts:
 
 
 def _live_storages(obj: Any) -> dict[str, Any]:
-    return {live_storage_key(t): t.untyped_storage() for t in walk_tensors(obj)}
+    return {storage_key(t): t.untyped_storage() for t in walk_tensors(obj)}
 
 
 def groups_of(plan: FlatPlan, buffers: list[torch.Tensor]) -> list[FlatGroup]:
@@ -151,7 +151,7 @@ def flatten_object(
     else:
         buffers = allocate(plan, pin_memory=pin_memory, share_memory=share_memory)
         copied = copy_from_storages(plan, buffers, storages)
-        rebind(obj, plan, views_of(plan, buffers), live_storage_key)
+        rebind(obj, plan, views_of(plan, buffers), storage_key)
         # On CUDA, torch's own flatten_parameters() lays out each RNN for the cuDNN
         # installed, and the handle holds the buffer it made.
         plan, buffers, _ = adopt_cudnn_layouts(obj, plan, buffers, facts)

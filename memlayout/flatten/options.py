@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from memlayout.flatten.plan import DEFAULT_ALIGN
+
+Progress = Callable[[str, int, int], None]
+"""progress(task, done, total): how many bytes of a task ("copy", "verify") are done."""
 
 
 @dataclass(frozen=True)

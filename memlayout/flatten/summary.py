@@ -46,7 +46,10 @@ def render_summary(result: FlattenResult) -> str:
         f"  bytes     {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)}"
         f" ({human_bytes(max(removed, 0))} bloat removed, {human_bytes(result.padding_bytes)} padding)",
         f"  time      {result.seconds:.3f} s ({rate:.2f} GB/s copied)",
-        "  verified  " + ("reloaded OUT: values and sharing match" if result.verified else f"skipped ({result.unverified_reason or '--no-verify'})"),
+        "  verified  " + (
+            (result.verification or "reloaded OUT: values and sharing match")
+            if result.verified else f"skipped ({result.unverified_reason or '--no-verify'})"
+        ),
     ]
     if result.already_flat:
         lines.insert(1, "  IN was already flat; OUT is a verified copy")

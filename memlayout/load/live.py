@@ -44,6 +44,15 @@ class LiveStorageReader:
         return memoryview(chunk.numpy().data)
 
 
+def storage_key(tensor: torch.Tensor) -> str:
+    """The key of a live tensor's storage: its device and torch's storage identity.
+
+    The one place this key is built: flatten finds a live tensor's planned slot by it.
+    The device is part of it, so that equal addresses on two devices never merge.
+    """
+    return f"{tensor.device}:{tensor.untyped_storage()._cdata:#x}"
+
+
 class _Collector:
     def __init__(self) -> None:
         self.tensors: list[TensorRecord] = []
@@ -62,7 +71,7 @@ class _Collector:
             return
         storage = tensor.untyped_storage()
         device = str(tensor.device)
-        key = f"{device}:{storage._cdata:#x}"
+        key = storage_key(tensor)
         if key not in self.storages:
             has_data = tensor.device.type != "meta" and storage.data_ptr() != 0
             self.storages[key] = StorageRecord(

@@ -20,7 +20,6 @@ from memlayout.cudnn_layout import RnnGeometry
 from memlayout.flatten.apply import (
     allocate,
     copy_from_storages,
-    live_storage_key,
     rebind,
     views_of,
     walk_tensors,
@@ -29,6 +28,7 @@ from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
 from memlayout.flatten.live import live_facts
 from memlayout.flatten.plan import is_identity, plan_flatten
 from memlayout.flatten.save import verify_torch_file, write_torch
+from memlayout.load.live import storage_key
 
 GAP = 16
 
@@ -71,8 +71,8 @@ def _flatten_with(obj: Any, flatten: Any) -> tuple[Any, list[torch.Tensor], list
     facts = live_facts(obj)
     plan = plan_flatten(facts)
     buffers = allocate(plan)
-    copy_from_storages(plan, buffers, {live_storage_key(t): t.untyped_storage() for t in walk_tensors(obj)})
-    rebind(obj, plan, views_of(plan, buffers), live_storage_key)
+    copy_from_storages(plan, buffers, {storage_key(t): t.untyped_storage() for t in walk_tensors(obj)})
+    rebind(obj, plan, views_of(plan, buffers), storage_key)
     return adopt_cudnn_layouts(obj, plan, buffers, facts, flatten=flatten, device_types=("cpu",))
 
 

@@ -9,10 +9,10 @@ writes OUT atomically, verifies it, and says what it did in a `Written`.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from memlayout.facts import Facts
-from memlayout.flatten.options import FlattenOptions
+from memlayout.flatten.options import FlattenOptions, Progress
 from memlayout.flatten.plan import FlatPlan, describe_changes
 from memlayout.load.records import LoadedSource
 
@@ -31,6 +31,8 @@ class FlattenJob:
     plan: FlatPlan
     """The layout, already on the target device."""
     options: FlattenOptions
+    progress: Progress | None = None
+    """Told the bytes copied and verified so far, for a progress display."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ class Written:
     """Bytes moved into the flat layout."""
     verified: bool
     """OUT was read back and checked before it replaced anything."""
+    verification: str = "reloaded OUT: values and sharing match"
+    """What the check compared, for the summary."""
+    stages: dict[str, float] = field(default_factory=dict)
+    """Seconds per stage of the write ("copy", "verify", "fsync", ...), for benchmarks."""
 
 
 class FlattenWriter(abc.ABC):

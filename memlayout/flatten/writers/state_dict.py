@@ -24,19 +24,19 @@ class LiveObjectWriter(FlattenWriter):
         from memlayout.flatten.apply import (
             allocate,
             copy_from_storages,
-            live_storage_key,
             rebind,
             views_of,
             walk_tensors,
         )
         from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
         from memlayout.flatten.save import verify_torch_file, write_torch
+        from memlayout.load.live import storage_key
 
         obj, plan, options = job.source.live_object, job.plan, job.options
-        storages = {live_storage_key(t): t.untyped_storage() for t in walk_tensors(obj)}
+        storages = {storage_key(t): t.untyped_storage() for t in walk_tensors(obj)}
         buffers = allocate(plan)
         copied = copy_from_storages(plan, buffers, storages)
-        rebind(obj, plan, views_of(plan, buffers), live_storage_key)
+        rebind(obj, plan, views_of(plan, buffers), storage_key)
         # On CUDA, cuDNN lays out each RNN itself and its buffer is what gets saved.
         plan, buffers, _ = adopt_cudnn_layouts(obj, plan, buffers, job.facts)
         state = obj.state_dict() if isinstance(obj, torch.nn.Module) else obj

@@ -1,25 +1,45 @@
 """torch.save zip files rewritten flat, as a state dict or (with --trust) a module pickle.
 
-The file is streamed: the tree is loaded with `torch.load(mmap=True)`, whose
-storages are never touched, the flat buffers are allocated, and each storage's
-used bytes are read from the file with pread straight into their slot. Peak
-memory is the flat bytes plus one small dense-copy temporary, not two models.
+IN's tree is rebuilt from its pickle with stand-in storages (`torch_tree`), and its
+tensors are re-pointed at views of flat buffers. Then:
+
+- on the CPU, the flat buffers are never filled. torch pickles the flat tree, and
+  OUT is written record by record in torch.save's own layout, each storage's used
+  bytes moved from IN's file to their slot in OUT's by the kernel
+  (`archive_out`). OUT is read back and proved against IN's CRCs, read as metadata
+  against the plan, and opened by `torch.load(mmap=True)` before it replaces
+  anything. Memory stays near a few chunks, whatever the model's size.
+- on CUDA, the buffers are allocated on the device and filled from IN's file
+  through pinned staging chunks, and torch.save writes them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
-from memlayout.errors import UnsafeContentError, UsageError
+from memlayout.errors import FlattenError
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
 from memlayout.load.records import LoadedSource
 
 if TYPE_CHECKING:
     import torch
 
+    from memlayout.flatten.archive_out import Piece
+    from memlayout.flatten.plan import FlatBuffer, Slot
+    from memlayout.zip_archive import RecordSpans
+
+FILE_FORMAT_VERSION = b"3\n"
+"""The `version` record torch's writer closes a torch.save archive with (kProducedFileFormatVersion)."""
+STREAMED_CHECKS = "read back: every record's CRC-32 matches IN's bytes; layout, sharing and torch.load agree"
+
 
 class TorchZipWriter(FlattenWriter):
-    """Streams each storage's used bytes from IN into its slot, then torch.saves the tree."""
+    """Writes OUT in torch.save's own format, moving each storage's used bytes from IN's file."""
 
     formats = ("torch-zip",)
 
@@ -27,42 +47,202 @@ class TorchZipWriter(FlattenWriter):
         return "torch.save module pickle" if source.modules else "torch.save state dict"
 
     def write(self, job: FlattenJob) -> Written:
-        import pickle
+        from memlayout.flatten.apply import rebind, views_of
+        from memlayout.flatten.torch_tree import rebuild_tree
+        from memlayout.zip_archive import ZipReader, archive_prefix
 
-        import torch
-
-        from memlayout.flatten.apply import (
-            allocate,
-            copy_from_file,
-            mmap_storage_keys,
-            rebind,
-            views_of,
-        )
-        from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
-        from memlayout.flatten.save import verify_torch_file, write_torch
-
-        path, plan, options = job.path, job.plan, job.options
-        names = {name for tensor in job.facts.tensors for name in tensor.names}
-        reader: Any = job.source.reader
+        stages: dict[str, float] = {}
+        started = time.perf_counter()
+        source = os.open(job.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
-            tree = torch.load(path, map_location="cpu", mmap=True, weights_only=not options.trust)
-        except pickle.UnpicklingError as exc:
-            raise UnsafeContentError(f"{path} cannot be loaded weights-only: {str(exc).splitlines()[0]}") from exc
-        except (AttributeError, ImportError) as exc:
-            raise UsageError(
-                f"{path}: a class the pickle needs cannot be imported here ({exc})",
-                "run from a directory where the model's code is importable",
-            ) from exc
-        keys = mmap_storage_keys(tree, reader.data_start, reader.data_size)
-        buffers = allocate(plan)
-        copied = copy_from_file(plan, buffers, path, reader.data_start)
+            archive = ZipReader(source, os.fstat(source).st_size, 0, job.path)
+            prefix = archive_prefix(archive.names)
+            _refuse_foreign_byte_order(archive, prefix, job.path)
+            spans = archive.record_spans(f"{prefix}data/")
+            tree, stand_ins = rebuild_tree(archive, prefix, job.options.trust, job.path)
+            if all(flat.device == "cpu" for flat in job.plan.buffers):
+                buffers = _unfilled_buffers(job)
+                rebind(tree, job.plan, views_of(job.plan, buffers), stand_ins.key_of)
+                stages["rebuild"] = time.perf_counter() - started
+                return _stream(job, tree, buffers, stand_ins, source, spans, stages)
+            return _through_memory(job, tree, stand_ins, spans)
+        finally:
+            os.close(source)
 
-        def key_of(tensor: torch.Tensor) -> str | None:
-            storage = tensor.untyped_storage()
-            return keys.get(storage.data_ptr()) if storage.nbytes() > 0 else None
 
-        rebind(tree, plan, views_of(plan, buffers), key_of)
-        # On CUDA, cuDNN lays out each RNN itself and its buffer is what gets saved.
-        plan, buffers, _ = adopt_cudnn_layouts(tree, plan, buffers, job.facts)
-        verify = (lambda temporary: verify_torch_file(temporary, plan, buffers, names)) if options.verify else None
-        return Written(copied, write_torch(tree, job.out, verify))
+def _refuse_foreign_byte_order(archive: Any, prefix: str, path: str) -> None:
+    name = f"{prefix}byteorder"
+    order = archive.read(name).decode("ascii", "replace") if name in archive.by_name else "little"
+    if order != sys.byteorder:
+        # torch.load would swap every value; flatten moves bytes as they are.
+        raise FlattenError(
+            f"{path} was saved on a {order}-endian machine and flatten copies bytes as they are",
+            f"load and re-save it with torch on this {sys.byteorder}-endian machine first",
+        )
+
+
+def _unfilled_buffers(job: FlattenJob) -> list[torch.Tensor]:
+    import torch
+
+    # Only their sizes and identities are used (to pickle the views): no page is
+    # ever touched, so they cost address space, not memory.
+    return [torch.empty(flat.nbytes, dtype=torch.uint8) for flat in job.plan.buffers]
+
+
+def _stream(
+    job: FlattenJob, tree: Any, buffers: list[torch.Tensor], stand_ins: Any, source: int, spans: RecordSpans,
+    stages: dict[str, float],
+) -> Written:
+    from memlayout.atomic_write import atomic_file
+    from memlayout.flatten.archive_out import Data, OutRecord, write_archive
+    from memlayout.flatten.save import ArchiveVerifier, check_layout
+    from memlayout.flatten.torch_tree import pickle_records
+    from memlayout.zip_archive import new_serialization_id, torch_archive_name
+
+    started = time.perf_counter()
+    pickled = pickle_records(tree)
+    buffer_index = {buffer.untyped_storage()._cdata: index for index, buffer in enumerate(buffers)}
+    records = [OutRecord(name, (Data(payload),)) for name, payload in pickled.small]
+    for key, storage in pickled.storages:
+        index = buffer_index.get(storage._cdata)
+        if index is not None:
+            pieces = _buffer_pieces(job.plan.buffers[index], source, spans)
+        else:
+            pieces = _unplaced_pieces(storage, stand_ins.key_of_storage(storage), spans)
+        records.append(OutRecord(f"data/{key}", pieces))
+    records.append(OutRecord("version", (Data(FILE_FORMAT_VERSION),)))
+    records.append(OutRecord(".data/serialization_id", (Data(new_serialization_id().encode("ascii")),)))
+    stages["pickle"] = time.perf_counter() - started
+    names = {name for tensor in job.facts.tensors for name in tensor.names}
+    verified = False
+    with atomic_file(job.out) as output:
+        started = time.perf_counter()
+        verifier = None
+        if job.options.verify and not output.is_stream:
+            verifier = ArchiveVerifier(output.fd, source, job.path, job.progress)
+        try:
+            written = write_archive(
+                source, output.fd, torch_archive_name(job.out), records, job.progress,
+                verifier.written if verifier is not None else None,
+            )
+        except BaseException:
+            if verifier is not None:
+                verifier.abandon()
+            raise
+        stages["copy"] = time.perf_counter() - started
+        if verifier is not None:
+            started = time.perf_counter()
+            # The disk writes the tail while the checks run; the commit's fsync then waits less.
+            flushing = threading.Thread(target=_flush, args=(output.fd,), daemon=True)
+            flushing.start()
+            verifier.finish(written)
+            check_layout(output.path, job.plan, names)
+            _torch_reads(output.path, job.options.trust, tree)
+            flushing.join()
+            stages["verify"] = time.perf_counter() - started
+            verified = True
+        closing = time.perf_counter()
+    stages["fsync"] = time.perf_counter() - closing
+    return Written(written.bytes_moved, verified, STREAMED_CHECKS if verified else "", stages)
+
+
+def _flush(fd: int) -> None:
+    # Errors are left to the commit's own fsync, which reports them.
+    with contextlib.suppress(OSError):
+        os.fdatasync(fd)
+
+
+def _buffer_pieces(flat: FlatBuffer, source: int, spans: RecordSpans) -> tuple[Piece, ...]:
+    from memlayout.flatten.archive_out import Data, FileRange, Zeros
+
+    pieces: list[Piece] = []
+    cursor = 0
+    for slot in flat.slots:
+        if slot.nbytes == 0:
+            continue
+        if slot.start > cursor:
+            pieces.append(Zeros(slot.start - cursor))
+        key = slot.source_storage
+        if slot.dense:
+            pieces.append(Data(_dense_bytes(source, spans.starts[key], slot)))
+        else:
+            whole = slot.source_start == 0 and slot.nbytes == spans.sizes[key]
+            crc = spans.checksums.get(key) if whole else None
+            pieces.append(FileRange(spans.starts[key] + slot.source_start, slot.nbytes, crc, f"data/{key}"))
+        cursor = slot.start + slot.nbytes
+    if flat.nbytes > cursor:
+        pieces.append(Zeros(flat.nbytes - cursor))
+    return tuple(pieces)
+
+
+def _unplaced_pieces(storage: Any, key: str | None, spans: RecordSpans) -> tuple[Piece, ...]:
+    # A storage no planned view reaches (an empty tensor's, or one held by an object
+    # flatten does not walk) is written whole, as torch.save would write it.
+    from memlayout.flatten.archive_out import Data, FileRange
+
+    nbytes = storage.nbytes()
+    if key is not None:
+        crc = spans.checksums.get(key) if nbytes == spans.sizes[key] else None
+        return (FileRange(spans.starts[key], nbytes, crc, f"data/{key}"),) if nbytes else ()
+    # Made while unpickling (a tensor rebuilt from data inside the pickle): real memory.
+    return (Data(_storage_bytes(storage)),) if nbytes else ()
+
+
+def _storage_bytes(storage: Any) -> bytes:
+    import torch
+
+    whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+    return bytes(whole.numpy().tobytes())
+
+
+def _dense_bytes(source: int, record_start: int, slot: Slot) -> bytes:
+    """A strided view's values in dense order: read its span from IN, copy it dense."""
+    import torch
+
+    from memlayout.flatten.apply import as_bits, host_bytes, pread_into, torch_dtype
+
+    span = torch.empty(slot.source_nbytes, dtype=torch.uint8)
+    pread_into(source, host_bytes(span), record_start + slot.source_start)
+    view = slot.views[0]
+    _, offset, shape, stride, dtype = view.source
+    values = torch.empty(0, dtype=torch_dtype(dtype))
+    values.set_(span.untyped_storage(), offset - slot.source_start // view.itemsize, shape, stride)
+    dense = torch.empty(slot.nbytes, dtype=torch.uint8)
+    target = torch.empty(0, dtype=torch_dtype(dtype))
+    target.set_(dense.untyped_storage(), 0, view.shape, view.stride)
+    as_bits(target).copy_(as_bits(values))
+    return bytes(dense.numpy().tobytes())
+
+
+def _torch_reads(path: str, trust: bool, tree: Any) -> None:
+    """torch.load(OUT, mmap=True) opens OUT and finds the tensors of the tree that was pickled."""
+    import torch
+
+    from memlayout.flatten.apply import walk_tensors
+
+    try:
+        loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=not trust)
+    except Exception as exc:
+        raise FlattenError(f"verification failed: torch.load cannot read OUT: {str(exc).splitlines()[0]}") from exc
+
+    def layouts(obj: Any) -> list[tuple[Any, ...]]:
+        return [(t.dtype, tuple(t.shape), t.stride(), t.storage_offset()) for t in walk_tensors(obj)]
+
+    if layouts(loaded) != layouts(tree):
+        raise FlattenError("verification failed: torch.load reads other tensors from OUT than were written")
+
+
+def _through_memory(job: FlattenJob, tree: Any, stand_ins: Any, spans: RecordSpans) -> Written:
+    """Fill device buffers from IN's file, re-point the tree at them, and torch.save it (CUDA)."""
+    from memlayout.flatten.apply import allocate, copy_from_file, rebind, views_of
+    from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
+    from memlayout.flatten.save import verify_torch_file, write_torch
+
+    names = {name for tensor in job.facts.tensors for name in tensor.names}
+    buffers = allocate(job.plan)
+    copied = copy_from_file(job.plan, buffers, job.path, spans.starts)
+    rebind(tree, job.plan, views_of(job.plan, buffers), stand_ins.key_of)
+    # On CUDA, cuDNN lays out each RNN itself and its buffer is what gets saved.
+    plan, buffers, _ = adopt_cudnn_layouts(tree, job.plan, buffers, job.facts)
+    verify = (lambda temporary: verify_torch_file(temporary, plan, buffers, names)) if job.options.verify else None
+    return Written(copied, write_torch(tree, job.out, verify))

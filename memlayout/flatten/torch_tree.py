@@ -1,0 +1,181 @@
+"""A torch.save file's object tree, rebuilt by torch's own unpickler, and pickled back as torch.save does.
+
+Flatten needs IN's real objects (a state dict's OrderedDict and its `_metadata`,
+Parameters, a trusted module pickle's modules) so that OUT's `data.pkl` is exactly
+what torch.save writes for the flat tree. It never needs IN's old bytes: those go
+straight from file to file. So both directions run torch's own serialization code
+on a zip reader that is ours:
+
+- `rebuild_tree` runs `torch.serialization._load` (what `torch.load` runs once it
+  has opened the file) with data.pkl and the small records read through
+  `memlayout.zip_archive`, and gives every storage persistent id a stand-in: an
+  untouched allocation of the record's size, remembered under its record key. No
+  page of a stand-in is ever touched, so it costs address space, not memory, and
+  the key is the one the loader gave the storage: the plan's slots and the tree's
+  tensors meet by key, never by data pointers.
+- `pickle_records` runs `torch.serialization._save` (what `torch.save` runs once it
+  has opened the file) with a recorder in place of torch's zip writer: it returns
+  data.pkl and the small records as bytes, and the storages to write, in torch's
+  order, for `memlayout.flatten.archive_out` to write.
+
+Both functions are private to torch; their signatures have been stable since the
+mmap loader arrived (torch 2.1), and the tests compare the result with torch.save.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from memlayout.errors import CorruptCheckpointError, UnsafeContentError, UsageError
+from memlayout.zip_archive import ZipReader
+
+if TYPE_CHECKING:
+    import torch
+
+DATA_FOLDER = "data/"
+
+
+@dataclass
+class StandIns:
+    """The stand-in storage of each record key of IN, and the way back from a tensor to its key."""
+
+    keys: dict[int, str] = field(default_factory=dict)
+    """Stand-in storage identity (`_cdata`) -> IN's record key."""
+    storages: dict[str, Any] = field(default_factory=dict)
+    """Record key -> its stand-in `UntypedStorage` (kept alive so identities stay unique)."""
+
+    def key_of(self, tensor: torch.Tensor) -> str | None:
+        """IN's record key of the storage a tensor views; None when it views no stand-in."""
+        return self.keys.get(tensor.untyped_storage()._cdata)
+
+    def key_of_storage(self, storage: Any) -> str | None:
+        """IN's record key of an untyped storage; None when it is no stand-in."""
+        return self.keys.get(storage._cdata)
+
+
+class _RecordsOfIn:
+    """What `torch.serialization._load` asks of torch's zip reader, answered from IN without its data."""
+
+    def __init__(self, archive: ZipReader, prefix: str, stand_ins: StandIns) -> None:
+        self.archive = archive
+        self.prefix = prefix
+        self.stand_ins = stand_ins
+
+    def has_record(self, name: str) -> bool:
+        return f"{self.prefix}{name}" in self.archive.by_name
+
+    def get_record(self, name: str) -> bytes:
+        return self.archive.read(f"{self.prefix}{name}")
+
+    def get_storage_from_record(self, name: str, nbytes: int, storage_type: Any) -> torch.Tensor:
+        import torch
+
+        key = name.removeprefix(DATA_FOLDER)
+        entry = self.archive.entry(f"{self.prefix}{name}")
+        if entry.size < nbytes:
+            raise CorruptCheckpointError(f"storage {key} should hold {nbytes} bytes but its record has {entry.size}")
+        # Never written or read: only its size and identity matter.
+        stand_in = torch.empty(nbytes, dtype=torch.uint8)
+        storage = stand_in.untyped_storage()
+        self.stand_ins.keys[storage._cdata] = key
+        self.stand_ins.storages[key] = storage
+        return stand_in
+
+    def serialization_id(self) -> str:
+        name = f"{self.prefix}.data/serialization_id"
+        return self.archive.read(name).decode("ascii", "replace") if name in self.archive.by_name else ""
+
+
+def rebuild_tree(archive: ZipReader, prefix: str, trust: bool, path: str) -> tuple[Any, StandIns]:
+    """IN's object tree as `torch.load(path, map_location="cpu")` builds it, on stand-in storages.
+
+    Args:
+        archive: IN's zip, open.
+        prefix: Its top folder ("archive/").
+        trust: Unpickle for real (runs code from the file); otherwise torch's
+            weights-only unpickler.
+        path: IN, for messages.
+
+    Returns:
+        The tree, and the stand-ins that map its storages back to record keys.
+
+    Raises:
+        UnsafeContentError: the weights-only unpickler refuses the pickle.
+        UsageError: a class the pickle needs cannot be imported (with trust).
+        CorruptCheckpointError: a record is smaller than the pickle says.
+    """
+    import torch._weights_only_unpickler as weights_only_unpickler
+    import torch.serialization
+
+    # Private to torch, and untyped: called through Any.
+    load: Any = torch.serialization._load
+    stand_ins = StandIns()
+    records = _RecordsOfIn(archive, prefix, stand_ins)
+    module: Any = weights_only_unpickler if not trust else pickle
+    try:
+        root = load(records, "cpu", module, encoding="utf-8")
+    except pickle.UnpicklingError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UnsafeContentError(f"{path} cannot be loaded weights-only: {first}") from exc
+    except (AttributeError, ImportError) as exc:
+        raise UsageError(
+            f"{path}: a class the pickle needs cannot be imported here ({exc})",
+            "run from a directory where the model's code is importable",
+        ) from exc
+    return root, stand_ins
+
+
+@dataclass(frozen=True)
+class PickledRecords:
+    """What torch.save writes for a tree, in its order, with storages not yet read."""
+
+    small: list[tuple[str, bytes]]
+    """data.pkl and the bookkeeping records (.format_version, .storage_alignment,
+    byteorder), by name below the archive's folder, before the storages."""
+    storages: list[tuple[str, Any]]
+    """(key, UntypedStorage) of every storage, in the order torch writes data/<key>."""
+
+
+class _Recorder:
+    """Stands in for torch's zip writer under `torch.serialization._save`: keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.small: list[tuple[str, bytes]] = []
+        self.storages: list[tuple[str, Any]] = []
+
+    def write_record(self, name: str, data: Any, nbytes: int) -> None:
+        if name.startswith(DATA_FOLDER):
+            self.storages.append((name.removeprefix(DATA_FOLDER), data))
+        else:
+            payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+            self.small.append((name, payload[:nbytes]))
+
+    def write_record_metadata(self, name: str, nbytes: int) -> None:
+        raise CorruptCheckpointError("torch.serialization.skip_data is on; flatten cannot write without data")
+
+
+def pickle_records(root: Any) -> PickledRecords:
+    """data.pkl and the records torch.save would write for `root`, storages unread.
+
+    Args:
+        root: The flat tree (every tensor on CPU).
+
+    Returns:
+        The small records as bytes, and the storages in writing order.
+
+    Raises:
+        FlattenError: torch refuses to save the tree (two dtypes viewing one storage).
+    """
+    import torch.serialization
+
+    from memlayout.errors import FlattenError
+
+    save: Any = torch.serialization._save
+    recorder = _Recorder()
+    try:
+        save(root, recorder, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+    except RuntimeError as exc:
+        raise FlattenError(f"torch cannot save the flat tree: {exc}") from exc
+    return PickledRecords(recorder.small, recorder.storages)
