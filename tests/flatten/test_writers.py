@@ -75,3 +75,14 @@ def test_a_format_without_writer_is_refused_and_nothing_is_written(
     with pytest.raises(FlattenError) as checked:
         flatten_path(str(src), FlattenOptions(out=None, check=True))
     assert checked.value.one_line() == refused.value.one_line()
+
+
+def test_the_planner_imports_no_rule_module() -> None:
+    # What the planner shares with the rules (flat groups, cuDNN's layout) lives in
+    # modules both import, so neither side reaches into the other.
+    import subprocess
+    import sys
+
+    code = "import sys, memlayout.flatten.plan; print(sorted(m for m in sys.modules if m.startswith('memlayout.rules')))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
