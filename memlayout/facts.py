@@ -156,6 +156,8 @@ class SourceFact:
     """Why the storages, strides, offsets and devices are stand-ins, when they are."""
     content_unreadable: str = ""
     """Why the tensors' bytes cannot be read, when they cannot."""
+    also_valid_as: tuple[str, ...] = ()
+    """Other container formats the file is also valid as (a polyglot)."""
 
 
 @dataclass(frozen=True)
@@ -524,6 +526,7 @@ def build_facts(source: LoadedSource) -> Facts:
             notes=tuple(source.notes),
             layout_unrecorded=source.layout_unrecorded,
             content_unreadable=source.content_unreadable,
+            also_valid_as=source.also_valid_as,
         ),
         tensors=tensors,
         storages=storage_facts,

@@ -89,18 +89,27 @@ class RecordSpans(NamedTuple):
 
 
 def archive_prefix(names: Iterable[str]) -> str:
-    """The archive's top folder ("archive/"): the one holding data.pkl.
+    """The archive's top folder ("archive/"), as torch's reader finds it.
 
-    torch's reader takes the folder of the first entry; torch's writers put every
-    record in one folder, and a folder holding `data.pkl` is the one that matters.
+    torch's reader (caffe2/serialize/inline_container.cc) takes the folder of the
+    first entry and refuses an archive with any entry outside it; reading another
+    folder's data.pkl than torch would is how a scanner gets fooled, so the same
+    rules hold here.
 
     Raises:
-        CorruptCheckpointError: no `<folder>/data.pkl`.
+        CorruptCheckpointError: no `<folder>/data.pkl`, or entries outside the folder.
     """
-    for name in names:
-        if name.endswith("/data.pkl") and name.count("/") == 1:
-            return name[: -len("data.pkl")]
-    raise CorruptCheckpointError("the zip has no <archive>/data.pkl: it is not a torch.save file")
+    ordered = list(names)
+    first = ordered[0] if ordered else ""
+    prefix = first[: first.find("/") + 1] if "/" in first else ""
+    if not prefix or f"{prefix}data.pkl" not in ordered:
+        raise CorruptCheckpointError("the zip has no <archive>/data.pkl: it is not a torch.save file")
+    outside = next((name for name in ordered if not name.startswith(prefix)), None)
+    if outside is not None:
+        raise CorruptCheckpointError(
+            f"the zip holds {outside} outside its archive folder {prefix}, which torch's reader refuses"
+        )
+    return prefix
 
 
 def torch_archive_name(path: str) -> str:
@@ -216,6 +225,45 @@ def read_directory(file: ArchiveFile) -> list[ZipEntry]:
     return entries
 
 
+MAX_INFLATION_RATIO = 200
+"""Deflate shrinks pickles, JSON and code about 3-10 times; a zip bomb 1000 times."""
+MAX_INFLATED_ALWAYS = 16 << 20
+
+
+def refuse_inflation(name: str, compressed_size: int, size: int) -> None:
+    """Refuse to inflate a member that claims far more bytes than deflate gives honest data.
+
+    torch never deflates a record; tools that recompress an archive do, and a
+    zip bomb turns 1 MiB into 1 GiB. Inflating stays within 200x the compressed
+    size (or 16 MiB), so memory stays proportional to the file.
+
+    Raises:
+        CorruptCheckpointError: the member would inflate beyond that.
+    """
+    if size > max(MAX_INFLATED_ALWAYS, MAX_INFLATION_RATIO * compressed_size):
+        raise CorruptCheckpointError(
+            f"{name} would inflate from {compressed_size:,} to {size:,} bytes, "
+            f"more than {MAX_INFLATION_RATIO}x: a zip bomb, not a checkpoint",
+            "do not load this file",
+        )
+
+
+def _refuse_ambiguous_names(entries: list[ZipEntry], what: str) -> None:
+    # torch's reader (miniz) finds a record by a case-insensitive binary search of
+    # the directory, so of two entries that differ only in case, or not at all, it
+    # may read either; a reader that picked the other could report a clean pickle
+    # that torch.load never loads.
+    seen: dict[str, str] = {}
+    for entry in entries:
+        folded = entry.name.lower()
+        if folded in seen:
+            names = f"{entry.name} twice" if seen[folded] == entry.name else f"both {seen[folded]} and {entry.name}"
+            raise CorruptCheckpointError(
+                f"{what} holds {names}; torch's reader matches entry names without case and may load either"
+            )
+        seen[folded] = entry.name
+
+
 class ZipReader:
     """A zip archive's directory and members, read with pread from an open file.
 
@@ -240,6 +288,7 @@ class ZipReader:
         except CorruptCheckpointError as exc:
             raise CorruptCheckpointError(f"{what} is not a readable zip archive: {exc.message}", exc.hint) from exc
         self.by_name = {entry.name: entry for entry in self.entries}
+        _refuse_ambiguous_names(self.entries, what)
 
     @property
     def names(self) -> list[str]:
@@ -285,10 +334,14 @@ class ZipReader:
                 unknown compression method, or a checksum mismatch.
         """
         entry = self.entry(name)
+        if entry.method == _DEFLATED:
+            refuse_inflation(entry.name, entry.compressed_size, entry.size)
         data = self.file.read(self.data_start(entry) - self.file.base, entry.compressed_size, entry.name)
         if entry.method == _DEFLATED:
             try:
-                data = zlib.decompress(data, -15)
+                # Never more than the directory says: a stream that goes on is damage.
+                inflater = zlib.decompressobj(-15)
+                data = inflater.decompress(data, entry.size + 1)
             except zlib.error as exc:
                 raise CorruptCheckpointError(f"{entry.name} cannot be decompressed: {exc}") from exc
         elif entry.method != _STORED:
@@ -387,7 +440,10 @@ def read_recompressed_archive(path: str, member: str, what: str) -> tuple[str, b
     try:
         with zipfile.ZipFile(path) as outer, outer.open(member) as stream, zipfile.ZipFile(stream) as inner:
             prefix = archive_prefix(inner.namelist())
-            data = inner.read(f"{prefix}data.pkl")
+            info = inner.getinfo(f"{prefix}data.pkl")
+            if info.compress_type != zipfile.ZIP_STORED:
+                refuse_inflation(info.filename, info.compress_size, info.file_size)
+            data = inner.read(info)
             folder = f"{prefix}data/"
             sizes = {
                 info.filename[len(folder) :]: info.file_size

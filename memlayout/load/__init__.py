@@ -7,6 +7,7 @@ Formats are detected by content, never by extension. Each format is one entry of
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -188,7 +189,20 @@ def load_path(path: str) -> LoadedSource:
             raise CorruptCheckpointError(f"{path} is empty", "the file holds no bytes; re-export it")
     for fmt in FORMATS:
         if fmt.detect(path, head):
-            return fmt.load(path)
+            try:
+                source = fmt.load(path)
+            except RecursionError:
+                # Walking a pickle's object tree recurses once per level; a file can
+                # nest 100,000 lists in a few hundred bytes. No model nests that deep.
+                raise CorruptCheckpointError(
+                    f"{path} nests containers more than {sys.getrecursionlimit()} levels deep, "
+                    "which no checkpoint does"
+                ) from None
+            if head:
+                from memlayout.load.polyglot import also_valid_as
+
+                source.also_valid_as = also_valid_as(path, head, fmt.name)
+            return source
     if not head:
         raise UnrecognizedFormatError(f"{path} is a directory with no model memlayout can read")
     raise UnrecognizedFormatError(f"{path} is not a checkpoint format memlayout recognizes")

@@ -15,6 +15,7 @@ pickle (`pickle.dump` of a model or dict): it is read the same way, metadata onl
 
 from __future__ import annotations
 
+import io
 import os
 import struct
 from collections.abc import Iterable
@@ -142,6 +143,28 @@ def load_legacy(path: str) -> LoadedSource:
     )
 
 
+_MAX_LATER_PICKLES = 64
+
+
+def _later_pickles_globals(path: str, handle: io.BufferedReader, first: RestrictedUnpickler) -> list[PickleGlobal]:
+    # pickle.load reads one pickle, but a file can hold several, and a reader that
+    # loads them in turn (as torch's legacy format does) runs every one: a clean
+    # first pickle hiding a malicious second is picklescan's malicious6.pkl. The
+    # globals of each later pickle are listed too; a tail that is no pickle ends it.
+    referenced = dict(first.referenced)
+    for _ in range(_MAX_LATER_PICKLES):
+        if not handle.peek(1):
+            break
+        unpickler = RestrictedUnpickler(handle, False)
+        try:
+            run_unpickler(unpickler, f"{path}: a later pickle")
+        except CorruptCheckpointError:
+            referenced.update(unpickler.referenced)
+            break
+        referenced.update(unpickler.referenced)
+    return list(referenced.values())
+
+
 def load_bare_pickle(path: str) -> LoadedSource:
     """Read a plain pickle (not torch.save) as metadata, executing nothing from it.
 
@@ -153,9 +176,10 @@ def load_bare_pickle(path: str) -> LoadedSource:
     """
     with open(path, "rb") as handle:
         root, unpickler = _load(path, handle, "main", False)
+        referenced = _later_pickles_globals(path, handle, unpickler)
     source = pickled_source(
         path, "pickle", root, None,
-        pickle_globals=list(unpickler.referenced.values()),
+        pickle_globals=referenced,
         notes=["a bare pickle, not a torch.save file: tensor data is not located"],
     )
     source.content_unreadable = "a bare pickle locates no tensor bytes that can be read without unpickling it"

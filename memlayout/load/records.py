@@ -154,6 +154,9 @@ class LoadedSource:
     tensor, and the rules that read layout do not run. Empty when the layout is real."""
     content_unreadable: str = ""
     """Why the tensors' bytes cannot be read, when `reader` is None; empty otherwise."""
+    also_valid_as: tuple[str, ...] = ()
+    """Other container formats the file is also valid as ("zip", "pickle", "tar",
+    "safetensors"): a polyglot, which other tools read differently (ML603)."""
 
     def close(self) -> None:
         """Release the files and maps behind `reader`; safe to call more than once."""

@@ -36,6 +36,7 @@ def report_dict(report: Report) -> dict[str, Any]:
             "format": facts.source.format,
             "legacy_format": facts.source.legacy_format,
             "notes": list(facts.source.notes),
+            "formats": [facts.source.format, *facts.source.also_valid_as],
         },
         "summary": {
             "tensors": report.summary.tensors,

@@ -133,7 +133,8 @@ def render_table(report: Report, width: int = 120, color: bool = False, all_stor
     console = Console(file=buffer, width=width, force_terminal=color, no_color=not color, highlight=False)
     source = report.facts.source
     # A Text title: the "[format]" suffix is not console markup.
-    title = Text(f"memlayout: {source.path or '(object)'} [{source.format}]")
+    formats = " and ".join([source.format, *(f"a valid {other}" for other in source.also_valid_as)])
+    title = Text(f"memlayout: {source.path or '(object)'} [{formats}]")
     console.print(Panel(_summary(report), title=title, title_align="left", expand=False))
     for note in source.notes:
         console.print(Text(f"note: {note}", "dim"))

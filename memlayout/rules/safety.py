@@ -35,8 +35,15 @@ def runs_code(module: str, name: str) -> bool:
         True for `os.system`, `builtins.exec`, `subprocess.Popen` and the like.
     """
     if module in _BUILTIN_MODULES:
-        return name in CODE_EXECUTION_BUILTINS
-    return module.split(".")[0] in CODE_EXECUTION_MODULES or module in CODE_EXECUTION_MODULES
+        return name in CODE_EXECUTION_BUILTINS or name.split(".")[0] in CODE_EXECUTION_MODULES
+    # Protocol 4 resolves a dotted name attribute by attribute, so `pathlib` +
+    # `os.system` is os.system reached through pathlib's import of os (fickling
+    # GHSA-5j3x-jp52-966f).
+    through = name.split(".")[:-1]
+    return (
+        module.split(".")[0] in CODE_EXECUTION_MODULES or module in CODE_EXECUTION_MODULES
+        or any(part in CODE_EXECUTION_MODULES for part in through)
+    )
 
 
 def _listed(paths: list[str]) -> str:
@@ -142,3 +149,61 @@ def legacy_format(ctx: RuleContext) -> Iterator[Finding]:
     else:
         message = f"{where} is a legacy (non-zip) torch.save file"
     yield legacy_format.finding((), message)
+
+
+_READERS = {
+    "zip": "zip readers (and scanners that open it as a zip archive)",
+    "pickle": "pickle.load",
+    "tar": "tar readers",
+    "safetensors": "safetensors readers",
+}
+
+
+@rule(
+    "ML603",
+    "polyglot",
+    Severity.WARNING,
+    "the file is valid as more than one format, so different tools read different contents",
+    "do not pass the file on: re-save the weights you trust with torch.save or as safetensors",
+    """
+torch.load picks the format from a file's first bytes, zip readers look for the
+end record at its other end, tar readers check a header checksum, and pickle.load
+starts at byte 0. A file can satisfy several at once: a legacy torch.save pickle
+with a zip archive appended is loaded by torch as the pickle while every zip tool,
+and any scanner that opens it as a zip, sees the archive, with a clean `data.pkl`
+of its own. Such polyglots are how malicious checkpoints get past scanners
+(fickling's `polyglot.py` builds them); no writer produces one by accident.
+memlayout reads the format torch.load reads and lists the others.
+""",
+    detects=(
+        "A file that is valid as more than one container format (zip, pickle, tar, "
+        "safetensors), for example a legacy torch.save file with a zip archive appended."
+    ),
+    example=RuleExample(
+        setup="""
+import zipfile
+
+import torch
+
+state = {"weight": torch.randn(4, 4)}
+torch.save(state, "model.pt", _use_new_zipfile_serialization=False)
+with zipfile.ZipFile("model.pt", "a") as archive:  # appends a zip after the pickles
+    archive.writestr("notes.txt", "looks like any zip")
+""",
+        command="memlayout inspect model.pt",
+        fixed="""
+torch.save(state, "model.pt")
+""",
+    ),
+)
+def polyglot(ctx: RuleContext) -> Iterator[Finding]:
+    source = ctx.facts.source
+    if not source.also_valid_as:
+        return
+    others = ", ".join(f"a valid {name}" for name in source.also_valid_as)
+    readers = "; ".join(_READERS[name] for name in source.also_valid_as)
+    yield polyglot.finding(
+        (),
+        f"{source.path or 'the file'} is a {source.format} file and also {others}: torch.load reads it as "
+        f"{source.format}, while {readers} see other contents",
+    )

@@ -117,7 +117,8 @@ def test_import_spec_builds_the_model(tmp_path: Path, monkeypatch: pytest.Monkey
     code, out, _ = invoke("inspect", "my_models:build", "--format", "json")
     report = json.loads(out)
     assert code == 1
-    assert report["source"] == {"path": "my_models:build", "format": "live-module", "legacy_format": False, "notes": []}
+    assert report["source"] == {"path": "my_models:build", "format": "live-module", "legacy_format": False, "notes": [],
+                                "formats": ["live-module"]}
     assert [f["code"] for f in report["findings"]] == ["ML201"]
 
 

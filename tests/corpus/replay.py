@@ -42,7 +42,7 @@ def replay_one(name: str, entry: dict[str, str], scratch: Path) -> dict[str, Any
     import memlayout
     from memlayout.errors import MemlayoutError
     from memlayout.rules import RuleConfig
-    from tests.fuzz.harness import Canary
+    from tests.fuzz.harness import Canary, peak_rss_mib
     from tests.fuzz.targets import TARGETS
 
     canary = _CANARY or Canary(str(scratch / "memlayout-canary"))
@@ -62,7 +62,7 @@ def replay_one(name: str, entry: dict[str, str], scratch: Path) -> dict[str, Any
                              "memory_error": isinstance(exc, MemoryError)})
         seconds = max(seconds, time.perf_counter() - started)
     return {"name": name, "outcomes": outcomes, "seconds": round(seconds, 3), "executions": canary.check(),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+            "peak_rss_mib": round(peak_rss_mib(), 1)}
 
 
 _CANARY: Any = None

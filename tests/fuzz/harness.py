@@ -10,7 +10,7 @@ library, metadata only and `--deep`, and four figures are kept:
   watches every event (open, exec, compile, os.system, subprocess.Popen, ...) for
   that path, and the path itself and an environment variable are checked after
   each input;
-- peak RSS: `ru_maxrss` after each input; inputs are at most 1 MiB.
+- peak RSS: the process's high-water mark (VmHWM) after each input; inputs are at most 1 MiB.
 
 Each input that breaks one is saved under the failures folder with what it broke,
 for `tests/corpus/` (see `tests/corpus/README.md`). The summary JSON is rewritten
@@ -87,7 +87,19 @@ def _mentions_canary(value: Any) -> bool:
     return isinstance(value, os.PathLike) and CANARY_MARK in os.fspath(value)
 
 
-def _rss_mib() -> float:
+def peak_rss_mib() -> float:
+    """This process's peak resident memory in MiB.
+
+    VmHWM, not `ru_maxrss`: Linux carries `ru_maxrss` over `execve`, so a child of
+    a pytest worker that imported torch would start at the worker's peak.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -110,7 +122,7 @@ class Run:
         self.over_rss = 0
         self.max_seconds = 0.0
         self.largest_input = 0
-        self.baseline_rss = _rss_mib()
+        self.baseline_rss = peak_rss_mib()
         self.failures: list[str] = []
         self.started = time.perf_counter()
         out.mkdir(parents=True, exist_ok=True)
@@ -151,9 +163,9 @@ class Run:
         if fired:
             self.executions += 1
             self._save(data, "execution", ", ".join(sorted(set(fired))))
-        if _rss_mib() > RSS_LIMIT_MIB:
+        if peak_rss_mib() > RSS_LIMIT_MIB:
             self.over_rss += 1
-            self._save(data, "rss", f"peak RSS {_rss_mib():.0f} MiB after this input")
+            self._save(data, "rss", f"peak RSS {peak_rss_mib():.0f} MiB after this input")
         if self.inputs % 200 == 0:
             self.write_summary()
 
@@ -162,7 +174,7 @@ class Run:
             "target": self.target.name, "engine": self.engine, "inputs": self.inputs,
             "tracebacks": self.tracebacks, "slow_inputs": self.slow, "executions": self.executions,
             "over_rss_inputs": self.over_rss, "max_seconds": round(self.max_seconds, 3),
-            "peak_rss_mib": round(_rss_mib(), 1), "baseline_rss_mib": round(self.baseline_rss, 1),
+            "peak_rss_mib": round(peak_rss_mib(), 1), "baseline_rss_mib": round(self.baseline_rss, 1),
             "largest_input": self.largest_input, "outcomes": dict(sorted(self.errors.items())),
             "failures": self.failures, "seconds": round(time.perf_counter() - self.started, 1),
         }
