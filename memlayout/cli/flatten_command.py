@@ -3,19 +3,55 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memlayout.cli.errors import one_line_errors
+from memlayout.cli.errors import USAGE_OR_LOAD_ERROR, one_line_errors
 from memlayout.cli.options import DebugOption, TrustOption
+from memlayout.errors import UsageError
+
+if TYPE_CHECKING:
+    from memlayout.flatten.options import FlattenOptions
 
 ALREADY_FLAT = 0
 WOULD_CHANGE = 1
 
 
+def _check_each(paths: list[str], options: FlattenOptions, debug: bool) -> int:
+    """`--check` over several paths: each one's verdict, a load error for one not stopping the others.
+
+    Returns the exit code: 2 when no path could be checked, 1 when any would change
+    or failed, 0 when every one is already flat.
+    """
+    from memlayout.errors import MemlayoutError
+    from memlayout.flatten.files import flatten_path
+    from memlayout.flatten.summary import render_check
+
+    failed = changed = 0
+    for path in paths:
+        try:
+            result = flatten_path(path, options)
+        except MemlayoutError as exc:
+            if debug:
+                raise
+            message = exc.one_line()
+            print(f"memlayout: error: {message if path in message else f'{path}: {message}'}", file=sys.stderr)
+            failed += 1
+            continue
+        sys.stdout.write(render_check(result))
+        changed += not result.already_flat
+    if failed == len(paths):
+        return USAGE_OR_LOAD_ERROR
+    return WOULD_CHANGE if failed or changed else ALREADY_FLAT
+
+
 def flatten_command(
-    path: Annotated[str, typer.Argument(help="Checkpoint file, model directory, or pkg.module:factory.", metavar="IN")],
+    paths: Annotated[
+        list[str],
+        typer.Argument(help="Checkpoint file, model directory, or pkg.module:factory (several with --check).",
+                       metavar="IN..."),
+    ],
     output: Annotated[
         str | None, typer.Option("--output", "-o", help="Where to write the flat copy (same format as IN).", metavar="OUT")
     ] = None,
@@ -25,7 +61,8 @@ def flatten_command(
     align: Annotated[int, typer.Option("--align", help="Slot alignment in bytes (a power of two).", min=1)] = 64,
     trust: TrustOption = False,
     check: Annotated[
-        bool, typer.Option("--check", help="Write nothing; exit 0 if IN is already flat, 1 if flatten would change it.")
+        bool, typer.Option("--check", help="Write nothing; exit 0 if every IN is already flat, 1 if flatten would "
+                           "change one.")
     ] = False,
     in_place: Annotated[bool, typer.Option("--in-place", help="Replace IN with its flat copy.")] = False,
     no_verify: Annotated[
@@ -41,13 +78,18 @@ def flatten_command(
     with one_line_errors(debug):
         from memlayout.flatten.files import flatten_path
         from memlayout.flatten.options import FlattenOptions
-        from memlayout.flatten.summary import render_check, render_summary
+        from memlayout.flatten.summary import render_summary
 
         options = FlattenOptions(
             out=output, device=device, align=align, trust=trust, check=check, in_place=in_place, verify=not no_verify,
             force=force,
         )
-        result = flatten_path(path, options)
-        sys.stdout.write(render_check(result) if check else render_summary(result))
-    if check and not result.already_flat:
-        raise typer.Exit(WOULD_CHANGE)
+        if check:
+            code = _check_each(paths, options, debug)
+        elif len(paths) > 1:
+            raise UsageError(f"flatten writes one IN at a time, and {len(paths)} were given",
+                             "pass one IN with -o OUT, or several with --check")
+        else:
+            sys.stdout.write(render_summary(flatten_path(paths[0], options)))
+            code = ALREADY_FLAT
+    raise typer.Exit(code)

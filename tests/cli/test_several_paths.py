@@ -131,3 +131,21 @@ def test_table_ends_with_the_totals(folder: Path) -> None:
 def test_debug_shows_the_first_load_error_as_a_traceback(folder: Path) -> None:
     result = runner.invoke(app, ["inspect", "clean.pt", "broken.pt", "--debug"])
     assert result.exception is not None and "not a checkpoint format" in str(result.exception)
+
+
+def test_flatten_check_takes_several_paths(folder: Path) -> None:
+    flat = torch.zeros(64)
+    torch.save({"a": flat[:32], "b": flat[32:]}, "flat.pt")
+    assert invoke("flatten", "--check", "flat.pt")[0] == 0
+    code, out, err = invoke("flatten", "--check", "flat.pt", "bloated.pt", "broken.pt")
+    assert code == 1
+    assert "flat.pt: already flat" in out and "bloated.pt: would change" in out
+    assert err.splitlines() == [line for line in err.splitlines() if line.startswith("memlayout: error: broken.pt")]
+    assert len(err.splitlines()) == 1
+    assert invoke("flatten", "--check", "broken.pt", "missing.pt")[0] == 2
+
+
+def test_flatten_without_check_takes_one_path(folder: Path) -> None:
+    code, _, err = invoke("flatten", "clean.pt", "bloated.pt", "-o", "out.pt")
+    assert code == 2 and "flatten writes one IN at a time" in err
+    assert not Path("out.pt").exists()
