@@ -63,3 +63,28 @@ def test_readme_python_examples_run() -> None:
     assert runnable, "the README's self-contained examples start with `import torch, memlayout`"
     for block in runnable:
         exec(compile(block, "README.md", "exec"), {})
+
+
+def test_the_github_actions_workflow_uploads_the_sarif_its_command_writes(
+    repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import jsonschema
+    import yaml
+
+    (block,) = re.findall(r"```yaml\n(# \.github/workflows/memlayout\.yml\n.*?)```", README, flags=re.DOTALL)
+    steps = yaml.safe_load(block)["jobs"]["memlayout"]["steps"]
+    sarif_step = next(step for step in steps if "--format sarif" in step.get("run", ""))
+    upload = next(step for step in steps if step.get("uses", "").startswith("github/codeql-action/upload-sarif"))
+    args = shlex.split(sarif_step["run"])
+    assert args[0] == "memlayout" and args[args.index("-o") + 1] == upload["with"]["sarif_file"]
+    # The same command on the bundled demo writes a valid SARIF file where the upload looks.
+    monkeypatch.chdir(tmp_path)
+    args[2] = str(repo_root / "fixtures" / "demo_checkpoint.pt")
+    result = CliRunner().invoke(app, args[1:])
+    assert result.exit_code == 1, result.stderr
+    schema = json.loads((repo_root / "tests" / "report" / "sarif-schema-2.1.0.json").read_text())
+    log = json.loads((tmp_path / upload["with"]["sarif_file"]).read_text())
+    jsonschema.Draft4Validator(schema).validate(log)
+    assert log["runs"][0]["results"]

@@ -20,9 +20,9 @@ sys.stderr.write(json.dumps({"code": code, "torch": "torch" in sys.modules, "num
 """
 
 
-def _inspect_in_child(*args: str) -> dict[str, object]:
+def _inspect_in_child(*args: str, command: str = "inspect") -> dict[str, object]:
     result = subprocess.run(
-        [sys.executable, "-c", _CHILD, "inspect", *args], capture_output=True, text=True, check=False
+        [sys.executable, "-c", _CHILD, command, *args], capture_output=True, text=True, check=False
     )
     report = json.loads(result.stderr.strip().splitlines()[-1])
     assert report["code"] in (0, 1), result.stderr
@@ -37,7 +37,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("fmt", ["json", "table"])
+@pytest.mark.parametrize("fmt", ["json", "table", "sarif", "github", "markdown", "junit"])
 def test_inspecting_a_torch_save_file_never_imports_torch(checkpoint: Path, fmt: str) -> None:
     report = _inspect_in_child(str(checkpoint), "--format", fmt)
     assert report["torch"] is False
@@ -55,3 +55,11 @@ def test_metadata_inspection_of_contiguous_tensors_never_imports_numpy(tmp_path:
     torch.save({f"layer{i}.weight": torch.randn(32, 32) for i in range(4)}, path)
     report = _inspect_in_child(str(path), "--format", "json")
     assert report["numpy"] is False
+
+
+def test_the_pre_commit_hooks_never_import_torch(checkpoint: Path, tmp_path: Path) -> None:
+    # What the two hooks of .pre-commit-hooks.yaml run, on several files at once.
+    other = tmp_path / "other.pt"
+    torch.save({"w": torch.randn(8, 8)}, other)
+    assert _inspect_in_child(str(checkpoint), str(other))["torch"] is False
+    assert _inspect_in_child(str(checkpoint), str(other), "--check", command="flatten")["torch"] is False
