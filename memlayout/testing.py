@@ -75,7 +75,7 @@ def assert_layout(
         ...
         AssertionError: memlayout found 1 layout problem at or above warning in Linear:
         ML201 warning non-contiguous: weight (shape [4, 4], stride [1, 4]) is not contiguous
-            hint: store it contiguous (`p.data = p.data.contiguous()`), or run `memlayout flatten`
+            hint: store it contiguous (`p.data = p.data.contiguous()`), or call `memlayout.flatten(model)`
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
     from memlayout.inspection import run_inspection
