@@ -75,11 +75,25 @@
     bar.style.width = Math.max(nbytes / scale * 100, 0.3) + "%";
     bar._fraction = nbytes / scale;
     const pct = (x) => nbytes ? (x / nbytes * 100) : 0;
+    // Gaps too thin to see (the padding after each slot of a flat buffer of 100,000
+    // tensors) merge into runs, as thin segments merge into clusters: one element
+    // per visible run, not one per gap.
+    let run = null;
+    const drawRun = () => {
+      if (!run) return;
+      const gap = el("div", run.padding ? "gap padding" : "gap unused", bar);
+      gap.style.left = pct(run.start) + "%";
+      gap.style.width = pct(run.end - run.start) + "%";
+      run = null;
+    };
     for (const [start, end, isPadding] of gaps) {
-      const gap = el("div", isPadding ? "gap padding" : "gap unused", bar);
-      gap.style.left = pct(start) + "%";
-      gap.style.width = pct(end - start) + "%";
+      const thin = pct(end - start) < CLUSTER_BELOW;
+      if (run && thin && run.padding === isPadding && pct(start - run.end) < CLUSTER_BELOW) { run.end = end; continue; }
+      drawRun();
+      run = { start, end, padding: isPadding };
+      if (!thin) drawRun();
     }
+    drawRun();
     for (const [start, end] of overlaps) {
       const overlap = el("div", "overlap", bar);
       overlap.style.left = pct(start) + "%";
