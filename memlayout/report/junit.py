@@ -65,8 +65,10 @@ def _suite(path: PathReport, batch: BatchReport) -> ET.Element:
             ET.SubElement(case, "skipped", message=xml_text(not_run[code]))
             skipped += 1
             continue
-        findings = by_code.get(code, [])
-        failing = [f for f in findings if threshold is not None and f.severity.rank >= threshold]
+        failing: list[Finding] = []
+        passing: list[Finding] = []
+        for finding in by_code.get(code, []):
+            (failing if threshold is not None and finding.severity.rank >= threshold else passing).append(finding)
         if failing:
             failures += 1
             failure = ET.SubElement(
@@ -74,7 +76,6 @@ def _suite(path: PathReport, batch: BatchReport) -> ET.Element:
                 message=f"{len(failing)} finding(s) at or above --fail-on {batch.fail_on}",
             )
             failure.text = "\n".join(_finding_line(f) for f in failing)
-        passing = [f for f in findings if f not in failing]
         if passing:
             ET.SubElement(case, "system-out").text = "\n".join(_finding_line(f) for f in passing)
     _counts(suite, len(batch.rules), failures, 0, skipped)
