@@ -169,7 +169,7 @@ def inspect_command(
         batch = apply_baseline_flags(batch, baseline, write_baseline)
         color = output is None and output_format is OutputFormat.TABLE and sys.stdout.isatty()
         reporter = reporter_for(output_format, color=color, all_storages=all_storages)
-        write_output(reporter.render(batch), output)
+        write_output(reporter.render_pieces(batch), output)
         if html is not None:
             from memlayout.report.html import render_html
 

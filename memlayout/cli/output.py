@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
-from memlayout.atomic_write import write_text
+from memlayout.atomic_write import atomic_file
 
 
-def write_output(text: str, path: str | None) -> None:
-    """Print `text`, or write it atomically to `path` (never a half-written report)."""
+def write_output(text: str | Iterable[str], path: str | None) -> None:
+    """Print `text`, or write it atomically to `path` (never a half-written report).
+
+    `text` may come in pieces (a reporter's `render_pieces`): each is written as it
+    comes, so a large report is never held whole.
+    """
+    pieces = (text,) if isinstance(text, str) else text
     if path is None:
-        sys.stdout.write(text)
+        for piece in pieces:
+            sys.stdout.write(piece)
         return
-    write_text(path, text)
+    with atomic_file(path) as output, output.open() as stream:
+        for piece in pieces:
+            stream.write(piece.encode("utf-8"))
 
 
 @contextmanager

@@ -8,7 +8,7 @@ place, `memlayout.report.reporter_for`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from memlayout.batch import BatchReport
 from memlayout.rules import Finding, Severity
@@ -27,6 +27,14 @@ class Reporter(abc.ABC):
         Returns:
             The text to print or write; never printed here.
         """
+
+    def render_pieces(self, batch: BatchReport) -> Iterator[str]:
+        """The same text as `render`, in consecutive pieces, for output written as it is made.
+
+        A reporter whose output grows with the tensor count (JSON lists every
+        tensor) overrides this, so that the whole text is never held at once.
+        """
+        yield self.render(batch)
 
 
 def findings_in_order(findings: Iterable[Finding]) -> list[Finding]:

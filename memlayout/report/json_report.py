@@ -8,26 +8,24 @@ key bumps `schema`.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 from memlayout import __version__
 from memlayout.batch import BaselineOutcome, BatchReport
-from memlayout.facts import TensorFact
+from memlayout.facts import Facts, TensorFact
 from memlayout.inspection import Report
 from memlayout.report.interface import Reporter
+from memlayout.report.json_text import LazyArray, json_pieces
 
 SCHEMA_VERSION = 1
 MULTI_PATH_SCHEMA_VERSION = 2
 
 
-def report_dict(report: Report) -> dict[str, Any]:
-    """The report as plain JSON-ready data."""
+def report_document(report: Report) -> dict[str, Any]:
+    """The report as JSON-ready data whose per-tensor arrays are `LazyArray`s, built as they are encoded."""
     facts = report.facts
-    views_by_storage: dict[str, list[TensorFact]] = defaultdict(list)
-    for tensor in facts.tensors:
-        views_by_storage[tensor.storage].append(tensor)
     return {
         "schema": SCHEMA_VERSION,
         "tool": {"name": "memlayout", "version": __version__},
@@ -51,55 +49,17 @@ def report_dict(report: Report) -> dict[str, Any]:
             "wasted_bytes": report.summary.wasted_bytes,
             "findings": dict(report.summary.findings),
         },
-        "tensors": [
-            {
-                "name": t.name,
-                "names": list(t.names),
-                "kind": t.kind.value,
-                "section": t.section,
-                "dtype": t.dtype,
-                "device": t.device,
-                "shape": list(t.shape),
-                "stride": list(t.stride),
-                "storage": t.storage,
-                "offset": t.offset,
-                "byte_offset": t.offset * t.itemsize,
-                "nbytes": t.nbytes,
-                "contiguous": t.contiguous,
-                "memory_format": t.memory_format.value,
-                "self_overlapping": t.self_overlapping,
-                "requires_grad": t.requires_grad,
-                "optimizer_state": t.optimizer_state,
-                "pinned": t.pinned,
-                "shared_memory": t.shared_memory,
-            }
-            for t in facts.tensors
-        ],
-        "storages": [
-            {
-                "id": s.id,
-                "device": s.device,
-                "nbytes": s.nbytes,
-                "tensors": list(s.tensors),
-                "ranges": [
-                    {"tensor": t.name, "start": t.bytes_used.start, "end": t.bytes_used.end}
-                    for t in views_by_storage[s.id]
-                ],
-                "used_bytes": s.used_bytes,
-                "padding_bytes": s.padding_bytes,
-                "unused_bytes": s.unused_bytes,
-            }
-            for s in facts.storages
-        ],
-        "alias_groups": [
+        "tensors": LazyArray(_tensor_entries(facts)),
+        "storages": LazyArray(_storage_entries(facts)),
+        "alias_groups": LazyArray(
             {
                 "storage": g.storage,
                 "tensors": list(g.tensors),
                 "pairs": [{"first": p.first, "second": p.second, "relation": p.relation.value} for p in g.pairs],
             }
             for g in facts.alias_groups
-        ],
-        "modules": [
+        ),
+        "modules": LazyArray(
             {
                 "path": m.path,
                 "class": m.class_name,
@@ -108,8 +68,8 @@ def report_dict(report: Report) -> dict[str, Any]:
                 else {"mode": m.rnn.mode, "weights": list(m.rnn.flat_weight_names), "unregistered": list(m.rnn.unregistered)},
             }
             for m in facts.modules
-        ],
-        "findings": [
+        ),
+        "findings": LazyArray(
             {
                 "code": f.code,
                 "name": f.name,
@@ -122,9 +82,59 @@ def report_dict(report: Report) -> dict[str, Any]:
                 "fingerprint": f.fingerprint,
             }
             for f in report.findings
-        ],
+        ),
         "skipped_rules": [{"code": s.code, "name": s.name, "reason": s.reason} for s in report.skipped],
     }
+
+
+def _tensor_entries(facts: Facts) -> Iterator[dict[str, Any]]:
+    for t in facts.tensors:
+        yield {
+            "name": t.name,
+            "names": list(t.names),
+            "kind": t.kind.value,
+            "section": t.section,
+            "dtype": t.dtype,
+            "device": t.device,
+            "shape": list(t.shape),
+            "stride": list(t.stride),
+            "storage": t.storage,
+            "offset": t.offset,
+            "byte_offset": t.offset * t.itemsize,
+            "nbytes": t.nbytes,
+            "contiguous": t.contiguous,
+            "memory_format": t.memory_format.value,
+            "self_overlapping": t.self_overlapping,
+            "requires_grad": t.requires_grad,
+            "optimizer_state": t.optimizer_state,
+            "pinned": t.pinned,
+            "shared_memory": t.shared_memory,
+        }
+
+
+def _storage_entries(facts: Facts) -> Iterator[dict[str, Any]]:
+    views_by_storage: dict[str, list[TensorFact]] = defaultdict(list)
+    for tensor in facts.tensors:
+        views_by_storage[tensor.storage].append(tensor)
+    for s in facts.storages:
+        yield {
+            "id": s.id,
+            "device": s.device,
+            "nbytes": s.nbytes,
+            "tensors": list(s.tensors),
+            "ranges": [
+                {"tensor": t.name, "start": t.bytes_used.start, "end": t.bytes_used.end}
+                for t in views_by_storage[s.id]
+            ],
+            "used_bytes": s.used_bytes,
+            "padding_bytes": s.padding_bytes,
+            "unused_bytes": s.unused_bytes,
+        }
+
+
+def report_dict(report: Report) -> dict[str, Any]:
+    """The report as plain JSON-ready data (lists and dicts), as `--format json` writes it."""
+    return {key: list(value) if isinstance(value, LazyArray) else value for key, value in report_document(report).items()}
 
 
 def baseline_dict(baseline: BaselineOutcome) -> dict[str, Any]:
@@ -169,18 +179,24 @@ def batch_dict(batch: BatchReport) -> dict[str, Any]:
 
 def render_json(report: Report) -> str:
     """One report as indented JSON text (schema 1), ending with a newline."""
-    return json.dumps(report_dict(report), indent=2) + "\n"
+    return "".join(json_pieces(report_document(report))) + "\n"
 
 
 class JsonReporter(Reporter):
     """Schema 1 for one inspected path (plus `baseline` when one is used), schema 2 for several."""
 
     def render(self, batch: BatchReport) -> str:
+        return "".join(self.render_pieces(batch))
+
+    def render_pieces(self, batch: BatchReport) -> Iterator[str]:
+        # One path's tensors and storages are encoded a batch at a time (json_text),
+        # so a report of 100,000 tensors is written out without being held whole.
         single = batch.single
         if single is not None and single.report is not None:
-            data = report_dict(single.report)
+            data = report_document(single.report)
             if batch.baseline is not None:
                 data["baseline"] = baseline_dict(batch.baseline)
         else:
             data = batch_dict(batch)
-        return json.dumps(data, indent=2) + "\n"
+        yield from json_pieces(data)
+        yield "\n"

@@ -1,0 +1,116 @@
+"""JSON text exactly as `json.dumps(obj, indent=2)` writes it, made by orjson, and in pieces.
+
+For documents without floats, as the report schemas are (orjson writes some floats
+differently: 1e-7 for 1e-07, null for NaN).
+
+memlayout's JSON reports were `json.dumps(..., indent=2)`, which `indent` sends
+down the pure-Python encoder: two thirds of an inspection of 40,000 tensors went
+there. orjson encodes in compiled code, and its two-space indentation, separators,
+escapes of control characters and integers are the standard library's; the one
+difference is that it writes non-ASCII characters (and DEL) as UTF-8 where
+`ensure_ascii` escapes them, so those are escaped here afterwards. What orjson
+refuses (an integer beyond 64 bits, a lone surrogate, a non-string key) goes to
+the standard library, so the text is byte for byte what it was
+(`tests/report/test_json_text.py` compares them).
+
+A report's arrays grow with the tensor count. `LazyArray` marks one that is made
+item by item: `json_pieces` encodes it a batch at a time, so a report of 100,000
+tensors never exists as one list of dicts nor, when written piece by piece, as one
+string.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from typing import Any
+
+import orjson
+
+_OPTIONS = orjson.OPT_INDENT_2
+BATCH = 512
+"""Items of a `LazyArray` encoded per orjson call: few calls, and pieces of a few hundred KiB."""
+_ESCAPED = re.compile("[\x7f-\U0010ffff]")
+
+
+class LazyArray:
+    """A JSON array whose items are produced on demand, once (`json_pieces` streams it)."""
+
+    def __init__(self, items: Iterable[Any]) -> None:
+        self._items = items
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._items)
+
+
+def _escape(match: re.Match[str]) -> str:
+    # What json's ensure_ascii writes: \uXXXX, and a surrogate pair beyond the BMP.
+    code = ord(match.group())
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 | (code >> 10):04x}\\u{0xDC00 | (code & 0x3FF):04x}"
+
+
+def _as_list(value: Any) -> Any:
+    if isinstance(value, LazyArray):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def dumps(value: Any) -> str:
+    """`json.dumps(value, indent=2)`, exactly; a nested `LazyArray` is encoded as a list."""
+    try:
+        raw = orjson.dumps(value, default=_as_list, option=_OPTIONS)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, indent=2, default=_as_list)
+    if raw.isascii() and b"\x7f" not in raw:
+        return raw.decode("ascii")
+    return _ESCAPED.sub(_escape, raw.decode("utf-8"))
+
+
+def _indented(text: str, prefix: str) -> str:
+    # orjson and json escape a newline inside a string, so every raw newline is layout.
+    return text.replace("\n", "\n" + prefix) if prefix else text
+
+
+def _array_pieces(items: Iterable[Any], level: int, batch_size: int) -> Iterator[str]:
+    inner = "  " * (level + 1)
+    iterator = iter(items)
+    first = True
+    while batch := list(islice(iterator, batch_size)):
+        # The batch as an array at level 0 is "[\n  item,\n  item\n]"; its items,
+        # re-indented, are the items of the array at `level`.
+        text = dumps(batch)
+        yield ("[\n" if first else ",\n") + inner + _indented(text[4:-2], "  " * level)
+        first = False
+    yield "[]" if first else "\n" + "  " * level + "]"
+
+
+def json_pieces(document: dict[str, Any], batch_size: int = BATCH) -> Iterator[str]:
+    """`json.dumps(document, indent=2)` as consecutive pieces; their concatenation is that text.
+
+    Top-level values that are `LazyArray`s are encoded `BATCH` items at a time and
+    never held whole; everything else is encoded in one call.
+
+    Args:
+        document: A JSON object; its values may be `LazyArray`s.
+        batch_size: Items of a `LazyArray` per piece.
+
+    Yields:
+        Pieces of the text, in order.
+    """
+    if not document:
+        yield "{}"
+        return
+    separator = "{\n  "
+    for key, value in document.items():
+        yield separator + dumps(key) + ": "
+        separator = ",\n  "
+        if isinstance(value, LazyArray):
+            yield from _array_pieces(value, 1, batch_size)
+        else:
+            yield _indented(dumps(value), "  ")
+    yield "\n}"
