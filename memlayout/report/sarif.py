@@ -10,7 +10,6 @@ a dashboard recognizes the same finding across runs, machines and file moves.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path, PurePath
 from typing import Any
@@ -19,6 +18,7 @@ from urllib.parse import quote
 from memlayout import __version__
 from memlayout.batch import BatchReport, PathReport
 from memlayout.report.interface import Reporter, findings_in_order
+from memlayout.report.json_text import dumps
 from memlayout.report.rule_docs import explain_markdown, explain_text
 from memlayout.rules import RULES, Finding, Rule, Severity
 
@@ -196,4 +196,5 @@ class SarifReporter(Reporter):
     """One SARIF run holding every path's results."""
 
     def render(self, batch: BatchReport) -> str:
-        return json.dumps(sarif_log(batch), indent=2) + "\n"
+        # One result per finding: orjson writes the standard library's exact text faster.
+        return dumps(sarif_log(batch)) + "\n"
