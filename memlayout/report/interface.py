@@ -42,9 +42,6 @@ def findings_in_order(findings: Iterable[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (-f.severity.rank, f.code, f.tensors))
 
 
-SEVERITY_TITLES = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "info"}
-
-
 def count_phrase(counts: dict[str, int]) -> str:
     """`{"error": 0, "warning": 4, "info": 1}` -> "0 error, 4 warning, 1 info", as the table's summary says it."""
     return ", ".join(f"{counts.get(severity.value, 0)} {severity.value}" for severity in Severity)
