@@ -17,10 +17,10 @@ from tests.activations import models
 from tests.activations.measure import memtracker_step, saved_bytes_seen_by_pack_hook
 
 CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
-    "gpt2": (lambda: models.gpt2(), lambda: models.token_inputs(4, 64, 500)),
-    "bert": (lambda: models.bert(), lambda: models.token_inputs(4, 64, 500)),
-    "flat-cnn": (lambda: models.flat_cnn(), lambda: models.image_inputs(8, 32)),
-    "lstm-lm": (lambda: models.lstm_lm(), lambda: models.token_inputs(4, 48, 500, labels=False)),
+    "gpt2": (lambda: models.gpt2(), lambda: models.token_inputs(4, 32, 500)),
+    "bert": (lambda: models.bert(), lambda: models.token_inputs(4, 32, 500)),
+    "flat-cnn": (lambda: models.flat_cnn(), lambda: models.image_inputs(4, 32)),
+    "lstm-lm": (lambda: models.lstm_lm(), lambda: models.token_inputs(4, 32, 500, labels=False)),
 }
 
 
