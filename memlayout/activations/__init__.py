@@ -1,13 +1,11 @@
 """Activation memory of one training step, and checkpoint plans that fit a budget.
 
-    >>> import memlayout.activations as act
-    >>> report = act.analyze("pkg.models:build", ["int64[8,512]<50257"], budget=act.parse_size("8GiB"))
-    >>> report.summary.peak_bytes, report.plan.plan
-    >>> act.apply_plan(model, report.plan.plan)
-
-Data flows one way: trace (fake, meta or real tensors) -> frozen facts per
-module and phase -> plan (a pure function of the facts and the budget, checked
-by tracing again) -> report. torch is imported only when a function needs it.
+`analyze(target, inputs, budget=...)` traces a step (on fake tensors by default)
+and returns an `ActivationReport`; `apply_plan(model, report.plan.plan)` applies
+its plan to a live model. Data flows one way: trace (fake, meta or real tensors)
+-> frozen facts per module and phase -> plan (a pure function of the facts and the
+budget, checked by tracing again) -> report. torch is imported only when a
+function needs it.
 """
 
 from __future__ import annotations

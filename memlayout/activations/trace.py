@@ -206,7 +206,7 @@ class StepTracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
             target = args[0].device if func is torch.ops.aten.copy_.default else kwargs.get("device")
             if target is not None and isinstance(source, torch.Tensor) and torch.device(target) != source.device:
                 call.moves_device = True
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        if torch.Tag.nondeterministic_seeded in func.tags and _draws_random_numbers(func, args, kwargs):
             call.uses_randomness = True
         if func is torch.ops.aten.native_batch_norm.default and len(args) > 5 and args[5] and args[3] is not None:
             call.mutates_buffers = True  # its schema does not mark the running statistics it updates
@@ -381,6 +381,18 @@ class StepTracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
             parent = self.calls[call.parent]
             if parent.backward_start is None or call.backward_start < parent.backward_start:
                 parent.backward_start = call.backward_start
+
+
+def _draws_random_numbers(func: Any, args: Any, kwargs: Any) -> bool:
+    """A seeded op draws unless its dropout probability is 0 or it is told it is not training
+    (attention kernels are seeded for their dropout_p, and Llama's is 0)."""
+    for position, argument in enumerate(func._schema.arguments):
+        value = args[position] if position < len(args) else kwargs.get(argument.name, argument.default_value)
+        if argument.name in ("p", "dropout_p") and isinstance(value, (int, float)) and value == 0:
+            return False
+        if argument.name == "train" and value is False:
+            return False
+    return True
 
 
 def _tensors(values: Any) -> Iterable[torch.Tensor]:

@@ -31,6 +31,17 @@ def bert(layers: int = 2, width: int = 64, heads: int = 4, vocab: int = 500, pos
     return BertForMaskedLM(config).train()
 
 
+def llama(layers: int = 2, width: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 500) -> nn.Module:
+    """The Llama architecture (RMSNorm, rotary embeddings, grouped-query SDPA, SwiGLU) at a small size."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=width, intermediate_size=int(width * 8 / 3), num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
+                         max_position_embeddings=256)
+    return LlamaForCausalLM(config).train()
+
+
 def flat_cnn(channels: int = 16, classes: int = 10) -> nn.Sequential:
     """One flat nn.Sequential of conv/norm/activation layers: single-layer checkpoints save nothing here."""
     torch.manual_seed(0)

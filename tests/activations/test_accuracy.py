@@ -19,6 +19,7 @@ from tests.activations.measure import memtracker_step, saved_bytes_seen_by_pack_
 CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
     "gpt2": (lambda: models.gpt2(), lambda: models.token_inputs(4, 32, 500)),
     "bert": (lambda: models.bert(), lambda: models.token_inputs(4, 32, 500)),
+    "llama": (lambda: models.llama(), lambda: models.token_inputs(4, 32, 500)),
     "flat-cnn": (lambda: models.flat_cnn(), lambda: models.image_inputs(4, 32)),
     "lstm-lm": (lambda: models.lstm_lm(), lambda: models.token_inputs(4, 32, 500, labels=False)),
 }

@@ -141,3 +141,22 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert out == ""
     assert err.startswith("memlayout: error: ") and len(err.strip().splitlines()) == 1, err
     assert message in err
+
+
+def test_the_json_plan_applied_as_printed_fits_for_real() -> None:
+    """The table says: apply the "plan" object of --format json with apply_plan. Follow it."""
+    import memlayout.activations as act
+    from tests.activations.measure import memtracker_step
+
+    args, _ = models.image_inputs(8, 32)
+    plain = memtracker_step(models.flat_cnn(), args, {})
+    budget = int(plain.peak_bytes * 0.8)
+    code, out, err = run(["activations", "tests.activations.models:flat_cnn", "--input", "float32[8,3,32,32]",
+                          "--budget", str(budget), "--format", "json"])
+    assert code == 0, err
+    plan = json.loads(out)["plan"]
+    model = models.flat_cnn()
+    with act.apply_plan(model, plan):
+        planned = memtracker_step(model, args, {})
+    assert planned.peak_bytes <= budget
+    assert torch.equal(planned.loss, plain.loss)

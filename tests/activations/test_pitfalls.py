@@ -99,3 +99,11 @@ def test_the_plan_lists_the_pitfalls_of_its_own_modules() -> None:
     random = [p for p in plan.plan.checkpoint if "attn" in p or p.endswith(tuple("0123456789"))]
     if random:
         assert "use randomness" in text
+
+
+def test_attention_without_dropout_is_not_randomness() -> None:
+    args, kwargs = models.token_inputs(2, 16, 500)
+    found = modules(act.analyze(models.llama(), list(args), kwargs=kwargs))
+    assert not any(m.uses_randomness for m in found.values())  # type: ignore[attr-defined]
+    no_dropout = modules(act.analyze(models.gpt2(dropout=0.0), list(args), kwargs=kwargs))
+    assert not any(m.uses_randomness for m in no_dropout.values())  # type: ignore[attr-defined]
