@@ -82,10 +82,12 @@ def diff_command(
         with progress_callback(enabled=deep) as progress:
             diff = run_diff(a, b, options, progress=progress)
         color = output is None and fmt is DiffFormat.TABLE and sys.stdout.isatty()
-        write_output(render_diff(diff, fmt, color=color), output)
+        text = render_diff(diff, fmt, color=color)
         if html is not None:
             from memlayout.report.html import render_diff_html
 
+            # The page first: an unwritable --html path fails before anything is printed.
             write_output(render_diff_html(diff), html)
+        write_output(text, output)
     if diff.fails(fail_on.value):
         raise typer.Exit(1)

@@ -169,9 +169,12 @@ def inspect_command(
         batch = apply_baseline_flags(batch, baseline, write_baseline)
         color = output is None and output_format is OutputFormat.TABLE and sys.stdout.isatty()
         reporter = reporter_for(output_format, color=color, all_storages=all_storages)
-        write_output(reporter.render_pieces(batch), output)
+        text = reporter.render_pieces(batch)  # lazy: rendered as it is written
         if html is not None:
             from memlayout.report.html import render_html
 
+            # The map first: a --html path that cannot be written ends the command
+            # with its one error line before any report is printed.
             write_output(render_html(*(p.report for p in batch.paths if p.report is not None)), html)
+        write_output(text, output)
     raise typer.Exit(batch.exit_code())

@@ -95,3 +95,11 @@ def test_a_dropped_tie_is_lost_unless_the_file_restores_it(
     code, data = diff_json(str(gpt2_files["state"]), str(gpt2_files[name]))
     assert expected in kinds(data)
     assert code == (1 if expected[0] == "error" else 0)
+
+
+def test_deep_compares_values_across_formats(gpt2_files: dict[str, Path]) -> None:
+    # torch.save zip against the safetensors directory save_pretrained wrote: every
+    # value read from both files is the same, including the restored head.
+    code, data = diff_json(str(gpt2_files["state"]), str(gpt2_files["saved"]), "--deep", "--fail-on", "warning")
+    assert code == 0
+    assert not [c for c in data["changes"] if c["kind"] in ("values", "dtype", "tie-lost")]

@@ -209,3 +209,13 @@ def test_diff_view_shows_both_sides_coloured_and_linked(browser: Any, tmp_path: 
     assert page.locator('.map[data-side="1"] .seg.hl').count() == 2
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "storage_map_diff.png"), full_page=True)
+
+
+@pytest.mark.parametrize("command", ["inspect", "diff"])
+def test_an_unwritable_html_path_is_one_error_line_and_nothing_printed(
+    command: str, case_file: Path, tmp_path: Path
+) -> None:
+    args = [str(case_file)] * (2 if command == "diff" else 1)
+    result = CliRunner().invoke(app, [command, *args, "--html", str(tmp_path / "missing" / "map.html")])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.startswith("memlayout: error: cannot write") and result.stderr.count("\n") == 1
