@@ -90,6 +90,11 @@ def flatten_command(
             raise UsageError(f"flatten writes one IN at a time, and {len(paths)} were given",
                              "pass one IN with -o OUT, or several with --check")
         else:
-            sys.stdout.write(render_summary(flatten_path(paths[0], options)))
+            from memlayout.cli.progress import FLATTEN_STAGES, stage_progress
+
+            # Bytes copied and verified, on stderr when it is a terminal; silent otherwise.
+            with stage_progress(FLATTEN_STAGES) as progress:
+                result = flatten_path(paths[0], options, progress)
+            sys.stdout.write(render_summary(result))
             code = ALREADY_FLAT
     raise typer.Exit(code)
