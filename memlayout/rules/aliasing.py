@@ -144,19 +144,28 @@ def duplicate_weights(ctx: RuleContext) -> Iterator[Finding]:
         for split in (_split(group, content.fingerprint) if len(group) > 2 else [group])
         if len(split) > 1
     ]
+    optimizer_hint: str | None = None
     for group in candidates:
         for same in _equal_classes(content, group):
-            # Keep one representative per memory region: views that share bytes are ties.
+            # Keep one representative per memory region: views that share bytes are
+            # ties. Only views of one storage can share bytes, so each tensor is
+            # checked against the kept ones of its own storage (an upcycled MoE layer
+            # holds 64 equal experts, one storage each).
             distinct: list[TensorFact] = []
+            kept_in: dict[str, list[TensorFact]] = defaultdict(list)
             for tensor in same:
-                if not any(_share_memory(tensor, kept, overlapping) for kept in distinct):
+                kept = kept_in[tensor.storage]
+                if not any(_share_memory(tensor, other, overlapping) for other in kept):
                     distinct.append(tensor)
+                    kept.append(tensor)
             if len(distinct) < 2 or content.constant(distinct[0]):
                 continue
             wasted = (len(distinct) - 1) * distinct[0].nbytes
             names = [t.name for t in distinct]
             what = f"{distinct[0].dtype}{list(distinct[0].shape)}"
             if all(t.optimizer_state for t in distinct):
+                if optimizer_hint is None:  # one pass over the model's tensors, not one per finding
+                    optimizer_hint = _optimizer_state_hint(ctx)
                 yield duplicate_weights.finding(
                     names,
                     f"optimizer state {', '.join(names)} holds identical {what} contents in separate memory "
@@ -164,7 +173,7 @@ def duplicate_weights(ctx: RuleContext) -> Iterator[Finding]:
                     "LSTM's bias_ih and bias_hh get by construction, not from a lost tie",
                     wasted_bytes=wasted,
                     severity=Severity.INFO,
-                    hint=_optimizer_state_hint(ctx),
+                    hint=optimizer_hint,
                 )
                 continue
             yield duplicate_weights.finding(
@@ -252,6 +261,9 @@ torch.save({"embed.weight": embed, "head.weight": embed}, "model.pt")
 def broken_tie(ctx: RuleContext) -> Iterator[Finding]:
     declared = [(tie.target, tie.source, tie.declared_by) for tie in ctx.facts.declared_ties]
     declared += [(target, source, "--tie") for target, source in ctx.config.ties]
+    # How each pair of views that share bytes relate, built once: a model that ties
+    # its decoder to its encoder declares a tie per weight.
+    relations = {frozenset((p.first, p.second)): p.relation for g in ctx.facts.alias_groups for p in g.pairs}
     seen: set[frozenset[str]] = set()
     for target_name, source_name, declared_by in declared:
         target, source = ctx.facts.tensor(target_name), ctx.facts.tensor(source_name)
@@ -259,7 +271,7 @@ def broken_tie(ctx: RuleContext) -> Iterator[Finding]:
         if target is None or source is None or target is source:
             continue
         key = frozenset((target.name, source.name))
-        if key in seen or _same_bytes(ctx, target, source):
+        if key in seen or (target.storage == source.storage and relations.get(key) is Relation.EQUAL):
             continue
         seen.add(key)
         yield broken_tie.finding(
@@ -267,16 +279,6 @@ def broken_tie(ctx: RuleContext) -> Iterator[Finding]:
             f"{target_name} is declared tied to {source_name} ({declared_by}) but they are separate "
             f"memory (storages {target.storage} and {source.storage}){_tie_state(ctx, target, source)}",
         )
-
-
-def _same_bytes(ctx: RuleContext, a: TensorFact, b: TensorFact) -> bool:
-    if a.storage != b.storage:
-        return False
-    for group in ctx.facts.alias_groups:
-        for pair in group.pairs:
-            if {pair.first, pair.second} == {a.name, b.name}:
-                return pair.relation is Relation.EQUAL
-    return False
 
 
 @rule(
