@@ -40,6 +40,8 @@ _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _LOCAL_HEADER_MAGIC = b"PK\x03\x04"
 _LOCAL_LENGTHS = struct.Struct("<4s22xHH")
 """A local header's magic and its file name and extra field lengths."""
+_HEADER_BLOCK = 64 << 10
+"""Local headers this close together are read with one pread (see `ZipReader.record_spans`)."""
 _CENTRAL_ENTRY = struct.Struct("<4sHHHHHHIIIHHHHHII")
 _CENTRAL_MAGIC = b"PK\x01\x02"
 _END_RECORD = struct.Struct("<4sHHHHIIH")
@@ -361,29 +363,48 @@ class ZipReader:
         starts: dict[str, int] = {}
         sizes: dict[str, int] = {}
         checksums: dict[str, int] = {}
-        # data_start inlined: this loop runs once per storage and is most of a
-        # listing's zip cost, so it keeps to one pread and one unpack per record.
-        pread, unpack, fd, header_size = os.pread, _LOCAL_LENGTHS.unpack, self.file.fd, _LOCAL_HEADER.size
+        records: list[ZipEntry] = []
+        for entry in self.entries:
+            if not entry.name.startswith(folder) or entry.name.endswith("/"):
+                continue
+            if entry.method != _STORED:
+                raise CorruptCheckpointError(f"storage record {entry.name} is compressed; torch never writes that")
+            records.append(entry)
+        # The data offset lives in each record's local header. Records of small
+        # tensors lie a few hundred bytes apart, so local headers within
+        # _HEADER_BLOCK bytes of each other are read with one pread: 40,000 tensors
+        # take a few hundred reads, not 40,000. A header far from the next one (a
+        # big tensor between them) still costs one 30-byte read, nothing more.
+        pread, unpack_from, fd, header_size = os.pread, _LOCAL_LENGTHS.unpack_from, self.file.fd, _LOCAL_HEADER.size
         # Zip offsets count from the window's start; a header past the window's end
         # yields a data start past it too, which the bounds check below refuses.
         base = self.file.base
         end = base + self.file.size
-        for name, method, _, size, header_offset, crc in self.entries:
-            if not name.startswith(folder) or name.endswith("/"):
-                continue
-            if method != _STORED:
-                raise CorruptCheckpointError(f"storage record {name} is compressed; torch never writes that")
-            header = pread(fd, header_size, base + header_offset)
-            if len(header) != header_size:
-                raise CorruptCheckpointError(f"the zip entry {name} runs past the end of the file (a truncated file?)")
-            magic, name_length, extra_length = unpack(header)
-            start = base + header_offset + header_size + name_length + extra_length
-            if magic != _LOCAL_HEADER_MAGIC or start + size > end:
-                raise CorruptCheckpointError(f"the zip entry for {name} is damaged")
-            key = name[skip:]
-            starts[key] = start
-            sizes[key] = size
-            checksums[key] = crc
+        count = len(records)
+        index = 0
+        while index < count:
+            first = records[index].header_offset
+            last = index
+            while (
+                last + 1 < count
+                and first <= records[last + 1].header_offset
+                and records[last + 1].header_offset + header_size - first <= _HEADER_BLOCK
+            ):
+                last += 1
+            block = pread(fd, records[last].header_offset + header_size - first, base + first)
+            for name, _, _, size, header_offset, crc in records[index : last + 1]:
+                at = header_offset - first
+                if at + header_size > len(block):
+                    raise CorruptCheckpointError(f"the zip entry {name} runs past the end of the file (a truncated file?)")
+                magic, name_length, extra_length = unpack_from(block, at)
+                start = base + header_offset + header_size + name_length + extra_length
+                if magic != _LOCAL_HEADER_MAGIC or start + size > end:
+                    raise CorruptCheckpointError(f"the zip entry for {name} is damaged")
+                key = name[skip:]
+                starts[key] = start
+                sizes[key] = size
+                checksums[key] = crc
+            index = last + 1
         return RecordSpans(starts, sizes, checksums)
 
 
