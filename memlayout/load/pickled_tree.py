@@ -72,25 +72,28 @@ def tensor_records(
     tensors: list[TensorRecord] = []
     storages: dict[str, StorageRecord] = {}
     # A damaged or hostile pickle can rebuild a tensor from anything; each distinct
-    # (shape, stride) is checked once, as a model repeats a handful of them.
-    sound_geometry: set[tuple[object, object]] = set()
+    # (shape, stride) is checked once, as a model repeats a handful of them, and
+    # every record gets the first such pair, so equal shapes are one tuple in memory.
+    sound_geometry: dict[tuple[object, object], tuple[tuple[int, ...], tuple[int, ...]]] = {}
     has_data = storage_base is not None
     parameter, buffer, plain = TensorKind.PARAMETER, TensorKind.BUFFER, TensorKind.TENSOR
+    append = tensors.append
     # One pass, one record per tensor and per storage: this loop runs once per
     # tensor of the checkpoint, so it builds records positionally.
     for name, tensor, is_buffer, in_optimizer, section in walk_tensors(root):
         geometry = (tensor.shape, tensor.stride)
         try:
-            sound = geometry in sound_geometry
+            sound = sound_geometry.get(geometry)
         except TypeError:  # an unhashable dimension
-            sound = False
-        if not sound:
+            sound = None
+        if sound is None:
             problem = _geometry_problem(tensor)
             if problem is not None:
                 raise CorruptCheckpointError(f"{source}: tensor {name!r:.120} has an impossible layout: {problem}")
-            sound_geometry.add(geometry)
-        if type(tensor.offset) is not int or tensor.offset < 0:
-            raise CorruptCheckpointError(f"{source}: tensor {name!r:.120} has storage offset {tensor.offset!r:.40}")
+            sound = sound_geometry[geometry] = (tensor.shape, tensor.stride)
+        offset = tensor.offset
+        if type(offset) is not int or offset < 0:
+            raise CorruptCheckpointError(f"{source}: tensor {name!r:.120} has storage offset {offset!r:.40}")
         storage: PickledStorage | None = tensor.storage
         if storage is None:
             key = _meta_storage_key(tensor)
@@ -111,11 +114,10 @@ def tensor_records(
                 storages[key] = StorageRecord(
                     key, storage.location, storage.nbytes, base if used_in_place else None, has_data
                 )
-        kind = parameter if tensor.is_parameter else buffer if is_buffer else plain
-        tensors.append(
+        append(
             TensorRecord(
-                name, kind, tensor.dtype, tensor.shape, tensor.stride, key, tensor.offset,
-                tensor.requires_grad, id(tensor), in_optimizer, section, None, None,
+                name, parameter if tensor.is_parameter else buffer if is_buffer else plain, tensor.dtype,
+                sound[0], sound[1], key, offset, tensor.requires_grad, id(tensor), in_optimizer, section, None, None,
             )
         )
     return tensors, storages

@@ -594,10 +594,13 @@ def _walk(
     if isinstance(obj, dict) and {"state", "param_groups"} <= obj.keys():
         in_optimizer = True
     dotted = f"{prefix}." if prefix else ""
-    for key, value in _children(obj):
+    for key, value in obj.items() if type(obj) is dict or type(obj) is collections.OrderedDict else _children(obj):
         if type(value) is PickledTensor:
             # A tensor keeps its parent's section (section_of with value_is_tensor).
-            found.append((f"{dotted}{key}", value, False, in_optimizer, section))
+            # A top-level name is the key itself: a state dict's 100,000 names are
+            # not copied.
+            name = key if not dotted and type(key) is str else f"{dotted}{key}"
+            found.append((name, value, False, in_optimizer, section))
         else:
             _walk(value, f"{dotted}{key}", in_optimizer, seen, section_of(prefix, key, False, section), found)
 
