@@ -54,26 +54,18 @@ FORMAT_SUPPORT: dict[str, FormatSupport] = {
     "hf-pytorch": FormatSupport("a Hugging Face directory (each torch.save file flattened)", Trust.IF_UNSAFE_GLOBALS),
     "live-module": FormatSupport("a torch.save state dict"),
     "state-dict": FormatSupport("a torch.save state dict"),
-    "torch-legacy": FormatSupport(
-        "a current torch.save file",
-        refusal="flatten does not rewrite legacy (non-zip) torch.save files yet",
-        alternative="re-save it with a current torch.save (`torch.save(torch.load(IN), OUT)`), then flatten OUT",
-    ),
-    "torch-legacy-tar": FormatSupport(
-        "a current torch.save file",
-        refusal="flatten does not rewrite tar-format torch.save files yet",
-        alternative="re-save it with a current torch.save (`torch.save(torch.load(IN, weights_only=False), OUT)`, "
-        "only for a file you trust), then flatten OUT",
-    ),
+    "torch-legacy": FormatSupport("a current torch.save zip (the format changes)", Trust.IF_UNSAFE_GLOBALS),
+    "torch-legacy-tar": FormatSupport("a current torch.save zip (the format changes)", Trust.IF_UNSAFE_GLOBALS),
     "torchscript": FormatSupport(
         "a TorchScript archive",
-        refusal="flatten does not rewrite TorchScript archives yet",
-        alternative="flatten the module before `torch.jit.save` (`memlayout.flatten(module)`)",
+        Trust.ALWAYS,
+        "only torch.jit.load can rebuild the module, and it compiles and runs the archive's code",
     ),
     "torch-export": FormatSupport(
         "a torch.export archive",
-        refusal="flatten does not rewrite torch.export archives yet",
-        alternative="flatten the model before exporting it (`memlayout.flatten(model)`, then torch.export)",
+        Trust.ALWAYS,
+        "only torch.export.load can rebuild the program, and it unpickles parts of the archive with "
+        "weights_only=False",
     ),
     "dcp": FormatSupport(
         "",
@@ -177,5 +169,7 @@ def flatten_hint(source: SourceFact) -> str:
     if route.refusal:
         return route.alternative or route.refusal
     if route.trust_reason:
-        return f"run `{route.command}` (only for a file you trust: {route.trust_reason})"
+        support = FORMAT_SUPPORT[source.format]
+        where = ", with the classes it names importable" if support.trust is Trust.IF_UNSAFE_GLOBALS else ""
+        return f"run `{route.command}` (only for a file you trust{where}: {route.trust_reason})"
     return f"run `{route.command}`"

@@ -18,6 +18,7 @@ from memlayout.flatten.options import FlattenOptions, Progress
 from memlayout.flatten.plan import plan_flatten
 from memlayout.flatten.writers import FlattenJob, writer_for
 from memlayout.flatten.writers.interface import LayoutAfter
+from memlayout.load.records import PickleGlobal
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,26 @@ def refuse_unflattenable(facts: Facts, options: FlattenOptions) -> None:
             f"{where}: flatten needs --trust: {route.trust_reason}",
             "pass --trust only if you trust whoever wrote the file",
         )
+    if route.trust_reason and facts.source.pickle_globals:
+        _require_importable(where, facts.source.pickle_globals)
+
+
+def _require_importable(where: str, pickle_globals: tuple[PickleGlobal, ...]) -> None:
+    # With --trust the pickle is unpickled for real, which imports every class it
+    # names. One that cannot be imported fails the write; --check says so too,
+    # rather than promising a change the write cannot make.
+    import importlib
+
+    for found in pickle_globals:
+        if found.allowed:
+            continue
+        try:
+            getattr(importlib.import_module(found.module), found.name.split(".")[0])
+        except Exception as exc:  # any failure to import is the same refusal
+            raise UsageError(
+                f"{where}: the pickle needs {found.module}.{found.name}, which cannot be imported here ({exc})",
+                "put the model's code on PYTHONPATH, or install its package, so that its classes import",
+            ) from None
 
 
 def _device_choice(device: str) -> tuple[str | None, str]:
@@ -191,6 +212,9 @@ def flatten_path(path: str, options: FlattenOptions, progress: Progress | None =
                 "convert to a torch.save state dict or a safetensors file first",
             )
         label = writer.label(source)
+        movable = writer.movable(source)
+        if movable is not source:
+            facts = build_facts(movable)
         if options.check:
             plan = plan_flatten(facts, align=options.align)
             changes = writer.changes(plan, facts, source)

@@ -21,6 +21,7 @@ from memlayout.facts import build_facts
 from memlayout.flatten.archive_out import FileRange, OutRecord, WrittenArchive, range_crc
 from memlayout.flatten.options import Progress
 from memlayout.flatten.plan import FlatPlan, Placement
+from memlayout.load.records import LoadedSource
 from memlayout.zip_archive import crc32_combine, end_of_archive
 
 if TYPE_CHECKING:
@@ -68,7 +69,10 @@ def compare_bytes(path: str, file_offset: int, buffer: torch.Tensor) -> bool:
 
 
 def check_layout(
-    path: str, plan: FlatPlan, expected_names: set[str] | None = None
+    path: str,
+    plan: FlatPlan,
+    expected_names: set[str] | None = None,
+    load: Callable[[str], LoadedSource] | None = None,
 ) -> tuple[dict[int, int], dict[int, str]]:
     """Check a written torch.save file's layout against the plan, reading it as metadata.
 
@@ -76,6 +80,8 @@ def check_layout(
         path: The file just written.
         plan: The layout it should have.
         expected_names: Names it must hold (all of IN's, for a same-format rewrite).
+        load: Reads the written file as records; the torch.save zip reader by
+            default (a TorchScript or torch.export archive needs its own).
 
     Returns:
         (plan buffer index -> absolute file offset of its record's data,
@@ -87,7 +93,7 @@ def check_layout(
     """
     from memlayout.load.torch_zip import load_torch_zip
 
-    with load_torch_zip(path) as source:
+    with (load or load_torch_zip)(path) as source:
         facts = build_facts(source)
         expected = _expected_by_name(plan)
         buffer_of: dict[str, int] = {}
@@ -122,7 +128,11 @@ def check_layout(
 
 
 def verify_torch_file(
-    path: str, plan: FlatPlan, buffers: list[torch.Tensor], expected_names: set[str] | None = None
+    path: str,
+    plan: FlatPlan,
+    buffers: list[torch.Tensor],
+    expected_names: set[str] | None = None,
+    load: Callable[[str], LoadedSource] | None = None,
 ) -> None:
     """Check a written torch.save file against the plan and the filled buffers.
 
@@ -131,11 +141,12 @@ def verify_torch_file(
         plan: The layout it should have.
         buffers: The flat buffers whose bytes it should hold.
         expected_names: Names it must hold (all of IN's, for a same-format rewrite).
+        load: Reads the written file as records (see `check_layout`).
 
     Raises:
         FlattenError: any name's layout, the sharing, or any byte differs.
     """
-    offsets, _ = check_layout(path, plan, expected_names)
+    offsets, _ = check_layout(path, plan, expected_names, load)
     for index, offset in offsets.items():
         if not compare_bytes(path, offset, buffers[index]):
             raise FlattenError(f"verification failed: bytes of {plan.buffers[index].label} differ on disk")

@@ -122,7 +122,7 @@ def rebuild_tree(archive: ZipReader, prefix: str, trust: bool, path: str) -> tup
     except (AttributeError, ImportError) as exc:
         raise UsageError(
             f"{path}: a class the pickle needs cannot be imported here ({exc})",
-            "run from a directory where the model's code is importable",
+            "put the model's code on PYTHONPATH, or install its package, so that its classes import",
         ) from exc
     return root, stand_ins
 

@@ -41,6 +41,8 @@ _MANGLE = re.compile(r"\.___torch_mangle_\d+")
 _CLASS = re.compile(r"^class (\w+)\(", re.MULTILINE)
 _LIST_ATTRIBUTE = re.compile(r"^  (__parameters__|__buffers__) = (\[.*?\])\s*$", re.MULTILINE)
 _MODE = re.compile(r'^  mode : Final\[str\] = "(\w+)"\s*$', re.MULTILINE)
+CODE_CONSTANTS = "constants"
+"""The name (and section) under which the tensor constants of the compiled code are reported."""
 
 
 def _first(values: Any = None, *rest: Any) -> Any:
@@ -200,7 +202,7 @@ def load_torchscript(path: str) -> LoadedSource:
         if constants:
             constants_root, constants_unpickler = _unpickle(path, constants, "constants pickle")
             referenced.update(constants_unpickler.referenced)
-            tree["constants"] = constants_root
+            tree[CODE_CONSTANTS] = constants_root
         _restructure(archive, prefix, root)
     finally:
         os.close(fd)
@@ -208,7 +210,7 @@ def load_torchscript(path: str) -> LoadedSource:
     return pickled_source(
         path, "torchscript", root, StorageSpans(starts, sizes), used_in_place=False,
         pickle_globals=_python_globals(referenced),
-        more_tensors={"constants": tree["constants"]} if constants else None,
+        more_tensors={CODE_CONSTANTS: tree[CODE_CONSTANTS]} if constants else None,
         notes=[
             "TorchScript archive: torch.load(weights_only=True) refuses it, and torch.jit.load "
             "compiles and runs the TorchScript in its code/ folder"

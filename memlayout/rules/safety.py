@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from memlayout.flatten_support import flatten_hint
 from memlayout.rules.registry import Finding, RuleContext, RuleExample, Severity, rule
 
 # Modules whose globals run commands, evaluate code or import arbitrary modules.
@@ -56,8 +57,8 @@ def _listed(paths: list[str]) -> str:
     "unsafe-pickle",
     Severity.ERROR,
     "the pickle references globals that torch's weights-only loader refuses",
-    "load it with weights_only=True, or re-save the weights as a state dict or safetensors; "
-    "never use weights_only=False on a file you did not write",
+    "never load it with weights_only=False unless you trust whoever wrote it; if you do, load it once where "
+    "its classes are importable and re-save `model.state_dict()` (or safetensors), which weights_only=True reads",
     """
 A pickle names every class and function it needs as a global, and unpickling
 imports each one and calls it (REDUCE), constructs it (NEWOBJ) or runs its
@@ -109,7 +110,8 @@ def unsafe_pickle(ctx: RuleContext) -> Iterator[Finding]:
     "legacy-format",
     Severity.INFO,
     "the file uses a legacy torch.save format: the pre-1.6 non-zip stream or the earlier tar archive",
-    "re-save it with a current torch.save (zip format) or as safetensors",
+    "re-save it with a current torch.save (zip format) or as safetensors, or run `memlayout flatten`, "
+    "which writes a current torch.save zip",
     """
 torch.save wrote a plain pickle stream followed by raw storages until torch 1.6,
 and still does with `_use_new_zipfile_serialization=False`. Such a file cannot be
@@ -148,7 +150,12 @@ def legacy_format(ctx: RuleContext) -> Iterator[Finding]:
         message = f"{where} is a legacy tar-format torch.save file, which torch.load reads only with weights_only=False"
     else:
         message = f"{where} is a legacy (non-zip) torch.save file"
-    yield legacy_format.finding((), message)
+    yield legacy_format.finding(
+        (),
+        message,
+        hint="re-save it with a current torch.save (zip format) or as safetensors, or "
+        f"{flatten_hint(source)}, which writes a current torch.save zip",
+    )
 
 
 _READERS = {

@@ -9,14 +9,20 @@ functions, so `--check` and the registry itself stay light.
 from __future__ import annotations
 
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
+from memlayout.flatten.writers.legacy import LegacyWriter
 from memlayout.flatten.writers.safetensors import SafetensorsWriter
 from memlayout.flatten.writers.state_dict import LiveObjectWriter
+from memlayout.flatten.writers.torch_export import TorchExportWriter
 from memlayout.flatten.writers.torch_zip import TorchZipWriter
+from memlayout.flatten.writers.torchscript import TorchScriptWriter
 
 WRITERS: tuple[FlattenWriter, ...] = (
     TorchZipWriter(),
     LiveObjectWriter(),
     SafetensorsWriter(),
+    LegacyWriter(),
+    TorchScriptWriter(),
+    TorchExportWriter(),
 )
 _BY_FORMAT: dict[str, FlattenWriter] = {name: writer for writer in WRITERS for name in writer.formats}
 

@@ -90,6 +90,20 @@ class FlattenWriter(abc.ABC):
         """
         return describe_changes(plan, facts)
 
+    def movable(self, source: LoadedSource) -> LoadedSource:
+        """The part of IN's records this writer can move; all of them by default.
+
+        Flatten plans, checks and summarizes only these, so that `--check` and
+        the summary never promise to move a tensor the writer must leave alone.
+
+        Args:
+            source: The loaded IN.
+
+        Returns:
+            `source` itself, or a copy holding fewer tensor records.
+        """
+        return source
+
     def layout_after(self, plan: FlatPlan, facts: Facts) -> LayoutAfter:
         """The storages OUT holds: the plan's buffers, and the storages it leaves alone.
 
