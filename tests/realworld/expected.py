@@ -21,6 +21,9 @@ class Flatten:
     """"flattened", "already flat" (OUT is a byte-identical copy), or "refused"."""
     refusal: str = ""
     """For "refused": what the one-line error says."""
+    code: tuple[str, str] | None = None
+    """(wheel member, module name): the project's model code a module pickle needs
+    importable. Without it flatten refuses (with `refusal`); with it on the path it flattens."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +103,8 @@ EXPECTED: dict[str, Expected] = {
             "ML204": FRAGMENTED.format(storages=7),
             "ML601": "torch.load(weights_only=True) refuses it: it pickles BeatNet's own model classes",
         },
-        Flatten(trust=True, outcome="refused", refusal="which cannot be imported here"),
-        note="with --trust, flatten needs BeatNet's classes importable, and says so",
+        Flatten(trust=True, refusal="which cannot be imported here", code=("BeatNet/model.py", "model")),
+        note="a pickled BDA module: --trust and BeatNet's model.py importable (it was pickled as `model.BDA`)",
     ),
     "medaka-hac-v6": Expected("torch-zip", 18, {}, {}, note="the bidirectional GRU is one buffer in cuDNN's layout"),
     "medaka-sup-v5.2": Expected("torch-zip", 18, {}, {}, note="the bidirectional GRU is one buffer in cuDNN's layout"),
