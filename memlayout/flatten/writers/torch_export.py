@@ -11,11 +11,23 @@ gives them; OUT is read back by that loader and compared with the plan.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from memlayout.errors import FlattenError
+from memlayout.facts import Facts
+from memlayout.flatten.plan import FlatPlan, describe_changes
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
-from memlayout.load.records import LoadedSource
+from memlayout.load.records import LoadedSource, TensorRecord
+
+CONSTANTS = "constants"
+OLDER_STATE_DICT = "state_dict"
+"""The storage-key prefix the loader gives the older layout's weights."""
+
+
+def _is_constant(record: TensorRecord) -> bool:
+    # Both layouts' loaders key a lifted constant's storage under "constants/".
+    return record.storage_key.startswith(CONSTANTS + "/")
 
 
 class TorchExportWriter(FlattenWriter):
@@ -25,6 +37,22 @@ class TorchExportWriter(FlattenWriter):
 
     def label(self, source: LoadedSource) -> str:
         return "torch.export archive, through torch.export.load and torch.export.save"
+
+    def changes(self, plan: FlatPlan, facts: Facts, source: LoadedSource) -> list[str]:
+        lines = describe_changes(plan, facts)
+        if any(t.storage_key.startswith(OLDER_STATE_DICT + "/") for t in source.tensors):
+            # torch.export.save writes only the current layout.
+            lines.insert(0, "the format: torch.export's older layout (torch 2.1-2.7) becomes the current pt2 archive")
+        return lines
+
+    def movable(self, source: LoadedSource) -> LoadedSource:
+        # torch.export.save writes the program's weights and its lifted constants to
+        # separate records (data/weights/, data/constants/), so one buffer must never
+        # hold both: the constants are planned as a section of their own.
+        if not any(_is_constant(t) for t in source.tensors):
+            return source
+        tensors = [t._replace(section=CONSTANTS) if _is_constant(t) else t for t in source.tensors]
+        return dataclasses.replace(source, tensors=tensors)
 
     def write(self, job: FlattenJob) -> Written:
         import torch
