@@ -460,3 +460,39 @@ def test_a_failed_folder_block_leaves_the_old_folder(tmp_path: Path) -> None:
         raise RuntimeError("verification failed")
     assert (out / "a").read_text() == "old"
     assert listing(tmp_path) == ["out"]
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_many_writers_racing_for_one_out_leave_one_writers_whole_output(tmp_path: Path, kind: str) -> None:
+    # Eight threads, released together, each writing its own complete OUT of three
+    # parts; whoever wins, OUT is one writer's three parts and nothing is left over.
+    out = tmp_path / "out"
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def write(writer: int) -> None:
+        try:
+            start.wait(timeout=30)
+            if kind == "file":
+                write_bytes(str(out), b"".join(f"{writer}:{part};".encode() * 10_000 for part in range(3)))
+                return
+            with atomic_directory(str(out), force=True) as staging:
+                for part in range(3):
+                    Path(staging, f"part{part}").write_text(f"{writer}:{part}")
+        except BaseException as exc:  # collected: the assertion below names it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(writer,)) for writer in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    if kind == "file":
+        content = out.read_bytes().decode()
+        writers = {piece.split(":")[0] for piece in content.split(";") if piece}
+        assert len(writers) == 1 and len(content) == len(f"{writers.pop()}:0;") * 30_000
+    else:
+        texts = [(out / f"part{part}").read_text() for part in range(3)]
+        assert len({text.split(":")[0] for text in texts}) == 1 and listing(out) == ["part0", "part1", "part2"]
+    assert listing(tmp_path) == ["out"]
