@@ -17,6 +17,7 @@ from typing import Any
 from memlayout.activations.facts import Trace
 from memlayout.activations.input_specs import InputSpec, parse_input_spec
 from memlayout.activations.plan import Plan, Planner
+from memlayout.activations.step import LOSS_FROM_SUM
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
 from memlayout.errors import MemlayoutError, UsageError
 
@@ -283,6 +284,16 @@ def analyze(
             f"the step failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
             "check the inputs' shapes and dtypes against the model's forward (--debug shows the traceback)",
         ) from exc
+    if baseline.loss == LOSS_FROM_SUM:
+        notes.append(
+            "the output has no loss, so backward starts from the sum of its floating outputs; a real loss "
+            "(e.g. labels=... for a Hugging Face model) adds its own temporaries"
+        )
+    if step.mode == "meta":
+        notes.append(
+            "meta tensors have no device: kernels a device chooses (oneDNN's LSTM on CPU, fused attention) are "
+            "not the ones traced; --device cpu or cuda traces those"
+        )
     summary = summarize(baseline, cuda=step.device.startswith("cuda"))
     modules = module_facts(baseline)
     plan = _plan(step, baseline, summary, modules, budget) if budget is not None else None
@@ -372,24 +383,24 @@ def pitfalls(plan: Plan, modules: tuple[ModuleFacts, ...], model: Any) -> tuple[
 
     if hit := flagged(lambda m: m.reads_outside_state):
         found.append(
-            f"{', '.join(hit)} read tensors that are not their inputs, parameters or buffers (global or cached "
-            "state): if that state changes before backward, the rerun computes something else and the gradients "
+            f"{', '.join(hit)}: reads tensors that are not its inputs, parameters or buffers (global or cached "
+            "state); if that state changes before backward, the rerun computes something else and the gradients "
             "are silently wrong"
         )
     if hit := flagged(lambda m: m.moves_device):
         found.append(
-            f"{', '.join(hit)} move tensors to another device: checkpoint restores the RNG state only of its "
+            f"{', '.join(hit)}: moves tensors to another device; checkpoint restores the RNG state only of its "
             "inputs' devices, so random ops on the other device draw differently on the rerun"
         )
     if hit := flagged(lambda m: m.mutates_buffers):
         found.append(
-            f"{', '.join(hit)} update buffers in forward (e.g. BatchNorm running statistics): the rerun updates "
+            f"{', '.join(hit)}: updates buffers in forward (e.g. BatchNorm running statistics); the rerun updates "
             "them a second time"
         )
     if hit := flagged(lambda m: m.uses_randomness):
         found.append(
-            f"{', '.join(hit)} use randomness (dropout): checkpoint stashes and restores the RNG state so the "
-            "rerun draws the same mask, which costs time; keep preserve_rng_state=True for them"
+            f"{', '.join(hit)}: uses randomness (dropout); checkpoint stashes and restores the RNG state so the "
+            "rerun draws the same mask, which costs time; keep preserve_rng_state=True there"
         )
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "use_cache"):

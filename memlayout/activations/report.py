@@ -111,6 +111,7 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     from rich.console import Console, Group
     from rich.panel import Panel
     from rich.table import Table
+    from rich.text import Text
 
     s = report.summary
     grid = Table.grid(padding=(0, 2))
@@ -152,7 +153,7 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     if report.plan is not None:
         parts_out.append(_plan_text(report, width))
     for note in report.notes:
-        parts_out.append(f"note: {note}")
+        parts_out.append(Text(textwrap.fill(note, width=width, initial_indent="note: ", subsequent_indent="      ")))
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, force_terminal=color, color_system="standard" if color else None,
                       highlight=False)

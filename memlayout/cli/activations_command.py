@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated
 
@@ -40,6 +41,9 @@ def activations_command(
 ) -> None:
     """Activation memory of one training step, and a checkpoint plan that fits --budget."""
     with one_line_errors(debug):
+        # transformers logs config remarks while building a model from its config; they are
+        # not about memory, and stdout/stderr belong to the report and its one-line errors.
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         from memlayout.activations.analysis import BudgetUnreachableError, analyze
         from memlayout.activations.report import ActivationsFormat, render
         from memlayout.activations.sizes import parse_size
