@@ -133,8 +133,13 @@ def inspect_command(
         str | None,
         typer.Option("--html", help="Also write a self-contained HTML storage map to FILE.", metavar="FILE"),
     ] = None,
-    all_storages: Annotated[
-        bool, typer.Option("--all", help="The table lists every storage, not the 20 largest of more than 50.")
+    show_all: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            help="The table lists every storage and finding, not the 20 largest storages of more than 50 "
+            "and 5 findings per rule of more than 50.",
+        ),
     ] = False,
     trust: Annotated[bool, typer.Option("--trust", hidden=True)] = False,
     debug: DebugOption = False,
@@ -168,7 +173,7 @@ def inspect_command(
         report_load_errors(batch)
         batch = apply_baseline_flags(batch, baseline, write_baseline)
         color = output is None and output_format is OutputFormat.TABLE and sys.stdout.isatty()
-        reporter = reporter_for(output_format, color=color, all_storages=all_storages)
+        reporter = reporter_for(output_format, color=color, show_all=show_all)
         text = reporter.render_pieces(batch)  # lazy: rendered as it is written
         if html is not None:
             from memlayout.report.html import render_html

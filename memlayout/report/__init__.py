@@ -37,14 +37,14 @@ class OutputFormat(str, enum.Enum):
     """JUnit XML: a testsuite per checkpoint, a testcase per rule."""
 
 
-def reporter_for(fmt: OutputFormat, *, width: int = 120, color: bool = False, all_storages: bool = False) -> Reporter:
+def reporter_for(fmt: OutputFormat, *, width: int = 120, color: bool = False, show_all: bool = False) -> Reporter:
     """The reporter for `fmt`; every format has exactly one.
 
     Args:
         fmt: The format asked for.
         width: Line width of the terminal table.
         color: ANSI colors in the terminal table.
-        all_storages: The terminal table lists every storage (`--all`).
+        show_all: The terminal table lists every storage and every finding (`--all`).
 
     Returns:
         A `Reporter` whose `render` gives the text.
@@ -53,7 +53,7 @@ def reporter_for(fmt: OutputFormat, *, width: int = 120, color: bool = False, al
     if fmt is OutputFormat.TABLE:
         from memlayout.report.table import TableReporter
 
-        return TableReporter(width=width, color=color, all_storages=all_storages)
+        return TableReporter(width=width, color=color, show_all=show_all)
     if fmt is OutputFormat.JSON:
         from memlayout.report.json_report import JsonReporter
 

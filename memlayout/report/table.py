@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections import Counter
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -20,6 +21,10 @@ SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severi
 # and one line saying how many are folded (`--all` lists every one).
 FOLD_OVER = 50
 SHOWN_WHEN_FOLDED = 20
+# Findings fold the same way: past FOLD_OVER, each rule lists its first
+# FINDINGS_SHOWN_WHEN_FOLDED (worst first) and how many more it has. A terminal
+# cannot show 40,000 ML201 lines usefully, and rich takes about 70 us to lay out each.
+FINDINGS_SHOWN_WHEN_FOLDED = 5
 BAR_WIDTH = 16
 # Each kind of byte has its own character, so the bar reads without color too.
 BAR_PARTS = (("used", "\u2588", "green"), ("padding", "\u2592", "blue"), ("unused", "\u2591", "yellow"))
@@ -82,13 +87,13 @@ def _summary(report: Report) -> Table:
     return grid
 
 
-def _storages(report: Report, all_storages: bool) -> Table:
+def _storages(report: Report, show_all: bool) -> Table:
     table = Table(title="storages", title_justify="left", expand=False)
     for column, justify in (("id", "left"), ("device", "left"), ("size", "right"), ("used", "right"),
                             ("unused", "right"), ("layout", "left"), ("tensors", "left")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     storages = sorted(report.facts.storages, key=lambda s: -s.nbytes)
-    shown = storages if all_storages or len(storages) <= FOLD_OVER else storages[:SHOWN_WHEN_FOLDED]
+    shown = storages if show_all or len(storages) <= FOLD_OVER else storages[:SHOWN_WHEN_FOLDED]
     for storage in shown:
         names = ", ".join(storage.tensors[:3]) + (f" +{len(storage.tensors) - 3}" if len(storage.tensors) > 3 else "")
         unused = Text(human_bytes(storage.unused_bytes), "yellow" if storage.unused_bytes else "")
@@ -105,11 +110,18 @@ def _storages(report: Report, all_storages: bool) -> Table:
     return table
 
 
-def _findings(report: Report) -> Group | Text:
+def _findings(report: Report, show_all: bool) -> Group | Text:
     if not report.findings:
         return Text("no findings", "green")
+    ordered = sorted(report.findings, key=lambda f: (-f.severity.rank, f.code))
+    fold = not show_all and len(ordered) > FOLD_OVER
+    of_rule = Counter(f.code for f in ordered) if fold else Counter()
+    listed: Counter[str] = Counter()
     lines: list[Text] = []
-    for finding in sorted(report.findings, key=lambda f: (-f.severity.rank, f.code)):
+    for finding in ordered:
+        listed[finding.code] += 1
+        if fold and listed[finding.code] > FINDINGS_SHOWN_WHEN_FOLDED:
+            continue
         line = Text()
         line.append(f"{finding.code} ", "bold")
         line.append(f"{finding.severity.value:<7} ", SEVERITY_STYLE[finding.severity])
@@ -117,17 +129,21 @@ def _findings(report: Report) -> Group | Text:
         line.append(finding.message)
         lines.append(line)
         lines.append(Text(f"    hint: {finding.hint}", "dim"))
+        more = of_rule[finding.code] - FINDINGS_SHOWN_WHEN_FOLDED
+        if fold and listed[finding.code] == FINDINGS_SHOWN_WHEN_FOLDED and more > 0:
+            lines.append(Text(f"... and {more} more {finding.code} findings; --all lists every one", "dim"))
     return Group(*lines)
 
 
-def render_table(report: Report, width: int = 120, color: bool = False, all_storages: bool = False) -> str:
+def render_table(report: Report, width: int = 120, color: bool = False, show_all: bool = False) -> str:
     """The rich report as text; ANSI colors only when `color` is set.
 
     Args:
         report: One path's report.
         width: Line width.
         color: ANSI colors.
-        all_storages: List every storage, not the largest 20 of more than 50.
+        show_all: List every storage and every finding, not the largest 20 storages of
+            more than 50 and the first 5 findings of each rule when there are more than 50.
     """
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, force_terminal=color, no_color=not color, highlight=False)
@@ -141,9 +157,9 @@ def render_table(report: Report, width: int = 120, color: bool = False, all_stor
     if source.layout_unrecorded:
         console.print(Text(f"storages: not recorded: {source.layout_unrecorded}", "dim"))
     else:
-        console.print(_storages(report, all_storages))
+        console.print(_storages(report, show_all))
     console.print(Text("findings", "bold"))
-    console.print(_findings(report))
+    console.print(_findings(report, show_all))
     for line in _skipped(report):
         console.print(line)
     return buffer.getvalue()
@@ -170,16 +186,16 @@ def _baseline_lines(baseline: BaselineOutcome) -> list[str]:
 class TableReporter(Reporter):
     """The terminal report: one panel per path, then the totals when there are several."""
 
-    def __init__(self, width: int = 120, color: bool = False, all_storages: bool = False) -> None:
+    def __init__(self, width: int = 120, color: bool = False, show_all: bool = False) -> None:
         self.width = width
         self.color = color
-        self.all_storages = all_storages
+        self.show_all = show_all
 
     def render(self, batch: BatchReport) -> str:
         parts: list[str] = []
         for path in batch.paths:
             if path.report is not None:
-                parts.append(render_table(path.report, width=self.width, color=self.color, all_storages=self.all_storages))
+                parts.append(render_table(path.report, width=self.width, color=self.color, show_all=self.show_all))
             else:
                 parts.append(f"error: {path.error_line}\n")
         tail: list[str] = []

@@ -137,7 +137,7 @@ def test_clicking_a_finding_highlights_its_tensors(browser: Any, case_file: Path
     assert page.locator(".seg.hl").count() == 0
 
 
-def test_small_storages_are_grouped_and_drawn_when_a_finding_needs_them(browser: Any, tmp_path: Path) -> None:
+def test_smshow_all_are_grouped_and_drawn_when_a_finding_needs_them(browser: Any, tmp_path: Path) -> None:
     # One big storage and 3,000 small ones, one of them bloated: the small ones sit in
     # collapsed groups until something needs them.
     state = {"big": torch.zeros(1 << 20)}

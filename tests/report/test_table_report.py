@@ -46,9 +46,9 @@ def test_more_than_50_storages_show_the_20_largest_and_say_how_many_are_folded()
     assert f"40 smaller storages folded ({folded / 1024:.1f} KiB); --all shows every storage" in text
 
 
-def test_all_storages_and_up_to_50_are_never_folded() -> None:
+def test_show_all_and_up_to_50_are_never_folded() -> None:
     many = memlayout.inspect({f"t{i}": models.torch.randn(4) for i in range(60)})
-    assert len(storage_rows(render_table(many, width=200, all_storages=True))) == 60
+    assert len(storage_rows(render_table(many, width=200, show_all=True))) == 60
     fifty = memlayout.inspect({f"t{i}": models.torch.randn(4) for i in range(50)})
     text = render(fifty, OutputFormat.TABLE, width=200)
     assert len(storage_rows(text)) == 50 and "folded" not in text
@@ -89,3 +89,27 @@ def test_bars_come_from_the_facts_of_bloat_and_padding() -> None:
     assert storage.padding_bytes == 16 and storage.unused_bytes == 256 - 96 - 16
     (row,) = storage_rows(render(padded, OutputFormat.TABLE, width=200))
     assert "\u2592" in row and "\u2591" in row
+
+
+def _transposed(count: int) -> dict[str, object]:
+    return {f"w{i}": models.torch.randn(3, 2).t() for i in range(count)}
+
+
+def test_past_50_findings_each_rule_lists_five_and_counts_the_rest() -> None:
+    text = render(memlayout.inspect(_transposed(60)), OutputFormat.TABLE, width=200)
+    assert text.count("ML201 warning") == 5
+    assert "... and 55 more ML201 findings; --all lists every one" in text
+    report = memlayout.inspect(_transposed(49))
+    assert len(report.findings) == 50  # 49 ML201 and one ML204: the most that is never folded
+    fifty = render(report, OutputFormat.TABLE, width=200)
+    assert fifty.count("ML201 warning") == 49 and "more ML201" not in fifty
+
+
+def test_the_inspect_all_option_lists_every_finding(tmp_path: Path) -> None:
+    # Following the folded line's advice shows all of them.
+    path = tmp_path / "transposed.pt"
+    models.torch.save(_transposed(60), path)
+    folded = CliRunner().invoke(app, ["inspect", str(path), "--fail-on", "never"])
+    every = CliRunner().invoke(app, ["inspect", str(path), "--all", "--fail-on", "never"])
+    assert "... and 55 more ML201 findings; --all lists every one" in folded.stdout
+    assert every.stdout.count("ML201 warning") == 60 and "more ML201" not in every.stdout
