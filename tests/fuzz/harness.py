@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 SLOW_SECONDS = 5.0
+WORK = ".work"
+"""The folder under OUT that holds a run's scratch files and libFuzzer corpus."""
 RSS_LIMIT_MIB = 512
 MAX_INPUT = 1 << 20
 PWNED_ENV = "MEMLAYOUT_PWNED"
@@ -113,7 +115,10 @@ class Run:
         self.engine = engine
         self.out = out
         self.canary = canary
-        self.scratch = Path(tempfile.mkdtemp(prefix=f"memlayout-fuzz-{target_name}-"))
+        # Under OUT, not /tmp: a run that libFuzzer ends (a crash, its own timeout)
+        # cleans up nothing, and the driver removes OUT's work folder afterwards.
+        (out / WORK).mkdir(parents=True, exist_ok=True)
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"{target_name}.", dir=out / WORK))
         self.inputs = 0
         self.errors: Counter[str] = Counter()
         self.tracebacks = 0
@@ -125,7 +130,6 @@ class Run:
         self.baseline_rss = peak_rss_mib()
         self.failures: list[str] = []
         self.started = time.perf_counter()
-        out.mkdir(parents=True, exist_ok=True)
 
     def _save(self, data: bytes, kind: str, detail: str) -> None:
         name = f"{self.target.name}-{kind}-{hashlib.sha1(data).hexdigest()[:16]}"
@@ -196,7 +200,7 @@ def _run_atheris(run: Run, seeds: list[bytes], runs: int, seed: int) -> None:
         import memlayout
         import memlayout.inspection
         import memlayout.load  # noqa: F401
-    corpus = Path(tempfile.mkdtemp(prefix=f"memlayout-fuzz-corpus-{run.target.name}-"))
+    corpus = Path(tempfile.mkdtemp(prefix=f"corpus-{run.target.name}.", dir=run.out / WORK))
     for data in seeds:
         (corpus / hashlib.sha1(data).hexdigest()).write_bytes(data)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tests.fuzz.harness import RSS_LIMIT_MIB, SLOW_SECONDS
+from tests.fuzz.harness import RSS_LIMIT_MIB, SLOW_SECONDS, WORK
 from tests.fuzz.targets import TARGETS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +35,9 @@ def fuzz_target(name: str, runs: int, out: Path, engine: str | None, seed: int) 
     out.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as stream:
         process = subprocess.run(command, cwd=REPO_ROOT, stdout=stream, stderr=subprocess.STDOUT)
+    # What a crashed run could not clean up: its scratch files and corpus.
+    for leftover in [*(out / WORK).glob(f"{name}.*"), *(out / WORK).glob(f"corpus-{name}.*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
     summary_path = out / f"{name}.summary.json"
     summary: dict[str, Any] = json.loads(summary_path.read_text()) if summary_path.exists() else {"target": name}
     summary["exit_code"] = process.returncode
