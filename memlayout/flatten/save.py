@@ -204,16 +204,34 @@ class ArchiveVerifier:
         self.progress = progress
         self.pool = ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)))
         self.pending: list[tuple[int, int, Any]] = []
+        self.gathered: tuple[int, int, int] | None = None
         self.submitted = 0
         self.verified = 0
         self.lock = threading.Lock()
 
     def written(self, record: int, start: int, length: int) -> None:
-        """`write_archive`'s `on_written`: queue these bytes of OUT to be read back."""
-        for at in range(start, start + length, COMPARE_CHUNK_BYTES):
-            count = min(COMPARE_CHUNK_BYTES, start + length - at)
-            self.pending.append((record, count, self.pool.submit(self._crc, at, count)))
-            self.submitted += count
+        """`write_archive`'s `on_written`: queue these bytes of OUT to be read back.
+
+        Stretches of one record follow each other in OUT, so they are gathered into
+        chunks of about COMPARE_CHUNK_BYTES: one task per slot would cost a thread
+        hand-off per tensor.
+        """
+        if self.gathered is not None:
+            gathered_record, gathered_start, gathered_length = self.gathered
+            if gathered_record == record and gathered_start + gathered_length == start:
+                start, length = gathered_start, gathered_length + length
+            else:
+                self._submit(*self.gathered)
+        self.gathered = None
+        while length >= COMPARE_CHUNK_BYTES:
+            self._submit(record, start, COMPARE_CHUNK_BYTES)
+            start, length = start + COMPARE_CHUNK_BYTES, length - COMPARE_CHUNK_BYTES
+        if length:
+            self.gathered = (record, start, length)
+
+    def _submit(self, record: int, start: int, length: int) -> None:
+        self.pending.append((record, length, self.pool.submit(self._crc, start, length)))
+        self.submitted += length
 
     def _crc(self, start: int, length: int) -> int:
         crc = range_crc(self.out, start, length)
@@ -230,6 +248,9 @@ class ArchiveVerifier:
             CorruptCheckpointError: IN's bytes do not match the CRC IN records for them.
             FlattenError: OUT differs from what was meant.
         """
+        if self.gathered is not None:
+            self._submit(*self.gathered)
+            self.gathered = None
         try:
             crcs = [0] * len(written.layouts)
             for record, length, future in self.pending:
