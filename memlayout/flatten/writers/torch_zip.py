@@ -49,7 +49,7 @@ class TorchZipWriter(FlattenWriter):
     def write(self, job: FlattenJob) -> Written:
         from memlayout.flatten.apply import rebind, views_of
         from memlayout.flatten.torch_tree import rebuild_tree
-        from memlayout.zip_archive import ZipReader, archive_prefix
+        from memlayout.zip_archive import RecordSpans, ZipReader, archive_prefix
 
         stages: dict[str, float] = {}
         started = time.perf_counter()
@@ -58,7 +58,9 @@ class TorchZipWriter(FlattenWriter):
             archive = ZipReader(source, os.fstat(source).st_size, 0, job.path)
             prefix = archive_prefix(archive.names)
             _refuse_foreign_byte_order(archive, prefix, job.path)
-            spans = archive.record_spans(f"{prefix}data/")
+            # Where each storage's bytes lie is what the loader already found.
+            reader: Any = job.source.reader
+            spans = RecordSpans(reader.starts, reader.sizes, reader.checksums)
             tree, stand_ins = rebuild_tree(archive, prefix, job.options.trust, job.path)
             if all(flat.device == "cpu" for flat in job.plan.buffers):
                 buffers = _unfilled_buffers(job)
