@@ -66,15 +66,18 @@ def _fresh(path: Path) -> Path:
     return partial
 
 
-def torch_save_file(count: int) -> Path:
-    """A `torch.save` state dict of `count` tensors."""
+def torch_save_file(count: int, transposed: bool = False) -> Path:
+    """A `torch.save` state dict of `count` tensors; `transposed` saves each as a transposed view (an ML201 each)."""
     import torch
 
-    path = DATA_DIR / f"moe-{count}.pt"
+    path = DATA_DIR / f"moe-{count}{'-transposed' if transposed else ''}.pt"
     if not path.exists():
         DATA_DIR.mkdir(parents=True, exist_ok=True)
         partial = _fresh(path)
-        torch.save(_state(count), partial)
+        state = _state(count)
+        if transposed:
+            state = {name: tensor.t() if tensor.dim() == 2 else tensor for name, tensor in state.items()}  # type: ignore[attr-defined]
+        torch.save(state, partial)
         os.replace(partial, path)
     return path
 

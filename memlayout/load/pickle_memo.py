@@ -61,6 +61,9 @@ def _step_table() -> list[int]:
 _STEPS = _step_table()
 
 
+_RUN = 4096
+
+
 @functools.cache
 def _fixed_size_run(bits: int) -> Callable[[bytes, int], re.Match[bytes] | None]:
     """A compiled regex's `match` that steps over a run of fixed-size opcodes.
@@ -84,7 +87,10 @@ def _fixed_size_run(bits: int) -> Callable[[bytes, int], re.Match[bytes] | None]
     index += [b"\\x00"] * (4 - len(index))
     long_binput = next(op for op in pickletools.opcodes if op.name == "LONG_BINPUT").code.encode("latin-1")
     alternatives.append(re.escape(long_binput) + b"".join(index))
-    return re.compile(b"(?:" + b"|".join(alternatives) + b")*", re.DOTALL).match
+    # At most _RUN opcodes per match: the regex engine keeps a little state for each
+    # repetition until the match ends, and a DCP .metadata's storage table is one
+    # uninterrupted run of millions of fixed-size opcodes.
+    return re.compile(b"(?:" + b"|".join(alternatives) + b"){0,%d}" % _RUN, re.DOTALL).match
 
 
 def largest_memo_index(data: bytes, start: int = 0, skip_below: int = 0) -> tuple[int, int, bool]:

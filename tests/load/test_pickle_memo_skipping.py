@@ -60,3 +60,14 @@ def test_an_index_between_the_pickle_and_the_data_length_is_still_refused(traili
     data = b"\x80\x02N" + b"r" + struct.pack("<I", 5000) + b"." + bytes(trailing)
     refused = _fast_refuses(data, 0)
     assert refused == _exact_refuses(data, 0) == True  # noqa: E712
+
+
+def test_one_match_steps_over_a_bounded_run() -> None:
+    # The regex engine keeps state per repetition until a match ends: a DCP
+    # .metadata's storage table, millions of fixed-size opcodes in a row, once
+    # took 400 MiB in one match. Each match stops after _RUN opcodes; the walk goes on.
+    from memlayout.load.pickle_memo import _RUN, _fixed_size_run
+
+    data = b"N" * (3 * _RUN) + b"."
+    assert _fixed_size_run(8)(data, 0).end() == _RUN  # type: ignore[union-attr]
+    assert largest_memo_index(data) == largest_memo_index(data, skip_below=1 << 20) == (-1, len(data), False)
