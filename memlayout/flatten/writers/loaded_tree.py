@@ -105,15 +105,15 @@ def _reroot(tree: Any, job: FlattenJob, sliced: dict[str, list[tuple[int, int]]]
                 tensor.data = view
 
 
-def flatten_loaded_tree(tree: Any, job: FlattenJob, names_tree: Any = None) -> Flattened:
+def flatten_loaded_tree(tree: Any, job: FlattenJob) -> Flattened:
     """Move every tensor of a tree torch loaded into the job's flat buffers, in place.
 
     Args:
-        tree: The loaded object; its tensors are re-pointed (`tensor.data = view`),
-            so every Python object, and every tie, is kept.
+        tree: The loaded object, or a dict of its tensors by the file's names (a
+            scripted module's parameters, buffers and attributes). Its tensors are
+            re-pointed (`tensor.data = view`), so every Python object, and every
+            tie, is kept.
         job: The flatten job (plan, facts, options).
-        names_tree: The object whose tensor names match the file's records, when
-            it is not `tree` itself (a scripted module's parameters and buffers).
 
     Returns:
         The applied plan, the filled buffers and the bytes copied.
@@ -122,7 +122,7 @@ def flatten_loaded_tree(tree: Any, job: FlattenJob, names_tree: Any = None) -> F
     from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
     from memlayout.load.live import storage_key as live_storage_key
 
-    named = tree if names_tree is None else names_tree
+    named = tree
     keys = file_keys_by_name(named, job)
     storages: dict[str, Any] = {}
     for tensor in walk_tensors(named):
