@@ -172,6 +172,7 @@ class Facts:
     declared_ties: tuple[DeclaredTie, ...]
     _by_name: dict[str, TensorFact] = field(repr=False, compare=False, default_factory=dict)
     _by_storage: dict[str, StorageFact] = field(repr=False, compare=False, default_factory=dict)
+    _model_tensors: list[TensorFact] | None = field(repr=False, compare=False, default=None)
 
     def tensor(self, name: str) -> TensorFact | None:
         """The view reachable by `name`, under any of its names."""
@@ -181,8 +182,15 @@ class Facts:
         return self._by_storage[storage_id]
 
     def model_tensors(self) -> list[TensorFact]:
-        """Tensors that are the model's own: everything but optimizer state."""
-        return [t for t in self.tensors if not t.optimizer_state]
+        """Tensors that are the model's own: everything but optimizer state.
+
+        Computed once: several rules ask, and a checkpoint may hold 100,000 tensors.
+        """
+        found = self._model_tensors
+        if found is None:
+            found = [t for t in self.tensors if not t.optimizer_state]
+            object.__setattr__(self, "_model_tensors", found)
+        return list(found)
 
 
 def infer_rnn_modules(tensors: Mapping[str, TensorFact]) -> list[ModuleRecord]:
@@ -384,19 +392,30 @@ def _split_unused(
 
 def _alias_groups(storage_id: str, views: list[TensorFact]) -> AliasGroup | None:
     # Sweep views by first byte; only views whose spans meet can share bytes,
-    # so a flat buffer with hundreds of disjoint slots costs O(n log n).
-    ordered = sorted(views, key=lambda v: (v.bytes_used.start, -v.bytes_used.end))
+    # so a flat buffer (or a safetensors file's data section) with 100,000 disjoint
+    # slots costs O(n log n): a slot that starts past the end of every earlier one
+    # meets none of them and is taken without a comparison.
+    ordered = sorted(
+        (byte_set.start, -byte_set.end, index)
+        for index, view in enumerate(views)
+        if (byte_set := view.bytes_used).intervals
+    )
     pairs: list[AliasPair] = []
     active: list[TensorFact] = []
-    for view in ordered:
-        if not view.bytes_used.intervals:
+    reach = -1
+    for start, negative_end, index in ordered:
+        view = views[index]
+        if start >= reach:
+            active = [view]
+            reach = -negative_end
             continue
-        active = [a for a in active if a.bytes_used.end > view.bytes_used.start]
+        active = [a for a in active if a.bytes_used.end > start]
         for earlier in active:
             rel = relation(earlier.bytes_used, view.bytes_used)
             if rel is not Relation.DISJOINT:
                 pairs.append(AliasPair(earlier.name, view.name, rel))
         active.append(view)
+        reach = max(reach, -negative_end)
     if not pairs:
         return None
     members = list(dict.fromkeys(name for p in pairs for name in (p.first, p.second)))
