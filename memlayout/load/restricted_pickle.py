@@ -368,6 +368,7 @@ class RestrictedUnpickler(pickle.Unpickler):
         """What `run_unpickler` checks before loading (see `memlayout.load.pickle_memo`)."""
         self._placeholders: dict[tuple[str, str], type[InertObject]] = {}
         self._storages: dict[str, PickledStorage] = {}
+        self._itemsizes: dict[str, int] = {}
         self.referenced: dict[tuple[str, str], PickleGlobal] = {}
         self._storage_records = storage_records
 
@@ -413,11 +414,14 @@ class RestrictedUnpickler(pickle.Unpickler):
         # type, key, location, numel), and a storage seen before is one dict lookup.
         if not self._storage_records:
             raise pickle.UnpicklingError("unexpected persistent id in a plain pickle")
-        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
-            _, storage_type, key, location, count = pid[:5]
+        if type(pid) is tuple and len(pid) >= 5 and pid[0] == "storage":
+            key = pid[2]
             if type(key) is not str:
                 key = str(key)
-            return self._storages.get(key) or self._new_storage(storage_type, key, location, count)
+            storage = self._storages.get(key)
+            if storage is None:
+                storage = self._new_storage(pid[1], key, pid[3], pid[4])
+            return storage
         if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module":
             # Legacy torch.save files name each nn.Module class once as
             # ("module", class, source file, source); the class is already a placeholder.
@@ -427,8 +431,11 @@ class RestrictedUnpickler(pickle.Unpickler):
     def _new_storage(self, storage_type: Any, key: str, location: Any, count: Any) -> PickledStorage:
         dtype = storage_type.dtype if type(storage_type) is StorageDtype else _dtype_name(storage_type)
         count = int(count)
+        itemsize = self._itemsizes.get(dtype)
+        if itemsize is None:
+            itemsize = self._itemsizes[dtype] = dtype_info(dtype).itemsize
         storage = PickledStorage(key, dtype, location if type(location) is str else str(location), count,
-                                 count * dtype_info(dtype).itemsize)
+                                 count * itemsize)
         self._storages[key] = storage
         return storage
 
