@@ -20,6 +20,7 @@ from memlayout import __version__
 from memlayout.facts import Facts, rnn_reserved_bytes, unused_ranges
 from memlayout.format_bytes import human_bytes
 from memlayout.inspection import Report
+from memlayout.load.records import TensorKind
 from memlayout.rules import Finding
 from memlayout.strides import Relation
 
@@ -102,25 +103,36 @@ def side_data(
     storage_index = {s.id: i for i, s in enumerate(storages)}
     tensor_index = {t.name: i for i, t in enumerate(facts.tensors)}
     tensors = []
+    # Once per tensor of pages of 100,000 tensors: tuples are encoded as the lists
+    # they were, and names, kinds and byte spans are read without a call each.
+    kind_names = {kind: kind.value for kind in TensorKind}
+    no_keys: tuple[str, ...] = ()
     for tensor in facts.tensors:
-        keys = [key_of(n) for n in tensor.names] if key_of is not None else []
+        keys: list[str] | tuple[str, ...] = no_keys
         mark = ""
-        if marks:
-            found = {marks[k] for k in keys if k in marks}
-            mark = next((m for m in _MARK_ORDER if m in found), "")
+        if key_of is not None:
+            keys = [key_of(n) for n in tensor.names]
+            if marks:
+                found = {marks[k] for k in keys if k in marks}
+                mark = next((m for m in _MARK_ORDER if m in found), "")
+        intervals = tensor.bytes_used.intervals
         tensors.append([
-            list(tensor.names), tensor.dtype, list(tensor.shape), list(tensor.stride), tensor.offset,
-            tensor.bytes_used.start, tensor.bytes_used.end, storage_index[tensor.storage], tensor.kind.value,
-            keys, mark,
+            tensor.names, tensor.dtype, tensor.shape, tensor.stride, tensor.offset,
+            intervals[0][0] if intervals else 0, intervals[-1][1] if intervals else 0,
+            storage_index[tensor.storage], kind_names[tensor.kind], keys, mark,
         ])
     overlaps = _partial_overlaps(facts)
     reserved = rnn_reserved_bytes(facts) if facts.modules else {}
     storage_rows = []
     for storage in storages:
-        gaps = [
-            [start, end, int(padding)]
-            for start, end, padding in unused_ranges(storage.used, storage.nbytes, reserved.get(storage.id))
-        ]
+        used = storage.used
+        if len(used) == 1 and used[0][0] == 0 and used[0][1] >= storage.nbytes:
+            gaps = []  # a storage its tensors fill, the usual one: no gap to list
+        else:
+            gaps = [
+                [start, end, int(padding)]
+                for start, end, padding in unused_ranges(used, storage.nbytes, reserved.get(storage.id))
+            ]
         storage_rows.append([
             storage.id, storage.device, storage.nbytes, storage.used_bytes, storage.padding_bytes,
             storage.unused_bytes, gaps, overlaps.get(storage.id, []),

@@ -44,6 +44,12 @@ class LazyArray:
     def __iter__(self) -> Iterator[Any]:
         return iter(self._items)
 
+    def materialized(self) -> list[Any]:
+        """The items as a list, kept: encoding it whole may take two tries (orjson, then json)."""
+        if type(self._items) is not list:
+            self._items = list(self._items)
+        return self._items
+
 
 def _escape(match: re.Match[str]) -> str:
     # What json's ensure_ascii writes: \uXXXX, and a surrogate pair beyond the BMP.
@@ -56,7 +62,7 @@ def _escape(match: re.Match[str]) -> str:
 
 def _as_list(value: Any) -> Any:
     if isinstance(value, LazyArray):
-        return list(value)
+        return value.materialized()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
@@ -89,28 +95,45 @@ def _array_pieces(items: Iterable[Any], level: int, batch_size: int) -> Iterator
     yield "[]" if first else "\n" + "  " * level + "]"
 
 
+class StreamedObject(dict[str, Any]):
+    """A JSON object that `json_pieces` writes member by member, for a `LazyArray` inside it."""
+
+
+class StreamedList(list[Any]):
+    """A JSON array that `json_pieces` writes item by item, for a `LazyArray` inside it."""
+
+
 def json_pieces(document: dict[str, Any], batch_size: int = BATCH) -> Iterator[str]:
     """`json.dumps(document, indent=2)` as consecutive pieces; their concatenation is that text.
 
-    Top-level values that are `LazyArray`s are encoded `BATCH` items at a time and
+    `LazyArray`s among the document's values, or inside `StreamedObject` and
+    `StreamedList` values at any depth, are encoded `batch_size` items at a time and
     never held whole; everything else is encoded in one call.
 
     Args:
-        document: A JSON object; its values may be `LazyArray`s.
+        document: A JSON object.
         batch_size: Items of a `LazyArray` per piece.
 
     Yields:
         Pieces of the text, in order.
     """
-    if not document:
-        yield "{}"
-        return
-    separator = "{\n  "
-    for key, value in document.items():
-        yield separator + dumps(key) + ": "
-        separator = ",\n  "
-        if isinstance(value, LazyArray):
-            yield from _array_pieces(value, 1, batch_size)
-        else:
-            yield _indented(dumps(value), "  ")
-    yield "\n}"
+    return _pieces(StreamedObject(document), 0, batch_size)
+
+
+def _pieces(value: Any, level: int, batch_size: int) -> Iterator[str]:
+    if isinstance(value, LazyArray):
+        yield from _array_pieces(value, level, batch_size)
+    elif isinstance(value, (StreamedObject, StreamedList)):
+        if not value:
+            yield "{}" if isinstance(value, dict) else "[]"
+            return
+        inner = "\n" + "  " * (level + 1)
+        separator = ("{" if isinstance(value, dict) else "[") + inner
+        members = value.items() if isinstance(value, dict) else ((None, item) for item in value)
+        for key, member in members:
+            yield separator if key is None else separator + dumps(key) + ": "
+            separator = "," + inner
+            yield from _pieces(member, level + 1, batch_size)
+        yield "\n" + "  " * level + ("}" if isinstance(value, dict) else "]")
+    else:
+        yield _indented(dumps(value), "  " * level)

@@ -11,6 +11,7 @@ a dashboard recognizes the same finding across runs, machines and file moves.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path, PurePath
 from typing import Any
 from urllib.parse import quote
@@ -18,7 +19,7 @@ from urllib.parse import quote
 from memlayout import __version__
 from memlayout.batch import BatchReport, PathReport
 from memlayout.report.interface import Reporter, findings_in_order
-from memlayout.report.json_text import dumps
+from memlayout.report.json_text import LazyArray, StreamedList, StreamedObject, json_pieces
 from memlayout.report.rule_docs import explain_markdown, explain_text
 from memlayout.rules import RULES, Finding, Rule, Severity
 
@@ -77,13 +78,13 @@ def result_message(finding: Finding) -> str:
     return f"{finding.message}{tensors}. Fix: {finding.hint}"
 
 
-def _result(finding: Finding, path: PathReport, rule_index: dict[str, int]) -> dict[str, Any]:
+def _result(finding: Finding, location: dict[str, Any], rule_index: dict[str, int]) -> dict[str, Any]:
     result: dict[str, Any] = {
         "ruleId": finding.code,
         "ruleIndex": rule_index[finding.code],
         "level": sarif_level(finding.severity),
         "message": {"text": result_message(finding)},
-        "locations": [_location(path)],
+        "locations": [location],
         "partialFingerprints": {FINGERPRINT_KEY: finding.fingerprint},
         "properties": {
             "tensors": list(finding.tensors),
@@ -104,11 +105,12 @@ def _baseline_results(batch: BatchReport, rule_index: dict[str, int]) -> list[di
     for path in batch.paths:
         if path.report is None:
             continue
+        location = _location(path)
         for finding in findings_in_order(path.report.findings):
-            results.append({**_result(finding, path, rule_index), "baselineState": "new"})
+            results.append({**_result(finding, location, rule_index), "baselineState": "new"})
         for finding in findings_in_order(path.suppressed):
             results.append({
-                **_result(finding, path, rule_index),
+                **_result(finding, location, rule_index),
                 "baselineState": "unchanged",
                 "suppressions": [{"kind": "external", "status": "accepted", "justification": justification}],
             })
@@ -149,8 +151,15 @@ def _skipped_rule(code: str, reason: str, path: PathReport, rule_index: dict[str
     }
 
 
-def sarif_log(batch: BatchReport) -> dict[str, Any]:
-    """The SARIF log as plain JSON-ready data."""
+def sarif_log(batch: BatchReport, streamed: bool = False) -> dict[str, Any]:
+    """The SARIF log as plain JSON-ready data.
+
+    Args:
+        batch: The inspected paths.
+        streamed: Make the results as they are written (json_text.json_pieces)
+            rather than as one list: one result per finding, and a checkpoint can
+            have 40,000.
+    """
     codes = sorted(RULES)
     rule_index = {code: index for index, code in enumerate(codes)}
     artifacts: list[dict[str, Any]] = []
@@ -158,15 +167,20 @@ def sarif_log(batch: BatchReport) -> dict[str, Any]:
         uri = artifact_uri(path.path)
         if uri is not None and all(a["location"]["uri"] != uri for a in artifacts):
             artifacts.append({"location": {"uri": uri}})
+    results: list[dict[str, Any]] | LazyArray
     if batch.baseline is not None:
         results = _baseline_results(batch, rule_index)
     else:
-        results = [
-            _result(finding, path, rule_index)
+        # Each path's location once: artifact_uri asks the file system, and one
+        # checkpoint can have 40,000 findings.
+        made = (
+            _result(finding, location, rule_index)
             for path in batch.paths
             if path.report is not None
+            for location in (_location(path),)
             for finding in findings_in_order(path.report.findings)
-        ]
+        )
+        results = LazyArray(made) if streamed else list(made)
     invocation: dict[str, Any] = {"executionSuccessful": not batch.failures}
     notifications = [_load_error(path) for path in batch.failures] + [
         _skipped_rule(skipped.code, skipped.reason, path, rule_index)
@@ -189,6 +203,8 @@ def sarif_log(batch: BatchReport) -> dict[str, Any]:
         "artifacts": artifacts,
         "results": results,
     }
+    if streamed:
+        return {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": StreamedList([StreamedObject(run)])}
     return {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": [run]}
 
 
@@ -196,5 +212,10 @@ class SarifReporter(Reporter):
     """One SARIF run holding every path's results."""
 
     def render(self, batch: BatchReport) -> str:
-        # One result per finding: orjson writes the standard library's exact text faster.
-        return dumps(sarif_log(batch)) + "\n"
+        return "".join(self.render_pieces(batch))
+
+    def render_pieces(self, batch: BatchReport) -> Iterator[str]:
+        # One result per finding, made as it is written: orjson writes the standard
+        # library's exact text, a batch of results at a time.
+        yield from json_pieces(sarif_log(batch, streamed=True))
+        yield "\n"

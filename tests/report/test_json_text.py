@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import memlayout
 from memlayout.batch import BatchReport, PathReport
 from memlayout.report.json_report import JsonReporter, render_json, report_dict
-from memlayout.report.json_text import LazyArray, dumps, json_pieces
+from memlayout.report.json_text import LazyArray, StreamedList, StreamedObject, dumps, json_pieces
 from tests import models
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -62,3 +62,40 @@ def test_a_hostile_name_is_escaped_as_the_standard_library_escapes_it() -> None:
     name = "w\x00\x7f\u00e9\u2028\U0001f600\ud800\"\\\n"
     report = memlayout.inspect({name: models.torch.zeros(3)})
     assert render_json(report) == json.dumps(report_dict(report), indent=2) + "\n"
+
+
+@st.composite
+def _streamed(draw: st.DrawFn, depth: int = 0) -> tuple[Any, Any]:
+    """(plain value, the same value with streamed containers and lazy arrays at any depth)."""
+    if depth >= 3 or draw(st.booleans()):
+        value = draw(_values)
+        return value, value
+    kind = draw(st.sampled_from(["object", "list", "lazy"]))
+    children = draw(st.lists(_streamed(depth + 1), max_size=4))
+    plain_items = [plain for plain, _ in children]
+    wrapped_items = [wrapped for _, wrapped in children]
+    if kind == "lazy":
+        return plain_items, LazyArray(iter(wrapped_items))
+    if kind == "list":
+        return plain_items, StreamedList(wrapped_items)
+    keys = draw(st.lists(_text, min_size=len(children), max_size=len(children), unique=True))
+    return dict(zip(keys, plain_items, strict=True)), StreamedObject(zip(keys, wrapped_items, strict=True))
+
+
+@settings(max_examples=100)
+@given(st.lists(st.tuples(_text, _streamed()), max_size=4, unique_by=lambda pair: pair[0]), st.integers(1, 3))
+def test_streamed_containers_at_any_depth_join_to_the_standard_librarys_text(
+    members: list[tuple[str, tuple[Any, Any]]], batch_size: int
+) -> None:
+    plain = {key: value[0] for key, value in members}
+    streamed = {key: value[1] for key, value in members}
+    assert "".join(json_pieces(streamed, batch_size)) == json.dumps(plain, indent=2)
+
+
+def test_sarif_written_in_pieces_is_the_standard_librarys_text(tmp_path: Path) -> None:
+    from memlayout.report.sarif import SarifReporter, sarif_log
+
+    path = tmp_path / "transposed.pt"
+    models.torch.save({f"w{i}": models.torch.randn(3, 2).t() for i in range(700)}, path)  # 700 results
+    batch = BatchReport((PathReport(str(path), report=memlayout.inspect(str(path))),))
+    assert SarifReporter().render(batch) == json.dumps(sarif_log(batch), indent=2) + "\n"
