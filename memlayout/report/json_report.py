@@ -16,8 +16,10 @@ from memlayout import __version__
 from memlayout.batch import BaselineOutcome, BatchReport
 from memlayout.facts import Facts, TensorFact
 from memlayout.inspection import Report
+from memlayout.load.records import TensorKind
 from memlayout.report.interface import Reporter
 from memlayout.report.json_text import LazyArray, json_pieces
+from memlayout.strides import MemoryFormat
 
 SCHEMA_VERSION = 1
 MULTI_PATH_SCHEMA_VERSION = 2
@@ -88,11 +90,15 @@ def report_document(report: Report) -> dict[str, Any]:
 
 
 def _tensor_entries(facts: Facts) -> Iterator[dict[str, Any]]:
+    # Once per tensor: enum values by dict lookup rather than through the enum's
+    # descriptor.
+    kinds = {kind: kind.value for kind in TensorKind}
+    formats = {fmt: fmt.value for fmt in MemoryFormat}
     for t in facts.tensors:
         yield {
             "name": t.name,
             "names": list(t.names),
-            "kind": t.kind.value,
+            "kind": kinds[t.kind],
             "section": t.section,
             "dtype": t.dtype,
             "device": t.device,
@@ -103,7 +109,7 @@ def _tensor_entries(facts: Facts) -> Iterator[dict[str, Any]]:
             "byte_offset": t.offset * t.itemsize,
             "nbytes": t.nbytes,
             "contiguous": t.contiguous,
-            "memory_format": t.memory_format.value,
+            "memory_format": formats[t.memory_format],
             "self_overlapping": t.self_overlapping,
             "requires_grad": t.requires_grad,
             "optimizer_state": t.optimizer_state,
@@ -117,15 +123,18 @@ def _storage_entries(facts: Facts) -> Iterator[dict[str, Any]]:
     for tensor in facts.tensors:
         views_by_storage[tensor.storage].append(tensor)
     for s in facts.storages:
+        ranges = []
+        for t in views_by_storage[s.id]:
+            intervals = t.bytes_used.intervals
+            ranges.append(
+                {"tensor": t.name, "start": intervals[0][0] if intervals else 0, "end": intervals[-1][1] if intervals else 0}
+            )
         yield {
             "id": s.id,
             "device": s.device,
             "nbytes": s.nbytes,
             "tensors": list(s.tensors),
-            "ranges": [
-                {"tensor": t.name, "start": t.bytes_used.start, "end": t.bytes_used.end}
-                for t in views_by_storage[s.id]
-            ],
+            "ranges": ranges,
             "used_bytes": s.used_bytes,
             "padding_bytes": s.padding_bytes,
             "unused_bytes": s.unused_bytes,
