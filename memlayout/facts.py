@@ -266,6 +266,7 @@ class _Geometry:
     def __init__(self) -> None:
         self.known: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, bool, MemoryFormat, bool]] = {}
         self.runs: dict[tuple[int, int, int], ByteSet] = {}
+        self.strided: dict[tuple[tuple[int, ...], tuple[int, ...], int, int], ByteSet] = {}
 
     def of(self, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, bool, MemoryFormat, bool]:
         """(numel, contiguous, memory format, self-overlapping)."""
@@ -279,6 +280,18 @@ class _Geometry:
                 known = (numel(shape), False, memory_format(shape, stride), has_internal_overlap(shape, stride))
             self.known[key] = known
         return known
+
+    def strided_bytes(self, shape: tuple[int, ...], stride: tuple[int, ...], offset: int, itemsize: int) -> ByteSet:
+        """The bytes a strided view covers; equal views of equal storages share one (immutable) ByteSet.
+
+        40,000 transposed weights of a few shapes are a few byte sets, not 40,000
+        enumerations of runs.
+        """
+        key = (shape, stride, offset, itemsize)
+        found = self.strided.get(key)
+        if found is None:
+            found = self.strided[key] = byte_set(shape, stride, offset, itemsize)
+        return found
 
     def contiguous_bytes(self, offset: int, count: int, itemsize: int) -> ByteSet:
         """The one run a contiguous view covers; equal runs share one (immutable) ByteSet."""
@@ -301,7 +314,7 @@ def _tensor_fact(
         # strided geometry (or its numpy import) is needed.
         used = geometry.contiguous_bytes(offset, count, itemsize)
     else:
-        used = byte_set(shape, stride, offset, itemsize)
+        used = geometry.strided_bytes(shape, stride, offset, itemsize)
     if len(records) == 1:
         # The common untied tensor: skip the merging of names, kinds and identities.
         names: tuple[str, ...] = (first.name,)
@@ -485,7 +498,7 @@ def build_facts(source: LoadedSource) -> Facts:
                 if bytes_used is None:
                     bytes_used = geometry.contiguous_bytes(offset, count, itemsize)
             else:
-                bytes_used = byte_set(shape, stride, offset, itemsize)
+                bytes_used = geometry.strided_bytes(shape, stride, offset, itemsize)
             kind = first.kind
             base = storage_record.base_address
             fact = TensorFact(

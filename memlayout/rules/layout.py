@@ -66,17 +66,20 @@ torch.save({"proj.weight": weight.t().contiguous()}, "model.pt")
 )
 def non_contiguous(ctx: RuleContext) -> Iterator[Finding]:
     deliberate: set[str] | None = None
+    hint = ""
     for tensor in ctx.facts.model_tensors():
         if tensor.memory_format is MemoryFormat.STRIDED and not tensor.self_overlapping and tensor.numel > 1:
             if deliberate is None:
+                # Both once, at the first candidate: the hint depends only on the source.
                 deliberate = _views_equal_to_a_dense_view(ctx)
+                hint = f"store it contiguous (`p.data = p.data.contiguous()`), or {flatten_hint(ctx.facts.source)}"
             if tensor.name in deliberate:
                 continue
             yield non_contiguous.finding(
                 (tensor.name,),
                 f"{tensor.name} (shape {list(tensor.shape)}, stride {list(tensor.stride)}) is not contiguous",
                 storage=tensor.storage,
-                hint=f"store it contiguous (`p.data = p.data.contiguous()`), or {flatten_hint(ctx.facts.source)}",
+                hint=hint,
             )
 
 

@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from memlayout.content import ContentReader
@@ -30,9 +30,12 @@ class Severity(str, enum.Enum):
         return {Severity.ERROR: 3, Severity.WARNING: 2, Severity.INFO: 1}[self]
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One problem: flat, like a linter's violation."""
+class Finding(NamedTuple):
+    """One problem: flat, like a linter's violation.
+
+    A NamedTuple, as the per-tensor records are: a checkpoint of 40,000 transposed
+    weights has 40,000 ML201 findings.
+    """
 
     code: str
     """"ML101" and so on."""
@@ -173,15 +176,10 @@ class Rule:
         severity: Severity | None = None,
     ) -> Finding:
         """A finding of this rule, with the rule's default severity and hint unless given."""
+        # Positional, in Finding's field order: one per finding of a rule's check.
         return Finding(
-            code=self.code,
-            name=self.name,
-            severity=severity or self.severity,
-            tensors=tuple(tensors),
-            message=message,
-            hint=hint or self.hint,
-            storage=storage,
-            wasted_bytes=wasted_bytes,
+            self.code, self.name, severity or self.severity, tuple(tensors), message, hint or self.hint, storage,
+            wasted_bytes,
         )
 
 

@@ -40,8 +40,13 @@ torch.save({"head": big[:10].clone()}, "model.pt")  # 1.5 KB
     ),
 )
 def storage_bloat(ctx: RuleContext) -> Iterator[Finding]:
+    hint = ""
     for storage in ctx.facts.storages:
         if storage.unused_bytes >= ctx.config.min_bloat_bytes and storage.unused_bytes > 0:
+            # Made at the first finding, once: it depends only on the source.
+            hint = hint or (
+                f"save `.clone()` of the slice (or {flatten_hint(ctx.facts.source)}), which copies only the used bytes"
+            )
             share = storage.used_bytes / storage.nbytes if storage.nbytes else 0.0
             yield storage_bloat.finding(
                 storage.tensors,
@@ -50,6 +55,5 @@ def storage_bloat(ctx: RuleContext) -> Iterator[Finding]:
                 f"use {share:.1%}; {human_bytes(storage.unused_bytes)} wasted",
                 storage=storage.id,
                 wasted_bytes=storage.unused_bytes,
-                hint=f"save `.clone()` of the slice (or {flatten_hint(ctx.facts.source)}), "
-                "which copies only the used bytes",
+                hint=hint,
             )
