@@ -286,3 +286,15 @@ def one_finding_of_each_severity_state() -> dict[str, torch.Tensor]:
         "proj.weight": torch.arange(64, dtype=torch.float32).reshape(8, 8).t(),
         "norm.shifted": shifted[1:],
     }
+
+
+def tiny_gpt2() -> nn.Module:
+    """GPT-2 with its output head tied to the token embedding, built from a config (no download)."""
+    import transformers  # only the tests that build real architectures need it
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32, bos_token_id=0, eos_token_id=0
+    )
+    model: nn.Module = transformers.GPT2LMHeadModel(config)
+    return model

@@ -9,17 +9,10 @@ import pytest
 import torch
 
 import memlayout
+from tests.models import tiny_gpt2
 
 transformers = pytest.importorskip("transformers")
 logging.getLogger("transformers").setLevel(logging.ERROR)
-
-
-def tiny_gpt2() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32, bos_token_id=0, eos_token_id=0
-    )
-    return transformers.GPT2LMHeadModel(config)
 
 
 def tiny_bert() -> torch.nn.Module:

@@ -8,17 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.models import tiny_gpt2
+
 transformers = pytest.importorskip("transformers")
 logging.getLogger("transformers").setLevel(logging.ERROR)
-
-
-def tiny_gpt2() -> torch.nn.Module:
-    """GPT-2 with its output head tied to the token embedding, built from a config (no download)."""
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        n_layer=2, n_embd=64, n_head=2, vocab_size=128, n_positions=32, bos_token_id=0, eos_token_id=0
-    )
-    return transformers.GPT2LMHeadModel(config)
 
 
 @pytest.fixture(scope="session")
