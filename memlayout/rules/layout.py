@@ -190,8 +190,8 @@ def misaligned(ctx: RuleContext) -> Iterator[Finding]:
     storages = {t.storage for t in found}
     yield misaligned.finding(
         names,
-        f"{len(names)} tensor{'s' if len(names) != 1 else ''} ({shown}) do not start on a "
-        f"{ALIGNMENT}-byte boundary",
+        f"{len(names)} tensor{'s' if len(names) != 1 else ''} ({shown}) "
+        f"{'do' if len(names) != 1 else 'does'} not start on a {ALIGNMENT}-byte boundary",
         storage=next(iter(storages)) if len(storages) == 1 else None,
         hint=alignment_hint(ctx.facts.source),
     )
