@@ -375,13 +375,15 @@ def _bytes(a: Report, b: Report) -> Iterator[Change]:
         yield Change(
             ChangeKind.WASTED_BYTES, Severity.WARNING if grew else Severity.INFO, (),
             f"wasted bytes (unused storage plus duplicated contents) {'grew' if grew else 'shrank'} "
-            f"from {human_bytes(before)} to {human_bytes(after)}",
+            f"by {human_bytes(abs(after - before))}, from {human_bytes(before)} to {human_bytes(after)}",
             before=str(before), after=str(after),
         )
     before, after = a.summary.storage_bytes, b.summary.storage_bytes
     if before != after:
         yield Change(
             ChangeKind.STORAGE_BYTES, Severity.INFO, (),
-            f"storage bytes {'grew' if after > before else 'shrank'} from {human_bytes(before)} to {human_bytes(after)}",
+            # The difference first: padding of a few hundred bytes on MiBs rounds to "16.3 MiB to 16.3 MiB".
+            f"storage bytes {'grew' if after > before else 'shrank'} by {human_bytes(abs(after - before))}, "
+            f"from {human_bytes(before)} to {human_bytes(after)}",
             before=str(before), after=str(after),
         )
