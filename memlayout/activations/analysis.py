@@ -323,11 +323,13 @@ def _plan(
         return PlanResult(budget, Plan(), summary.peak_bytes, summary.allocator_peak_bytes, summary.peak_bytes, 0, 0, ())
     planner = Planner(baseline)
     checked: dict[Plan, Summary] = {}
+    rows_of: dict[Plan, list[int]] = {}
 
     def check(chosen: list[int]) -> tuple[Plan, Summary]:
         plan = planner.plan_of(chosen)
         if plan not in checked:
             checked[plan] = summarize(step.trace(plan), cuda=cuda)
+            rows_of[plan] = chosen
         return plan, checked[plan]
 
     def result(chosen: list[int], plan: Plan, measured: Summary) -> PlanResult:
@@ -352,16 +354,16 @@ def _plan(
             return result(chosen, plan, measured)
         # The estimate was short by this much: aim lower by the same amount.
         target -= max(measured.peak_bytes - budget, 1)
-    chosen = planner.lowest()
-    plan, measured = check(chosen)
-    lowest = result(chosen, plan, measured)
-    if measured.peak_bytes <= budget:
-        return lowest
-    best = min(checked.items(), key=lambda item: item[1].peak_bytes)
-    if best[1].peak_bytes < lowest.peak_bytes:
-        lowest = PlanResult(budget, best[0], best[1].peak_bytes, best[1].allocator_peak_bytes, lowest.estimated_peak_bytes,
-                            best[1].recompute_flops, len(checked), pitfalls(best[0], modules, step.model))
-    raise BudgetUnreachableError(budget, lowest)
+    # Before calling the budget unreachable, trace what the estimate cannot judge:
+    # its own lowest plan, and every module of one level checkpointed together.
+    for chosen in (planner.lowest(), *planner.covers()):
+        check(chosen)
+    fitting = [(plan, measured) for plan, measured in checked.items() if measured.peak_bytes <= budget]
+    if fitting:
+        plan, measured = min(fitting, key=lambda item: (item[1].recompute_flops, item[1].peak_bytes))
+        return result(rows_of[plan], plan, measured)
+    plan, measured = min(checked.items(), key=lambda item: (item[1].peak_bytes, item[1].recompute_flops))
+    raise BudgetUnreachableError(budget, result(rows_of[plan], plan, measured))
 
 
 def pitfalls(plan: Plan, modules: tuple[ModuleFacts, ...], model: Any) -> tuple[str, ...]:

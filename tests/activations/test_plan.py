@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import memlayout.activations as act
-from memlayout.activations.plan import Plan, SequentialSegments
+from memlayout.activations.plan import Plan, Planner, SequentialSegments
 from memlayout.errors import UsageError
 from tests.activations import models
 from tests.activations.measure import memtracker_step
@@ -84,6 +84,41 @@ def test_unreachable_budget_names_the_lowest_peak() -> None:
     # the lowest peak is itself reachable: asking for it gives a plan
     again = act.analyze(models.gpt2(), list(args), kwargs=kwargs, budget=lowest.peak_bytes)
     assert again.plan is not None and again.plan.peak_bytes <= lowest.peak_bytes
+
+
+def _every_block_checkpointed_for_real() -> tuple[int, int, tuple[Any, ...]]:
+    """(the planner's own lowest estimate, the real peak with every block checkpointed, the inputs)."""
+    args = (torch.randn(512, 256, generator=torch.Generator().manual_seed(0)),)
+    planner = Planner(act.analyze(models.residual_stack(), list(args)).trace)
+    estimated_lowest = planner.estimate(planner.lowest())
+    model = models.residual_stack()
+    with act.apply_plan(model, Plan(checkpoint=tuple(str(block) for block in range(8)))):
+        every_block = memtracker_step(model, args, {}).peak_bytes
+    return estimated_lowest, every_block, args
+
+
+def test_a_budget_only_every_block_together_reaches_gets_a_plan() -> None:
+    estimated_lowest, every_block, args = _every_block_checkpointed_for_real()
+    # The case: adding one block at a time, the estimate stops above what all blocks reach for real.
+    assert every_block < estimated_lowest
+    plain = memtracker_step(models.residual_stack(), args, {})
+    report = act.analyze(models.residual_stack(), list(args), budget=every_block)
+    assert report.plan is not None and report.plan.peak_bytes <= every_block
+
+    model = models.residual_stack()
+    with act.apply_plan(model, report.plan.plan):
+        planned = memtracker_step(model, args, {})
+    assert planned.peak_bytes <= every_block, (planned.peak_bytes, report.plan.plan)
+    assert torch.equal(planned.loss, plain.loss)
+    for name, grad in plain.grads.items():
+        assert torch.equal(planned.grads[name], grad), name
+
+
+def test_the_lowest_peak_named_is_no_higher_than_a_plan_measured_for_real() -> None:
+    _, every_block, args = _every_block_checkpointed_for_real()
+    with pytest.raises(act.BudgetUnreachableError) as caught:
+        act.analyze(models.residual_stack(), list(args), budget=1000)
+    assert caught.value.lowest.peak_bytes <= every_block
 
 
 def test_apply_plan_takes_the_json_plan_and_removes_cleanly() -> None:
