@@ -134,20 +134,32 @@ def flatten_route(source: SourceFact) -> FlattenRoute:
     return FlattenRoute(command, support.writes, trust_reason, "", "")
 
 
-def alignment_hint(source: SourceFact) -> str:
+def alignment_hint(source: SourceFact, alignment: int, sizes_aligned: bool) -> str:
     """ML203's hint: flatten where it can align every tensor, else the copy that aligns.
 
     Args:
         source: The source's facts.
+        alignment: The boundary ML203 checks.
+        sizes_aligned: Every tensor's length is a multiple of `alignment`. A format
+            without gaps (safetensors) then has every tensor aligned once its data
+            section starts on a boundary, which flatten's rewrite makes it do, in
+            whatever order it stores them.
 
     Returns:
         The hint text.
     """
     support = FORMAT_SUPPORT.get(source.format)
     if support is not None and not support.pads:
+        if sizes_aligned:
+            return (
+                f"{flatten_hint(source)}: it starts the data section on a 64-byte boundary, and every tensor "
+                f"here is a multiple of {alignment} bytes long, so each one starts aligned; or `.clone()` the "
+                "tensor after loading"
+            )
         return (
             "`.clone()` the tensor after loading (a fresh allocation is aligned); the format stores tensors "
-            "back to back with no gaps, so no rewrite of the file can align every one"
+            f"back to back with no gaps, and some here are not a multiple of {alignment} bytes long, so no "
+            "rewrite of the file can align every one"
         )
     return f"{flatten_hint(source)} (slots start on --align bytes, 64 by default), or `.clone()` the tensor"
 

@@ -193,7 +193,9 @@ def misaligned(ctx: RuleContext) -> Iterator[Finding]:
         f"{len(names)} tensor{'s' if len(names) != 1 else ''} ({shown}) "
         f"{'do' if len(names) != 1 else 'does'} not start on a {ALIGNMENT}-byte boundary",
         storage=next(iter(storages)) if len(storages) == 1 else None,
-        hint=alignment_hint(ctx.facts.source),
+        hint=alignment_hint(
+            ctx.facts.source, ALIGNMENT, all(t.nbytes % ALIGNMENT == 0 for t in ctx.facts.tensors)
+        ),
     )
 
 

@@ -8,11 +8,14 @@ safetensors file); a legacy file is read into fresh, aligned memory.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import safetensors.torch
 import torch
+from typer.testing import CliRunner
 
+from memlayout.cli.app import app
 from memlayout.inspection import run_inspection
 from memlayout.load import load_path
 
@@ -83,3 +86,24 @@ def test_safetensors_hint_is_the_copy_that_aligns_not_a_flatten_that_cannot(tmp_
     # Follow it: a clone after loading starts on an aligned address.
     loaded = safetensors.torch.load_file(path)
     assert _misaligned_by_torch({name: loaded[name].clone() for name in finding.tensors}) == set()
+
+
+def test_safetensors_shifted_only_by_its_header_gets_flatten_and_flatten_aligns_it(tmp_path: Path) -> None:
+    tensors = {"a": torch.randn(8), "b": torch.randn(4, 4), "c": torch.randn(12)}  # 32, 64 and 48 bytes
+    path = tmp_path / "shifted.safetensors"
+    # Pad the header (through __metadata__) until the data section starts 8 bytes past a boundary.
+    for length in range(64):
+        safetensors.torch.save_file(tensors, path, metadata={"note": "x" * length})
+        header = int.from_bytes(path.read_bytes()[:8], "little")
+        if (8 + header) % ALIGNMENT == 8:
+            break
+    assert _misaligned_by_torch(safetensors.torch.load_file(path)) == set(tensors)
+
+    (finding,) = run_inspection(str(path), select=["ML203"]).findings
+    (command,) = [part for part in finding.hint.split("`") if part.startswith("memlayout flatten")]
+    out = tmp_path / "flat.safetensors"
+    result = CliRunner().invoke(app, [*shlex.split(command)[1:], str(path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    # Followed: safetensors itself hands out every tensor aligned, and ML203 agrees.
+    assert _misaligned_by_torch(safetensors.torch.load_file(out)) == set()
+    assert _misaligned_by_memlayout(out) == set()
