@@ -24,6 +24,8 @@ from memlayout.errors import MemlayoutError, UsageError
 MODES = ("fake", "meta", "real")
 MAX_CHECKS = 6
 """Plans traced again at most per budget, before falling back to the lowest plan."""
+PRUNE_CHECKS = 16
+"""At most this many more traces to drop what a plan found by tracing does not need."""
 
 
 @dataclass(frozen=True)
@@ -361,7 +363,18 @@ def _plan(
     fitting = [(plan, measured) for plan, measured in checked.items() if measured.peak_bytes <= budget]
     if fitting:
         plan, measured = min(fitting, key=lambda item: (item[1].recompute_flops, item[1].peak_bytes))
-        return result(rows_of[plan], plan, measured)
+        chosen = rows_of[plan]
+        # A whole-level plan checkpoints modules the budget does not need (two of eight
+        # residual blocks reach what all eight do): drop each while the traced peak
+        # still fits, the costliest and the latest in the model first.
+        for row in sorted(chosen, key=lambda r: (-planner.options[r].flops, -r))[:PRUNE_CHECKS]:
+            trial = [r for r in chosen if r != row]
+            if not trial:
+                continue
+            trial_plan, trial_measured = check(trial)
+            if trial_measured.peak_bytes <= budget:
+                chosen, plan, measured = trial, trial_plan, trial_measured
+        return result(chosen, plan, measured)
     plan, measured = min(checked.items(), key=lambda item: (item[1].peak_bytes, item[1].recompute_flops))
     raise BudgetUnreachableError(budget, result(rows_of[plan], plan, measured))
 

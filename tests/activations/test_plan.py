@@ -112,6 +112,13 @@ def test_a_budget_only_every_block_together_reaches_gets_a_plan() -> None:
     assert torch.equal(planned.loss, plain.loss)
     for name, grad in plain.grads.items():
         assert torch.equal(planned.grads[name], grad), name
+    # And nothing in it is spare: without any one of its modules, the real peak misses the budget.
+    assert len(report.plan.plan.checkpoint) < 8
+    for dropped in report.plan.plan.checkpoint:
+        model = models.residual_stack()
+        fewer = Plan(checkpoint=tuple(p for p in report.plan.plan.checkpoint if p != dropped))
+        with act.apply_plan(model, fewer):
+            assert memtracker_step(model, args, {}).peak_bytes > every_block, dropped
 
 
 def test_the_lowest_peak_named_is_no_higher_than_a_plan_measured_for_real() -> None:
