@@ -45,5 +45,9 @@ def open_page(browser: Any, path: Path, width: int = 1200, height: int = 900) ->
     page.on("request", lambda request: requests.append(request.url))
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.goto(path.as_uri())
-    page.wait_for_function("document.body.dataset.ready === '1'")
+    # A selector, not wait_for_function: once the flag is not set at the first look,
+    # playwright polls a string predicate through eval, which the page's own
+    # Content-Security-Policy (no 'unsafe-eval') refuses, so that wait failed whenever
+    # the machine was slow enough to draw after the first look.
+    page.wait_for_selector("body[data-ready='1']", state="attached")
     return page, requests, errors

@@ -16,6 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 import memlayout
+import memlayout.report
 from memlayout.cli.app import app
 from memlayout.report.json_report import report_dict
 from tests.report.browser import ARTIFACTS, launch_chromium, open_page
@@ -219,3 +220,20 @@ def test_an_unwritable_html_path_is_one_error_line_and_nothing_printed(
     result = CliRunner().invoke(app, [command, *args, "--html", str(tmp_path / "missing" / "map.html")])
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.startswith("memlayout: error: cannot write") and result.stderr.count("\n") == 1
+
+
+def test_the_wait_for_a_drawn_map_works_when_drawing_comes_late(browser: Any, tmp_path: Path) -> None:
+    # The map's own Content-Security-Policy refuses eval. A page that marks itself
+    # drawn only after the first look must still be waited for, as a slow machine
+    # makes the real map do (a string predicate was polled through eval and failed).
+    template = (Path(memlayout.report.__file__).parent / "templates" / "storage_map.html.j2").read_text()
+    (policy,) = re.findall(r'<meta http-equiv="Content-Security-Policy"[^>]*>', template)
+    assert "unsafe-eval" not in policy
+    page_path = tmp_path / "late.html"
+    page_path.write_text(
+        f"<!doctype html><html><head>{policy}</head><body><script>"
+        "setTimeout(function () { document.body.dataset.ready = '1'; }, 300);</script></body></html>"
+    )
+    page, _, errors = open_page(browser, page_path)
+    assert page.get_attribute("body", "data-ready") == "1"
+    assert errors == []
