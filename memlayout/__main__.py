@@ -1,7 +1,5 @@
 """`python -m memlayout`."""
 
-import sys
+from memlayout.cli.app import entry
 
-from memlayout.cli.app import main
-
-sys.exit(main())
+entry()
