@@ -123,18 +123,15 @@ def _storage_entries(facts: Facts) -> Iterator[dict[str, Any]]:
     for tensor in facts.tensors:
         views_by_storage[tensor.storage].append(tensor)
     for s in facts.storages:
-        ranges = []
-        for t in views_by_storage[s.id]:
-            intervals = t.bytes_used.intervals
-            ranges.append(
-                {"tensor": t.name, "start": intervals[0][0] if intervals else 0, "end": intervals[-1][1] if intervals else 0}
-            )
         yield {
             "id": s.id,
             "device": s.device,
             "nbytes": s.nbytes,
             "tensors": list(s.tensors),
-            "ranges": ranges,
+            "ranges": [
+                {"tensor": t.name, "start": t.bytes_used.start, "end": t.bytes_used.end}
+                for t in views_by_storage[s.id]
+            ],
             "used_bytes": s.used_bytes,
             "padding_bytes": s.padding_bytes,
             "unused_bytes": s.unused_bytes,
