@@ -43,25 +43,6 @@ def cuda_time(run: Any, repeat: int) -> float:
     return best
 
 
-def pack_by_layout_module(lstm: Any) -> None:
-    """Put the CUDA LSTM's weights where `memlayout.cudnn_layout` says, with no help from cuDNN."""
-    import torch
-
-    from memlayout.cudnn_layout import cudnn_layout, geometry_from_shapes
-
-    shapes = {name: tuple(getattr(lstm, name).shape) for name in lstm._flat_weights_names}
-    geometry = geometry_from_shapes(lstm.mode, shapes)
-    assert not isinstance(geometry, str), geometry
-    layout = cudnn_layout(geometry)
-    flat = torch.zeros(layout.numel, device="cuda")
-    with torch.no_grad():
-        for slot in layout.slots:
-            weight = getattr(lstm, slot.name)
-            flat[slot.offset : slot.offset + slot.numel].copy_(weight.reshape(-1))
-            weight.data = flat[slot.offset : slot.offset + slot.numel].view_as(weight)
-    lstm._init_flat_weights()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=1024)
@@ -78,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.bench_flatten import make_checkpoint
     from memlayout.flatten.files import FlattenOptions, flatten_path
     from memlayout.flatten.live import flatten_object
+    from tests.cudnn.record_cudnn_layouts import pack_by_layout_module
 
     path = make_checkpoint(args.size_mib, args.tensors)
     state = torch.load(path, weights_only=True)

@@ -88,6 +88,28 @@ def differences(recorded: dict[str, Any]) -> list[str]:
     return found
 
 
+def pack_by_layout_module(module: Any) -> None:
+    """Put an RNN's weights where `memlayout.cudnn_layout` says, in one new buffer, with no help from cuDNN.
+
+    The GPU test and benchmark then ask cuDNN whether it runs from that buffer in place.
+    """
+    import torch
+
+    from memlayout.cudnn_layout import RnnGeometry, cudnn_layout, geometry_from_shapes
+
+    shapes = {name: tuple(getattr(module, name).shape) for name in module._flat_weights_names}
+    geometry = geometry_from_shapes(module.mode, shapes)
+    assert isinstance(geometry, RnnGeometry), geometry
+    layout = cudnn_layout(geometry)
+    flat = torch.zeros(layout.numel, device=module.weight_ih_l0.device, dtype=module.weight_ih_l0.dtype)
+    with torch.no_grad():
+        for slot in layout.slots:
+            weight = getattr(module, slot.name)
+            flat[slot.offset : slot.offset + slot.numel].copy_(weight.reshape(-1))
+            weight.data = flat[slot.offset : slot.offset + slot.numel].view_as(weight)
+    module._init_flat_weights()
+
+
 def record() -> dict[str, Any]:
     """The whole table."""
     import torch

@@ -12,10 +12,15 @@ import pytest
 import torch
 
 import memlayout
-from memlayout.cudnn_layout import RnnGeometry, cudnn_layout, geometry_from_shapes
 from memlayout.flatten.files import FlattenOptions, flatten_path
 from memlayout.flatten.live import flatten_object
-from tests.cudnn.record_cudnn_layouts import build, differences, grid, record_case
+from tests.cudnn.record_cudnn_layouts import (
+    build,
+    differences,
+    grid,
+    pack_by_layout_module,
+    record_case,
+)
 from tests.flatten.models import LstmLM
 
 pytestmark = [
@@ -64,17 +69,7 @@ def test_layout_module_matches_flatten_parameters(case: dict[str, Any]) -> None:
 def test_cudnn_runs_in_place_from_the_layout_memlayout_builds(case: dict[str, Any]) -> None:
     # try_get_weight_buf itself: weights packed where the layout module says run with no copy.
     module = build(case)
-    shapes = {name: tuple(getattr(module, name).shape) for name in module._flat_weights_names}
-    geometry = geometry_from_shapes(case["mode"], shapes)
-    assert isinstance(geometry, RnnGeometry)
-    layout = cudnn_layout(geometry)
-    flat = torch.zeros(layout.numel, device="cuda")
-    with torch.no_grad():
-        for slot in layout.slots:
-            weight = getattr(module, slot.name)
-            flat[slot.offset : slot.offset + slot.numel].copy_(weight.reshape(-1))
-            weight.data = flat[slot.offset : slot.offset + slot.numel].view_as(weight)
-    module._init_flat_weights()
+    pack_by_layout_module(module)
     assert "ML401" not in {f.code for f in memlayout.inspect(module).findings}
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=NOT_ONE_CHUNK)
