@@ -8,7 +8,7 @@ Usage: python benchmarks/bench_flatten_gpu.py [--size-mib 1024] [--tensors 400] 
   over the flat bytes (goal: at most 1.02x).
 - A 2-layer bidirectional LSTM's forward+backward after `flatten_parameters()`
   (the peer), after `memlayout.flatten(device="cuda")` (which hands the RNN to
-  cuDNN), with its weights packed by `memlayout.cudnn_layout` alone, and with
+  cuDNN), with its weights packed by `memlayout.core.cudnn_layout` alone, and with
   every weight in its own storage (what ML401 flags), and whether cuDNN warned
   that it copies the weights.
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     warned = {}
     tokens = torch.randn(64, 32, 512, device="cuda")
     variants = (
-        "flatten_parameters()", "memlayout.flatten", "memlayout.cudnn_layout, no hand-over", "separate storages",
+        "flatten_parameters()", "memlayout.flatten", "memlayout.core.cudnn_layout, no hand-over", "separate storages",
     )
     for how in variants:
         torch.manual_seed(0)
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         lstm = torch.nn.LSTM(512, 512, num_layers=2, bidirectional=True)
         if how == "memlayout.flatten":
             flatten_object(lstm, device="cuda")
-        elif how == "memlayout.cudnn_layout, no hand-over":
+        elif how == "memlayout.core.cudnn_layout, no hand-over":
             lstm = lstm.cuda()
             pack_by_layout_module(lstm)
         else:

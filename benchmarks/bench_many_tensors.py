@@ -197,7 +197,7 @@ def in_process_rows(source: Source, rounds: int) -> tuple[list[Row], dict[str, f
         )
     ]
     if source.path.suffix == ".pt":
-        from memlayout.inspection import cyclic_gc_paused
+        from memlayout.pipeline.inspection import cyclic_gc_paused
 
         unpickle = _c_unpickler_floor(source.path)
 

@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import Row, print_table, quick_requested, round_robin, write_results
 
-from memlayout.facts import TensorFact
+from memlayout.core.facts import TensorFact
+from memlayout.core.strides import EMPTY_BYTE_SET, MemoryFormat
 from memlayout.load.records import TensorKind
-from memlayout.strides import EMPTY_BYTE_SET, MemoryFormat
 
 FIELDS = TensorFact._fields
 VALUES: tuple[Any, ...] = (

@@ -22,7 +22,7 @@ import time
 import numpy  # noqa: F401  (loaded before the baseline: numpy's own pages are not scan memory)
 
 import memlayout
-from memlayout.inspection import run_inspection
+from memlayout.pipeline.inspection import run_inspection
 from memlayout.rules import RuleConfig
 
 

@@ -18,7 +18,7 @@ importlib.import_module("memlayout.flatten")
 
 if TYPE_CHECKING:
     from memlayout.flatten.handle import FlatHandle
-    from memlayout.inspection import Report
+    from memlayout.pipeline.inspection import Report
     from memlayout.rules import RuleConfig
 
 
@@ -48,7 +48,7 @@ def inspect(
         >>> [f.code for f in memlayout.inspect(lin).findings]
         ['ML201']
     """
-    from memlayout.inspection import run_inspection
+    from memlayout.pipeline.inspection import run_inspection
 
     return run_inspection(target, config=config, select=select, ignore=ignore)
 

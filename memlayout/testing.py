@@ -15,14 +15,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from memlayout.inspection import Report
+    from memlayout.pipeline.inspection import Report
     from memlayout.rules import Finding, RuleConfig
 
 FAIL_ON = ("error", "warning", "info", "never")
 
 
 def _codes(value: str | Iterable[str], where: str) -> tuple[str, ...]:
-    from memlayout.config import check_codes
+    from memlayout.pipeline.config import check_codes
 
     items = [value] if isinstance(value, str) else list(value)
     return check_codes([code for item in items for code in item.split(",") if code.strip()], where)
@@ -78,7 +78,7 @@ def assert_layout(
             hint: store it contiguous (`p.data = p.data.contiguous()`), or call `memlayout.flatten(model)`
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
-    from memlayout.inspection import run_inspection
+    from memlayout.pipeline.inspection import run_inspection
     from memlayout.rules import Severity
 
     if fail_on not in FAIL_ON:

@@ -21,7 +21,7 @@ from memlayout.errors import MemlayoutError, UsageError
 from memlayout.report import OutputFormat
 
 if TYPE_CHECKING:
-    from memlayout.batch import BatchReport
+    from memlayout.pipeline.batch import BatchReport
 
 
 def parse_ties(values: list[str] | None) -> tuple[tuple[str, str], ...]:
@@ -55,7 +55,7 @@ def report_load_errors(batch: BatchReport) -> None:
 
 def apply_baseline_flags(batch: BatchReport, baseline: str | None, write_baseline: str | None) -> BatchReport:
     """Record the findings (--write-baseline) and hide the recorded ones (--baseline)."""
-    from memlayout.baseline import (
+    from memlayout.pipeline.baseline import (
         apply_baseline,
         baseline_text,
         previous_entries,
@@ -78,7 +78,7 @@ def apply_baseline_flags(batch: BatchReport, baseline: str | None, write_baselin
 
 
 def _codes(values: list[str] | None, flag: str) -> tuple[str, ...] | None:
-    from memlayout.config import check_codes
+    from memlayout.pipeline.config import check_codes
 
     return check_codes(split_codes(values), flag) if values else None
 
@@ -154,8 +154,8 @@ def inspect_command(
                 "inspect takes no --trust: it never runs code from the file, so there is nothing to allow",
                 "drop --trust; only `memlayout flatten` of a pickled module needs it",
             )
-        from memlayout.batch import inspect_paths
-        from memlayout.config import resolve_settings
+        from memlayout.pipeline.batch import inspect_paths
+        from memlayout.pipeline.config import resolve_settings
         from memlayout.report import reporter_for
 
         settings = resolve_settings(config, isolated).overridden(

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
-from memlayout.atomic_write import atomic_file
+from memlayout.io.atomic_write import atomic_file
 
 
 def write_output(text: str | Iterable[str], path: str | None) -> None:

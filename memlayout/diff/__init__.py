@@ -56,11 +56,11 @@ def run_diff(
         >>> [c.kind.value for c in run_diff(a, {"w": a["w"].half()}).changes]
         ['dtype', 'storage-bytes']
     """
-    from memlayout.content import ContentReader
+    from memlayout.core.content import ContentReader
+    from memlayout.core.facts import TensorFact
     from memlayout.diff.compare import ValueComparer, compare_reports
     from memlayout.diff.values import ValueComparison, comparable, compare_values
-    from memlayout.facts import TensorFact
-    from memlayout.inspection import inspect_source, load_target
+    from memlayout.pipeline.inspection import inspect_source, load_target
     from memlayout.rules import RuleConfig
 
     options = options or DiffOptions()

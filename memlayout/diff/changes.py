@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from memlayout.inspection import Report
+from memlayout.pipeline.inspection import Report
 from memlayout.rules import Severity
 
 

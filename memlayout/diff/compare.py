@@ -13,15 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from memlayout.core.facts import TensorFact
+from memlayout.core.strides import Relation
 from memlayout.diff.changes import Change, ChangeKind
 from memlayout.diff.names import NameMap, keyed
 from memlayout.diff.values import ValueComparison
-from memlayout.facts import TensorFact
 from memlayout.format_bytes import human_bytes
-from memlayout.inspection import Report
 from memlayout.load.records import DeclaredTie
+from memlayout.pipeline.inspection import Report
 from memlayout.rules import Finding, Severity
-from memlayout.strides import Relation
 
 ValueComparer = Callable[[TensorFact, TensorFact], ValueComparison | None]
 

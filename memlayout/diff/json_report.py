@@ -12,7 +12,7 @@ from typing import Any
 
 from memlayout import __version__
 from memlayout.diff.changes import DiffReport
-from memlayout.inspection import Report
+from memlayout.pipeline.inspection import Report
 
 SCHEMA_VERSION = 1
 

@@ -12,7 +12,7 @@ from rich.text import Text
 from memlayout.diff.changes import DiffReport
 from memlayout.diff.grouping import change_lines
 from memlayout.format_bytes import human_bytes
-from memlayout.inspection import Summary
+from memlayout.pipeline.inspection import Summary
 from memlayout.rules import Severity
 
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from memlayout.content import ContentReader, paired_chunks
-from memlayout.facts import TensorFact
+from memlayout.core.content import ContentReader, paired_chunks
+from memlayout.core.facts import TensorFact
 
 if TYPE_CHECKING:
     import numpy as np

@@ -2,7 +2,7 @@
 
 Each record of OUT is a list of pieces: zero padding, a byte range of IN, or bytes
 already in memory (data.pkl, a strided tensor made dense). Records are written in
-order, as torch's writer writes them (`memlayout.zip_archive` lays them out), so
+order, as torch's writer writes them (`memlayout.io.zip_archive` lays them out), so
 OUT can also be a pipe. A range of IN is moved with `os.copy_file_range` (the
 kernel copies page-cache pages, or shares extents on filesystems that can), falling
 back to `os.sendfile` (pipes, other filesystems) and then to pread/pwrite.
@@ -26,7 +26,13 @@ from typing import Any
 
 from memlayout.errors import CorruptCheckpointError
 from memlayout.flatten.options import Progress
-from memlayout.zip_archive import RecordLayout, crc32, crc32_combine, end_of_archive, layout_records
+from memlayout.io.zip_archive import (
+    RecordLayout,
+    crc32,
+    crc32_combine,
+    end_of_archive,
+    layout_records,
+)
 
 CHUNK_BYTES = 8 << 20
 """Reads for computing CRCs and fallback copies go in chunks this big."""

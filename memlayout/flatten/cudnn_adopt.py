@@ -1,6 +1,6 @@
 """On CUDA, let cuDNN lay out each RNN's weights itself, then adopt its buffer.
 
-memlayout's own RNN layout (`memlayout.cudnn_layout`) is cuDNN's as files that
+memlayout's own RNN layout (`memlayout.core.cudnn_layout`) is cuDNN's as files that
 cuDNN wrote show it. The cuDNN installed is the final word, though: after the
 weights are in their flat CUDA buffers, each RNN's weights go through torch's
 own flatten path — `flatten_parameters()` on a live module, the same
@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from memlayout.cudnn_layout import RnnGeometry, layout_of
-from memlayout.facts import Facts
+from memlayout.core.cudnn_layout import RnnGeometry, layout_of
+from memlayout.core.facts import Facts
 from memlayout.flatten.plan import FlatBuffer, FlatPlan, Placement, ViewKey
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ import os
 import time
 from dataclasses import dataclass, replace
 
+from memlayout.core.facts import Facts, build_facts
 from memlayout.errors import FlattenError, UnsafeContentError, UsageError
-from memlayout.facts import Facts, build_facts
 from memlayout.flatten.options import FlattenOptions, Progress
 from memlayout.flatten.plan import plan_flatten
 from memlayout.flatten.writers import FlattenJob, writer_for
@@ -94,7 +94,7 @@ def refuse_unflattenable(facts: Facts, options: FlattenOptions) -> None:
         FlattenError: flatten does not rewrite this format (and what to do instead).
         UnsafeContentError: rewriting it needs real objects and --trust was not given.
     """
-    from memlayout.flatten_support import flatten_route
+    from memlayout.core.flatten_support import flatten_route
 
     route = flatten_route(facts.source)
     where = facts.source.path or "the source"
@@ -165,7 +165,7 @@ def _result(
 
 
 def _unverified_reason(out: str | None, verified: bool) -> str:
-    from memlayout.atomic_write import resolve_target
+    from memlayout.io.atomic_write import resolve_target
 
     if verified or out is None:
         return ""
@@ -244,7 +244,7 @@ def _flatten_hf_dir(path: str, options: FlattenOptions, progress: Progress | Non
     """
     import shutil
 
-    from memlayout.atomic_write import atomic_directory
+    from memlayout.io.atomic_write import atomic_directory
     from memlayout.load.hf_dir import weight_files
 
     files, _ = weight_files(path)

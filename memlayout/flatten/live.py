@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from memlayout.core.facts import Facts, build_facts
 from memlayout.errors import UsageError
-from memlayout.facts import Facts, build_facts
 from memlayout.flatten.apply import (
     allocate,
     copy_from_storages,

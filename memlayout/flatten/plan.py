@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from memlayout.cudnn_layout import CudnnLayout, layout_of, local_name, rnn_layout_problem
+from memlayout.core.cudnn_layout import CudnnLayout, layout_of, local_name, rnn_layout_problem
+from memlayout.core.facts import Facts, TensorFact
+from memlayout.core.flat_groups import flat_group_key, with_device
+from memlayout.core.strides import MemoryFormat, memory_format
 from memlayout.errors import FlattenError, UsageError
-from memlayout.facts import Facts, TensorFact
-from memlayout.flat_groups import flat_group_key, with_device
 from memlayout.load.records import ModuleRecord, TensorKind
-from memlayout.strides import MemoryFormat, memory_format
 
 DEFAULT_ALIGN = 64
 

@@ -17,12 +17,12 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memlayout.core.strides import MemoryFormat
 from memlayout.dtypes import SAFETENSORS_DTYPES
 from memlayout.errors import FlattenError
 from memlayout.flatten.plan import FlatPlan, Slot, dense_strides
 from memlayout.load.records import LoadedSource
 from memlayout.load.safetensors_file import MEMLAYOUT_ALIASES_KEY as ALIASES_KEY
-from memlayout.strides import MemoryFormat
 
 if TYPE_CHECKING:
     import torch
@@ -136,7 +136,7 @@ def write_flat_safetensors(
     """Write the flat buffers as a standard safetensors file, ties as metadata aliases.
 
     Args:
-        path: Destination (write to a temporary and rename; see `memlayout.atomic_write`).
+        path: Destination (write to a temporary and rename; see `memlayout.io.atomic_write`).
         plan: The layout.
         buffers: The filled buffers (any device).
         metadata: `__metadata__` strings to keep (e.g. {"format": "pt"}).
@@ -256,8 +256,8 @@ def flatten_safetensors_file(
     """
     import torch
 
-    from memlayout.atomic_write import atomic_file
     from memlayout.flatten.apply import allocate, copy_from_file
+    from memlayout.io.atomic_write import atomic_file
     from memlayout.load.safetensors_file import read_header
 
     if not safetensors_changes(plan, source):
@@ -290,7 +290,7 @@ def _copy_verified(path: str, out: str, verify: bool) -> tuple[int, bool]:
     """Copy IN to OUT byte for byte, atomically, and compare OUT with IN before committing."""
     import shutil
 
-    from memlayout.atomic_write import atomic_file
+    from memlayout.io.atomic_write import atomic_file
 
     with atomic_file(out) as output:
         with open(path, "rb") as source, output.open() as target:

@@ -1,6 +1,6 @@
 """Write flattened objects atomically, and prove the written file holds what was meant.
 
-OUT is written to a temporary beside it (`memlayout.atomic_write`), checked, and
+OUT is written to a temporary beside it (`memlayout.io.atomic_write`), checked, and
 only then fsynced and renamed over OUT; a failure leaves OUT and IN exactly as they
 were. The checks: OUT read as metadata against the plan (every name's layout,
 which names share a storage, every buffer's size), and its bytes, either against
@@ -15,14 +15,14 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from memlayout.atomic_write import atomic_file, fsync_path
+from memlayout.core.facts import build_facts
 from memlayout.errors import CorruptCheckpointError, FlattenError
-from memlayout.facts import build_facts
 from memlayout.flatten.archive_out import FileRange, OutRecord, WrittenArchive, range_crc
 from memlayout.flatten.options import Progress
 from memlayout.flatten.plan import FlatPlan, Placement
+from memlayout.io.atomic_write import atomic_file, fsync_path
+from memlayout.io.zip_archive import crc32_combine, end_of_archive
 from memlayout.load.records import LoadedSource
-from memlayout.zip_archive import crc32_combine, end_of_archive
 
 if TYPE_CHECKING:
     import torch

@@ -8,7 +8,7 @@ on a zip reader that is ours:
 
 - `rebuild_tree` runs `torch.serialization._load` (what `torch.load` runs once it
   has opened the file) with data.pkl and the small records read through
-  `memlayout.zip_archive`, and gives every storage persistent id a stand-in: an
+  `memlayout.io.zip_archive`, and gives every storage persistent id a stand-in: an
   untouched allocation of the record's size, remembered under its record key. No
   page of a stand-in is ever touched, so it costs address space, not memory, and
   the key is the one the loader gave the storage: the plan's slots and the tree's
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memlayout.errors import CorruptCheckpointError, UnsafeContentError, UsageError
-from memlayout.zip_archive import ZipReader
+from memlayout.io.zip_archive import ZipReader
 
 if TYPE_CHECKING:
     import torch

@@ -30,7 +30,7 @@ def _is_zip(path: str, head: bytes) -> bool:
     # archive (they shift every offset by it), and what they accept is the question.
     import zipfile
 
-    from memlayout.zip_archive import ZIP_ERRORS
+    from memlayout.io.zip_archive import ZIP_ERRORS
 
     try:
         with zipfile.ZipFile(path) as archive:

@@ -38,6 +38,7 @@ from typing import Any
 
 from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
+from memlayout.io.zip_archive import ZipReader, central_directory_bytes, read_recompressed_archive
 from memlayout.load.file_source import StorageSpans, file_source
 from memlayout.load.pickled_tree import tensor_records
 from memlayout.load.records import (
@@ -49,7 +50,6 @@ from memlayout.load.records import (
 )
 from memlayout.load.restricted_pickle import UnpickleResult, unpickle
 from memlayout.load.torch_zip import read_torch_zip
-from memlayout.zip_archive import ZipReader, central_directory_bytes, read_recompressed_archive
 
 WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
 CONSTANTS_CONFIG = "data/constants/model_constants_config.json"

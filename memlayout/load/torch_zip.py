@@ -1,7 +1,7 @@
 """torch.save zip archives, read without torch and without executing the pickle.
 
 The archive holds `<archive>/data.pkl` and one uncompressed record per storage,
-`<archive>/data/<key>`, aligned to 64 bytes (`memlayout.zip_archive` reads the
+`<archive>/data/<key>`, aligned to 64 bytes (`memlayout.io.zip_archive` reads the
 zip). Tensor metadata comes from the pickle through the restricted unpickler;
 storage bytes are read in place from the file.
 
@@ -17,10 +17,10 @@ import os
 from typing import NamedTuple
 
 from memlayout.errors import CorruptCheckpointError
+from memlayout.io.zip_archive import ZipReader, archive_prefix
 from memlayout.load.file_source import StorageSpans, pickled_source
 from memlayout.load.records import LoadedSource
 from memlayout.load.restricted_pickle import UnpickleResult, unpickle
-from memlayout.zip_archive import ZipReader, archive_prefix
 
 
 class TorchZipArchive(NamedTuple):

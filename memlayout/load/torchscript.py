@@ -26,6 +26,7 @@ import re
 from typing import Any
 
 from memlayout.errors import CorruptCheckpointError
+from memlayout.io.zip_archive import ZipReader, archive_prefix, central_directory_bytes
 from memlayout.load.file_source import StorageSpans, pickled_source
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import (
@@ -34,7 +35,6 @@ from memlayout.load.restricted_pickle import (
     RestrictedUnpickler,
     run_unpickler,
 )
-from memlayout.zip_archive import ZipReader, archive_prefix, central_directory_bytes
 
 TORCHSCRIPT_MODULE = "__torch__"
 _MANGLE = re.compile(r"\.___torch_mangle_\d+")

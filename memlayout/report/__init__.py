@@ -16,7 +16,7 @@ else:  # pragma: no cover - Python 3.10
     from typing_extensions import assert_never
 
 if TYPE_CHECKING:
-    from memlayout.inspection import Report
+    from memlayout.pipeline.inspection import Report
     from memlayout.report.interface import Reporter
 
 
@@ -89,7 +89,7 @@ def render(report: Report, fmt: OutputFormat, width: int = 120, color: bool = Fa
     Returns:
         The text, as `memlayout inspect` would print it for that one path.
     """
-    from memlayout.batch import BatchReport, PathReport
+    from memlayout.pipeline.batch import BatchReport, PathReport
 
     path = report.facts.source.path or "(object)"
     return reporter_for(fmt, width=width, color=color).render(BatchReport((PathReport(path, report=report),)))

@@ -8,7 +8,7 @@ newline cannot end the command early or forge another.
 
 from __future__ import annotations
 
-from memlayout.batch import BatchReport, PathReport
+from memlayout.pipeline.batch import BatchReport, PathReport
 from memlayout.report.interface import Reporter, count_phrase, findings_in_order
 from memlayout.report.sarif import artifact_uri
 from memlayout.rules import Finding, Severity

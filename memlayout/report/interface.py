@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Iterator
 
-from memlayout.batch import BatchReport
+from memlayout.pipeline.batch import BatchReport
 from memlayout.rules import Finding, Severity
 
 

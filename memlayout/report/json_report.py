@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from memlayout import __version__
-from memlayout.batch import BaselineOutcome, BatchReport
-from memlayout.facts import Facts, TensorFact
-from memlayout.inspection import Report
+from memlayout.core.facts import Facts, TensorFact
+from memlayout.core.strides import MemoryFormat
 from memlayout.load.records import TensorKind
+from memlayout.pipeline.batch import BaselineOutcome, BatchReport
+from memlayout.pipeline.inspection import Report
 from memlayout.report.interface import Reporter
 from memlayout.report.json_text import LazyArray, json_pieces
-from memlayout.strides import MemoryFormat
 
 SCHEMA_VERSION = 1
 MULTI_PATH_SCHEMA_VERSION = 2

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from memlayout.batch import BatchReport, PathReport
+from memlayout.pipeline.batch import BatchReport, PathReport
 from memlayout.report.interface import Reporter, findings_in_order
 from memlayout.rules import RULES, Finding, Severity
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from memlayout.batch import BatchReport, PathReport
+from memlayout.pipeline.batch import BatchReport, PathReport
 from memlayout.report.interface import Reporter, count_phrase, findings_in_order
 from memlayout.rules import Finding, Severity
 

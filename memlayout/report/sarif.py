@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from memlayout import __version__
-from memlayout.batch import BatchReport, PathReport
+from memlayout.pipeline.batch import BatchReport, PathReport
 from memlayout.report.interface import Reporter, findings_in_order
 from memlayout.report.json_text import LazyArray, StreamedList, StreamedObject, json_pieces
 from memlayout.report.rule_docs import explain_markdown, explain_text

@@ -10,9 +10,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from memlayout.batch import BaselineOutcome, BatchReport
 from memlayout.format_bytes import human_bytes
-from memlayout.inspection import Report
+from memlayout.pipeline.batch import BaselineOutcome, BatchReport
+from memlayout.pipeline.inspection import Report
 from memlayout.report.interface import Reporter, count_phrase
 from memlayout.rules import Severity
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterator
 
-from memlayout.content import ContentReader
-from memlayout.facts import TensorFact
+from memlayout.core.content import ContentReader
+from memlayout.core.facts import TensorFact
+from memlayout.core.strides import Relation
 from memlayout.format_bytes import human_bytes
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
-from memlayout.strides import Relation
 
 
 @rule(

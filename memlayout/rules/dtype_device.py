@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from memlayout.facts import TensorFact
+from memlayout.core.facts import TensorFact
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 
 

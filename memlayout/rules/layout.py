@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from memlayout.facts import TensorFact
-from memlayout.flat_groups import flat_group_key
-from memlayout.flatten_support import alignment_hint, flatten_hint
+from memlayout.core.facts import TensorFact
+from memlayout.core.flat_groups import flat_group_key
+from memlayout.core.flatten_support import alignment_hint, flatten_hint
+from memlayout.core.strides import MemoryFormat, Relation
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
-from memlayout.strides import MemoryFormat, Relation
 
 ALIGNMENT = 16
 

@@ -14,8 +14,8 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from memlayout.content import ContentReader
-    from memlayout.facts import Facts
+    from memlayout.core.content import ContentReader
+    from memlayout.core.facts import Facts
 
 
 class Severity(str, enum.Enum):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from memlayout.cudnn_layout import rnn_layout_problem
-from memlayout.flatten_support import flatten_hint
+from memlayout.core.cudnn_layout import rnn_layout_problem
+from memlayout.core.flatten_support import flatten_hint
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 
 

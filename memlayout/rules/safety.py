@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from memlayout.flatten_support import flatten_hint
+from memlayout.core.flatten_support import flatten_hint
 from memlayout.rules.registry import Finding, RuleContext, RuleExample, Severity, rule
 
 # Modules whose globals run commands, evaluate code or import arbitrary modules.

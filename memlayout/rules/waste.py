@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from memlayout.flatten_support import flatten_hint
+from memlayout.core.flatten_support import flatten_hint
 from memlayout.format_bytes import human_bytes
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 

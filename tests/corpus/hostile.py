@@ -127,7 +127,7 @@ def _deflated_zeros(inflated: int) -> tuple[bytes, int]:
     A full flush resets the compressor, so every 1 MiB of zeros compresses to the
     same byte-aligned blocks: one megabyte is compressed and its blocks repeated.
     """
-    from memlayout.zip_archive import crc32_combine
+    from memlayout.io.zip_archive import crc32_combine
 
     chunk = bytes(1 << 20)
     compressor = zlib.compressobj(9, zlib.DEFLATED, -15)

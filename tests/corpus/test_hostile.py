@@ -75,7 +75,7 @@ def test_every_class_the_issue_names_has_a_file() -> None:
 
 def test_ordinary_files_are_not_polyglots(tmp_path: Path) -> None:
     # ML603 must not fire on what torch and safetensors write: every seed is clean of it.
-    from memlayout.inspection import run_inspection
+    from memlayout.pipeline.inspection import run_inspection
     from tests.corpus.make_seeds import seed_paths
 
     for name, path in seed_paths().items():

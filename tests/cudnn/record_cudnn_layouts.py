@@ -7,8 +7,8 @@ with and without bias, and (LSTM) with and without `proj_size`, it builds the
 module on CUDA, calls torch's own `flatten_parameters()`, and writes each
 weight's element offset in the buffer cuDNN laid out, the buffer's length, and
 the torch, cuDNN and GPU versions, as JSON. Commit the table under
-tests/cudnn/tables/ (named after the cuDNN version): tests/test_cudnn_layout.py
-checks `memlayout.cudnn_layout` against every table there. Without CUDA it
+tests/cudnn/tables/ (named after the cuDNN version): tests/core/test_cudnn_layout.py
+checks `memlayout.core.cudnn_layout` against every table there. Without CUDA it
 exits 2 and records nothing.
 """
 
@@ -69,8 +69,8 @@ def record_case(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def differences(recorded: dict[str, Any]) -> list[str]:
-    """Where `memlayout.cudnn_layout` disagrees with one recorded case; empty when it agrees."""
-    from memlayout.cudnn_layout import RnnGeometry, cudnn_layout
+    """Where `memlayout.core.cudnn_layout` disagrees with one recorded case; empty when it agrees."""
+    from memlayout.core.cudnn_layout import RnnGeometry, cudnn_layout
 
     geometry = RnnGeometry(
         recorded["mode"], recorded["input_size"], recorded["hidden_size"], recorded["num_layers"],
@@ -89,13 +89,13 @@ def differences(recorded: dict[str, Any]) -> list[str]:
 
 
 def pack_by_layout_module(module: Any) -> None:
-    """Put an RNN's weights where `memlayout.cudnn_layout` says, in one new buffer, with no help from cuDNN.
+    """Put an RNN's weights where `memlayout.core.cudnn_layout` says, in one new buffer, with no help from cuDNN.
 
     The GPU test and benchmark then ask cuDNN whether it runs from that buffer in place.
     """
     import torch
 
-    from memlayout.cudnn_layout import RnnGeometry, cudnn_layout, geometry_from_shapes
+    from memlayout.core.cudnn_layout import RnnGeometry, cudnn_layout, geometry_from_shapes
 
     shapes = {name: tuple(getattr(module, name).shape) for name in module._flat_weights_names}
     geometry = geometry_from_shapes(module.mode, shapes)

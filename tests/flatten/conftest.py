@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
-from memlayout.cudnn_layout import rnn_layout_problem
-from memlayout.facts import Facts
-from memlayout.flat_groups import flat_group_key
+from memlayout.core.cudnn_layout import rnn_layout_problem
+from memlayout.core.facts import Facts
+from memlayout.core.flat_groups import flat_group_key
+from memlayout.core.strides import MemoryFormat, Relation, relation
 from memlayout.flatten.live import live_facts
-from memlayout.strides import MemoryFormat, Relation, relation
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 

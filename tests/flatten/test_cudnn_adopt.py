@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memlayout.cudnn_layout import RnnGeometry
+from memlayout.core.cudnn_layout import RnnGeometry
 from memlayout.flatten.apply import (
     allocate,
     copy_from_storages,

@@ -11,8 +11,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 import memlayout
+from memlayout.core.facts import build_facts
 from memlayout.errors import FlattenError, UnsafeContentError, UsageError
-from memlayout.facts import build_facts
 from memlayout.flatten.files import FlattenOptions, flatten_path
 from memlayout.flatten.live import live_facts
 from memlayout.load.torch_zip import load_torch_zip

@@ -21,7 +21,7 @@ from memlayout.cli.app import main
 from memlayout.errors import UnsafeContentError
 from memlayout.flatten.apply import as_bits
 from memlayout.flatten.writers.legacy import load_legacy_tree
-from memlayout.inspection import run_inspection
+from memlayout.pipeline.inspection import run_inspection
 from tests.flatten.models import LstmLM
 from tests.flatten.sources import ScriptableLstm, model_state
 from tests.load import malicious

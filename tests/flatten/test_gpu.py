@@ -61,7 +61,7 @@ def _offsets(module: torch.nn.RNNBase) -> dict[str, int]:
 
 @pytest.mark.parametrize("case", CUDNN_GRID, ids=[json.dumps(c, sort_keys=True) for c in CUDNN_GRID])
 def test_layout_module_matches_flatten_parameters(case: dict[str, Any]) -> None:
-    # What the cuDNN installed does, against memlayout.cudnn_layout, for every grid case.
+    # What the cuDNN installed does, against memlayout.core.cudnn_layout, for every grid case.
     assert differences(record_case(case)) == []
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from memlayout.cli.app import main
+from memlayout.core.flatten_support import FORMAT_SUPPORT, flatten_hint, flatten_route
 from memlayout.flatten import writers
-from memlayout.flatten_support import FORMAT_SUPPORT, flatten_hint, flatten_route
-from memlayout.inspection import run_inspection
 from memlayout.load import FORMATS
+from memlayout.pipeline.inspection import run_inspection
 from tests.flatten.sources import BUILDERS
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")

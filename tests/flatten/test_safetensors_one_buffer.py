@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from memlayout.cli.app import main
-from memlayout.inspection import run_inspection
+from memlayout.pipeline.inspection import run_inspection
 
 
 def _many_tensors(path: Path) -> dict[str, torch.Tensor]:

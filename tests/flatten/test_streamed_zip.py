@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 
 from memlayout.errors import CorruptCheckpointError, FlattenError
 from memlayout.flatten.files import FlattenOptions, flatten_path
-from memlayout.zip_archive import ZipReader
+from memlayout.io.zip_archive import ZipReader
 from tests.flatten.conftest import bits
 from tests.flatten.models import LstmLM, TransposedTie
 from tests.flatten.strategies import build_checkpoint, layout_steps

@@ -198,8 +198,8 @@ def _run_atheris(run: Run, seeds: list[bytes], runs: int, seed: int) -> None:
 
     with atheris.instrument_imports(include=["memlayout", "zipfile", "tarfile"]):
         import memlayout
-        import memlayout.inspection
-        import memlayout.load  # noqa: F401
+        import memlayout.load
+        import memlayout.pipeline.inspection  # noqa: F401
     corpus = Path(tempfile.mkdtemp(prefix=f"corpus-{run.target.name}.", dir=run.out / WORK))
     for data in seeds:
         (corpus / hashlib.sha1(data).hexdigest()).write_bytes(data)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from memlayout.errors import CorruptCheckpointError
-from memlayout.inspection import run_inspection
 from memlayout.load import load_path
+from memlayout.pipeline.inspection import run_inspection
 from tests.load import malicious
 from tests.load.conftest import assert_one_line_error, run_cli
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from memlayout.inspection import run_inspection
+from memlayout.pipeline.inspection import run_inspection
 from tests.load import malicious
 from tests.load.conftest import pickle_with_locations, run_cli
 

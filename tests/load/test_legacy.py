@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from memlayout.inspection import run_inspection
 from memlayout.load import load_path
+from memlayout.pipeline.inspection import run_inspection
 from tests.load.conftest import assert_one_line_error, run_cli
 from tests.load.models import TinyLSTM
 

@@ -17,9 +17,9 @@ from torch import nn
 
 from fixtures.make_format_fixtures import legacy_tar_bytes, tar_module, tar_state_dict
 from memlayout.errors import CorruptCheckpointError
-from memlayout.inspection import run_inspection
 from memlayout.load import load_path
 from memlayout.load.records import LoadedSource, TensorKind, TensorRecord
+from memlayout.pipeline.inspection import run_inspection
 from memlayout.rules.registry import RuleConfig
 from tests.load import malicious
 from tests.load.conftest import assert_one_line_error, run_cli

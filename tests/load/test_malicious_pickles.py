@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from memlayout.errors import CorruptCheckpointError
-from memlayout.inspection import run_inspection
 from memlayout.load import load_path
+from memlayout.pipeline.inspection import run_inspection
 from tests.load import malicious
 from tests.load.conftest import assert_one_line_error, run_cli
 

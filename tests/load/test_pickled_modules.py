@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from memlayout.inspection import run_inspection
 from memlayout.load import load_path
 from memlayout.load.records import TensorKind
+from memlayout.pipeline.inspection import run_inspection
 from tests.load.models import AssignedTwins, TiedScriptable, TinyLSTM
 
 PHANTOM = "memlayout_phantom_pkg.models"

@@ -19,9 +19,9 @@ from torch import nn
 
 import memlayout
 from memlayout.errors import CorruptCheckpointError, MemlayoutError
-from memlayout.inspection import run_inspection
 from memlayout.load import load_path
 from memlayout.load.records import TensorKind
+from memlayout.pipeline.inspection import run_inspection
 from memlayout.rules import RuleConfig
 from tests.load import malicious
 from tests.load.conftest import assert_one_line_error, run_cli

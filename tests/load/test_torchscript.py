@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from memlayout.inspection import run_inspection
 from memlayout.load import load_path
 from memlayout.load.records import TensorKind
+from memlayout.pipeline.inspection import run_inspection
 from tests.load import malicious
 from tests.load.conftest import assert_one_line_error, run_cli
 from tests.load.models import TiedScriptable

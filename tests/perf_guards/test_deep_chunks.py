@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import memlayout
-from memlayout.content import ContentReader
-from memlayout.facts import Facts, build_facts
+from memlayout.core.content import ContentReader
+from memlayout.core.facts import Facts, build_facts
 from memlayout.load import load_path
 from memlayout.load.records import LoadedSource
 from memlayout.rules import RuleConfig
@@ -145,7 +145,7 @@ def test_fast_finite_test_never_misses_a_special_value() -> None:
     # The scan proves chunks finite with two max reductions; check that shortcut
     # against the exact mask test on every bit pattern of the 1- and 2-byte floats,
     # one value per chunk so no neighbour can hide a miss.
-    from memlayout.content import _NonFiniteCounter
+    from memlayout.core.content import _NonFiniteCounter
     from memlayout.dtypes import DTYPES
 
     for info in DTYPES.values():
@@ -161,7 +161,7 @@ def test_fast_finite_test_never_misses_a_special_value() -> None:
 
 
 def test_float32_and_float64_specials_are_counted() -> None:
-    from memlayout.content import non_finite_count
+    from memlayout.core.content import non_finite_count
 
     for dtype, width in (("float32", np.uint32), ("float64", np.uint64)):
         values = np.array([0.0, -0.0, 1.5, -2.0, np.inf, -np.inf, np.nan, -np.nan, np.finfo(dtype).max], dtype=dtype)

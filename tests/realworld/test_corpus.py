@@ -29,7 +29,7 @@ import torch
 
 from memlayout.cli.app import main
 from memlayout.flatten.apply import as_bits
-from memlayout.inspection import Report, run_inspection
+from memlayout.pipeline.inspection import Report, run_inspection
 from memlayout.rules import Finding
 from tests.realworld.corpus import BY_NAME, fetch_wheel
 from tests.realworld.expected import EXPECTED, GENERATED_EXPECTED, Expected

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import memlayout
-from memlayout.cudnn_layout import RnnGeometry, cudnn_layout, geometry_from_shapes
+from memlayout.core.cudnn_layout import RnnGeometry, cudnn_layout, geometry_from_shapes
 from memlayout.flatten.files import FlattenOptions, flatten_path
 from tests.cudnn.record_cudnn_layouts import differences
 

@@ -285,7 +285,7 @@ class Harness:
         if state not in ("absent", "old", "complete") or (not killed and state != "complete"):
             campaign.out_bad += 1
             campaign.failures.append(f"run {index} ({kind}, old OUT: {old}): OUT is {state}")
-        from memlayout.atomic_write import remove_stale_temporaries
+        from memlayout.io.atomic_write import remove_stale_temporaries
 
         campaign.named_temporaries_cleaned += len(remove_stale_temporaries(str(area)))
         after = sorted(os.listdir(area))

@@ -19,8 +19,8 @@ from referencing import Registry, Resource
 from typer.testing import CliRunner
 
 import memlayout
-from memlayout.batch import BatchReport, PathReport
 from memlayout.cli.app import app
+from memlayout.pipeline.batch import BatchReport, PathReport
 from memlayout.report import OutputFormat, render, reporter_for
 from memlayout.report.interface import Reporter
 from memlayout.report.rule_docs import explain_markdown, explain_text

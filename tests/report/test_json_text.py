@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memlayout
-from memlayout.batch import BatchReport, PathReport
+from memlayout.pipeline.batch import BatchReport, PathReport
 from memlayout.report.json_report import JsonReporter, render_json, report_dict
 from memlayout.report.json_text import LazyArray, StreamedList, StreamedObject, dumps, json_pieces
 from tests import models

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from memlayout.inspection import inspect_source
 from memlayout.load import load_path
 from memlayout.load.records import LoadedSource
+from memlayout.pipeline.inspection import inspect_source
 from memlayout.rules import RuleConfig
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from memlayout.inspection import run_inspection
+from memlayout.pipeline.inspection import run_inspection
 from memlayout.rules import Severity
 
 

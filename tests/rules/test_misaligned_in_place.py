@@ -16,8 +16,8 @@ import torch
 from typer.testing import CliRunner
 
 from memlayout.cli.app import app
-from memlayout.inspection import run_inspection
 from memlayout.load import load_path
+from memlayout.pipeline.inspection import run_inspection
 
 ALIGNMENT = 16
 

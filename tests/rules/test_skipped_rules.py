@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import memlayout
-from memlayout.inspection import run_inspection
+from memlayout.pipeline.inspection import run_inspection
 from memlayout.report import OutputFormat, render
 from memlayout.rules import RULES, Requirement
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 
-from memlayout.facts import Facts
+from memlayout.core.facts import Facts
 from memlayout.flatten.options import FlattenOptions, Progress
 from memlayout.flatten.plan import FlatPlan, describe_changes
 from memlayout.load.records import LoadedSource

@@ -16,8 +16,8 @@ import pickle
 import types
 from typing import Any
 
+from memlayout.core.facts import Facts
 from memlayout.errors import UnsafeContentError, UsageError
-from memlayout.facts import Facts
 from memlayout.flatten.plan import FlatPlan, describe_changes
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
 from memlayout.load.records import LoadedSource

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from memlayout.core.facts import Facts
 from memlayout.errors import UsageError
-from memlayout.facts import Facts
 from memlayout.flatten.options import FlattenOptions
 from memlayout.flatten.plan import FlatPlan
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, LayoutAfter, Written

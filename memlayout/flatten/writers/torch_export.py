@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from memlayout.core.facts import Facts
 from memlayout.errors import FlattenError
-from memlayout.facts import Facts
 from memlayout.flatten.plan import FlatPlan, describe_changes
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
 from memlayout.load.records import LoadedSource, TensorRecord
@@ -57,9 +57,9 @@ class TorchExportWriter(FlattenWriter):
     def write(self, job: FlattenJob) -> Written:
         import torch
 
-        from memlayout.atomic_write import atomic_file
         from memlayout.flatten.save import verify_torch_file
         from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree
+        from memlayout.io.atomic_write import atomic_file
         from memlayout.load.pt2 import load_pt2
 
         try:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from memlayout.flatten.archive_out import Piece
     from memlayout.flatten.plan import FlatBuffer, Slot
-    from memlayout.zip_archive import RecordSpans
+    from memlayout.io.zip_archive import RecordSpans
 
 FILE_FORMAT_VERSION = b"3\n"
 """The `version` record torch's writer closes a torch.save archive with (kProducedFileFormatVersion)."""
@@ -49,7 +49,7 @@ class TorchZipWriter(FlattenWriter):
     def write(self, job: FlattenJob) -> Written:
         from memlayout.flatten.apply import rebind, views_of
         from memlayout.flatten.torch_tree import rebuild_tree
-        from memlayout.zip_archive import RecordSpans, ZipReader, archive_prefix
+        from memlayout.io.zip_archive import RecordSpans, ZipReader, archive_prefix
 
         stages: dict[str, float] = {}
         started = time.perf_counter()
@@ -95,11 +95,11 @@ def _stream(
     job: FlattenJob, tree: Any, buffers: list[torch.Tensor], stand_ins: Any, source: int, spans: RecordSpans,
     stages: dict[str, float],
 ) -> Written:
-    from memlayout.atomic_write import atomic_file
     from memlayout.flatten.archive_out import Data, OutRecord, write_archive
     from memlayout.flatten.save import ArchiveVerifier, check_layout
     from memlayout.flatten.torch_tree import pickle_records
-    from memlayout.zip_archive import new_serialization_id, torch_archive_name
+    from memlayout.io.atomic_write import atomic_file
+    from memlayout.io.zip_archive import new_serialization_id, torch_archive_name
 
     started = time.perf_counter()
     pickled = pickle_records(tree)

@@ -47,9 +47,9 @@ class TorchScriptWriter(FlattenWriter):
     def write(self, job: FlattenJob) -> Written:
         import torch
 
-        from memlayout.atomic_write import atomic_file
         from memlayout.flatten.save import verify_torch_file
         from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree
+        from memlayout.io.atomic_write import atomic_file
         from memlayout.load.torchscript import load_torchscript
 
         try:

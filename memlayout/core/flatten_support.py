@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from memlayout.facts import SourceFact
+from memlayout.core.facts import SourceFact
 
 
 class Trust(enum.Enum):

@@ -18,14 +18,14 @@ from dataclasses import replace
 from pathlib import PurePath
 from typing import Any
 
-from memlayout.batch import (
+from memlayout.errors import UsageError
+from memlayout.pipeline.batch import (
     BaselineEntry,
     BaselineOutcome,
     BatchReport,
     PathReport,
     without_findings,
 )
-from memlayout.errors import UsageError
 
 BASELINE_VERSION = 1
 _KEY = "memlayout-baseline"

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from memlayout.content import ContentReader
-from memlayout.facts import Facts, build_facts
+from memlayout.core.content import ContentReader
+from memlayout.core.facts import Facts, build_facts
 from memlayout.load import load_object, load_path
 from memlayout.load.records import LoadedSource, TensorKind
 from memlayout.rules import (

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from memlayout.core.facts import TensorFact
+from memlayout.core.strides import element_span
 from memlayout.dtypes import dtype_info
-from memlayout.facts import TensorFact
 from memlayout.load.records import StorageReader
-from memlayout.strides import element_span
 
 if TYPE_CHECKING:
     import numpy as np
@@ -209,7 +209,7 @@ class ContentReader:
         # overlap are counted over the memory they cover, each element once.
         import numpy as np
 
-        from memlayout.strides import has_internal_overlap
+        from memlayout.core.strides import has_internal_overlap
 
         kept = [(size, step) for size, step in zip(tensor.shape, tensor.stride, strict=True) if step != 0]
         shape, stride = tuple(size for size, _ in kept), tuple(step for _, step in kept)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from memlayout.errors import MemlayoutError, UnrecognizedFormatError
-from memlayout.inspection import Report, run_inspection, summarize
+from memlayout.pipeline.inspection import Report, run_inspection, summarize
 from memlayout.rules import (
     RULES,
     Finding,
@@ -252,7 +252,7 @@ def inspect_paths(
         The `BatchReport`, one `PathReport` per path (a folder of checkpoints gives one per file).
 
     Example:
-        >>> from memlayout.batch import inspect_paths
+        >>> from memlayout.pipeline.batch import inspect_paths
         >>> batch = inspect_paths(["fixtures/demo_checkpoint.pt", "missing.pt"])  # doctest: +SKIP
         >>> [p.failed for p in batch.paths], batch.exit_code()  # doctest: +SKIP
         ([False, True], 1)

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from memlayout.atomic_write import (
+from memlayout.errors import OutputError
+from memlayout.io.atomic_write import (
     TEMPORARY_PREFIX,
     atomic_directory,
     atomic_file,
@@ -29,10 +30,9 @@ from memlayout.atomic_write import (
     write_bytes,
     write_text,
 )
-from memlayout.errors import OutputError
 
 IS_ROOT = os.geteuid() == 0
-DEMO = str(Path(__file__).resolve().parent.parent / "fixtures" / "demo_checkpoint.pt")
+DEMO = str(Path(__file__).resolve().parents[2] / "fixtures" / "demo_checkpoint.pt")
 
 
 def listing(directory: Path) -> list[str]:
@@ -140,7 +140,7 @@ def test_a_unix_socket_gets_the_bytes_of_a_path_writer(tmp_path: Path) -> None:
 def test_own_stdout_paths_write_to_stdout_whether_a_pipe_or_a_file(tmp_path: Path) -> None:
     code = """
         import sys
-        from memlayout.atomic_write import write_text
+        from memlayout.io.atomic_write import write_text
         for target in ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"):
             print("before", target, flush=True)
             write_text(target, "via " + target + "\\n")
@@ -224,7 +224,7 @@ def test_new_files_and_folders_follow_the_umask(tmp_path: Path, umask: int, file
     result = run_python(
         """
         import os, sys
-        from memlayout.atomic_write import atomic_directory, write_text
+        from memlayout.io.atomic_write import atomic_directory, write_text
         write_text(sys.argv[1] + "/new.json", "x")
         with atomic_directory(sys.argv[1] + "/folder") as staging:
             write_text(staging + "/inner.json", "y")
@@ -241,7 +241,7 @@ def test_a_replaced_file_keeps_its_mode_even_under_a_strict_umask(tmp_path: Path
     target = tmp_path / "report.json"
     target.write_text("old")
     os.chmod(target, 0o604)
-    result = run_python("from memlayout.atomic_write import write_text; import sys; write_text(sys.argv[1], 'n')",
+    result = run_python("from memlayout.io.atomic_write import write_text; import sys; write_text(sys.argv[1], 'n')",
                         str(target), umask=0o077)
     assert result.returncode == 0, result.stderr
     assert target.read_text() == "n"
@@ -309,7 +309,7 @@ def test_without_o_tmpfile_the_named_temporary_is_removed_on_failure(
 
 _WRITER = """
 import os, signal, sys, time
-import memlayout.atomic_write as aw
+import memlayout.io.atomic_write as aw
 del os.O_TMPFILE  # a filesystem without O_TMPFILE: temporaries have names
 kind = sys.argv[2]
 if kind == "file":

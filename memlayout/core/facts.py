@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from memlayout.cudnn_layout import (
+from memlayout.core.cudnn_layout import (
     INFERRED_RNN_LABEL,
     WEIGHT_KINDS,
     WEIGHT_NAME,
@@ -25,18 +25,7 @@ from memlayout.cudnn_layout import (
     rnn_layout_problem,
     unused_bias_numel,
 )
-from memlayout.dtypes import DtypeInfo, dtype_info
-from memlayout.load.records import (
-    DeclaredTie,
-    LoadedSource,
-    ModuleRecord,
-    PickleGlobal,
-    RnnRecord,
-    StorageRecord,
-    TensorKind,
-    TensorRecord,
-)
-from memlayout.strides import (
+from memlayout.core.strides import (
     ByteSet,
     MemoryFormat,
     Relation,
@@ -48,6 +37,17 @@ from memlayout.strides import (
     numel,
     relation,
     union,
+)
+from memlayout.dtypes import DtypeInfo, dtype_info
+from memlayout.load.records import (
+    DeclaredTie,
+    LoadedSource,
+    ModuleRecord,
+    PickleGlobal,
+    RnnRecord,
+    StorageRecord,
+    TensorKind,
+    TensorRecord,
 )
 
 # Alignment padding (what flatten, FSDP or Megatron leave between slots) is told

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memlayout
-from memlayout.strides import (
+from memlayout.core.strides import (
     MemoryFormat,
     Relation,
     byte_set,
@@ -74,7 +74,7 @@ def test_relation_matches_brute_force(first: tuple, second: tuple, itemsize: int
     a = byte_set(*first, itemsize)
     b = byte_set(*second, itemsize)
     expected = brute_relation(brute_bytes(*first, itemsize), brute_bytes(*second, itemsize))
-    assert memlayout.strides.relation(a, b) is expected
+    assert memlayout.core.strides.relation(a, b) is expected
 
 
 @settings(max_examples=400, deadline=None)

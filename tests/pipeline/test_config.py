@@ -10,8 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from memlayout.cli.app import app
-from memlayout.config import KEYS, Settings, find_config, resolve_settings
 from memlayout.errors import UsageError
+from memlayout.pipeline.config import KEYS, Settings, find_config, resolve_settings
 from tests import models
 
 runner = CliRunner()

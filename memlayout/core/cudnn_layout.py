@@ -25,7 +25,7 @@ CUDNN_RNN_DOUBLE_BIAS, so the bias space is part of the buffer even for
 `bias=False`: it stays zero, and the storage must still be that long.
 
 Evidence, each a file that cuDNN itself flattened during training (pinned in
-tests/realworld/corpus.py and checked offset by offset in tests/test_cudnn_layout.py):
+tests/realworld/corpus.py and checked offset by offset in tests/core/test_cudnn_layout.py):
 
 - resemblyzer 0.1.4 `pretrained.pt`: a 3-layer unidirectional LSTM (input 40,
   hidden 256), legacy torch.save format, cuDNN 7 era;
@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from memlayout.facts import Facts, TensorFact
+    from memlayout.core.facts import Facts, TensorFact
     from memlayout.load.records import RnnRecord
 
 GATE_MULTIPLE = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1, "RNN": 1}

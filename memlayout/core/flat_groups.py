@@ -7,7 +7,7 @@ both so that neither imports the other.
 
 from __future__ import annotations
 
-from memlayout.facts import TensorFact
+from memlayout.core.facts import TensorFact
 
 FlatGroupKey = tuple[str, ...]
 """(section, role, device, dtype, requires_grad) for a tensor; ("rnn", path) for an RNN's own buffer."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import memlayout
-from memlayout.cudnn_layout import (
+from memlayout.core.cudnn_layout import (
     INFERRED_RNN_LABEL,
     RnnGeometry,
     geometry_from_shapes,
@@ -69,7 +69,7 @@ def test_geometry_from_a_torch_module_builds_the_same_weights(module: torch.nn.R
     assert list(weight_shapes(geometry).items()) == list(shapes.items())
 
 
-TABLES = Path(__file__).parent / "cudnn" / "tables"
+TABLES = Path(__file__).parent.parent / "cudnn" / "tables"
 
 
 def test_layout_matches_every_table_recorded_on_a_gpu() -> None:

@@ -1,4 +1,4 @@
-"""memlayout.zip_archive: reading torch's zips, and laying records out exactly as torch.save does."""
+"""memlayout.io.zip_archive: reading torch's zips, and laying records out exactly as torch.save does."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memlayout import zip_archive
 from memlayout.errors import CorruptCheckpointError
-from memlayout.zip_archive import (
+from memlayout.io import zip_archive
+from memlayout.io.zip_archive import (
     ZipReader,
     crc32_combine,
     end_of_archive,

@@ -1,0 +1,1 @@
+"""What a layout is: facts built from loaded records, strides, cuDNN's RNN layout, contents, flat groups."""
