@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from memlayout.version import __version__
 
 # The subpackage `memlayout.flatten` shares its name with the function below.
 # Python sets a package attribute only when a submodule is first loaded, so loading

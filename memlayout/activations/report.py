@@ -12,9 +12,9 @@ import json
 import textwrap
 from typing import Any
 
-from memlayout import __version__
 from memlayout.activations.analysis import ActivationReport
 from memlayout.format_bytes import human_bytes
+from memlayout.version import __version__
 
 SCHEMA_VERSION = 1
 DEFAULT_DEPTH = 3

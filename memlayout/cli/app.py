@@ -17,13 +17,13 @@ from typing import Any, NoReturn
 import typer
 from typer.core import TyperGroup
 
-from memlayout import __version__
 from memlayout.cli.activations_command import activations_command
 from memlayout.cli.diff_command import diff_command
 from memlayout.cli.errors import USAGE_OR_LOAD_ERROR
 from memlayout.cli.flatten_command import flatten_command
 from memlayout.cli.inspect_command import inspect_command
 from memlayout.cli.rules_command import explain_command, rules_command
+from memlayout.version import __version__
 
 
 def _parser_errors() -> tuple[type[Exception], ...]:

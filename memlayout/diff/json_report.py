@@ -10,9 +10,9 @@ import dataclasses
 import json
 from typing import Any
 
-from memlayout import __version__
 from memlayout.diff.changes import DiffReport
 from memlayout.pipeline.inspection import Report
+from memlayout.version import __version__
 
 SCHEMA_VERSION = 1
 

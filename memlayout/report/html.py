@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from memlayout import __version__
 from memlayout.core.facts import Facts, rnn_reserved_bytes, unused_ranges
 from memlayout.core.strides import Relation
 from memlayout.format_bytes import human_bytes
 from memlayout.load.records import TensorKind
 from memlayout.pipeline.inspection import Report
 from memlayout.rules import Finding
+from memlayout.version import __version__
 
 if TYPE_CHECKING:
     from memlayout.diff.changes import DiffReport

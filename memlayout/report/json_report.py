@@ -12,7 +12,6 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from memlayout import __version__
 from memlayout.core.facts import Facts, TensorFact
 from memlayout.core.strides import MemoryFormat
 from memlayout.load.records import TensorKind
@@ -20,6 +19,7 @@ from memlayout.pipeline.batch import BaselineOutcome, BatchReport
 from memlayout.pipeline.inspection import Report
 from memlayout.report.interface import Reporter
 from memlayout.report.json_text import LazyArray, json_pieces
+from memlayout.version import __version__
 
 SCHEMA_VERSION = 1
 MULTI_PATH_SCHEMA_VERSION = 2

@@ -16,12 +16,12 @@ from pathlib import Path, PurePath
 from typing import Any
 from urllib.parse import quote
 
-from memlayout import __version__
 from memlayout.pipeline.batch import BatchReport, PathReport
 from memlayout.report.interface import Reporter, findings_in_order
 from memlayout.report.json_text import LazyArray, StreamedList, StreamedObject, json_pieces
 from memlayout.report.rule_docs import explain_markdown, explain_text
 from memlayout.rules import RULES, Finding, Rule, Severity
+from memlayout.version import __version__
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_VERSION = "2.1.0"
