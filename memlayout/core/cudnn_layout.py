@@ -58,11 +58,47 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from memlayout.core.facts import Facts, TensorFact
     from memlayout.load.records import RnnRecord
+
+
+class WeightView(Protocol):
+    """What the layout check reads of one weight: facts' `TensorFact` has these fields.
+
+    The layout knows nothing of how facts are built, so facts can ask it where
+    each weight belongs without the two modules importing each other.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def itemsize(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def stride(self) -> tuple[int, ...]: ...
+    @property
+    def storage(self) -> str: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def contiguous(self) -> bool: ...
+
+
+class StorageSize(Protocol):
+    @property
+    def nbytes(self) -> int: ...
+
+
+class WeightLookup(Protocol):
+    """A model's views by name and storages by key: what facts' `Facts` offers."""
+
+    def tensor(self, name: str) -> WeightView | None: ...
+    def storage(self, storage_id: str) -> StorageSize: ...
 
 GATE_MULTIPLE = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1, "RNN": 1}
 """Rows of a weight matrix per hidden unit. "RNN" is an Elman RNN whose
@@ -285,7 +321,7 @@ def geometry_from_shapes(mode: str | None, shapes: Mapping[str, tuple[int, ...]]
     return geometry
 
 
-def rnn_weight_facts(facts: Facts, rnn: RnnRecord) -> list[TensorFact] | str:
+def rnn_weight_facts(facts: WeightLookup, rnn: RnnRecord) -> list[WeightView] | str:
     """The RNN's weights' facts in `_flat_weights_names` order, or which is missing."""
     weights = []
     for name in rnn.flat_weight_names:
@@ -296,7 +332,7 @@ def rnn_weight_facts(facts: Facts, rnn: RnnRecord) -> list[TensorFact] | str:
     return weights
 
 
-def layout_of(facts: Facts, rnn: RnnRecord) -> CudnnLayout | str:
+def layout_of(facts: WeightLookup, rnn: RnnRecord) -> CudnnLayout | str:
     """cuDNN's layout for an RNN of a model, from its weights' shapes.
 
     Args:
@@ -316,7 +352,7 @@ def layout_of(facts: Facts, rnn: RnnRecord) -> CudnnLayout | str:
     return cudnn_layout(geometry)
 
 
-def rnn_layout_problem(facts: Facts, rnn: RnnRecord) -> str | None:
+def rnn_layout_problem(facts: WeightLookup, rnn: RnnRecord) -> str | None:
     """Why cuDNN would copy this RNN's weights on every call, or None when it uses them in place.
 
     Follows `try_get_weight_buf`: the buffer is the whole storage of the first
