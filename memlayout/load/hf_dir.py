@@ -5,12 +5,8 @@ Weights are found the way `from_pretrained` looks for them, safetensors first:
 `pytorch_model.bin.index.json` (shards), `pytorch_model.bin`. Tensor names are
 the state-dict keys; a shard only decides where the bytes live.
 
-Tie intent comes from config.json. `tie_word_embeddings` missing from the file is
-taken as true: transformers 4.x saved configs as a diff against
-`PretrainedConfig`'s defaults, where it is true, so it was left out exactly when
-it was true (transformers 5 writes it explicitly, false for Llama and friends).
-With a tie declared, every output head found by a well-known name is declared
-tied to the input embedding, and ML103 compares them.
+Tie intent comes from config.json, read by `hf_ties`, and ML103 compares the
+tensors it declares tied.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from typing import Any
 
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
 from memlayout.load.file_source import StorageSpans, file_source
+from memlayout.load.hf_ties import declared_ties
 from memlayout.load.records import (
     DeclaredTie,
     LoadedSource,
@@ -42,30 +39,6 @@ SAFETENSORS_SINGLE = "model.safetensors"
 BIN_INDEX = "pytorch_model.bin.index.json"
 BIN_SINGLE = "pytorch_model.bin"
 WEIGHT_FILES = (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, BIN_INDEX, BIN_SINGLE)
-
-# Output heads that transformers ties to the input embedding (`_tied_weights_keys`
-# of the *ForCausalLM / *ForMaskedLM / *ForConditionalGeneration classes).
-OUTPUT_HEAD_SUFFIXES = (
-    "lm_head.weight",
-    "lm_head.decoder.weight",
-    "cls.predictions.decoder.weight",
-    "predictions.decoder.weight",
-    "generator_lm_head.weight",
-    "pred_layer.proj.weight",
-    "embed_out.weight",
-)
-# Input embeddings, most specific first: encoder-decoder models share `shared`.
-INPUT_EMBEDDING_SUFFIXES = (
-    "shared.weight",
-    "embed_tokens.weight",
-    "transformer.wte.weight",
-    "wte.weight",
-    "word_embeddings.weight",
-    "tok_embeddings.weight",
-    "embed_in.weight",
-    "embeddings.weight",
-)
-
 
 def is_hf_dir(path: str) -> bool:
     """Whether a directory holds Hugging Face weights by their standard file names.
@@ -214,51 +187,6 @@ def _load_pickled_shards(directory: str, shards: list[str]) -> LoadedSource:
         raise
     merged.reader = ShardedReader(readers, shard_sources)
     return merged
-
-
-def _first_by_suffix(names: list[str], suffixes: tuple[str, ...]) -> str | None:
-    for suffix in suffixes:
-        matches = [n for n in names if n == suffix or n.endswith("." + suffix)]
-        if matches:
-            return min(matches, key=len)
-    return None
-
-
-def declared_ties(config: dict[str, Any], names: list[str], declared_by: str = CONFIG) -> list[DeclaredTie]:
-    """Ties a Hugging Face config declares, for the tensors present.
-
-    Args:
-        config: The parsed config.json (or a pickled model's config state).
-        names: Every tensor name in the checkpoint.
-        declared_by: Where the config came from, for messages.
-
-    Returns:
-        Output head -> input embedding ties when `tie_word_embeddings` holds
-        (absent counts as true, see the module docstring), and decoder -> encoder
-        ties for matching names when `tie_encoder_decoder` is true.
-    """
-    ties: list[DeclaredTie] = []
-    text_config = config.get("text_config")
-    tie_words = config.get("tie_word_embeddings")
-    if tie_words is None and isinstance(text_config, dict):
-        tie_words = text_config.get("tie_word_embeddings")
-    if tie_words is None or bool(tie_words):
-        embedding = _first_by_suffix(names, INPUT_EMBEDDING_SUFFIXES)
-        if embedding is not None:
-            for name in names:
-                if name != embedding and any(
-                    name == suffix or name.endswith("." + suffix) for suffix in OUTPUT_HEAD_SUFFIXES
-                ):
-                    ties.append(DeclaredTie(name, embedding, f"{declared_by} tie_word_embeddings"))
-    if config.get("tie_encoder_decoder"):
-        present = set(names)
-        for name in names:
-            head, sep, rest = name.partition("encoder.")
-            if sep and (head == "" or head.endswith(".")):
-                partner = f"{head}decoder.{rest}"
-                if partner in present:
-                    ties.append(DeclaredTie(partner, name, f"{declared_by} tie_encoder_decoder"))
-    return ties
 
 
 def config_ties(path: str, names: list[str]) -> list[DeclaredTie]:

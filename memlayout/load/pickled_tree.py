@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from memlayout.errors import CorruptCheckpointError
+from memlayout.load.hf_ties import declared_ties
 from memlayout.load.records import (
     DeclaredTie,
     ModuleRecord,
@@ -182,8 +183,6 @@ def declared_ties_in_tree(modules: list[tuple[str, InertObject]], names: list[st
     Returns:
         Declared ties, named from the root, without duplicates.
     """
-    from memlayout.load.hf_dir import declared_ties
-
     ties: list[DeclaredTie] = []
     seen: set[frozenset[str]] = set()
     for path, module in modules:

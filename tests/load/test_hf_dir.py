@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from memlayout.errors import CorruptCheckpointError
 from memlayout.load import load_path
-from memlayout.load.hf_dir import declared_ties
+from memlayout.load.hf_ties import declared_ties
 from memlayout.pipeline.inspection import run_inspection
 from tests.load.conftest import assert_one_line_error, run_cli
 
