@@ -43,9 +43,11 @@ test: $(STAMP) browser
 slow: $(STAMP)
 	MEMLAYOUT_SLOW=1 $(PY) -m pytest -q -m slow tests/activations
 
+# lint-imports checks the layer contract in pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check memlayout tests benchmarks fixtures
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
