@@ -95,8 +95,8 @@ needs no optimizer state at all.
     needs=(Requirement.LAYOUT, Requirement.CONTENT),
     detects=(
         "Two or more tensors of the same dtype and shape, with bitwise-equal contents, in separate "
-        "memory. Constant tensors (a fresh norm's ones, zero biases) and tensors under `min- "
-        "duplicate-bytes` (4096 bytes by default) are left out."
+        "memory. Constant tensors (a fresh norm's ones, zero biases) and tensors under "
+        "`min-duplicate-bytes` (4096 bytes by default) are left out."
     ),
     example=RuleExample(
         setup="""
