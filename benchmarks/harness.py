@@ -106,3 +106,32 @@ def write_results(name: str, rows: list[Row], raw: dict[str, Any], quick: bool) 
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
+
+
+def read_results(name: str) -> dict[str, Any]:
+    """The results file of benchmark `name` from the last full run (what `write_results` wrote)."""
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def goal_cell(row: dict[str, Any]) -> str:
+    """A row's goal and whether it was met; figures shown for information carry no verdict."""
+    goal = row["goal"]
+    if goal.startswith("("):
+        return goal
+    return f"{goal}: met" if row["met"] else f"{goal}: **not met**"
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    """A results file's rows as one Markdown table, under when and where it was measured."""
+    machine = results["machine"]
+    lines = [
+        f"Measured {results['when']} on {machine['cpus']} CPUs, Python {machine['python']}, "
+        f"{machine['platform']}{' (quick run)' if results['quick'] else ''}.",
+        "",
+        "| figure | value | peer / limit | ratio | goal |",
+        "|---|---|---|---|---|",
+    ]
+    for row in results["rows"]:
+        cells = (row["metric"], row["value"], row["peer"], f"{row['ratio']:.2f}x", goal_cell(row))
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
