@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv demo test lint bench bench-gpu fixtures clean reliability fuzz browser realworld
+.PHONY: venv demo test lint docs bench bench-gpu fixtures clean reliability fuzz browser realworld
 
 venv: $(STAMP)
 
@@ -45,9 +45,21 @@ slow: $(STAMP)
 
 # lint-imports checks the layer contract in pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)
-	$(VENV)/bin/ruff check memlayout tests benchmarks fixtures
+	$(VENV)/bin/ruff check memlayout tests benchmarks fixtures docs
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+# The documentation site, from docs/ and mkdocs.yml into site/. --strict turns every
+# warning (a broken link, a page missing from the nav) into a failure. Rule pages,
+# the command reference and the benchmark tables are rendered from the code at
+# build time (docs/hooks.py); nothing is fetched from the network.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
@@ -56,7 +68,7 @@ fixtures: $(STAMP)
 	$(PY) fixtures/make_fixtures.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
 
 # SIGKILL at random points in 200 flattens of a 64 MiB checkpoint (a 20-kill slice
 # runs in make test). Figures: docs/reliability.md.

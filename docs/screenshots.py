@@ -1,4 +1,4 @@
-"""Rewrite the README's storage-map screenshots (docs/*.png) in headless chromium.
+"""Rewrite the storage-map screenshots of docs/diff.md (docs/*.png) in headless chromium.
 
 Run from the repository root: `.venv/bin/python docs/screenshots.py`. It builds a
 tiny GPT-2 from a config (no download), saves it and a copy with every tensor

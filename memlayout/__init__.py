@@ -41,7 +41,7 @@ def inspect(
     Returns:
         A `Report` with `facts`, `findings` and `summary`.
 
-    Example:
+    Examples:
         >>> import torch, memlayout
         >>> lin = torch.nn.Linear(4, 4)
         >>> lin.weight = torch.nn.Parameter(lin.weight.t())
@@ -80,7 +80,7 @@ def flatten(
     Returns:
         A `FlatHandle`; `handle.groups[i].data` is one tensor over a whole group.
 
-    Example:
+    Examples:
         >>> import torch, memlayout
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
         >>> handle = memlayout.flatten(model)

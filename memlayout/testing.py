@@ -65,7 +65,7 @@ def assert_layout(
         ValueError: `fail_on` is not one of the four thresholds.
         memlayout.errors.UsageError: an unknown rule code in `select` or `ignore`.
 
-    Example:
+    Examples:
         >>> import torch, memlayout.testing
         >>> lin = torch.nn.Linear(4, 4)
         >>> _ = memlayout.testing.assert_layout(lin)

@@ -1,75 +1,106 @@
-"""The README stays true: its rules table is the registry, and its example commands run."""
+"""The README stays short and true: its generated blocks are the registry's and the
+benchmark results', its commands run, and its CI workflow uploads what it writes."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from benchmarks.headlines import headlines_markdown
 from memlayout.cli.app import app
+from memlayout.report.rule_docs import rules_table_markdown
 from memlayout.rules import RULES
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README_PATH = ROOT / "README.md"
+README = README_PATH.read_text()
+MAX_LINES = 300
 
 
-def test_rules_table_matches_the_registry() -> None:
-    rows = re.findall(r"^\| (ML\d{3}) \| ([a-z-]+) \| (\w+) \| (.+?) \|$", README, flags=re.MULTILINE)
-    documented = {code: (name, severity, summary) for code, name, severity, summary in rows}
-    registry = {code: (r.name, r.severity.value, r.summary) for code, r in RULES.items()}
-    assert documented == registry
+def test_the_readme_is_short() -> None:
+    # The README introduces; the documentation site under docs/ holds the rest.
+    assert len(README.splitlines()) <= MAX_LINES
 
 
 def test_set_up_commands_are_documented() -> None:
     assert "make demo" in README and "make test" in README
 
 
-def readme_commands() -> list[str]:
-    commands = re.findall(r"^\$ memlayout (.+)$", README, flags=re.MULTILINE)
-    # Commands on the bundled fixtures can run here; the rest name the reader's files.
-    return [c for c in commands if "fixtures/" in c]
+def _rules_table() -> str:
+    return rules_table_markdown(RULES[code] for code in sorted(RULES))
 
 
-@pytest.mark.parametrize("command", readme_commands())
-def test_readme_command_runs(
-    command: str, repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+# Blocks of the README rendered from the code, between `<!-- NAME:start -->` and `<!-- NAME:end -->`.
+GENERATED: dict[str, Callable[[], str]] = {"rules-table": _rules_table, "figures": headlines_markdown}
+
+
+@pytest.mark.parametrize("name", sorted(GENERATED))
+def test_generated_blocks_are_current(name: str, overwrite_golden: bool) -> None:
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    readme = README_PATH.read_text()
+    current = re.search(re.escape(start) + ".*?" + re.escape(end), readme, flags=re.S)
+    assert current is not None, f"the README needs the {start} ... {end} block"
+    expected = f"{start}\n{GENERATED[name]()}{end}"
+    if overwrite_golden:
+        README_PATH.write_text(readme.replace(current.group(0), expected))
+        return
+    assert current.group(0) == expected, f"the README's {name} block drifted: rerun pytest with --overwrite"
+
+
+def runnable_commands(text: str) -> list[str]:
+    """`$ memlayout ...` lines that need no file of the reader's: the bundled fixtures, rules, explain."""
+    commands = re.findall(r"^\$ memlayout (.+)$", text, flags=re.MULTILINE)
+    return [c for c in commands if "fixtures/" in c or c.split()[0] in ("rules", "explain")]
+
+
+def run_command(command: str, repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run one documented command from the repository root, its outputs in a scratch folder."""
     monkeypatch.chdir(repo_root)
-    args = shlex.split(command)
-    # Outputs go to a scratch directory, never into the checkout.
+    args = shlex.split(command, comments=True)
     for index, arg in enumerate(args[:-1]):
         if arg in ("-o", "--output"):
             args[index + 1] = str(tmp_path / Path(args[index + 1]).name)
     result = CliRunner().invoke(app, args)
     assert result.exit_code in (0, 1), result.stderr
     assert result.stdout
+    return result.stdout
 
 
-def test_readme_shows_the_current_demo_findings(repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("command", runnable_commands(README))
+def test_readme_command_runs(command: str, repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_command(command, repo_root, tmp_path, monkeypatch)
+
+
+def test_the_quick_start_shows_three_commands() -> None:
+    section = README[README.index("## Quick start") : README.index("\n## ", README.index("## Quick start"))]
+    assert len(re.findall(r"^\$ memlayout ", section, flags=re.MULTILINE)) == 3
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/usage.md"])
+def test_the_demo_output_shows_the_current_findings(page: str, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(repo_root)
     result = CliRunner().invoke(app, ["inspect", "fixtures/demo_checkpoint.pt", "--format", "json"])
-    import json
-
+    text = (repo_root / page).read_text().replace("\n", " ")
     for finding in json.loads(result.stdout)["findings"]:
-        assert f"{finding['code']} " in README
-        assert finding["hint"] in README.replace("\n", " ")
+        assert f"{finding['code']} {finding['severity']}" in text
+        assert finding["hint"] in text
 
 
-def test_readme_python_examples_run() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
-    runnable = [b for b in blocks if b.startswith("import torch, memlayout")]
-    assert runnable, "the README's self-contained examples start with `import torch, memlayout`"
-    for block in runnable:
-        exec(compile(block, "README.md", "exec"), {})
+def test_readme_links_point_at_files() -> None:
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README):
+        if not target.startswith(("http://", "https://")):
+            assert (ROOT / target).exists(), target
 
 
 def test_the_github_actions_workflow_uploads_the_sarif_its_command_writes(
     repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import json
-
     import jsonschema
     import yaml
 

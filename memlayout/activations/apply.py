@@ -61,7 +61,7 @@ def apply_plan(model: Any, plan: Plan | Mapping[str, Any], *, preserve_rng_state
     Raises:
         UsageError: a path is not a module of `model`, or a `sequential` entry is not an nn.Sequential.
 
-    Example:
+    Examples:
         >>> import torch, memlayout.activations as act
         >>> model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(4)])
         >>> applied = act.apply_plan(model, {"checkpoint": ["1", "2"], "sequential": []})

@@ -1,4 +1,4 @@
-"""The JSON report: schema 1 for one path, schema 2 for several (README; schema_v1/v2.json).
+"""The JSON report: schema 1 for one path, schema 2 for several (docs/schemas.md; schema_v1/v2.json).
 
 One path gives exactly the schema-1 document. Several paths give a schema-2
 document whose `reports[]` each hold one path's schema-1 report, or its load error.

@@ -1,6 +1,6 @@
 """A rule's documentation, rendered from the registry: what `memlayout explain` prints,
-SARIF's rule help, and the README's rule reference. The registry holds the only copy
-of the texts; this module only lays them out.
+SARIF's rule help, the site's page for each rule and the rules table. The registry
+holds the only copy of the texts; this module only lays them out.
 """
 
 from __future__ import annotations
@@ -38,28 +38,49 @@ def explain_text(rule: Rule) -> str:
     return "\n".join(lines) + "\n"
 
 
-def explain_markdown(rule: Rule) -> str:
-    """The same documentation as Markdown: SARIF's `help.markdown` and the README's reference."""
-    lines = [f"**{SECTIONS[0]}.** {rule.detects}", ""]
+def _markdown_sections(rule: Rule) -> list[tuple[str, list[str]]]:
+    """The four sections as Markdown blocks, in `SECTIONS` order."""
     why = [" ".join(p.split()) for p in rule.explanation.split("\n\n")]
-    lines += [f"**{SECTIONS[1]}.** {why[0]}", ""]
-    for paragraph in why[1:]:
-        lines += [paragraph, ""]
+    sections: list[tuple[str, list[str]]] = [(SECTIONS[0], [rule.detects]), (SECTIONS[1], why)]
     if rule.example is not None:
-        lines += [f"**{SECTIONS[2]}.**", "", "```python", rule.example.setup, "```", "", "```console",
-                  f"$ {rule.example.command}", f"# reports {rule.code} {rule.name}", "```", ""]
-    lines += [f"**{SECTIONS[3]}.** {_fix_sentence(rule)}"]
+        sections.append((SECTIONS[2], [
+            f"```python\n{rule.example.setup}\n```",
+            f"```console\n$ {rule.example.command}\n# reports {rule.code} {rule.name}\n```",
+        ]))
+    fix = [_fix_sentence(rule)]
     if rule.example is not None:
-        lines += ["", "```python", rule.example.fixed, "```"]
-    return "\n".join(lines) + "\n"
+        fix.append(f"```python\n{rule.example.fixed}\n```")
+    sections.append((SECTIONS[3], fix))
+    return sections
 
 
-def rules_reference_markdown(rules: Iterable[Rule]) -> str:
-    """Every rule's documentation for the README, one folded section per rule."""
+def explain_markdown(rule: Rule) -> str:
+    """The same documentation as Markdown, each section a bold lead-in: SARIF's `help.markdown`."""
     blocks = []
+    for title, body in _markdown_sections(rule):
+        if body[0].startswith("```"):
+            blocks += [f"**{title}.**", *body]
+        else:
+            blocks += [f"**{title}.** {body[0]}", *body[1:]]
+    return "\n\n".join(blocks) + "\n"
+
+
+def rule_page_markdown(rule: Rule) -> str:
+    """The rule's page on the documentation site: a title, its contract fields, the four sections."""
+    facts = [f"default severity **{rule.severity.value}**", f"{rule.family} rules"]
+    if rule.deep_only:
+        facts.append("runs with `--deep` only")
+    blocks = [f"# {rule.code} {rule.name}", f"{rule.summary[0].upper()}{rule.summary[1:]}.", "; ".join(facts) + "."]
+    for title, body in _markdown_sections(rule):
+        blocks += [f"## {title}", *body]
+    blocks.append(f"`memlayout explain {rule.code}` prints this page in the terminal.")
+    return "\n\n".join(blocks) + "\n"
+
+
+def rules_table_markdown(rules: Iterable[Rule], *, page_links: bool = False) -> str:
+    """One row per rule: code, name, default severity, when it fires; codes link to their pages if asked."""
+    lines = ["| code | name | default | fires when |", "|---|---|---|---|"]
     for rule in rules:
-        blocks.append(
-            f"<details>\n<summary><b>{rule.code} {rule.name}</b> ({rule.severity.value}): {rule.summary}</summary>\n\n"
-            f"{explain_markdown(rule)}\n</details>\n"
-        )
-    return "\n".join(blocks)
+        code = f"[{rule.code}]({rule.code}.md)" if page_links else rule.code
+        lines.append(f"| {code} | {rule.name} | {rule.severity.value} | {rule.summary} |")
+    return "\n".join(lines) + "\n"

@@ -1,7 +1,7 @@
 """The rule registry: the single source of each rule's code, name, severity and texts.
 
-`memlayout rules`, `memlayout explain`, SARIF output and the README table all read
-this. Codes are a contract: users put them in configs and CI.
+`memlayout rules`, `memlayout explain`, SARIF output, the README's rules table and
+the documentation site's rule pages all read this. Codes are a contract: users put them in configs and CI.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ class Rule:
     """One rule: its contract fields, its documentation and its check.
 
     The documentation here is the only copy: `memlayout explain`, SARIF's rule help
-    and the README's rule reference are all rendered from it
+    and the site's page for each rule are all rendered from it
     (`memlayout.report.rule_docs`).
     """
 

@@ -45,7 +45,7 @@ class CorpusFile:
     """One checkpoint inside a pinned wheel."""
 
     name: str
-    """Short id used by tests and the README table, e.g. "resemblyzer"."""
+    """Short id used by tests and the docs' corpus table, e.g. "resemblyzer"."""
     wheel: Wheel
     member: str
     """Path of the checkpoint inside the wheel."""

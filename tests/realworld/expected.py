@@ -3,7 +3,7 @@
 Each expected finding names the fact about the real file that makes it true; the
 corpus tests check that fact with torch's own loaders (`oracle.py`), not with
 memlayout, and then require memlayout to report exactly these findings. The
-README's corpus table is checked against this module, so it cannot drift.
+corpus table of docs/realworld.md is checked against this module, so it cannot drift.
 """
 
 from __future__ import annotations

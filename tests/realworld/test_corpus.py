@@ -338,14 +338,14 @@ def test_every_hint_works_when_followed(
             _follow(finding, path, report.facts.source.format, tmp_path, capsys)
 
 
-# --- README -------------------------------------------------------------------------
+# --- docs/realworld.md ----------------------------------------------------------------
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "realworld.md"
 
 
 def table_rows() -> dict[str, list[str]]:
-    """The README corpus table's rows, by file name."""
-    text = README.read_text()
+    """The corpus table's rows on the real-world page, by file name."""
+    text = PAGE.read_text()
     block = text[text.index("<!-- corpus-table:start -->") : text.index("<!-- corpus-table:end -->")]
     rows = [line.strip().strip("|").split("|") for line in block.splitlines() if line.startswith("| `")]
     return {cells[0].strip().strip("`"): [c.strip() for c in cells[1:]] for cells in rows}
@@ -355,7 +355,7 @@ def findings_cell(expected: Expected) -> str:
     return ", ".join(f"{code}{f' x{n}' if n > 1 else ''}" for code, n in sorted(expected.findings.items())) or "none"
 
 
-def test_the_readme_corpus_table_is_the_expectations() -> None:
+def test_the_corpus_table_is_the_expectations() -> None:
     rows = table_rows()
     assert set(rows) == set(ALL)
     for name, expected in ALL.items():

@@ -1,10 +1,10 @@
 """Each rule's documentation is complete, its example really triggers the rule, its fix
-really clears it, and every place that shows the documentation renders the registry's."""
+really clears it, and `explain` prints the registry's texts. The site's rule pages
+are checked in tests/test_docs.py, the README's rules table in tests/test_readme.py."""
 
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from pathlib import Path
 
@@ -12,11 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from memlayout.cli.app import app
-from memlayout.report.rule_docs import SECTIONS, explain_text, rules_reference_markdown
+from memlayout.report.rule_docs import SECTIONS, explain_text
 from memlayout.rules import RULES
 
 runner = CliRunner()
-START, END = "<!-- rule-reference:start -->", "<!-- rule-reference:end -->"
 
 
 def reported_codes(command: str) -> list[str]:
@@ -62,15 +61,3 @@ def test_explain_takes_a_name_and_refuses_an_unknown_code() -> None:
     assert runner.invoke(app, ["explain", "duplicate-weights"]).stdout == explain_text(RULES["ML102"])
     result = runner.invoke(app, ["explain", "ML999"])
     assert result.exit_code == 2 and "no rule 'ML999'" in result.stderr
-
-
-def test_the_readme_rule_reference_is_the_registry(repo_root: Path, overwrite_golden: bool) -> None:
-    readme_path = repo_root / "README.md"
-    readme = readme_path.read_text()
-    expected = f"{START}\n\n{rules_reference_markdown(RULES[c] for c in sorted(RULES))}\n{END}"
-    current = re.search(re.escape(START) + ".*?" + re.escape(END), readme, flags=re.S)
-    assert current is not None, f"the README needs the {START} ... {END} block"
-    if overwrite_golden:
-        readme_path.write_text(readme.replace(current.group(0), expected))
-        return
-    assert current.group(0) == expected, "the README's rule reference drifted: rerun pytest with --overwrite"

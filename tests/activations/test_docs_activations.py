@@ -1,4 +1,4 @@
-"""The README's `memlayout activations` examples are real: each command runs and prints what the README shows."""
+"""The activations page's examples are real: each command runs and prints what docs/activations.md shows."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from typer.testing import CliRunner
 
 from memlayout.cli.app import app
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-EXAMPLES = re.findall(r"```console\n\$ memlayout (activations .+?)\n(.*?)```", README, flags=re.DOTALL)
+PAGE = (Path(__file__).resolve().parents[2] / "docs" / "activations.md").read_text()
+EXAMPLES = re.findall(r"```console\n\$ memlayout (activations .+?)\n(.*?)```", PAGE, flags=re.DOTALL)
 
 
-def test_the_readme_has_examples() -> None:
+def test_the_page_has_examples() -> None:
     assert len(EXAMPLES) >= 3
 
 
 @pytest.mark.parametrize("command, shown", EXAMPLES, ids=[c[:60] for c, _ in EXAMPLES])
-def test_readme_example_output_is_what_the_command_prints(
+def test_example_output_is_what_the_command_prints(
     command: str, shown: str, repo_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(repo_root)

@@ -1,0 +1,120 @@
+"""mkdocs hooks: the pages and tables the site renders from the code at build time.
+
+Nothing here is copied into docs/, so nothing can drift: each rule's page comes
+from the rule registry (`memlayout explain` prints the same texts), the command
+reference from the CLI's own commands and options, and the benchmark tables from
+benchmarks/results/*.json. mkdocs loads this file through `hooks:` in mkdocs.yml.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+# mkdocs is imported only where a hook needs it, so the tests can read this module
+# without the docs extra installed.
+if TYPE_CHECKING:
+    from mkdocs.config.defaults import MkDocsConfig
+    from mkdocs.structure.files import Files
+    from mkdocs.structure.pages import Page
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES_INDEX = "rules/index.md"
+COMMAND_REFERENCE = "cli.md"
+
+
+def _rules() -> list[Any]:
+    from memlayout.rules import RULES
+
+    return [RULES[code] for code in sorted(RULES)]
+
+
+def _section_holding(nav: list[Any], page: str) -> list[Any] | None:
+    """The nav list that names `page` as one of its entries, searched depth first."""
+    for entry in nav:
+        values = entry.values() if isinstance(entry, dict) else [entry]
+        if page in values:
+            return nav
+        for value in values:
+            if isinstance(value, list) and (found := _section_holding(value, page)) is not None:
+                return found
+    return None
+
+
+def on_config(config: MkDocsConfig) -> MkDocsConfig:
+    # The rules section of the nav names its index page; one page per rule follows it.
+    section = _section_holding(config.nav or [], RULES_INDEX)
+    if section is None:
+        raise ValueError(f"mkdocs.yml's nav must list {RULES_INDEX}: the rule pages are added after it")
+    listed = {value for entry in section if isinstance(entry, dict) for value in entry.values()}
+    section.extend(
+        {f"{rule.code} {rule.name}": f"rules/{rule.code}.md"}
+        for rule in _rules()
+        if f"rules/{rule.code}.md" not in listed
+    )
+    return config
+
+
+def _command_reference() -> str:
+    """Every command and option, as `memlayout COMMAND --help` states them."""
+    import typer
+    from typer.cli import get_docs_for_click
+
+    from memlayout.cli.app import app
+
+    command = typer.main.get_command(app)
+    reference = get_docs_for_click(obj=command, ctx=typer.Context(command), name="memlayout", title="Commands")
+    intro = (
+        "Every command and option, generated from the CLI itself when the site is built; "
+        "`memlayout COMMAND --help` prints the same. [Usage](usage.md) explains them.\n"
+    )
+    title, _, rest = reference.partition("\n")
+    return f"{title}\n\n{intro}{rest}"
+
+
+def on_files(files: Files, config: MkDocsConfig) -> Files:
+    from mkdocs.structure.files import File
+
+    from memlayout.report.rule_docs import rule_page_markdown
+
+    for rule in _rules():
+        files.append(File.generated(config, f"rules/{rule.code}.md", content=rule_page_markdown(rule)))
+    files.append(File.generated(config, COMMAND_REFERENCE, content=_command_reference()))
+    return files
+
+
+def _rules_table() -> str:
+    from memlayout.report.rule_docs import rules_table_markdown
+
+    return rules_table_markdown(_rules(), page_links=True)
+
+
+def _benchmark_results() -> str:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.harness import RESULTS, read_results, results_markdown
+
+    sections = []
+    for path in sorted(RESULTS.glob("*.json")):
+        if path.stem.endswith("-quick"):
+            continue
+        results = read_results(path.stem)
+        body = results_markdown(results).replace("\n", "\n    ")
+        sections.append(f'??? note "benchmarks/results/{path.name}"\n\n    {body}')
+    return "\n".join(sections)
+
+
+# A page names a table it wants by an HTML comment, which stays invisible on GitHub.
+MARKERS: dict[str, Callable[[], str]] = {
+    "<!-- memlayout:rules-table -->": _rules_table,
+    "<!-- memlayout:benchmark-results -->": _benchmark_results,
+}
+
+
+def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    for marker, render in MARKERS.items():
+        if marker in markdown:
+            markdown = markdown.replace(marker, render())
+    return markdown

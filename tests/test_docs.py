@@ -1,0 +1,131 @@
+"""The documentation site stays whole and true: every page is in the nav, the
+generated pages follow the registry, and the commands and examples the pages show
+run. `make docs` builds the site strictly; these checks run without the docs extra."""
+
+from __future__ import annotations
+
+import copy
+import doctest
+import importlib
+import importlib.util
+import re
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from memlayout.report.rule_docs import SECTIONS, rule_page_markdown
+from memlayout.rules import RULES
+from tests.test_readme import run_command, runnable_commands
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PAGES = sorted(path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md"))
+MKDOCS = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+
+
+def load_hooks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("memlayout_docs_hooks", DOCS / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+HOOKS = load_hooks()
+
+
+def nav_pages(nav: list[Any]) -> list[str]:
+    pages = []
+    for entry in nav:
+        for value in entry.values() if isinstance(entry, dict) else [entry]:
+            pages += nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def test_every_page_is_in_the_nav_once() -> None:
+    listed = nav_pages(MKDOCS["nav"])
+    assert len(listed) == len(set(listed))
+    # The command reference is generated at build time; every other page is a file.
+    assert set(listed) == set(PAGES) | {HOOKS.COMMAND_REFERENCE}
+
+
+def test_the_nav_gets_one_page_per_rule_after_the_rules_index() -> None:
+    config = SimpleNamespace(nav=copy.deepcopy(MKDOCS["nav"]))
+    HOOKS.on_config(config)
+    HOOKS.on_config(config)  # mkdocs serve builds again with the same config: no page twice
+    section = HOOKS._section_holding(config.nav, HOOKS.RULES_INDEX)
+    pages = nav_pages(section)
+    assert pages == [HOOKS.RULES_INDEX, *(f"rules/{code}.md" for code in sorted(RULES))]
+
+
+@pytest.mark.parametrize("code", sorted(RULES))
+def test_a_rule_page_has_the_four_sections_of_explain(code: str) -> None:
+    rule = RULES[code]
+    page = rule_page_markdown(rule)
+    assert page.startswith(f"# {code} {rule.name}\n")
+    positions = [page.index(f"\n## {title}\n") for title in SECTIONS]
+    assert positions == sorted(positions)
+    assert rule.example is not None and f"$ {rule.example.command}\n" in page
+    assert rule.example.fixed in page
+
+
+def test_the_rules_index_names_the_table_the_build_fills() -> None:
+    assert next(m for m in HOOKS.MARKERS if "rules-table" in m) in (DOCS / "rules" / "index.md").read_text()
+
+
+def page_commands() -> list[tuple[str, str]]:
+    return [(page, command) for page in PAGES for command in runnable_commands((DOCS / page).read_text())]
+
+
+@pytest.mark.parametrize(("page", "command"), page_commands(), ids=[f"{p}: {c[:50]}" for p, c in page_commands()])
+def test_page_command_runs(
+    page: str, command: str, repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_command(command, repo_root, tmp_path, monkeypatch)
+
+
+def python_examples() -> list[tuple[str, str]]:
+    """Self-contained examples: blocks that start with `import torch, memlayout`."""
+    blocks = []
+    for page in PAGES:
+        for block in re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), flags=re.DOTALL):
+            if block.startswith("import torch, memlayout"):
+                blocks.append((page, block))
+    return blocks
+
+
+def test_the_pages_have_python_examples() -> None:
+    assert {page for page, _ in python_examples()} >= {"api.md", "flatten.md", "activations.md", "ci.md"}
+
+
+@pytest.mark.parametrize(("page", "block"), python_examples(), ids=[p for p, _ in python_examples()])
+def test_page_python_example_runs(page: str, block: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, page, "exec"), {})
+
+
+@pytest.mark.parametrize("module", ["memlayout", "memlayout.testing", "memlayout.activations.apply"])
+def test_the_examples_in_the_api_reference_run(module: str) -> None:
+    # The Python API page renders these docstrings, examples included.
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted and not result.failed
+
+
+def test_every_included_file_and_section_exists() -> None:
+    for page in PAGES:
+        for target in re.findall(r'^\s*--8<-- "([^"]+)"$', (DOCS / page).read_text(), flags=re.MULTILINE):
+            path, _, section = target.partition(":")
+            text = (ROOT / path).read_text()
+            if section:
+                assert f"--8<-- [start:{section}]" in text and f"--8<-- [end:{section}]" in text, target
+
+
+def test_the_build_reads_nothing_from_the_network() -> None:
+    # The site builds offline: no web fonts, and only plugins that fetch nothing.
+    assert MKDOCS["theme"]["font"] is False
+    plugins = {next(iter(p)) if isinstance(p, dict) else p for p in MKDOCS["plugins"]}
+    assert plugins <= {"search", "mkdocstrings"}
+    assert "import" not in str(MKDOCS["plugins"])  # mkdocstrings' inventories are downloaded
