@@ -1,4 +1,4 @@
-"""`.ci/run` fails on a lint error as on a test failure, and runs the tests either way."""
+"""`.ci/run` fails on a lint or docs error as on a test failure, and runs the tests either way."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import pytest
 
 
 @pytest.mark.parametrize(
-    ("lint", "test", "expected"), [(0, 0, 0), (1, 0, 1), (0, 2, 2), (1, 2, 2)]
+    ("lint", "docs", "test", "expected"),
+    [(0, 0, 0, 0), (1, 0, 0, 1), (0, 1, 0, 1), (1, 1, 0, 1), (0, 0, 2, 2), (1, 0, 2, 2), (0, 1, 2, 2)],
 )
-def test_ci_runs_lint_and_tests(repo_root: Path, tmp_path: Path, lint: int, test: int, expected: int) -> None:
+def test_ci_runs_lint_docs_and_tests(
+    repo_root: Path, tmp_path: Path, lint: int, docs: int, test: int, expected: int
+) -> None:
     # A stand-in `make` first on PATH records each target and exits as told.
     log = tmp_path / "targets"
     fake = tmp_path / "bin" / "make"
@@ -20,11 +23,11 @@ def test_ci_runs_lint_and_tests(repo_root: Path, tmp_path: Path, lint: int, test
     fake.write_text(
         "#!/bin/sh\n"
         f'echo "$1" >> {log}\n'
-        f'case "$1" in lint) exit {lint};; test) exit {test};; esac\n'
+        f'case "$1" in lint) exit {lint};; docs) exit {docs};; test) exit {test};; esac\n'
         "exit 99\n"
     )
     fake.chmod(0o755)
     env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
     result = subprocess.run(["bash", str(repo_root / ".ci" / "run")], env=env, capture_output=True, text=True)
     assert result.returncode == expected
-    assert log.read_text().split() == ["lint", "test"]
+    assert log.read_text().split() == ["lint", "docs", "test"]
