@@ -99,9 +99,9 @@ def sources(quick: bool) -> list[Source]:
 
 
 def _formats() -> list[str]:
-    from memlayout.report import OutputFormat
+    from memlayout.cli.formats import Command, formats_for
 
-    return [fmt.value for fmt in OutputFormat]
+    return [fmt.value for fmt in formats_for(Command.INSPECT)]
 
 
 def _has_html() -> bool:

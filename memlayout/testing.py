@@ -29,7 +29,7 @@ def _codes(value: str | Iterable[str], where: str) -> tuple[str, ...]:
 
 
 def _finding_lines(findings: Iterable[Finding]) -> list[str]:
-    from memlayout.report.interface import findings_in_order
+    from memlayout.report.findings import findings_in_order
 
     lines = []
     for finding in findings_in_order(findings):

@@ -9,9 +9,17 @@ from typing import Annotated
 import typer
 
 from memlayout.cli.errors import one_line_errors
-from memlayout.cli.options import DebugOption, OutputOption, TrustOption
-from memlayout.cli.output import write_output
+from memlayout.cli.formats import (
+    Command,
+    OutputFormat,
+    RenderOptions,
+    supported,
+    terminal_color,
+    to_format,
+)
+from memlayout.cli.options import ActivationsFormatOption, DebugOption, OutputOption, TrustOption
 from memlayout.errors import UsageError
+from memlayout.output.writer import write_output
 
 BUDGET_UNREACHABLE = 1
 
@@ -31,7 +39,7 @@ def activations_command(
     budget: Annotated[
         str | None, typer.Option("--budget", help="Plan checkpoints so the peak fits: bytes, 8GiB, 512MiB.", metavar="SIZE")
     ] = None,
-    output_format: Annotated[str, typer.Option("--format", "-f", help="table (default) or json.", metavar="FORMAT")] = "table",
+    output_format: ActivationsFormatOption = OutputFormat.TABLE,
     output: OutputOption = None,
     device: Annotated[str, typer.Option("--device", help="The device the step is for: cpu, cuda or meta.")] = "cpu",
     real: Annotated[bool, typer.Option("--real", help="Run the step for real on --device (uses the memory), as a check.")] = False,
@@ -45,13 +53,8 @@ def activations_command(
         # not about memory, and stdout/stderr belong to the report and its one-line errors.
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         from memlayout.activations.analysis import BudgetUnreachableError, analyze
-        from memlayout.activations.report import ActivationsFormat, render
         from memlayout.activations.sizes import parse_size
 
-        try:
-            fmt = ActivationsFormat(output_format)
-        except ValueError:
-            raise UsageError(f"unknown --format {output_format!r}", "use table or json") from None
         if inputs and input_specs:
             raise UsageError("give --inputs or --input, not both")
         if device not in ("cpu", "cuda", "meta") and not device.startswith("cuda:"):
@@ -65,5 +68,6 @@ def activations_command(
         except BudgetUnreachableError as exc:
             print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
             raise typer.Exit(BUDGET_UNREACHABLE) from None
-        color = output is None and fmt is ActivationsFormat.TABLE and sys.stdout.isatty()
-        write_output(render(report, fmt, depth=depth, color=color), output)
+        render = RenderOptions(color=terminal_color(output_format, output), depth=depth)
+        formatter = supported(to_format(output_format).activations, output_format, Command.ACTIVATIONS)(render)
+        write_output(formatter.render_pieces(report), output)

@@ -1,24 +1,33 @@
-"""`memlayout diff`: check flags, compare the two checkpoints, hand the diff to a renderer."""
+"""`memlayout diff`: check flags, compare the two checkpoints, hand the diff to its formatter."""
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
 
 from memlayout.cli.errors import one_line_errors
+from memlayout.cli.formats import (
+    Command,
+    OutputFormat,
+    RenderOptions,
+    supported,
+    terminal_color,
+    to_format,
+)
 from memlayout.cli.inspect_command import parse_ties
 from memlayout.cli.options import (
     DebugOption,
+    DiffFormatOption,
     FailOn,
     IgnoreOption,
     OutputOption,
     SelectOption,
     split_codes,
 )
-from memlayout.cli.output import progress_callback, write_output
+from memlayout.cli.progress import progress_callback
 from memlayout.errors import UsageError
+from memlayout.output.writer import write_output
 
 
 def diff_command(
@@ -26,9 +35,7 @@ def diff_command(
         str, typer.Argument(help="The checkpoint before: file, model directory or pkg.module:callable.", metavar="A")
     ],
     b: Annotated[str, typer.Argument(help="The checkpoint after, in the same or any other format.", metavar="B")],
-    output_format: Annotated[
-        str, typer.Option("--format", "-f", help="table (default), json or markdown.", metavar="FORMAT")
-    ] = "table",
+    output_format: DiffFormatOption = OutputFormat.TABLE,
     output: OutputOption = None,
     strip_prefix: Annotated[
         list[str] | None,
@@ -61,13 +68,8 @@ def diff_command(
     """Compare checkpoint A with B: tensors added and removed, dtype/shape/stride/device changes, lost ties, bytes."""
     with one_line_errors(debug):
         from memlayout.diff import DiffOptions, run_diff
-        from memlayout.diff.formats import DiffFormat, render_diff
         from memlayout.diff.names import NameMap, parse_renames
 
-        try:
-            fmt = DiffFormat(output_format)
-        except ValueError:
-            raise UsageError(f"unknown --format {output_format!r}", "use table, json or markdown") from None
         prefixes = tuple(strip_prefix or ())
         if any(not p for p in prefixes):
             raise UsageError("--strip-prefix needs a non-empty PREFIX", "e.g. --strip-prefix module.")
@@ -81,13 +83,12 @@ def diff_command(
         )
         with progress_callback(enabled=deep) as progress:
             diff = run_diff(a, b, options, progress=progress)
-        color = output is None and fmt is DiffFormat.TABLE and sys.stdout.isatty()
-        text = render_diff(diff, fmt, color=color)
+        render = RenderOptions(color=terminal_color(output_format, output))
         if html is not None:
-            from memlayout.report.html import render_diff_html
-
             # The page first: an unwritable --html path fails before anything is printed.
-            write_output(render_diff_html(diff), html)
-        write_output(text, output)
+            page = supported(to_format(OutputFormat.HTML).diff, OutputFormat.HTML, Command.DIFF)
+            write_output(page(render).render_pieces(diff), html)
+        formatter = supported(to_format(output_format).diff, output_format, Command.DIFF)(render)
+        write_output(formatter.render_pieces(diff), output)
     if diff.fails(fail_on.value):
         raise typer.Exit(1)

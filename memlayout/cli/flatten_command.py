@@ -10,6 +10,7 @@ import typer
 from memlayout.cli.errors import USAGE_OR_LOAD_ERROR, one_line_errors
 from memlayout.cli.options import DebugOption, TrustOption
 from memlayout.errors import UsageError
+from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
     from memlayout.flatten.options import FlattenOptions
@@ -39,7 +40,7 @@ def _check_each(paths: list[str], options: FlattenOptions, debug: bool) -> int:
             print(f"memlayout: error: {message if path in message else f'{path}: {message}'}", file=sys.stderr)
             failed += 1
             continue
-        sys.stdout.write(render_check(result))
+        write_output(render_check(result), None)
         changed += not result.already_flat
     if failed == len(paths):
         return USAGE_OR_LOAD_ERROR
@@ -95,6 +96,6 @@ def flatten_command(
             # Bytes copied and verified, on stderr when it is a terminal; silent otherwise.
             with stage_progress(FLATTEN_STAGES) as progress:
                 result = flatten_path(paths[0], options, progress)
-            sys.stdout.write(render_summary(result))
+            write_output(render_summary(result), None)
             code = ALREADY_FLAT
     raise typer.Exit(code)

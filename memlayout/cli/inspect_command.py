@@ -1,4 +1,4 @@
-"""`memlayout inspect`: check flags, call the library, hand the report to a formatter."""
+"""`memlayout inspect`: check flags, call the library, hand the report to its formatter."""
 
 from __future__ import annotations
 
@@ -8,17 +8,26 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from memlayout.cli.errors import one_line_errors
+from memlayout.cli.formats import (
+    Command,
+    OutputFormat,
+    RenderOptions,
+    supported,
+    terminal_color,
+    to_format,
+)
 from memlayout.cli.options import (
     DebugOption,
     FailOn,
     IgnoreOption,
+    InspectFormatOption,
     OutputOption,
     SelectOption,
     split_codes,
 )
-from memlayout.cli.output import progress_callback, write_output
+from memlayout.cli.progress import progress_callback
 from memlayout.errors import MemlayoutError, UsageError
-from memlayout.report import OutputFormat
+from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
     from memlayout.pipeline.batch import BatchReport
@@ -89,9 +98,7 @@ def inspect_command(
         typer.Argument(help="Checkpoint files, model directories, folders of checkpoints, or pkg.module:callable.",
                        metavar="PATH..."),
     ],
-    output_format: Annotated[
-        OutputFormat, typer.Option("--format", "-f", help="The report's format.", case_sensitive=False)
-    ] = OutputFormat.TABLE,
+    output_format: InspectFormatOption = OutputFormat.TABLE,
     output: OutputOption = None,
     select: SelectOption = None,
     ignore: IgnoreOption = None,
@@ -156,7 +163,6 @@ def inspect_command(
             )
         from memlayout.pipeline.batch import inspect_paths
         from memlayout.pipeline.config import resolve_settings
-        from memlayout.report import reporter_for
 
         settings = resolve_settings(config, isolated).overridden(
             select=_codes(select, "--select"), ignore=_codes(ignore, "--ignore"),
@@ -172,14 +178,12 @@ def inspect_command(
             )
         report_load_errors(batch)
         batch = apply_baseline_flags(batch, baseline, write_baseline)
-        color = output is None and output_format is OutputFormat.TABLE and sys.stdout.isatty()
-        reporter = reporter_for(output_format, color=color, show_all=show_all)
-        text = reporter.render_pieces(batch)  # lazy: rendered as it is written
+        options = RenderOptions(color=terminal_color(output_format, output), show_all=show_all)
         if html is not None:
-            from memlayout.report.html import render_html
-
             # The map first: a --html path that cannot be written ends the command
             # with its one error line before any report is printed.
-            write_output(render_html(*(p.report for p in batch.paths if p.report is not None)), html)
-        write_output(text, output)
+            page = supported(to_format(OutputFormat.HTML).inspect, OutputFormat.HTML, Command.INSPECT)
+            write_output(page(options).render_pieces(batch), html)
+        formatter = supported(to_format(output_format).inspect, output_format, Command.INSPECT)(options)
+        write_output(formatter.render_pieces(batch), output)  # rendered as it is written
     raise typer.Exit(batch.exit_code())

@@ -59,3 +59,34 @@ def stage_progress(labels: dict[str, str], stream: TextIO | None = None) -> Iter
 
     with display:
         yield update
+
+
+@contextmanager
+def progress_callback(enabled: bool) -> Iterator[Progress | None]:
+    """A rich progress bar on stderr for `--deep`'s content scans when stderr is a terminal; None otherwise."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        TaskID,
+        TextColumn,
+        TransferSpeedColumn,
+    )
+    from rich.progress import Progress as RichProgress
+
+    progress = RichProgress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+        console=Console(stderr=True), transient=True,
+    )
+    tasks: dict[str, TaskID] = {}
+
+    def update(description: str, done: int, total: int) -> None:
+        if description not in tasks:
+            tasks[description] = progress.add_task(description, total=total)
+        progress.update(tasks[description], completed=done, total=total)
+
+    with progress:
+        yield update

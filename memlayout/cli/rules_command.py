@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
 
 from memlayout.cli.errors import one_line_errors
 from memlayout.errors import UsageError
+from memlayout.output.writer import write_output
 
 
 def rules_command() -> None:
@@ -16,9 +16,9 @@ def rules_command() -> None:
     from memlayout.rules import RULES
 
     width = max(len(r.name) for r in RULES.values())
-    for code in sorted(RULES):
-        rule = RULES[code]
-        sys.stdout.write(f"{code}  {rule.name:<{width}}  {rule.severity.value:<7}  {rule.summary}\n")
+    lines = (f"{code}  {rule.name:<{width}}  {rule.severity.value:<7}  {rule.summary}\n"
+             for code, rule in sorted(RULES.items()))
+    write_output(lines, None)
 
 
 def explain_command(code: Annotated[str, typer.Argument(help="A rule code such as ML102, or its name.")]) -> None:
@@ -32,4 +32,4 @@ def explain_command(code: Annotated[str, typer.Argument(help="A rule code such a
             raise UsageError(f"no rule {code!r}", "`memlayout rules` lists them")
         from memlayout.report.rule_docs import explain_text
 
-        sys.stdout.write(explain_text(rule))
+        write_output(explain_text(rule), None)

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from memlayout.diff.changes import DiffReport
+from memlayout.output.interface import Formatter
 from memlayout.pipeline.inspection import Report
 from memlayout.version import __version__
 
@@ -60,3 +61,10 @@ def diff_dict(diff: DiffReport) -> dict[str, Any]:
 def render_diff_json(diff: DiffReport) -> str:
     """The diff as indented JSON text, ending with a newline."""
     return json.dumps(diff_dict(diff), indent=2) + "\n"
+
+
+class DiffJson(Formatter[DiffReport]):
+    """The diff as JSON (schema_v1.json beside this module)."""
+
+    def render(self, diff: DiffReport) -> str:
+        return render_diff_json(diff)

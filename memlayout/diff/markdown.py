@@ -6,6 +6,7 @@ from memlayout.diff.changes import DiffReport
 from memlayout.diff.grouping import change_lines
 from memlayout.diff.table import SUMMARY_ROWS, delta
 from memlayout.format_bytes import human_bytes
+from memlayout.output.interface import Formatter
 from memlayout.rules import Severity
 
 _ICON = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "info"}
@@ -44,3 +45,10 @@ def render_diff_markdown(diff: DiffReport) -> str:
         out.append(f"| {_ICON[line.severity]} | {line.kind.value} | {_cell(line.text)} |")
     out.append("")
     return "\n".join(out)
+
+
+class DiffMarkdown(Formatter[DiffReport]):
+    """The diff for a pull-request comment."""
+
+    def render(self, diff: DiffReport) -> str:
+        return render_diff_markdown(diff)

@@ -12,6 +12,7 @@ from rich.text import Text
 from memlayout.diff.changes import DiffReport
 from memlayout.diff.grouping import change_lines
 from memlayout.format_bytes import human_bytes
+from memlayout.output.interface import Formatter
 from memlayout.pipeline.inspection import Summary
 from memlayout.rules import Severity
 
@@ -85,3 +86,14 @@ def render_diff_table(diff: DiffReport, width: int = 120, color: bool = False) -
     console.print(Text("changes", "bold"))
     console.print(_changes(diff))
     return buffer.getvalue()
+
+
+class DiffTable(Formatter[DiffReport]):
+    """The diff for a terminal: both sides' totals, then the changes."""
+
+    def __init__(self, width: int = 120, color: bool = False) -> None:
+        self.width = width
+        self.color = color
+
+    def render(self, diff: DiffReport) -> str:
+        return render_diff_table(diff, width=self.width, color=self.color)

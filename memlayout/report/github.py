@@ -8,8 +8,9 @@ newline cannot end the command early or forge another.
 
 from __future__ import annotations
 
+from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BatchReport, PathReport
-from memlayout.report.interface import Reporter, count_phrase, findings_in_order
+from memlayout.report.findings import count_phrase, findings_in_order
 from memlayout.report.sarif import artifact_uri
 from memlayout.rules import Finding, Severity
 
@@ -41,7 +42,7 @@ def _annotation(finding: Finding, path: PathReport) -> str:
     )
 
 
-class GithubReporter(Reporter):
+class GithubReporter(Formatter[BatchReport]):
     """One workflow command per finding and per load error, then a plain summary line."""
 
     def render(self, batch: BatchReport) -> str:

@@ -1,4 +1,4 @@
-"""The HTML storage map: one self-contained file, for `inspect --html` and `diff --html`.
+"""The HTML storage map: one self-contained file, for `inspect --html` (and the page of `diff --html`).
 
 The page holds the summary, the findings (or, for a diff, the changes) and a map
 where each storage is a bar scaled to its bytes with its tensors as segments.
@@ -14,27 +14,23 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memlayout.core.facts import Facts, rnn_reserved_bytes, unused_ranges
 from memlayout.core.strides import Relation
 from memlayout.format_bytes import human_bytes
 from memlayout.load.records import TensorKind
+from memlayout.output.interface import Formatter
+from memlayout.pipeline.batch import BatchReport
 from memlayout.pipeline.inspection import Report
 from memlayout.rules import Finding
 from memlayout.version import __version__
 
-if TYPE_CHECKING:
-    from memlayout.diff.changes import DiffReport
-
 MAP_DATA_VERSION = 1
 """Version of the JSON the page embeds (`#memlayout-data`), for tools that read it back."""
 
-# How a diff colours a tensor, worst first: a change of each kind marks the
-# tensors it names on the side(s) where they exist.
-_BROKEN = {"tie-lost", "declared-tie-broken", "data-lost"}
-_CHANGED = {"dtype", "shape", "device", "contiguity", "stride", "values"}
-_MARK_ORDER = ("broken", "removed", "added", "changed")
+MARK_ORDER = ("broken", "removed", "added", "changed")
+"""The marks a page of two checkpoints colours a tensor with (the stylesheet's `mark-*`), worst first."""
 
 
 def _partial_overlaps(facts: Facts) -> dict[str, list[list[int]]]:
@@ -68,7 +64,8 @@ def _partial_overlaps(facts: Facts) -> dict[str, list[list[int]]]:
     return merged
 
 
-def _tensor_indices(facts: Facts, index: dict[str, int], names: Iterable[str]) -> list[int]:
+def tensor_indices(facts: Facts, index: dict[str, int], names: Iterable[str]) -> list[int]:
+    """The map's indices (`index`: tensor name -> index) of the tensors `names` name, each once."""
     found = []
     for name in names:
         tensor = facts.tensor(name)
@@ -114,7 +111,7 @@ def side_data(
             keys = [key_of(n) for n in tensor.names]
             if marks:
                 found = {marks[k] for k in keys if k in marks}
-                mark = next((m for m in _MARK_ORDER if m in found), "")
+                mark = next((m for m in MARK_ORDER if m in found), "")
         intervals = tensor.bytes_used.intervals
         tensors.append([
             tensor.names, tensor.dtype, tensor.shape, tensor.stride, tensor.offset,
@@ -148,7 +145,7 @@ def side_data(
     findings = [_finding(facts, tensor_index, f) for f in report.findings]
     for finding in report.findings:
         if finding.code == "ML102":  # copies that should perhaps be one: link them like a tie
-            members = _tensor_indices(facts, tensor_index, finding.tensors)
+            members = tensor_indices(facts, tensor_index, finding.tensors)
             links += [[members[0], other, "duplicate"] for other in members[1:]]
     source = facts.source
     return {
@@ -165,7 +162,7 @@ def side_data(
 
 def _finding(facts: Facts, index: dict[str, int], finding: Finding) -> list[Any]:
     return [finding.code, finding.severity.value, finding.name, finding.message, finding.hint,
-            _tensor_indices(facts, index, finding.tensors)]
+            tensor_indices(facts, index, finding.tensors)]
 
 
 def _summary_rows(report: Report) -> list[tuple[str, str]]:
@@ -182,7 +179,21 @@ def _summary_rows(report: Report) -> list[tuple[str, str]]:
     ]
 
 
-def _page(title: str, sides: list[dict[str, Any]], reports: list[Report], changes: list[list[Any]] | None) -> str:
+def storage_map_page(
+    title: str, sides: list[dict[str, Any]], reports: list[Report], changes: list[list[Any]] | None
+) -> str:
+    """The page around one or more sides (`side_data`), with a diff's change lines when given.
+
+    Args:
+        title: The page's title.
+        sides: Each checkpoint's map data, in the order shown.
+        reports: The inspections the sides come from, for their summaries.
+        changes: A diff's lines as [severity, kind, text, A's tensor indices, B's];
+            None for a page of inspections.
+
+    Returns:
+        The page's text.
+    """
     from jinja2 import Environment, PackageLoader, select_autoescape
     from jinja2.utils import htmlsafe_json_dumps
 
@@ -219,52 +230,11 @@ def render_html(*reports: Report) -> str:
     """
     paths = [r.facts.source.path or "(object)" for r in reports]
     title = f"memlayout: {paths[0]}" if len(paths) == 1 else f"memlayout: {len(paths)} checkpoints"
-    return _page(title, [side_data(r) for r in reports], list(reports), None)
+    return storage_map_page(title, [side_data(r) for r in reports], list(reports), None)
 
 
-def render_diff_html(diff: DiffReport) -> str:
-    """A diff as a page: A and B side by side, their changes coloured and linked.
+class HtmlReporter(Formatter[BatchReport]):
+    """The storage map of every path that loaded, as one page (`inspect --html FILE`, `--format html`)."""
 
-    Args:
-        diff: What `memlayout.diff.run_diff` returned.
-
-    Returns:
-        The page's text.
-    """
-    from memlayout.diff.grouping import change_lines
-    from memlayout.diff.names import NameMap
-
-    names = NameMap(diff.strip_prefixes, diff.renames)
-    marks_a: dict[str, str] = {}
-    marks_b: dict[str, str] = {}
-    for change in diff.changes:
-        kind = change.kind.value
-        if kind in _BROKEN:
-            mark_a = mark_b = "broken"
-        elif kind == "removed":
-            mark_a, mark_b = "removed", ""
-        elif kind == "added":
-            mark_a, mark_b = "", "added"
-        elif kind in _CHANGED:
-            mark_a = mark_b = "changed"
-        else:
-            continue
-        for key in change.tensors:
-            for marks, mark in ((marks_a, mark_a), (marks_b, mark_b)):
-                known = marks.get(key)
-                if mark and (known is None or _MARK_ORDER.index(mark) < _MARK_ORDER.index(known)):
-                    marks[key] = mark
-    side_a = side_data(diff.a, "A", names.key_in_a, marks_a)
-    side_b = side_data(diff.b, "B", names.key_in_b, marks_b)
-    index_a = {t.name: i for i, t in enumerate(diff.a.facts.tensors)}
-    index_b = {t.name: i for i, t in enumerate(diff.b.facts.tensors)}
-    lines = [
-        [
-            line.severity.value, line.kind.value, line.text,
-            _tensor_indices(diff.a.facts, index_a, [n for c in line.changes for n in c.a_names]),
-            _tensor_indices(diff.b.facts, index_b, [n for c in line.changes for n in c.b_names]),
-        ]
-        for line in change_lines(diff.changes)
-    ]
-    title = f"memlayout diff: {diff.a.facts.source.path or '(object)'} -> {diff.b.facts.source.path or '(object)'}"
-    return _page(title, [side_a, side_b], [diff.a, diff.b], lines)
+    def render(self, batch: BatchReport) -> str:
+        return render_html(*(p.report for p in batch.paths if p.report is not None))

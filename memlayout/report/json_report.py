@@ -15,9 +15,9 @@ from typing import Any
 from memlayout.core.facts import Facts, TensorFact
 from memlayout.core.strides import MemoryFormat
 from memlayout.load.records import TensorKind
+from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BaselineOutcome, BatchReport
 from memlayout.pipeline.inspection import Report
-from memlayout.report.interface import Reporter
 from memlayout.report.json_text import LazyArray, json_pieces
 from memlayout.version import __version__
 
@@ -188,7 +188,7 @@ def render_json(report: Report) -> str:
     return "".join(json_pieces(report_document(report))) + "\n"
 
 
-class JsonReporter(Reporter):
+class JsonReporter(Formatter[BatchReport]):
     """Schema 1 for one inspected path (plus `baseline` when one is used), schema 2 for several."""
 
     def render(self, batch: BatchReport) -> str:

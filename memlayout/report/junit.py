@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
+from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BatchReport, PathReport
-from memlayout.report.interface import Reporter, findings_in_order
+from memlayout.report.findings import findings_in_order
 from memlayout.rules import RULES, Finding, Severity
 
 # XML 1.0 cannot carry most control characters, even escaped; a tensor name from a
@@ -82,7 +83,7 @@ def _suite(path: PathReport, batch: BatchReport) -> ET.Element:
     return suite
 
 
-class JunitReporter(Reporter):
+class JunitReporter(Formatter[BatchReport]):
     """`<testsuites>` with a `<testsuite>` per path."""
 
     def render(self, batch: BatchReport) -> str:

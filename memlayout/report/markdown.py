@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 
+from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BatchReport, PathReport
-from memlayout.report.interface import Reporter, count_phrase, findings_in_order
+from memlayout.report.findings import count_phrase, findings_in_order
 from memlayout.rules import Finding, Severity
 
 SECTION_TITLES = {Severity.ERROR: "Errors", Severity.WARNING: "Warnings", Severity.INFO: "Info"}
@@ -54,7 +55,7 @@ def _row(finding: Finding, path: PathReport, with_path: bool) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-class MarkdownReporter(Reporter):
+class MarkdownReporter(Formatter[BatchReport]):
     """Summary line, then a table per severity; the checkpoint column appears with several paths."""
 
     def render(self, batch: BatchReport) -> str:

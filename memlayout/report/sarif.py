@@ -16,8 +16,9 @@ from pathlib import Path, PurePath
 from typing import Any
 from urllib.parse import quote
 
+from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BatchReport, PathReport
-from memlayout.report.interface import Reporter, findings_in_order
+from memlayout.report.findings import findings_in_order
 from memlayout.report.json_text import LazyArray, StreamedList, StreamedObject, json_pieces
 from memlayout.report.rule_docs import explain_markdown, explain_text
 from memlayout.rules import RULES, Finding, Rule, Severity
@@ -208,7 +209,7 @@ def sarif_log(batch: BatchReport, streamed: bool = False) -> dict[str, Any]:
     return {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": [run]}
 
 
-class SarifReporter(Reporter):
+class SarifReporter(Formatter[BatchReport]):
     """One SARIF run holding every path's results."""
 
     def render(self, batch: BatchReport) -> str:

@@ -11,9 +11,10 @@ from rich.table import Table
 from rich.text import Text
 
 from memlayout.format_bytes import human_bytes
+from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BaselineOutcome, BatchReport
 from memlayout.pipeline.inspection import Report
-from memlayout.report.interface import Reporter, count_phrase
+from memlayout.report.findings import count_phrase
 from memlayout.rules import Severity
 
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -183,7 +184,7 @@ def _baseline_lines(baseline: BaselineOutcome) -> list[str]:
     return lines
 
 
-class TableReporter(Reporter):
+class TableReporter(Formatter[BatchReport]):
     """The terminal report: one panel per path, then the totals when there are several."""
 
     def __init__(self, width: int = 120, color: bool = False, show_all: bool = False) -> None:

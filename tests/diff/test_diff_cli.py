@@ -80,7 +80,8 @@ def test_many_alike_changes_fold_into_one_line(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["missing.pt", "{a}"], "missing.pt: no such file or directory"),
-        (["{a}", "{a}", "--format", "xml"], "unknown --format 'xml'"),
+        (["{a}", "{a}", "--format", "xml"], "'xml' is not one of 'table', 'json', 'markdown', 'html'."),
+        (["{a}", "{a}", "--format", "junit"], "'junit' is not one of 'table', 'json', 'markdown', 'html' (junit is for"),
         (["{a}", "{a}", "--map", "nothing"], "--map 'nothing' is not of the form OLD=NEW"),
         (["{a}", "{a}", "--strip-prefix", ""], "--strip-prefix needs a non-empty PREFIX"),
         (["{a}", "{a}", "--tie", "x"], "--tie 'x' is not of the form TARGET=SOURCE"),

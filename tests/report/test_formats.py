@@ -20,12 +20,13 @@ from typer.testing import CliRunner
 
 import memlayout
 from memlayout.cli.app import app
+from memlayout.cli.formats import Command, OutputFormat, formats_for
+from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BatchReport, PathReport
-from memlayout.report import OutputFormat, render, reporter_for
-from memlayout.report.interface import Reporter
 from memlayout.report.rule_docs import explain_markdown, explain_text
 from memlayout.rules import RULES
 from tests import models
+from tests.report.rendering import inspect_formatter, render
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE.parent / "golden" / "formats"
@@ -68,11 +69,19 @@ def demo(repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def test_every_format_has_exactly_one_reporter() -> None:
     batch = BatchReport((PathReport("x.pt", report=memlayout.inspect(models.partial_overlap_state())),))
-    for fmt in OutputFormat:
-        reporter = reporter_for(fmt)
-        assert isinstance(reporter, Reporter)
-        assert reporter.render(batch).endswith("\n")
-    assert {fmt.value for fmt in OutputFormat} == {"table", "json", "sarif", "github", "markdown", "junit"}
+    for fmt in formats_for(Command.INSPECT):
+        reporter = inspect_formatter(fmt)
+        assert isinstance(reporter, Formatter)
+        assert reporter.render(batch).endswith("</html>" if fmt is OutputFormat.HTML else "\n")
+        assert "".join(reporter.render_pieces(batch)) == reporter.render(batch)
+    assert {fmt.value for fmt in formats_for(Command.INSPECT)} == {
+        "table", "json", "sarif", "github", "markdown", "junit", "html",
+    }
+
+
+def test_every_text_format_has_golden_files() -> None:
+    # The html page has its own tests in a browser (test_html_map.py).
+    assert set(SUFFIX) == set(formats_for(Command.INSPECT)) - {OutputFormat.HTML}
 
 
 def test_render_of_one_library_report_is_what_the_cli_prints(demo: str) -> None:
@@ -80,7 +89,7 @@ def test_render_of_one_library_report_is_what_the_cli_prints(demo: str) -> None:
     assert render(memlayout.inspect(demo), OutputFormat.MARKDOWN) == cli
 
 
-@pytest.mark.parametrize("fmt", list(OutputFormat), ids=lambda f: f.value)
+@pytest.mark.parametrize("fmt", list(SUFFIX), ids=lambda f: f.value)
 @pytest.mark.parametrize("case", ["demo", "one_of_each"])
 def test_golden_files(case: str, fmt: OutputFormat, request: pytest.FixtureRequest, overwrite_golden: bool) -> None:
     path = request.getfixturevalue(case)
@@ -204,16 +213,16 @@ def hostile_batch() -> BatchReport:
 
 def test_a_hostile_tensor_name_cannot_break_any_format() -> None:
     batch = hostile_batch()
-    sarif = validate_sarif(reporter_for(OutputFormat.SARIF).render(batch))
+    sarif = validate_sarif(inspect_formatter(OutputFormat.SARIF).render(batch))
     assert HOSTILE in sarif["runs"][0]["results"][0]["properties"]["tensors"]  # type: ignore[index]
-    assert HOSTILE in json.loads(reporter_for(OutputFormat.JSON).render(batch))["findings"][0]["tensors"]
-    junit = ET.fromstring(reporter_for(OutputFormat.JUNIT).render(batch))
+    assert HOSTILE in json.loads(inspect_formatter(OutputFormat.JSON).render(batch))["findings"][0]["tensors"]
+    junit = ET.fromstring(inspect_formatter(OutputFormat.JUNIT).render(batch))
     assert "evil|name" in "".join(junit.itertext())
-    github = reporter_for(OutputFormat.GITHUB).render(batch).splitlines()
+    github = inspect_formatter(OutputFormat.GITHUB).render(batch).splitlines()
     # One command per finding: the name's newline and "%0A" stay inside the message.
     assert len(github) == 2 and github[0].startswith("::error title=ML101 partial-overlap::")
     assert "%250A" in github[0] and "\x01" in github[0]
-    markdown = reporter_for(OutputFormat.MARKDOWN).render(batch)
+    markdown = inspect_formatter(OutputFormat.MARKDOWN).render(batch)
     row = next(line for line in markdown.splitlines() if line.startswith("| ML101"))
     assert row.count(" | ") == 2  # rule | finding | fix: the name's "|" did not open a cell
     assert "<script>" not in markdown and "\\[x\\](http" in markdown
@@ -235,12 +244,12 @@ def test_every_format_says_which_rules_did_not_run_and_why() -> None:
         memlayout.inspect(models.partial_overlap_state()), skipped=(SkippedRule("ML102", "duplicate-weights", reason),)
     )
     batch = BatchReport((PathReport("x.pt", report=report),))
-    junit = ET.fromstring(reporter_for(OutputFormat.JUNIT).render(batch))
+    junit = ET.fromstring(inspect_formatter(OutputFormat.JUNIT).render(batch))
     case = next(c for c in junit.iter("testcase") if c.get("name") == "ML102 duplicate-weights")
     assert case.find("skipped").get("message") == reason  # type: ignore[union-attr]
-    sarif = validate_sarif(reporter_for(OutputFormat.SARIF).render(batch))
+    sarif = validate_sarif(inspect_formatter(OutputFormat.SARIF).render(batch))
     (note,) = sarif["runs"][0]["invocations"][0]["toolExecutionNotifications"]  # type: ignore[index]
     assert note["associatedRule"]["id"] == "ML102" and reason in note["message"]["text"]
-    assert "- ML102 duplicate-weights: the source records no tensor bytes" in reporter_for(OutputFormat.MARKDOWN).render(batch)
-    assert f"ML102 duplicate-weights not run on x.pt: {reason}" in reporter_for(OutputFormat.GITHUB).render(batch)
-    assert json.loads(reporter_for(OutputFormat.JSON).render(batch))["skipped_rules"][0]["reason"] == reason
+    assert "- ML102 duplicate-weights: the source records no tensor bytes" in inspect_formatter(OutputFormat.MARKDOWN).render(batch)
+    assert f"ML102 duplicate-weights not run on x.pt: {reason}" in inspect_formatter(OutputFormat.GITHUB).render(batch)
+    assert json.loads(inspect_formatter(OutputFormat.JSON).render(batch))["skipped_rules"][0]["reason"] == reason

@@ -10,9 +10,10 @@ from typer.testing import CliRunner
 
 import memlayout
 from memlayout.cli.app import app
-from memlayout.report import OutputFormat, render
+from memlayout.cli.formats import OutputFormat
 from memlayout.report.table import render_table, storage_bar
 from tests import models
+from tests.report.rendering import render
 
 
 def test_table_shows_summary_storages_and_findings_with_hints() -> None:

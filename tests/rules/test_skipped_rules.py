@@ -13,9 +13,10 @@ import pytest
 import torch
 
 import memlayout
+from memlayout.cli.formats import OutputFormat
 from memlayout.pipeline.inspection import run_inspection
-from memlayout.report import OutputFormat, render
 from memlayout.rules import RULES, Requirement
+from tests.report.rendering import render
 
 SCHEMA = json.loads((Path(memlayout.__file__).parent / "report" / "schema_v1.json").read_text())
 

@@ -1,95 +1,16 @@
-"""Reporters for `memlayout activations`: each turns an ActivationReport into text and never prints.
-
-The JSON keys are a contract, versioned by `schema` and published as
-`memlayout/activations/schema_v1.json`; within a version keys are only added.
-"""
+"""`memlayout activations`' terminal report (rich): summary, modules, the plan. Never printed here."""
 
 from __future__ import annotations
 
-import enum
 import io
-import json
 import textwrap
 from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
 from memlayout.format_bytes import human_bytes
-from memlayout.version import __version__
+from memlayout.output.interface import Formatter
 
-SCHEMA_VERSION = 1
 DEFAULT_DEPTH = 3
-
-
-class ActivationsFormat(str, enum.Enum):
-    """The names `memlayout activations --format` accepts."""
-
-    TABLE = "table"
-    JSON = "json"
-
-
-def render(report: ActivationReport, fmt: ActivationsFormat, *, depth: int = DEFAULT_DEPTH, width: int = 120,
-           color: bool = False) -> str:
-    """Render `report` in `fmt`; one exhaustive mapping from format to formatter."""
-    if fmt is ActivationsFormat.TABLE:
-        return render_table(report, depth=depth, width=width, color=color)
-    if fmt is ActivationsFormat.JSON:
-        return json.dumps(report_dict(report), indent=2) + "\n"
-    raise AssertionError(f"unhandled format {fmt}")
-
-
-def report_dict(report: ActivationReport) -> dict[str, Any]:
-    """The report as plain JSON-ready data (schema 1)."""
-    s = report.summary
-    plan = report.plan
-    return {
-        "schema": SCHEMA_VERSION,
-        "report": "activations",
-        "tool": {"name": "memlayout", "version": __version__},
-        "target": {"spec": report.target, "kind": report.target_kind, "class": report.model_class},
-        "inputs": list(report.inputs),
-        "device": report.device,
-        "mode": report.mode,
-        "loss": report.loss,
-        "summary": {
-            "peak_bytes": s.peak_bytes,
-            "allocator_peak_bytes": s.allocator_peak_bytes,
-            "activation_bytes": s.activation_bytes,
-            "parameter_bytes": s.parameter_bytes,
-            "buffer_bytes": s.buffer_bytes,
-            "gradient_bytes": s.gradient_bytes,
-            "input_bytes": s.input_bytes,
-            "peak_at": {"module": s.peak_at.module, "class": s.peak_at.class_name, "phase": s.peak_at.phase},
-            "at_peak": dict(s.at_peak),
-            "forward_flops": s.forward_flops,
-        },
-        "modules": [
-            {
-                "path": m.path,
-                "class": m.class_name,
-                "calls": m.calls,
-                "saved_bytes": m.saved_bytes,
-                "output_bytes": m.output_bytes,
-                "input_bytes": m.input_bytes,
-                "forward_flops": m.forward_flops,
-                "uses_randomness": m.uses_randomness,
-                "moves_device": m.moves_device,
-                "reads_outside_state": m.reads_outside_state,
-                "mutates_buffers": m.mutates_buffers,
-            }
-            for m in report.modules
-        ],
-        "plan": None if plan is None else {
-            "budget_bytes": plan.budget_bytes,
-            **plan.plan.to_dict(),
-            "peak_bytes": plan.peak_bytes,
-            "allocator_peak_bytes": plan.allocator_peak_bytes,
-            "estimated_peak_bytes": plan.estimated_peak_bytes,
-            "recompute_flops": plan.recompute_flops,
-            "checks": plan.checks,
-            "pitfalls": list(plan.pitfalls),
-        },
-        "notes": list(report.notes),
-    }
 
 
 def flops_text(count: int) -> str:
@@ -188,3 +109,15 @@ def _plan_text(report: ActivationReport, width: int) -> Any:
     for pitfall in plan.pitfalls:
         field("pitfall", pitfall)
     return Text("\n".join(lines))
+
+
+class ActivationsTable(Formatter[ActivationReport]):
+    """The terminal report, modules down to `depth`."""
+
+    def __init__(self, depth: int = DEFAULT_DEPTH, width: int = 120, color: bool = False) -> None:
+        self.depth = depth
+        self.width = width
+        self.color = color
+
+    def render(self, report: ActivationReport) -> str:
+        return render_table(report, depth=self.depth, width=self.width, color=self.color)

@@ -1,0 +1,78 @@
+"""`memlayout activations --format json`: the report as JSON, never printed here.
+
+The JSON keys are a contract, versioned by `schema` and published as
+`memlayout/activations/schema_v1.json`; within a version keys are only added.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from memlayout.activations.analysis import ActivationReport
+from memlayout.output.interface import Formatter
+from memlayout.version import __version__
+
+SCHEMA_VERSION = 1
+
+
+def report_dict(report: ActivationReport) -> dict[str, Any]:
+    """The report as plain JSON-ready data (schema 1)."""
+    s = report.summary
+    plan = report.plan
+    return {
+        "schema": SCHEMA_VERSION,
+        "report": "activations",
+        "tool": {"name": "memlayout", "version": __version__},
+        "target": {"spec": report.target, "kind": report.target_kind, "class": report.model_class},
+        "inputs": list(report.inputs),
+        "device": report.device,
+        "mode": report.mode,
+        "loss": report.loss,
+        "summary": {
+            "peak_bytes": s.peak_bytes,
+            "allocator_peak_bytes": s.allocator_peak_bytes,
+            "activation_bytes": s.activation_bytes,
+            "parameter_bytes": s.parameter_bytes,
+            "buffer_bytes": s.buffer_bytes,
+            "gradient_bytes": s.gradient_bytes,
+            "input_bytes": s.input_bytes,
+            "peak_at": {"module": s.peak_at.module, "class": s.peak_at.class_name, "phase": s.peak_at.phase},
+            "at_peak": dict(s.at_peak),
+            "forward_flops": s.forward_flops,
+        },
+        "modules": [
+            {
+                "path": m.path,
+                "class": m.class_name,
+                "calls": m.calls,
+                "saved_bytes": m.saved_bytes,
+                "output_bytes": m.output_bytes,
+                "input_bytes": m.input_bytes,
+                "forward_flops": m.forward_flops,
+                "uses_randomness": m.uses_randomness,
+                "moves_device": m.moves_device,
+                "reads_outside_state": m.reads_outside_state,
+                "mutates_buffers": m.mutates_buffers,
+            }
+            for m in report.modules
+        ],
+        "plan": None if plan is None else {
+            "budget_bytes": plan.budget_bytes,
+            **plan.plan.to_dict(),
+            "peak_bytes": plan.peak_bytes,
+            "allocator_peak_bytes": plan.allocator_peak_bytes,
+            "estimated_peak_bytes": plan.estimated_peak_bytes,
+            "recompute_flops": plan.recompute_flops,
+            "checks": plan.checks,
+            "pitfalls": list(plan.pitfalls),
+        },
+        "notes": list(report.notes),
+    }
+
+
+class ActivationsJson(Formatter[ActivationReport]):
+    """Every module, the summary and the plan (schema 1)."""
+
+    def render(self, report: ActivationReport) -> str:
+        return json.dumps(report_dict(report), indent=2) + "\n"
