@@ -17,7 +17,13 @@ from memlayout.cli.formats import (
     terminal_color,
     to_format,
 )
-from memlayout.cli.options import ActivationsFormatOption, DebugOption, OutputOption, TrustOption
+from memlayout.cli.options import (
+    ActivationsFormatOption,
+    DebugOption,
+    OutputOption,
+    TrustOption,
+    device_option,
+)
 from memlayout.errors import UsageError
 from memlayout.output.writer import write_output
 
@@ -41,7 +47,9 @@ def activations_command(
     ] = None,
     output_format: ActivationsFormatOption = OutputFormat.TABLE,
     output: OutputOption = None,
-    device: Annotated[str, typer.Option("--device", help="The device the step is for: cpu, cuda or meta.")] = "cpu",
+    device: Annotated[
+        str, device_option("cpu", "cuda", "cuda:N", "meta", help="The device the step is for (meta: shapes only).")
+    ] = "cpu",
     real: Annotated[bool, typer.Option("--real", help="Run the step for real on --device (uses the memory), as a check.")] = False,
     depth: Annotated[int, typer.Option("--depth", help="Module depth the table shows.", min=0)] = 3,
     trust: TrustOption = False,
@@ -57,8 +65,6 @@ def activations_command(
 
         if inputs and input_specs:
             raise UsageError("give --inputs or --input, not both")
-        if device not in ("cpu", "cuda", "meta") and not device.startswith("cuda:"):
-            raise UsageError(f"unknown --device {device!r}", "use cpu, cuda or meta")
         budget_bytes = parse_size(budget) if budget is not None else None
         try:
             report = analyze(

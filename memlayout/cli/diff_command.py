@@ -15,15 +15,21 @@ from memlayout.cli.formats import (
     terminal_color,
     to_format,
 )
-from memlayout.cli.inspect_command import parse_ties
 from memlayout.cli.options import (
+    ConfigOption,
     DebugOption,
+    DeepOption,
     DiffFormatOption,
-    FailOn,
+    FailOnOption,
+    HtmlOption,
     IgnoreOption,
+    IsolatedOption,
+    MinDuplicateBytesOption,
     OutputOption,
     SelectOption,
-    split_codes,
+    TieOption,
+    parse_ties,
+    rule_codes,
 )
 from memlayout.cli.progress import progress_callback
 from memlayout.errors import UsageError
@@ -46,40 +52,42 @@ def diff_command(
         list[str] | None,
         typer.Option("--map", help="Match A's names starting OLD to B's starting NEW; repeatable.", metavar="OLD=NEW"),
     ] = None,
-    html: Annotated[
-        str | None,
-        typer.Option("--html", help="Also write A and B's storage maps side by side to FILE (self-contained HTML).",
-                     metavar="FILE"),
-    ] = None,
-    deep: Annotated[bool, typer.Option("--deep", help="Read every value of both: report tensors whose values changed.")] = False,
-    fail_on: Annotated[
-        FailOn, typer.Option("--fail-on", help="Exit 1 when a change is at or above this severity.")
-    ] = FailOn.WARNING,
-    tie: Annotated[
-        list[str] | None, typer.Option("--tie", help="Declare TARGET=SOURCE tied in B; repeatable.", metavar="A=B")
-    ] = None,
+    html: HtmlOption = None,
+    deep: DeepOption = False,
+    fail_on: FailOnOption = None,
+    tie: TieOption = None,
     select: SelectOption = None,
     ignore: IgnoreOption = None,
-    min_duplicate_bytes: Annotated[
-        int, typer.Option("--min-duplicate-bytes", help="ML102 ignores smaller tensors.", min=0)
-    ] = 4096,
+    min_duplicate_bytes: MinDuplicateBytesOption = None,
+    config: ConfigOption = None,
+    isolated: IsolatedOption = False,
     debug: DebugOption = False,
 ) -> None:
     """Compare checkpoint A with B: tensors added and removed, dtype/shape/stride/device changes, lost ties, bytes."""
     with one_line_errors(debug):
         from memlayout.diff import DiffOptions, run_diff
         from memlayout.diff.names import NameMap, parse_renames
+        from memlayout.pipeline.config import resolve_settings
 
         prefixes = tuple(strip_prefix or ())
         if any(not p for p in prefixes):
             raise UsageError("--strip-prefix needs a non-empty PREFIX", "e.g. --strip-prefix module.")
+        # The project's [tool.memlayout] settings, as inspect reads them; each flag given replaces its value.
+        settings = resolve_settings(config, isolated).overridden(
+            select=rule_codes(select, "--select"), ignore=rule_codes(ignore, "--ignore"),
+            fail_on=None if fail_on is None else fail_on.value, ties=parse_ties(tie) if tie else None,
+            min_duplicate_bytes=min_duplicate_bytes,
+        )
         options = DiffOptions(
             names=NameMap(prefixes, parse_renames(rename or ())),
             deep=deep,
-            ties=parse_ties(tie),
-            select=tuple(split_codes(select)),
-            ignore=tuple(split_codes(ignore)),
-            min_duplicate_bytes=min_duplicate_bytes,
+            ties=settings.ties,
+            select=settings.select,
+            ignore=settings.ignore,
+            min_duplicate_bytes=settings.min_duplicate_bytes,
+            min_bloat_bytes=settings.min_bloat_bytes,
+            fragmented_min_storages=settings.fragmented_min_storages,
+            per_tensor_ignores=settings.per_tensor_ignores,
         )
         with progress_callback(enabled=deep) as progress:
             diff = run_diff(a, b, options, progress=progress)
@@ -90,5 +98,5 @@ def diff_command(
             write_output(page(render).render_pieces(diff), html)
         formatter = supported(to_format(output_format).diff, output_format, Command.DIFF)(render)
         write_output(formatter.render_pieces(diff), output)
-    if diff.fails(fail_on.value):
+    if diff.fails(settings.fail_on):
         raise typer.Exit(1)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from memlayout.cli.errors import USAGE_OR_LOAD_ERROR, one_line_errors
-from memlayout.cli.options import DebugOption, TrustOption
+from memlayout.cli.options import DebugOption, TrustOption, device_option
 from memlayout.errors import UsageError
 from memlayout.output.writer import write_output
 
@@ -57,7 +57,8 @@ def flatten_command(
         str | None, typer.Option("--output", "-o", help="Where to write the flat copy (same format as IN).", metavar="OUT")
     ] = None,
     device: Annotated[
-        str, typer.Option("--device", help="auto (CUDA if available), cpu, cuda or cuda:N.", metavar="DEVICE")
+        str, device_option("auto", "cpu", "cuda", "cuda:N", help="Where the flat buffers are made (auto: CUDA if "
+                           "available).")
     ] = "auto",
     align: Annotated[int, typer.Option("--align", help="Slot alignment in bytes (a power of two).", min=1)] = 64,
     trust: TrustOption = False,

@@ -17,13 +17,20 @@ from memlayout.cli.formats import (
     to_format,
 )
 from memlayout.cli.options import (
+    ConfigOption,
     DebugOption,
-    FailOn,
+    DeepOption,
+    FailOnOption,
+    HtmlOption,
     IgnoreOption,
     InspectFormatOption,
+    IsolatedOption,
+    MinDuplicateBytesOption,
     OutputOption,
     SelectOption,
-    split_codes,
+    TieOption,
+    parse_ties,
+    rule_codes,
 )
 from memlayout.cli.progress import progress_callback
 from memlayout.errors import MemlayoutError, UsageError
@@ -31,16 +38,6 @@ from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
     from memlayout.pipeline.batch import BatchReport
-
-
-def parse_ties(values: list[str] | None) -> tuple[tuple[str, str], ...]:
-    ties = []
-    for value in values or []:
-        target, sep, source = value.partition("=")
-        if not sep or not target.strip() or not source.strip():
-            raise UsageError(f"--tie {value!r} is not of the form TARGET=SOURCE", "e.g. --tie lm_head.weight=embed.weight")
-        ties.append((target.strip(), source.strip()))
-    return tuple(ties)
 
 
 class EveryPathFailed(MemlayoutError):
@@ -86,12 +83,6 @@ def apply_baseline_flags(batch: BatchReport, baseline: str | None, write_baselin
     return batch
 
 
-def _codes(values: list[str] | None, flag: str) -> tuple[str, ...] | None:
-    from memlayout.pipeline.config import check_codes
-
-    return check_codes(split_codes(values), flag) if values else None
-
-
 def inspect_command(
     paths: Annotated[
         list[str],
@@ -102,17 +93,10 @@ def inspect_command(
     output: OutputOption = None,
     select: SelectOption = None,
     ignore: IgnoreOption = None,
-    fail_on: Annotated[
-        FailOn | None,
-        typer.Option("--fail-on", help="Exit 1 when a finding is at or above this severity. [default: warning]"),
-    ] = None,
-    deep: Annotated[bool, typer.Option("--deep", help="Read every value: NaN/Inf (ML503), full duplicate scan.")] = False,
-    tie: Annotated[
-        list[str] | None, typer.Option("--tie", help="Declare TARGET=SOURCE tied (ML103); repeatable.", metavar="A=B")
-    ] = None,
-    min_duplicate_bytes: Annotated[
-        int | None, typer.Option("--min-duplicate-bytes", help="ML102 ignores smaller tensors. [default: 4096]", min=0)
-    ] = None,
+    fail_on: FailOnOption = None,
+    deep: DeepOption = False,
+    tie: TieOption = None,
+    min_duplicate_bytes: MinDuplicateBytesOption = None,
     min_bloat_bytes: Annotated[
         int | None,
         typer.Option("--min-bloat-bytes", help="ML301 ignores storages wasting fewer bytes. [default: 1024]", min=0),
@@ -122,12 +106,8 @@ def inspect_command(
         typer.Option("--fragmented-min-storages", help="ML204 stays quiet below this many storages. [default: 4]",
                      min=0),
     ] = None,
-    config: Annotated[
-        str | None,
-        typer.Option("--config", help="Read settings from FILE instead of the nearest pyproject.toml's "
-                     "[tool.memlayout].", metavar="FILE"),
-    ] = None,
-    isolated: Annotated[bool, typer.Option("--isolated", help="Read no configuration file.")] = False,
+    config: ConfigOption = None,
+    isolated: IsolatedOption = False,
     baseline: Annotated[
         str | None, typer.Option("--baseline", help="Hide the findings FILE records; report the ones fixed since.",
                                  metavar="FILE"),
@@ -136,10 +116,7 @@ def inspect_command(
         str | None, typer.Option("--write-baseline", help="Record the current findings in FILE (then as --baseline).",
                                  metavar="FILE"),
     ] = None,
-    html: Annotated[
-        str | None,
-        typer.Option("--html", help="Also write a self-contained HTML storage map to FILE.", metavar="FILE"),
-    ] = None,
+    html: HtmlOption = None,
     show_all: Annotated[
         bool,
         typer.Option(
@@ -165,7 +142,7 @@ def inspect_command(
         from memlayout.pipeline.config import resolve_settings
 
         settings = resolve_settings(config, isolated).overridden(
-            select=_codes(select, "--select"), ignore=_codes(ignore, "--ignore"),
+            select=rule_codes(select, "--select"), ignore=rule_codes(ignore, "--ignore"),
             fail_on=None if fail_on is None else fail_on.value, ties=parse_ties(tie) if tie else None,
             min_duplicate_bytes=min_duplicate_bytes, min_bloat_bytes=min_bloat_bytes,
             fragmented_min_storages=fragmented_min_storages,

@@ -1,17 +1,26 @@
-"""Options shared by several commands, as Annotated aliases."""
+"""Options shared by several commands: each defined once here, as an Annotated alias or a builder.
+
+A value an option does not take is one line naming the ones it does, worded the
+same whichever command it is given to:
+`memlayout: error: Invalid value for '--device': 'tpu' is not one of 'cpu', ...`.
+"""
 
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 
 from memlayout.cli.formats import Command, OutputFormat, formats_for, to_format
+from memlayout.errors import UsageError
 
 
 class FailOn(str, enum.Enum):
+    """The severities `--fail-on` takes: exit 1 at or above it."""
+
     ERROR = "error"
     WARNING = "warning"
     INFO = "info"
@@ -28,15 +37,47 @@ OutputOption = Annotated[
 ]
 SelectOption = Annotated[
     list[str] | None,
-    typer.Option("--select", help="Only these rule codes or prefixes (ML1, ML201); repeat or comma-separate."),
+    typer.Option("--select", help="Only these rule codes or prefixes (ML1, ML201); repeat or comma-separate.",
+                 metavar="CODES"),
 ]
 IgnoreOption = Annotated[
     list[str] | None,
-    typer.Option("--ignore", help="Skip these rule codes or prefixes; repeat or comma-separate."),
+    typer.Option("--ignore", help="Skip these rule codes or prefixes; repeat or comma-separate.", metavar="CODES"),
 ]
 FailOnOption = Annotated[
-    FailOn, typer.Option("--fail-on", help="Exit 1 when a finding is at or above this severity.")
+    FailOn | None,
+    typer.Option(
+        "--fail-on",
+        help="Exit 1 when a finding (for diff, a change) is at or above this severity. "
+        "[default: the config's fail-on, else warning]",
+    ),
 ]
+TieOption = Annotated[
+    list[str] | None,
+    typer.Option("--tie", help="Declare TARGET=SOURCE tied (ML103; for diff, by B's names); repeatable.",
+                 metavar="A=B"),
+]
+DeepOption = Annotated[
+    bool,
+    typer.Option("--deep", help="Read every value: NaN/Inf (ML503), the full duplicate scan, and for diff the "
+                 "tensors whose values changed."),
+]
+HtmlOption = Annotated[
+    str | None,
+    typer.Option("--html", help="Also write the self-contained HTML storage map (--format html) to FILE.",
+                 metavar="FILE"),
+]
+MinDuplicateBytesOption = Annotated[
+    int | None,
+    typer.Option("--min-duplicate-bytes", help="ML102 ignores smaller tensors. [default: the config's, else 4096]",
+                 min=0),
+]
+ConfigOption = Annotated[
+    str | None,
+    typer.Option("--config", help="Read settings from FILE instead of the nearest pyproject.toml's "
+                 "[tool.memlayout].", metavar="FILE"),
+]
+IsolatedOption = Annotated[bool, typer.Option("--isolated", help="Read no configuration file.")]
 
 
 def _choices(values: tuple[str, ...]) -> str:
@@ -80,7 +121,56 @@ InspectFormatOption = Annotated[OutputFormat, format_option(Command.INSPECT)]
 DiffFormatOption = Annotated[OutputFormat, format_option(Command.DIFF)]
 ActivationsFormatOption = Annotated[OutputFormat, format_option(Command.ACTIVATIONS)]
 
+_CUDA_INDEX = re.compile(r"cuda:\d+")
+
+
+def device_parser(*supported: str) -> Callable[[Any], str]:
+    """The `--device` value of a command that takes `supported` ("cuda:N" stands for any index).
+
+    The error (a `ValueError`, which the parser words as an invalid value) names
+    the devices the command takes.
+    """
+
+    def parse(value: Any) -> str:
+        device = str(value).strip().lower()
+        if device in supported or ("cuda:N" in supported and _CUDA_INDEX.fullmatch(device)):
+            return device
+        raise ValueError(f"{value!r} is not one of {_choices(supported)}.")
+
+    return parse
+
+
+def device_option(*supported: str, help: str) -> Any:
+    """`--device` for a command that takes the devices `supported`, e.g. ("cpu", "cuda", "cuda:N")."""
+    return typer.Option("--device", parser=device_parser(*supported), metavar=f"[{'|'.join(supported)}]", help=help)
+
 
 def split_codes(values: list[str] | None) -> list[str]:
     """`--select ML1,ML201 --select ML5` -> ["ML1", "ML201", "ML5"], upper-cased."""
     return [code.strip().upper() for value in values or [] for code in value.split(",") if code.strip()]
+
+
+def rule_codes(values: list[str] | None, flag: str) -> tuple[str, ...] | None:
+    """`--select`/`--ignore`'s codes, each checked against the rules; None when the flag was not given.
+
+    Raises:
+        UsageError: a code no rule has, named with the flag.
+    """
+    from memlayout.pipeline.config import check_codes
+
+    return check_codes(split_codes(values), flag) if values else None
+
+
+def parse_ties(values: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """`--tie TARGET=SOURCE ...` -> ((target, source), ...).
+
+    Raises:
+        UsageError: a value that is not TARGET=SOURCE.
+    """
+    ties = []
+    for value in values or []:
+        target, sep, source = value.partition("=")
+        if not sep or not target.strip() or not source.strip():
+            raise UsageError(f"--tie {value!r} is not of the form TARGET=SOURCE", "e.g. --tie lm_head.weight=embed.weight")
+        ties.append((target.strip(), source.strip()))
+    return tuple(ties)

@@ -15,11 +15,14 @@ from typing import Any
 from memlayout.diff.changes import Change, ChangeKind, DiffReport
 from memlayout.diff.names import NameMap
 from memlayout.load.records import DeclaredTie, LoadedSource
+from memlayout.rules import RuleConfig
+
+_RULE_DEFAULTS = RuleConfig()
 
 
 @dataclass(frozen=True)
 class DiffOptions:
-    """What to compare and how names match."""
+    """What to compare, how names match, and the rules' settings for both sides (as `inspect` takes them)."""
 
     names: NameMap = field(default_factory=NameMap)
     deep: bool = False
@@ -28,7 +31,11 @@ class DiffOptions:
     """Extra declared ties (`--tie TARGET=SOURCE`), by B's names."""
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
-    min_duplicate_bytes: int = 4096
+    min_duplicate_bytes: int = _RULE_DEFAULTS.min_duplicate_bytes
+    min_bloat_bytes: int = _RULE_DEFAULTS.min_bloat_bytes
+    fragmented_min_storages: int = _RULE_DEFAULTS.fragmented_min_storages
+    per_tensor_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(glob, codes) pairs: a finding all of whose tensors match a glob listing its code is dropped."""
 
 
 def run_diff(
@@ -60,16 +67,25 @@ def run_diff(
     from memlayout.core.facts import TensorFact
     from memlayout.diff.compare import ValueComparer, compare_reports
     from memlayout.diff.values import ValueComparison, comparable, compare_values
+    from memlayout.pipeline.batch import without_ignored_findings
     from memlayout.pipeline.inspection import inspect_source, load_target
-    from memlayout.rules import RuleConfig
 
     options = options or DiffOptions()
-    config = RuleConfig(deep=options.deep, min_duplicate_bytes=options.min_duplicate_bytes, ties=options.ties)
+    config = RuleConfig(
+        deep=options.deep, min_duplicate_bytes=options.min_duplicate_bytes, min_bloat_bytes=options.min_bloat_bytes,
+        fragmented_min_storages=options.fragmented_min_storages, ties=options.ties,
+    )
     # Both sides stay open until the values are compared; nothing is executed from either.
     with load_target(a) as source_a, load_target(b) as source_b:
         # --tie names B's tensors; A's own declarations come from A.
-        report_a = inspect_source(source_a, replace(config, ties=()), options.select, options.ignore, progress)
-        report_b = inspect_source(source_b, config, options.select, options.ignore, progress)
+        # per-tensor-ignores drop findings on both sides, as inspect drops them.
+        report_a = without_ignored_findings(
+            inspect_source(source_a, replace(config, ties=()), options.select, options.ignore, progress),
+            options.per_tensor_ignores,
+        )
+        report_b = without_ignored_findings(
+            inspect_source(source_b, config, options.select, options.ignore, progress), options.per_tensor_ignores
+        )
         values: ValueComparer | None = None
         if options.deep and source_a.reader is not None and source_b.reader is not None:
             content_a = ContentReader(source_a.reader, {s.id: s.key for s in report_a.facts.storages})

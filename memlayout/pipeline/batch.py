@@ -151,6 +151,15 @@ def without_findings(report: Report, dropped: Iterable[Finding]) -> Report:
     return replace(report, findings=kept, summary=summarize(report.facts, kept))
 
 
+def without_ignored_findings(report: Report, per_tensor_ignores: Iterable[tuple[str, Iterable[str]]]) -> Report:
+    """`report` less the findings all of whose tensors match a glob listing their code (`per-tensor-ignores`)."""
+    ignores = tuple((glob, tuple(codes)) for glob, codes in per_tensor_ignores)
+    if not ignores:
+        return report
+    dropped = [f for f in report.findings if is_ignored_for_its_tensors(f, ignores)]
+    return without_findings(report, dropped) if dropped else report
+
+
 def selected_rules(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> tuple[str, ...]:
     """The codes `--select`/`--ignore` leave, in code order."""
     select, ignore = list(select), list(ignore)
@@ -210,10 +219,7 @@ class _Walk:
                 path, error=f"{path}: unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)"
             )
         else:
-            if self.per_tensor_ignores:
-                dropped = [f for f in report.findings if is_ignored_for_its_tensors(f, self.per_tensor_ignores)]
-                report = without_findings(report, dropped) if dropped else report
-            yield PathReport(path, report=report)
+            yield PathReport(path, report=without_ignored_findings(report, self.per_tensor_ignores))
 
     def _walk(self, folder: str) -> Iterator[PathReport]:
         real = os.path.realpath(folder)
