@@ -90,7 +90,7 @@ def _load_legacy_tar(path: str) -> LoadedSource:
 def _is_bare_pickle(path: str, head: bytes) -> bool:
     from memlayout.load.legacy import is_pickle
 
-    return is_pickle(head)
+    return is_pickle(path, head)
 
 
 def _load_bare_pickle(path: str) -> LoadedSource:

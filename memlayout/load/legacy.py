@@ -8,17 +8,26 @@ module classes as `('module', class, file, source)`), and a pickled sorted list 
 storage keys. Then, for each key in that order, an 8-byte element count and the
 storage's raw bytes. Every pickle goes through the restricted unpickler; storage
 bytes are located by walking the counts, so a reader can serve them in place.
+Each pickle is written with the `pickle_protocol` torch.save was given: the
+magic number is recognized by its value, in any protocol. torch.load reads
+protocols 1 to 5 back; protocol 0 writes persistent ids as text, which torch.load
+refuses ("saved_id must be a tuple"), and so does memlayout.
 
-A file that starts like a protocol-2+ pickle but lacks the magic number is a bare
-pickle (`pickle.dump` of a model or dict): it is read the same way, metadata only.
+Any other file that `pickle.load` would read is a bare pickle (`pickle.dump` of a
+model or dict, or a payload): torch.load(weights_only=False) unpickles it before
+it checks the magic number. It is read the same way, metadata only, and ML601
+names what loading it would import.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import pickle
+import pickletools
 import struct
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from memlayout.errors import CorruptCheckpointError
@@ -27,40 +36,123 @@ from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import (
     PickledStorage,
     RestrictedUnpickler,
+    TextPersistentIdError,
     run_unpickler,
+    unpickle,
 )
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
-# pickle.dump(MAGIC_NUMBER, protocol>=2): PROTO n, then LONG1 of 10 little-endian bytes.
-_MAGIC_PICKLED = b"\x8a\x0a" + MAGIC_NUMBER.to_bytes(10, "little")
 _COUNT = struct.Struct("<q")
+_PROTO = 0x80
+# The opcodes `pickle.load` can read first: those that push onto an empty stack,
+# except the memo's (empty at first), a persistent id (torch.load's first
+# pickle.load is given no persistent_load) and NEXT_BUFFER (nor any buffers).
+_CANNOT_OPEN = frozenset(["GET", "BINGET", "LONG_BINGET", "PUT", "BINPUT", "LONG_BINPUT", "PERSID", "NEXT_BUFFER"])
+OPENING_OPCODES = frozenset(
+    ord(opcode.code) for opcode in pickletools.opcodes if not opcode.stack_before and opcode.name not in _CANNOT_OPEN
+)
 
 
-def is_pickle(head: bytes) -> bool:
-    """Whether the bytes open a protocol 2-5 pickle stream (legacy torch.save or bare pickle).
+def has_proto_signature(head: bytes) -> bool:
+    """Whether the bytes open with the PROTO opcode of a protocol pickle.load reads (0-5).
+
+    `pickle.dump` writes PROTO from protocol 2 on; protocols 0 and 1 open with any
+    other opcode, and the unpickler accepts PROTO 0 and 1 too.
 
     Args:
         head: The file's first bytes.
 
     Returns:
-        True when they start with the PROTO opcode and a known protocol.
+        True when they start with PROTO and a protocol number the unpickler accepts.
     """
-    return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+    return len(head) >= 2 and head[0] == _PROTO and head[1] <= pickle.HIGHEST_PROTOCOL
 
 
 def is_legacy_torch(head: bytes) -> bool:
-    """Whether the bytes open a legacy torch.save file (pickled magic number first).
+    """Whether the bytes open a legacy torch.save file: a pickled magic number first.
+
+    torch's legacy writer pickles the magic number with the protocol it was given
+    (`pickle_protocol`, 2 by default), so the signature is the number, not its
+    bytes: `L119547037146038801333356L` in protocols 0 and 1, a LONG1 from 2 on,
+    inside a frame from 4 on. Every spelling is under 30 bytes.
 
     Args:
         head: The file's first bytes.
 
     Returns:
-        True for the legacy format's signature.
+        True when the first pickle in them unpickles to the magic number.
     """
-    return is_pickle(head) and head[2 : 2 + len(_MAGIC_PICKLED)] == _MAGIC_PICKLED
+    if not head or head[0] not in OPENING_OPCODES:
+        return False
+    try:
+        magic = unpickle(head, storage_records=False, what="the first pickle").root
+    except CorruptCheckpointError:
+        return False
+    return type(magic) is int and magic == MAGIC_NUMBER
 
 
+@dataclass(frozen=True)
+class FirstPickle:
+    """What the restricted unpickler made of the pickle that opens a file."""
+
+    complete: bool
+    """It read one whole pickle, up to its STOP."""
+    referenced: list[PickleGlobal]
+    """The globals it resolved, up to where it stopped."""
+
+
+def read_first_pickle(path: str) -> FirstPickle:
+    """Read the file from byte 0 as `pickle.load` does, executing nothing.
+
+    `torch.load(weights_only=False)` hands a file that is neither a zip nor a tar
+    archive to `pickle.load` before it checks the magic number, and `pickle.load`
+    takes the first byte as an opcode, whatever it is: a protocol 0 or 1 pickle
+    opens with `(`, `c`, `]`, `}` or any other opcode, not PROTO. Every global it
+    resolves along the way is imported, and called by REDUCE, there and then.
+
+    Args:
+        path: The file.
+
+    Returns:
+        Whether a whole pickle was read, and the globals resolved on the way.
+    """
+    with open(path, "rb") as handle:
+        unpickler = RestrictedUnpickler(handle, False)
+        try:
+            run_unpickler(unpickler, path)
+        except CorruptCheckpointError:
+            return FirstPickle(False, list(unpickler.referenced.values()))
+    return FirstPickle(True, list(unpickler.referenced.values()))
+
+
+def _names_a_module(found: PickleGlobal) -> bool:
+    # What `import` could resolve: a pickle names a dotted module and an attribute.
+    # Text that happens to open with GLOBAL's `c` names none.
+    return all(part.isidentifier() for part in (*found.module.split("."), *found.name.split(".")))
+
+
+def is_pickle(path: str, head: bytes) -> bool:
+    """Whether torch.load would unpickle the file: a bare pickle (or a damaged one).
+
+    A stream that opens with PROTO is a pickle by its signature, damaged or not.
+    Any other opcode stream is one when the restricted unpickler reads a whole
+    pickle from it, or resolves a global before the stream breaks: `pickle.load`
+    would already have imported that global by then.
+
+    Args:
+        path: The file.
+        head: Its first bytes.
+
+    Returns:
+        True when the file is read as format "pickle".
+    """
+    if has_proto_signature(head):
+        return True
+    if not head or head[0] not in OPENING_OPCODES:
+        return False
+    first = read_first_pickle(path)
+    return first.complete or any(_names_a_module(found) for found in first.referenced)
 
 
 def _load(path: str, handle: BinaryIO, what: str, storage_records: bool) -> tuple[Any, RestrictedUnpickler]:
@@ -129,7 +221,15 @@ def load_legacy(path: str) -> LoadedSource:
             raise CorruptCheckpointError(f"{path}: legacy torch.save header is invalid (protocol {version!r})")
         sys_info, third = _load(path, handle, "system info", False)
         refuse_big_endian(path, sys_info)
-        root, main = _load(path, handle, "main", True)
+        try:
+            root, main = _load(path, handle, "main", True)
+        except CorruptCheckpointError as exc:
+            if isinstance(exc.__cause__, TextPersistentIdError):
+                raise CorruptCheckpointError(
+                    exc.message, "torch.load cannot read this file either; re-save the original object with "
+                    "torch.save's default pickle protocol"
+                ) from exc
+            raise
         keys, fourth = _load(path, handle, "storage key list", False)
         if not isinstance(keys, list):
             raise CorruptCheckpointError(f"{path}: the storage key list is not a list")
@@ -173,14 +273,40 @@ def load_bare_pickle(path: str) -> LoadedSource:
 
     Returns:
         A `LoadedSource` of whatever tensors the placeholders reveal, without data.
+
+    Raises:
+        CorruptCheckpointError: the pickle breaks off or is malformed; the message
+            names the globals outside the allow-list that `pickle.load` would have
+            imported before it failed.
     """
     with open(path, "rb") as handle:
-        root, unpickler = _load(path, handle, "main", False)
+        unpickler = RestrictedUnpickler(handle, False)
+        try:
+            root = run_unpickler(unpickler, f"{path}: the main pickle")
+        except CorruptCheckpointError as exc:
+            raise _damaged(exc, unpickler) from exc.__cause__
         referenced = _later_pickles_globals(path, handle, unpickler)
     source = pickled_source(
         path, "pickle", root, None,
         pickle_globals=referenced,
-        notes=["a bare pickle, not a torch.save file: tensor data is not located"],
+        notes=[NOT_A_CHECKPOINT],
     )
     source.content_unreadable = "a bare pickle locates no tensor bytes that can be read without unpickling it"
     return source
+
+
+NOT_A_CHECKPOINT = "not a checkpoint: a bare pickle, not a torch.save file; tensor data is not located"
+
+
+def _damaged(exc: CorruptCheckpointError, unpickler: RestrictedUnpickler) -> CorruptCheckpointError:
+    # pickle.load imports each global, and REDUCE calls it, as it reads: what came
+    # before the damage has already run when torch.load fails on it.
+    refused = sorted(f"{g.module}.{g.name}" for g in unpickler.referenced.values() if not g.allowed)
+    if not refused:
+        return exc
+    shown = ", ".join(refused[:12]) + (f" and {len(refused) - 12} more" if len(refused) > 12 else "")
+    return CorruptCheckpointError(
+        f"{exc.message}; before that point it names {shown}, which torch.load(weights_only=False) "
+        "would import and may call before it failed",
+        "never load it with weights_only=False; if you expected a checkpoint, re-export it from its source",
+    )

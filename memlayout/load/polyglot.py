@@ -40,18 +40,11 @@ def _is_zip(path: str, head: bytes) -> bool:
 
 
 def _is_pickle(path: str, head: bytes) -> bool:
-    # A pickle from protocol 2 on opens with PROTO; the restricted unpickler must
-    # then read one whole pickle, executing nothing.
-    if len(head) < 2 or head[0] != 0x80 or head[1] > 5:
-        return False
-    from memlayout.load.restricted_pickle import RestrictedUnpickler, run_unpickler
+    # pickle.load starts at byte 0 with whatever opcode is there (PROTO only from
+    # protocol 2 on); the restricted unpickler must read one whole pickle, executing nothing.
+    from memlayout.load.legacy import OPENING_OPCODES, read_first_pickle
 
-    with open(path, "rb") as handle:
-        try:
-            run_unpickler(RestrictedUnpickler(handle), path)
-        except MemlayoutError:
-            return False
-    return True
+    return bool(head) and head[0] in OPENING_OPCODES and read_first_pickle(path).complete
 
 
 def _is_tar(path: str, head: bytes) -> bool:

@@ -81,6 +81,9 @@ WEIGHTS_ONLY_ALLOWED_PATHS: frozenset[str] = frozenset(
        for t in _TENSOR_TYPE_NAMES]
     + [f"{ns}{t}Storage" for ns in ("torch.", "torch.cuda.") for t in _STORAGE_TYPE_NAMES]
 )
+WEIGHTS_ONLY_PROTOCOLS: frozenset[int] = frozenset([2, 3])
+"""The pickle protocols torch's weights-only unpickler reads: it refuses protocol 1's
+text LONG (the legacy magic number) and protocol 4's FRAME."""
 WEIGHTS_ONLY_ALLOWED: frozenset[tuple[str, str]] = frozenset(
     (path.rpartition(".")[0], path.rpartition(".")[2]) for path in WEIGHTS_ONLY_ALLOWED_PATHS
 )
@@ -345,6 +348,10 @@ _SAFE_GLOBALS: dict[tuple[str, str], Any] = {
 }
 
 
+class TextPersistentIdError(pickle.UnpicklingError):
+    """A persistent id that protocol 0 wrote as text, where torch's are tuples."""
+
+
 @dataclass
 class UnpickleResult:
     """The inert object tree plus what the pickle referenced."""
@@ -426,6 +433,11 @@ class RestrictedUnpickler(pickle.Unpickler):
             # Legacy torch.save files name each nn.Module class once as
             # ("module", class, source file, source); the class is already a placeholder.
             return pid[1]
+        if isinstance(pid, str):
+            raise TextPersistentIdError(
+                f"persistent id {pid!r:.80} is text, not a tuple: pickle protocol 0 writes every persistent id "
+                "as a line of text, and torch.load refuses it too (saved_id must be a tuple)"
+            )
         raise pickle.UnpicklingError(f"unsupported persistent id {pid!r:.80}")
 
     def _new_storage(self, storage_type: Any, key: str, location: Any, count: Any) -> PickledStorage:

@@ -7,7 +7,9 @@ current `torch.save`: the format changes, which the summary says. Without
 torch's own weights-only loader; the tar format, which that loader refuses
 outright, goes through torch's tar reader with an unpickler that resolves only
 the globals of torch's weights-only allow-list (the same list memlayout checks
-pickles against), so a file that names anything else needs --trust.
+pickles against), so a file that names anything else needs --trust. So does a
+non-zip file saved with a pickle protocol torch's weights-only loader cannot
+read (1, 4 or 5: it knows neither protocol 1's text LONG nor protocol 4's FRAME).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from memlayout.errors import UnsafeContentError, UsageError
 from memlayout.flatten.plan import FlatPlan, describe_changes
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
 from memlayout.load.records import LoadedSource
-from memlayout.load.restricted_pickle import weights_only_allows
+from memlayout.load.restricted_pickle import WEIGHTS_ONLY_PROTOCOLS, weights_only_allows
 
 _WHICH = {"torch-legacy": "legacy (non-zip) torch.save file", "torch-legacy-tar": "tar-format torch.save file"}
 
@@ -51,6 +53,16 @@ def _allow_list_pickle_module() -> Any:
     )
 
 
+def _weights_only_reads(path: str) -> bool:
+    # torch.save writes every pickle of a file with one protocol, and the header's
+    # first pickle shows it: PROTO n from protocol 2 on, none before.
+    from memlayout.load.legacy import has_proto_signature
+
+    with open(path, "rb") as handle:
+        head = handle.read(2)
+    return has_proto_signature(head) and head[1] in WEIGHTS_ONLY_PROTOCOLS
+
+
 def load_legacy_tree(path: str, tar: bool, trust: bool) -> Any:
     """The object a legacy torch.save file holds, as torch.load builds it, on the CPU.
 
@@ -71,7 +83,7 @@ def load_legacy_tree(path: str, tar: bool, trust: bool) -> Any:
     try:
         if trust:
             return torch.load(path, map_location="cpu", weights_only=False)
-        if tar:
+        if tar or not _weights_only_reads(path):
             return torch.load(path, map_location="cpu", weights_only=False, pickle_module=_allow_list_pickle_module())
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
