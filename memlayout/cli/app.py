@@ -23,6 +23,7 @@ from memlayout.cli.errors import USAGE_OR_LOAD_ERROR
 from memlayout.cli.flatten_command import flatten_command
 from memlayout.cli.inspect_command import inspect_command
 from memlayout.cli.rules_command import explain_command, rules_command
+from memlayout.output.writer import QuietStdout
 from memlayout.version import __version__
 
 
@@ -114,16 +115,22 @@ app.command("activations")(activations_command)
 
 def main(argv: list[str] | None = None) -> int:
     """The whole CLI entry: run the app and return its exit code."""
+    stdout = sys.stdout
+    # A reader that leaves early (`| head`) silences stdout instead of failing a write.
+    sys.stdout = QuietStdout(stdout)
     try:
         app(args=argv, prog_name="memlayout", standalone_mode=True)
     except SystemExit as exit_:
         return int(exit_.code or 0) if not isinstance(exit_.code, str) else 2
     except OSError as exc:
         # Commands turn their own errors into one line; what reaches here is writing
-        # outside them (`rules`, `--version`, `--help`) to a full disk or a closed pipe.
+        # outside them (`rules`, `--version`, `--help`) to a full disk. (A closed pipe
+        # is no error: QuietStdout goes quiet.)
         with contextlib.suppress(OSError, ValueError):
             print(f"memlayout: error: cannot write the output: {exc}", file=sys.stderr)
         return USAGE_OR_LOAD_ERROR
+    finally:
+        sys.stdout = stdout
     return 0
 
 

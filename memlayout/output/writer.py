@@ -3,13 +3,17 @@
 Every report, page and baseline a command writes goes through `write_output`, so
 that a file named with `-o`, `--html` or `--write-baseline` is the old file or
 the whole new one, never a part: a formatter that fails halfway, a full disk or
-an interrupt leaves it as it was (`memlayout.io.atomic_write`).
+an interrupt leaves it as it was (`memlayout.io.atomic_write`). While the CLI
+runs, stdout is a `QuietStdout`: a reader that leaves early is no error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from collections.abc import Iterable
+from typing import Any, TextIO
 
 
 def write_output(text: str | Iterable[str], path: str | None) -> None:
@@ -25,8 +29,11 @@ def write_output(text: str | Iterable[str], path: str | None) -> None:
     """
     pieces = (text,) if isinstance(text, str) else text
     if path is None:
+        stdout = sys.stdout
         for piece in pieces:
-            sys.stdout.write(piece)
+            if isinstance(stdout, QuietStdout) and stdout.reader_left:
+                return  # nobody reads the rest: it is not rendered
+            stdout.write(piece)
         return
     # Imported here: printing to stdout, the common case, needs none of it.
     from memlayout.io.atomic_write import atomic_file
@@ -34,3 +41,46 @@ def write_output(text: str | Iterable[str], path: str | None) -> None:
     with atomic_file(path) as output, output.open() as stream:
         for piece in pieces:
             stream.write(piece.encode("utf-8"))
+
+
+class QuietStdout:
+    """`sys.stdout` while the CLI runs: a reader that closes the pipe early silences it, and nothing fails.
+
+    A reader that stops early (`memlayout inspect ... | head`, a pager quit) is no
+    error of the command: as `grep` and `ruff` do, nothing is said on stderr, and
+    the command ends with the exit status its results give, as if everything had
+    been read (docs/exit-status.md). On the first EPIPE, stdout's descriptor is
+    pointed at /dev/null, as Python's note on SIGPIPE advises, so that neither a
+    later write nor the flush at exit fails again; any other write error still
+    raises. Everything else is the wrapped stream's.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.reader_left = False
+        """The reader closed the pipe; what is written now goes nowhere."""
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._reader_has_left()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._reader_has_left()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+    def _reader_has_left(self) -> None:
+        self.reader_left = True
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # no descriptor (a test's capture)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self.stream.fileno())
+            finally:
+                os.close(devnull)
