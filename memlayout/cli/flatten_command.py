@@ -57,9 +57,11 @@ def flatten_command(
         str | None, typer.Option("--output", "-o", help="Where to write the flat copy (same format as IN).", metavar="OUT")
     ] = None,
     device: Annotated[
-        str, device_option("auto", "cpu", "cuda", "cuda:N", help="Where the flat buffers are made (auto: CUDA if "
-                           "available).")
-    ] = "auto",
+        str,
+        device_option("keep", "cpu", "cuda", "cuda:N", "auto",
+                      help="keep: OUT records each tensor's device as IN does (no GPU needed); cpu, cuda, cuda:N: "
+                      "move every tensor there; auto: CUDA if available, else CPU."),
+    ] = "keep",
     align: Annotated[int, typer.Option("--align", help="Slot alignment in bytes (a power of two).", min=1)] = 64,
     trust: TrustOption = False,
     check: Annotated[

@@ -73,11 +73,15 @@ def words(storage: Any, start: int, nbytes: int, dtype: torch.dtype, device: tor
     return view
 
 
-def allocate(plan: FlatPlan, pin_memory: bool = False, share_memory: bool = False) -> list[torch.Tensor]:
+def allocate(
+    plan: FlatPlan, pin_memory: bool = False, share_memory: bool = False, on: str | None = None
+) -> list[torch.Tensor]:
     """One uint8 tensor per plan buffer, padding already zero.
 
     Args:
         plan: The layout.
+        on: Allocate every buffer on this device instead of its planned one (flatten
+            moves bytes on the CPU when OUT only records the planned devices).
         pin_memory: Allocate CPU buffers in page-locked memory (one pinned H2D copy).
         share_memory: Put CPU buffers in shared memory (one segment for Hogwild workers).
 
@@ -90,7 +94,7 @@ def allocate(plan: FlatPlan, pin_memory: bool = False, share_memory: bool = Fals
         raise UsageError("pin_memory needs CUDA, and none is available", "drop pin_memory on CPU-only machines")
     buffers = []
     for flat in plan.buffers:
-        device = torch.device(flat.device)
+        device = torch.device(on or flat.device)
         pin = pin_memory and device.type == "cpu"
         buffer = torch.empty(flat.nbytes, dtype=torch.uint8, device=device, pin_memory=pin)
         if share_memory and device.type == "cpu":

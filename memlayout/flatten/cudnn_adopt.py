@@ -101,7 +101,9 @@ def adopt_cudnn_layouts(
     notes: list[str] = []
     for index, flat in enumerate(plan.buffers):
         record = records.get(flat.rnn_module) if flat.rnn_module is not None else None
-        if record is None or torch.device(flat.device).type not in device_types:
+        # The buffer's own device, not the plan's: bytes moved on the CPU for a
+        # checkpoint that keeps its CUDA device never meet cuDNN.
+        if record is None or buffers[index].device.type not in device_types:
             continue
         layout = layout_of(facts, record)
         if isinstance(layout, str):

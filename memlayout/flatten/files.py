@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from memlayout.core.facts import Facts, build_facts
 from memlayout.errors import FlattenError, UnsafeContentError, UsageError
 from memlayout.flatten.options import FlattenOptions, Progress
-from memlayout.flatten.plan import plan_flatten
+from memlayout.flatten.plan import FlatPlan, plan_flatten
 from memlayout.flatten.writers import FlattenJob, writer_for
 from memlayout.flatten.writers.interface import LayoutAfter
 from memlayout.load.records import PickleGlobal
@@ -30,8 +30,9 @@ class FlattenResult:
     format: str
     """The format read and written ("torch-zip state dict", "torch-zip module", ...)."""
     device: str | None
+    """The devices OUT records ("cuda:0", "cpu, cuda:0"); None for --check."""
     device_reason: str
-    """Why this device ("auto: CUDA available", "asked for")."""
+    """Why this device ("kept: ...", "auto: CUDA is available", "as asked")."""
     storages_before: int
     storages_after: int
     bytes_before: int
@@ -128,12 +129,22 @@ def _require_importable(where: str, pickle_globals: tuple[PickleGlobal, ...]) ->
 
 
 def _device_choice(device: str) -> tuple[str | None, str]:
+    """(the device every tensor moves to, or None to keep each one's; why), for the plan and the summary."""
     from memlayout.flatten.live import resolve_device
 
     resolved = resolve_device(device)
+    if resolved is None:
+        return None, "kept: OUT records each tensor's device as IN does; --device moves them"
     if device == "auto":
         return resolved, "auto: " + ("CUDA is available" if resolved != "cpu" else "no CUDA device, using CPU")
     return resolved, "as asked"
+
+
+def _devices_written(plan: FlatPlan, facts: Facts) -> str:
+    """The devices OUT records, for the summary ("cuda:0", "cpu, cuda:0")."""
+    untouched = {key[0] for key in plan.untouched}
+    devices = {flat.device for flat in plan.buffers} | {s.device for s in facts.storages if s.key in untouched}
+    return ", ".join(sorted(devices)) or "cpu"
 
 
 def _result(
@@ -220,10 +231,11 @@ def flatten_path(path: str, options: FlattenOptions, progress: Progress | None =
             changes = writer.changes(plan, facts, source)
             return _result(path, None, label, facts, writer.layout_after(plan, facts), plan.notes,
                            (None, "check only"), 0, 0.0, changes, False)
-        device = _device_choice(options.device)
-        plan = plan_flatten(facts, align=options.align, device=device[0])
+        target, reason = _device_choice(options.device)
+        plan = plan_flatten(facts, align=options.align, device=target)
         changes = writer.changes(plan, facts, source)
-        writer.refuse(source, options, device[0])
+        writer.refuse(source, options, target)
+        device = (target or _devices_written(plan, facts), reason)
         assert out is not None
         started = time.perf_counter()
         written = writer.write(FlattenJob(path, out, source, facts, plan, options, progress))

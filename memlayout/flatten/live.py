@@ -16,6 +16,7 @@ from memlayout.flatten.apply import (
 )
 from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
 from memlayout.flatten.handle import FlatGroup, FlatHandle
+from memlayout.flatten.options import KEEP
 from memlayout.flatten.plan import DEFAULT_ALIGN, FlatPlan, is_identity, plan_flatten
 from memlayout.load.live import storage_key
 
@@ -27,7 +28,8 @@ def resolve_device(device: str | None) -> str | None:
     """A concrete device string ("cpu", "cuda:0"), or None to keep each tensor's.
 
     Args:
-        device: None, "auto" (CUDA when available, else CPU), "cpu", "cuda" or "cuda:N".
+        device: None or "keep" (each tensor stays where it is), "auto" (CUDA when
+            available, else CPU), "cpu", "cuda" or "cuda:N".
 
     Returns:
         The device as tensors report it.
@@ -37,23 +39,23 @@ def resolve_device(device: str | None) -> str | None:
     """
     import torch
 
-    if device is None:
+    if device is None or device == KEEP:
         return None
     if device == "auto":
         return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
     try:
         parsed = torch.device(device)
     except RuntimeError as exc:
-        raise UsageError(f"unknown device {device!r}", "use auto, cpu, cuda or cuda:N") from exc
+        raise UsageError(f"unknown device {device!r}", "use keep, auto, cpu, cuda or cuda:N") from exc
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
-            raise UsageError(f"--device {device}: CUDA is not available here", "use --device cpu or auto")
+            raise UsageError(f"--device {device}: CUDA is not available here", "use --device keep, cpu or auto")
         index = parsed.index if parsed.index is not None else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
             raise UsageError(f"--device {device}: there are {torch.cuda.device_count()} CUDA devices")
         return f"cuda:{index}"
     if parsed.type != "cpu":
-        raise UsageError(f"--device {device} is not supported", "use auto, cpu, cuda or cuda:N")
+        raise UsageError(f"--device {device} is not supported", "use keep, auto, cpu, cuda or cuda:N")
     return "cpu"
 
 

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 from memlayout.flatten.plan import DEFAULT_ALIGN
 
+KEEP = "keep"
+"""The default `--device`: every tensor stays on the device IN records (see `keeps_devices`)."""
+
 Progress = Callable[[str, int, int], None]
 """progress(task, done, total): how many bytes of a task ("copy", "verify") are done."""
 
@@ -17,7 +20,8 @@ class FlattenOptions:
 
     out: str | None
     """Destination; None with `check` (or `in_place`, where it is IN)."""
-    device: str = "auto"
+    device: str = KEEP
+    """KEEP (OUT records each tensor's device as IN does), "auto", "cpu", "cuda" or "cuda:N"."""
     align: int = DEFAULT_ALIGN
     trust: bool = False
     check: bool = False
@@ -25,3 +29,15 @@ class FlattenOptions:
     verify: bool = True
     force: bool = False
     """Write into a non-empty output folder, replacing only the files flatten writes."""
+
+    @property
+    def keeps_devices(self) -> bool:
+        """OUT records each storage's device as IN records it.
+
+        A torch.save file names each storage's device in its persistent id, and
+        writing a name needs no device: the bytes move on the CPU and OUT records
+        IN's `cuda:0`, so a CPU-only machine flattens a CUDA checkpoint into a CUDA
+        checkpoint. Writers that can only record the device a tensor is on
+        (TorchScript, torch.export) need that device.
+        """
+        return self.device == KEEP

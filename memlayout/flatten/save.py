@@ -30,11 +30,23 @@ if TYPE_CHECKING:
 COMPARE_CHUNK_BYTES = 8 << 20
 
 
-def save_torch(obj: Any, path: str) -> None:
-    """torch.save `obj` to `path` and fsync it."""
+def save_torch(obj: Any, path: str, locations: dict[int, str] | None = None) -> None:
+    """torch.save `obj` to `path` and fsync it.
+
+    Args:
+        obj: What to save.
+        path: Where.
+        locations: The location each storage records, by `_cdata`, where it is not
+            its own (`memlayout.flatten.torch_tree.location_tagging_pickle`).
+    """
     import torch
 
-    torch.save(obj, path)
+    if locations:
+        from memlayout.flatten.torch_tree import location_tagging_pickle
+
+        torch.save(obj, path, pickle_module=location_tagging_pickle(locations))
+    else:
+        torch.save(obj, path)
     fsync_path(path)
 
 
@@ -89,7 +101,7 @@ def check_layout(
 
     Raises:
         FlattenError: any name's layout or the sharing differs from the plan, a
-            name is missing, or a buffer has the wrong size.
+            name is missing, or a buffer has the wrong size or records another device.
     """
     from memlayout.load.torch_zip import load_torch_zip
 
@@ -122,6 +134,11 @@ def check_layout(
             storage = facts.storage(storage_id)
             if storage.nbytes != plan.buffers[index].nbytes:
                 raise FlattenError(f"verification failed: buffer {plan.buffers[index].label} has the wrong size")
+            if storage.device != plan.buffers[index].device:
+                raise FlattenError(
+                    f"verification failed: buffer {plan.buffers[index].label} records device {storage.device}, "
+                    f"not {plan.buffers[index].device}"
+                )
             offsets[index] = reader.data_start[storage.key]
             keys[index] = storage.key
     return offsets, keys
@@ -156,6 +173,7 @@ def write_torch(
     obj: Any,
     out: str,
     verify: Callable[[str], None] | None,
+    locations: dict[int, str] | None = None,
 ) -> bool:
     """torch.save `obj` atomically to `out`, verifying the temporary first.
 
@@ -163,13 +181,14 @@ def write_torch(
         obj: The flattened tree.
         out: The destination; replaced only after verification passes.
         verify: Called with the temporary path; raises to abort. None skips it.
+        locations: The location each storage records where it is not its own (see `save_torch`).
 
     Returns:
         Whether OUT was verified: not with `verify` None, nor when OUT is a device
         or pipe, which is written straight into and cannot be re-read.
     """
     with atomic_file(out) as output:
-        save_torch(obj, output.path)
+        save_torch(obj, output.path, locations)
         if verify is None or output.is_stream:
             return False
         verify(output.path)

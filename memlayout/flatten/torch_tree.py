@@ -156,11 +156,53 @@ class _Recorder:
         raise CorruptCheckpointError("torch.serialization.skip_data is on; flatten cannot write without data")
 
 
-def pickle_records(root: Any) -> PickledRecords:
+def location_tagging_pickle(locations: dict[int, str]) -> Any:
+    """A pickle module for torch.save whose storages record the given locations, not their own.
+
+    torch.save writes each storage's location (`cpu`, `cuda:0`) into its persistent id
+    `('storage', type, key, location, numel)`, and torch.load restores the storage
+    there (or where `map_location` says). The bytes are the same on any device, so
+    flatten moves them on the CPU and writes IN's locations: keeping a CUDA
+    checkpoint's devices needs no GPU. torch's `_save` subclasses the module's
+    Pickler and overrides its `persistent_id`; `__init_subclass__` wraps that method.
+
+    Args:
+        locations: `UntypedStorage._cdata` -> the location to record; any other
+            storage records its own.
+
+    Returns:
+        An object to pass as `pickle_module` to `torch.save` or `torch.serialization._save`.
+    """
+    import types
+
+    import torch
+
+    class LocationTaggingPickler(pickle.Pickler):
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            super().__init_subclass__(**kwargs)
+            torchs_persistent_id = cls.persistent_id
+
+            def persistent_id(self: Any, obj: Any) -> Any:
+                saved_id = torchs_persistent_id(self, obj)
+                if type(saved_id) is tuple and saved_id[0] == "storage":
+                    storage = obj._untyped_storage if isinstance(obj, torch.storage.TypedStorage) else obj
+                    location = locations.get(storage._cdata)
+                    if location is not None:
+                        saved_id = (*saved_id[:3], location, *saved_id[4:])
+                return saved_id
+
+            cls.persistent_id = persistent_id  # type: ignore[method-assign]
+
+    return types.SimpleNamespace(__name__="pickle", Pickler=LocationTaggingPickler)
+
+
+def pickle_records(root: Any, locations: dict[int, str] | None = None) -> PickledRecords:
     """data.pkl and the records torch.save would write for `root`, storages unread.
 
     Args:
         root: The flat tree (every tensor on CPU).
+        locations: The location each storage records, by `_cdata`, where it is
+            not its own (see `location_tagging_pickle`).
 
     Returns:
         The small records as bytes, and the storages in writing order.
@@ -174,8 +216,9 @@ def pickle_records(root: Any) -> PickledRecords:
 
     save: Any = torch.serialization._save
     recorder = _Recorder()
+    module = location_tagging_pickle(locations) if locations else pickle
     try:
-        save(root, recorder, pickle, torch.serialization.DEFAULT_PROTOCOL, False)
+        save(root, recorder, module, torch.serialization.DEFAULT_PROTOCOL, False)
     except RuntimeError as exc:
         raise FlattenError(f"torch cannot save the flat tree: {exc}") from exc
     return PickledRecords(recorder.small, recorder.storages)

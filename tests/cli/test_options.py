@@ -69,7 +69,7 @@ def test_an_unknown_format_is_the_same_one_line_error_naming_what_each_command_w
 
 @pytest.mark.parametrize(
     ("command", "devices"),
-    [("flatten", "'auto', 'cpu', 'cuda', 'cuda:N'"), ("activations", "'cpu', 'cuda', 'cuda:N', 'meta'")],
+    [("flatten", "'keep', 'cpu', 'cuda', 'cuda:N', 'auto'"), ("activations", "'cpu', 'cuda', 'cuda:N', 'meta'")],
 )
 @pytest.mark.parametrize("device", ["tpu", "cuda:x", "cuda:-1", "gpu0"])
 def test_a_device_a_command_does_not_take_is_the_same_one_line_error(
@@ -84,7 +84,7 @@ def test_a_device_a_command_does_not_take_is_the_same_one_line_error(
 
 def test_meta_is_a_device_for_activations_only(checkpoint: str, tmp_path: Path) -> None:
     code, _, err = invoke("flatten", checkpoint, "-o", str(tmp_path / "flat.pt"), "--device", "meta")
-    assert code == 2 and "'meta' is not one of 'auto', 'cpu', 'cuda', 'cuda:N'." in err
+    assert code == 2 and "'meta' is not one of 'keep', 'cpu', 'cuda', 'cuda:N', 'auto'." in err
     code, _, err = invoke("activations", *MODEL, "--device", "auto")
     assert code == 2 and "'auto' is not one of 'cpu', 'cuda', 'cuda:N', 'meta'." in err
 

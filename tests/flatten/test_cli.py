@@ -41,8 +41,13 @@ def test_check_writes_nothing(state_file: Path, tmp_path: Path) -> None:
 
 
 def test_auto_device_says_which(state_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["flatten", str(state_file), "-o", str(tmp_path / "flat.pt")]) == 0
+    assert main(["flatten", str(state_file), "-o", str(tmp_path / "flat.pt"), "--device", "auto"]) == 0
     assert "auto:" in capsys.readouterr().out
+
+
+def test_the_default_device_says_it_kept_them(state_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["flatten", str(state_file), "-o", str(tmp_path / "flat.pt")]) == 0
+    assert "device    cpu (kept:" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ def marker(tmp_path: Path) -> Path:
     return tmp_path / "PWNED"
 
 
-def pickle_with_locations(tensors: dict[str, tuple[int, str]]) -> tuple[bytes, dict[str, bytes]]:
+def pickle_with_locations(tensors: dict[str, tuple[int, str]], legacy: bool = False) -> tuple[bytes, dict[str, bytes]]:
     """A torch.save-style data.pkl whose float32 storages claim the given locations.
 
     This is what a machine with GPUs writes for CUDA tensors: the persistent id
@@ -52,6 +52,8 @@ def pickle_with_locations(tensors: dict[str, tuple[int, str]]) -> tuple[bytes, d
 
     Args:
         tensors: name -> (element count, location).
+        legacy: Write the legacy non-zip format's persistent ids, whose sixth item
+            is the storage view (None for a whole storage).
 
     Returns:
         The pickle bytes and the storage records (key -> bytes) for a zip.
@@ -77,7 +79,8 @@ def pickle_with_locations(tensors: dict[str, tuple[int, str]]) -> tuple[bytes, d
     class LocationPickler(pickle.Pickler):
         def persistent_id(self, obj: object) -> object:
             if isinstance(obj, StorageRef):
-                return ("storage", torch.FloatStorage, obj.key, obj.location, obj.numel)
+                saved_id = ("storage", torch.FloatStorage, obj.key, obj.location, obj.numel)
+                return (*saved_id, None) if legacy else saved_id
             return None
 
     state = {}

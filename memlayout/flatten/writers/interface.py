@@ -124,7 +124,7 @@ class FlattenWriter(abc.ABC):
         Args:
             source: The loaded IN.
             options: What was asked.
-            device: The resolved target device.
+            device: The device every tensor moves to; None when each keeps its own.
         """
         return None
 

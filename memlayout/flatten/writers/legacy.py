@@ -116,10 +116,13 @@ class LegacyWriter(FlattenWriter):
         from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree
 
         tree = load_legacy_tree(job.path, job.source.format == "torch-legacy-tar", job.options.trust)
-        done = flatten_loaded_tree(tree, job)
+        # torch.save writes the location each storage is given, so IN's devices are
+        # kept by moving the bytes on the CPU and naming them: no GPU is needed.
+        done = flatten_loaded_tree(tree, job, on_host=job.options.keeps_devices)
         names = {name for tensor in job.facts.tensors for name in tensor.names}
 
         def verify(temporary: str) -> None:
             verify_torch_file(temporary, done.plan, done.buffers, names)
 
-        return Written(done.bytes_copied, write_torch(tree, job.out, verify if job.options.verify else None))
+        written = write_torch(tree, job.out, verify if job.options.verify else None, done.locations)
+        return Written(done.bytes_copied, written)

@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from memlayout.errors import FlattenError
+from memlayout.errors import FlattenError, UsageError
 from memlayout.flatten.writers.interface import FlattenJob
+from memlayout.load.records import LoadedSource
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +31,44 @@ class Flattened:
     """The plan that was applied (with cuDNN's own RNN buffers adopted on CUDA)."""
     buffers: list[torch.Tensor]
     bytes_copied: int
+    locations: dict[int, str]
+    """Moved on the host: the location each storage of the tree must record (its
+    buffer's planned device, or IN's for a storage no view moved), by `_cdata`.
+    Empty when every buffer is on its planned device."""
+
+
+def refuse_devices_not_here(source: LoadedSource, saver: str) -> None:
+    """Raise when IN records a device this machine lacks and `saver` can only record devices it has.
+
+    torch.jit.save and torch.export.save write the device each tensor is on, so
+    keeping a CUDA archive's devices needs CUDA; only torch.save's persistent ids
+    can be written with another device's name.
+
+    Args:
+        source: IN's records.
+        saver: The function that writes OUT, for the message.
+
+    Raises:
+        UsageError: a recorded device is absent here.
+    """
+    import torch
+
+    absent = []
+    for device in sorted({s.device for s in source.storages.values()} - {"cpu", "meta"}):
+        try:
+            parsed = torch.device(device)
+        except RuntimeError:
+            absent.append(device)
+            continue
+        index = parsed.index or 0
+        if parsed.type != "cuda" or not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            absent.append(device)
+    if absent:
+        raise UsageError(
+            f"{source.path} records tensors on {', '.join(absent)}, which this machine lacks, and {saver} "
+            "records only the device a tensor is on",
+            "pass --device cpu to move them to the CPU, or flatten on a machine with that device",
+        )
 
 
 def file_keys_by_name(tree: Any, job: FlattenJob) -> dict[str, str]:
@@ -105,7 +144,7 @@ def _reroot(tree: Any, job: FlattenJob, sliced: dict[str, list[tuple[int, int]]]
                 tensor.data = view
 
 
-def flatten_loaded_tree(tree: Any, job: FlattenJob) -> Flattened:
+def flatten_loaded_tree(tree: Any, job: FlattenJob, on_host: bool = False) -> Flattened:
     """Move every tensor of a tree torch loaded into the job's flat buffers, in place.
 
     Args:
@@ -114,9 +153,12 @@ def flatten_loaded_tree(tree: Any, job: FlattenJob) -> Flattened:
             re-pointed (`tensor.data = view`), so every Python object, and every
             tie, is kept.
         job: The flatten job (plan, facts, options).
+        on_host: Fill the buffers on the CPU whatever their planned device, for a
+            writer that records the planned devices (`Flattened.locations`).
 
     Returns:
-        The applied plan, the filled buffers and the bytes copied.
+        The applied plan, the filled buffers, the bytes copied and, on the host,
+        the locations to record.
     """
     from memlayout.flatten.apply import allocate, copy_from_storages, rebind, views_of, walk_tensors
     from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
@@ -125,12 +167,15 @@ def flatten_loaded_tree(tree: Any, job: FlattenJob) -> Flattened:
     named = tree
     keys = file_keys_by_name(named, job)
     storages: dict[str, Any] = {}
+    locations: dict[int, str] = {}
     for tensor in walk_tensors(named):
         key = keys.get(live_storage_key(tensor))
         if key is not None:
             storages[key] = tensor.untyped_storage()
+            if key in job.source.storages:
+                locations[storages[key]._cdata] = job.source.storages[key].device
     plan = job.plan
-    buffers = allocate(plan)
+    buffers = allocate(plan, on="cpu" if on_host else None)
     copied = copy_from_storages(plan, buffers, storages)
 
     def key_of(tensor: torch.Tensor) -> str | None:
@@ -139,4 +184,7 @@ def flatten_loaded_tree(tree: Any, job: FlattenJob) -> Flattened:
     rebind(named, plan, views_of(plan, buffers), key_of)
     # On CUDA, cuDNN lays out each RNN itself and its buffer is what gets saved.
     plan, buffers, _ = adopt_cudnn_layouts(named, plan, buffers, job.facts)
-    return Flattened(plan, buffers, copied)
+    if not on_host:
+        return Flattened(plan, buffers, copied, {})
+    locations.update({buffer.untyped_storage()._cdata: flat.device for flat, buffer in zip(plan.buffers, buffers, strict=True)})
+    return Flattened(plan, buffers, copied, locations)

@@ -26,8 +26,9 @@ class SafetensorsWriter(FlattenWriter):
         return LayoutAfter(1 if nbytes else 0, nbytes, 0)
 
     def refuse(self, source: LoadedSource, options: FlattenOptions, device: str | None) -> None:
-        if device != "cpu":
-            raise UsageError("a safetensors file is rewritten on the CPU", "pass --device cpu")
+        # safetensors records no device: its tensors are the CPU's, kept or moved there.
+        if device not in (None, "cpu"):
+            raise UsageError("a safetensors file is rewritten on the CPU", "pass --device cpu, or no --device")
 
     def write(self, job: FlattenJob) -> Written:
         from memlayout.flatten.safetensors_out import flatten_safetensors_file

@@ -16,8 +16,10 @@ from typing import Any
 
 from memlayout.core.facts import Facts
 from memlayout.errors import FlattenError
+from memlayout.flatten.options import FlattenOptions
 from memlayout.flatten.plan import FlatPlan, describe_changes
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
+from memlayout.flatten.writers.loaded_tree import refuse_devices_not_here
 from memlayout.load.records import LoadedSource, TensorRecord
 
 CONSTANTS = "constants"
@@ -53,6 +55,10 @@ class TorchExportWriter(FlattenWriter):
             return source
         tensors = [t._replace(section=CONSTANTS) if _is_constant(t) else t for t in source.tensors]
         return dataclasses.replace(source, tensors=tensors)
+
+    def refuse(self, source: LoadedSource, options: FlattenOptions, device: str | None) -> None:
+        if device is None:
+            refuse_devices_not_here(source, "torch.export.save")
 
     def write(self, job: FlattenJob) -> Written:
         import torch

@@ -3,14 +3,16 @@
 IN's tree is rebuilt from its pickle with stand-in storages (`torch_tree`), and its
 tensors are re-pointed at views of flat buffers. Then:
 
-- on the CPU, the flat buffers are never filled. torch pickles the flat tree, and
-  OUT is written record by record in torch.save's own layout, each storage's used
-  bytes moved from IN's file to their slot in OUT's by the kernel
+- on the CPU, and wherever each tensor keeps the device IN records (the default),
+  the flat buffers are never filled. torch pickles the flat tree, each storage
+  recording its buffer's device (a CUDA checkpoint stays one, on a machine without
+  a GPU), and OUT is written record by record in torch.save's own layout, each
+  storage's used bytes moved from IN's file to their slot in OUT's by the kernel
   (`archive_out`). OUT is read back and proved against IN's CRCs, read as metadata
   against the plan, and opened by `torch.load(mmap=True)` before it replaces
   anything. Memory stays near a few chunks, whatever the model's size.
-- on CUDA, the buffers are allocated on the device and filled from IN's file
-  through pinned staging chunks, and torch.save writes them.
+- moved to CUDA (`--device cuda`), the buffers are allocated on the device and
+  filled from IN's file through pinned staging chunks, and torch.save writes them.
 """
 
 from __future__ import annotations
@@ -62,11 +64,12 @@ class TorchZipWriter(FlattenWriter):
             reader: Any = job.source.reader
             spans = RecordSpans(reader.starts, reader.sizes, reader.checksums)
             tree, stand_ins = rebuild_tree(archive, prefix, job.options.trust, job.path)
-            if all(flat.device == "cpu" for flat in job.plan.buffers):
+            if job.options.keeps_devices or all(flat.device == "cpu" for flat in job.plan.buffers):
                 buffers = _unfilled_buffers(job)
                 rebind(tree, job.plan, views_of(job.plan, buffers), stand_ins.key_of)
                 stages["rebuild"] = time.perf_counter() - started
-                return _stream(job, tree, buffers, stand_ins, source, spans, stages)
+                locations = _locations_of_in(job, buffers, stand_ins) if job.options.keeps_devices else None
+                return _stream(job, tree, buffers, stand_ins, source, spans, stages, locations)
             return _through_memory(job, tree, stand_ins, spans)
         finally:
             os.close(source)
@@ -83,6 +86,19 @@ def _refuse_foreign_byte_order(archive: Any, prefix: str, path: str) -> None:
         )
 
 
+def _locations_of_in(job: FlattenJob, buffers: list[torch.Tensor], stand_ins: Any) -> dict[int, str]:
+    """The location each storage of the flat tree records: its buffer's device, or, for a
+    storage no view moved, the one IN records for it."""
+    locations = {
+        storage._cdata: job.source.storages[key].device
+        for key, storage in stand_ins.storages.items() if key in job.source.storages
+    }
+    locations.update(
+        {buffer.untyped_storage()._cdata: flat.device for flat, buffer in zip(job.plan.buffers, buffers, strict=True)}
+    )
+    return locations
+
+
 def _unfilled_buffers(job: FlattenJob) -> list[torch.Tensor]:
     import torch
 
@@ -93,7 +109,7 @@ def _unfilled_buffers(job: FlattenJob) -> list[torch.Tensor]:
 
 def _stream(
     job: FlattenJob, tree: Any, buffers: list[torch.Tensor], stand_ins: Any, source: int, spans: RecordSpans,
-    stages: dict[str, float],
+    stages: dict[str, float], locations: dict[int, str] | None = None,
 ) -> Written:
     from memlayout.flatten.archive_out import Data, OutRecord, write_archive
     from memlayout.flatten.save import ArchiveVerifier, check_layout
@@ -102,7 +118,7 @@ def _stream(
     from memlayout.io.zip_archive import new_serialization_id, torch_archive_name
 
     started = time.perf_counter()
-    pickled = pickle_records(tree)
+    pickled = pickle_records(tree, locations)
     buffer_index = {buffer.untyped_storage()._cdata: index for index, buffer in enumerate(buffers)}
     records = [OutRecord(name, (Data(payload),)) for name, payload in pickled.small]
     for key, storage in pickled.storages:

@@ -15,7 +15,9 @@ import dataclasses
 from typing import Any
 
 from memlayout.errors import FlattenError
+from memlayout.flatten.options import FlattenOptions
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
+from memlayout.flatten.writers.loaded_tree import refuse_devices_not_here
 from memlayout.load.records import LoadedSource
 from memlayout.load.torchscript import CODE_CONSTANTS
 
@@ -44,6 +46,10 @@ class TorchScriptWriter(FlattenWriter):
             return source
         return dataclasses.replace(source, tensors=kept)
 
+    def refuse(self, source: LoadedSource, options: FlattenOptions, device: str | None) -> None:
+        if device is None:
+            refuse_devices_not_here(source, "torch.jit.save")
+
     def write(self, job: FlattenJob) -> Written:
         import torch
 
@@ -53,7 +59,9 @@ class TorchScriptWriter(FlattenWriter):
         from memlayout.load.torchscript import load_torchscript
 
         try:
-            module = torch.jit.load(job.path, map_location="cpu")  # type: ignore[no-untyped-call]
+            # Kept devices are all present here (`refuse`); moved ones are reached from the CPU.
+            where = None if job.options.keeps_devices else "cpu"
+            module = torch.jit.load(job.path, map_location=where)  # type: ignore[no-untyped-call]
         except RuntimeError as exc:
             raise FlattenError(f"{job.path}: torch.jit.load failed: {str(exc).splitlines()[0]}") from exc
         names = [name for tensor in job.facts.tensors for name in tensor.names]
