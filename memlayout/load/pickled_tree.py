@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError
 from memlayout.load.hf_ties import declared_ties
 from memlayout.load.records import (
@@ -46,6 +47,13 @@ def _geometry_problem(tensor: PickledTensor) -> str | None:
     return None
 
 
+def _last_index(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """The element index, from the view's offset, of its last element; -1 for an empty view."""
+    if 0 in shape:
+        return -1
+    return sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
+
+
 def tensor_records(
     root: Any,
     storage_base: dict[str, int] | None = None,
@@ -75,7 +83,8 @@ def tensor_records(
     # A damaged or hostile pickle can rebuild a tensor from anything; each distinct
     # (shape, stride) is checked once, as a model repeats a handful of them, and
     # every record gets the first such pair, so equal shapes are one tuple in memory.
-    sound_geometry: dict[tuple[object, object], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    sound_geometry: dict[tuple[object, object], tuple[tuple[int, ...], tuple[int, ...], int]] = {}
+    itemsizes: dict[str, int] = {}
     has_data = storage_base is not None
     parameter, buffer, plain = TensorKind.PARAMETER, TensorKind.BUFFER, TensorKind.TENSOR
     append = tensors.append
@@ -91,11 +100,22 @@ def tensor_records(
             problem = _geometry_problem(tensor)
             if problem is not None:
                 raise CorruptCheckpointError(f"{source}: tensor {name!r:.120} has an impossible layout: {problem}")
-            sound = sound_geometry[geometry] = (tensor.shape, tensor.stride)
+            sound = sound_geometry[geometry] = (tensor.shape, tensor.stride, _last_index(tensor.shape, tensor.stride))
         offset = tensor.offset
         if type(offset) is not int or offset < 0:
             raise CorruptCheckpointError(f"{source}: tensor {name!r:.120} has storage offset {offset!r:.40}")
         storage: PickledStorage | None = tensor.storage
+        if storage is not None and sound[2] >= 0:
+            itemsize = itemsizes.get(tensor.dtype)
+            if itemsize is None:
+                itemsize = itemsizes[tensor.dtype] = dtype_info(tensor.dtype).itemsize
+            if (offset + sound[2] + 1) * itemsize > storage.nbytes:
+                # torch.load's set_() would have to grow the storage, which it refuses
+                # ("Trying to resize storage that is not resizable").
+                raise CorruptCheckpointError(
+                    f"{source}: tensor {name!r:.120} reaches byte {(offset + sound[2] + 1) * itemsize} of storage "
+                    f"{storage.key!r:.40}, which holds {storage.nbytes}"
+                )
         if storage is None:
             key = _meta_storage_key(tensor)
             storages[key] = StorageRecord(key, "meta", 0, None, False)

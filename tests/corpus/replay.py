@@ -61,8 +61,11 @@ def replay_one(name: str, entry: dict[str, str], scratch: Path) -> dict[str, Any
             outcomes.append({"outcome": f"traceback: {type(exc).__name__}", "message": str(exc)[:300],
                              "memory_error": isinstance(exc, MemoryError)})
         seconds = max(seconds, time.perf_counter() - started)
+    from tests.invariants import violations
+
+    read = any(outcome["outcome"] == "ok" for outcome in outcomes)
     return {"name": name, "outcomes": outcomes, "seconds": round(seconds, 3), "executions": canary.check(),
-            "peak_rss_mib": round(peak_rss_mib(), 1)}
+            "peak_rss_mib": round(peak_rss_mib(), 1), "violations": violations(str(path)) if read else []}
 
 
 _CANARY: Any = None

@@ -53,8 +53,12 @@ def inspect_one(name: str, folder: Path) -> dict[str, Any]:
             "codes": sorted(findings), "formats": report["source"].get("formats") if report else None,
             "seconds": round(seconds, 3),
         })
+    from tests.invariants import violations
+
+    read = any(run["exit_code"] == 0 for run in runs)
     return {
         "name": name, "runs": runs, "executions": canary.check(),
+        "violations": violations(str(target)) if read else [],
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "escaped": sorted(p.name for p in folder.parent.rglob("escaped")),
     }

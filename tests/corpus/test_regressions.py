@@ -34,6 +34,7 @@ def test_regression_input_ends_as_recorded(replayed: dict[str, dict[str, Any]], 
         assert not outcome["memory_error"], f"an allocation failed: {entry['broke']}"
     assert row["seconds"] < SLOW_SECONDS
     assert row["executions"] == []
+    assert row["violations"] == [], "what was read is impossible"
     assert row["peak_rss_mib"] < RSS_LIMIT_MIB
 
 

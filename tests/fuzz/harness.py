@@ -12,6 +12,11 @@ library, metadata only and `--deep`, and four figures are kept:
   each input;
 - peak RSS: the process's high-water mark (VmHWM) after each input; inputs are at most 1 MiB.
 
+And one check of what is returned: an input memlayout reads must give a possible
+report (`tests.invariants`: unique names, every tensor inside its storage and every
+storage inside the file, sizes that add up); each one that does not is a
+property violation.
+
 Each input that breaks one is saved under the failures folder with what it broke,
 for `tests/corpus/` (see `tests/corpus/README.md`). The summary JSON is rewritten
 every 200 inputs and at the end. Usage (the driver, `tests/fuzz/run.py`, runs this):
@@ -125,6 +130,7 @@ class Run:
         self.slow = 0
         self.executions = 0
         self.over_rss = 0
+        self.violations = 0
         self.max_seconds = 0.0
         self.largest_input = 0
         self.baseline_rss = peak_rss_mib()
@@ -148,11 +154,13 @@ class Run:
         self.inputs += 1
         self.largest_input = max(self.largest_input, len(data))
         path = self.target.materialize(data, self.scratch)
+        read = False
         for deep in (False, True):
             started = time.perf_counter()
             try:
                 memlayout.inspect(str(path), config=RuleConfig(deep=deep))
                 self.errors["ok"] += 1
+                read = True
             except MemlayoutError as exc:
                 self.errors[type(exc).__name__] += 1
             except Exception as exc:  # every other exception is a traceback the CLI would hide
@@ -163,6 +171,8 @@ class Run:
             if seconds > SLOW_SECONDS:
                 self.slow += 1
                 self._save(data, "slow", f"deep={deep}: {seconds:.1f} s")
+        if read:
+            self._check_properties(data, path)
         fired = self.canary.check()
         if fired:
             self.executions += 1
@@ -173,11 +183,25 @@ class Run:
         if self.inputs % 200 == 0:
             self.write_summary()
 
+    def _check_properties(self, data: bytes, path: Path) -> None:
+        from tests.invariants import violations
+
+        try:
+            broken = violations(str(path))
+        except Exception as exc:  # the checker's own read: a traceback like any other
+            self.tracebacks += 1
+            self._save(data, "traceback", f"properties: {type(exc).__name__}: {exc}"[:500])
+            return
+        if broken:
+            self.violations += 1
+            self._save(data, "property", "; ".join(broken)[:500])
+
     def summary(self) -> dict[str, Any]:
         return {
             "target": self.target.name, "engine": self.engine, "inputs": self.inputs,
             "tracebacks": self.tracebacks, "slow_inputs": self.slow, "executions": self.executions,
-            "over_rss_inputs": self.over_rss, "max_seconds": round(self.max_seconds, 3),
+            "over_rss_inputs": self.over_rss, "property_violations": self.violations,
+            "max_seconds": round(self.max_seconds, 3),
             "peak_rss_mib": round(peak_rss_mib(), 1), "baseline_rss_mib": round(self.baseline_rss, 1),
             "largest_input": self.largest_input, "outcomes": dict(sorted(self.errors.items())),
             "failures": self.failures, "seconds": round(time.perf_counter() - self.started, 1),

@@ -1,7 +1,7 @@
 """`make fuzz`: every target, N mutated inputs each, one process per target; prints the figures.
 
 Exit 0 only when every target reached N inputs with 0 tracebacks, 0 inputs over
-5 s, 0 executions and a peak RSS under 512 MiB. Inputs that broke a figure are in
+5 s, 0 executions, 0 property violations and a peak RSS under 512 MiB. Inputs that broke a figure are in
 `--out` (default `.bench-data/fuzz/`), ready to become regression files under
 `tests/corpus/`. A target whose process dies (a native crash, libFuzzer's own
 timeout or RSS limit) counts as a traceback; its input is the `*-crash-*` file.
@@ -50,20 +50,22 @@ def fuzz_target(name: str, runs: int, out: Path, engine: str | None, seed: int) 
 def passed(summary: dict[str, Any], runs: int) -> bool:
     return (
         summary.get("inputs", 0) >= runs and summary["tracebacks"] == 0 and summary.get("slow_inputs", 1) == 0
-        and summary.get("executions", 1) == 0 and summary.get("peak_rss_mib", RSS_LIMIT_MIB) < RSS_LIMIT_MIB
+        and summary.get("executions", 1) == 0 and summary.get("property_violations", 1) == 0
+        and summary.get("peak_rss_mib", RSS_LIMIT_MIB) < RSS_LIMIT_MIB
     )
 
 
 def table(summaries: list[dict[str, Any]], runs: int) -> str:
     header = f"{'target':22} {'engine':10} {'inputs':>7} {'traceb.':>7} {f'>{SLOW_SECONDS:g}s':>5} {'exec.':>5} " \
-             f"{'max s':>6} {'peak RSS':>9} {'ok/err':>11}  verdict"
+             f"{'prop.':>5} {'max s':>6} {'peak RSS':>9} {'ok/err':>11}  verdict"
     lines = [header, "-" * len(header)]
     for s in summaries:
         outcomes = s.get("outcomes", {})
         ok = outcomes.get("ok", 0)
         lines.append(
             f"{s['target']:22} {s.get('engine', '?'):10} {s.get('inputs', 0):7} {s['tracebacks']:7} "
-            f"{s.get('slow_inputs', '?'):>5} {s.get('executions', '?'):>5} {s.get('max_seconds', 0):6.2f} "
+            f"{s.get('slow_inputs', '?'):>5} {s.get('executions', '?'):>5} {s.get('property_violations', '?'):>5} "
+            f"{s.get('max_seconds', 0):6.2f} "
             f"{s.get('peak_rss_mib', 0):6.0f} MiB {ok:>5}/{sum(outcomes.values()) - ok:<5}  "
             f"{'pass' if passed(s, runs) else 'FAIL'}"
         )

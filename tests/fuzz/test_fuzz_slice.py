@@ -1,4 +1,4 @@
-"""A slice of `make fuzz`: every target, a few dozen mutated inputs each, the same four figures."""
+"""A slice of `make fuzz`: every target, a few dozen mutated inputs each, the same four figures and the properties."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def assert_figures(summary: dict[str, object], inputs: int) -> None:
     assert summary["tracebacks"] == 0, summary["failures"]
     assert summary["slow_inputs"] == 0, summary["failures"]
     assert summary["executions"] == 0, summary["failures"]
+    assert summary["property_violations"] == 0, summary["failures"]
     assert summary["over_rss_inputs"] == 0 and summary["peak_rss_mib"] < RSS_LIMIT_MIB, summary  # type: ignore[operator]
 
 

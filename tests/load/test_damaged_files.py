@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import io
 import json
 import pickle
@@ -33,6 +34,7 @@ import memlayout
 from memlayout.errors import CorruptCheckpointError, MemlayoutError
 from memlayout.load.restricted_pickle import run_unpickler
 from memlayout.rules import RuleConfig
+from tests.invariants import violations
 from tests.load.conftest import assert_one_line_error, run_cli
 
 FUZZ_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -67,13 +69,22 @@ def originals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
 
 
 def _inspect_bytes(name: str, data: bytes) -> None:
-    """Inspect `data` written as `name`, metadata and --deep: success or a MemlayoutError only."""
+    """Inspect `data` written as `name`, metadata and --deep: success or a MemlayoutError only,
+    and what a success returns is possible (`tests.invariants`)."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / name
         path.write_bytes(data)
-        for deep in (False, True):
-            with contextlib.suppress(MemlayoutError):
-                memlayout.inspect(str(path), config=RuleConfig(deep=deep))
+        _inspect_path(path)
+
+
+def _inspect_path(path: Path) -> None:
+    read = False
+    for deep in (False, True):
+        with contextlib.suppress(MemlayoutError):
+            memlayout.inspect(str(path), config=RuleConfig(deep=deep))
+            read = True
+    if read:
+        assert violations(str(path)) == []
 
 
 @st.composite
@@ -146,9 +157,7 @@ def test_damaged_dcp_metadata_is_a_memlayout_error(dcp_metadata: tuple[Path, byt
         copy = Path(scratch) / "checkpoint"
         shutil.copytree(folder, copy)
         (copy / ".metadata").write_bytes(data.draw(byte_edits(metadata)))
-        for deep in (False, True):
-            with contextlib.suppress(MemlayoutError):
-                memlayout.inspect(str(copy), config=RuleConfig(deep=deep))
+        _inspect_path(copy)
 
 
 _JSON_VALUES = st.recursive(
@@ -221,6 +230,28 @@ def test_impossible_tensor_geometry_is_a_load_error(
     with pytest.raises(CorruptCheckpointError, match=problem):
         memlayout.inspect(str(path))
     assert_one_line_error(run_cli("inspect", str(path)), "tensor 'w'", problem)
+
+
+def test_a_view_past_the_end_of_its_storage_is_a_load_error_as_torch_load_refuses_it(tmp_path: Path) -> None:
+    # Found by the property that every reported tensor lies inside its storage:
+    # a 4x4 float32 view from element 1 of a 16-element storage reaches byte 68 of 64.
+    path = _state_dict_zip(tmp_path, (1, (4, 4), (4, 1)))
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("archive/version", "3\n")  # so that torch.load gets as far as the tensor
+    with pytest.raises(RuntimeError, match="resize storage that is not resizable"):
+        torch.load(path)  # set_() would have to grow the 64-byte storage it loaded
+    assert_one_line_error(run_cli("inspect", str(path)), "tensor 'w' reaches byte 68 of storage '0', which holds 64")
+
+
+def test_the_properties_see_a_view_past_its_storage() -> None:
+    # The checker itself, on records a loader could return: it must not pass what torch refuses.
+    from memlayout.load.records import LoadedSource, StorageRecord, TensorKind, TensorRecord
+    from tests.invariants import _record_violations
+
+    record = TensorRecord("w", TensorKind.TENSOR, "float32", (4, 4), (4, 1), "0", 1)
+    source = LoadedSource("model.pt", "torch-zip", [record], {"0": StorageRecord("0", "cpu", 64)})
+    assert _record_violations(source) == ["tensor 'w' reaches byte 68 of storage '0', which holds 64"]
+    assert _record_violations(dataclasses.replace(source, tensors=[record._replace(offset=0)])) == []
 
 
 def test_sound_tensor_geometry_still_loads(tmp_path: Path) -> None:
