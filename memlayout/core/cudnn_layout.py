@@ -183,10 +183,6 @@ class CudnnLayout:
                 return slot
         raise KeyError(name)
 
-    def in_buffer_order(self) -> tuple[WeightSlot, ...]:
-        """The slots by offset, as they lie in the buffer."""
-        return tuple(sorted(self.slots, key=lambda s: s.offset))
-
 
 def _suffix(layer: int, direction: int) -> str:
     return f"_l{layer}{'_reverse' if direction else ''}"

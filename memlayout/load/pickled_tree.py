@@ -27,10 +27,6 @@ from memlayout.load.restricted_pickle import (
     walk_tensors,
 )
 
-# torch.nn's RNN classes; a pickled subclass is recognized by its module state
-# (`mode` and `_flat_weights_names`), which RNNBase always sets.
-_RNN_MODULE = "torch.nn.modules.rnn"
-
 
 def _meta_storage_key(tensor: PickledTensor) -> str:
     return f"meta:{id(tensor)}"
@@ -177,6 +173,8 @@ def module_records(modules: list[tuple[str, InertObject]]) -> list[ModuleRecord]
 
 
 def _rnn_record(path: str, module: InertObject) -> RnnRecord | None:
+    # Recognized by its state (`mode` and `_flat_weights_names`), which RNNBase always
+    # sets, not by its class: a subclass defined elsewhere is an RNN too.
     state = module.state_dict
     names = state.get("_flat_weights_names")
     mode = state.get("mode")
