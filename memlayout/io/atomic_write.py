@@ -47,12 +47,10 @@ OUT is absent, the old OUT, or the whole new one at every instant.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
+import functools
 import os
 import re
-import secrets
 import shutil
 import stat
 from collections.abc import Iterator
@@ -104,7 +102,7 @@ def _start_time(pid: int) -> int:
 def temporary_name(kind: str) -> str:
     """A fresh temporary name recording this process; `kind` is tmp, dir or aside-NAME."""
     pid = os.getpid()
-    return f"{TEMPORARY_PREFIX}{pid}-{_boot_id()}-{_start_time(pid)}-{secrets.token_hex(4)}-{kind}"
+    return f"{TEMPORARY_PREFIX}{pid}-{_boot_id()}-{_start_time(pid)}-{os.urandom(4).hex()}-{kind}"
 
 
 def _writer_is_alive(pid: int, boot: str, start: int) -> bool:
@@ -280,10 +278,17 @@ def resolve_target(out: str) -> ResolvedTarget:
 # renameat2, and the durability of folder entries.
 
 
+@functools.cache
 def _libc_renameat2() -> Any:
+    """libc's renameat2, looked up on first use; None where the C library has none (macOS).
+
+    `CDLL(None)` is the C library the interpreter already runs on: nothing is loaded
+    and no process is started (`ctypes.util.find_library` would run `ldconfig -p`).
+    """
+    import ctypes
+
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        function = libc.renameat2
+        function = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):
         return None
     function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
@@ -291,14 +296,14 @@ def _libc_renameat2() -> Any:
     return function
 
 
-_RENAMEAT2 = _libc_renameat2()
-
-
 def _rename(source: str, target: str, flags: int) -> None:
     """rename(2) with renameat2 flags; raises OSError(EINVAL) where they are not supported."""
-    if _RENAMEAT2 is None:
+    renameat2 = _libc_renameat2()
+    if renameat2 is None:
         raise OSError(errno.EINVAL, "renameat2 is not available")
-    if _RENAMEAT2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), flags) != 0:
+    if renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), flags) != 0:
+        import ctypes
+
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), source, None, target)
 
@@ -825,20 +830,3 @@ def _move_entries_into(staging: str, target: str) -> None:
             shutil.rmtree(source, ignore_errors=True)
         else:
             os.replace(source, destination)
-
-
-@contextlib.contextmanager
-def atomic_path(out: str, suffix: str = "", directory: bool = False) -> Iterator[str]:
-    """A path to write in full; committed as `out` when the block succeeds.
-
-    Kept for writers that only take a path; new code uses `atomic_file` (which also
-    gives a descriptor) or `atomic_directory` directly. `suffix` is ignored: the
-    temporary of a file may have no name at all.
-    """
-    del suffix
-    if directory:
-        with atomic_directory(out) as staging:
-            yield staging
-        return
-    with atomic_file(out) as output:
-        yield output.path
