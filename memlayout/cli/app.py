@@ -10,7 +10,6 @@ import atexit
 import contextlib
 import os
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -137,20 +136,29 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> NoReturn:
     """The `memlayout` command (and `python -m memlayout`): `main()`, then an exit without teardown.
 
-    When `main()` returns, every file it wrote is fsynced and renamed into place
-    and every thread it started is joined. What remains is the interpreter's
-    teardown, which after `import torch` (flatten, activations) took 0.3-0.8 s on
-    the development VM, as long as flatten's own copy of a 1 GiB checkpoint
-    (benchmarks/README.md). So the exit handlers registered with `atexit` run
-    (logging, `weakref.finalize`, temporary folders), the standard streams are
-    flushed, and the process ends there. Should another thread still run, the
-    exit is the usual one, which waits for it.
+    When `main()` returns, every file it wrote is fsynced and renamed into place.
+    The exit then goes as usual, waiting for any thread still running and running
+    the handlers registered with `atexit` (logging, `weakref.finalize`, temporary
+    folders, torch's own), up to the interpreter's teardown, which after `import
+    torch` (flatten, activations) took 0.3-0.8 s on the development VM, as long as
+    flatten's own copy of a 1 GiB checkpoint (benchmarks/README.md). That teardown
+    is skipped: the handler registered here, before any other (nothing the CLI
+    imports registers one; a test checks it), runs last, flushes the standard
+    streams and ends the process with `os._exit`.
+
+    For the process's entry point only: a program that calls memlayout from Python
+    calls `main()`, which returns the exit code.
     """
-    code = main()
-    if any(thread.is_alive() and not thread.daemon for thread in threading.enumerate()
-           if thread is not threading.main_thread()):
-        sys.exit(code)
-    atexit._run_exitfuncs()
+    code: list[int] = []
+    atexit.register(_end_without_teardown, code)
+    code.append(main())
+    sys.exit(code[0])
+
+
+def _end_without_teardown(code: list[int]) -> None:
+    if not code:
+        return  # main() raised: the usual exit reports it
+    status = code[0]
     try:
         sys.stdout.flush()
     except BrokenPipeError:
@@ -158,10 +166,10 @@ def entry() -> NoReturn:
     except (OSError, ValueError) as exc:
         # A full disk behind `> report.json`: the teardown would print a traceback and exit 120.
         print(f"memlayout: error: cannot write the output: {exc}", file=sys.stderr)
-        code = USAGE_OR_LOAD_ERROR
+        status = USAGE_OR_LOAD_ERROR
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
-    os._exit(code)
+    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The `memlayout` command ends without the interpreter's teardown, and loses nothing by it.
 
-`entry()` runs `main()`, the `atexit` handlers and a flush of the standard streams,
-then `os._exit`: after `import torch`, the teardown it skips took 0.3-0.8 s.
-Each test runs the real command (or `entry()`) in a fresh process.
+`entry()` runs `main()`, then exits as usual (threads waited for, `atexit` handlers
+run) until its own exit handler, registered first and so run last, flushes the
+standard streams and calls `os._exit`: after `import torch`, the teardown it skips
+took 0.3-0.8 s. Each test runs the real command (or `entry()`) in a fresh process.
 """
 
 from __future__ import annotations
@@ -31,19 +32,44 @@ def test_the_command_writes_its_whole_report_and_returns_mains_exit_code() -> No
     assert json.loads(done.stdout)["findings"]
 
 
-def test_exit_handlers_still_run(tmp_path: Path) -> None:
-    marker = tmp_path / "ran"
+def test_exit_handlers_registered_while_the_command_runs_still_run_and_the_teardown_does_not(tmp_path: Path) -> None:
+    # What torch, logging and weakref.finalize do: register a handler on first use,
+    # inside the command. An object that a teardown would finalize shows it was skipped.
+    handler, teardown = tmp_path / "handler", tmp_path / "teardown"
     done = _python(
         "import atexit, pathlib, sys\n"
-        f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes')\n"
-        "from memlayout.cli.app import entry\n"
-        "sys.argv = ['memlayout', 'rules']\n"
-        "entry()\n",
+        "import memlayout.cli.app as app\n"
+        "class Finalized:\n"
+        f"    def __del__(self): pathlib.Path({str(teardown)!r}).write_text('ran')\n"
+        "def main(argv=None):\n"
+        f"    atexit.register(pathlib.Path({str(handler)!r}).write_text, 'ran')\n"
+        "    sys.modules['__main__'].kept = Finalized()\n"
+        "    print('report')\n"
+        "    return 3\n"
+        "app.main = main\n"
+        "app.entry()\n",
+        tmp_path,
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "report\n"
+    assert handler.read_text() == "ran"
+    assert not teardown.exists()
+
+
+def test_importing_the_command_registers_no_exit_handler(tmp_path: Path) -> None:
+    # entry()'s handler must be the first one registered to run last: a handler
+    # registered at import, before it, would be skipped with the teardown.
+    done = _python(
+        "import atexit, sys\n"
+        "registered = []\n"
+        "plain = atexit.register\n"
+        "atexit.register = lambda f, *a, **k: (registered.append(f), plain(f, *a, **k))[1]\n"
+        "import memlayout.cli.app\n"
+        "print(registered)\n",
         tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    assert "ML101" in done.stdout
-    assert marker.read_text() == "yes"
+    assert done.stdout == "[]\n"
 
 
 def test_a_thread_still_running_is_waited_for(tmp_path: Path) -> None:
