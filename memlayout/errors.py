@@ -60,3 +60,9 @@ class OutputError(MemlayoutError):
     """An output could not be written; the previous file or folder is unchanged."""
 
     default_hint = "check the path, its permissions and the free space"
+
+
+class TorchNotInstalledError(MemlayoutError):
+    """What was asked runs torch, and torch is not installed (reading files needs none)."""
+
+    default_hint = "install it with: pip install 'memlayout[torch]'"

@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from memlayout import _torch
 from memlayout.activations.facts import Trace
 from memlayout.activations.input_specs import InputSpec, parse_input_spec
 from memlayout.activations.plan import Plan, Planner
@@ -103,9 +104,7 @@ class _Step:
         self.device = "meta" if mode == "meta" else device
         self.fake_mode: Any = None
         if mode == "fake":
-            from torch._subclasses.fake_tensor import FakeTensorMode
-
-            self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+            self.fake_mode = _torch.FakeTensorMode(allow_non_fake_inputs=True)
         self.model: Any = None
         self.args: tuple[Any, ...] = ()
         self.kwargs: dict[str, Any] = {}
@@ -173,9 +172,7 @@ class _Step:
         if not isinstance(value, torch.Tensor) or self.mode == "real":
             return value
         if self.fake_mode is not None:
-            from torch._subclasses.fake_tensor import FakeTensor
-
-            return value if isinstance(value, FakeTensor) else self.fake_mode.from_tensor(value)
+            return value if isinstance(value, _torch.FakeTensor) else self.fake_mode.from_tensor(value)
         return value.to("meta")
 
     def adopt_model(self, model: Any) -> Any:

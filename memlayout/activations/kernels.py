@@ -15,16 +15,24 @@ attention; element-wise ops count 0, as FlopCounterMode counts them).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-import torch
-from torch.utils.flop_counter import flop_registry, sdpa_flop
+from memlayout import _torch
 
 _PAGE = 4096
-_FLOPS: dict[Any, Any] = dict(flop_registry)
-if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
-    # CPU's fused attention is not in the registry; its FLOPs are those of any SDPA.
-    _FLOPS[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu] = sdpa_flop
+
+
+@functools.cache
+def _flops() -> dict[Any, Any]:
+    from torch.utils.flop_counter import flop_registry, sdpa_flop
+
+    formulas: dict[Any, Any] = dict(flop_registry)
+    flash = _torch.cpu_flash_attention_op()
+    if flash is not None:
+        # CPU's fused attention is not in the registry; its FLOPs are those of any SDPA.
+        formulas[flash] = sdpa_flop
+    return formulas
 
 
 def _good_leading_dimension(dim: int, itemsize: int) -> int:
@@ -58,6 +66,8 @@ def _mkldnn_rnn_layer(args: Any, kwargs: Any) -> dict[int, int] | None:
         "input", "w0", "w1", "w2", "w3", "hx_", "cx_", "reverse", "batch_sizes", "mode", "hidden_size",
         "num_layers", "has_biases", "bidirectional", "batch_first", "train",
     )
+    import torch
+
     values = dict(zip(names, args, strict=False)) | dict(kwargs)
     source = values["input"]
     if not values.get("train") or source.dtype != torch.float32:
@@ -68,20 +78,25 @@ def _mkldnn_rnn_layer(args: Any, kwargs: Any) -> dict[int, int] | None:
     return {3: workspace}
 
 
-_CORRECTIONS: dict[Any, Any] = {}
-if hasattr(torch.ops.aten, "mkldnn_rnn_layer"):
-    _CORRECTIONS[torch.ops.aten.mkldnn_rnn_layer.default] = _mkldnn_rnn_layer
+@functools.cache
+def _corrections() -> dict[Any, Any]:
+    import torch
+
+    corrections: dict[Any, Any] = {}
+    if hasattr(torch.ops.aten, "mkldnn_rnn_layer"):
+        corrections[torch.ops.aten.mkldnn_rnn_layer.default] = _mkldnn_rnn_layer
+    return corrections
 
 
 def corrected_output_nbytes(func: Any, args: Any, kwargs: Any) -> dict[int, int] | None:
     """Output position -> the storage bytes the real kernel allocates, where the meta kernel differs."""
-    correction = _CORRECTIONS.get(func)
+    correction = _corrections().get(func)
     return correction(args, kwargs) if correction is not None else None
 
 
 def forward_flops(func: Any, args: Any, kwargs: Any, out: Any) -> int:
     """FLOPs of one op by torch's flop counter formulas; 0 for ops it does not count."""
-    formula = _FLOPS.get(func._overloadpacket)
+    formula = _flops().get(func.overloadpacket)
     if formula is None:
         return 0
     try:

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from memlayout.activations.facts import ModuleCall, StorageKind, Trace
 from memlayout.activations.summary import live_curve, subtree_calls
 from memlayout.errors import UsageError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,8 @@ class Planner:
     """Estimates plan peaks from a baseline trace and searches for the cheapest plan under a target."""
 
     def __init__(self, trace: Trace) -> None:
+        import numpy as np
+
         self.trace = trace
         self.curve = live_curve(trace)
         self.baseline_peak = int(self.curve.max()) if len(self.curve) else 0
@@ -180,6 +183,8 @@ class Planner:
 
     def _gap(self, first: ModuleCall, last: ModuleCall, whole: ModuleCall | None) -> _Gap | None:
         """The effect of checkpointing the calls from `first` to `last` (one call, or a segment)."""
+        import numpy as np
+
         trace = self.trace
         starts = [trace.calls[i].backward_start for c in self._span(first, last) for i in self._inside[c.id]]
         known = [s for s in starts if s is not None]
@@ -209,6 +214,8 @@ class Planner:
 
     # the estimate -------------------------------------------------------------
     def _build_matrix(self) -> None:
+        import numpy as np
+
         events = self.trace.events
         cuts = {0}
         for option in self.options:

@@ -6,10 +6,12 @@ Pure functions of a `Trace`; numpy does the sweeps over events.
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from memlayout.activations.facts import ModuleCall, Phase, StorageKind, Trace
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CUDA_BLOCK = 512
 """The CUDA caching allocator rounds every block up to a multiple of 512 bytes (kMinBlockSize)."""
@@ -66,6 +68,8 @@ class ModuleFacts:
 
 def live_curve(trace: Trace, block: int = 1) -> np.ndarray:
     """Live bytes after each event: curve[e] for e in 0..trace.events."""
+    import numpy as np
+
     nbytes = np.fromiter((s.nbytes for s in trace.storages), dtype=np.int64, count=len(trace.storages))
     if block > 1:
         nbytes = -(-nbytes // block) * block
@@ -87,6 +91,8 @@ def alive_at(trace: Trace, event: int) -> list[int]:
 
 def summarize(trace: Trace, cuda: bool = False) -> Summary:
     """The summary of a trace; `cuda` adds the allocator-rounded peak."""
+    import numpy as np
+
     curve = live_curve(trace)
     peak_event = int(np.argmax(curve)) if len(curve) else 0
     by_born = {s.born: s for s in trace.storages}

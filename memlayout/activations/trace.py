@@ -26,9 +26,9 @@ from contextlib import ExitStack
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from memlayout import _torch
 from memlayout.activations import rerun
 from memlayout.activations.facts import (
     ModuleCall,
@@ -42,7 +42,7 @@ from memlayout.activations.kernels import corrected_output_nbytes, forward_flops
 from memlayout.activations.step import output_tensors, run_step
 
 NODE_KEY = "memlayout.call"
-_MOVE_OPS = {torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default}
+_MOVE_OPS = _torch.device_copy_ops()
 
 
 class _Storage:
@@ -90,7 +90,7 @@ class _Call:
         self.mutates_buffers = False
 
 
-class StepTracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records storages and module calls while one step runs under it."""
 
     def __init__(self, model: torch.nn.Module, *, correct_kernels: bool) -> None:
@@ -181,7 +181,7 @@ class StepTracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _attribute_backward_op(self) -> None:
         if self.stack:  # a checkpointed module's children rerun under their own hooks
             return
-        node: Any = torch._C._current_autograd_node()
+        node: Any = _torch.current_autograd_node()
         call = node.metadata.get(NODE_KEY) if node is not None else None
         if call is not None:
             self.backward_call = call
@@ -191,7 +191,7 @@ class StepTracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _check_inputs(self, func: Any, args: Any, kwargs: Any) -> None:
         call = self.stack[-1]
-        schema_args = func._schema.arguments
+        schema_args = _torch.op_schema(func).arguments
         for position, value in enumerate(args):
             if not isinstance(value, torch.Tensor):
                 continue
@@ -386,7 +386,7 @@ class StepTracer(TorchDispatchMode):  # type: ignore[no-untyped-call]
 def _draws_random_numbers(func: Any, args: Any, kwargs: Any) -> bool:
     """A seeded op draws unless its dropout probability is 0 or it is told it is not training
     (attention kernels are seeded for their dropout_p, and Llama's is 0)."""
-    for position, argument in enumerate(func._schema.arguments):
+    for position, argument in enumerate(_torch.op_schema(func).arguments):
         value = args[position] if position < len(args) else kwargs.get(argument.name, argument.default_value)
         if argument.name in ("p", "dropout_p") and isinstance(value, (int, float)) and value == 0:
             return False

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memlayout import _torch
 from memlayout.errors import FlattenError, UsageError
 from memlayout.flatten.plan import FlatPlan, Placement, Slot, ViewKey
 from memlayout.flatten.populate import populate
@@ -365,7 +366,7 @@ def rebind(
         if isinstance(module, torch.nn.RNNBase):
             # Identity is kept, so the weakrefs already match; rebuilding the list is
             # cheap insurance against wrappers that swapped entries in between.
-            module._init_flat_weights()
+            _torch.refresh_rnn_flat_weights(module)
     return len(targets)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from memlayout import _torch
 from memlayout.core.cudnn_layout import RnnGeometry, layout_of
 from memlayout.core.facts import Facts
 from memlayout.flatten.plan import FlatBuffer, FlatPlan, Placement, ViewKey
@@ -36,13 +37,13 @@ def torch_flatten(weights: list[torch.Tensor], geometry: RnnGeometry, module: An
     if module is not None:
         module.flatten_parameters()
         return
-    if not torch._use_cudnn_rnn_flatten_weight():
+    if not _torch.cudnn_flattens_rnn_weights():
         return  # as flatten_parameters() does where cuDNN's flatten is not used (ROCm)
     per_layer = (4 if geometry.bias else 2) + (1 if geometry.proj_size else 0)
     # tanh and relu have the same weights; an RNN recognized from a state dict is run as tanh.
     mode = "RNN_TANH" if geometry.mode == "RNN" else geometry.mode
     with torch.no_grad():
-        torch._cudnn_rnn_flatten_weight(
+        _torch.cudnn_rnn_flatten_weight(
             weights, per_layer, geometry.input_size, rnn.get_cudnn_mode(mode), geometry.hidden_size,  # type: ignore[no-untyped-call]
             geometry.proj_size, geometry.num_layers, False, geometry.bidirectional,
         )
@@ -56,7 +57,7 @@ def _owner(obj: Any, weights: list[torch.Tensor]) -> Any:
 
     ids = [id(w) for w in weights]
     for module in modules_of(obj):
-        if isinstance(module, torch.nn.RNNBase) and [id(w) for w in module._flat_weights] == ids:
+        if isinstance(module, torch.nn.RNNBase) and [id(w) for w in _torch.rnn_flat_weights(module)] == ids:
             return module
     return None
 

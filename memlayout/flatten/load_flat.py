@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from memlayout import _torch
 from memlayout.errors import FlattenError, UsageError
 from memlayout.flatten.handle import FlatHandle
 
@@ -76,7 +77,7 @@ def repoint(model: Any, state: dict[str, Any]) -> None:
             tensor.data = new
     for module in model.modules():
         if isinstance(module, torch.nn.RNNBase):
-            module._init_flat_weights()
+            _torch.refresh_rnn_flat_weights(module)
 
 
 def load_flat_checkpoint(model: Any, path: str, device: str | None = None) -> FlatHandle:

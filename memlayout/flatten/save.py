@@ -36,7 +36,7 @@ def save_torch(obj: Any, path: str, locations: dict[int, str] | None = None) -> 
     Args:
         obj: What to save.
         path: Where.
-        locations: The location each storage records, by `_cdata`, where it is not
+        locations: The location each storage records, by storage identity (`_torch.storage_id`), where it is not
             its own (`memlayout.flatten.torch_tree.location_tagging_pickle`).
     """
     import torch

@@ -18,8 +18,10 @@ on a zip reader that is ours:
   data.pkl and the small records as bytes, and the storages to write, in torch's
   order, for `memlayout.flatten.archive_out` to write.
 
-Both functions are private to torch; their signatures have been stable since the
-mmap loader arrived (torch 2.1), and the tests compare the result with torch.save.
+Both functions are private to torch, so they are called through `memlayout._torch`,
+whose tests check them against the installed torch; the signatures have been
+stable since the mmap loader arrived (torch 2.1), and the flatten tests compare
+the result with torch.save.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from memlayout import _torch
 from memlayout.errors import CorruptCheckpointError, UnsafeContentError, UsageError
 from memlayout.io.zip_archive import ZipReader
 
@@ -48,11 +51,11 @@ class StandIns:
 
     def key_of(self, tensor: torch.Tensor) -> str | None:
         """IN's record key of the storage a tensor views; None when it views no stand-in."""
-        return self.keys.get(tensor.untyped_storage()._cdata)
+        return self.keys.get(_torch.storage_id(tensor.untyped_storage()))
 
     def key_of_storage(self, storage: Any) -> str | None:
         """IN's record key of an untyped storage; None when it is no stand-in."""
-        return self.keys.get(storage._cdata)
+        return self.keys.get(_torch.storage_id(storage))
 
 
 class _RecordsOfIn:
@@ -79,7 +82,7 @@ class _RecordsOfIn:
         # Never written or read: only its size and identity matter.
         stand_in = torch.empty(nbytes, dtype=torch.uint8)
         storage = stand_in.untyped_storage()
-        self.stand_ins.keys[storage._cdata] = key
+        self.stand_ins.keys[_torch.storage_id(storage)] = key
         self.stand_ins.storages[key] = storage
         return stand_in
 
@@ -106,16 +109,11 @@ def rebuild_tree(archive: ZipReader, prefix: str, trust: bool, path: str) -> tup
         UsageError: a class the pickle needs cannot be imported (with trust).
         CorruptCheckpointError: a record is smaller than the pickle says.
     """
-    import torch._weights_only_unpickler as weights_only_unpickler
-    import torch.serialization
-
-    # Private to torch, and untyped: called through Any.
-    load: Any = torch.serialization._load
     stand_ins = StandIns()
     records = _RecordsOfIn(archive, prefix, stand_ins)
-    module: Any = weights_only_unpickler if not trust else pickle
+    module: Any = _torch.weights_only_unpickler() if not trust else pickle
     try:
-        root = load(records, "cpu", module, encoding="utf-8")
+        root = _torch.load_pickle_from_records(records, module)
     except pickle.UnpicklingError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UnsafeContentError(f"{path} cannot be loaded weights-only: {first}") from exc
@@ -167,7 +165,7 @@ def location_tagging_pickle(locations: dict[int, str]) -> Any:
     Pickler and overrides its `persistent_id`; `__init_subclass__` wraps that method.
 
     Args:
-        locations: `UntypedStorage._cdata` -> the location to record; any other
+        locations: storage identity (`_torch.storage_id`) -> the location to record; any other
             storage records its own.
 
     Returns:
@@ -186,7 +184,7 @@ def location_tagging_pickle(locations: dict[int, str]) -> Any:
                 saved_id = torchs_persistent_id(self, obj)
                 if type(saved_id) is tuple and saved_id[0] == "storage":
                     storage = obj._untyped_storage if isinstance(obj, torch.storage.TypedStorage) else obj
-                    location = locations.get(storage._cdata)
+                    location = locations.get(_torch.storage_id(storage))
                     if location is not None:
                         saved_id = (*saved_id[:3], location, *saved_id[4:])
                 return saved_id
@@ -201,7 +199,7 @@ def pickle_records(root: Any, locations: dict[int, str] | None = None) -> Pickle
 
     Args:
         root: The flat tree (every tensor on CPU).
-        locations: The location each storage records, by `_cdata`, where it is
+        locations: The location each storage records, by storage identity (`_torch.storage_id`), where it is
             not its own (see `location_tagging_pickle`).
 
     Returns:
@@ -210,15 +208,12 @@ def pickle_records(root: Any, locations: dict[int, str] | None = None) -> Pickle
     Raises:
         FlattenError: torch refuses to save the tree (two dtypes viewing one storage).
     """
-    import torch.serialization
-
     from memlayout.errors import FlattenError
 
-    save: Any = torch.serialization._save
     recorder = _Recorder()
     module = location_tagging_pickle(locations) if locations else pickle
     try:
-        save(root, recorder, module, torch.serialization.DEFAULT_PROTOCOL, False)
+        _torch.save_pickle_to_records(root, recorder, module)
     except RuntimeError as exc:
         raise FlattenError(f"torch cannot save the flat tree: {exc}") from exc
     return PickledRecords(recorder.small, recorder.storages)

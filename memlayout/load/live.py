@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memlayout import _torch
 from memlayout.errors import UsageError
 from memlayout.load.records import (
     DeclaredTie,
@@ -50,7 +51,7 @@ def storage_key(tensor: torch.Tensor) -> str:
     The one place this key is built: flatten finds a live tensor's planned slot by it.
     The device is part of it, so that equal addresses on two devices never merge.
     """
-    return f"{tensor.device}:{tensor.untyped_storage()._cdata:#x}"
+    return f"{tensor.device}:{_torch.storage_id(tensor.untyped_storage()):#x}"
 
 
 class _Collector:
@@ -120,10 +121,11 @@ class _Collector:
     def _rnn(self, rnn: torch.nn.RNNBase, dot: str, section: str) -> RnnRecord:
         import torch
 
-        names = tuple(rnn._flat_weights_names)
+        names = tuple(_torch.rnn_flat_weight_names(rnn))
+        registered = {name for name, _ in rnn.named_parameters(recurse=False)}
         unregistered = []
         for name in names:
-            if rnn._parameters.get(name) is None:
+            if name not in registered:
                 unregistered.append(dot + name)
                 # The weight-dropout pattern: the weight is a plain attribute that is
                 # recomputed each forward. Record it so its layout is still checked.

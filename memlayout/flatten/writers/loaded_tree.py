@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memlayout import _torch
 from memlayout.errors import FlattenError, UsageError
 from memlayout.flatten.writers.interface import FlattenJob
 from memlayout.load.records import LoadedSource
@@ -33,7 +34,7 @@ class Flattened:
     bytes_copied: int
     locations: dict[int, str]
     """Moved on the host: the location each storage of the tree must record (its
-    buffer's planned device, or IN's for a storage no view moved), by `_cdata`.
+    buffer's planned device, or IN's for a storage no view moved), by storage identity (`_torch.storage_id`).
     Empty when every buffer is on its planned device."""
 
 
@@ -137,7 +138,7 @@ def _reroot(tree: Any, job: FlattenJob, sliced: dict[str, list[tuple[int, int]]]
             root = torch.empty(sizes[file_key], dtype=torch.uint8).untyped_storage()
             for offset, object_id in members:
                 tensor = by_id[object_id]
-                if torch._debug_has_internal_overlap(tensor) == 1:
+                if _torch.has_internal_overlap(tensor):
                     raise _unexpected(job, "an expanded tensor sits in a storage view, which flatten cannot re-root")
                 view = torch.empty(0, dtype=tensor.dtype).set_(root, offset, tensor.shape, tensor.stride())
                 as_bits(view).copy_(as_bits(tensor))
@@ -173,7 +174,7 @@ def flatten_loaded_tree(tree: Any, job: FlattenJob, on_host: bool = False) -> Fl
         if key is not None:
             storages[key] = tensor.untyped_storage()
             if key in job.source.storages:
-                locations[storages[key]._cdata] = job.source.storages[key].device
+                locations[_torch.storage_id(storages[key])] = job.source.storages[key].device
     plan = job.plan
     buffers = allocate(plan, on="cpu" if on_host else None)
     copied = copy_from_storages(plan, buffers, storages)
@@ -186,5 +187,5 @@ def flatten_loaded_tree(tree: Any, job: FlattenJob, on_host: bool = False) -> Fl
     plan, buffers, _ = adopt_cudnn_layouts(named, plan, buffers, job.facts)
     if not on_host:
         return Flattened(plan, buffers, copied, {})
-    locations.update({buffer.untyped_storage()._cdata: flat.device for flat, buffer in zip(plan.buffers, buffers, strict=True)})
+    locations.update({_torch.storage_id(buffer.untyped_storage()): flat.device for flat, buffer in zip(plan.buffers, buffers, strict=True)})
     return Flattened(plan, buffers, copied, locations)

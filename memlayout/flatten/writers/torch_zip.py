@@ -24,6 +24,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from memlayout import _torch
 from memlayout.errors import FlattenError
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
 from memlayout.load.records import LoadedSource
@@ -90,11 +91,11 @@ def _locations_of_in(job: FlattenJob, buffers: list[torch.Tensor], stand_ins: An
     """The location each storage of the flat tree records: its buffer's device, or, for a
     storage no view moved, the one IN records for it."""
     locations = {
-        storage._cdata: job.source.storages[key].device
+        _torch.storage_id(storage): job.source.storages[key].device
         for key, storage in stand_ins.storages.items() if key in job.source.storages
     }
     locations.update(
-        {buffer.untyped_storage()._cdata: flat.device for flat, buffer in zip(job.plan.buffers, buffers, strict=True)}
+        {_torch.storage_id(buffer.untyped_storage()): flat.device for flat, buffer in zip(job.plan.buffers, buffers, strict=True)}
     )
     return locations
 
@@ -119,10 +120,10 @@ def _stream(
 
     started = time.perf_counter()
     pickled = pickle_records(tree, locations)
-    buffer_index = {buffer.untyped_storage()._cdata: index for index, buffer in enumerate(buffers)}
+    buffer_index = {_torch.storage_id(buffer.untyped_storage()): index for index, buffer in enumerate(buffers)}
     records = [OutRecord(name, (Data(payload),)) for name, payload in pickled.small]
     for key, storage in pickled.storages:
-        index = buffer_index.get(storage._cdata)
+        index = buffer_index.get(_torch.storage_id(storage))
         if index is not None:
             pieces = _buffer_pieces(job.plan.buffers[index], source, spans)
         else:

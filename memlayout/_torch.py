@@ -1,0 +1,206 @@
+"""Every private torch API memlayout relies on, in one module.
+
+torch promises nothing about a name that starts with an underscore: a release may
+rename it, change its signature or drop it. memlayout touches such names only
+through the functions below, one per name, each saying what it is relied on for.
+`tests/test_private_torch_apis.py` checks every one against the installed torch
+(it exists, takes the arguments memlayout passes, behaves as memlayout expects)
+and fails with a message naming the API and the torch version; another test
+checks that no module outside this one touches a private torch name.
+
+torch is imported inside each function, never here: importing this module loads
+nothing, and the commands that read files run without torch installed;
+`require` is how a command that runs torch says so, in one line, when it is not.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+from memlayout.errors import TorchNotInstalledError
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import torch
+
+
+def require(purpose: str) -> None:
+    """Raise `TorchNotInstalledError` for `purpose` (say, "flatten") when torch is not installed.
+
+    Finds torch without importing it, so it costs nothing where torch is there.
+    """
+    if importlib.util.find_spec("torch") is None:
+        raise TorchNotInstalledError(f"{purpose} needs torch, which is not installed")
+
+
+# --- storages -----------------------------------------------------------------
+
+
+def storage_id(storage: Any) -> int:
+    """A live storage's identity: the address of torch's C++ storage object (`_cdata`).
+
+    Views of one storage share it; two live storages never do. `data_ptr()` cannot
+    serve: every empty, meta and fake storage reports 0.
+    """
+    identity: int = storage._cdata
+    return identity
+
+
+def has_internal_overlap(tensor: torch.Tensor) -> bool:
+    """Whether some elements of `tensor` share memory (an expanded view), by `torch._debug_has_internal_overlap`.
+
+    torch answers 0 (no), 1 (yes) or 2 (too costly to tell); only a sure yes counts.
+    """
+    import torch
+
+    return bool(torch._debug_has_internal_overlap(tensor) == 1)
+
+
+# --- RNNs ---------------------------------------------------------------------
+
+
+def rnn_flat_weight_names(rnn: torch.nn.RNNBase) -> list[str]:
+    """The weights' names in the order torch hands them to cuDNN (`RNNBase._flat_weights_names`)."""
+    names: list[str] = rnn._flat_weights_names
+    return names
+
+
+def rnn_flat_weights(rnn: torch.nn.RNNBase) -> list[Any]:
+    """The weight objects an RNN passes to its kernel, in `_flat_weights_names` order (`_flat_weights`)."""
+    weights: list[Any] = rnn._flat_weights
+    return weights
+
+
+def refresh_rnn_flat_weights(rnn: torch.nn.RNNBase) -> None:
+    """Rebuild the RNN's list of weight objects from its attributes (`RNNBase._init_flat_weights`).
+
+    The list holds the Parameter objects; after weights are re-pointed or
+    replaced, this makes the kernel see what the attributes now hold.
+    """
+    rnn._init_flat_weights()
+
+
+def cudnn_flattens_rnn_weights() -> bool:
+    """Whether this torch lays RNN weights out with cuDNN at all (`torch._use_cudnn_rnn_flatten_weight`; not on ROCm)."""
+    import torch
+
+    return bool(torch._use_cudnn_rnn_flatten_weight())
+
+
+def cudnn_rnn_flatten_weight(
+    weights: list[torch.Tensor], weight_stride0: int, input_size: int, mode: int, hidden_size: int,
+    proj_size: int, num_layers: int, batch_first: bool, bidirectional: bool,
+) -> torch.Tensor:
+    """`torch._cudnn_rnn_flatten_weight`: what `flatten_parameters()` calls, for weights without a module.
+
+    Allocates cuDNN's weight buffer, copies the weights in and points them at it.
+    `mode` is `torch.backends.cudnn.rnn.get_cudnn_mode(name)`.
+    """
+    import torch
+
+    flat: torch.Tensor = torch._cudnn_rnn_flatten_weight(
+        weights, weight_stride0, input_size, mode, hidden_size, proj_size, num_layers, batch_first, bidirectional,
+    )
+    return flat
+
+
+# --- torch.save and torch.load's own code, on archives that are ours --------------
+
+
+def load_pickle_from_records(reader: Any, pickle_module: Any) -> Any:
+    """`torch.serialization._load`: what `torch.load` runs once it has opened the zip.
+
+    `reader` answers what torch asks of its zip reader: `has_record(name)`,
+    `get_record(name)`, `get_storage_from_record(name, nbytes, storage_type)` and
+    `serialization_id()`. Storages map to CPU.
+    """
+    import torch.serialization
+
+    load: Any = torch.serialization._load
+    return load(reader, "cpu", pickle_module, encoding="utf-8")
+
+
+def save_pickle_to_records(obj: Any, writer: Any, pickle_module: Any) -> None:
+    """`torch.serialization._save`: what `torch.save` runs once it has opened the zip.
+
+    `writer` receives what torch gives its zip writer: `write_record(name, data,
+    nbytes)` for data.pkl, the bookkeeping records and each storage, and
+    `write_record_metadata(name, nbytes)` under `torch.serialization.skip_data`.
+    """
+    import torch.serialization
+
+    save: Any = torch.serialization._save
+    save(obj, writer, pickle_module, torch.serialization.DEFAULT_PROTOCOL, False)
+
+
+def weights_only_unpickler() -> ModuleType:
+    """`torch._weights_only_unpickler`: the pickle module `torch.load(weights_only=True)` uses."""
+    import torch._weights_only_unpickler as unpickler
+
+    return unpickler
+
+
+# --- dispatch, autograd and fake tensors (activations) -----------------------------
+
+
+def current_autograd_node() -> Any:
+    """`torch._C._current_autograd_node()`: the autograd node running now in backward, or None."""
+    import torch
+
+    return torch._C._current_autograd_node()
+
+
+def op_schema(op: Any) -> Any:
+    """An aten op overload's schema (`OpOverload._schema`): its arguments, their names, defaults and aliasing."""
+    return op._schema
+
+
+def device_copy_ops() -> frozenset[Any]:
+    """The aten ops that copy a tensor to a device: `aten._to_copy` (`.to()`) and `aten.copy_`."""
+    import torch
+
+    return frozenset({torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default})
+
+
+def cpu_flash_attention_op() -> Any:
+    """`aten._scaled_dot_product_flash_attention_for_cpu`, CPU's fused attention; None where torch has none."""
+    import torch
+
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+# --- classes from torch's private modules ---------------------------------------------
+# Attributes of this module, imported on first use (PEP 562): `_torch.FakeTensorMode`.
+
+PRIVATE_CLASSES: dict[str, tuple[str, str]] = {
+    # The base of a mode that sees every aten op (activations' tracer).
+    "TorchDispatchMode": ("torch.utils._python_dispatch", "TorchDispatchMode"),
+    # Tensors with shapes, dtypes and strides but no data, and the class of one.
+    "FakeTensorMode": ("torch._subclasses.fake_tensor", "FakeTensorMode"),
+    "FakeTensor": ("torch._subclasses.fake_tensor", "FakeTensor"),
+    # torch's own memory trackers: live and peak bytes per module and kind, for a
+    # process and for one FSDP2 rank.
+    "MemTracker": ("torch.distributed._tools.mem_tracker", "MemTracker"),
+    "FSDPMemTracker": ("torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker"),
+    # The store of the "fake" process group, with which one process plays one rank of many.
+    "FakeStore": ("torch.testing._internal.distributed.fake_pg", "FakeStore"),
+}
+"""Name here -> (torch's module, name there)."""
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensor as FakeTensor
+    from torch._subclasses.fake_tensor import FakeTensorMode as FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker as FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker as MemTracker
+    from torch.testing._internal.distributed.fake_pg import FakeStore as FakeStore
+    from torch.utils._python_dispatch import TorchDispatchMode as TorchDispatchMode
+
+
+def __getattr__(name: str) -> Any:
+    if name not in PRIVATE_CLASSES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = PRIVATE_CLASSES[name]
+    return getattr(importlib.import_module(module), attribute)

@@ -1,0 +1,492 @@
+"""Every private torch API memlayout touches (`memlayout/_torch.py`), checked against the installed torch.
+
+Each test calls the wrapper the way memlayout calls it and checks the behaviour
+memlayout relies on, so a torch release that renames, re-signs or changes one of
+them fails here, naming the API and the torch version, before it fails a
+flatten or an activations trace somewhere far from the cause. The last test keeps
+the promise of one module: no other module of memlayout touches a private torch name.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import pickle
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from memlayout import _torch
+from memlayout.errors import TorchNotInstalledError
+
+PACKAGE = Path(__file__).resolve().parent.parent / "memlayout"
+
+
+def changed(api: str, how: str) -> str:
+    """The failure message: which API, what changed, in which torch."""
+    return f"{api} changed in torch {torch.__version__}: {how} (memlayout relies on it through memlayout/_torch.py)"
+
+
+def require_attribute(owner: Any, name: str, api: str) -> Any:
+    if not hasattr(owner, name):
+        pytest.fail(changed(api, "it no longer exists"))
+    return getattr(owner, name)
+
+
+# --- storages -----------------------------------------------------------------
+
+
+def test_storage_id_is_shared_by_views_and_unique_per_live_storage() -> None:
+    require_attribute(torch.UntypedStorage, "_cdata", "UntypedStorage._cdata")
+    base = torch.zeros(16)
+    other = torch.zeros(16)
+    empties = [torch.empty(0).untyped_storage(), torch.empty(0).untyped_storage()]
+    assert isinstance(_torch.storage_id(base.untyped_storage()), int), changed("UntypedStorage._cdata", "not an int")
+    assert _torch.storage_id(base[4:].untyped_storage()) == _torch.storage_id(base.t().untyped_storage()), changed(
+        "UntypedStorage._cdata", "two views of one storage report different identities"
+    )
+    assert _torch.storage_id(base.untyped_storage()) != _torch.storage_id(other.untyped_storage()), changed(
+        "UntypedStorage._cdata", "two live storages report one identity"
+    )
+    # What data_ptr() cannot tell apart, and why memlayout keys live storages by _cdata.
+    assert empties[0].data_ptr() == empties[1].data_ptr() == 0
+    assert _torch.storage_id(empties[0]) != _torch.storage_id(empties[1]), changed(
+        "UntypedStorage._cdata", "two empty storages report one identity"
+    )
+
+
+def test_internal_overlap_is_seen_in_expanded_views_only() -> None:
+    require_attribute(torch, "_debug_has_internal_overlap", "torch._debug_has_internal_overlap")
+    row = torch.zeros(1, 8)
+    api = "torch._debug_has_internal_overlap"
+    assert _torch.has_internal_overlap(row.expand(4, 8)), changed(api, "an expanded view is not reported as overlapping")
+    assert not _torch.has_internal_overlap(torch.zeros(4, 8).t()), changed(api, "a transposed tensor is reported")
+    assert not _torch.has_internal_overlap(torch.zeros(4, 8)[:, ::2]), changed(api, "a strided slice is reported")
+
+
+# --- RNNs ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def lstm() -> torch.nn.LSTM:
+    torch.manual_seed(0)
+    return torch.nn.LSTM(6, 4, num_layers=2, bidirectional=True, proj_size=3)
+
+
+def test_rnn_flat_weight_names_list_every_weight_in_kernel_order(lstm: torch.nn.LSTM) -> None:
+    api = "RNNBase._flat_weights_names"
+    require_attribute(lstm, "_flat_weights_names", api)
+    names = _torch.rnn_flat_weight_names(lstm)
+    # Per layer and direction: w_ih, w_hh, b_ih, b_hh, w_hr, as RNNBase registers them.
+    expected = [
+        f"{kind}_l{layer}{suffix}"
+        for layer in range(2)
+        for suffix in ("", "_reverse")
+        for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "weight_hr")
+    ]
+    assert list(names) == expected, changed(api, f"the names or their order differ: {list(names)}")
+
+
+def test_rnn_flat_weights_are_the_modules_own_parameter_objects(lstm: torch.nn.LSTM) -> None:
+    api = "RNNBase._flat_weights"
+    require_attribute(lstm, "_flat_weights", api)
+    names = _torch.rnn_flat_weight_names(lstm)
+    weights = _torch.rnn_flat_weights(lstm)
+    assert [id(w) for w in weights] == [id(getattr(lstm, n)) for n in names], changed(
+        api, "the list does not hold the module's Parameter objects in _flat_weights_names order"
+    )
+
+
+def test_refreshing_rnn_flat_weights_makes_the_kernel_use_re_pointed_memory(lstm: torch.nn.LSTM) -> None:
+    api = "RNNBase._init_flat_weights"
+    method = require_attribute(lstm, "_init_flat_weights", api)
+    assert list(inspect.signature(method).parameters) == [], changed(api, "it now takes arguments")
+    inputs = torch.randn(5, 2, 6)
+    expected, _ = lstm(inputs)
+    # What flatten does: every weight's .data re-pointed into one buffer, objects kept.
+    weights = _torch.rnn_flat_weights(lstm)
+    flat = torch.cat([w.detach().reshape(-1) for w in weights])
+    offset = 0
+    with torch.no_grad():
+        for weight in weights:
+            weight.data = flat[offset : offset + weight.numel()].view_as(weight)
+            offset += weight.numel()
+    _torch.refresh_rnn_flat_weights(lstm)
+    start, end = flat.data_ptr(), flat.data_ptr() + flat.nbytes
+    assert all(start <= w.data_ptr() < end for w in _torch.rnn_flat_weights(lstm)), changed(
+        api, "after it runs, the weights the kernel is given are not the re-pointed ones"
+    )
+    actual, _ = lstm(inputs)
+    assert torch.equal(actual, expected), changed(api, "the RNN computes something else after it runs")
+
+
+def test_cudnn_rnn_flatten_weight_takes_the_arguments_memlayout_passes() -> None:
+    api = "torch._cudnn_rnn_flatten_weight"
+    require_attribute(torch, "_cudnn_rnn_flatten_weight", api)
+    require_attribute(torch, "_use_cudnn_rnn_flatten_weight", "torch._use_cudnn_rnn_flatten_weight")
+    schema = torch.ops.aten._cudnn_rnn_flatten_weight.default._schema
+    names = [argument.name for argument in schema.arguments]
+    assert names == [
+        "weight_arr", "weight_stride0", "input_size", "mode", "hidden_size", "proj_size", "num_layers",
+        "batch_first", "bidirectional",
+    ], changed(api, f"its arguments are now {names}")
+    assert isinstance(_torch.cudnn_flattens_rnn_weights(), bool)
+    wrapper = list(inspect.signature(_torch.cudnn_rnn_flatten_weight).parameters)
+    assert wrapper == ["weights", *names[1:]], "memlayout/_torch.py passes the arguments in another order than torch's"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.backends.cudnn.is_available(), reason="needs a CUDA device with cuDNN")
+def test_cudnn_rnn_flatten_weight_lays_weights_out_as_flatten_parameters_does() -> None:
+    from torch.backends.cudnn import rnn
+
+    torch.manual_seed(0)
+    module = torch.nn.LSTM(6, 4, num_layers=2).cuda()
+    loose = [w.detach().clone() for w in _torch.rnn_flat_weights(module)]
+    module.flatten_parameters()
+    with torch.no_grad():
+        _torch.cudnn_rnn_flatten_weight(loose, 4, 6, rnn.get_cudnn_mode("LSTM"), 4, 0, 2, False, False)
+    base, expected_base = loose[0].data_ptr(), _torch.rnn_flat_weights(module)[0].data_ptr()
+    offsets = [w.data_ptr() - base for w in loose]
+    expected = [w.data_ptr() - expected_base for w in _torch.rnn_flat_weights(module)]
+    assert offsets == expected, changed("torch._cudnn_rnn_flatten_weight", "it lays the weights out differently")
+
+
+# --- torch.save and torch.load's own code ----------------------------------------
+
+
+class ZipRecords:
+    """torch's zip reader's questions, answered from a torch.save file through Python's zipfile."""
+
+    def __init__(self, path: Path) -> None:
+        self.archive = zipfile.ZipFile(path)
+        self.prefix = self.archive.namelist()[0].split("/")[0] + "/"
+
+    def has_record(self, name: str) -> bool:
+        return self.prefix + name in self.archive.namelist()
+
+    def get_record(self, name: str) -> bytes:
+        return self.archive.read(self.prefix + name)
+
+    def get_storage_from_record(self, name: str, nbytes: int, storage_type: Any) -> torch.Tensor:
+        return torch.frombuffer(bytearray(self.archive.read(self.prefix + name)[:nbytes]), dtype=torch.uint8)
+
+    def serialization_id(self) -> str:
+        name = ".data/serialization_id"
+        return self.get_record(name).decode() if self.has_record(name) else ""
+
+
+class Recorder:
+    """torch's zip writer's calls, kept."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, bytes] = {}
+
+    def write_record(self, name: str, data: Any, nbytes: int) -> None:
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        elif isinstance(data, torch.UntypedStorage):
+            data = torch.empty(0, dtype=torch.uint8).set_(data).numpy().tobytes()
+        self.records[name] = bytes(data)[:nbytes]
+
+    def write_record_metadata(self, name: str, nbytes: int) -> None:
+        raise AssertionError("skip_data is off")
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    weight = torch.randn(8, 4)
+    state = {"embed.weight": weight, "head.weight": weight, "bias": torch.arange(4.0)[1:]}
+    path = tmp_path / "model.pt"
+    torch.save(state, path)
+    return path, state
+
+
+def test_torch_loads_a_pickle_through_a_reader_of_ours(saved: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    api = "torch.serialization._load"
+    load = require_attribute(torch.serialization, "_load", api)
+    parameters = list(inspect.signature(load).parameters)
+    assert parameters[:3] == ["zip_file", "map_location", "pickle_module"], changed(api, f"its parameters: {parameters}")
+    path, _ = saved
+    tree = _torch.load_pickle_from_records(ZipRecords(path), _torch.weights_only_unpickler())
+    expected = torch.load(path, weights_only=True)
+    assert list(tree) == list(expected), changed(api, "the keys differ from torch.load's")
+    for name, tensor in expected.items():
+        assert torch.equal(tree[name], tensor) and tree[name].stride() == tensor.stride(), changed(
+            api, f"{name} differs from torch.load's"
+        )
+    assert tree["embed.weight"].data_ptr() == tree["head.weight"].data_ptr(), changed(
+        api, "a tie is loaded as two storages"
+    )
+
+
+def test_torch_saves_a_pickle_through_a_writer_of_ours(saved: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    api = "torch.serialization._save"
+    save = require_attribute(torch.serialization, "_save", api)
+    parameters = list(inspect.signature(save).parameters)
+    assert parameters == ["obj", "zip_file", "pickle_module", "pickle_protocol", "_disable_byteorder_record"], changed(
+        api, f"its parameters: {parameters}"
+    )
+    path, state = saved
+    recorder = Recorder()
+    _torch.save_pickle_to_records(state, recorder, pickle)
+    with zipfile.ZipFile(path) as archive:
+        prefix = archive.namelist()[0].split("/")[0] + "/"
+        written = {name.removeprefix(prefix): archive.read(name) for name in archive.namelist()}
+    assert recorder.records["data.pkl"] == written["data.pkl"], changed(api, "data.pkl differs from torch.save's")
+    storages = {name for name in recorder.records if name.startswith("data/")}
+    assert storages == {name for name in written if name.startswith("data/")}, changed(
+        api, f"it writes other storage records: {sorted(storages)}"
+    )
+    for name in storages:
+        assert recorder.records[name] == written[name], changed(api, f"{name} holds other bytes")
+
+
+def test_the_weights_only_unpickler_refuses_what_torch_load_refuses(tmp_path: Path) -> None:
+    api = "torch._weights_only_unpickler"
+    unpickler = _torch.weights_only_unpickler()
+    require_attribute(unpickler, "Unpickler", api)
+    path = tmp_path / "module.pt"
+    torch.save(torch.nn.Linear(2, 2), path)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path, weights_only=True)
+    with pytest.raises(pickle.UnpicklingError):
+        _torch.load_pickle_from_records(ZipRecords(path), unpickler)
+
+
+# --- dispatch, autograd and fake tensors -----------------------------------------
+
+
+def _ops_seen(run: Any) -> list[tuple[Any, dict[str, Any]]]:
+    seen: list[tuple[Any, dict[str, Any]]] = []
+
+    class Recording(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call, misc]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            seen.append((func, dict(kwargs or {})))
+            return func(*args, **(kwargs or {}))
+
+    with Recording():
+        run()
+    return seen
+
+
+def test_a_torch_dispatch_mode_sees_every_aten_op() -> None:
+    x = torch.ones(3)
+    seen = _ops_seen(lambda: (x + 1).sum())
+    ops = [func for func, _ in seen]
+    assert torch.ops.aten.add.Tensor in ops and torch.ops.aten.sum.default in ops, changed(
+        "torch.utils._python_dispatch.TorchDispatchMode", f"a mode saw {ops}"
+    )
+
+
+def test_the_autograd_node_running_is_known_in_backward_and_carries_its_metadata() -> None:
+    api = "torch._C._current_autograd_node"
+    require_attribute(torch._C, "_current_autograd_node", api)
+    assert _torch.current_autograd_node() is None, changed(api, "outside backward it is not None")
+    x = torch.ones(3, requires_grad=True)
+    y = (x * 2).sum()
+    assert y.grad_fn is not None
+    y.grad_fn.metadata["memlayout.test"] = "sum"
+    seen: list[Any] = []
+
+    class Watching(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call, misc]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            node = _torch.current_autograd_node()
+            if node is not None:
+                seen.append(node.metadata.get("memlayout.test"))
+            return func(*args, **(kwargs or {}))
+
+    with Watching():
+        y.backward()
+    assert "sum" in seen, changed(api, "the node running in backward does not carry the metadata set on grad_fn")
+
+
+def test_op_schemas_say_which_arguments_are_written_and_name_them() -> None:
+    api = "OpOverload._schema"
+    add_ = _torch.op_schema(torch.ops.aten.add_.Tensor)
+    assert add_.arguments[0].alias_info is not None and add_.arguments[0].alias_info.is_write, changed(
+        api, "an in-place op's first argument is not marked written"
+    )
+    assert _torch.op_schema(torch.ops.aten.add.Tensor).arguments[0].alias_info is None, changed(
+        api, "an out-of-place op's argument is marked written"
+    )
+    dropout = {a.name: a for a in _torch.op_schema(torch.ops.aten.native_dropout.default).arguments}
+    assert {"p", "train"} <= set(dropout), changed(api, f"dropout's arguments are {sorted(dropout)}")
+    batch_norm = [a.name for a in _torch.op_schema(torch.ops.aten.native_batch_norm.default).arguments]
+    # trace.py reads args[3] (running_mean) and args[5] (training) of native_batch_norm.
+    assert batch_norm[3] == "running_mean" and batch_norm[5] == "training", changed(
+        api, f"native_batch_norm's arguments are {batch_norm}"
+    )
+    scaled = _torch.op_schema(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+    assert "dropout_p" in [a.name for a in scaled.arguments] and hasattr(scaled.arguments[3], "default_value")
+
+
+def test_moving_a_tensor_to_a_device_dispatches_a_device_copy_op_with_its_device() -> None:
+    api = "aten._to_copy"
+    ops = _torch.device_copy_ops()
+    seen = _ops_seen(lambda: torch.ones(3).to("meta"))
+    moves = [(func, kwargs) for func, kwargs in seen if func in ops]
+    assert moves, changed(api, f".to('meta') dispatched {[func for func, _ in seen]}")
+    assert any(kwargs.get("device") == torch.device("meta") for _, kwargs in moves), changed(
+        api, "the op no longer takes the target device as the keyword `device`"
+    )
+    copy = [a.name for a in _torch.op_schema(torch.ops.aten.copy_.default).arguments]
+    assert copy[:2] == ["self", "src"], changed("aten.copy_", f"its arguments are {copy}")
+
+
+def test_cpu_attention_dispatches_the_fused_op_whose_flops_are_counted() -> None:
+    op = _torch.cpu_flash_attention_op()
+    if op is None:
+        pytest.skip(f"torch {torch.__version__} has no aten._scaled_dot_product_flash_attention_for_cpu")
+    q = torch.randn(1, 2, 8, 16)
+    seen = _ops_seen(lambda: F.scaled_dot_product_attention(q, q, q))
+    packets = {func.overloadpacket for func, _ in seen}
+    assert op in packets, changed(
+        "aten._scaled_dot_product_flash_attention_for_cpu", f"CPU attention dispatched {sorted(map(str, packets))}"
+    )
+    names = [a.name for a in _torch.op_schema(op.default).arguments]
+    assert names[:3] == ["query", "key", "value"], changed("aten._scaled_dot_product_flash_attention_for_cpu", f"{names}")
+
+
+def test_fake_tensors_have_shapes_and_strides_and_no_data() -> None:
+    for name in ("FakeTensorMode", "FakeTensor"):
+        module, attribute = _torch.PRIVATE_CLASSES[name]
+        require_attribute(sys.modules.get(module) or __import__(module, fromlist=[attribute]), attribute, f"{module}.{attribute}")
+    mode = _torch.FakeTensorMode(allow_non_fake_inputs=True)
+    real = torch.randn(4, 5)
+    with mode:
+        made = torch.empty(6, 7).t()
+        adopted = mode.from_tensor(real)
+        total = made.sum() + adopted.sum()
+    api = "torch._subclasses.fake_tensor"
+    assert isinstance(made, _torch.FakeTensor) and isinstance(total, _torch.FakeTensor), changed(
+        api, "a tensor made under FakeTensorMode is no FakeTensor"
+    )
+    assert made.shape == (7, 6) and made.stride() == (1, 7), changed(api, "a fake tensor's shape or strides are wrong")
+    assert isinstance(adopted, _torch.FakeTensor) and adopted.shape == real.shape, changed(
+        api, "FakeTensorMode.from_tensor does not give a fake tensor of the real one's shape"
+    )
+
+
+def test_mem_tracker_measures_a_step() -> None:
+    tracker = _torch.MemTracker()
+    model = torch.nn.Linear(64, 64)
+    inputs = torch.randn(8, 64)
+    tracker.track_external(model, inputs)
+    with tracker:
+        model(inputs).sum().backward()
+    peak = sum(snapshot["Total"] for snapshot in tracker.get_tracker_snapshot("peak").values())
+    parameters = sum(p.nbytes for p in model.parameters())
+    assert peak >= 2 * parameters, changed(
+        "torch.distributed._tools.mem_tracker.MemTracker", f"its peak {peak} is below parameters and gradients"
+    )
+    assert issubclass(_torch.FSDPMemTracker, _torch.MemTracker), changed(
+        "torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker", "it is no MemTracker"
+    )
+
+
+def test_the_fake_process_group_plays_one_rank_of_many() -> None:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("this torch is built without torch.distributed")
+    dist.init_process_group("fake", store=_torch.FakeStore(), rank=1, world_size=4)
+    try:
+        assert (dist.get_rank(), dist.get_world_size()) == (1, 4), changed(
+            "torch.testing._internal.distributed.fake_pg.FakeStore", "the fake group is not rank 1 of 4"
+        )
+        tensor = torch.ones(2)
+        dist.all_reduce(tensor)  # no peers: returns without waiting
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_private_class_resolves() -> None:
+    for name, (module, attribute) in _torch.PRIVATE_CLASSES.items():
+        try:
+            value = getattr(_torch, name)
+        except (ImportError, AttributeError) as exc:
+            pytest.fail(changed(f"{module}.{attribute}", f"it cannot be imported ({exc})"))
+        assert isinstance(value, type), changed(f"{module}.{attribute}", "it is no class")
+    with pytest.raises(AttributeError):
+        _torch.NoSuchClass  # noqa: B018
+
+
+# --- torch missing ------------------------------------------------------------------
+
+
+def test_require_names_the_extra_when_torch_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    _torch.require("flatten")  # installed here: nothing to say
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(TorchNotInstalledError) as raised:
+        _torch.require("flatten")
+    assert raised.value.one_line() == (
+        "flatten needs torch, which is not installed (install it with: pip install 'memlayout[torch]')"
+    )
+
+
+# --- one module ---------------------------------------------------------------------
+
+# Attributes that are private to torch whatever object they are read from.
+_PRIVATE_ATTRIBUTES = {
+    "_cdata", "_flat_weights", "_flat_weights_names", "_init_flat_weights", "_schema", "_overloadpacket",
+    "_parameters", "_buffers", "_modules",
+}
+
+
+def _private_uses(source: str, label: str) -> list[str]:
+    found = []
+    tree = ast.parse(source, label)
+    inner = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    for node in ast.walk(tree):
+        if id(node) in inner:
+            continue  # part of a longer attribute chain, seen whole
+        where = f"{label}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.Attribute):
+            chain, value = [node.attr], node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if node.attr in _PRIVATE_ATTRIBUTES:
+                found.append(f"{where}: .{node.attr}")
+            names = [".".join([value.id, *reversed(chain)])] if isinstance(value, ast.Name) else []
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] in ("torch", "atexit") and any(p.startswith("_") and not p.startswith("__") for p in parts):
+                found.append(f"{where}: {name}")
+    return found
+
+
+def test_no_module_but_memlayout_torch_touches_a_private_torch_name() -> None:
+    uses = [
+        use
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "_torch.py"
+        for use in _private_uses(path.read_text(), str(path.relative_to(PACKAGE.parent)))
+    ]
+    assert uses == [], "private torch (or CPython) names outside memlayout/_torch.py:\n" + "\n".join(uses)
+
+
+def test_the_scan_finds_private_names() -> None:
+    # The scan above proves nothing if it cannot see a use: show it one of each kind.
+    sample = (
+        "import torch._weights_only_unpickler\nfrom torch.utils._python_dispatch import TorchDispatchMode\n"
+        "node = torch._C._current_autograd_node()\nkey = storage._cdata\natexit._run_exitfuncs()\n"
+        "state = module.state_dict()\nname = torch.__version__\n"
+    )
+    assert sorted(use.split(": ")[1] for use in _private_uses(sample, "sample")) == [
+        "._cdata", "atexit._run_exitfuncs", "torch._C._current_autograd_node", "torch._weights_only_unpickler",
+        "torch.utils._python_dispatch", "torch.utils._python_dispatch.TorchDispatchMode",
+    ]
