@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from memlayout.core.object_tree import tree_leaves
 from memlayout.errors import UsageError
 
 LOSS_FROM_OUTPUT = "output.loss"
@@ -23,14 +24,7 @@ def output_tensors(output: Any) -> Iterator[Any]:
     """
     import torch
 
-    if isinstance(output, torch.Tensor):
-        yield output
-    elif isinstance(output, Mapping):
-        for value in output.values():
-            yield from output_tensors(value)
-    elif isinstance(output, (list, tuple)):
-        for value in output:
-            yield from output_tensors(value)
+    return (leaf for leaf in tree_leaves(output, any_mapping=True) if isinstance(leaf, torch.Tensor))
 
 
 def pick_loss(output: Any) -> tuple[Any, str]:

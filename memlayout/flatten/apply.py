@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memlayout import _torch
+from memlayout.core.object_tree import tree_leaves
 from memlayout.errors import FlattenError, UsageError
 from memlayout.flatten.plan import FlatPlan, Placement, Slot, ViewKey
 from memlayout.flatten.populate import populate
@@ -291,29 +292,17 @@ def walk_tensors(obj: Any) -> Iterator[torch.Tensor]:
     """
     import torch
 
-    seen: set[int] = set()
-
-    def walk(node: Any) -> Iterator[torch.Tensor]:
-        if isinstance(node, torch.Tensor):
-            if node.layout == torch.strided:
-                yield node
-            return
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        if isinstance(node, torch.nn.Module):
-            for _, param in node.named_parameters(remove_duplicate=False):
+    modules: set[int] = set()
+    for leaf in tree_leaves(obj):
+        if isinstance(leaf, torch.Tensor):
+            if leaf.layout == torch.strided:
+                yield leaf
+        elif isinstance(leaf, torch.nn.Module) and id(leaf) not in modules:
+            modules.add(id(leaf))
+            for _, param in leaf.named_parameters(remove_duplicate=False):
                 yield param
-            for _, buffer in node.named_buffers(remove_duplicate=False):
+            for _, buffer in leaf.named_buffers(remove_duplicate=False):
                 yield buffer
-        elif isinstance(node, dict):
-            for value in node.values():
-                yield from walk(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                yield from walk(value)
-
-    yield from walk(obj)
 
 
 def tensor_view_key(tensor: torch.Tensor, storage_key: str) -> ViewKey:
@@ -374,11 +363,6 @@ def modules_of(obj: Any) -> Iterator[Any]:
     """Every nn.Module a flattenable tree holds, submodules included."""
     import torch
 
-    if isinstance(obj, torch.nn.Module):
-        yield from obj.modules()
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from modules_of(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from modules_of(value)
+    for leaf in tree_leaves(obj):
+        if isinstance(leaf, torch.nn.Module):
+            yield from leaf.modules()
