@@ -61,7 +61,7 @@ def report_load_errors(batch: BatchReport) -> None:
 
 def apply_baseline_flags(batch: BatchReport, baseline: str | None, write_baseline: str | None) -> BatchReport:
     """Record the findings (--write-baseline) and hide the recorded ones (--baseline)."""
-    from memlayout.pipeline.baseline import (
+    from memlayout.pipeline.batch import (
         apply_baseline,
         baseline_text,
         previous_entries,
