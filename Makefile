@@ -6,8 +6,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
+# A second install without torch, as `pip install memlayout` gives it (make test-core).
+CORE_VENV  := .venv-core
+CORE_STAMP := $(CORE_VENV)/.installed
 
-.PHONY: venv demo test lint docs bench bench-gpu fixtures clean reliability fuzz browser realworld
+.PHONY: venv demo test test-core lint docs bench bench-gpu fixtures clean reliability fuzz browser realworld
 
 venv: $(STAMP)
 
@@ -16,8 +19,14 @@ $(STAMP): pyproject.toml Makefile
 	echo "torch==$(TORCH_VERSION)" > $(VENV)/constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c $(VENV)/constraints.txt "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[dev,bench]"
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[torch,dev,bench]"
 	touch $(STAMP)
+
+$(CORE_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CORE_VENV)/bin/python -m pip install -q -e ".[test-core]"
+	touch $(CORE_STAMP)
 
 # The demo checkpoint has findings, so inspect exits 1 by design; only a usage or
 # load error (exit 2) fails the target.
@@ -37,6 +46,15 @@ browser:
 
 test: $(STAMP) browser
 	$(PY) -m pytest -q -n 2
+
+# The reading commands in the install without torch: every report format on a
+# checkpoint of each format, and the commands that run torch refused in one line.
+# The checkpoints are written by the real writers, so by the full install's torch.
+CORE_FIXTURES := .test-artifacts/core-install
+test-core: $(CORE_STAMP) $(STAMP)
+	rm -rf $(CORE_FIXTURES)
+	$(PY) fixtures/make_format_fixtures.py --all $(CORE_FIXTURES) > /dev/null
+	MEMLAYOUT_CORE_FIXTURES=$(CORE_FIXTURES) $(CORE_VENV)/bin/python -m pytest -q tests/core_install
 
 # Full-size goals that take minutes and GiBs (issue 13's GPT-2 64x512 and Llama 7B).
 .PHONY: slow
@@ -68,7 +86,7 @@ fixtures: $(STAMP)
 	$(PY) fixtures/make_fixtures.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
+	rm -rf $(VENV) $(CORE_VENV) .pytest_cache .mypy_cache .ruff_cache site
 
 # SIGKILL at random points in 200 flattens of a 64 MiB checkpoint (a 20-kill slice
 # runs in make test). Figures: docs/reliability.md.

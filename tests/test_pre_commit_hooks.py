@@ -105,6 +105,14 @@ def test_both_hooks_run_under_pre_commit(repo_root: Path, source_revision: str, 
     assert code == 0, output
     assert hook_status(output, "memlayout inspect") == "Passed"
     assert hook_status(output, "memlayout flatten --check") == "Passed"
+    # The hooks' environment installs no torch: memlayout requires it only with its extra.
+    # (Here pip finds the other requirements on PYTHONPATH, so it installs memlayout alone.)
+    (metadata,) = home.glob("*/*/lib/python*/site-packages/memlayout-*.dist-info/METADATA")
+    requires = [line for line in metadata.read_text().splitlines() if line.startswith("Requires-Dist: ")]
+    assert any(line.startswith("Requires-Dist: typer") for line in requires), requires
+    torch_requirements = [line for line in requires if line.startswith("Requires-Dist: torch>")]
+    assert torch_requirements and all('extra == "torch"' in line for line in torch_requirements), requires
+    assert not list(home.glob("*/*/lib/python*/site-packages/torch")), "the hooks' environment installed torch"
 
     torch.save(models.sliced_bloat_state(), project / "bloated.pt")
     _git(project, "add", ".")

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from memlayout import _torch
 from memlayout.cli.errors import one_line_errors
 from memlayout.cli.formats import (
     Command,
@@ -57,6 +58,7 @@ def activations_command(
 ) -> None:
     """Activation memory of one training step, and a checkpoint plan that fits --budget."""
     with one_line_errors(debug):
+        _torch.require("memlayout activations")
         # transformers logs config remarks while building a model from its config; they are
         # not about memory, and stdout/stderr belong to the report and its one-line errors.
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

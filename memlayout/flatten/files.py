@@ -12,6 +12,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 
+from memlayout import _torch
 from memlayout.core.facts import Facts, build_facts
 from memlayout.errors import FlattenError, UnsafeContentError, UsageError
 from memlayout.flatten.options import FlattenOptions, Progress
@@ -202,6 +203,7 @@ def flatten_path(path: str, options: FlattenOptions, progress: Progress | None =
         UnsafeContentError: a source that needs real objects (a module pickle), without `trust`.
         FlattenError: a format flatten refuses, or flattening or verification failed;
             nothing was written.
+        TorchNotInstalledError: torch is not installed, and this is no `check`.
     """
     from memlayout.load import load_path
     from memlayout.load.hf_dir import is_hf_dir
@@ -231,6 +233,7 @@ def flatten_path(path: str, options: FlattenOptions, progress: Progress | None =
             changes = writer.changes(plan, facts, source)
             return _result(path, None, label, facts, writer.layout_after(plan, facts), plan.notes,
                            (None, "check only"), 0, 0.0, changes, False)
+        _torch.require("flatten, except --check,")
         target, reason = _device_choice(options.device)
         plan = plan_flatten(facts, align=options.align, device=target)
         changes = writer.changes(plan, facts, source)

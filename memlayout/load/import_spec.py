@@ -11,6 +11,7 @@ import re
 import sys
 from typing import Any
 
+from memlayout import _torch
 from memlayout.errors import SourceNotFoundError, UsageError
 from memlayout.load.live import load_live
 from memlayout.load.records import LoadedSource
@@ -33,7 +34,11 @@ def resolve_spec(spec: str) -> Any:
     Raises:
         SourceNotFoundError: the module or attribute does not exist.
         UsageError: the callable needs arguments, or raised.
+        TorchNotInstalledError: torch is not installed.
     """
+    # A spec builds a live model, so torch comes first: the user's module would
+    # otherwise fail on its own `import torch`, naming the spec rather than torch.
+    _torch.require(f"the import spec {spec}")
     module_name, _, attr_path = spec.partition(":")
     if "" not in sys.path:
         sys.path.insert(0, "")
