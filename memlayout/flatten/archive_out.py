@@ -16,7 +16,6 @@ OUT back and proves each record's bytes against that CRC.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import sys
@@ -205,6 +204,8 @@ class _Writeback:
         if not self.enabled or written_to - self.started < self.STEP:
             return
         if _Writeback._function is None:
+            import ctypes
+
             function = ctypes.CDLL(None, use_errno=True).sync_file_range
             function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
             function.restype = ctypes.c_int

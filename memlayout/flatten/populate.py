@@ -12,7 +12,6 @@ in as before: this only ever changes speed.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import sys
 import threading
@@ -33,6 +32,8 @@ _supported = sys.platform.startswith("linux")
 
 
 def _madvise_function() -> Any:
+    import ctypes
+
     global _madvise
     if _madvise is None:
         function = ctypes.CDLL(None, use_errno=True).madvise
@@ -43,6 +44,8 @@ def _madvise_function() -> Any:
 
 
 def _populate_range(start: int, length: int) -> None:
+    import ctypes
+
     global _supported
     # ctypes releases the GIL for the call, so the parts fault in parallel.
     if _madvise_function()(start, length, MADV_POPULATE_WRITE) != 0 and ctypes.get_errno() == 22:

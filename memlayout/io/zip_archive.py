@@ -22,10 +22,8 @@ absolute in the file, so one memory map of the outer file serves nested records.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import functools
 import os
-import secrets
 import struct
 import zipfile
 import zlib
@@ -641,6 +639,8 @@ def end_of_archive(layouts: list[RecordLayout], crcs: list[int]) -> bytes:
 
 def new_serialization_id() -> str:
     """A fresh `.data/serialization_id`: 40 decimal digits, as torch's writer makes them."""
+    import secrets
+
     return "".join(f"{secrets.randbits(64):020d}" for _ in range(2))
 
 
@@ -684,19 +684,24 @@ def _multiply(a: int, b: int) -> int:
         b = (b >> 1) ^ _CRC_POLY if b & 1 else b >> 1
 
 
-_POWERS = [1 << 30]  # x^1, then x^2, x^4, ...: x^(2^k) mod p
-for _ in range(31):
-    _POWERS.append(_multiply(_POWERS[-1], _POWERS[-1]))
+@functools.cache
+def _powers() -> list[int]:
+    # x^1, then x^2, x^4, ...: x^(2^k) mod p
+    powers = [1 << 30]
+    for _ in range(31):
+        powers.append(_multiply(powers[-1], powers[-1]))
+    return powers
 
 
 def _crc32_combine_python(first: int, second: int, second_length: int) -> int:
     # x^(8 * second_length) mod p, from the table of x^(2^k) (zlib's x2nmodp).
+    powers = _powers()
     power = 1 << 31
     bit = 3
     length = second_length
     while length:
         if length & 1:
-            power = _multiply(_POWERS[bit & 31], power)
+            power = _multiply(powers[bit & 31], power)
         length >>= 1
         bit += 1
     return _multiply(power, first) ^ second
@@ -705,19 +710,27 @@ def _crc32_combine_python(first: int, second: int, second_length: int) -> int:
 def _zlib_combine() -> Any:
     # zlib's own crc32_combine64 through ctypes costs about 1 us a call, against
     # about 50 us for the same arithmetic in Python. The library is the one Python's
-    # zlib module is linked against; it is looked up on first use, because
-    # `find_library` may run `ldconfig` and the readers never need it.
-    for name in ("libz.so.1", ctypes.util.find_library("z")):
-        if name is None:
-            continue
+    # zlib module is linked against, looked up on first use (the readers never
+    # need it) by its usual name; only where that fails is `find_library` asked,
+    # which may run `ldconfig`.
+    import ctypes
+
+    def combine_in(library: str | None) -> Any:
         try:
-            function = ctypes.CDLL(name).crc32_combine64
+            function = ctypes.CDLL(library).crc32_combine64
         except (OSError, AttributeError):
-            continue
+            return None
         function.argtypes = [ctypes.c_ulong, ctypes.c_ulong, ctypes.c_int64]
         function.restype = ctypes.c_ulong
         return function
-    return False
+
+    function = combine_in("libz.so.1")
+    if function is None:
+        import ctypes.util
+
+        name = ctypes.util.find_library("z")
+        function = combine_in(name) if name else None
+    return function or False
 
 
 _combine_in_c: Any = None
