@@ -1,29 +1,39 @@
 """The `memlayout` command: one typer app; each command lives in its own module.
 
-Heavy imports (torch, rich tables) happen inside commands, so `memlayout --help`
-and metadata inspection start fast.
+A command imports only what it uses: each command's module is imported, and its
+click command built, only when it runs (or `--help` lists it), and heavy imports
+(torch, rich tables) happen inside commands, so `memlayout --help` and metadata
+inspection start fast.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import typer
-from typer.core import TyperGroup
+import typer.main
+from typer.core import TyperCommand, TyperGroup
 
-from memlayout.cli.activations_command import activations_command
-from memlayout.cli.diff_command import diff_command
+from memlayout.cli.coercion import coerce_without_pydantic
 from memlayout.cli.errors import USAGE_OR_LOAD_ERROR
-from memlayout.cli.flatten_command import flatten_command
-from memlayout.cli.inspect_command import inspect_command
-from memlayout.cli.rules_command import explain_command, rules_command
 from memlayout.output.writer import QuietStdout
 from memlayout.version import __version__
+
+COMMANDS = {
+    "inspect": ("memlayout.cli.inspect_command", "inspect_command"),
+    "rules": ("memlayout.cli.rules_command", "rules_command"),
+    "explain": ("memlayout.cli.rules_command", "explain_command"),
+    "flatten": ("memlayout.cli.flatten_command", "flatten_command"),
+    "diff": ("memlayout.cli.diff_command", "diff_command"),
+    "activations": ("memlayout.cli.activations_command", "activations_command"),
+}
+"""Each command's name -> (module, function), in the order `--help` lists them."""
 
 
 def _parser_errors() -> tuple[type[Exception], ...]:
@@ -80,8 +90,50 @@ class OneLineUsageErrors(TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+class MemlayoutCommands(OneLineUsageErrors):
+    """The commands of `COMMANDS`, each imported and built on first use."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        coerce_without_pydantic(*self.params)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        coerce_without_pydantic(option)
+        return option
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            self.commands[cmd_name] = build_command(cmd_name)
+        return self.commands.get(cmd_name)
+
+
+class MemlayoutCommand(TyperCommand):
+    """One command, coercing its values without pydantic (memlayout.cli.coercion)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        coerce_without_pydantic(*self.params)
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        coerce_without_pydantic(option)
+        return option
+
+
+def build_command(name: str) -> Any:
+    """The click command typer builds for one of `COMMANDS`."""
+    module, function = COMMANDS[name]
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+    single.command(name, cls=MemlayoutCommand)(getattr(importlib.import_module(module), function))
+    return typer.main.get_command(single)
+
+
 app = typer.Typer(
-    cls=OneLineUsageErrors,
+    cls=MemlayoutCommands,
     name="memlayout",
     help="Memory-layout diagnostics for PyTorch models and checkpoints.",
     no_args_is_help=True,
@@ -102,14 +154,6 @@ def root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version."),
 ) -> None:
     """Memory-layout diagnostics for PyTorch models and checkpoints."""
-
-
-app.command("inspect")(inspect_command)
-app.command("rules")(rules_command)
-app.command("explain")(explain_command)
-app.command("flatten")(flatten_command)
-app.command("diff")(diff_command)
-app.command("activations")(activations_command)
 
 
 def main(argv: list[str] | None = None) -> int:
