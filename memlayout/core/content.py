@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from memlayout.core.facts import TensorFact
@@ -251,6 +250,8 @@ class ContentReader:
             for tensor in tensors:
                 yield tensor, self.non_finite(tensor)
             return
+        from concurrent.futures import ThreadPoolExecutor  # with logging: only scans need them
+
         with ThreadPoolExecutor(workers, thread_name_prefix="memlayout-scan") as pool:
             counted = pool.map(lambda batch: [self.non_finite(t) for t in batch], batches)
             for batch, counts in zip(batches, counted, strict=True):

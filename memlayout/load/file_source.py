@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from memlayout.load.mapped_files import MappedFiles
-from memlayout.load.pickled_tree import modules_and_ties, tensor_records
 from memlayout.load.records import (
     DeclaredTie,
     LoadedSource,
@@ -133,6 +132,9 @@ def pickled_source(
         CorruptCheckpointError: the pickle names a storage the file lacks, or a
             tensor with an impossible layout.
     """
+    # Only the pickle formats need the pickled tree's walkers, and a safetensors file none.
+    from memlayout.load.pickled_tree import modules_and_ties, tensor_records
+
     starts = spans.starts if spans is not None else None
     sizes = spans.sizes if spans is not None else None
     tensors, storages = tensor_records(root, starts, sizes, path, used_in_place)

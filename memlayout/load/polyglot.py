@@ -11,7 +11,7 @@ file is valid as (`LoadedSource.also_valid_as`), which ML603 reports.
 
 from __future__ import annotations
 
-import tarfile
+import os
 from collections.abc import Callable
 
 from memlayout.errors import MemlayoutError
@@ -25,9 +25,19 @@ FAMILY = {
 """The container family of each file format memlayout reads."""
 
 
+_ZIP_END = b"PK\x05\x06"
+_ZIP_END_SEARCH = 22 + 0xFFFF
+"""zipfile looks for the end record in the last 64 KiB and 22 bytes; without one it refuses the file."""
+
+
 def _is_zip(path: str, head: bytes) -> bool:
     # zipfile, not memlayout's own reader: zip tools accept data in front of the
     # archive (they shift every offset by it), and what they accept is the question.
+    # Most files have no end record where zipfile looks, and need no zipfile at all.
+    with open(path, "rb") as handle:
+        handle.seek(max(0, os.fstat(handle.fileno()).st_size - _ZIP_END_SEARCH))
+        if _ZIP_END not in handle.read():
+            return False
     import zipfile
 
     from memlayout.io.zip_archive import ZIP_ERRORS
@@ -48,6 +58,8 @@ def _is_pickle(path: str, head: bytes) -> bool:
 
 
 def _is_tar(path: str, head: bytes) -> bool:
+    import tarfile
+
     with open(path, "rb") as handle:
         block = handle.read(tarfile.BLOCKSIZE)
     try:

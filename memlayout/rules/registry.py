@@ -7,7 +7,6 @@ the documentation site's rule pages all read this. Codes are a contract: users p
 from __future__ import annotations
 
 import enum
-import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -56,6 +55,8 @@ class Finding(NamedTuple):
     @property
     def fingerprint(self) -> str:
         """Stable across runs and tensor order, for SARIF and baselines."""
+        import hashlib  # only reporters that name findings stably need it (SARIF, baselines)
+
         text = "\0".join([self.code, *sorted(self.tensors)])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
