@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib
 import os
 import sys
@@ -34,6 +35,13 @@ COMMANDS = {
     "activations": ("memlayout.cli.activations_command", "activations_command"),
 }
 """Each command's name -> (module, function), in the order `--help` lists them."""
+
+WITHOUT_CYCLIC_GC = frozenset({"inspect", "diff", "rules", "explain"})
+"""Commands that run with CPython's cyclic collector paused: they read, keep what
+they build until the report is written, and make no cycles worth collecting, while
+each collection would traverse everything kept: the imports' objects, and at 40,000
+tensors every fact (benchmarks/README.md). Reference counting frees as usual;
+flatten and activations, which run torch, keep the collector."""
 
 
 def _parser_errors() -> tuple[type[Exception], ...]:
@@ -117,6 +125,15 @@ class MemlayoutCommand(TyperCommand):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         coerce_without_pydantic(*self.params)
+
+    def invoke(self, ctx: Any) -> Any:
+        if self.name not in WITHOUT_CYCLIC_GC or not gc.isenabled():
+            return super().invoke(ctx)
+        gc.disable()
+        try:
+            return super().invoke(ctx)
+        finally:
+            gc.enable()  # for a caller that runs the command in its own process (tests, main())
 
     def get_help_option(self, ctx: Any) -> Any:
         option = super().get_help_option(ctx)

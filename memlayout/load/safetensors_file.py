@@ -27,7 +27,6 @@ lost tie.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from dataclasses import dataclass
@@ -315,6 +314,8 @@ def _aliases(text: str | None) -> dict[str, dict[str, Any]]:
     # value is ignored rather than refused.
     if text is None:
         return {}
+    import json  # only files that carry aliases
+
     try:
         aliases = json.loads(text)
     except ValueError:

@@ -17,7 +17,6 @@ to a whole batch, and its outcome is part of the batch's report, so both live he
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
@@ -199,6 +198,8 @@ def read_baseline(file: str) -> list[BaselineEntry]:
     Raises:
         UsageError: the file is missing, not JSON, or not a memlayout baseline.
     """
+    import json  # only a run with a baseline reads one
+
     try:
         with open(file, "rb") as handle:
             data = json.load(handle)
@@ -230,6 +231,8 @@ def _entries(data: Any, file: str) -> list[BaselineEntry]:
 
 def baseline_text(entries: Iterable[BaselineEntry]) -> str:
     """The file's text: sorted, so that rewriting an unchanged baseline changes no byte."""
+    import json
+
     findings = [
         {"path": e.path, "code": e.code, "fingerprint": e.fingerprint, "tensors": list(e.tensors)}
         for e in sorted(set(entries), key=lambda e: (e.path, e.code, e.fingerprint))

@@ -8,10 +8,6 @@ valid and invalid values: the same value back, or the same error message.
 from __future__ import annotations
 
 import enum
-import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,44 +87,3 @@ def test_each_parameter_coerces_as_typer_does(command: str, param: Any, ctx: Any
     for value in _values(param.type_descriptor.annotation):
         expected = _outcome(theirs, value, param, ctx)
         assert _outcome(ours, value, param, ctx) == expected, f"{command} {param.name} given {value!r}"
-
-
-def _imports_of(args: list[str], cwd: Path) -> dict[str, Any]:
-    child = (
-        "import json, sys\n"
-        "from memlayout.cli.app import main\n"
-        "code = main(sys.argv[1:])\n"
-        "names = sorted(n for n in sys.modules if n.split('.')[0] in ('pydantic', 'rich', 'torch', 'numpy')\n"
-        "               or n.startswith('memlayout.cli.') or n.startswith('memlayout.flatten')\n"
-        "               or n.startswith('memlayout.activations') or n.startswith('memlayout.diff'))\n"
-        "print(json.dumps({'code': code, 'modules': names}), file=sys.stderr)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", child, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
-    result: dict[str, Any] = json.loads(done.stderr.splitlines()[-1])
-    return result
-
-
-def test_a_command_imports_only_what_it_uses(tmp_path: Path) -> None:
-    checkpoint = Path(__file__).resolve().parents[2] / "fixtures" / "demo_checkpoint.pt"
-    inspected = _imports_of(["inspect", str(checkpoint), "--format", "json", "--select", "ML1,ML2",
-                             "--min-duplicate-bytes", "16", "--fail-on", "never"], tmp_path)
-    assert inspected["code"] == 0
-    # No pydantic (typer's adapters), no other command, no table renderer for JSON, no torch
-    # (memlayout/__init__.py loads the empty memlayout.flatten package, for its name).
-    unexpected = [
-        name for name in inspected["modules"]
-        if name.split(".")[0] in ("pydantic", "rich", "torch")
-        or (name.startswith("memlayout.cli.") and name.endswith("_command") and name != "memlayout.cli.inspect_command")
-        or name.startswith(("memlayout.flatten.", "memlayout.activations", "memlayout.diff"))
-    ]
-    assert unexpected == [], unexpected
-    listed = _imports_of(["rules"], tmp_path)
-    assert listed["code"] == 0
-    assert [n for n in listed["modules"] if n.endswith("_command")] == ["memlayout.cli.rules_command"]
-
-
-def test_help_lists_every_command_in_order() -> None:
-    done = subprocess.run([sys.executable, "-m", "memlayout", "--help"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    listed = [line.split()[0] for line in done.stdout.split("Commands:")[1].splitlines() if line.strip()]
-    assert listed == list(COMMANDS)
