@@ -39,7 +39,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from checkpoints import MIB, Checkpoint, checkpoint
-from harness import ROOT, Row, ms, print_table, quick_requested, round_robin, write_results
+from harness import (
+    ROOT,
+    Row,
+    compile_bytecode,
+    ms,
+    print_table,
+    quick_requested,
+    round_robin,
+    write_results,
+)
 
 FULL_SIZES = {"40MiB": 40 * MIB, "400MiB": 400 * MIB, "1GiB": 1024 * MIB, "4GiB": 4096 * MIB}
 QUICK_SIZES = {"4MiB": 4 * MIB, "40MiB": 40 * MIB}
@@ -209,6 +218,7 @@ def scaling_rows(checkpoints: list[Checkpoint], repeat: int) -> tuple[list[Row],
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    compile_bytecode()
     quick = quick_requested(argv)
     sizes = QUICK_SIZES if quick else FULL_SIZES
     headline_label = "40MiB" if quick else "1GiB"

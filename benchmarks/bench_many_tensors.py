@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import ROOT, Row, print_table, quick_requested, write_results
+from harness import ROOT, Row, compile_bytecode, print_table, quick_requested, write_results
 from many_tensors import dcp_dir, hf_sharded_dir, torch_save_file
 
 RSS_LIMIT_MIB = 256
@@ -238,6 +238,7 @@ def dcp_metadata_row(source: Source, rounds: int) -> tuple[Row, float]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    compile_bytecode()
     quick = quick_requested(argv)
     rounds = 1 if quick else 3
     rows: list[Row] = []

@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 QUICK_ENV = "MEMLAYOUT_BENCH_QUICK"
 # Ours first (cheap to skim), then whatever else lives here: bench_flatten.py
 # belongs to the flatten work and runs if present.
-ORDER = ["bench_inspect.py", "bench_deep.py"]
+ORDER = ["bench_startup.py", "bench_inspect.py", "bench_deep.py"]
 
 
 def scripts() -> list[Path]:
