@@ -96,10 +96,16 @@ def child_llama_memtracker(layers: int, length: int) -> dict[str, Any]:
     with FakeTensorMode():
         model = LlamaForCausalLM(llama_config(layers)).train()
         ids = torch.randint(0, 32000, (1, length))
+        # AdamW, as memlayout's default; its state comes from a first step, as in training
+        optimizer = torch.optim.AdamW(model.parameters())
+        run_step(model, (ids,), {"labels": ids})
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         tracker = MemTracker()
-        tracker.track_external(model, ids)
+        tracker.track_external(model, optimizer, ids)
         with tracker:
             run_step(model, (ids,), {"labels": ids})
+            optimizer.step()
         peak = sum(s["Total"] for s in tracker.get_tracker_snapshot("peak").values())
     return {"peak_bytes": int(peak), "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu}
 
@@ -141,22 +147,27 @@ def child_main(name: str, args: list[str]) -> None:
 GPT2_BIG = {"layers": 3, "width": 128, "heads": 4, "vocab": 2048, "positions": 512}
 
 
-def cases(quick: bool) -> dict[str, tuple[Any, Any, float]]:
+def cases(quick: bool) -> dict[str, tuple[Any, Any, float, str]]:
+    """name -> (model, inputs, budget as a share of the measured peak, optimizer).
+
+    The names stay as before the optimizer was part of the step (headlines.py picks rows by them); the
+    optimizer of each case is in its raw results.
+    """
     from tests.activations import models
 
     scale = 1 if quick else 2
     return {
         "GPT-2 (4 layers, 128 wide) 8x128": (
             lambda: models.gpt2(layers=4, width=128, vocab=1000, positions=256),
-            lambda: models.token_inputs(4 * scale, 128, 1000), 0.7),
+            lambda: models.token_inputs(4 * scale, 128, 1000), 0.7, "adamw"),
         "BERT (4 layers, 128 wide) 8x128": (
             lambda: models.bert(layers=4, width=128, vocab=1000, positions=256),
-            lambda: models.token_inputs(4 * scale, 128, 1000), 0.7),
+            lambda: models.token_inputs(4 * scale, 128, 1000), 0.7, "adamw"),
         "flat CNN (nn.Sequential) 32x3x64x64": (
-            lambda: models.flat_cnn(channels=32), lambda: models.image_inputs(16 * scale, 64), 0.8),
+            lambda: models.flat_cnn(channels=32), lambda: models.image_inputs(16 * scale, 64), 0.8, "sgd"),
         "LSTM LM (2 layers, 256) 16x128": (
             lambda: models.lstm_lm(vocab=2000, width=128, hidden=256),
-            lambda: models.token_inputs(8 * scale, 128, 2000, labels=False), 0.95),
+            lambda: models.token_inputs(8 * scale, 128, 2000, labels=False), 0.95, "none"),
     }
 
 
@@ -177,11 +188,11 @@ def accuracy_and_plans(quick: bool) -> tuple[list[Row], dict[str, Any]]:
 
     rows: list[Row] = []
     raw: dict[str, Any] = {}
-    for name, (build, make_inputs, share) in cases(quick).items():
+    for name, (build, make_inputs, share, optimizer) in cases(quick).items():
         args, kwargs = make_inputs()
-        truth = memtracker_step(build(), args, kwargs)
+        truth = memtracker_step(build(), args, kwargs, optimizer=optimizer)
         start = time.perf_counter()
-        report = act.analyze(build(), list(args), kwargs=kwargs)
+        report = act.analyze(build(), list(args), kwargs=kwargs, optimizer=optimizer)
         seconds = time.perf_counter() - start
         estimate = torchinfo_estimate(build(), args, kwargs)
         saved_truth = saved_bytes_seen_by_pack_hook(build(), args, kwargs)
@@ -194,11 +205,11 @@ def accuracy_and_plans(quick: bool) -> tuple[list[Row], dict[str, Any]]:
         rows.append(Row(f"{name}: activation_bytes", mib(activation), f"pack hook, once per storage {mib(saved_truth)}",
                         activation / saved_truth, "within 2%", within(activation, saved_truth)))
         budget = int(truth.peak_bytes * share)
-        planned = act.analyze(build(), list(args), kwargs=kwargs, budget=budget).plan
+        planned = act.analyze(build(), list(args), kwargs=kwargs, budget=budget, optimizer=optimizer).plan
         assert planned is not None
         model = build()
         with act.apply_plan(model, planned.plan):
-            measured = memtracker_step(model, args, kwargs)
+            measured = memtracker_step(model, args, kwargs, optimizer=optimizer)
         equal = torch.equal(measured.loss, truth.loss) and all(
             torch.equal(measured.grads[k], g) for k, g in truth.grads.items())
         rows.append(Row(f"{name}: plan applied for real, peak / budget {share:.2f}x",
@@ -210,6 +221,7 @@ def accuracy_and_plans(quick: bool) -> tuple[list[Row], dict[str, Any]]:
             "budget": budget, "plan": planned.plan.to_dict(), "plan_predicted_peak": planned.peak_bytes,
             "plan_measured_peak": measured.peak_bytes, "bitwise_equal": equal,
             "recompute_flops": planned.recompute_flops, "forward_flops": report.summary.forward_flops,
+            "optimizer": optimizer,
         }
     return rows, raw
 

@@ -17,8 +17,9 @@ from typing import Any
 from memlayout import _torch
 from memlayout.activations.facts import Trace
 from memlayout.activations.input_specs import InputSpec, parse_input_spec
+from memlayout.activations.optimizer import DEFAULT_OPTIMIZER, build_optimizer, check_optimizer
 from memlayout.activations.plan import Plan, Planner
-from memlayout.activations.step import LOSS_FROM_SUM
+from memlayout.activations.step import LOSS_FROM_SUM, run_step
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
 from memlayout.errors import MemlayoutError, UsageError
 
@@ -58,6 +59,8 @@ class ActivationReport:
     device: str
     mode: str
     loss: str
+    optimizer: str
+    """adamw, adam, sgd or none: the optimizer whose state and step the peak includes."""
     summary: Summary
     modules: tuple[ModuleFacts, ...]
     plan: PlanResult | None
@@ -106,6 +109,7 @@ class _Step:
         if mode == "fake":
             self.fake_mode = _torch.FakeTensorMode(allow_non_fake_inputs=True)
         self.model: Any = None
+        self.optimizer: Any = None
         self.args: tuple[Any, ...] = ()
         self.kwargs: dict[str, Any] = {}
         self.descriptions: tuple[str, ...] = ()
@@ -192,6 +196,23 @@ class _Step:
         with self.context():
             return copy.deepcopy(model, memo)
 
+    def add_optimizer(self, name: str) -> None:
+        """Build the optimizer and give it the state it has from the second step of training on.
+
+        The first step runs untraced (forward, backward, `optimizer.step()`), so that only the
+        parameters that get a gradient have state, as in training. Its `step()` runs without
+        the default-device context: torch keeps an optimizer's step counts on the CPU.
+        """
+        with self.context():
+            self.optimizer = build_optimizer(self.model, name, device=self.device)
+        if self.optimizer is None:
+            return
+        with self.context():
+            run_step(self.model, self.args, self.kwargs)
+        with self.fake_mode if self.fake_mode is not None else nullcontext():
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
     def trace(self, plan: Plan | None = None) -> Trace:
         from memlayout.activations.apply import apply_plan
         from memlayout.activations.trace import trace_step
@@ -204,7 +225,10 @@ class _Step:
                 applied = stack.enter_context(apply_plan(self.model, plan))
                 notes = tuple(applied.notes)
             stack.enter_context(self.context() if self.mode != "real" else nullcontext())
-            trace = trace_step(self.model, self.args, self.kwargs, device=self.device, mode=self.mode, notes=notes)
+            trace = trace_step(
+                self.model, self.args, self.kwargs, device=self.device, mode=self.mode, notes=notes,
+                optimizer=self.optimizer,
+            )
         for parameter in self.model.parameters():
             parameter.grad = None
         return trace
@@ -228,6 +252,7 @@ def analyze(
     device: str = "cpu",
     mode: str = "fake",
     trust: bool = False,
+    optimizer: str = DEFAULT_OPTIMIZER,
 ) -> ActivationReport:
     """Trace one training step of a model and report its activation memory (and a plan for `budget`).
 
@@ -242,6 +267,8 @@ def analyze(
         device: The device the step is for: cpu, cuda or meta.
         mode: fake (default, no memory), meta, or real (runs the step on `device`).
         trust: Allow unpickling a module file.
+        optimizer: adamw (default), adam, sgd (momentum 0.9) or none: the optimizer whose
+            state and `step()` the peak includes (see optimizer.py).
 
     Returns:
         An `ActivationReport`.
@@ -253,6 +280,7 @@ def analyze(
 
     if device == "meta":
         mode = "meta" if mode != "real" else mode
+    check_optimizer(optimizer)
     step = _Step(mode, device)
     notes: list[str] = []
     if isinstance(target, torch.nn.Module):
@@ -275,6 +303,7 @@ def analyze(
             "give --input 'float32[8,3,224,224]' (repeatable; name=... for keyword inputs) or --inputs pkg.mod:make_inputs",
         )
     try:
+        step.add_optimizer(optimizer)
         baseline = step.trace()
     except MemlayoutError:
         raise
@@ -304,6 +333,7 @@ def analyze(
         device=step.device,
         mode=step.mode,
         loss=baseline.loss,
+        optimizer=optimizer,
         summary=summary,
         modules=modules,
         plan=plan,

@@ -20,6 +20,8 @@ class StorageKind(str, enum.Enum):
     INPUT = "input"
     GRADIENT = "gradient"
     """A parameter's `.grad` at the end of the step."""
+    OPTIMIZER = "optimizer"
+    """The optimizer's state (AdamW's moments, its step counts): kept from one step to the next."""
     STEP = "step"
     """Created during the step: activations and temporaries."""
     OTHER = "other"
@@ -37,6 +39,8 @@ class Phase(str, enum.Enum):
     BACKWARD = "backward"
     RECOMPUTE = "recompute"
     """A checkpointed module running its forward again during backward."""
+    OPTIMIZER = "optimizer"
+    """`optimizer.step()`, after backward."""
 
 
 @dataclass(frozen=True)

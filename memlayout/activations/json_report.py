@@ -29,6 +29,7 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
         "device": report.device,
         "mode": report.mode,
         "loss": report.loss,
+        "optimizer": report.optimizer,
         "summary": {
             "peak_bytes": s.peak_bytes,
             "allocator_peak_bytes": s.allocator_peak_bytes,
@@ -37,6 +38,7 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
             "buffer_bytes": s.buffer_bytes,
             "gradient_bytes": s.gradient_bytes,
             "input_bytes": s.input_bytes,
+            "optimizer_bytes": s.optimizer_bytes,
             "peak_at": {"module": s.peak_at.module, "class": s.peak_at.class_name, "phase": s.peak_at.phase},
             "at_peak": dict(s.at_peak),
             "forward_flops": s.forward_flops,

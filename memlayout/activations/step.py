@@ -3,6 +3,8 @@
 The loss is `output.loss` when the output has one (Hugging Face models given
 labels), else the sum of every floating output that requires grad. The output
 is released before backward, as `loss = model(x).loss; loss.backward()` does.
+With an optimizer, `optimizer.step()` follows backward; the gradients stay, as
+they do until the next step's `zero_grad()`.
 """
 
 from __future__ import annotations
@@ -51,15 +53,20 @@ def pick_loss(output: Any) -> tuple[Any, str]:
 
 
 def run_step(
-    model: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], on_phase: Callable[[str], None] | None = None
+    model: Any,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    on_phase: Callable[[str], None] | None = None,
+    optimizer: Any = None,
 ) -> tuple[Any, str]:
-    """Forward, loss, backward. Returns the detached loss and how it was picked.
+    """Forward, loss, backward, and the optimizer's step. Returns the detached loss and how it was picked.
 
     Args:
         model: The module, in train mode.
         args: Positional inputs.
         kwargs: Keyword inputs.
-        on_phase: Called with "forward", "loss" and "backward" as each begins.
+        on_phase: Called with "forward", "loss", "backward" and "optimizer" as each begins.
+        optimizer: A torch optimizer over the model's parameters, or None.
     """
     notify = on_phase or (lambda _phase: None)
     notify("forward")
@@ -69,4 +76,7 @@ def run_step(
     del output
     notify("backward")
     loss.backward()
+    if optimizer is not None:
+        notify("optimizer")
+        optimizer.step()
     return loss.detach(), how

@@ -32,7 +32,7 @@ class Summary:
     """The step's totals."""
 
     peak_bytes: int
-    """Peak of live tensor bytes (parameters, gradients, saved activations, temporaries, inputs)."""
+    """Peak of live tensor bytes (parameters, gradients, optimizer state, saved activations, temporaries, inputs)."""
     allocator_peak_bytes: int | None
     """The same peak with each block rounded as the CUDA caching allocator rounds it; CUDA only."""
     activation_bytes: int
@@ -41,9 +41,11 @@ class Summary:
     buffer_bytes: int
     gradient_bytes: int
     input_bytes: int
+    optimizer_bytes: int
+    """The optimizer's state (0 without one)."""
     peak_at: PeakAt
     at_peak: dict[str, int]
-    """What is live at the peak: parameters, buffers, inputs, gradients, saved_activations, other."""
+    """What is live at the peak: parameters, buffers, inputs, gradients, optimizer_state, saved_activations, other."""
     forward_flops: int
     recompute_flops: int
 
@@ -103,7 +105,9 @@ def summarize(trace: Trace, cuda: bool = False) -> Summary:
         class_name=call.class_name if call is not None else None,
         phase=at.phase.value if at is not None else Phase.SETUP.value,
     )
-    breakdown = dict.fromkeys(("parameters", "buffers", "inputs", "gradients", "saved_activations", "other"), 0)
+    breakdown = dict.fromkeys(
+        ("parameters", "buffers", "inputs", "gradients", "optimizer_state", "saved_activations", "other"), 0
+    )
     for index in alive_at(trace, peak_event):
         storage = trace.storages[index]
         breakdown[_category(storage.kind, storage.saved)] += storage.nbytes
@@ -119,6 +123,7 @@ def summarize(trace: Trace, cuda: bool = False) -> Summary:
         buffer_bytes=total(StorageKind.BUFFER),
         gradient_bytes=sum(s.nbytes for s in trace.storages if s.kind is StorageKind.GRADIENT and s.died is None),
         input_bytes=total(StorageKind.INPUT),
+        optimizer_bytes=total(StorageKind.OPTIMIZER),
         peak_at=peak_at,
         at_peak=breakdown,
         forward_flops=sum(c.flops for c in trace.calls if not c.recompute),
@@ -135,6 +140,8 @@ def _category(kind: StorageKind, saved: bool) -> str:
         return "inputs"
     if kind is StorageKind.GRADIENT:
         return "gradients"
+    if kind is StorageKind.OPTIMIZER:
+        return "optimizer_state"
     return "saved_activations" if saved else "other"
 
 

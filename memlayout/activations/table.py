@@ -46,9 +46,12 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     grid.add_row("activations", human_bytes(s.activation_bytes), "saved for backward", "each storage once, model state excluded")
     grid.add_row("parameters", human_bytes(s.parameter_bytes), "gradients", human_bytes(s.gradient_bytes))
     grid.add_row("inputs", human_bytes(s.input_bytes), "forward", flops_text(s.forward_flops))
+    optimizer = "none (forward and backward only)" if report.optimizer == "none" else report.optimizer
+    grid.add_row("optimizer", optimizer, "its state", human_bytes(s.optimizer_bytes))
     live = ", ".join(f"{name.replace('_', ' ')} {human_bytes(v)}" for name, v in s.at_peak.items() if v)
     title = f"memlayout activations: {report.target or report.model_class}"
-    subtitle = f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss}"
+    subtitle = (f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss} | "
+                f"optimizer: {report.optimizer}")
     parts_out: list[Any] = [
         Panel(Group(grid, f"[bold]live at the peak[/bold]  {live}"), title=title, subtitle=subtitle,
               title_align="left", expand=False)

@@ -39,6 +39,7 @@ from memlayout.activations.facts import (
     Trace,
 )
 from memlayout.activations.kernels import corrected_output_nbytes, forward_flops
+from memlayout.activations.optimizer import state_tensors
 from memlayout.activations.step import output_tensors, run_step
 
 NODE_KEY = "memlayout.call"
@@ -93,9 +94,10 @@ class _Call:
 class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records storages and module calls while one step runs under it."""
 
-    def __init__(self, model: torch.nn.Module, *, correct_kernels: bool) -> None:
+    def __init__(self, model: torch.nn.Module, *, correct_kernels: bool, optimizer: Any = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.model = model
+        self.optimizer = optimizer
         self.correct_kernels = correct_kernels
         self.paths = {id(module): path for path, module in model.named_modules()}
         self.storages: list[_Storage] = []
@@ -315,7 +317,8 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.phase = phase
 
     def register_state(self, args: Iterable[Any], kwargs: Mapping[str, Any]) -> None:
-        """Count the model's parameters, buffers, existing gradients and the inputs, before the step."""
+        """Count the model's parameters, buffers, existing gradients, the optimizer's state and the inputs,
+        before the step."""
         for parameter in self.model.parameters():
             index = self.storage_of(parameter, StorageKind.PARAMETER)
             if index is not None:
@@ -326,6 +329,8 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             index = self.storage_of(buffer, StorageKind.BUFFER)
             if index is not None:
                 self.parameter_storages.add(index)
+        for tensor in state_tensors(self.optimizer):
+            self.storage_of(tensor, StorageKind.OPTIMIZER)
         for tensor in _tensors((tuple(args), dict(kwargs))):
             self.storage_of(tensor, StorageKind.INPUT)
 
@@ -336,11 +341,13 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
                 index = self.index.get(parameter.grad.untyped_storage())
                 if index is not None:
                     gradients.add(index)
+        # State an optimizer makes in its first step is born in the step; it is state all the same.
+        optimizer_state = {self.index.get(t.untyped_storage()) for t in state_tensors(self.optimizer)}
         self._propagate_backward_starts()
         storages = tuple(
             StorageLife(
                 nbytes=s.nbytes,
-                kind=StorageKind.GRADIENT if i in gradients else s.kind,
+                kind=StorageKind.GRADIENT if i in gradients else StorageKind.OPTIMIZER if i in optimizer_state else s.kind,
                 born=s.born,
                 died=s.died,
                 call=s.call,
@@ -412,6 +419,7 @@ def trace_step(
     mode: str,
     notes: tuple[str, ...] = (),
     on_loss: Callable[[Any], None] | None = None,
+    optimizer: Any = None,
 ) -> Trace:
     """Run one step of `model` on the inputs under the tracer and return its facts.
 
@@ -423,8 +431,9 @@ def trace_step(
         mode: "fake", "meta" or "real"; kernel corrections apply to fake and meta.
         notes: Carried into the trace.
         on_loss: Receives the detached loss.
+        optimizer: Steps after backward; its state counts from the start (see optimizer.py).
     """
-    tracer = StepTracer(model, correct_kernels=mode != "real")
+    tracer = StepTracer(model, correct_kernels=mode != "real", optimizer=optimizer)
     with ExitStack() as stack:
         for module in model.modules():
             if id(module) in tracer.paths:
@@ -436,7 +445,7 @@ def trace_step(
         tracer.register_state(args, kwargs)
         stack.enter_context(tracer)
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(tracer._pack, lambda tensor: tensor))
-        loss, how = run_step(model, args, kwargs, on_phase=tracer.set_phase)
+        loss, how = run_step(model, args, kwargs, on_phase=tracer.set_phase, optimizer=optimizer)
     if on_loss is not None:
         on_loss(loss)
     del loss

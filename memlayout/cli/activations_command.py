@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 
 from memlayout import _torch
+from memlayout.activations.optimizer import DEFAULT_OPTIMIZER
+from memlayout.activations.optimizer import HELP as OPTIMIZER_HELP
 from memlayout.cli.errors import one_line_errors
 from memlayout.cli.formats import (
     Command,
@@ -53,6 +55,7 @@ def activations_command(
     ] = "cpu",
     real: Annotated[bool, typer.Option("--real", help="Run the step for real on --device (uses the memory), as a check.")] = False,
     depth: Annotated[int, typer.Option("--depth", help="Module depth the table shows.", min=0)] = 3,
+    optimizer: Annotated[str, typer.Option("--optimizer", help=OPTIMIZER_HELP, metavar="adamw|adam|sgd|none")] = DEFAULT_OPTIMIZER,
     trust: TrustOption = False,
     debug: DebugOption = False,
 ) -> None:
@@ -71,7 +74,7 @@ def activations_command(
         try:
             report = analyze(
                 target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
-                mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust,
+                mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
             )
         except BudgetUnreachableError as exc:
             print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)

@@ -24,17 +24,44 @@ class RealStep:
     grads: dict[str, torch.Tensor]
 
 
-def memtracker_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], seed: int = 0) -> RealStep:
-    """Run one real step under torch.distributed._tools.MemTracker; returns its peak, the loss and the gradients."""
+def user_optimizer(model: torch.nn.Module, name: str) -> torch.optim.Optimizer | None:
+    """The optimizer as a training script writes it, torch's defaults where the name implies none."""
+    if name == "none":
+        return None
+    parameters = model.parameters()
+    if name == "adamw":
+        return torch.optim.AdamW(parameters)
+    if name == "adam":
+        return torch.optim.Adam(parameters)
+    assert name == "sgd", name
+    return torch.optim.SGD(parameters, lr=0.01, momentum=0.9)
+
+
+def memtracker_step(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], seed: int = 0, optimizer: str = "adamw"
+) -> RealStep:
+    """Run one real training step under torch.distributed._tools.MemTracker; returns its peak, the loss and the
+    gradients.
+
+    With an optimizer, a first step runs untracked, so that the step measured is a steady-state one (the
+    optimizer's state exists from its start), as MemTracker's own documentation measures the second iteration.
+    """
     from torch.distributed._tools.mem_tracker import MemTracker
 
     for parameter in model.parameters():
         parameter.grad = None
-    tracker = MemTracker()
-    tracker.track_external(model, *args, *kwargs.values())
     torch.manual_seed(seed)
+    stepper = user_optimizer(model, optimizer)
+    if stepper is not None:
+        run_step(model, args, kwargs)
+        stepper.step()
+        stepper.zero_grad(set_to_none=True)
+    tracker = MemTracker()
+    tracker.track_external(model, *args, *kwargs.values(), *([stepper] if stepper is not None else []))
     with tracker:
         loss, _ = run_step(model, args, kwargs)
+        if stepper is not None:
+            stepper.step()
     peak = sum(snapshot["Total"] for snapshot in tracker.get_tracker_snapshot("peak").values())
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     for parameter in model.parameters():

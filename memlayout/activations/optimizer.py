@@ -1,0 +1,86 @@
+"""The optimizer of the training step: its state, and the memory its `step()` takes.
+
+A training step is forward, backward and `optimizer.step()`. The optimizer's
+state lives through the whole step (AdamW keeps two tensors the size of each
+parameter), and its update allocates temporaries of its own. Both are traced on
+the same tensors as the model (fake, meta or real), with torch's own optimizer
+classes: the state and the temporaries are what `torch.optim` allocates, not a
+formula for them.
+
+The step traced is a steady-state one, as MemTracker's documentation measures
+it: the state exists before forward begins, as it does from the second step of
+training on. A first step, run untraced, makes it, so that only the parameters
+that get a gradient have state, as in training.
+
+The default is AdamW: it is what most training uses (transformers' Trainer and
+most recipes default to it), and leaving the optimizer out understates a step by
+twice the parameter bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memlayout.errors import UsageError
+
+OPTIMIZERS = ("adamw", "adam", "sgd", "none")
+DEFAULT_OPTIMIZER = "adamw"
+LEARNING_RATE = 1e-3
+SGD_MOMENTUM = 0.9
+"""The usual recipe for SGD; plain SGD (no momentum) keeps no state and updates in place, as `none` counts it."""
+_FOREACH_DEVICES = ("cuda", "xpu")
+"""Where torch's optimizers default to their foreach kernels (torch.optim.optimizer's
+`_get_foreach_kernels_supported_devices`); elsewhere they update one tensor at a time."""
+
+HELP = (
+    "The optimizer whose state and step count in the peak: adamw (the default, as most training uses; two "
+    "states per parameter), adam, sgd (momentum 0.9, one state), or none (forward and backward only; also "
+    "right for plain SGD, which keeps no state)."
+)
+
+
+def check_optimizer(name: str) -> str:
+    """The optimizer name, checked.
+
+    Raises:
+        UsageError: not one of OPTIMIZERS.
+    """
+    if name not in OPTIMIZERS:
+        raise UsageError(f"unknown optimizer {name!r}", f"use one of {', '.join(OPTIMIZERS)}")
+    return name
+
+
+def build_optimizer(model: Any, name: str, *, device: str) -> Any:
+    """The torch optimizer `name` over the model's trainable parameters; None for "none".
+
+    Build it in the tensor world of the model (inside the FakeTensorMode for fake
+    parameters). Its implementation is chosen as torch chooses it for real tensors on
+    `device`: the foreach kernels on CUDA, one tensor at a time on CPU. torch would
+    not pick foreach for fake tensors by itself, and the two differ in temporaries.
+
+    Raises:
+        UsageError: an unknown name.
+    """
+    import torch
+
+    check_optimizer(name)
+    if name == "none":
+        return None
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    if not parameters:
+        return None
+    foreach = torch.device(device).type in _FOREACH_DEVICES
+    if name == "adamw":
+        return torch.optim.AdamW(parameters, lr=LEARNING_RATE, foreach=foreach)
+    if name == "adam":
+        return torch.optim.Adam(parameters, lr=LEARNING_RATE, foreach=foreach)
+    return torch.optim.SGD(parameters, lr=LEARNING_RATE, momentum=SGD_MOMENTUM, foreach=foreach)
+
+
+def state_tensors(optimizer: Any) -> list[Any]:
+    """Every tensor the optimizer keeps between steps."""
+    import torch
+
+    if optimizer is None:
+        return []
+    return [value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
