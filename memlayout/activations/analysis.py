@@ -287,11 +287,15 @@ def analyze(
         step.model = step.adopt_model(target)
         target_text, kind = None, "module"
     else:
-        from memlayout.activations.target import build_model
+        from memlayout.activations.build import build_model
 
-        with step.context():
-            step.model, target_kind = build_model(str(target), trust=trust)
-        target_text, kind = str(target), target_kind.kind
+        built = build_model(
+            str(target), trust=trust, context=step.context, world=step.mode, device=step.device,
+            adopt=step.adopt_model,
+        )
+        step.model = built.model
+        notes.extend(built.notes)
+        target_text, kind = str(target), built.kind.kind
     step.model.train()
     if step.device not in ("cpu", "meta"):
         with step.context():

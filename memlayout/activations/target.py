@@ -6,14 +6,16 @@
 - a pickled nn.Module (torch.save of the whole module), only with `--trust`:
   unpickling it runs code from the file.
 
-The caller chooses the tensors the model is built on by the context it calls
-from: a FakeTensorMode (no memory), `torch.device("meta")`, or nothing (real).
+`model_source` checks the target and returns how to build it; build.py calls
+that in the tensor context it chooses: a FakeTensorMode (no memory),
+`torch.device("meta")`, or nothing (real).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +51,24 @@ def classify(target: str) -> TargetKind:
     raise SourceNotFoundError(f"{target} does not exist and is not a pkg.module:callable spec")
 
 
-def build_model(target: str, *, trust: bool) -> tuple[Any, TargetKind]:
-    """Build the model TARGET names, in the current tensor context.
+@dataclass(frozen=True)
+class ModelSource:
+    """How to build the model TARGET names, checked and ready: nothing is built yet."""
+
+    kind: TargetKind
+    action: str
+    """What building does, for messages: "calling pkg:build", "building GPT2LMHeadModel from config.json"."""
+    build: Callable[[], Any]
+    """Builds the model in the current tensor context."""
+    values_free: bool
+    """Whether building may be retried with tensors that are not fake (the user's factory or a config);
+    False for an unpickled module, whose tensors come from the file."""
+    prebuilt: bool = False
+    """The spec names a model built when its module was imported: it is copied, never changed."""
+
+
+def model_source(target: str, *, trust: bool) -> ModelSource:
+    """Check TARGET and say how its model is built: the spec is imported, the config read, trust checked.
 
     Raises:
         SourceNotFoundError, UsageError, UnsafeContentError: one line for the CLI.
@@ -59,22 +77,61 @@ def build_model(target: str, *, trust: bool) -> tuple[Any, TargetKind]:
 
     kind = classify(target)
     if kind.kind == "import-spec":
-        from memlayout.load.import_spec import resolve_spec
+        from memlayout.load.import_spec import spec_object
 
-        model = resolve_spec(target)
-    elif kind.kind == "hf-config":
-        model = _build_hf(kind.path or target, trust=trust)
-    else:
-        model = _load_pickled_module(target, trust=trust)
+        named = spec_object(target)
+        if isinstance(named, torch.nn.Module) or not callable(named):
+            return ModelSource(kind, f"importing {target}", lambda: named, values_free=False, prebuilt=True)
+        _check_needs_no_arguments(target, named)
+        return ModelSource(kind, f"calling {target}", named, values_free=True)
+    if kind.kind == "hf-config":
+        config_path = kind.path or target
+        model_class, config = _hf_class(config_path, trust=trust)
+        name = getattr(model_class, "__name__", "the model")
+        return ModelSource(kind, f"building {name} from {config_path}", lambda: _build_hf(model_class, config, trust),
+                           values_free=True)
+    _refuse_untrusted_pickle(target, trust)
+    return ModelSource(kind, f"unpickling {target}", lambda: _load_pickled_module(target), values_free=False)
+
+
+def checked_model(model: Any, target: str) -> Any:
+    """The built object, if it is an nn.Module.
+
+    Raises:
+        UsageError: it is something else.
+    """
+    import torch
+
     if not isinstance(model, torch.nn.Module):
         raise UsageError(
             f"{target} gave a {type(model).__name__}, not an nn.Module",
             "point TARGET at a factory that returns the model, a config.json, or a pickled module",
         )
-    return model, kind
+    return model
 
 
-def _build_hf(config_path: str, *, trust: bool) -> Any:
+def _check_needs_no_arguments(spec: str, factory: Callable[..., Any]) -> None:
+    import inspect
+
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: calling it says
+        return
+    required = [
+        name for name, parameter in signature.parameters.items()
+        if parameter.default is inspect.Parameter.empty
+        and parameter.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                               inspect.Parameter.KEYWORD_ONLY)
+    ]
+    if required:
+        raise UsageError(
+            f"calling {spec} needs arguments: {', '.join(required)}",
+            "point the spec at a factory that builds the model with no arguments",
+        )
+
+
+def _hf_class(config_path: str, *, trust: bool) -> tuple[Any, Any]:
+    """The transformers class the config names (None: the auto classes choose) and the config."""
     try:
         import transformers
     except ImportError:
@@ -97,28 +154,33 @@ def _build_hf(config_path: str, *, trust: bool) -> Any:
     except Exception as exc:
         raise UsageError(f"transformers cannot read {config_path}: {exc}") from None
     candidates = [getattr(transformers, name, None) for name in (getattr(config, "architectures", None) or [])]
-    model_class = next((c for c in candidates if c is not None), None)
-    try:
-        if model_class is not None:
-            return model_class._from_config(config)
-        for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
-            try:
-                return auto.from_config(config, trust_remote_code=trust)  # type: ignore[no-untyped-call]
-            except ValueError:
-                continue
-    except Exception as exc:
-        raise UsageError(f"transformers cannot build a model from {config_path}: {type(exc).__name__}: {exc}") from None
-    raise UsageError(f"transformers has no model class for {config_path}")
+    return next((c for c in candidates if c is not None), None), config
 
 
-def _load_pickled_module(path: str, *, trust: bool) -> Any:
-    import torch
+def _build_hf(model_class: Any, config: Any, trust: bool) -> Any:
+    import transformers
 
+    if model_class is not None:
+        return model_class._from_config(config)
+    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+        try:
+            return auto.from_config(config, trust_remote_code=trust)  # type: ignore[no-untyped-call]
+        except ValueError:
+            continue
+    raise UsageError(f"transformers has no model class for {getattr(config, 'model_type', 'this config')}")
+
+
+def _refuse_untrusted_pickle(path: str, trust: bool) -> None:
     if not trust:
         raise UnsafeContentError(
             f"{path} would have to be unpickled to build the model, which runs code from the file",
             "pass --trust only if you trust whoever wrote it, or give pkg.module:build",
         )
+
+
+def _load_pickled_module(path: str) -> Any:
+    import torch
+
     try:
         # Under FakeTensorMode torch.load rebuilds every tensor as a fake one, ties kept: the
         # weights never take memory (a 384 MiB module file raised peak RSS by 73 MiB here).

@@ -39,6 +39,27 @@ def resolve_spec(spec: str) -> Any:
     # A spec builds a live model, so torch comes first: the user's module would
     # otherwise fail on its own `import torch`, naming the spec rather than torch.
     _torch.require(f"the import spec {spec}")
+    target = spec_object(spec)
+    import torch
+
+    if callable(target) and not isinstance(target, torch.nn.Module):
+        try:
+            target = target()
+        except Exception as exc:
+            raise UsageError(
+                f"calling {spec} raised {type(exc).__name__}: {exc}",
+                "point the spec at a factory that builds the model with no arguments",
+            ) from exc
+    return target
+
+
+def spec_object(spec: str) -> Any:
+    """Import the module and return the object the spec names, not called.
+
+    Raises:
+        SourceNotFoundError: the module or attribute does not exist.
+        UsageError: importing the module raised.
+    """
     module_name, _, attr_path = spec.partition(":")
     if "" not in sys.path:
         sys.path.insert(0, "")
@@ -56,16 +77,6 @@ def resolve_spec(spec: str) -> Any:
             target = getattr(target, part)
         except AttributeError as exc:
             raise SourceNotFoundError(f"{module_name!r} has no attribute {attr_path!r}") from exc
-    import torch
-
-    if callable(target) and not isinstance(target, torch.nn.Module):
-        try:
-            target = target()
-        except Exception as exc:
-            raise UsageError(
-                f"calling {spec} raised {type(exc).__name__}: {exc}",
-                "point the spec at a factory that builds the model with no arguments",
-            ) from exc
     return target
 
 

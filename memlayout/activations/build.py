@@ -1,0 +1,263 @@
+"""Build the model a TARGET names on tensors without memory, whatever its `__init__` does.
+
+Memory does not depend on a weight's values, but building a model can: an
+`__init__` that reads a value (`torch.linspace(0, rate, depth).tolist()` for
+drop-path rates, an init bound computed with `.item()`) fails under
+FakeTensorMode, whose tensors have none. The user's factory is never to blame
+for that, so building goes in two ways:
+
+1. everything on fake (or meta) tensors: no memory at all, ties kept as built;
+2. if that fails, everything real except the parameters, which move to the meta
+   device as each is registered, so that their initialisers run on no memory
+   (torch's own `trunc_normal_` reads values on fake tensors, and returns at once
+   on meta ones); when the build returns, parameters and buffers move to the
+   step's tensors (buffers stay real until then, so `__init__` can read them). A
+   parameter assigned to two modules is one Parameter object, moved once: tied
+   weights stay one storage.
+
+When both fail, the message names the op that needed a value and the line of
+the model's code that ran it.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from memlayout.activations.target import ModelSource, TargetKind, checked_model, model_source
+from memlayout.errors import MemlayoutError, UsageError
+
+_GLOSS = {
+    "aten._local_scalar_dense.default": ".item(), .tolist(), float() or bool() of a tensor",
+    "aten.nonzero.default": "an output whose size depends on values: nonzero, a boolean mask",
+}
+HINT = (
+    "pass --real to build the model and run the step for real (it takes the memory), or build it yourself and give "
+    "it to memlayout.activations.analyze(model, ...), which copies it onto fake tensors"
+)
+
+
+@dataclass(frozen=True)
+class Built:
+    model: Any
+    kind: TargetKind
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ValueRead:
+    """An op that needed a tensor's value while building, and where the model's code ran it."""
+
+    op: str
+    where: str
+
+    def describe(self) -> str:
+        gloss = _GLOSS.get(self.op)
+        return f"{self.op}{f' ({gloss})' if gloss else ''} at {self.where}"
+
+
+class TensorMover:
+    """Re-creates tensors in another world (meta or fake): same shapes, dtypes and strides, no values.
+
+    Tensors that shared a storage share one again, and a Parameter is moved once, so a
+    weight tied by assigning one Parameter to two modules stays one storage (storage
+    objects are compared by identity: meta ones all report data pointer 0).
+    """
+
+    def __init__(self, world: str, device: str, context: Callable[[], AbstractContextManager[Any]]) -> None:
+        self.world = world
+        """"fake" or "meta"."""
+        self.device = "meta" if world == "meta" else device
+        self.context = context
+        self._parameters: dict[int, tuple[Any, Any]] = {}
+        """id(source) -> (source, moved); the source is kept so that its id is not reused."""
+        self._storages: dict[int, tuple[Any, Any]] = {}
+
+    def holds(self, tensor: Any) -> bool:
+        if self.world == "meta":
+            return bool(tensor.is_meta)
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return isinstance(tensor, FakeTensor)
+
+    def move(self, tensor: Any) -> Any:
+        import torch
+        from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+
+        if self.holds(tensor) or isinstance(tensor, (UninitializedParameter, UninitializedBuffer)):
+            return tensor  # a lazy module's parameter has no shape until its first forward
+        if not isinstance(tensor, torch.nn.Parameter):
+            return self._data(tensor)
+        known = self._parameters.get(id(tensor))
+        if known is None:
+            known = (tensor, torch.nn.Parameter(self._data(tensor), requires_grad=tensor.requires_grad))
+            self._parameters[id(tensor)] = known
+        return known[1]
+
+    def _data(self, tensor: Any) -> Any:
+        import torch
+
+        with self.context():
+            if tensor.layout != torch.strided:
+                return torch.empty_like(tensor, device=self.device)
+            storage = tensor.untyped_storage()
+            known = self._storages.get(id(storage))
+            if known is None:
+                moved = torch.empty((storage.nbytes(),), dtype=torch.uint8, device=self.device).untyped_storage()
+                known = (storage, moved)
+                self._storages[id(storage)] = known
+            empty = torch.empty((0,), dtype=tensor.dtype, device=self.device)
+            return empty.set_(known[1], tensor.storage_offset(), tensor.shape, tensor.stride())
+
+    def move_model(self, model: Any) -> None:
+        """Move, in place, every parameter and buffer of the model that is not in this world yet."""
+        for module in model.modules():
+            for store in (module._parameters, module._buffers):
+                for name, tensor in list(store.items()):
+                    if tensor is not None:
+                        store[name] = self.move(tensor)
+
+
+@contextmanager
+def parameters_moved_on_registration(mover: TensorMover) -> Iterator[None]:
+    """Every `register_parameter` (and so every `module.weight = Parameter(...)`) stores the moved parameter."""
+    import torch
+
+    original = torch.nn.Module.register_parameter
+
+    def register_parameter(module: Any, name: str, param: Any) -> None:
+        original(module, name, None if param is None else mover.move(param))
+
+    torch.nn.Module.register_parameter = register_parameter  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def build_model(
+    target: str,
+    *,
+    trust: bool,
+    context: Callable[[], AbstractContextManager[Any]],
+    world: str,
+    device: str,
+    adopt: Callable[[Any], Any],
+) -> Built:
+    """Build TARGET's model in the step's tensor world.
+
+    Args:
+        target: The TARGET string.
+        trust: Allow unpickling.
+        context: Enters the world (fake mode, default device).
+        world: "fake", "meta" or "real".
+        device: The step's device.
+        adopt: Copies a model built elsewhere into the world.
+
+    Raises:
+        UsageError: building failed; a value read names the op and the line.
+    """
+    source = model_source(target, trust=trust)
+    if source.prebuilt:
+        return Built(adopt(checked_model(source.build(), target)), source.kind, ())
+    try:
+        with context():
+            model = source.build()
+        return Built(checked_model(model, target), source.kind, ())
+    except MemlayoutError:
+        raise
+    except Exception as exc:
+        if world == "real" or not source.values_free:
+            raise _failed(source, exc) from exc
+        first = exc
+    first_read = value_read(first)
+    try:
+        with parameters_moved_on_registration(TensorMover("meta", "meta", nullcontext)):
+            model = checked_model(source.build(), target)
+        TensorMover(world, device, context).move_model(model)
+    except MemlayoutError:
+        raise
+    except Exception as exc:
+        read = value_read(exc)
+        if read is not None:
+            raise UsageError(
+                f"{source.action} reads a value computed from a parameter, and parameters have no values here: "
+                f"{read.describe()}",
+                HINT,
+            ) from exc
+        if first_read is not None:
+            raise UsageError(
+                f"{source.action} reads a value, which {world} tensors do not have: {first_read.describe()}; "
+                f"built with real tensors and meta parameters, it raised {_text(exc)} at {where(exc)}",
+                HINT,
+            ) from exc
+        raise _failed(source, exc) from exc
+    cause = first_read.describe() if first_read is not None else f"{_text(first)} at {where(first)}"
+    note = (
+        f"the model was built with real tensors and meta parameters (each made meta as it was registered, so its "
+        f"initialisers ran on no memory), then made {world}: on {world} tensors alone, building needs {cause}"
+    )
+    return Built(model, source.kind, (note,))
+
+
+def _failed(source: ModelSource, exc: BaseException) -> UsageError:
+    read = value_read(exc)
+    if read is not None:
+        return UsageError(f"{source.action} reads a value, which this step's tensors do not have: {read.describe()}",
+                          HINT)
+    return UsageError(f"{source.action} raised {_text(exc)} at {where(exc)}", "rerun with --debug for the traceback")
+
+
+def _text(exc: BaseException) -> str:
+    first_line = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
+
+
+def value_read(exc: BaseException) -> ValueRead | None:
+    """The op that needed a value, if that is why `exc` (or an exception it wraps) was raised."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (DataDependentOutputException, DynamicOutputShapeException)):
+            return ValueRead(str(current.func), where(exc))
+        message = str(current)
+        if isinstance(current, (RuntimeError, NotImplementedError)) and (
+            "meta tensor" in message and ("cannot be called" in message or "no data" in message)
+        ):
+            return ValueRead(message.splitlines()[0], where(exc))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def where(exc: BaseException) -> str:
+    """`file:line` (and the line) of the innermost frame of the model's code in the traceback.
+
+    The model's code is whatever is not torch, memlayout or Python's standard library:
+    the user's factory, or the modelling code of a library such as transformers.
+    """
+    import torch
+
+    skipped = (
+        os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # memlayout/
+        os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep,
+    )
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(skipped) and not frame.filename.startswith("<"):
+            shown = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+            code = f": `{frame.line.strip()}`" if frame.line else ""
+            return f"{shown}:{frame.lineno} in {frame.name}{code}"
+    return "an unknown line (rerun with --debug for the traceback)"

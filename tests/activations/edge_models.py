@@ -1,0 +1,145 @@
+"""Models written as people write them, which fake tensors alone cannot build or run.
+
+Each is small and seeded, so a real CPU step measured by MemTracker is the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class DropPath(nn.Module):
+    """Stochastic depth, as vision transformers use it: a per-sample keep mask."""
+
+    def __init__(self, rate: float) -> None:
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rate == 0.0 or not self.training:
+            return x
+        keep = torch.rand(x.shape[0], 1, 1, device=x.device) >= self.rate
+        return x * keep / (1.0 - self.rate)
+
+
+class ViTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, drop_path: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, dim = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(batch, tokens, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        attention = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, tokens, dim)
+        x = x + self.drop_path(self.proj(attention))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class ViT(nn.Module):
+    """A vision transformer initialised as timm does: drop-path rates read from `torch.linspace(...)` with
+    `.item()`, and truncated-normal weights (torch's `trunc_normal_` reads values to reject samples)."""
+
+    def __init__(self, image: int = 32, patch: int = 8, dim: int = 64, depth: int = 4, heads: int = 4,
+                 classes: int = 10, drop_path_rate: float = 0.1) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.patch_embed = nn.Conv2d(3, dim, patch, stride=patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, (image // patch) ** 2 + 1, dim))
+        rates = [x.item() for x in torch.linspace(0, drop_path_rate, depth)]
+        self.blocks = nn.Sequential(*[ViTBlock(dim, heads, rate) for rate in rates])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+        bound = float(torch.tensor(dim, dtype=torch.float32).rsqrt())  # a bound computed by a tensor op
+        nn.init.trunc_normal_(self.pos_embed, std=bound, a=-2 * bound, b=2 * bound)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(images).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        return self.head(self.norm(self.blocks(x))[:, 0])
+
+
+class TiedLM(nn.Module):
+    """A language model whose head is its embedding (one Parameter, two modules), with a value-reading init."""
+
+    def __init__(self, vocab: int = 300, width: int = 48, layers: int = 2) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab, width)
+        scales = torch.linspace(1.0, 0.5, layers).tolist()
+        self.layers = nn.ModuleList([nn.Linear(width, width) for _ in range(layers)])
+        for layer, scale in zip(self.layers, scales, strict=True):
+            nn.init.trunc_normal_(layer.weight, std=0.02 * scale)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = x + torch.tanh(layer(x))
+        return self.head(x)
+
+
+class SharedBuffer(nn.Module):
+    """Two parameters that are views of one flat buffer, made in `__init__` (a flat-parameter layout)."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        flat = torch.randn(2 * width * width) * float(torch.tensor(width).rsqrt())
+        self.first = nn.Parameter(flat[: width * width].view(width, width))
+        self.second = nn.Parameter(flat[width * width :].view(width, width))
+        nn.init.trunc_normal_(self.first, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ self.first) @ self.second
+
+
+class ReadsItsWeights(nn.Module):
+    """An `__init__` that reads a value computed from a parameter: no tensor without data can build it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(16, 16)
+        self.scale = 1.0 / self.linear.weight.abs().max().item()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * self.scale
+
+
+INSTANCE = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+"""A model built when its module is imported, named by a spec without a factory."""
+
+
+def vit() -> nn.Module:
+    return ViT().train()
+
+
+def tied_lm() -> nn.Module:
+    return TiedLM().train()
+
+
+def shared_buffer() -> nn.Module:
+    return SharedBuffer().train()
+
+
+def reads_its_weights() -> nn.Module:
+    return ReadsItsWeights().train()
+
+
+def raises() -> nn.Module:
+    raise ValueError("no such layer size: 7")
