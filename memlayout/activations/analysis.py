@@ -9,6 +9,7 @@ hundred MiB. `mode="meta"` uses meta tensors instead (no device semantics);
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
@@ -67,6 +68,11 @@ class ActivationReport:
     notes: tuple[str, ...]
     trace: Trace
 
+    @property
+    def fallbacks(self) -> tuple[tuple[str, int], ...]:
+        """(op, calls) for each op whose fake kernel refused and whose real kernel stood in, in the step traced."""
+        return self.trace.fallbacks
+
 
 class BudgetUnreachableError(MemlayoutError):
     """No plan brings the peak under the budget."""
@@ -106,68 +112,106 @@ class _Step:
         self.mode = mode
         self.device = "meta" if mode == "meta" else device
         self.fake_mode: Any = None
+        self.step_mode: Any = None
         if mode == "fake":
+            from memlayout.activations.fake_step import FakeStepMode
+
             self.fake_mode = _torch.FakeTensorMode(allow_non_fake_inputs=True)
+            self.step_mode = FakeStepMode(self.fake_mode, keep_values=self.keeps_values)
         self.model: Any = None
         self.optimizer: Any = None
         self.args: tuple[Any, ...] = ()
         self.kwargs: dict[str, Any] = {}
         self.descriptions: tuple[str, ...] = ()
 
-    def context(self) -> AbstractContextManager[Any]:
+    @property
+    def keeps_values(self) -> bool:
+        """Whether small tensors computed from real ones stay real in a fake step (see fake_step.py): on CPU."""
+        return self.mode == "fake" and self.device == "cpu"
+
+    def context(self, *, default_device: bool = True) -> AbstractContextManager[Any]:
+        """This world's tensors: where the model is built and its inputs made."""
         import torch
 
         stack = ExitStack()
         if self.fake_mode is not None:
             stack.enter_context(self.fake_mode)
-        if self.mode != "real" or self.device != "cpu":
+        if default_device and (self.mode != "real" or self.device != "cpu"):
             stack.enter_context(torch.device(self.device))
+        return stack
+
+    def step_context(self, *, default_device: bool = True) -> AbstractContextManager[Any]:
+        """Where a step runs: this world, and on fake tensors the values and fallbacks of fake_step.py."""
+        stack = ExitStack()
+        stack.enter_context(self.context(default_device=default_device))
+        if self.step_mode is not None:
+            stack.enter_context(self.step_mode)
         return stack
 
     def make_inputs(self, inputs: InputsArg, kwargs: Mapping[str, Any] | None) -> None:
         import torch
 
-        with self.context():
-            generator = torch.Generator(device=self.device).manual_seed(0) if self.mode == "real" else None
-            args: list[Any] = []
-            named: dict[str, Any] = {}
-            descriptions: list[str] = []
-            if isinstance(inputs, str):
-                from memlayout.load.import_spec import resolve_spec
+        args: list[Any] = []
+        named: dict[str, Any] = {}
+        descriptions: list[str] = []
+        if isinstance(inputs, str):
+            from memlayout.load.import_spec import resolve_spec
 
+            with self.context():
                 made = resolve_spec(inputs)
-                if isinstance(made, torch.Tensor):
-                    made = (made,)
-                if isinstance(made, Mapping):
-                    named.update(made)
-                elif isinstance(made, (tuple, list)):
-                    args.extend(made)
-                else:
-                    raise UsageError(
-                        f"{inputs} returned a {type(made).__name__}",
-                        "return a tuple of positional arguments or a dict of keyword arguments",
-                    )
-                descriptions.append(inputs)
+            if isinstance(made, torch.Tensor):
+                made = (made,)
+            if isinstance(made, Mapping):
+                named.update(made)
+            elif isinstance(made, (tuple, list)):
+                args.extend(made)
             else:
-                for item in inputs or ():
-                    if isinstance(item, str):
-                        item = parse_input_spec(item)
-                    if isinstance(item, InputSpec):
+                raise UsageError(
+                    f"{inputs} returned a {type(made).__name__}",
+                    "return a tuple of positional arguments or a dict of keyword arguments",
+                )
+            descriptions.append(inputs)
+        else:
+            generator = torch.Generator(device="cpu" if self.mode != "real" else self.device).manual_seed(0)
+            for item in inputs or ():
+                if isinstance(item, str):
+                    item = parse_input_spec(item)
+                if isinstance(item, InputSpec):
+                    if self.mode == "real" or self._keeps_input(item.nbytes):
+                        # real: the model may read its values (a padding mask, lengths); seeded
                         tensor = item.make_tensor(self.device, generator)
-                        if item.name:
-                            named[item.name] = tensor
-                        else:
-                            args.append(tensor)
-                        descriptions.append(item.describe())
                     else:
-                        args.append(self._adopt(item))
-                        descriptions.append(_describe(item))
-            for name, value in (kwargs or {}).items():
-                named[name] = self._adopt(value)
-                descriptions.append(f"{name}={_describe(value)}")
-            self.args = tuple(self._adopt(a) for a in args)
-            self.kwargs = {k: self._adopt(v) for k, v in named.items()}
-            self.descriptions = tuple(descriptions)
+                        with self.context():
+                            tensor = item.make_tensor(self.device, None)
+                    if item.name:
+                        named[item.name] = tensor
+                    else:
+                        args.append(tensor)
+                    descriptions.append(item.describe())
+                else:
+                    args.append(item)
+                    descriptions.append(_describe(item))
+        for name, value in (kwargs or {}).items():
+            named[name] = value
+            descriptions.append(f"{name}={_describe(value)}")
+        self.args = tuple(self._adopt_input(a) for a in args)
+        self.kwargs = {k: self._adopt_input(v) for k, v in named.items()}
+        self.descriptions = tuple(descriptions)
+
+    def _keeps_input(self, nbytes: int) -> bool:
+        from memlayout.activations.fake_step import INPUT_BYTES
+
+        return self.keeps_values and nbytes <= INPUT_BYTES
+
+    def _adopt_input(self, value: Any) -> Any:
+        """An input: a real one stays real where the step keeps values and it is not large."""
+        import torch
+
+        if isinstance(value, torch.Tensor) and not _is_fake(value) and value.device.type == "cpu" and (
+            self._keeps_input(value.untyped_storage().nbytes())
+        ):
+            return value
+        return self._adopt(value)
 
     def _adopt(self, value: Any) -> Any:
         """A real tensor given by the caller, converted to this world's tensors."""
@@ -176,7 +220,7 @@ class _Step:
         if not isinstance(value, torch.Tensor) or self.mode == "real":
             return value
         if self.fake_mode is not None:
-            return value if isinstance(value, _torch.FakeTensor) else self.fake_mode.from_tensor(value)
+            return value if _is_fake(value) else self.fake_mode.from_tensor(value)
         return value.to("meta")
 
     def adopt_model(self, model: Any) -> Any:
@@ -207,9 +251,9 @@ class _Step:
             self.optimizer = build_optimizer(self.model, name, device=self.device)
         if self.optimizer is None:
             return
-        with self.context():
+        with self.step_context():
             run_step(self.model, self.args, self.kwargs)
-        with self.fake_mode if self.fake_mode is not None else nullcontext():
+        with self.step_context(default_device=False):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 
@@ -224,14 +268,22 @@ class _Step:
             if plan is not None and not plan.empty:
                 applied = stack.enter_context(apply_plan(self.model, plan))
                 notes = tuple(applied.notes)
-            stack.enter_context(self.context() if self.mode != "real" else nullcontext())
+            stack.enter_context(self.step_context() if self.mode != "real" else nullcontext())
+            if self.step_mode is not None:
+                self.step_mode.fallbacks.clear()
             trace = trace_step(
                 self.model, self.args, self.kwargs, device=self.device, mode=self.mode, notes=notes,
                 optimizer=self.optimizer,
             )
         for parameter in self.model.parameters():
             parameter.grad = None
+        if self.step_mode is not None and self.step_mode.fallbacks:
+            trace = dataclasses.replace(trace, fallbacks=tuple(sorted(self.step_mode.fallbacks.items())))
         return trace
+
+
+def _is_fake(value: Any) -> bool:
+    return isinstance(value, _torch.FakeTensor)
 
 
 def _describe(value: Any) -> str:

@@ -116,3 +116,5 @@ class Trace:
     mode: str
     """fake, meta or real."""
     notes: tuple[str, ...]
+    fallbacks: tuple[tuple[str, int], ...] = ()
+    """(op, calls) for each op whose fake kernel refused and whose real kernel stood in (see fake_step.py)."""

@@ -31,6 +31,15 @@ class InputSpec:
     high: int | None
     """Integer inputs are drawn from [0, high): token ids below the vocabulary size."""
 
+    @property
+    def nbytes(self) -> int:
+        itemsize = 1 if self.dtype in ("bool", "uint8", "int8") else int(self.dtype.removeprefix("bfloat").removeprefix(
+            "float").removeprefix("int")) // 8
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * itemsize
+
     def describe(self) -> str:
         text = f"{self.dtype}[{','.join(map(str, self.shape))}]" + (f"<{self.high}" if self.high is not None else "")
         return f"{self.name}={text}" if self.name else text

@@ -69,6 +69,7 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
             "checks": plan.checks,
             "pitfalls": list(plan.pitfalls),
         },
+        "fallbacks": [{"op": op, "count": count} for op, count in report.fallbacks],
         "notes": list(report.notes),
     }
 

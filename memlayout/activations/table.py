@@ -76,6 +76,11 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     parts_out.append(table)
     if report.plan is not None:
         parts_out.append(_plan_text(report, width))
+    if report.fallbacks:
+        ops = ", ".join(f"{op} ({count}x)" for op, count in report.fallbacks)
+        text = (f"fake kernels refused these ops, and their real CPU kernels gave the outputs' shapes, run on zeros: "
+                f"{ops}")
+        parts_out.append(Text(textwrap.fill(text, width=width, initial_indent="note: ", subsequent_indent="      ")))
     for note in report.notes:
         parts_out.append(Text(textwrap.fill(note, width=width, initial_indent="note: ", subsequent_indent="      ")))
     buffer = io.StringIO()

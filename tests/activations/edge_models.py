@@ -121,6 +121,92 @@ class ReadsItsWeights(nn.Module):
         return self.linear(x) * self.scale
 
 
+class GroupedExperts(nn.Module):
+    """Mixture-of-experts feed-forward as transformers writes it for training: tokens sorted by expert, one
+    `torch._grouped_mm` per projection over all experts. Its fake kernel refuses float32; the CPU kernel runs it."""
+
+    def __init__(self, width: int, hidden: int, experts: int, top_k: int) -> None:
+        super().__init__()
+        self.experts, self.top_k = experts, top_k
+        self.router = nn.Linear(width, experts, bias=False)
+        self.up = nn.Parameter(torch.randn(experts, width, hidden) * width**-0.5)
+        self.down = nn.Parameter(torch.randn(experts, hidden, width) * hidden**-0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens, width = x.shape
+        weights, chosen = torch.topk(self.router(x).softmax(-1), self.top_k)
+        flat = chosen.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.histc(flat.float(), bins=self.experts, min=0, max=self.experts - 1)
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)
+        hidden = F.gelu(torch._grouped_mm(x[order // self.top_k], self.up, offs=offsets))
+        out = torch._grouped_mm(hidden, self.down, offs=offsets) * weights.reshape(-1)[order, None]
+        unsorted = torch.empty_like(out)
+        unsorted[order] = out
+        return unsorted.view(tokens, self.top_k, width).sum(1)
+
+
+class GroupedMoELM(nn.Module):
+    def __init__(self, vocab: int = 200, width: int = 32, hidden: int = 64, experts: int = 4, top_k: int = 2,
+                 layers: int = 2) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab, width)
+        self.norms = nn.ModuleList([nn.LayerNorm(width) for _ in range(layers)])
+        self.moes = nn.ModuleList([GroupedExperts(width, hidden, experts, top_k) for _ in range(layers)])
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        batch, length, width = x.shape
+        for norm, moe in zip(self.norms, self.moes, strict=True):
+            x = x + moe(norm(x).reshape(-1, width)).view(batch, length, width)
+        return self.head(x)
+
+
+class MaskedAttentionLM(nn.Module):
+    """Attention that skips its mask when the padding mask is all ones, as transformers' SDPA path does: which
+    branch runs, and so the memory, depends on the values of the inputs."""
+
+    def __init__(self, vocab: int = 200, width: int = 32, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.heads = heads
+        self.embed = nn.Embedding(vocab, width)
+        self.qkv = nn.ModuleList([nn.Linear(width, 3 * width) for _ in range(layers)])
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        batch, length = ids.shape
+        if attention_mask is None:
+            attention_mask = torch.ones(batch, length, device=ids.device)
+        if bool(attention_mask.sum() == attention_mask.numel()):  # no padding: causal flag, no mask tensor
+            mask, causal = None, True
+        else:
+            keep = attention_mask.bool()[:, None, None, :]
+            mask, causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril() & keep, False
+        x = self.embed(ids)
+        for qkv in self.qkv:
+            q, k, v = qkv(x).view(batch, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+            x = x + F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal).transpose(1, 2).reshape(
+                batch, length, -1)
+        return self.head(x)
+
+
+class TrimsPadding(nn.Module):
+    """Reads the longest real length with `.item()` and drops the padding columns before the heavy part."""
+
+    def __init__(self, vocab: int = 200, width: int = 64) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 8 * width), nn.GELU(), nn.Linear(8 * width, width))
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        longest = int(attention_mask.sum(-1).max().item())
+        return self.mlp(self.embed(ids[:, :longest]))
+
+
 INSTANCE = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
 """A model built when its module is imported, named by a spec without a factory."""
 
@@ -139,6 +225,18 @@ def shared_buffer() -> nn.Module:
 
 def reads_its_weights() -> nn.Module:
     return ReadsItsWeights().train()
+
+
+def grouped_moe() -> nn.Module:
+    return GroupedMoELM().train()
+
+
+def masked_attention() -> nn.Module:
+    return MaskedAttentionLM().train()
+
+
+def trims_padding() -> nn.Module:
+    return TrimsPadding().train()
 
 
 def raises() -> nn.Module:
