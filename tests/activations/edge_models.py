@@ -207,6 +207,21 @@ class TrimsPadding(nn.Module):
         return self.mlp(self.embed(ids[:, :longest]))
 
 
+class FrozenEmbedding(nn.Module):
+    """Fine-tuning a head on a frozen embedding: frozen parameters get no gradient and no optimizer state."""
+
+    def __init__(self, vocab: int = 500, width: int = 64) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab, width)
+        self.embed.weight.requires_grad_(False)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.mlp(self.embed(ids)))
+
+
 INSTANCE = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
 """A model built when its module is imported, named by a spec without a factory."""
 
@@ -237,6 +252,10 @@ def masked_attention() -> nn.Module:
 
 def trims_padding() -> nn.Module:
     return TrimsPadding().train()
+
+
+def frozen_embedding() -> nn.Module:
+    return FrozenEmbedding().train()
 
 
 def raises() -> nn.Module:

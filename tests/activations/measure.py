@@ -24,11 +24,16 @@ class RealStep:
     grads: dict[str, torch.Tensor]
 
 
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
 def user_optimizer(model: torch.nn.Module, name: str) -> torch.optim.Optimizer | None:
     """The optimizer as a training script writes it, torch's defaults where the name implies none."""
     if name == "none":
         return None
-    parameters = model.parameters()
+    parameters = [p for p in model.parameters() if p.requires_grad]
     if name == "adamw":
         return torch.optim.AdamW(parameters)
     if name == "adam":
@@ -57,6 +62,12 @@ def memtracker_step(
         stepper.step()
         stepper.zero_grad(set_to_none=True)
     tracker = MemTracker()
+    # MemTracker hooks every parameter's gradient, and torch refuses a hook on one that does not require grad:
+    # a frozen parameter never gets a gradient, so it is marked as hooked already (MemTracker removes the
+    # handles it finds there when it exits).
+    for parameter in model.parameters():
+        if not parameter.requires_grad:
+            tracker._param_to_grad_hook_handles[parameter] = (_NoHook(), _NoHook())
     tracker.track_external(model, *args, *kwargs.values(), *([stepper] if stepper is not None else []))
     with tracker:
         loss, _ = run_step(model, args, kwargs)

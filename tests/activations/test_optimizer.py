@@ -141,3 +141,16 @@ def test_cli_help_states_the_default_and_an_unknown_optimizer_is_one_line() -> N
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr.startswith("memlayout: error: unknown optimizer 'lion'")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_frozen_parameters_get_no_gradient_and_no_state() -> None:
+    from tests.activations import edge_models
+
+    ids = torch.randint(0, 500, (4, 32), generator=torch.Generator().manual_seed(0))
+    report = act.analyze(edge_models.frozen_embedding(), [ids])
+    real = memtracker_step(edge_models.frozen_embedding(), (ids,), {})
+    assert report.summary.peak_bytes == real.peak_bytes, (report.summary.peak_bytes, real.peak_bytes)
+    model = edge_models.frozen_embedding()
+    trainable = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    assert report.summary.gradient_bytes == trainable
+    assert 2 * trainable <= report.summary.optimizer_bytes < 2 * trainable + 64
