@@ -136,3 +136,18 @@ def bart_decoder() -> torch.nn.Module:
 def test_a_mask_the_model_makes_from_constants_is_real_too() -> None:
     tokens = ids(4, 64, 99)
     assert_predicted(bart_decoder, (), {"input_ids": tokens, "labels": tokens.clone()})
+
+
+def llama_without_cache() -> torch.nn.Module:
+    """With use_cache=False transformers keeps the causal mask for fake tensors (cache positions are tensors)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=99, use_cache=False)
+    return LlamaForCausalLM(config).train()
+
+
+def test_a_decoder_without_cache_skips_its_mask_as_the_real_step_does() -> None:
+    tokens = ids(4, 64, 99)
+    assert_predicted(llama_without_cache, (), {"input_ids": tokens, "labels": tokens})
