@@ -13,7 +13,7 @@ import memlayout.activations as act
 from memlayout.activations.plan import Plan, Planner, SequentialSegments
 from memlayout.errors import UsageError
 from tests.activations import models
-from tests.activations.measure import memtracker_step
+from tests.activations.measure import memtracker_step, storage_peak_step
 
 CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any], float, str]] = {
     # model, inputs, budget as a share of the unplanned peak, optimizer
@@ -39,6 +39,10 @@ def test_applied_plan_fits_the_budget_and_changes_no_bit(case: str) -> None:
         planned = memtracker_step(model, args, kwargs, optimizer=optimizer)
     assert planned.peak_bytes <= budget, (planned.peak_bytes, budget, report.plan.plan)
     assert abs(planned.peak_bytes - report.plan.peak_bytes) <= 0.02 * planned.peak_bytes
+    model = build()
+    with act.apply_plan(model, report.plan.plan):
+        counted = storage_peak_step(model, args, kwargs, optimizer=optimizer).peak_bytes
+    assert abs(counted - report.plan.peak_bytes) <= 0.02 * counted, (counted, report.plan.peak_bytes)
     assert torch.equal(planned.loss, plain.loss)
     assert planned.grads.keys() == plain.grads.keys()
     for name, grad in plain.grads.items():
