@@ -47,6 +47,8 @@ class PlanResult:
     checks: int
     """How many plans were traced to find this one."""
     pitfalls: tuple[str, ...]
+    excluded: tuple[tuple[str, str], ...] = ()
+    """(module path, why) for each module that cannot be checkpointed and was left out of the search."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,14 @@ class BudgetUnreachableError(MemlayoutError):
 
         self.budget_bytes = budget
         self.lowest = lowest
+        left_out = (
+            f"; {len(lowest.excluded)} modules cannot be checkpointed ({', '.join(p for p, _ in lowest.excluded[:3])}"
+            f"{', ...' if len(lowest.excluded) > 3 else ''}: --format json with a reachable --budget says why)"
+            if lowest.excluded else ""
+        )
         super().__init__(
             f"no checkpoint plan fits a budget of {human_bytes(budget)} ({budget} bytes): the lowest reachable "
-            f"peak is {human_bytes(lowest.peak_bytes)} ({lowest.peak_bytes} bytes)",
+            f"peak is {human_bytes(lowest.peak_bytes)} ({lowest.peak_bytes} bytes){left_out}",
             "raise --budget to at least the lowest peak, or shrink the batch",
         )
 
@@ -119,6 +126,8 @@ class _Step:
             self.fake_mode = _torch.FakeTensorMode(allow_non_fake_inputs=True)
             self.step_mode = FakeStepMode(self.fake_mode, keep_values=self.keeps_values)
         self.model: Any = None
+        self.initial_modules: frozenset[tuple[str, str]] | None = None
+        """(path, class) of every module as built, before any forward: what a plan may name."""
         self.optimizer: Any = None
         self.args: tuple[Any, ...] = ()
         self.kwargs: dict[str, Any] = {}
@@ -327,7 +336,32 @@ def analyze(
 
     Raises:
         BudgetUnreachableError: no plan fits `budget`; it names the lowest peak reached.
+        UsageError: the model cannot be built or stepped on these inputs, or the arguments are wrong.
+        ActivationsError: anything else: memlayout's own failure, still one line.
     """
+    try:
+        return _analyze(target, inputs, kwargs=kwargs, budget=budget, device=device, mode=mode, trust=trust,
+                        optimizer=optimizer)
+    except MemlayoutError:
+        raise
+    except Exception as exc:
+        from memlayout.activations.build import where
+
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ActivationsError(f"the analysis stopped: {type(exc).__name__}: {text} (at {where(exc)})") from exc
+
+
+def _analyze(
+    target: Any,
+    inputs: InputsArg,
+    *,
+    kwargs: Mapping[str, Any] | None,
+    budget: int | None,
+    device: str,
+    mode: str,
+    trust: bool,
+    optimizer: str,
+) -> ActivationReport:
     import torch
 
     if device == "meta":
@@ -349,6 +383,7 @@ def analyze(
         notes.extend(built.notes)
         target_text, kind = str(target), built.kind.kind
     step.model.train()
+    step.initial_modules = frozenset((path, type(m).__name__) for path, m in step.model.named_modules())
     if step.device not in ("cpu", "meta"):
         with step.context():
             step.model.to(step.device)
@@ -364,10 +399,7 @@ def analyze(
     except MemlayoutError:
         raise
     except Exception as exc:  # the model's own forward or backward failed on these inputs
-        raise UsageError(
-            f"the step failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-            "check the inputs' shapes and dtypes against the model's forward (--debug shows the traceback)",
-        ) from exc
+        raise _step_failed(exc) from exc
     if baseline.loss == LOSS_FROM_SUM:
         notes.append(
             "the output has no loss, so backward starts from the sum of its floating outputs; a real loss "
@@ -398,36 +430,94 @@ def analyze(
     )
 
 
+def _step_failed(exc: Exception) -> UsageError:
+    from memlayout.activations.build import HINT, value_read, where
+
+    read = value_read(exc)
+    if read is not None:
+        return UsageError(
+            f"the step reads a value that fake tensors do not have: {read.describe()}; a value computed from the "
+            "weights has none without running them",
+            HINT,
+        )
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return UsageError(
+        f"the step failed: {type(exc).__name__}: {text} (at {where(exc)})",
+        "check the inputs' shapes and dtypes against the model's forward (--debug shows the traceback)",
+    )
+
+
+class ActivationsError(MemlayoutError):
+    """memlayout could not finish an analysis for a reason of its own, not the model's."""
+
+    default_hint = "rerun with --debug for the traceback, and report it: it is memlayout's failure, not your model's"
+
+
+class _Excluded(Exception):
+    """A traced plan failed; the modules to blame are now in the exclusions, and the search starts again."""
+
+
 def _plan(
     step: _Step, baseline: Trace, summary: Summary, modules: tuple[ModuleFacts, ...], budget: int
 ) -> PlanResult:
     if budget < 0:
         raise UsageError(f"the budget {budget} is negative")
     cuda = step.device.startswith("cuda")
+    excluded = exclusions(modules, baseline, step.initial_modules)
     if summary.peak_bytes <= budget:
-        return PlanResult(budget, Plan(), summary.peak_bytes, summary.allocator_peak_bytes, summary.peak_bytes, 0, 0, ())
-    planner = Planner(baseline)
-    checked: dict[Plan, Summary] = {}
-    rows_of: dict[Plan, list[int]] = {}
+        return PlanResult(budget, Plan(), summary.peak_bytes, summary.allocator_peak_bytes, summary.peak_bytes, 0, 0,
+                          (), tuple(excluded.items()))
+    checked: dict[Plan, Summary] = {Plan(): summary}
+    estimates: dict[Plan, int] = {Plan(): summary.peak_bytes}
 
-    def check(chosen: list[int]) -> tuple[Plan, Summary]:
-        plan = planner.plan_of(chosen)
-        if plan not in checked:
+    def trace(plan: Plan) -> Summary:
+        """The plan's traced summary; a plan whose step fails names its modules in `excluded`."""
+        if plan in checked:
+            return checked[plan]
+        try:
             checked[plan] = summarize(step.trace(plan), cuda=cuda)
-            rows_of[plan] = chosen
-        return plan, checked[plan]
+        except MemlayoutError:
+            raise
+        except Exception as exc:
+            _blame(plan, exc, trace, excluded)
+            raise _Excluded() from exc
+        return checked[plan]
 
-    def result(chosen: list[int], plan: Plan, measured: Summary) -> PlanResult:
+    def result(plan: Plan, measured: Summary) -> PlanResult:
         return PlanResult(
             budget_bytes=budget,
             plan=plan,
             peak_bytes=measured.peak_bytes,
             allocator_peak_bytes=measured.allocator_peak_bytes,
-            estimated_peak_bytes=planner.estimate(chosen),
+            estimated_peak_bytes=estimates.get(plan, measured.peak_bytes),
             recompute_flops=measured.recompute_flops,
-            checks=len(checked),
+            checks=len(checked) - 1,
             pitfalls=pitfalls(plan, modules, step.model),
+            excluded=tuple(excluded.items()),
         )
+
+    for _ in range(len(modules) + 1):  # each round excludes at least one module
+        planner = Planner(baseline, excluded)
+        try:
+            found = _search(planner, budget, trace, estimates)
+        except _Excluded:
+            continue
+        if found is not None:
+            return result(found, checked[found])
+        break
+    plan, measured = min(checked.items(), key=lambda item: (item[1].peak_bytes, item[1].recompute_flops))
+    raise BudgetUnreachableError(budget, result(plan, measured))
+
+
+def _search(
+    planner: Planner, budget: int, trace: Callable[[Plan], Summary], estimates: dict[Plan, int]
+) -> Plan | None:
+    """The cheapest plan found whose traced peak fits the budget, or None."""
+
+    def check(chosen: list[int]) -> tuple[Plan, Summary]:
+        plan = planner.plan_of(chosen)
+        estimates.setdefault(plan, planner.estimate(chosen))
+        return plan, trace(plan)
 
     target = budget
     for _ in range(MAX_CHECKS):
@@ -436,30 +526,84 @@ def _plan(
             break
         plan, measured = check(chosen)
         if measured.peak_bytes <= budget:
-            return result(chosen, plan, measured)
+            return plan
         # The estimate was short by this much: aim lower by the same amount.
         target -= max(measured.peak_bytes - budget, 1)
     # Before calling the budget unreachable, trace what the estimate cannot judge:
     # its own lowest plan, and every module of one level checkpointed together.
-    for chosen in (planner.lowest(), *planner.covers()):
-        check(chosen)
-    fitting = [(plan, measured) for plan, measured in checked.items() if measured.peak_bytes <= budget]
-    if fitting:
-        plan, measured = min(fitting, key=lambda item: (item[1].recompute_flops, item[1].peak_bytes))
-        chosen = rows_of[plan]
-        # A whole-level plan checkpoints modules the budget does not need (two of eight
-        # residual blocks reach what all eight do): drop each while the traced peak
-        # still fits, the costliest and the latest in the model first.
-        for row in sorted(chosen, key=lambda r: (-planner.options[r].flops, -r))[:PRUNE_CHECKS]:
-            trial = [r for r in chosen if r != row]
-            if not trial:
-                continue
-            trial_plan, trial_measured = check(trial)
-            if trial_measured.peak_bytes <= budget:
-                chosen, plan, measured = trial, trial_plan, trial_measured
-        return result(chosen, plan, measured)
-    plan, measured = min(checked.items(), key=lambda item: (item[1].peak_bytes, item[1].recompute_flops))
-    raise BudgetUnreachableError(budget, result(rows_of[plan], plan, measured))
+    candidates = [planner.lowest(), *planner.covers()]
+    results = [(chosen, *check(chosen)) for chosen in candidates]
+    fitting = [(chosen, plan, measured) for chosen, plan, measured in results if measured.peak_bytes <= budget]
+    if not fitting:
+        return None
+    chosen, plan, measured = min(fitting, key=lambda item: (item[2].recompute_flops, item[2].peak_bytes))
+    # A whole-level plan checkpoints modules the budget does not need (two of eight
+    # residual blocks reach what all eight do): drop each while the traced peak
+    # still fits, the costliest and the latest in the model first.
+    for row in sorted(chosen, key=lambda r: (-planner.options[r].flops, -r))[:PRUNE_CHECKS]:
+        trial = [r for r in chosen if r != row]
+        if not trial:
+            continue
+        trial_plan, trial_measured = check(trial)
+        if trial_measured.peak_bytes <= budget:
+            chosen, plan, measured = trial, trial_plan, trial_measured
+    return plan
+
+
+def exclusions(
+    modules: tuple[ModuleFacts, ...], trace: Trace, initial_modules: frozenset[tuple[str, str]] | None
+) -> dict[str, str]:
+    """module path -> why it cannot be checkpointed, from what the baseline trace saw it do."""
+    excluded: dict[str, str] = {}
+    for m in modules:
+        if not m.path:
+            continue
+        if initial_modules is not None and (m.path, m.class_name) not in initial_modules:
+            excluded[m.path] = (
+                "created during forward: a model built afresh does not have it yet, so a plan cannot name it"
+            )
+        elif m.mutates_inputs:
+            excluded[m.path] = "writes in place into a tensor it received: its rerun would start from the changed values"
+        elif m.changes_state is not None:
+            inner, _, what = m.changes_state.partition(": ")
+            who = "its forward changes" if inner == m.path else f"{inner} inside it changes"
+            excluded[m.path] = (
+                f"{who} {what} (plain Python state): a rerun in backward would see the changed state, not the one "
+                "forward saw"
+            )
+    return excluded
+
+
+def _blame(plan: Plan, exc: Exception, trace: Callable[[Plan], Summary], excluded: dict[str, str]) -> None:
+    """Find which modules of a failing plan fail alone, and exclude them (all of them if none fails alone)."""
+    singles = [Plan(checkpoint=(path,)) for path in plan.checkpoint] + [Plan(sequential=(s,)) for s in plan.sequential]
+    if len(singles) > 1:
+        blamed = {}
+        for single in singles:
+            try:
+                trace(single)
+            except _Excluded:
+                blamed.update({p: excluded[p] for p in _paths(single) if p in excluded})
+        if blamed:
+            return
+    reason = _failure_reason(exc)
+    others = _paths(plan)
+    for path in others:
+        excluded[path] = reason if len(others) == 1 else f"checkpointed together with {', '.join(others)}: {reason}"
+
+
+def _paths(plan: Plan) -> list[str]:
+    return list(plan.checkpoint) + [s.module for s in plan.sequential]
+
+
+def _failure_reason(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if type(exc).__name__ == "CheckpointError":
+        return (
+            f"its recompute differs from its forward (torch.utils.checkpoint raised CheckpointError: {text}); a "
+            "shape computed from state that changes between forward and recompute does this"
+        )
+    return f"checkpointed, the step raised {type(exc).__name__}: {text}"
 
 
 def pitfalls(plan: Plan, modules: tuple[ModuleFacts, ...], model: Any) -> tuple[str, ...]:

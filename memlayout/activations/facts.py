@@ -86,6 +86,8 @@ class ModuleCall:
     moves_device: bool
     reads_outside_state: bool
     mutates_buffers: bool
+    mutates_inputs: bool = False
+    """Writes in place into a tensor it received: a rerun would start from the changed values."""
 
 
 @dataclass(frozen=True)
@@ -117,4 +119,7 @@ class Trace:
     """fake, meta or real."""
     notes: tuple[str, ...]
     fallbacks: tuple[tuple[str, int], ...] = ()
+    state_changes: tuple[tuple[str, str], ...] = ()
+    """(module path, what changed) for each module whose plain Python state (a counter, a cache's length)
+    differs between the start and the end of forward: a checkpointed rerun would see the changed state."""
     """(op, calls) for each op whose fake kernel refused and whose real kernel stood in (see fake_step.py)."""

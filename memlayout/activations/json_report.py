@@ -56,6 +56,8 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
                 "moves_device": m.moves_device,
                 "reads_outside_state": m.reads_outside_state,
                 "mutates_buffers": m.mutates_buffers,
+                "mutates_inputs": m.mutates_inputs,
+                "changes_state": m.changes_state,
             }
             for m in report.modules
         ],
@@ -68,6 +70,7 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
             "recompute_flops": plan.recompute_flops,
             "checks": plan.checks,
             "pitfalls": list(plan.pitfalls),
+            "excluded": [{"module": path, "reason": reason} for path, reason in plan.excluded],
         },
         "fallbacks": [{"op": op, "count": count} for op, count in report.fallbacks],
         "notes": list(report.notes),

@@ -114,10 +114,12 @@ def _paths_order(trace: Trace) -> dict[str, int]:
 class Planner:
     """Estimates plan peaks from a baseline trace and searches for the cheapest plan under a target."""
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, excluded: Iterable[str] = ()) -> None:
+        """`excluded`: module paths that cannot be checkpointed; no option names one."""
         import numpy as np
 
         self.trace = trace
+        self.excluded = frozenset(excluded)
         self.curve = live_curve(trace)
         self.baseline_peak = int(self.curve.max()) if len(self.curve) else 0
         storages = trace.storages
@@ -142,7 +144,7 @@ class Planner:
         options: list[Option] = []
         for info in trace.modules:
             calls = calls_by_path.get(info.path)
-            if not calls:
+            if not calls or info.path in self.excluded:
                 continue
             gaps = [self._gap(call, call, call) for call in calls]
             # Checkpointing the whole model frees nothing before its backward begins.
@@ -157,6 +159,8 @@ class Planner:
 
     def _sequential_options(self, path: str, children: Sequence[str], calls: list[ModuleCall]) -> list[Option]:
         trace = self.trace
+        if any(child in self.excluded for child in children):
+            return []  # a segment reruns its children
         runs: list[list[ModuleCall]] = []
         for call in calls:
             inner = [c for c in trace.calls if c.parent == call.id and not c.recompute]

@@ -66,6 +66,10 @@ class ModuleFacts:
     moves_device: bool
     reads_outside_state: bool
     mutates_buffers: bool
+    mutates_inputs: bool = False
+    """Writes in place into a tensor it received (a call inside it included)."""
+    changes_state: str | None = None
+    """Which plain Python attribute of it, or of a module inside it, forward changed (`self.calls: 0 -> 1`)."""
 
 
 def live_curve(trace: Trace, block: int = 1) -> np.ndarray:
@@ -163,6 +167,7 @@ def module_facts(trace: Trace) -> tuple[ModuleFacts, ...]:
     for call in trace.calls:
         if not call.recompute:
             calls_by_path.setdefault(call.path, []).append(call)
+    changed = dict(trace.state_changes)
     facts = []
     for info in trace.modules:
         calls = calls_by_path.get(info.path)
@@ -183,6 +188,12 @@ def module_facts(trace: Trace) -> tuple[ModuleFacts, ...]:
                 moves_device=any(m.moves_device for m in members),
                 reads_outside_state=any(m.reads_outside_state for m in members),
                 mutates_buffers=any(m.mutates_buffers for m in members),
+                mutates_inputs=any(m.mutates_inputs for m in calls),
+                changes_state=next(
+                    (f"{path or 'the model'}: {what}" for path, what in changed.items()
+                     if path == info.path or info.path == "" or path.startswith(info.path + ".")),
+                    None,
+                ),
             )
         )
     return tuple(facts)

@@ -67,7 +67,8 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
         ancestors = sum(1 for p in shown_paths if p != m.path and (p == "" or m.path.startswith(p + ".")))
         notes = [name for flag, name in ((m.uses_randomness, "random"), (m.mutates_buffers, "updates buffers"),
                                          (m.reads_outside_state, "reads outside state"),
-                                         (m.moves_device, "moves device")) if flag]
+                                         (m.moves_device, "moves device"), (m.mutates_inputs, "writes its input"),
+                                         (m.changes_state is not None, "changes its state")) if flag]
         table.add_row("  " * ancestors + module_label(m.path), m.class_name, str(m.calls), human_bytes(m.saved_bytes),
                       human_bytes(m.output_bytes), flops_text(m.forward_flops), ", ".join(notes))
     hidden = len(report.modules) - len(shown)
@@ -116,6 +117,8 @@ def _plan_text(report: ActivationReport, width: int) -> Any:
                       "\"plan\" object of --format json")
     for pitfall in plan.pitfalls:
         field("pitfall", pitfall)
+    for path, reason in plan.excluded:
+        field("excluded", f"{module_label(path)}: {reason}")
     return Text("\n".join(lines))
 
 

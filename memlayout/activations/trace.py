@@ -68,7 +68,8 @@ class _Storage:
 class _Call:
     __slots__ = (
         "backward_start", "class_name", "end", "flops", "id", "inputs", "module", "moves_device", "mutates_buffers",
-        "outputs", "parent", "path", "reads_outside_state", "recompute", "saved", "start", "uses_randomness",
+        "mutates_inputs", "outputs", "parent", "path", "reads_outside_state", "recompute", "saved", "start",
+        "uses_randomness",
     )
 
     def __init__(self, call_id: int, module: Any, path: str, parent: int | None, recompute: bool, start: int) -> None:
@@ -89,6 +90,7 @@ class _Call:
         self.moves_device = False
         self.reads_outside_state = False
         self.mutates_buffers = False
+        self.mutates_inputs = False
 
 
 class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -113,6 +115,8 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.backward_call: int | None = None
         self.rerun_depth = 0
         self.parameter_storages: set[int] = set()
+        self.state_before: dict[str, dict[str, Any]] = {}
+        self.state_changes: dict[str, str] = {}
 
     # storages -------------------------------------------------------------
     def storage_of(self, tensor: torch.Tensor, kind: StorageKind, nbytes: int | None = None) -> int | None:
@@ -201,8 +205,15 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             if known is None:
                 continue
             alias = schema_args[position].alias_info if position < len(schema_args) else None
-            if alias is not None and alias.is_write and self.storages[known].kind is StorageKind.BUFFER:
+            if alias is None or not alias.is_write:
+                continue
+            if self.storages[known].kind is StorageKind.BUFFER:
                 call.mutates_buffers = True
+            # Writing into an input: checkpoint would rerun from the changed values. Every call on the
+            # stack that received this storage changes its input.
+            for caller in self.stack:
+                if known in caller.inputs and self.storages[known].kind is not StorageKind.PARAMETER:
+                    caller.mutates_inputs = True
         if func in _MOVE_OPS:
             source = args[1] if func is torch.ops.aten.copy_.default else args[0]
             target = args[0].device if func is torch.ops.aten.copy_.default else kwargs.get("device")
@@ -310,6 +321,10 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     # the step -----------------------------------------------------------------
     def set_phase(self, name: str) -> None:
         phase = Phase(name)
+        if phase is Phase.FORWARD:
+            self.state_before = python_state(self.model)
+        elif self.phase is Phase.FORWARD:
+            self.state_changes = state_changes(self.state_before, python_state(self.model))
         if phase is not Phase.FORWARD:
             self._tag_pending_nodes()
         if phase is Phase.BACKWARD:
@@ -362,7 +377,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
                 start=c.start, end=c.end, backward_start=c.backward_start, input_storages=c.inputs,
                 output_storages=c.outputs, saved_storages=tuple(dict.fromkeys(c.saved)), flops=c.flops, uses_randomness=c.uses_randomness,
                 moves_device=c.moves_device, reads_outside_state=c.reads_outside_state,
-                mutates_buffers=c.mutates_buffers,
+                mutates_buffers=c.mutates_buffers, mutates_inputs=c.mutates_inputs,
             )
             for c in self.calls
         )
@@ -379,6 +394,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         return Trace(
             storages=storages, calls=calls, modules=modules, events=self.seq, forward_end=self.forward_end,
             loss=loss, recompute_flops=self.recompute_flops, device=device, mode=mode, notes=notes,
+            state_changes=tuple(self.state_changes.items()),
         )
 
     def _propagate_backward_starts(self) -> None:
@@ -388,6 +404,49 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             parent = self.calls[call.parent]
             if parent.backward_start is None or call.backward_start < parent.backward_start:
                 parent.backward_start = call.backward_start
+
+
+_MODULE_INTERNALS = frozenset(("training", "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set",
+                               "forward"))
+_SIMPLE = (int, float, bool, str, bytes, type(None))
+
+
+def python_state(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """Each module's plain Python attributes: numbers, strings and the lengths of containers.
+
+    What a checkpointed module's rerun reads from `self` besides tensors: a counter, a
+    cache's length, a flag. Hooks and torch's own bookkeeping are left out.
+    """
+    found: dict[str, dict[str, Any]] = {}
+    for path, module in model.named_modules():
+        values: dict[str, Any] = {}
+        for name, value in vars(module).items():
+            if name in _MODULE_INTERNALS or name.endswith("_hooks") or name.endswith("_hooks_with_kwargs"):
+                continue
+            if isinstance(value, _SIMPLE):
+                values[name] = value
+            elif isinstance(value, (list, dict, set, tuple)):
+                values[name] = ("len", len(value))
+        found[path] = values
+    return found
+
+
+def state_changes(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """module path -> which attribute the forward changed, for each module whose plain state changed."""
+    changes: dict[str, str] = {}
+    for path, values in after.items():
+        old = before.get(path, {})
+        for name in sorted(set(values) | set(old)):
+            if values.get(name) != old.get(name):
+                changes[path] = f"self.{name} ({_shown(old.get(name))} -> {_shown(values.get(name))})"
+                break
+    return changes
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == "len":
+        return f"{value[1]} items"
+    return repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
 
 
 def _draws_random_numbers(func: Any, args: Any, kwargs: Any) -> bool:

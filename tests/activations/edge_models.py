@@ -222,6 +222,118 @@ class FrozenEmbedding(nn.Module):
         return self.head(self.mlp(self.embed(ids)))
 
 
+CALLS = {"window": 0}
+"""State outside the model: what a decoder reading a global step counter sees."""
+
+
+class CountingWindow(nn.Module):
+    """Counts its calls, as a decoder with a key/value cache counts cached tokens, and takes the length of its
+    window from the count: a shape computed from state that changes between forward and recompute."""
+
+    def __init__(self, width: int, state: str) -> None:
+        super().__init__()
+        self.state = state
+        self.calls = 0
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.state == "attribute":
+            self.calls += 1
+            count = self.calls
+        else:
+            CALLS["window"] += 1
+            count = CALLS["window"]
+        window = x.shape[1] - count % 2
+        return x + F.pad(torch.tanh(self.proj(x[:, :window])), (0, 0, 0, x.shape[1] - window))
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, width: int, state: str) -> None:
+        super().__init__()
+        self.window = CountingWindow(width, state)
+        self.cross = nn.Linear(width, width)
+        self.block = Block(width)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> torch.Tensor:
+        x = self.window(x)
+        x = x + self.cross(memory.mean(1, keepdim=True))
+        return self.block(x)
+
+
+class EncoderDecoder(nn.Module):
+    """An encoder of plain blocks and a decoder whose layers count their calls (`state`: "attribute" keeps the
+    count in the module, "global" outside it)."""
+
+    def __init__(self, vocab: int = 200, width: int = 64, layers: int = 3, state: str = "attribute") -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        CALLS["window"] = 0
+        self.embed = nn.Embedding(vocab, width)
+        self.encoder = nn.ModuleList([Block(width) for _ in range(layers)])
+        self.decoder = nn.ModuleList([DecoderLayer(width, state) for _ in range(layers)])
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        memory = self.embed(source)
+        for block in self.encoder:
+            memory = block(memory)
+        x = self.embed(target)
+        for layer in self.decoder:
+            x = layer(x, memory)
+        return self.head(x)
+
+
+class ScalesItsInput(nn.Module):
+    """Writes into the tensor it is given (the previous layer's output, which nothing saves) before using it."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(0.5)
+        return torch.tanh(self.linear(x))
+
+
+class InPlaceStack(nn.Module):
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = nn.Linear(width, width)
+        self.scales = ScalesItsInput(width)
+        self.blocks = nn.Sequential(Block(width), Block(width))
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.scales(self.first(x))))
+
+
+class GrowsOnFirstCall(nn.Module):
+    """Replaces a child on its first forward, as a model that picks its attention by the input's length does."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.attention: nn.Module = nn.Identity()
+        self.blocks = nn.Sequential(Block(width), Block(width), Block(width))
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.attention, nn.Identity):
+            self.attention = Block(x.shape[-1]).to(x.device)
+        return self.head(self.blocks(self.attention(x)))
+
+
 INSTANCE = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
 """A model built when its module is imported, named by a spec without a factory."""
 
@@ -256,6 +368,22 @@ def trims_padding() -> nn.Module:
 
 def frozen_embedding() -> nn.Module:
     return FrozenEmbedding().train()
+
+
+def encoder_decoder() -> nn.Module:
+    return EncoderDecoder(state="attribute").train()
+
+
+def encoder_decoder_global() -> nn.Module:
+    return EncoderDecoder(state="global").train()
+
+
+def in_place_stack() -> nn.Module:
+    return InPlaceStack().train()
+
+
+def grows_on_first_call() -> nn.Module:
+    return GrowsOnFirstCall().train()
 
 
 def raises() -> nn.Module:

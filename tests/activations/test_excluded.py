@@ -1,0 +1,124 @@
+"""The planner never crashes: a module that cannot be checkpointed is excluded, with its reason, and the search
+goes on; each plan found still holds for real."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+from torch.utils.checkpoint import CheckpointError
+from typer.testing import CliRunner
+
+import memlayout.activations as act
+from memlayout.activations.plan import Plan
+from memlayout.cli.app import app
+from tests.activations import edge_models
+from tests.activations.measure import memtracker_step, storage_peak_step
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
+
+
+def sequences() -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.randint(0, 200, (4, 32), generator=torch.Generator().manual_seed(0)),
+            torch.randint(0, 200, (4, 24), generator=torch.Generator().manual_seed(1)))
+
+
+def assert_plan_holds(build: Callable[[], torch.nn.Module], args: tuple[Any, ...], share: float) -> act.ActivationReport:
+    plain = memtracker_step(build(), args, {})
+    budget = int(plain.peak_bytes * share)
+    report = act.analyze(build(), list(args), budget=budget)
+    assert report.plan is not None and not report.plan.plan.empty
+    excluded = {path for path, _ in report.plan.excluded}
+    assert not excluded & set(report.plan.plan.checkpoint)
+    model = build()
+    with act.apply_plan(model, report.plan.plan):
+        planned = memtracker_step(model, args, {})
+    model = build()
+    with act.apply_plan(model, report.plan.plan):
+        counted = storage_peak_step(model, args, {})
+    assert counted.peak_bytes <= budget, (counted.peak_bytes, budget, report.plan.plan)
+    assert abs(counted.peak_bytes - report.plan.peak_bytes) <= 0.02 * counted.peak_bytes
+    assert torch.equal(planned.loss, plain.loss)
+    assert all(torch.equal(planned.grads[name], grad) for name, grad in plain.grads.items())
+    return report
+
+
+def test_the_crash_is_real_a_counting_decoder_layer_cannot_be_checkpointed() -> None:
+    """The case: checkpointing the module whose forward takes a shape from a count raises in backward."""
+    model = edge_models.encoder_decoder_global()
+    with act.apply_plan(model, Plan(checkpoint=("decoder.0.window",))), pytest.raises(CheckpointError):
+        model(*sequences()).sum().backward()
+
+
+def test_state_in_the_module_is_seen_in_forward_and_excluded_up_front() -> None:
+    report = assert_plan_holds(edge_models.encoder_decoder, sequences(), 0.9)
+    assert report.plan is not None
+    reasons = dict(report.plan.excluded)
+    assert reasons["decoder.0.window"].startswith("its forward changes self.calls (1 -> 2)")
+    assert reasons["decoder.1"].startswith("decoder.1.window inside it changes self.calls")
+    assert "encoder.0" not in reasons and "decoder.0.block" not in reasons
+    facts = {m.path: m for m in report.modules}
+    assert facts["decoder.2.window"].changes_state == "decoder.2.window: self.calls (1 -> 2)"
+
+
+def test_a_checkpoint_error_excludes_the_module_and_the_search_goes_on() -> None:
+    """State outside the model cannot be seen in forward: the plan's own trace raises, and the search goes on."""
+    report = assert_plan_holds(edge_models.encoder_decoder_global, sequences(), 0.9)
+    assert report.plan is not None
+    reasons = dict(report.plan.excluded)
+    failing = [path for path, reason in reasons.items() if "CheckpointError" in reason]
+    assert failing and all(path.startswith("decoder.") for path in failing)
+    assert "Recomputed values" in reasons[failing[0]]
+
+
+def test_a_module_that_writes_its_input_is_excluded() -> None:
+    x = (torch.randn(512, 64, generator=torch.Generator().manual_seed(0)),)
+    report = assert_plan_holds(edge_models.in_place_stack, x, 0.9)
+    assert report.plan is not None
+    assert dict(report.plan.excluded)["scales"].startswith("writes in place into a tensor it received")
+    assert {m.path: m.mutates_inputs for m in report.modules}["scales"]
+    assert not {m.path: m.mutates_inputs for m in report.modules}["blocks.0"]
+
+
+def test_a_module_created_during_forward_is_never_named() -> None:
+    x = (torch.randn(128, 64, generator=torch.Generator().manual_seed(0)),)
+    report = assert_plan_holds(edge_models.grows_on_first_call, x, 0.85)
+    assert report.plan is not None
+    reasons = dict(report.plan.excluded)
+    assert reasons["attention"].startswith("created during forward")
+    built = dict(edge_models.grows_on_first_call().named_modules())
+    assert all(path in built for path in report.plan.plan.checkpoint)
+
+
+def test_an_unreachable_budget_names_what_was_excluded_and_its_hint_works() -> None:
+    command = ["activations", "tests.activations.edge_models:encoder_decoder_global",
+               "--input", "int64[4,32]<200", "--input", "int64[4,24]<200"]
+    result = CliRunner().invoke(app, [*command, "--budget", "1KiB"])
+    assert result.exit_code == 1 and result.stdout == ""
+    line = result.stderr.strip()
+    assert "unexpected" not in line and len(line.splitlines()) == 1
+    assert "modules cannot be checkpointed (decoder." in line
+    # follow it: the lowest peak as the budget, in JSON, says which and why
+    lowest = int(re.search(r"lowest reachable peak is [\d.]+ \w+ \((\d+) bytes\)", line).group(1))  # type: ignore[union-attr]
+    result = CliRunner().invoke(app, [*command, "--budget", str(lowest), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    jsonschema.validate(report, SCHEMA)
+    assert report["plan"]["peak_bytes"] <= lowest
+    assert any("CheckpointError" in item["reason"] for item in report["plan"]["excluded"])
+
+
+def test_models_without_such_modules_exclude_nothing() -> None:
+    from tests.activations import models
+
+    args, kwargs = models.token_inputs(2, 16, 500)
+    for build in (models.gpt2, models.bert, models.llama):
+        report = act.analyze(build(), list(args), kwargs=kwargs, budget=1 << 40)
+        assert report.plan is not None and report.plan.excluded == (), build
+        assert not any(m.changes_state or m.mutates_inputs for m in report.modules), build
