@@ -71,6 +71,11 @@ class ActivationReport:
     trace: Trace
 
     @property
+    def data_dependent(self) -> tuple[tuple[str, str, int], ...]:
+        """(op, kind, calls) for each op whose output followed an assumption (fake_step.ASSUMPTIONS), not values."""
+        return self.trace.assumptions
+
+    @property
     def fallbacks(self) -> tuple[tuple[str, int], ...]:
         """(op, calls) for each op whose fake kernel refused and whose real kernel stood in, in the step traced."""
         return self.trace.fallbacks
@@ -266,7 +271,7 @@ class _Step:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 
-    def trace(self, plan: Plan | None = None) -> Trace:
+    def trace(self, plan: Plan | None = None, policy: str = "typical") -> Trace:
         from memlayout.activations.apply import apply_plan
         from memlayout.activations.trace import trace_step
 
@@ -280,14 +285,21 @@ class _Step:
             stack.enter_context(self.step_context() if self.mode != "real" else nullcontext())
             if self.step_mode is not None:
                 self.step_mode.fallbacks.clear()
+                self.step_mode.assumed.clear()
+                self.step_mode.policy = policy
             trace = trace_step(
                 self.model, self.args, self.kwargs, device=self.device, mode=self.mode, notes=notes,
                 optimizer=self.optimizer,
             )
         for parameter in self.model.parameters():
             parameter.grad = None
-        if self.step_mode is not None and self.step_mode.fallbacks:
-            trace = dataclasses.replace(trace, fallbacks=tuple(sorted(self.step_mode.fallbacks.items())))
+        if self.step_mode is not None:
+            self.step_mode.policy = "typical"
+            trace = dataclasses.replace(
+                trace,
+                fallbacks=tuple(sorted(self.step_mode.fallbacks.items())),
+                assumptions=tuple((op, kind, count) for (op, kind), count in sorted(self.step_mode.assumed.items())),
+            )
         return trace
 
 
@@ -411,6 +423,8 @@ def _analyze(
             "not the ones traced; --device cpu or cuda traces those"
         )
     summary = summarize(baseline, cuda=step.device.startswith("cuda"))
+    if baseline.assumptions:
+        summary = _with_range(step, summary)
     modules = module_facts(baseline)
     plan = _plan(step, baseline, summary, modules, budget) if budget is not None else None
     return ActivationReport(
@@ -428,6 +442,17 @@ def _analyze(
         notes=tuple(notes),
         trace=baseline,
     )
+
+
+def _with_range(step: _Step, summary: Summary) -> Summary:
+    """The summary with the peak's range over the assumptions' extremes (fake_step.ASSUMPTIONS)."""
+    from memlayout.activations.assumptions import POLICIES
+
+    cuda = step.device.startswith("cuda")
+    peaks = [summary.peak_bytes] + [
+        summarize(step.trace(policy=policy), cuda=cuda).peak_bytes for policy in POLICIES if policy != "typical"
+    ]
+    return dataclasses.replace(summary, peak_bytes_min=min(peaks), peak_bytes_max=max(peaks))
 
 
 def _step_failed(exc: Exception) -> UsageError:

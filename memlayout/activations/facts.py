@@ -119,6 +119,9 @@ class Trace:
     """fake, meta or real."""
     notes: tuple[str, ...]
     fallbacks: tuple[tuple[str, int], ...] = ()
+    assumptions: tuple[tuple[str, str, int], ...] = ()
+    """(op, kind, calls) for each op whose output's shape or indices followed an assumption, not values
+    (kind: "routing" or "mask"; see fake_step.ASSUMPTIONS)."""
     state_changes: tuple[tuple[str, str], ...] = ()
     """(module path, what changed) for each module whose plain Python state (a counter, a cache's length)
     differs between the start and the end of forward: a checkpointed rerun would see the changed state."""

@@ -18,8 +18,20 @@
   counted, and the report lists them. The real kernel's own error, if it also
   fails, is the one raised: it is then the model's error, not the fake kernel's.
 
-The first applies on CPU only: a real tensor on the step's device is needed, and a
-CUDA step is traced without one.
+- **Shapes that follow values the weights decide.** Which experts a token is routed
+  to, and how many elements a mask keeps, have no answer without running the
+  weights. The step states its assumption and, where it matters, is traced under
+  the two extremes too (assumptions.py states them; `FakeStepMode.policy` picks):
+  - routing: `topk`, `argmax` and `max(dim)` over a fake tensor give real indices
+    spread evenly (row r picks r*k, r*k+1, ... modulo the size of the dimension):
+    every expert gets the same number of tokens. Its extremes are the same
+    (`least`), and every row picking the same first k (`most`: a few experts take
+    every token, the most any one expert computes at once);
+  - masks: `nonzero` (and the boolean indexing and `masked_select` built on it) of
+    a fake tensor keeps half of its elements; the extremes keep none and all.
+
+The first and the routing apply on CPU only: a real tensor on the step's device is
+needed, and a CUDA step is traced without one.
 """
 
 from __future__ import annotations
@@ -44,6 +56,12 @@ SMALL_BYTES = 1 << 20
 INPUT_BYTES = 16 << 20
 """Inputs up to this size are real tensors (token ids, masks, most images); larger ones are fake."""
 _VALUE_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
+_ROUTING = {
+    torch.ops.aten.topk.default: "routing",
+    torch.ops.aten.argmax.default: "routing",
+    torch.ops.aten.max.dim: "routing",
+}
+_MASKS = {torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default, torch.ops.aten.index.Tensor}
 _FAKE_LOG = "torch._subclasses.fake_tensor"
 
 
@@ -67,8 +85,12 @@ class FakeStepMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         super().__init__()  # type: ignore[no-untyped-call]
         self.fake_mode = fake_mode
         self.keep_values = keep_values
+        self.policy = "typical"
+        """One of assumptions.POLICIES: how shapes that follow the weights' values are decided."""
         self.fallbacks: Counter[str] = Counter()
         """op -> how many times its real kernel stood in for the fake one."""
+        self.assumed: Counter[tuple[str, str]] = Counter()
+        """(op, kind of assumption) -> how many times a shape or an index was decided by ASSUMPTIONS."""
         self._fallback_outputs: dict[Any, Any] = {}
         self._log_level = 0
 
@@ -90,9 +112,15 @@ class FakeStepMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
         if self.keep_values and not any(isinstance(t, FakeTensor) for t in tensors):
             return self._with_values(func, args, kwargs)
+        if self.keep_values and func in _ROUTING:
+            return self._routed(func, args, kwargs)
         try:
             return func(*args, **kwargs)
-        except _VALUE_ERRORS:
+        except DynamicOutputShapeException:
+            if func not in _MASKS or not self._masks(func, args):
+                raise
+            return self._masked(func, args, kwargs)
+        except DataDependentOutputException:
             raise
         except Exception as refused:
             if not any(isinstance(t, FakeTensor) for t in tensors):
@@ -116,6 +144,74 @@ class FakeStepMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return self._real(func, args, kwargs)
         return fake
 
+    # data-dependent shapes ---------------------------------------------------
+    def _routed(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """The op's fake values, and real indices chosen by the policy (see ASSUMPTIONS)."""
+        out = func(*args, **kwargs)
+        indices = out[1] if isinstance(out, (tuple, list)) else out
+        if indices.untyped_storage().nbytes() > SMALL_BYTES:
+            return out
+        source = args[0]
+        defaults = {a.name: a.default_value for a in func._schema.arguments if a.has_default_value()}
+        names = [a.name for a in func._schema.arguments]
+        given = defaults | dict(zip(names, args, strict=False)) | dict(kwargs)
+        dim = given.get("dim")
+        shape = tuple(int(d) for d in indices.shape)
+        with unset_fake_temporarily():  # real tensors from here on: the fake mode would take them over
+            if dim is None or not shape:  # argmax over the flattened tensor: one index into all of it
+                chosen = self._spread((1, 1), source.numel()).reshape(shape)
+            else:
+                dim = dim % len(shape)
+                moved = shape[:dim] + shape[dim + 1 :] + (shape[dim],)
+                rows = 1
+                for d in moved[:-1]:
+                    rows *= d
+                chosen = self._spread((rows, moved[-1]), int(source.shape[dim])).reshape(moved)
+                chosen = chosen.movedim(-1, dim).contiguous()
+        self.assumed[(str(func), "routing")] += 1
+        return (out[0], chosen) if isinstance(out, (tuple, list)) else chosen
+
+    def _spread(self, rows_by_k: tuple[int, int], size: int) -> torch.Tensor:
+        rows, k = rows_by_k
+        with unset_fake_temporarily():
+            picks = torch.arange(k, dtype=torch.int64).expand(rows, k)
+            if self.policy == "most":
+                return picks.clone()
+            starts = torch.arange(rows, dtype=torch.int64)[:, None] * k
+            return (starts + picks) % max(size, 1)
+
+    @staticmethod
+    def _masks(func: Any, args: Any) -> bool:
+        """Whether this op's output size depends on a mask the way _masked knows: nonzero, masked_select, or
+        indexing with one boolean mask (`x[mask]`, `x[:, mask]`)."""
+        if func is not torch.ops.aten.index.Tensor:
+            return True
+        indices = list(args[1])
+        masks = [i for i in indices if i is not None and i.dtype == torch.bool]
+        others = [i for i in indices if i is not None and i.dtype != torch.bool]
+        return len(masks) == 1 and not others
+
+    def _masked(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """A mask of values the weights decide: as many elements kept as the policy says."""
+        source = args[0]
+        if func is torch.ops.aten.masked_select.default:
+            elements = torch.broadcast_shapes(args[0].shape, args[1].shape).numel()  # type: ignore[no-untyped-call]
+        elif func is torch.ops.aten.index.Tensor:
+            mask = next(i for i in args[1] if i is not None)
+            elements = mask.numel()
+        else:
+            elements = source.numel()
+        kept = {"typical": elements // 2, "least": 0, "most": elements}[self.policy]
+        self.assumed[(str(func), "mask")] += 1
+        with self.fake_mode:
+            if func is torch.ops.aten.masked_select.default:
+                return torch.empty((kept,), dtype=source.dtype, device=source.device)
+            if func is torch.ops.aten.index.Tensor:
+                position = next(p for p, i in enumerate(args[1]) if i is not None)
+                shape = (*source.shape[:position], kept, *source.shape[position + mask.dim() :])
+                return torch.empty(shape, dtype=source.dtype, device=source.device)
+            return torch.empty((kept, source.dim()), dtype=torch.int64, device=source.device)
+
     def _real(self, func: Any, args: Any, kwargs: Any) -> Any:
         with unset_fake_temporarily():
             return func(*args, **kwargs)
@@ -129,6 +225,7 @@ class FakeStepMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         key = _signature(func, args, kwargs)
         made = self._fallback_outputs.get(key)
         if made is None:
+            # every tensor argument zero-filled, real ones too: zero offsets make a grouped matmul do no work
             zeros = tree_map(_zeros_like_metadata, (args, kwargs))
             with unset_fake_temporarily():
                 real = func(*zeros[0], **zeros[1])
@@ -169,8 +266,8 @@ def _fake_from(meta: _TensorMetadata) -> torch.Tensor:
 
 
 def _zeros_like_metadata(value: Any) -> Any:
-    """A real, zero-filled tensor with a fake one's shape, dtype and strides (other values pass through)."""
-    if not isinstance(value, FakeTensor):
+    """A real, zero-filled tensor with a tensor's shape, dtype and strides (other values pass through)."""
+    if not isinstance(value, torch.Tensor):
         return value
     with unset_fake_temporarily():
         storage_elements = value.untyped_storage().nbytes() // max(value.element_size(), 1)

@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
+from memlayout.activations.assumptions import ASSUMPTIONS
 from memlayout.output.interface import Formatter
 from memlayout.version import __version__
 
@@ -39,6 +40,8 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
             "gradient_bytes": s.gradient_bytes,
             "input_bytes": s.input_bytes,
             "optimizer_bytes": s.optimizer_bytes,
+            "peak_bytes_min": s.peak_bytes_min,
+            "peak_bytes_max": s.peak_bytes_max,
             "peak_at": {"module": s.peak_at.module, "class": s.peak_at.class_name, "phase": s.peak_at.phase},
             "at_peak": dict(s.at_peak),
             "forward_flops": s.forward_flops,
@@ -73,6 +76,10 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
             "excluded": [{"module": path, "reason": reason} for path, reason in plan.excluded],
         },
         "fallbacks": [{"op": op, "count": count} for op, count in report.fallbacks],
+        "data_dependent": [
+            {"op": op, "kind": kind, "count": count, "assumption": ASSUMPTIONS[kind]}
+            for op, kind, count in report.data_dependent
+        ],
         "notes": list(report.notes),
     }
 

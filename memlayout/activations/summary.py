@@ -48,6 +48,9 @@ class Summary:
     """What is live at the peak: parameters, buffers, inputs, gradients, optimizer_state, saved_activations, other."""
     forward_flops: int
     recompute_flops: int
+    peak_bytes_min: int | None = None
+    """Where shapes follow values the weights decide: the lowest peak over the assumptions' range; else None."""
+    peak_bytes_max: int | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import textwrap
 from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
+from memlayout.activations.assumptions import ASSUMPTIONS
 from memlayout.format_bytes import human_bytes
 from memlayout.output.interface import Formatter
 
@@ -41,6 +42,9 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     at = s.peak_at
     where = module_label(at.module) + (f" ({at.class_name})" if at.class_name else "")
     grid.add_row("peak", human_bytes(s.peak_bytes), "at", f"{where}, {at.phase}")
+    if s.peak_bytes_min is not None and s.peak_bytes_max is not None:
+        grid.add_row("peak range", f"{human_bytes(s.peak_bytes_min)} - {human_bytes(s.peak_bytes_max)}", "over",
+                     "the assumptions below, from one extreme to the other")
     if s.allocator_peak_bytes is not None:
         grid.add_row("peak in CUDA blocks", human_bytes(s.allocator_peak_bytes), "", "")
     grid.add_row("activations", human_bytes(s.activation_bytes), "saved for backward", "each storage once, model state excluded")
@@ -77,6 +81,10 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     parts_out.append(table)
     if report.plan is not None:
         parts_out.append(_plan_text(report, width))
+    for kind in dict.fromkeys(kind for _, kind, _ in report.data_dependent):
+        ops = ", ".join(f"{op} ({count}x)" for op, k, count in report.data_dependent if k == kind)
+        text = f"assumed, as the weights have no values here: {ASSUMPTIONS[kind]} ({ops})"
+        parts_out.append(Text(textwrap.fill(text, width=width, initial_indent="note: ", subsequent_indent="      ")))
     if report.fallbacks:
         ops = ", ".join(f"{op} ({count}x)" for op, count in report.fallbacks)
         text = (f"fake kernels refused these ops, and their real CPU kernels gave the outputs' shapes, run on zeros: "

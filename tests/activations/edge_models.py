@@ -334,6 +334,87 @@ class GrowsOnFirstCall(nn.Module):
         return self.head(self.blocks(self.attention(x)))
 
 
+class LoopExperts(nn.Module):
+    """Mixture of experts as eager code writes it: only the experts some token picked run, each on its tokens
+    (`nonzero` of the routing mask, `torch.where`); how many tokens each computes depends on the router."""
+
+    def __init__(self, width: int, hidden: int, experts: int, top_k: int) -> None:
+        super().__init__()
+        self.experts_count, self.top_k = experts, top_k
+        self.router = nn.Linear(width, experts, bias=False)
+        self.experts = nn.ModuleList(
+            [nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width)) for _ in range(experts)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = torch.topk(self.router(x).softmax(-1), self.top_k)
+        out = torch.zeros_like(x)
+        mask = F.one_hot(chosen, self.experts_count).permute(2, 1, 0)
+        hit = (mask.sum(dim=(-1, -2)) > 0).nonzero()
+        for expert in hit:
+            position, token = torch.where(mask[expert[0]])
+            computed = self.experts[int(expert[0])](x[token]) * weights[token, position, None]
+            out = out.index_add(0, token, computed)
+        return out
+
+
+class LoopMoELM(nn.Module):
+    def __init__(self, vocab: int = 200, width: int = 32, hidden: int = 128, experts: int = 4, top_k: int = 2,
+                 layers: int = 2) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab, width)
+        self.norms = nn.ModuleList([nn.LayerNorm(width) for _ in range(layers)])
+        self.moes = nn.ModuleList([LoopExperts(width, hidden, experts, top_k) for _ in range(layers)])
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        batch, length, width = x.shape
+        for norm, moe in zip(self.norms, self.moes, strict=True):
+            x = x + moe(norm(x).reshape(-1, width)).view(batch, length, width)
+        return self.head(x)
+
+
+class KeepsPositive(nn.Module):
+    """Keeps only the positive activations (a boolean mask of values the weights decide) and works on those."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(width, 8 * width)
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.up(x)
+        kept = hidden[hidden > 0]
+        return (torch.exp(-kept * self.scale) * kept).sum()
+
+
+class HashExperts(nn.Module):
+    """Routes each token by its id (expert = id mod experts): the routing follows the inputs alone."""
+
+    def __init__(self, vocab: int = 200, width: int = 32, hidden: int = 256, experts: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.experts_count = experts
+        self.embed = nn.Embedding(vocab, width)
+        self.experts = nn.ModuleList(
+            [nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width)) for _ in range(experts)]
+        )
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        x = self.embed(flat)
+        out = torch.zeros_like(x)
+        for expert in range(self.experts_count):
+            (tokens,) = torch.where(flat % self.experts_count == expert)
+            if tokens.numel():
+                out = out.index_add(0, tokens, self.experts[expert](x[tokens]))
+        return self.head(x + out)
+
+
 INSTANCE = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
 """A model built when its module is imported, named by a spec without a factory."""
 
@@ -384,6 +465,18 @@ def in_place_stack() -> nn.Module:
 
 def grows_on_first_call() -> nn.Module:
     return GrowsOnFirstCall().train()
+
+
+def loop_moe() -> nn.Module:
+    return LoopMoELM().train()
+
+
+def keeps_positive() -> nn.Module:
+    return KeepsPositive().train()
+
+
+def hash_experts() -> nn.Module:
+    return HashExperts().train()
 
 
 def raises() -> nn.Module:

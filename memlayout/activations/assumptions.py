@@ -1,0 +1,17 @@
+"""What a fake step assumes where shapes follow values the weights decide (fake_step.py applies them).
+
+Torch-free, so that reporters can name them without importing torch.
+"""
+
+from __future__ import annotations
+
+POLICIES = ("typical", "least", "most")
+"""How data-dependent shapes are decided: the stated assumption, and the two extremes of the range."""
+
+ASSUMPTIONS = {
+    "routing": "indices a top-k, argmax or max picks from values the weights decide are spread evenly (balanced "
+               "routing: each expert gets the same share of tokens); the range runs to every row picking the same k",
+    "mask": "a mask computed from values the weights decide keeps half of its elements; the range runs from none "
+            "to all",
+}
+"""kind -> the assumption, as the report states it."""
