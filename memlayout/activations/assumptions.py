@@ -13,5 +13,7 @@ ASSUMPTIONS = {
                "routing: each expert gets the same share of tokens); the range runs to every row picking the same k",
     "mask": "a mask computed from values the weights decide keeps half of its elements; the range runs from none "
             "to all",
+    "random": "small uniform random draws that decide the step (layer drop: torch.rand([]) < p skips a layer) come "
+              "out high, so every layer runs; the range runs to every draw low (every droppable layer dropped)",
 }
 """kind -> the assumption, as the report states it."""

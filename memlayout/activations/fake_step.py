@@ -29,6 +29,9 @@
     every token, the most any one expert computes at once);
   - masks: `nonzero` (and the boolean indexing and `masked_select` built on it) of
     a fake tensor keeps half of its elements; the extremes keep none and all.
+  - random draws: small uniform draws (`torch.rand([]) < layerdrop` skips a layer)
+    come out high, so every layer runs (the most memory); the other extreme draws
+    low, and every droppable layer is dropped.
 
 The first and the routing apply on CPU only: a real tensor on the step's device is
 needed, and a CUDA step is traced without one.
@@ -61,6 +64,8 @@ _ROUTING = {
     torch.ops.aten.argmax.default: "routing",
     torch.ops.aten.max.dim: "routing",
 }
+_UNIFORM = {torch.ops.aten.rand.default, torch.ops.aten.rand.generator, torch.ops.aten.rand_like.default,
+            torch.ops.aten.uniform_.default}
 _MASKS = {torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default, torch.ops.aten.index.Tensor}
 _FAKE_LOG = "torch._subclasses.fake_tensor"
 
@@ -132,6 +137,8 @@ class FakeStepMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
     # values -----------------------------------------------------------------
     def _with_values(self, func: Any, args: Any, kwargs: Any) -> Any:
         """An op on real tensors only: real if it makes nothing large."""
+        if func in _UNIFORM:
+            return self._uniform(func, args, kwargs)
         if _aliases(func):
             return self._real(func, args, kwargs)
         try:
@@ -143,6 +150,19 @@ class FakeStepMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if _nbytes(fake) <= SMALL_BYTES:
             return self._real(func, args, kwargs)
         return fake
+
+    def _uniform(self, func: Any, args: Any, kwargs: Any) -> Any:
+        """Small uniform draws decide the step (layer drop: `torch.rand([]) < p` skips a layer): they come out
+        high, so everything runs, or low for the least memory (see assumptions.py)."""
+        out = self._real(func, args, kwargs)
+        if not isinstance(out, torch.Tensor) or out.untyped_storage().nbytes() > SMALL_BYTES:
+            return out
+        with unset_fake_temporarily():
+            if out.is_floating_point():
+                high = 1.0 - torch.finfo(out.dtype).eps / 2
+                out.fill_(0.0 if self.policy == "least" else high)
+        self.assumed[(str(func), "random")] += 1
+        return out
 
     # data-dependent shapes ---------------------------------------------------
     def _routed(self, func: Any, args: Any, kwargs: Any) -> Any:

@@ -415,6 +415,25 @@ class HashExperts(nn.Module):
         return self.head(x + out)
 
 
+class LayerDropStack(nn.Module):
+    """Skips each layer with probability `layerdrop` in training, as transformers' LayerDrop does: which layers
+    run, and so the memory, is drawn anew each step."""
+
+    def __init__(self, layerdrop: float = 0.3, width: int = 64, layers: int = 6) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layerdrop = layerdrop
+        self.layers = nn.ModuleList([Block(width) for _ in range(layers)])
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            if self.training and torch.rand([]) < self.layerdrop:
+                continue
+            x = layer(x)
+        return self.head(x)
+
+
 INSTANCE = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
 """A model built when its module is imported, named by a spec without a factory."""
 

@@ -75,3 +75,17 @@ def test_a_plan_for_the_routed_model_holds_for_real() -> None:
     assert planned.peak_bytes <= budget
     assert torch.equal(planned.loss, plain.loss)
     assert all(torch.equal(planned.grads[name], grad) for name, grad in plain.grads.items())
+
+
+def test_layer_drop_assumes_every_layer_runs_and_each_real_draw_is_in_the_range() -> None:
+    x = torch.randn(128, 64, generator=torch.Generator().manual_seed(0))
+    report = act.analyze(edge_models.LayerDropStack(), [x])
+    s = report.summary
+    assert s.peak_bytes_min is not None and s.peak_bytes_max is not None
+    assert report.data_dependent == (("aten.rand.default", "random", 6),)
+    every_layer = memtracker_step(edge_models.LayerDropStack(layerdrop=0.0), (x,), {}).peak_bytes
+    assert s.peak_bytes == s.peak_bytes_max == every_layer
+    assert s.peak_bytes_min < every_layer
+    draws = {memtracker_step(edge_models.LayerDropStack(), (x,), {}, seed=seed).peak_bytes for seed in range(6)}
+    assert len(draws) > 1  # the case: the step's memory is drawn anew
+    assert all(s.peak_bytes_min <= peak <= s.peak_bytes_max for peak in draws), (s.peak_bytes_min, draws)
