@@ -434,6 +434,22 @@ class LayerDropStack(nn.Module):
         return self.head(x)
 
 
+class DetachedStatistic(nn.Module):
+    """Computes a branch with autograd on, then keeps only a detached statistic of it: nothing needs that part of
+    the graph afterwards, and the step frees it (tanh saves its own output for backward)."""
+
+    def __init__(self, width: int = 256) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.probe = nn.Linear(width, 4 * width)
+        self.up = nn.Linear(width, 8 * width)
+        self.down = nn.Linear(8 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.tanh(self.probe(x)).detach().abs().mean()
+        return self.down(torch.tanh(self.up(x))) * scale
+
+
 INSTANCE = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
 """A model built when its module is imported, named by a spec without a factory."""
 

@@ -161,7 +161,7 @@ def saved_bytes_seen_by_pack_hook(model: torch.nn.Module, args: tuple[Any, ...],
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in state:
             seen[id(storage)] = (weakref.ref(storage), storage.nbytes())
-        return tensor
+        return tensor.detach()  # the tensor itself would keep its node alive through grad_fn (a cycle)
 
     torch.manual_seed(0)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 
 import memlayout.activations as act
-from tests.activations import models
+from tests.activations import edge_models, models
 from tests.activations.measure import memtracker_step, saved_bytes_seen_by_pack_hook
 
 CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
@@ -84,3 +85,14 @@ def test_views_and_in_place_ops_cost_nothing() -> None:
     assert forward_storages(Views()) == [64 * 256 * 4]  # the linear's output, nothing else
     assert forward_storages(Copies()) == [64 * 256 * 4] * 4
     assert act.analyze(Views(), [x]).summary.peak_bytes == memtracker_step(Views(), (x,), {}).peak_bytes
+
+
+def test_a_graph_branch_nothing_needs_is_freed_as_in_the_real_step() -> None:
+    """Tracing saved tensors must not keep what the step frees: a hook that returned the tensor itself would
+    tie a saved output to its own node, and a detached branch's graph would live on."""
+    x = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    real = memtracker_step(edge_models.DetachedStatistic(), (x,), {})
+    for mode in ("fake", "real"):
+        # such a cycle runs through autograd's C++ nodes: the garbage collector never frees it
+        predicted = act.analyze(edge_models.DetachedStatistic(), [x], mode=mode).summary.peak_bytes
+        assert predicted == real.peak_bytes, (mode, predicted, real.peak_bytes)
