@@ -146,13 +146,13 @@ class Planner:
             calls = calls_by_path.get(info.path)
             if not calls or info.path in self.excluded:
                 continue
-            gaps = [self._gap(call, call, call) for call in calls]
+            # A call backward never reaches (run under no_grad, as recurrent models run most of their
+            # cycles) saves nothing and is not rerun: checkpoint changes nothing there.
+            reached = [(call, gap) for call in calls if (gap := self._gap(call, call, call)) is not None]
             # Checkpointing the whole model frees nothing before its backward begins.
-            if info.path and all(g is not None for g in gaps) and any(
-                g.freed > g.kept_inputs for g in gaps if g is not None
-            ):
-                flops = sum(trace.calls[i].flops for call in calls for i in self._inside[call.id])
-                options.append(Option(info.path, None, flops, tuple(g for g in gaps if g is not None)))
+            if info.path and any(gap.freed > gap.kept_inputs for _, gap in reached):
+                flops = sum(trace.calls[i].flops for call, _ in reached for i in self._inside[call.id])
+                options.append(Option(info.path, None, flops, tuple(gap for _, gap in reached)))
             if info.sequential_children and len(info.sequential_children) >= 2:
                 options.extend(self._sequential_options(info.path, info.sequential_children, calls))
         return options
@@ -177,8 +177,8 @@ class Planner:
                 for first in range(0, size * (segments - 1), size):
                     chunk = run[first : first + size]
                     gap = self._gap(chunk[0], chunk[-1], None)
-                    if gap is None:
-                        return options
+                    if gap is None:  # a run under no_grad: nothing saved, nothing rerun
+                        continue
                     gaps.append(gap)
                     flops += sum(trace.calls[i].flops for c in chunk for i in self._inside[c.id])
             if any(g.freed > g.kept_inputs for g in gaps):

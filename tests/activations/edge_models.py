@@ -450,6 +450,27 @@ class DetachedStatistic(nn.Module):
         return self.down(torch.tanh(self.up(x))) * scale
 
 
+class Reasoner(nn.Module):
+    """Runs its two modules in cycles, every cycle but the last under no_grad, as recurrent reasoning models do:
+    each module has calls that backward never reaches."""
+
+    def __init__(self, width: int = 64, cycles: int = 3) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.cycles = cycles
+        self.inp = nn.Linear(width, width)
+        self.low = nn.Sequential(Block(width), Block(width))
+        self.high = nn.Sequential(Block(width), Block(width))
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.inp(x)
+        with torch.no_grad():
+            for _ in range(self.cycles - 1):
+                z = self.high(self.low(z))
+        return self.head(self.high(self.low(z)))
+
+
 INSTANCE = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
 """A model built when its module is imported, named by a spec without a factory."""
 
@@ -512,6 +533,10 @@ def keeps_positive() -> nn.Module:
 
 def hash_experts() -> nn.Module:
     return HashExperts().train()
+
+
+def reasoner() -> nn.Module:
+    return Reasoner().train()
 
 
 def raises() -> nn.Module:

@@ -168,3 +168,23 @@ def test_apply_plan_refuses_a_plan_for_another_model(plan: dict[str, Any], messa
     with pytest.raises(UsageError, match=message):
         act.apply_plan(model, plan)
     assert "forward" not in vars(model) and all("forward" not in vars(m) for m in model)
+
+
+def test_a_module_run_in_cycles_mostly_under_no_grad_is_still_a_candidate() -> None:
+    """Recurrent reasoning models run their modules several times, all but the last under no_grad: calls that
+    backward never reaches must not take the module out of the search (it was: no option at all)."""
+    from tests.activations import edge_models
+
+    args = (torch.randn(1024, 64, generator=torch.Generator().manual_seed(0)),)
+    plain = storage_peak_step(edge_models.reasoner(), args, {})
+    budget = int(plain.peak_bytes * 0.7)
+    report = act.analyze(edge_models.reasoner(), list(args), budget=budget)
+    assert report.plan is not None and report.plan.peak_bytes <= budget
+    assert {"low", "high"} & {p.split(".")[0] for p in report.plan.plan.checkpoint}
+    model = edge_models.reasoner()
+    with act.apply_plan(model, report.plan.plan):
+        planned = storage_peak_step(model, args, {})
+    assert planned.peak_bytes <= budget
+    assert abs(planned.peak_bytes - report.plan.peak_bytes) <= 0.02 * planned.peak_bytes
+    assert torch.equal(planned.loss, plain.loss)
+    assert all(torch.equal(planned.grads[name], grad) for name, grad in plain.grads.items())
