@@ -172,6 +172,45 @@ def cpu_flash_attention_op() -> Any:
     return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
+def unset_fake_temporarily() -> Any:
+    """`torch._subclasses.fake_tensor.unset_fake_temporarily()`: a context in which the active FakeTensorMode is
+    off, so that ops make real tensors (a fake step's small real values and fallback kernels)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily as unset
+
+    return unset()
+
+
+def tree_flatten(tree: Any) -> tuple[list[Any], Any]:
+    """`torch.utils._pytree.tree_flatten`: the leaves of an op's (args, kwargs), and how to rebuild them."""
+    from torch.utils._pytree import tree_flatten as flatten
+
+    leaves, spec = flatten(tree)
+    return list(leaves), spec
+
+
+def tree_unflatten(leaves: list[Any], spec: Any) -> Any:
+    """`torch.utils._pytree.tree_unflatten`: rebuild what `tree_flatten` took apart, with new leaves."""
+    from torch.utils._pytree import tree_unflatten as unflatten
+
+    return unflatten(leaves, spec)
+
+
+def tree_map(function: Any, tree: Any) -> Any:
+    """`torch.utils._pytree.tree_map`: the same nesting of lists, tuples and dicts, each leaf mapped."""
+    from torch.utils._pytree import tree_map as mapped
+
+    return mapped(function, tree)
+
+
+def module_tensor_slots(module: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A module's own parameter and buffer dicts (`Module._parameters`, `Module._buffers`).
+
+    What `register_parameter` and `register_buffer` fill; setting an entry swaps the tensor a
+    module holds (a fake one for a real one) without setattr's checks, ties and order kept.
+    """
+    return module._parameters, module._buffers
+
+
 # --- classes from torch's private modules ---------------------------------------------
 # Attributes of this module, imported on first use (PEP 562): `_torch.FakeTensorMode`.
 
@@ -181,6 +220,9 @@ PRIVATE_CLASSES: dict[str, tuple[str, str]] = {
     # Tensors with shapes, dtypes and strides but no data, and the class of one.
     "FakeTensorMode": ("torch._subclasses.fake_tensor", "FakeTensorMode"),
     "FakeTensor": ("torch._subclasses.fake_tensor", "FakeTensor"),
+    # What FakeTensorMode raises where an op needs a value (`.item()`) or makes a shape from values (`nonzero`).
+    "DataDependentOutputException": ("torch._subclasses.fake_tensor", "DataDependentOutputException"),
+    "DynamicOutputShapeException": ("torch._subclasses.fake_tensor", "DynamicOutputShapeException"),
     # torch's own memory trackers: live and peak bytes per module and kind, for a
     # process and for one FSDP2 rank.
     "MemTracker": ("torch.distributed._tools.mem_tracker", "MemTracker"),
@@ -191,6 +233,12 @@ PRIVATE_CLASSES: dict[str, tuple[str, str]] = {
 """Name here -> (torch's module, name there)."""
 
 if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException as DataDependentOutputException,
+    )
+    from torch._subclasses.fake_tensor import (
+        DynamicOutputShapeException as DynamicOutputShapeException,
+    )
     from torch._subclasses.fake_tensor import FakeTensor as FakeTensor
     from torch._subclasses.fake_tensor import FakeTensorMode as FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker as FSDPMemTracker

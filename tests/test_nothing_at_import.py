@@ -50,6 +50,7 @@ sys.addaudithook(watch)
 # Modules whose job needs a library at import: a class statement needs its base.
 NEEDS_TORCH_AT_IMPORT = {
     "memlayout.activations.trace": "StepTracer subclasses torch's TorchDispatchMode",
+    "memlayout.activations.fake_step": "FakeStepMode subclasses torch's TorchDispatchMode",
 }
 
 

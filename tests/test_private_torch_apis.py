@@ -490,3 +490,46 @@ def test_the_scan_finds_private_names() -> None:
         "._cdata", "atexit._run_exitfuncs", "torch._C._current_autograd_node", "torch._weights_only_unpickler",
         "torch.utils._python_dispatch", "torch.utils._python_dispatch.TorchDispatchMode",
     ]
+
+
+def test_fake_mode_names_the_op_that_needs_a_value_and_can_be_set_aside() -> None:
+    mode = _torch.FakeTensorMode()
+    with mode:
+        fake = torch.empty(4)
+        with pytest.raises(_torch.DataDependentOutputException) as read:
+            fake.sum().item()
+        with pytest.raises(_torch.DynamicOutputShapeException) as shaped:
+            fake.nonzero()
+        with _torch.unset_fake_temporarily():
+            real = torch.ones(3)
+    api = "torch._subclasses.fake_tensor"
+    assert str(read.value.func) == "aten._local_scalar_dense.default", changed(api, f".item() raised for {read.value.func}")
+    assert str(shaped.value.func) == "aten.nonzero.default", changed(api, f"nonzero raised for {shaped.value.func}")
+    assert not isinstance(real, _torch.FakeTensor) and real.sum().item() == 3, changed(
+        "torch._subclasses.fake_tensor.unset_fake_temporarily", "a tensor made inside it is fake"
+    )
+
+
+def test_pytree_takes_an_op_s_arguments_apart_and_back() -> None:
+    api = "torch.utils._pytree"
+    tree = ((torch.ones(2), [3, torch.zeros(1)]), {"scale": 2.0, "mask": torch.ones(1, dtype=torch.bool)})
+    leaves, spec = _torch.tree_flatten(tree)
+    assert sum(isinstance(leaf, torch.Tensor) for leaf in leaves) == 3, changed(api, f"the leaves are {leaves}")
+    rebuilt = _torch.tree_unflatten([leaf * 1 if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], spec)
+    assert rebuilt[1]["scale"] == 2.0 and torch.equal(rebuilt[0][1][1], torch.zeros(1)), changed(api, "no round trip")
+    mapped = _torch.tree_map(lambda leaf: "t" if isinstance(leaf, torch.Tensor) else leaf, tree)
+    assert mapped == (("t", [3, "t"]), {"scale": 2.0, "mask": "t"}), changed(api, f"tree_map gave {mapped}")
+
+
+def test_a_module_s_tensor_slots_hold_what_it_registered() -> None:
+    api = "Module._parameters / Module._buffers"
+    module = torch.nn.BatchNorm1d(4)
+    parameters, buffers = _torch.module_tensor_slots(module)
+    assert parameters["weight"] is module.weight and buffers["running_mean"] is module.running_mean, changed(
+        api, "the dicts do not hold the registered tensors"
+    )
+    replacement = torch.nn.Parameter(torch.zeros(4))
+    parameters["weight"] = replacement
+    assert module.weight is replacement and dict(module.named_parameters())["weight"] is replacement, changed(
+        api, "setting an entry does not swap the module's tensor"
+    )

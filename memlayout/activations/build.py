@@ -29,6 +29,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from memlayout import _torch
 from memlayout.activations.target import ModelSource, TargetKind, checked_model, model_source
 from memlayout.errors import MemlayoutError, UsageError
 
@@ -74,16 +75,14 @@ class TensorMover:
         """"fake" or "meta"."""
         self.device = "meta" if world == "meta" else device
         self.context = context
-        self._parameters: dict[int, tuple[Any, Any]] = {}
+        self._moved_parameters: dict[int, tuple[Any, Any]] = {}
         """id(source) -> (source, moved); the source is kept so that its id is not reused."""
         self._storages: dict[int, tuple[Any, Any]] = {}
 
     def holds(self, tensor: Any) -> bool:
         if self.world == "meta":
             return bool(tensor.is_meta)
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        return isinstance(tensor, FakeTensor)
+        return isinstance(tensor, _torch.FakeTensor)
 
     def move(self, tensor: Any) -> Any:
         import torch
@@ -93,10 +92,10 @@ class TensorMover:
             return tensor  # a lazy module's parameter has no shape until its first forward
         if not isinstance(tensor, torch.nn.Parameter):
             return self._data(tensor)
-        known = self._parameters.get(id(tensor))
+        known = self._moved_parameters.get(id(tensor))
         if known is None:
             known = (tensor, torch.nn.Parameter(self._data(tensor), requires_grad=tensor.requires_grad))
-            self._parameters[id(tensor)] = known
+            self._moved_parameters[id(tensor)] = known
         return known[1]
 
     def _data(self, tensor: Any) -> Any:
@@ -117,7 +116,7 @@ class TensorMover:
     def move_model(self, model: Any) -> None:
         """Move, in place, every parameter and buffer of the model that is not in this world yet."""
         for module in model.modules():
-            for store in (module._parameters, module._buffers):
+            for store in _torch.module_tensor_slots(module):
                 for name, tensor in list(store.items()):
                     if tensor is not None:
                         store[name] = self.move(tensor)
@@ -220,16 +219,12 @@ def _text(exc: BaseException) -> str:
 
 def value_read(exc: BaseException) -> ValueRead | None:
     """The op that needed a value, if that is why `exc` (or an exception it wraps) was raised."""
-    from torch._subclasses.fake_tensor import (
-        DataDependentOutputException,
-        DynamicOutputShapeException,
-    )
 
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, (DataDependentOutputException, DynamicOutputShapeException)):
+        if isinstance(current, (_torch.DataDependentOutputException, _torch.DynamicOutputShapeException)):
             return ValueRead(str(current.func), where(exc))
         message = str(current)
         if isinstance(current, (RuntimeError, NotImplementedError)) and (

@@ -44,21 +44,14 @@ from collections import Counter
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensor,
-    FakeTensorMode,
-    unset_fake_temporarily,
-)
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from memlayout import _torch
 
 SMALL_BYTES = 1 << 20
 """Outputs of real-only ops up to this size stay real: masks, lengths, position ids, routing indices."""
 INPUT_BYTES = 16 << 20
 """Inputs up to this size are real tensors (token ids, masks, most images); larger ones are fake."""
-_VALUE_ERRORS = (DataDependentOutputException, DynamicOutputShapeException)
+_VALUE_ERRORS = (_torch.DataDependentOutputException, _torch.DynamicOutputShapeException)
 _ROUTING = {
     torch.ops.aten.topk.default: "routing",
     torch.ops.aten.argmax.default: "routing",
@@ -72,21 +65,21 @@ _FAKE_LOG = "torch._subclasses.fake_tensor"
 
 def _aliases(func: Any) -> bool:
     """The op returns a view of an input or writes into one: no new memory, and it must stay with its input."""
-    return any(r.alias_info is not None for r in func._schema.returns) or any(
-        a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments
+    return any(r.alias_info is not None for r in _torch.op_schema(func).returns) or any(
+        a.alias_info is not None and a.alias_info.is_write for a in _torch.op_schema(func).arguments
     )
 
 
 def _nbytes(value: Any) -> int:
-    leaves, _ = tree_flatten(value)
+    leaves, _ = _torch.tree_flatten(value)
     return sum(t.untyped_storage().nbytes() for t in leaves if isinstance(t, torch.Tensor) and t.layout == torch.strided)
 
 
-class FakeStepMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Run inside a FakeTensorMode (entered after it): real values where they are cheap, fallbacks where the
     fake kernels refuse."""
 
-    def __init__(self, fake_mode: FakeTensorMode, *, keep_values: bool) -> None:
+    def __init__(self, fake_mode: Any, *, keep_values: bool) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.fake_mode = fake_mode
         self.keep_values = keep_values
@@ -113,22 +106,22 @@ class FakeStepMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        leaves, _ = tree_flatten((args, kwargs))
+        leaves, _ = _torch.tree_flatten((args, kwargs))
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
-        if self.keep_values and not any(isinstance(t, FakeTensor) for t in tensors):
+        if self.keep_values and not any(isinstance(t, _torch.FakeTensor) for t in tensors):
             return self._with_values(func, args, kwargs)
         if self.keep_values and func in _ROUTING:
             return self._routed(func, args, kwargs)
         try:
             return func(*args, **kwargs)
-        except DynamicOutputShapeException:
+        except _torch.DynamicOutputShapeException:
             if func not in _MASKS or not self._masks(func, args):
                 raise
             return self._masked(func, args, kwargs)
-        except DataDependentOutputException:
+        except _torch.DataDependentOutputException:
             raise
         except Exception as refused:
-            if not any(isinstance(t, FakeTensor) for t in tensors):
+            if not any(isinstance(t, _torch.FakeTensor) for t in tensors):
                 raise
             error = refused
         # Out of the except block: its traceback's frames hold the op's inputs, which would then live on.
@@ -157,7 +150,7 @@ class FakeStepMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         out = self._real(func, args, kwargs)
         if not isinstance(out, torch.Tensor) or out.untyped_storage().nbytes() > SMALL_BYTES:
             return out
-        with unset_fake_temporarily():
+        with _torch.unset_fake_temporarily():
             if out.is_floating_point():
                 high = 1.0 - torch.finfo(out.dtype).eps / 2
                 out.fill_(0.0 if self.policy == "least" else high)
@@ -172,12 +165,12 @@ class FakeStepMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if indices.untyped_storage().nbytes() > SMALL_BYTES:
             return out
         source = args[0]
-        defaults = {a.name: a.default_value for a in func._schema.arguments if a.has_default_value()}
-        names = [a.name for a in func._schema.arguments]
+        defaults = {a.name: a.default_value for a in _torch.op_schema(func).arguments if a.has_default_value()}
+        names = [a.name for a in _torch.op_schema(func).arguments]
         given = defaults | dict(zip(names, args, strict=False)) | dict(kwargs)
         dim = given.get("dim")
         shape = tuple(int(d) for d in indices.shape)
-        with unset_fake_temporarily():  # real tensors from here on: the fake mode would take them over
+        with _torch.unset_fake_temporarily():  # real tensors from here on: the fake mode would take them over
             if dim is None or not shape:  # argmax over the flattened tensor: one index into all of it
                 chosen = self._spread((1, 1), source.numel()).reshape(shape)
             else:
@@ -193,7 +186,7 @@ class FakeStepMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _spread(self, rows_by_k: tuple[int, int], size: int) -> torch.Tensor:
         rows, k = rows_by_k
-        with unset_fake_temporarily():
+        with _torch.unset_fake_temporarily():
             picks = torch.arange(k, dtype=torch.int64).expand(rows, k)
             if self.policy == "most":
                 return picks.clone()
@@ -233,7 +226,7 @@ class FakeStepMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return torch.empty((kept, source.dim()), dtype=torch.int64, device=source.device)
 
     def _real(self, func: Any, args: Any, kwargs: Any) -> Any:
-        with unset_fake_temporarily():
+        with _torch.unset_fake_temporarily():
             return func(*args, **kwargs)
 
     # fallbacks ----------------------------------------------------------------
@@ -246,16 +239,16 @@ class FakeStepMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         made = self._fallback_outputs.get(key)
         if made is None:
             # every tensor argument zero-filled, real ones too: zero offsets make a grouped matmul do no work
-            zeros = tree_map(_zeros_like_metadata, (args, kwargs))
-            with unset_fake_temporarily():
+            zeros = _torch.tree_map(_zeros_like_metadata, (args, kwargs))
+            with _torch.unset_fake_temporarily():
                 real = func(*zeros[0], **zeros[1])
-            made = tree_map(_metadata, real)
+            made = _torch.tree_map(_metadata, real)
             self._fallback_outputs[key] = made
         self.fallbacks[str(func)] += 1
-        leaves, spec = tree_flatten(made)
+        leaves, spec = _torch.tree_flatten(made)
         with self.fake_mode:
             outputs = [_fake_from(m) if isinstance(m, _TensorMetadata) else m for m in leaves]
-        return tree_unflatten(outputs, spec)
+        return _torch.tree_unflatten(outputs, spec)
 
 
 class _TensorMetadata:
@@ -289,7 +282,7 @@ def _zeros_like_metadata(value: Any) -> Any:
     """A real, zero-filled tensor with a tensor's shape, dtype and strides (other values pass through)."""
     if not isinstance(value, torch.Tensor):
         return value
-    with unset_fake_temporarily():
+    with _torch.unset_fake_temporarily():
         storage_elements = value.untyped_storage().nbytes() // max(value.element_size(), 1)
         base = torch.zeros((storage_elements,), dtype=value.dtype, device=value.device)
         return base.as_strided(value.shape, value.stride(), value.storage_offset())
@@ -302,5 +295,5 @@ def _signature(func: Any, args: Any, kwargs: Any) -> Any:
                     str(value.device))
         return value if isinstance(value, (int, float, bool, str, type(None), torch.dtype)) else repr(value)
 
-    leaves, spec = tree_flatten((args, kwargs))
+    leaves, spec = _torch.tree_flatten((args, kwargs))
     return (func, str(spec), tuple(describe(v) for v in leaves))
