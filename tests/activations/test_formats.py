@@ -38,10 +38,11 @@ def fake_report(with_plan: bool) -> ActivationReport:
     """A two-block model's report, as `analyze` would return it, without tracing anything."""
     summary = Summary(
         peak_bytes=96 * MIB, allocator_peak_bytes=None, activation_bytes=64 * MIB, parameter_bytes=16 * MIB,
-        buffer_bytes=0, gradient_bytes=16 * MIB, input_bytes=MIB, peak_at=PeakAt("blocks.1", "Block", "backward"),
-        at_peak={"parameters": 16 * MIB, "buffers": 0, "inputs": MIB, "gradients": 0,
+        buffer_bytes=0, gradient_bytes=16 * MIB, input_bytes=MIB, optimizer_bytes=32 * MIB,
+        peak_at=PeakAt("blocks.1", "Block", "backward"),
+        at_peak={"parameters": 16 * MIB, "buffers": 0, "inputs": MIB, "gradients": 0, "optimizer_state": 32 * MIB,
                  "saved_activations": 64 * MIB, "other": 15 * MIB}, forward_flops=2_500_000_000,
-        recompute_flops=0,
+        recompute_flops=0, peak_bytes_min=90 * MIB, peak_bytes_max=100 * MIB,
     )
     modules = (
         module("", "Net", 64 * MIB),
@@ -55,12 +56,15 @@ def fake_report(with_plan: bool) -> ActivationReport:
         budget_bytes=64 * MIB, plan=Plan(checkpoint=("blocks.0",), sequential=(SequentialSegments("blocks", 2),)),
         peak_bytes=60 * MIB, allocator_peak_bytes=None, estimated_peak_bytes=58 * MIB,
         recompute_flops=1_250_000_000, checks=2, pitfalls=("blocks.0 uses randomness: keep the RNG state",),
+        excluded=(("blocks.1", "writes in place into a tensor it received"),),
     ) if with_plan else None
     trace = Trace(storages=(), calls=(), modules=(), events=0, forward_end=0, loss="sum of floating outputs",
-                  recompute_flops=0, device="cpu", mode="fake", notes=())
+                  recompute_flops=0, device="cpu", mode="fake", notes=(),
+                  fallbacks=(("aten._grouped_mm.default", 4),), assumptions=(("aten.topk.default", "routing", 2),))
     return ActivationReport(
         target="pkg.models:net", target_kind="import-spec", model_class="Net", inputs=("float32[8,3,32,32]",),
-        device="cpu", mode="fake", loss="sum of floating outputs", summary=summary, modules=modules, plan=plan,
+        device="cpu", mode="fake", loss="sum of floating outputs", optimizer="adamw", summary=summary, modules=modules,
+        plan=plan,
         notes=("a note about the step",), trace=trace,
     )
 
@@ -80,7 +84,12 @@ def test_json_holds_the_report_and_follows_its_schema(with_plan: bool) -> None:
     assert [m["path"] for m in data["modules"]] == ["", "blocks", "blocks.0", "blocks.0.mlp", "blocks.0.mlp.act",
                                                    "blocks.1"]
     assert data["notes"] == ["a note about the step"]
+    assert data["optimizer"] == "adamw" and data["summary"]["optimizer_bytes"] == 32 * MIB
+    assert (data["summary"]["peak_bytes_min"], data["summary"]["peak_bytes_max"]) == (90 * MIB, 100 * MIB)
+    assert data["fallbacks"] == [{"op": "aten._grouped_mm.default", "count": 4}]
+    assert [(d["op"], d["kind"], d["count"]) for d in data["data_dependent"]] == [("aten.topk.default", "routing", 2)]
     if with_plan:
+        assert data["plan"]["excluded"] == [{"module": "blocks.1", "reason": "writes in place into a tensor it received"}]
         assert data["plan"]["checkpoint"] == ["blocks.0"]
         assert data["plan"]["sequential"] == [{"module": "blocks", "segments": 2}]
         assert data["plan"]["recompute_flops"] == 1_250_000_000
@@ -94,11 +103,16 @@ def test_the_table_shows_the_peak_the_modules_to_its_depth_and_the_plan() -> Non
     assert "96.0 MiB" in text and "blocks.1 (Block), backward" in text
     assert "modules (depth <= 3;" in text
     assert "blocks.0.mlp " in text and "blocks.0.mlp.act" not in text and "1 deeper modules not shown" in text
-    assert "live at the peak  parameters 16.0 MiB, inputs 1.0 MiB, saved activations 64.0 MiB" in text
+    assert ("live at the peak  parameters 16.0 MiB, inputs 1.0 MiB, optimizer state 32.0 MiB, saved activations 64.0 MiB"
+            in " ".join(text.split()).replace("peak parameters", "peak  parameters"))
     assert "random" in text and "updates buffers" in text
     assert "plan for a budget of 64.0 MiB" in text and "blocks in 2 segments (checkpoint_sequential)" in text
     assert "1.25 GFLOP (50% of the forward)" in text
     assert "note: a note about the step" in text and "\x1b[" not in text
+    flat = " ".join(text.split())
+    assert "optimizer adamw its state 32.0 MiB" in flat and "peak range 90.0 MiB - 100.0 MiB" in flat
+    assert "aten._grouped_mm.default (4x)" in flat and "balanced routing" in flat
+    assert "excluded blocks.1: writes in place into a tensor it received" in flat
     deeper = formatter(OutputFormat.TABLE, depth=4).render(fake_report(with_plan=True))
     assert "blocks.0.mlp.act" in deeper and "deeper modules not shown" not in deeper
     assert "\x1b[" in supported(to_format(OutputFormat.TABLE).activations, OutputFormat.TABLE, Command.ACTIVATIONS)(
