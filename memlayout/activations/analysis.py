@@ -456,14 +456,14 @@ def _with_range(step: _Step, summary: Summary) -> Summary:
 
 
 def _step_failed(exc: Exception) -> UsageError:
-    from memlayout.activations.build import HINT, value_read, where
+    from memlayout.activations.build import value_read, where
 
     read = value_read(exc)
     if read is not None:
         return UsageError(
             f"the step reads a value that fake tensors do not have: {read.describe()}; a value computed from the "
             "weights has none without running them",
-            HINT,
+            "pass --real to run the step for real (it takes the memory)",
         )
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return UsageError(

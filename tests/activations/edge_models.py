@@ -471,6 +471,20 @@ class Reasoner(nn.Module):
         return self.head(self.high(self.low(z)))
 
 
+class GatesOnItsWeights(nn.Module):
+    """Branches in forward on a value of its weights: no fake step can decide it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.linear.weight.mean() > 0:
+            return torch.tanh(self.linear(x))
+        return self.linear(x)
+
+
 INSTANCE = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
 """A model built when its module is imported, named by a spec without a factory."""
 
@@ -537,6 +551,10 @@ def hash_experts() -> nn.Module:
 
 def reasoner() -> nn.Module:
     return Reasoner().train()
+
+
+def gates_on_its_weights() -> nn.Module:
+    return GatesOnItsWeights().train()
 
 
 def raises() -> nn.Module:

@@ -125,3 +125,17 @@ def test_a_model_instance_named_by_a_spec_is_copied_not_changed() -> None:
     assert edge_models.INSTANCE[0].weight is weight
     assert not isinstance(weight, torch._subclasses.fake_tensor.FakeTensor)
     assert weight.grad is None
+
+
+def test_a_step_that_reads_a_value_of_its_weights_names_it_and_its_hint_works() -> None:
+    command = ["activations", SPEC + "gates_on_its_weights", "--input", "float32[4,16]", "--format", "json"]
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 2 and result.stdout == ""
+    line = _line_of("if self.linear.weight.mean() > 0", edge_models.GatesOnItsWeights.forward)
+    assert result.stderr.startswith("memlayout: error: the step reads a value that fake tensors do not have")
+    assert f"edge_models.py:{line} in forward" in result.stderr and "(pass --real" in result.stderr
+    result = CliRunner().invoke(app, [*command, "--real"])  # follow it
+    assert result.exit_code == 0, result.stderr
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    assert json.loads(result.stdout)["summary"]["peak_bytes"] == memtracker_step(
+        edge_models.gates_on_its_weights(), (x,), {}).peak_bytes
