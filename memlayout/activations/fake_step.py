@@ -114,18 +114,36 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             return self._routed(func, args, kwargs)
         try:
             return func(*args, **kwargs)
-        except _torch.DynamicOutputShapeException:
-            if func not in _MASKS or not self._masks(func, args):
+        except _VALUE_ERRORS as needs_values:
+            deciding = self._deciding(func, args, tensors)
+            if deciding is not None and not isinstance(deciding, _torch.FakeTensor):
+                error: Exception = needs_values  # the values it needs are real ones: the real kernel has them
+                values = True
+            elif isinstance(needs_values, _torch.DynamicOutputShapeException) and func in _MASKS and self._masks(
+                func, args
+            ):
+                return self._masked(func, args, kwargs)
+            else:
                 raise
-            return self._masked(func, args, kwargs)
-        except _torch.DataDependentOutputException:
-            raise
         except Exception as refused:
             if not any(isinstance(t, _torch.FakeTensor) for t in tensors):
                 raise
-            error = refused
+            error, values = refused, False
         # Out of the except block: its traceback's frames hold the op's inputs, which would then live on.
-        return self._fallback(func, args, kwargs, error)
+        return self._fallback(func, args, kwargs, error, keep_values=values)
+
+    @staticmethod
+    def _deciding(func: Any, args: Any, tensors: list[Any]) -> Any:
+        """The tensor whose values decide the op's output shape, where it is one argument; else a real tensor
+        argument if there is one (a loss whose lengths are tensors), or None."""
+        if func is torch.ops.aten.nonzero.default:
+            return args[0]
+        if func is torch.ops.aten.masked_select.default:
+            return args[1]
+        if func is torch.ops.aten.index.Tensor:
+            masks = [i for i in args[1] if i is not None and i.dtype == torch.bool]
+            return masks[0] if len(masks) == 1 else None
+        return next((t for t in tensors if not isinstance(t, _torch.FakeTensor)), None)
 
     # values -----------------------------------------------------------------
     def _with_values(self, func: Any, args: Any, kwargs: Any) -> Any:
@@ -230,20 +248,31 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             return func(*args, **kwargs)
 
     # fallbacks ----------------------------------------------------------------
-    def _fallback(self, func: Any, args: Any, kwargs: Any, refused: Exception) -> Any:
-        """The real kernel on zeros of the same metadata; its output's metadata, on fake tensors."""
+    def _fallback(self, func: Any, args: Any, kwargs: Any, refused: Exception, *, keep_values: bool) -> Any:
+        """The real kernel on zeros of the same metadata; its output's metadata, on fake tensors.
+
+        With `keep_values` the real tensor arguments keep their values (the op's output shape follows
+        them: a CTC loss's lengths); only the fake ones become zeros.
+        """
         if _aliases(func):
             raise refused
         refused.__traceback__ = None
-        key = _signature(func, args, kwargs)
-        made = self._fallback_outputs.get(key)
+        key = None if keep_values else _signature(func, args, kwargs)
+        made = self._fallback_outputs.get(key) if key is not None else None
         if made is None:
-            # every tensor argument zero-filled, real ones too: zero offsets make a grouped matmul do no work
-            zeros = _torch.tree_map(_zeros_like_metadata, (args, kwargs))
+            # Without values, every tensor argument zero-filled, real ones too: zero offsets make a grouped
+            # matmul do no work.
+            zeros = _torch.tree_map(_zeros_of_fakes if keep_values else _zeros_like_metadata, (args, kwargs))
             with _torch.unset_fake_temporarily():
-                real = func(*zeros[0], **zeros[1])
+                try:
+                    real = func(*zeros[0], **zeros[1])
+                except Exception:
+                    if keep_values:
+                        raise refused from None
+                    raise
             made = _torch.tree_map(_metadata, real)
-            self._fallback_outputs[key] = made
+            if key is not None:
+                self._fallback_outputs[key] = made
         self.fallbacks[str(func)] += 1
         leaves, spec = _torch.tree_flatten(made)
         with self.fake_mode:
@@ -286,6 +315,10 @@ def _zeros_like_metadata(value: Any) -> Any:
         storage_elements = value.untyped_storage().nbytes() // max(value.element_size(), 1)
         base = torch.zeros((storage_elements,), dtype=value.dtype, device=value.device)
         return base.as_strided(value.shape, value.stride(), value.storage_offset())
+
+
+def _zeros_of_fakes(value: Any) -> Any:
+    return _zeros_like_metadata(value) if isinstance(value, _torch.FakeTensor) else value
 
 
 def _signature(func: Any, args: Any, kwargs: Any) -> Any:

@@ -87,8 +87,8 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
         parts_out.append(Text(textwrap.fill(text, width=width, initial_indent="note: ", subsequent_indent="      ")))
     if report.fallbacks:
         ops = ", ".join(f"{op} ({count}x)" for op, count in report.fallbacks)
-        text = (f"fake kernels refused these ops, and their real CPU kernels gave the outputs' shapes, run on zeros: "
-                f"{ops}")
+        text = (f"these ops' fake kernels refused them or needed values, and their real CPU kernels gave the outputs' "
+                f"shapes, run on zeros where the values came from the weights: {ops}")
         parts_out.append(Text(textwrap.fill(text, width=width, initial_indent="note: ", subsequent_indent="      ")))
     for note in report.notes:
         parts_out.append(Text(textwrap.fill(note, width=width, initial_indent="note: ", subsequent_indent="      ")))

@@ -485,6 +485,23 @@ class GatesOnItsWeights(nn.Module):
         return self.linear(x)
 
 
+class CTCRecognizer(nn.Module):
+    """Frames in, characters out, trained with a CTC loss whose lengths come from the inputs' padding mask: the
+    loss's kernel needs those lengths' values to size what it keeps for backward."""
+
+    def __init__(self, features: int = 16, width: int = 64, characters: int = 20) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = nn.Sequential(nn.Linear(features, width), nn.GELU(), nn.Linear(width, width), nn.GELU())
+        self.head = nn.Linear(width, characters)
+
+    def forward(self, frames: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        log_probs = self.head(self.encoder(frames)).log_softmax(-1).transpose(0, 1)
+        input_lengths = mask.sum(-1)
+        target_lengths = (labels > 0).sum(-1)
+        return F.ctc_loss(log_probs, labels, input_lengths, target_lengths, blank=0, zero_infinity=True)
+
+
 INSTANCE = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
 """A model built when its module is imported, named by a spec without a factory."""
 

@@ -151,3 +151,17 @@ def llama_without_cache() -> torch.nn.Module:
 def test_a_decoder_without_cache_skips_its_mask_as_the_real_step_does() -> None:
     tokens = ids(4, 64, 99)
     assert_predicted(llama_without_cache, (), {"input_ids": tokens, "labels": tokens})
+
+
+def test_a_loss_whose_kernel_needs_the_inputs_lengths_runs_on_them() -> None:
+    """The CTC loss's fake kernel needs the values of its length tensors; they come from the inputs, so they are
+    real, and the real kernel sizes its outputs from them (the frames' values come from the weights: zeros)."""
+    generator = torch.Generator().manual_seed(0)
+    frames = torch.randn(4, 50, 16, generator=generator)
+    mask = torch.zeros(4, 50, dtype=torch.long)
+    for row, length in enumerate((50, 44, 37, 30)):
+        mask[row, :length] = 1
+    labels = torch.randint(1, 20, (4, 12), generator=generator)
+    labels[2:, 9:] = 0
+    report = assert_predicted(edge_models.CTCRecognizer, (frames, mask, labels), {})
+    assert dict(report.fallbacks) == {"aten._ctc_loss.Tensor": 1}  # its backward kernel takes the shapes it made
