@@ -1,0 +1,366 @@
+"""How a model is spread over ranks: which modules FSDP2 wraps, the tensor-parallel plan, and the code.
+
+`resolve_sharding(model, options)` reads a model (on the meta device: nothing is
+allocated) and decides everything the sharding needs: the blocks `fully_shard`
+wraps (each block of the model's main `nn.ModuleList`, then the root, as FSDP2's
+own examples and torchtitan do), and with `tp > 1` the column-wise and row-wise
+`parallelize_module` plan for attention and MLP projections, matched by name as
+torchtitan's Llama plan and transformers' `base_model_tp_plan` name them.
+
+`Sharding.code()` is the Python that applies it: a `shard(model, device_type)`
+function, plain torch, for the user's training script. The prediction runs that
+same code on the model before tracing it, so the code a report prints is the
+code its figures were measured with.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
+from typing import Any
+
+from memlayout.errors import UsageError
+
+COLWISE = "colwise"
+ROWWISE = "rowwise"
+
+# Leaf names of the projections that split a block's work across tensor-parallel
+# ranks. Column-wise layers shard their output features (each rank computes some
+# heads, or some of the MLP's hidden units); the row-wise layer after them shards
+# its input features and sums the partial results. These are the names of
+# torchtitan's Llama plan (wq/wk/wv/wo, w1/w2/w3), transformers' base_model_tp_plan
+# (q/k/v/o_proj, gate/up/down_proj), OPT, Phi and BART (fc1/fc2, out_proj), T5
+# (q/k/v/o, wi/wo) and GPT-J (fc_in/fc_out).
+COLUMN_NAMES = frozenset({
+    "q_proj", "k_proj", "v_proj", "wq", "wk", "wv", "q", "k", "v", "query", "key", "value",
+    "gate_proj", "up_proj", "w1", "w3", "fc1", "fc_in", "wi", "wi_0", "wi_1", "c_fc",
+})
+ROW_NAMES = frozenset({"o_proj", "wo", "o", "out_proj", "down_proj", "w2", "fc2", "fc_out", "c_proj"})
+# One projection computing q, k and v together: a column-wise split of it would give each
+# rank a slice across q, k and v instead of whole heads of each, so it is left whole.
+FUSED_NAMES = frozenset({"c_attn", "qkv_proj", "query_key_value", "Wqkv", "qkv", "in_proj"})
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ShardingOptions:
+    """What the user asked for on the command line."""
+
+    world_size: int
+    fsdp: bool = True
+    fsdp_modules: tuple[str, ...] = ()
+    """Patterns naming the modules `fully_shard` wraps before the root (a dotted path where
+    `*` matches one name, or a class name); empty for each block of the main nn.ModuleList."""
+    reshard_after_forward: bool = True
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    tp: int = 1
+    """Tensor-parallel degree; 1 for none."""
+
+    def check(self) -> None:
+        """Raises UsageError for options that cannot go together."""
+        if self.world_size < 1:
+            raise UsageError(f"--world-size {self.world_size} is not a number of ranks", "give 1 or more")
+        if not self.fsdp:
+            raise UsageError(
+                "--world-size needs --fsdp: FSDP2 is the sharding memlayout predicts",
+                "add --fsdp (and --tp K for tensor parallel inside it)",
+            )
+        if self.tp < 1:
+            raise UsageError(f"--tp {self.tp} is not a tensor-parallel degree", "give 2 or more, or leave --tp out")
+        if self.world_size % self.tp:
+            raise UsageError(
+                f"--tp {self.tp} does not divide --world-size {self.world_size}",
+                "the ranks form a (data parallel x tensor parallel) grid: pick a world size that is a multiple of --tp",
+            )
+        for name, value in (("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype)):
+            if value is not None and value not in DTYPES:
+                raise UsageError(f"{name} {value!r} is not a dtype FSDP2 computes in", f"use one of {', '.join(DTYPES)}")
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world_size // self.tp
+
+
+@dataclass(frozen=True)
+class TensorParallelStyle:
+    """One module of the tensor-parallel plan."""
+
+    module: str
+    style: str
+    """colwise or rowwise."""
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Everything that decides how one model is laid out over the ranks, resolved for that model."""
+
+    world_size: int
+    tp: int
+    wrapped: tuple[str, ...]
+    """Modules `fully_shard` wraps, in the order it is called; "" (the root) is last."""
+    reshard_after_forward: tuple[bool, ...]
+    """One per wrapped module (FSDP2 never reshards the root after forward, whatever it is told)."""
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    offload: bool = False
+    """`CPUOffloadPolicy` on every wrapped module: parameters, gradients and optimizer state live on the CPU."""
+    tp_plan: tuple[TensorParallelStyle, ...] = ()
+    checkpoint: tuple[str, ...] = ()
+    """Modules whose forward runs under `torch.utils.checkpoint` (use_reentrant=False)."""
+    sequential: tuple[tuple[str, int], ...] = ()
+    """nn.Sequential modules run through `checkpoint_sequential` with this many segments."""
+    hf_cache: bool = False
+    """The model is a Hugging Face model with `config.use_cache`, which checkpointing turns off."""
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world_size // self.tp
+
+    def with_changes(self, **changes: Any) -> Sharding:
+        return replace(self, **changes)
+
+    def resharded(self) -> dict[str, bool]:
+        return dict(zip(self.wrapped, self.reshard_after_forward, strict=True))
+
+    def code(self) -> str:
+        """Python that applies this sharding: `shard(model, device_type="cuda")`, called on every rank."""
+        return _code(self)
+
+
+def _segment_match(pattern: str, path: str) -> bool:
+    """A dotted-path glob where `*` stands for one name: `model.layers.*` matches the blocks, not inside them."""
+    parts, names = pattern.split("."), path.split(".")
+    return len(parts) == len(names) and all(fnmatchcase(n, p) for p, n in zip(parts, names, strict=True))
+
+
+def main_blocks(model: Any) -> tuple[str, ...]:
+    """The children of the nn.ModuleList that holds the most parameters (a transformer's layers)."""
+    import torch
+
+    best: tuple[int, str] | None = None
+    for path, module in model.named_modules():
+        if not isinstance(module, torch.nn.ModuleList) or not len(module):
+            continue
+        count = sum(p.numel() for p in module.parameters())
+        if count and (best is None or count > best[0]):
+            best = (count, path)
+    if best is None:
+        return ()
+    path = best[1]
+    module = model.get_submodule(path)
+    return tuple(f"{path}.{name}" if path else name for name, _ in module.named_children())
+
+
+def fsdp_targets(model: Any, patterns: Sequence[str]) -> tuple[str, ...]:
+    """The modules to `fully_shard` before the root, in definition order.
+
+    Raises:
+        UsageError: a pattern matches no module.
+    """
+    if not patterns:
+        return main_blocks(model)
+    found: dict[str, None] = {}
+    for pattern in patterns:
+        matched = [
+            path for path, module in model.named_modules()
+            if path and (_segment_match(pattern, path) or type(module).__name__ == pattern)
+        ]
+        if not matched:
+            raise UsageError(
+                f"--fsdp-modules {pattern!r} matches no module of {type(model).__name__}",
+                "give a dotted path where * stands for one name (model.layers.*) or a class name (LlamaDecoderLayer)",
+            )
+        found.update(dict.fromkeys(matched))
+    order = {path: index for index, (path, _) in enumerate(model.named_modules())}
+    # fully_shard wraps inner modules first: a module inside another is wrapped before it.
+    return tuple(sorted(found, key=lambda p: (-p.count("."), order[p])))
+
+
+def tensor_parallel_plan(model: Any, tp: int) -> tuple[TensorParallelStyle, ...]:
+    """The column-wise/row-wise plan for every block whose projections match by name.
+
+    A parent module qualifies when its nn.Linear children include at least one
+    column-wise name and one row-wise name: the row-wise layer sums what the
+    column-wise ones split, so the block's output is whole again.
+
+    Raises:
+        UsageError: no block matches, or `tp` does not divide a dimension the plan shards.
+    """
+    import torch
+
+    plan: list[TensorParallelStyle] = []
+    near_misses: list[str] = []
+    for path, module in model.named_modules():
+        children = list(module.named_children())
+        names = {name for name, _ in children}
+        if names & FUSED_NAMES and names & ROW_NAMES:
+            near_misses.append(f"{path or 'the model'}: {', '.join(sorted(names & FUSED_NAMES))} computes q, k and v "
+                               "in one projection, which a column-wise split would mix")
+        if not (names & COLUMN_NAMES and names & ROW_NAMES):
+            continue
+        styles = [(name, child, COLWISE if name in COLUMN_NAMES else ROWWISE)
+                  for name, child in children if name in COLUMN_NAMES | ROW_NAMES]
+        not_linear = [f"{name} is a {type(child).__name__}" for name, child, _ in styles
+                      if not isinstance(child, torch.nn.Linear)]
+        if not_linear:
+            near_misses.append(f"{path or 'the model'}: {', '.join(not_linear)}, and ColwiseParallel and "
+                               "RowwiseParallel shard nn.Linear only")
+            continue
+        for name, child, style in styles:
+            dimension = child.out_features if style == COLWISE else child.in_features
+            full = f"{path}.{name}" if path else name
+            if dimension % tp:
+                kind = "output" if style == COLWISE else "input"
+                raise UsageError(
+                    f"--tp {tp} does not divide {full}'s {dimension} {kind} features, which the {style} plan shards",
+                    f"pick a --tp that divides {dimension}",
+                )
+            plan.append(TensorParallelStyle(full, style))
+    if not plan:
+        why = f" ({'; '.join(near_misses[:2])})" if near_misses else ""
+        raise UsageError(
+            f"--tp found no attention or MLP projections to shard in {type(model).__name__}{why}",
+            "tensor parallel needs nn.Linear projections named like q_proj/k_proj/v_proj/o_proj, "
+            "gate_proj/up_proj/down_proj, wq/wk/wv/wo, w1/w2/w3 or fc1/fc2; leave --tp out for FSDP alone",
+        )
+    _check_heads(model, tp)
+    return tuple(plan)
+
+
+def _check_heads(model: Any, tp: int) -> None:
+    """Whole attention heads per rank: a column-wise split that cuts a head in two computes nonsense."""
+    config = getattr(model, "config", None)
+    for name in ("num_attention_heads", "num_key_value_heads", "n_head", "num_heads"):
+        heads = getattr(config, name, None)
+        if isinstance(heads, int) and heads % tp:
+            raise UsageError(
+                f"--tp {tp} does not divide the model's {heads} attention heads (config.{name})",
+                f"pick a --tp that divides {heads}",
+            )
+
+
+def resolve_sharding(model: Any, options: ShardingOptions) -> Sharding:
+    """The sharding of `options` for this model (built on the meta device; nothing is run).
+
+    Raises:
+        UsageError: the options do not fit the model.
+    """
+    options.check()
+    blocks = fsdp_targets(model, options.fsdp_modules)
+    notes: list[str] = []
+    if not blocks:
+        notes.append(
+            f"{type(model).__name__} has no nn.ModuleList of blocks, so fully_shard wraps only the root: every "
+            "parameter is gathered at once in forward (--fsdp-modules names modules to wrap one by one)"
+        )
+    tp_plan = tensor_parallel_plan(model, options.tp) if options.tp > 1 else ()
+    wrapped = (*blocks, "")
+    config = getattr(model, "config", None)
+    return Sharding(
+        world_size=options.world_size,
+        tp=options.tp,
+        wrapped=wrapped,
+        reshard_after_forward=tuple(options.reshard_after_forward for _ in wrapped),
+        param_dtype=options.param_dtype,
+        reduce_dtype=options.reduce_dtype,
+        tp_plan=tp_plan,
+        hf_cache=config is not None and hasattr(config, "use_cache"),
+        notes=tuple(notes),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The code
+
+
+def _pattern_of(paths: Iterable[str]) -> list[str]:
+    """Module paths folded into parallelize_module's `*` patterns where every index is present."""
+    grouped: dict[str, list[str]] = {}
+    for path in paths:
+        grouped.setdefault(re.sub(r"\.\d+(?=\.|$)", ".*", path), []).append(path)
+    folded: list[str] = []
+    for pattern, members in grouped.items():
+        folded.extend([pattern] if len(members) > 1 else members)
+    return folded
+
+
+def _list(paths: Sequence[str], indent: str) -> str:
+    text = "[" + ", ".join(repr(p) for p in paths) + "]"
+    if len(text) + len(indent) <= 100:
+        return text
+    body = textwrap.fill(", ".join(repr(p) for p in paths), 96 - len(indent), initial_indent=indent + "    ",
+                         subsequent_indent=indent + "    ", break_long_words=False, break_on_hyphens=False)
+    return "[\n" + body + ",\n" + indent + "]"
+
+
+def _code(sharding: Sharding) -> str:
+    dp, tp = sharding.data_parallel, sharding.tp
+    lines = ["import functools", "", "import torch", "from torch.distributed.device_mesh import init_device_mesh"]
+    fsdp_names = ["fully_shard"]
+    if sharding.param_dtype or sharding.reduce_dtype:
+        fsdp_names.insert(0, "MixedPrecisionPolicy")
+    if sharding.offload:
+        fsdp_names.insert(0, "CPUOffloadPolicy")
+    lines.append(f"from torch.distributed.fsdp import {', '.join(fsdp_names)}")
+    if sharding.tp_plan:
+        lines.append("from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module")
+    if sharding.checkpoint:
+        lines.append("from torch.utils.checkpoint import checkpoint")
+    if sharding.sequential:
+        lines.append("from torch.utils.checkpoint import checkpoint_sequential")
+    what = f"FSDP2 over {dp} ranks" + (f" x tensor parallel over {tp}" if tp > 1 else "")
+    lines += ["", "", 'def shard(model, device_type="cuda"):',
+              f'    """Lay `model` out over {sharding.world_size} ranks ({what}); call it on every rank."""']
+    if tp > 1:
+        lines.append(f'    mesh = init_device_mesh(device_type, ({dp}, {tp}), mesh_dim_names=("dp", "tp"))')
+        lines.append("    parallelize_module(model, mesh[\"tp\"], {")
+        for style in (COLWISE, ROWWISE):
+            members = [s.module for s in sharding.tp_plan if s.style == style]
+            name = "ColwiseParallel" if style == COLWISE else "RowwiseParallel"
+            lines.extend(f"        {pattern!r}: {name}()," for pattern in _pattern_of(members))
+        lines.append("    })")
+        fsdp_mesh = 'mesh["dp"]'
+    else:
+        lines.append(f"    mesh = init_device_mesh(device_type, ({dp},))")
+        fsdp_mesh = "mesh"
+    if sharding.checkpoint or sharding.sequential:
+        lines.append("    # Activation checkpointing: these forwards rerun in backward instead of keeping activations.")
+    if sharding.checkpoint:
+        lines.append(f"    for path in {_list(sharding.checkpoint, '    ')}:")
+        lines.append("        module = model.get_submodule(path)")
+        lines.append("        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)")
+    for path, segments in sharding.sequential:
+        lines.append(f"    module = model.get_submodule({path!r})")
+        lines.append(f"    module.forward = functools.partial(checkpoint_sequential, module, {segments}, use_reentrant=False)")
+    if (sharding.checkpoint or sharding.sequential) and sharding.hf_cache:
+        lines.append("    model.config.use_cache = False  # a key/value cache would be filled again by each rerun")
+    policy = [f"mesh={fsdp_mesh}"]
+    if sharding.param_dtype or sharding.reduce_dtype:
+        args = ", ".join(f"{name}=torch.{value}" for name, value in
+                         (("param_dtype", sharding.param_dtype), ("reduce_dtype", sharding.reduce_dtype)) if value)
+        policy.append(f"mp_policy=MixedPrecisionPolicy({args})")
+    if sharding.offload:
+        policy.append("offload_policy=CPUOffloadPolicy()")
+    lines.append(f"    policy = dict({', '.join(policy)})")
+    resharded = sharding.resharded()
+    root_reshard = resharded.pop("", True)
+    for value in (True, False):
+        paths = [p for p, r in resharded.items() if r is value]
+        if paths:
+            lines.append(f"    for path in {_list(paths, '    ')}:")
+            lines.append(f"        fully_shard(model.get_submodule(path), reshard_after_forward={value}, **policy)")
+    lines.append(f"    fully_shard(model, reshard_after_forward={root_reshard}, **policy)")
+    lines.append("    return model")
+    return "\n".join(lines) + "\n"
+
+
+def run_code(code: str, model: Any, device_type: str) -> Any:
+    """Apply sharding code (`Sharding.code()`) to a model, as the user's script would."""
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "<memlayout sharding code>", "exec"), namespace)
+    return namespace["shard"](model, device_type)

@@ -1,0 +1,493 @@
+"""Each rank's training step under FSDP2 (and tensor parallel), predicted in one process.
+
+One process plays one rank of N at a time: a fake process group (torch's own,
+backend "fake") answers every collective at once with no other rank behind it,
+and FakeTensorMode gives every tensor its shape, dtype and device but no memory.
+torch's `FSDPMemTracker` (torch.distributed._tools.fsdp2_mem_tracker) does the
+accounting, per rank and per kind (sharded and unsharded parameters, gradients,
+optimizer state, activations, temporaries, all-gather and reduce-scatter
+buffers), as it does on a real rank; run on fake tensors under the fake group it
+gives the real rank's figure to the byte (measured: tests/activations/test_ranks_real.py).
+
+The order matters. The device mesh is made before FakeTensorMode is entered
+(`init_device_mesh` reads values), and so is every sharding call: FSDP2 and
+DTensor build meshes of their own while they shard. So the model is built on the
+meta device, sharded there by the same code the report prints, and only then
+materialised as fake tensors (`to_empty`), where the step runs.
+
+Which ranks are traced: FSDP2 splits dimension 0 of each parameter into
+`torch.chunk` pieces, so with uneven shapes the first ranks hold one row more
+than the last, and some ranks may hold nothing. Ranks whose pieces all have the
+same shapes have the same step; one rank of each such layout is traced, the first
+(rank 0, which always holds the largest pieces) included.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from memlayout.activations.parallel import (
+    COLWISE,
+    Sharding,
+    ShardingOptions,
+    resolve_sharding,
+    run_code,
+)
+from memlayout.activations.summary import PeakAt, Summary
+from memlayout.errors import MemlayoutError, UsageError
+
+MAX_TRACED_LAYOUTS = 4
+"""Distinct rank layouts traced at most: the largest, the smallest and two between."""
+
+
+@dataclass(frozen=True)
+class RankPeak:
+    """One rank's peak over a steady-state training step, as FSDPMemTracker counts it.
+
+    The kinds add up to `peak_bytes`: they are what is alive at the peak.
+    """
+
+    rank: int
+    same_layout: tuple[tuple[int, int], ...]
+    """The ranks whose shards have this rank's shapes (its step is theirs), as inclusive ranges."""
+    peak_bytes: int
+    parameter_bytes: int
+    """This rank's shards, plus the parameters gathered whole for the module running at the peak."""
+    buffer_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    """Tensors made in forward (and in a checkpointed module's rerun) that are alive at the peak."""
+    temporary_bytes: int
+    """Tensors made in backward and the loss that are alive at the peak (gradients of activations)."""
+    input_bytes: int
+    communication_bytes: int
+    """All-gather and reduce-scatter buffers alive at the peak."""
+    peak_at: PeakAt
+    shard_bytes: int
+    """Bytes of this rank's parameter shards, padding excluded."""
+    tracker: Mapping[str, int]
+    """FSDPMemTracker's own categories at the peak, as it names them."""
+    forward_flops: int
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Ranks whose parameter shards have the same shapes."""
+
+    ranks: tuple[int, ...]
+    shard_bytes: int
+
+
+# ----------------------------------------------------------------------------------------------
+# Which ranks differ
+
+
+def _local_rows(rows: int, parts: int, index: int) -> int:
+    """Rows of dimension 0 that `torch.chunk(rows, parts)` gives piece `index` (FSDP2's split)."""
+    size = -(-rows // parts) if rows else 0
+    return max(0, min(size, rows - index * size))
+
+
+def rank_layouts(model: Any, sharding: Sharding) -> list[RankLayout]:
+    """Ranks grouped by the shapes of their shards, the group of the largest shards first.
+
+    Every parameter is sharded by FSDP2 on dimension 0 across the data-parallel
+    ranks, after the tensor-parallel plan has split it across the tensor-parallel
+    ones. Tensor-parallel splits are even (the plan refuses a degree that does not
+    divide), so ranks differ only by their data-parallel index.
+    """
+    styles = {s.module: s.style for s in sharding.tp_plan}
+    tp, dp = sharding.tp, sharding.data_parallel
+    shapes: list[tuple[int, int]] = []  # (rows on dimension 0, bytes per row)
+    for module_path, module in model.named_modules():
+        style = styles.get(module_path)
+        for name, parameter in module.named_parameters(recurse=False):
+            shape = list(parameter.shape)
+            if style == COLWISE and shape:
+                shape[0] //= tp
+            elif style is not None and name == "weight" and len(shape) > 1:
+                shape[1] //= tp
+            rows = shape[0] if shape else 1
+            row_bytes = parameter.element_size()
+            for dimension in shape[1:]:
+                row_bytes *= dimension
+            shapes.append((rows, row_bytes))
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index in range(dp):
+        key = tuple(_local_rows(rows, dp, index) for rows, _ in shapes)
+        groups.setdefault(key, []).append(index)
+    layouts = [
+        RankLayout(
+            ranks=tuple(index * tp + t for index in indexes for t in range(tp)),
+            shard_bytes=sum(rows * row_bytes for rows, (_, row_bytes) in zip(key, shapes, strict=True)),
+        )
+        for key, indexes in groups.items()
+    ]
+    return sorted(layouts, key=lambda layout: (-layout.shard_bytes, layout.ranks[0]))
+
+
+def traced_layouts(layouts: Sequence[RankLayout]) -> list[RankLayout]:
+    """The layouts worth a trace: all of them when few, else the largest, the smallest and two between."""
+    if len(layouts) <= MAX_TRACED_LAYOUTS:
+        return list(layouts)
+    last = len(layouts) - 1
+    picks = sorted({0, last // 3, 2 * last // 3, last})
+    return [layouts[i] for i in picks]
+
+
+def rank_ranges(ranks: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """[0, 1, 2, 5] -> ((0, 2), (5, 5))."""
+    ranges: list[tuple[int, int]] = []
+    for rank in sorted(ranks):
+        if ranges and ranges[-1][1] == rank - 1:
+            ranges[-1] = (ranges[-1][0], rank)
+        else:
+            ranges.append((rank, rank))
+    return tuple(ranges)
+
+
+# ----------------------------------------------------------------------------------------------
+# One rank
+
+
+@contextmanager
+def fake_world(world_size: int, rank: int) -> Iterator[None]:
+    """This process plays `rank` of `world_size` under torch's fake process group, then leaves it."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise UsageError(
+            "a process group is already initialized in this process, and predicting ranks needs a fake one of its own",
+            "run the prediction in a process that has not called init_process_group",
+        )
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+class RankStepError(MemlayoutError):
+    """The step failed on the sharded model."""
+
+
+def _meta_copy(model: Any) -> Any:
+    """A copy of a live model with every parameter and buffer on the meta device (no memory)."""
+    import torch
+
+    memo: dict[int, Any] = {}
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if id(tensor) in memo:
+            continue
+        meta = torch.empty_like(tensor, device="meta")
+        if isinstance(tensor, torch.nn.Parameter):
+            meta = torch.nn.Parameter(meta, requires_grad=tensor.requires_grad)
+        memo[id(tensor)] = meta
+    return copy.deepcopy(model, memo)
+
+
+class _ForwardFlops:
+    """Forward FLOPs of the local ops one rank runs (DTensor ops counted once, as their local ops)."""
+
+    def __init__(self) -> None:
+        from torch.distributed.tensor import DTensor
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        from memlayout.activations.kernels import forward_flops
+
+        counter = self
+
+        class Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                if any(t is DTensor for t in types):
+                    return NotImplemented  # let DTensor run its local ops, which come back here
+                out = func(*args, **(kwargs or {}))
+                counter.flops += forward_flops(func, args, kwargs or {}, out)
+                return out
+
+        self.flops = 0
+        self.mode = Mode()  # type: ignore[no-untyped-call]
+
+
+def _phase(state: Any) -> str:
+    return "backward" if "BW" in str(getattr(state, "name", state)) else "forward"
+
+
+def _class_name(module: Any) -> str:
+    """The model's own class of a module, not the FSDP<class> subclass fully_shard swaps in."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(module)
+    if issubclass(cls, FSDPModule) and len(cls.__bases__) == 2:
+        cls = cls.__bases__[1]
+    return cls.__name__
+
+
+def _peak_at(tracker: Any, model: Any, peak: int, device: Any, fallback: str) -> PeakAt:
+    """The innermost wrapped module whose own peak snapshot is the step's peak, and its phase."""
+    paths = {id(module): path for path, module in model.named_modules()}
+    best: tuple[int, str, str, str] | None = None
+    for module, stats in tracker.memory_tracking.items():
+        path = paths.get(id(module))
+        if path is None:
+            continue
+        for state, snapshots in stats.snapshots.items():
+            if "PEAK" not in str(getattr(state, "name", state)):
+                continue
+            if any(snapshot.get(device, {}).get("Total") == peak for snapshot in snapshots):
+                depth = path.count(".") + (1 if path else 0)
+                class_name = _class_name(module)
+                if best is None or depth > best[0]:
+                    best = (depth, path, class_name, _phase(state))
+    if best is None:
+        return PeakAt(module=None, class_name=None, phase=fallback)
+    return PeakAt(module=best[1], class_name=best[2], phase=best[3])
+
+
+_KINDS = {
+    "Sharded Param": "parameter", "Unsharded Param": "parameter", "Buffer": "buffer",
+    "Sharded Grad": "gradient", "Unsharded Grad": "gradient", "Activation": "activation", "Temp": "temporary",
+    "All Gather": "communication", "Reduce Scatter": "communication", "OptState": "optimizer", "Inputs": "input",
+}
+
+
+def _build_optimizer(model: Any, name: str, device: str) -> Any:
+    import torch
+
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    if name == "none" or not parameters:
+        return None
+    foreach = torch.device(device).type == "cuda"
+    if name == "adamw":
+        return torch.optim.AdamW(parameters, lr=1e-3, foreach=foreach)
+    if name == "adam":
+        return torch.optim.Adam(parameters, lr=1e-3, foreach=foreach)
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=1e-3, momentum=0.9, foreach=foreach)
+    raise UsageError(f"unknown optimizer {name!r}", "use adamw, adam, sgd or none")
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What the step is fed, as `analyze` takes it."""
+
+    inputs: Any
+    kwargs: Mapping[str, Any] | None
+
+
+def trace_rank(
+    build: Callable[[], Any],
+    sharding: Sharding,
+    rank: int,
+    same_layout: tuple[tuple[int, int], ...],
+    step_inputs: StepInputs,
+    *,
+    optimizer: str,
+    device: str,
+) -> tuple[RankPeak, tuple[str, ...], str]:
+    """Trace one steady-state step of `rank` with `sharding` applied; also returns the inputs' descriptions and the loss rule."""
+    import torch
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    from memlayout.activations.analysis import _Step
+    from memlayout.activations.step import run_step
+
+    with fake_world(sharding.world_size, rank):
+        model = build()
+        run_code(sharding.code(), model, torch.device(device).type)
+        step = _Step("fake", device)
+        with step.context():
+            model.to_empty(device=device)
+        model.train()
+        step.model = model
+        step.make_inputs(step_inputs.inputs, step_inputs.kwargs)
+        if not step.args and not step.kwargs:
+            raise UsageError("no inputs to run the step with", "give --input SPEC (one rank's batch) or --inputs pkg.mod:make_inputs")
+        counter = _ForwardFlops()
+        with step.context():
+            opt = _build_optimizer(model, optimizer, device)
+            try:
+                # The first step makes the optimizer's state; the step measured is the second, as in training.
+                with counter.mode:
+                    output = model(*step.args, **step.kwargs)
+                from memlayout.activations.step import pick_loss
+
+                loss, how = pick_loss(output)
+                del output
+                loss.backward()
+                del loss
+                if opt is not None:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                tracker = FSDPMemTracker(model, opt)
+                tracker.track_inputs((step.args, step.kwargs))
+                with tracker:
+                    run_step(model, step.args, step.kwargs)
+                    tracker_phase = "optimizer"
+                    if opt is not None:
+                        opt.step()
+                        opt.zero_grad(set_to_none=True)
+            except MemlayoutError:
+                raise
+            except Exception as exc:
+                text = str(exc).splitlines()[0] if str(exc) else ""
+                raise RankStepError(
+                    f"the step failed on rank {rank} of {sharding.world_size} with the sharding applied: "
+                    f"{type(exc).__name__}: {text}",
+                    "a model that reshapes by a head count it keeps as an attribute cannot run tensor parallel as "
+                    "it is; --debug shows the traceback" if sharding.tp > 1 else "--debug shows the traceback",
+                ) from exc
+        snapshot = tracker.get_tracker_snapshot("peak")
+        where, kinds = next(iter(snapshot.items())) if snapshot else (None, {})
+        total = int(kinds.get("Total", 0))
+        named = {getattr(k, "value", str(k)): int(v) for k, v in kinds.items() if k != "Total"}
+        totals = dict.fromkeys(set(_KINDS.values()), 0)
+        for name, value in named.items():
+            totals[_KINDS.get(name, "temporary")] += value
+        local = 0
+        for parameter in model.parameters():
+            tensor = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+            local += tensor.numel() * tensor.element_size()
+        peak = RankPeak(
+            rank=rank,
+            same_layout=same_layout,
+            peak_bytes=total,
+            parameter_bytes=totals["parameter"],
+            buffer_bytes=totals["buffer"],
+            gradient_bytes=totals["gradient"],
+            optimizer_bytes=totals["optimizer"],
+            activation_bytes=totals["activation"],
+            temporary_bytes=totals["temporary"],
+            input_bytes=totals["input"],
+            communication_bytes=totals["communication"],
+            peak_at=_peak_at(tracker, model, total, where, tracker_phase),
+            shard_bytes=local,
+            tracker=named,
+            forward_flops=counter.flops,
+        )
+        return peak, step.descriptions, how
+
+
+# ----------------------------------------------------------------------------------------------
+# The report
+
+
+@dataclass(frozen=True)
+class RanksReport:
+    """Everything `memlayout activations --world-size N --fsdp` reports."""
+
+    target: str | None
+    target_kind: str
+    model_class: str
+    inputs: tuple[str, ...]
+    device: str
+    loss: str
+    optimizer: str
+    sharding: Sharding
+    ranks: tuple[RankPeak, ...]
+    """One per traced layout, the largest shards first (rank 0)."""
+    layouts: int
+    """Distinct rank layouts; more than `len(ranks)` when some were not traced."""
+    notes: tuple[str, ...]
+    plan: Any = None
+    """A `RanksPlan` when a budget was given."""
+
+    @property
+    def largest(self) -> RankPeak:
+        return max(self.ranks, key=lambda r: (r.peak_bytes, -r.rank))
+
+    @property
+    def summary(self) -> Summary:
+        """The largest rank's figures, in the single-device report's terms."""
+        r = self.largest
+        return Summary(
+            peak_bytes=r.peak_bytes,
+            allocator_peak_bytes=None,
+            activation_bytes=r.activation_bytes,
+            parameter_bytes=r.parameter_bytes,
+            buffer_bytes=r.buffer_bytes,
+            gradient_bytes=r.gradient_bytes,
+            input_bytes=r.input_bytes,
+            peak_at=r.peak_at,
+            at_peak={
+                "parameters": r.parameter_bytes, "buffers": r.buffer_bytes, "inputs": r.input_bytes,
+                "gradients": r.gradient_bytes, "saved_activations": r.activation_bytes, "other": r.temporary_bytes,
+                "optimizer": r.optimizer_bytes, "communication": r.communication_bytes,
+            },
+            forward_flops=r.forward_flops,
+            recompute_flops=0,
+        )
+
+
+def _target_builder(target: Any, trust: bool) -> tuple[Callable[[], Any], str | None, str]:
+    import torch
+
+    if isinstance(target, torch.nn.Module):
+        return (lambda: _meta_copy(target)), None, "module"
+    from memlayout.activations.target import build_model, classify
+
+    kind = classify(str(target)).kind
+
+    def build() -> Any:
+        with torch.device("meta"):
+            model, _ = build_model(str(target), trust=trust)
+        return model
+
+    return build, str(target), kind
+
+
+def analyze_ranks(
+    target: Any,
+    inputs: Any = None,
+    *,
+    sharding: ShardingOptions,
+    kwargs: Mapping[str, Any] | None = None,
+    optimizer: str = "adamw",
+    device: str = "cpu",
+    trust: bool = False,
+) -> RanksReport:
+    """Predict each rank's peak over a training step under FSDP2 (and tensor parallel), in this process.
+
+    Args:
+        target: An nn.Module (copied to the meta device, never run) or a TARGET string, as for `analyze`.
+        inputs: One rank's batch: tensors, spec strings or a `pkg.mod:make_inputs` spec, as for `analyze`.
+        sharding: World size, FSDP2 and tensor-parallel options.
+        kwargs: Keyword inputs.
+        optimizer: adamw, adam, sgd or none.
+        device: The device the step is for.
+        trust: Allow unpickling a module file.
+
+    Returns:
+        A `RanksReport`: one `RankPeak` per distinct rank layout traced, the largest first.
+    """
+    build, target_text, kind = _target_builder(target, trust)
+    model = build()
+    resolved = resolve_sharding(model, sharding)
+    layouts = rank_layouts(model, resolved)
+    model_class = type(model).__name__
+    del model
+    step_inputs = StepInputs(inputs, kwargs)
+    peaks: list[RankPeak] = []
+    descriptions: tuple[str, ...] = ()
+    loss = ""
+    for layout in traced_layouts(layouts):
+        peak, descriptions, loss = trace_rank(
+            build, resolved, layout.ranks[0], rank_ranges(layout.ranks), step_inputs, optimizer=optimizer, device=device,
+        )
+        peaks.append(peak)
+    notes = list(resolved.notes)
+    if len(layouts) > len(peaks):
+        notes.append(
+            f"the ranks' shards come in {len(layouts)} different shapes; {len(peaks)} were traced, the largest shards "
+            "(rank 0) among them"
+        )
+    return RanksReport(
+        target=target_text, target_kind=kind, model_class=model_class, inputs=descriptions, device=device, loss=loss,
+        optimizer=optimizer, sharding=resolved, ranks=tuple(peaks), layouts=len(layouts), notes=tuple(notes),
+    )

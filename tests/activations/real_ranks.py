@@ -1,0 +1,115 @@
+"""Real ranks for the tests: gloo processes on this machine, each measured by torch's FSDPMemTracker.
+
+`run_ranks` starts one process per rank (torch.multiprocessing, spawn), joined
+under a deadline; the ranks meet through a file store in the test's temporary
+folder, so no port is chosen by hand. Each rank writes what it measured to a JSON
+file that the test reads back.
+
+The measured step is written here by hand, as torch's own FSDPMemTracker tests
+write it (two iterations, the module statistics reset after the first), not with
+memlayout's step, so that a prediction is checked against an independent run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+DEADLINE_S = 240
+
+
+def run_ranks(worker: Callable[..., None], world_size: int, folder: Path, *args: Any) -> list[dict[str, Any]]:
+    """Run `worker(rank, world_size, store_file, out_dir, *args)` on `world_size` real ranks; their results."""
+    import torch.multiprocessing as mp
+
+    folder.mkdir(parents=True, exist_ok=True)
+    store = folder / "store"
+    context = mp.start_processes(
+        worker, args=(world_size, str(store), str(folder), *args), nprocs=world_size, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while not context.join(timeout=5):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{world_size} ranks did not finish in {DEADLINE_S} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+    return [json.loads((folder / f"rank{rank}.json").read_text()) for rank in range(world_size)]
+
+
+def _resolve(spec: str) -> Any:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _join(rank: int, world_size: int, store: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
+
+
+def _shard_by_recipe(model: Any, world_size: int) -> None:
+    """The FSDP2 recipe, by hand: each decoder block, then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def _shard_by_code(model: Any, code: str) -> None:
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "<sharding code from the report>", "exec"), namespace)
+    namespace["shard"](model, "cpu")
+
+
+def measure_step(rank: int, world_size: int, store: str, out: str, builder: str, code: str | None,
+                 batch_builder: str) -> None:
+    """One rank: build, shard (by `code`, or by the recipe), two AdamW steps under FSDPMemTracker."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    _join(rank, world_size, store)
+    try:
+        model = _resolve(builder)()
+        if code is None:
+            _shard_by_recipe(model, world_size)
+        else:
+            _shard_by_code(model, code)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+        batch = _resolve(batch_builder)(seed=1 + rank)
+        tracker = FSDPMemTracker(model, optimizer)
+        tracker.track_inputs((batch,))
+        losses = []
+        with tracker:
+            for iteration in range(2):
+                loss = model(**batch)["loss"]
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                losses.append(loss.item())
+                if iteration == 0:
+                    tracker.reset_mod_stats()
+        peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+        result = {
+            "rank": rank,
+            "peak_bytes": int(peak["Total"]),
+            "tracker": {getattr(k, "value", str(k)): int(v) for k, v in peak.items() if k != "Total"},
+            "losses": losses,
+        }
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def peaks(results: Sequence[dict[str, Any]]) -> dict[int, int]:
+    return {r["rank"]: r["peak_bytes"] for r in results}
