@@ -27,9 +27,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from memlayout.activations.optimizer import DEFAULT_OPTIMIZER, check_optimizer
 from memlayout.activations.parallel import (
     COLWISE,
     Sharding,
@@ -257,22 +258,6 @@ _KINDS = {
 }
 
 
-def _build_optimizer(model: Any, name: str, device: str) -> Any:
-    import torch
-
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    if name == "none" or not parameters:
-        return None
-    foreach = torch.device(device).type == "cuda"
-    if name == "adamw":
-        return torch.optim.AdamW(parameters, lr=1e-3, foreach=foreach)
-    if name == "adam":
-        return torch.optim.Adam(parameters, lr=1e-3, foreach=foreach)
-    if name == "sgd":
-        return torch.optim.SGD(parameters, lr=1e-3, momentum=0.9, foreach=foreach)
-    raise UsageError(f"unknown optimizer {name!r}", "use adamw, adam, sgd or none")
-
-
 @dataclass(frozen=True)
 class StepInputs:
     """What the step is fed, as `analyze` takes it."""
@@ -296,7 +281,8 @@ def trace_rank(
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from memlayout.activations.analysis import _Step
-    from memlayout.activations.step import run_step
+    from memlayout.activations.optimizer import build_optimizer
+    from memlayout.activations.step import pick_loss, run_step
 
     with fake_world(sharding.world_size, rank):
         model = build()
@@ -311,13 +297,11 @@ def trace_rank(
             raise UsageError("no inputs to run the step with", "give --input SPEC (one rank's batch) or --inputs pkg.mod:make_inputs")
         counter = _ForwardFlops()
         with step.context():
-            opt = _build_optimizer(model, optimizer, device)
+            opt = build_optimizer(model, optimizer, device=device)
             try:
                 # The first step makes the optimizer's state; the step measured is the second, as in training.
                 with counter.mode:
                     output = model(*step.args, **step.kwargs)
-                from memlayout.activations.step import pick_loss
-
                 loss, how = pick_loss(output)
                 del output
                 loss.backward()
@@ -328,11 +312,7 @@ def trace_rank(
                 tracker = FSDPMemTracker(model, opt)
                 tracker.track_inputs((step.args, step.kwargs))
                 with tracker:
-                    run_step(model, step.args, step.kwargs)
-                    tracker_phase = "optimizer"
-                    if opt is not None:
-                        opt.step()
-                        opt.zero_grad(set_to_none=True)
+                    run_step(model, step.args, step.kwargs, optimizer=opt)
             except MemlayoutError:
                 raise
             except Exception as exc:
@@ -366,7 +346,7 @@ def trace_rank(
             temporary_bytes=totals["temporary"],
             input_bytes=totals["input"],
             communication_bytes=totals["communication"],
-            peak_at=_peak_at(tracker, model, total, where, tracker_phase),
+            peak_at=_peak_at(tracker, model, total, where, "optimizer" if opt is not None else "loss"),
             shard_bytes=local,
             tracker=named,
             forward_flops=counter.flops,
@@ -414,11 +394,13 @@ class RanksReport:
             buffer_bytes=r.buffer_bytes,
             gradient_bytes=r.gradient_bytes,
             input_bytes=r.input_bytes,
+            optimizer_bytes=r.optimizer_bytes,
             peak_at=r.peak_at,
             at_peak={
                 "parameters": r.parameter_bytes, "buffers": r.buffer_bytes, "inputs": r.input_bytes,
-                "gradients": r.gradient_bytes, "saved_activations": r.activation_bytes, "other": r.temporary_bytes,
-                "optimizer": r.optimizer_bytes, "communication": r.communication_bytes,
+                "gradients": r.gradient_bytes, "optimizer_state": r.optimizer_bytes,
+                "saved_activations": r.activation_bytes, "other": r.temporary_bytes,
+                "communication": r.communication_bytes,
             },
             forward_flops=r.forward_flops,
             recompute_flops=0,
@@ -448,7 +430,9 @@ def analyze_ranks(
     *,
     sharding: ShardingOptions,
     kwargs: Mapping[str, Any] | None = None,
-    optimizer: str = "adamw",
+    optimizer: str = DEFAULT_OPTIMIZER,
+    budget: int | None = None,
+    allow_offload: bool = False,
     device: str = "cpu",
     trust: bool = False,
 ) -> RanksReport:
@@ -459,13 +443,25 @@ def analyze_ranks(
         inputs: One rank's batch: tensors, spec strings or a `pkg.mod:make_inputs` spec, as for `analyze`.
         sharding: World size, FSDP2 and tensor-parallel options.
         kwargs: Keyword inputs.
-        optimizer: adamw, adam, sgd or none.
+        optimizer: adamw (default), adam, sgd or none.
+        budget: Bytes each rank's peak must fit in; adds a plan (`report.plan`), traced before it is returned.
+        allow_offload: The plan may offload parameters, gradients and optimizer state to the CPU.
         device: The device the step is for.
         trust: Allow unpickling a module file.
 
     Returns:
         A `RanksReport`: one `RankPeak` per distinct rank layout traced, the largest first.
+
+    Raises:
+        RanksBudgetUnreachableError: no plan fits `budget`; it carries the lowest plan found.
+
+    Example:
+        >>> from memlayout.activations import ShardingOptions, analyze_ranks  # doctest: +SKIP
+        >>> report = analyze_ranks("model.json", ["input_ids=int64[1,4096]<32000"],
+        ...                        sharding=ShardingOptions(world_size=64))
+        >>> report.summary.peak_bytes  # the largest rank's
     """
+    check_optimizer(optimizer)
     build, target_text, kind = _target_builder(target, trust)
     model = build()
     resolved = resolve_sharding(model, sharding)
@@ -473,21 +469,46 @@ def analyze_ranks(
     model_class = type(model).__name__
     del model
     step_inputs = StepInputs(inputs, kwargs)
-    peaks: list[RankPeak] = []
-    descriptions: tuple[str, ...] = ()
-    loss = ""
-    for layout in traced_layouts(layouts):
-        peak, descriptions, loss = trace_rank(
-            build, resolved, layout.ranks[0], rank_ranges(layout.ranks), step_inputs, optimizer=optimizer, device=device,
-        )
-        peaks.append(peak)
+    traced = traced_layouts(layouts)
+    described: dict[str, Any] = {}
+
+    def measure(with_sharding: Sharding, which: Sequence[RankLayout] = traced) -> tuple[RankPeak, ...]:
+        peaks = []
+        for layout in which:
+            peak, described["inputs"], described["loss"] = trace_rank(
+                build, with_sharding, layout.ranks[0], rank_ranges(layout.ranks), step_inputs, optimizer=optimizer,
+                device=device,
+            )
+            peaks.append(peak)
+        return tuple(peaks)
+
+    peaks = measure(resolved)
     notes = list(resolved.notes)
     if len(layouts) > len(peaks):
         notes.append(
             f"the ranks' shards come in {len(layouts)} different shapes; {len(peaks)} were traced, the largest shards "
             "(rank 0) among them"
         )
-    return RanksReport(
-        target=target_text, target_kind=kind, model_class=model_class, inputs=descriptions, device=device, loss=loss,
-        optimizer=optimizer, sharding=resolved, ranks=tuple(peaks), layouts=len(layouts), notes=tuple(notes),
+    report = RanksReport(
+        target=target_text, target_kind=kind, model_class=model_class, inputs=described["inputs"], device=device,
+        loss=described["loss"], optimizer=optimizer, sharding=resolved, ranks=peaks, layouts=len(layouts),
+        notes=tuple(notes),
     )
+    if budget is None:
+        return report
+    from memlayout.activations.ranks_plan import plan_ranks
+
+    def single_device() -> Any:
+        from memlayout.activations.analysis import analyze
+
+        return analyze(target, inputs, kwargs=kwargs, optimizer=optimizer, device=device, trust=trust)
+
+    # Plans are searched on the largest rank alone (rank 0 holds the largest shards, and the
+    # ranks' steps differ only by their shards); the plan found is then traced on every layout.
+    plan, plan_notes = plan_ranks(
+        report, budget, measure=lambda s: measure(s, traced[:1]), single_device=single_device, model=build(),
+        allow_offload=allow_offload,
+    )
+    if len(traced) > 1 and not plan.empty:
+        plan = replace(plan, ranks=measure(plan.sharding))
+    return replace(report, plan=plan, notes=report.notes + plan_notes)

@@ -56,10 +56,47 @@ def activations_command(
     real: Annotated[bool, typer.Option("--real", help="Run the step for real on --device (uses the memory), as a check.")] = False,
     depth: Annotated[int, typer.Option("--depth", help="Module depth the table shows.", min=0)] = 3,
     optimizer: Annotated[str, typer.Option("--optimizer", help=OPTIMIZER_HELP, metavar="adamw|adam|sgd|none")] = DEFAULT_OPTIMIZER,
+    world_size: Annotated[
+        int | None,
+        typer.Option("--world-size", help="Predict each rank of N (with --fsdp) in this process, on fake tensors under "
+                     "a fake process group; the inputs are one rank's batch.", min=1, metavar="N"),
+    ] = None,
+    fsdp: Annotated[
+        bool, typer.Option("--fsdp", help="Shard with FSDP2: fully_shard on each block of the model's main "
+                           "nn.ModuleList, then on the root.")
+    ] = False,
+    fsdp_modules: Annotated[
+        list[str] | None,
+        typer.Option("--fsdp-modules", help="Wrap these modules instead of the blocks: a dotted path where * is one "
+                     "name (model.layers.*), or a class name; repeatable.", metavar="PATTERN"),
+    ] = None,
+    no_reshard_after_forward: Annotated[
+        bool, typer.Option("--no-reshard-after-forward", help="Keep each block's gathered parameters from forward to "
+                           "backward (fully_shard's reshard_after_forward=False).")
+    ] = False,
+    param_dtype: Annotated[
+        str | None, typer.Option("--param-dtype", help="FSDP2 mixed precision: the dtype parameters are gathered "
+                                 "and computed in (bfloat16, float16, float32).", metavar="DTYPE")
+    ] = None,
+    reduce_dtype: Annotated[
+        str | None, typer.Option("--reduce-dtype", help="FSDP2 mixed precision: the dtype gradients are reduced in.",
+                                 metavar="DTYPE")
+    ] = None,
+    tp: Annotated[
+        int, typer.Option("--tp", help="Tensor parallel over K of the ranks, inside FSDP2: attention and MLP "
+                          "projections split column-wise and row-wise.", min=1, metavar="K")
+    ] = 1,
+    allow_offload: Annotated[
+        bool, typer.Option("--allow-offload", help="Let a --budget plan offload parameters, gradients and optimizer "
+                           "state to the CPU (FSDP2's CPUOffloadPolicy).")
+    ] = False,
     trust: TrustOption = False,
     debug: DebugOption = False,
 ) -> None:
-    """Activation memory of one training step, and a checkpoint plan that fits --budget."""
+    """Activation memory of one training step, and a checkpoint plan that fits --budget.
+
+    With --world-size N --fsdp, each rank's peak under FSDP2 (and --tp), and a plan that fits the largest rank.
+    """
     with one_line_errors(debug):
         _torch.require("memlayout activations")
         # transformers logs config remarks while building a model from its config; they are
@@ -71,6 +108,44 @@ def activations_command(
         if inputs and input_specs:
             raise UsageError("give --inputs or --input, not both")
         budget_bytes = parse_size(budget) if budget is not None else None
+        distributed = {"--fsdp": fsdp, "--fsdp-modules": fsdp_modules, "--no-reshard-after-forward":
+                       no_reshard_after_forward, "--param-dtype": param_dtype, "--reduce-dtype": reduce_dtype,
+                       "--tp": tp != 1, "--allow-offload": allow_offload}
+        if world_size is not None:
+            from memlayout.activations.parallel import ShardingOptions
+            from memlayout.activations.ranks import analyze_ranks
+            from memlayout.activations.ranks_plan import RanksBudgetUnreachableError
+            from memlayout.activations.ranks_report import ranks_report_dict, render_ranks_table
+
+            if real or device == "meta":
+                raise UsageError(
+                    f"--world-size predicts ranks on fake tensors; {'--real' if real else '--device meta'} does not apply",
+                    "measure real ranks under torchrun (FSDPMemTracker), and predict for --device cpu or cuda",
+                )
+            options = ShardingOptions(
+                world_size=world_size, fsdp=fsdp, fsdp_modules=tuple(fsdp_modules or ()),
+                reshard_after_forward=not no_reshard_after_forward, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+                tp=tp,
+            )
+            try:
+                ranks = analyze_ranks(
+                    target, inputs if inputs else list(input_specs or []), sharding=options, optimizer=optimizer,
+                    budget=budget_bytes, allow_offload=allow_offload, device=device, trust=trust,
+                )
+            except RanksBudgetUnreachableError as exc:
+                print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
+                raise typer.Exit(BUDGET_UNREACHABLE) from None
+            if fmt is ActivationsFormat.JSON:
+                import json
+
+                text = json.dumps(ranks_report_dict(ranks), indent=2) + "\n"
+            else:
+                text = render_ranks_table(ranks, color=output is None and sys.stdout.isatty())
+            write_output(text, output)
+            return
+        given = [flag for flag, value in distributed.items() if value]
+        if given:
+            raise UsageError(f"{given[0]} needs --world-size N", "e.g. --world-size 8 --fsdp")
         try:
             report = analyze(
                 target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,

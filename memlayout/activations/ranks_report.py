@@ -1,0 +1,231 @@
+"""Reporters for `memlayout activations --world-size N`: a `RanksReport` as JSON data or a table; never prints.
+
+The JSON is the activations report (schema 1, `schema_v1.json`) with its
+`summary` taken from the largest rank, plus `distributed` (how the model is laid
+out) and `ranks` (each traced rank layout's peak and what makes it up).
+"""
+
+from __future__ import annotations
+
+import io
+import textwrap
+from typing import Any
+
+from memlayout.activations.parallel import Sharding
+from memlayout.activations.ranks import RankPeak, RanksReport
+from memlayout.activations.ranks_plan import RanksPlan
+from memlayout.format_bytes import human_bytes
+from memlayout.version import __version__
+
+SCHEMA_VERSION = 1
+
+
+def _rank_dict(rank: RankPeak) -> dict[str, Any]:
+    return {
+        "rank": rank.rank,
+        "same_layout": [list(pair) for pair in rank.same_layout],
+        "peak_bytes": rank.peak_bytes,
+        "parameter_bytes": rank.parameter_bytes,
+        "gradient_bytes": rank.gradient_bytes,
+        "optimizer_bytes": rank.optimizer_bytes,
+        "activation_bytes": rank.activation_bytes,
+        "communication_bytes": rank.communication_bytes,
+        "temporary_bytes": rank.temporary_bytes,
+        "buffer_bytes": rank.buffer_bytes,
+        "input_bytes": rank.input_bytes,
+        "shard_bytes": rank.shard_bytes,
+        "peak_at": {"module": rank.peak_at.module, "class": rank.peak_at.class_name, "phase": rank.peak_at.phase},
+        "tracker": dict(rank.tracker),
+        "forward_flops": rank.forward_flops,
+    }
+
+
+def _distributed_dict(sharding: Sharding, layouts: int) -> dict[str, Any]:
+    return {
+        "world_size": sharding.world_size,
+        "fsdp": True,
+        "tp": sharding.tp,
+        "data_parallel": sharding.data_parallel,
+        "wrapped_modules": list(sharding.wrapped),
+        "reshard_after_forward": sharding.resharded(),
+        "mixed_precision": {"param_dtype": sharding.param_dtype, "reduce_dtype": sharding.reduce_dtype},
+        "offload": sharding.offload,
+        "tensor_parallel": [{"module": s.module, "style": s.style} for s in sharding.tp_plan],
+        "layouts": layouts,
+        "code": sharding.code(),
+    }
+
+
+def _plan_dict(plan: RanksPlan) -> dict[str, Any]:
+    return {
+        "budget_bytes": plan.budget_bytes,
+        "checkpoint": list(plan.sharding.checkpoint),
+        "sequential": [{"module": m, "segments": s} for m, s in plan.sharding.sequential],
+        "peak_bytes": plan.peak_bytes,
+        "allocator_peak_bytes": None,
+        "estimated_peak_bytes": plan.estimated_peak_bytes if plan.estimated_peak_bytes is not None else plan.peak_bytes,
+        "recompute_flops": plan.recompute_flops,
+        "checks": plan.checks,
+        "pitfalls": list(plan.pitfalls),
+        "reshard_after_forward": list(plan.resharded),
+        "offload": plan.offload,
+        "ranks": [_rank_dict(r) for r in plan.ranks],
+        "code": plan.sharding.code(),
+    }
+
+
+def ranks_report_dict(report: RanksReport) -> dict[str, Any]:
+    """The report as plain JSON-ready data (activations schema 1, with `distributed` and `ranks`)."""
+    s = report.summary
+    return {
+        "schema": SCHEMA_VERSION,
+        "report": "activations",
+        "tool": {"name": "memlayout", "version": __version__},
+        "target": {"spec": report.target, "kind": report.target_kind, "class": report.model_class},
+        "inputs": list(report.inputs),
+        "device": report.device,
+        "mode": "fake",
+        "loss": report.loss,
+        "optimizer": report.optimizer,
+        "summary": {
+            "peak_bytes": s.peak_bytes,
+            "allocator_peak_bytes": s.allocator_peak_bytes,
+            "activation_bytes": s.activation_bytes,
+            "parameter_bytes": s.parameter_bytes,
+            "buffer_bytes": s.buffer_bytes,
+            "gradient_bytes": s.gradient_bytes,
+            "input_bytes": s.input_bytes,
+            "optimizer_bytes": s.optimizer_bytes,
+            "peak_at": {"module": s.peak_at.module, "class": s.peak_at.class_name, "phase": s.peak_at.phase},
+            "at_peak": dict(s.at_peak),
+            "forward_flops": s.forward_flops,
+            "rank": report.largest.rank,
+        },
+        "modules": [],
+        "plan": None if report.plan is None else _plan_dict(report.plan),
+        "notes": list(report.notes),
+        "distributed": _distributed_dict(report.sharding, report.layouts),
+        "ranks": [_rank_dict(r) for r in report.ranks],
+    }
+
+
+def _ranges(rank: RankPeak) -> str:
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in rank.same_layout)
+
+
+def _where(rank: RankPeak, with_class: bool = True) -> str:
+    at = rank.peak_at
+    if at.module is None:
+        return at.phase
+    name = at.module or "the model"
+    return f"{name} ({at.class_name}), {at.phase}" if with_class else f"{name}, {at.phase}"
+
+
+def _ranks_table(title: str, ranks: tuple[RankPeak, ...]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    columns = ("ranks", "peak", "params", "grads", "optimizer", "activations", "temps", "inputs", "comms",
+               "peak at")
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("ranks", "peak at") else "right")
+    for r in ranks:
+        table.add_row(
+            _ranges(r), human_bytes(r.peak_bytes), human_bytes(r.parameter_bytes + r.buffer_bytes),
+            human_bytes(r.gradient_bytes), human_bytes(r.optimizer_bytes), human_bytes(r.activation_bytes),
+            human_bytes(r.temporary_bytes), human_bytes(r.input_bytes), human_bytes(r.communication_bytes),
+            _where(r, with_class=False),
+        )
+    table.caption = ("params: shards and gathered blocks; temps: made in backward; comms: all-gather and "
+                     "reduce-scatter buffers")
+    return table
+
+
+def _sharding_lines(sharding: Sharding) -> list[str]:
+    blocks = [p for p in sharding.wrapped if p]
+    held = [p for p, on in sharding.resharded().items() if p and not on]
+    lines = [
+        f"FSDP2 over {sharding.data_parallel} ranks: fully_shard on {len(blocks)} module"
+        f"{'' if len(blocks) == 1 else 's'}{' (' + _span(blocks) + ')' if blocks else ''}, then the root",
+        "reshard after forward: " + ("every wrapped module" if not held else
+                                     "none" if len(held) == len(blocks) else f"all but {_span(held)}"),
+    ]
+    if sharding.param_dtype or sharding.reduce_dtype:
+        lines.append(f"mixed precision: parameters in {sharding.param_dtype or 'their dtype'}, gradients reduced in "
+                     f"{sharding.reduce_dtype or 'the compute dtype'}")
+    if sharding.offload:
+        lines.append("CPU offload: parameters, gradients and optimizer state on the host")
+    if sharding.tp > 1:
+        for style in ("colwise", "rowwise"):
+            members = [s.module for s in sharding.tp_plan if s.style == style]
+            lines.append(f"tensor parallel over {sharding.tp}, {style}: {_span(members)} ({len(members)} modules)")
+    return lines
+
+
+def _span(paths: list[str]) -> str:
+    """A few paths, or the first and the last of many."""
+    if len(paths) <= 3:
+        return ", ".join(paths)
+    return f"{paths[0]} ... {paths[-1]}"
+
+
+def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = False) -> str:
+    """The terminal report: the largest rank, each traced layout's breakdown, the sharding, the plan and its code."""
+    from rich.console import Console, Group
+    from rich.panel import Panel
+    from rich.syntax import Syntax
+    from rich.table import Table
+    from rich.text import Text
+
+    largest = report.largest
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("peak per rank", f"{human_bytes(largest.peak_bytes)} ({largest.peak_bytes:,} bytes) on the largest "
+                                  f"rank, {largest.rank}, at {_where(largest)}")
+    for line in _sharding_lines(report.sharding):
+        head, _, rest = line.partition(": ")
+        grid.add_row(head, rest)
+    grid.add_row("each rank's batch", ", ".join(report.inputs))
+    grid.add_row("step", f"forward, backward, optimizer {report.optimizer}; fake tensors on {report.device}")
+    title = f"memlayout activations: {report.target or report.model_class} on {report.sharding.world_size} ranks"
+    parts: list[Any] = [Panel(grid, title=title, title_align="left", expand=False)]
+    parts.append(_ranks_table("each rank at its peak (FSDPMemTracker's accounting; one row per shard layout)",
+                              report.ranks))
+    plan = report.plan
+    if plan is not None:
+        lines = [f"plan for a budget of {human_bytes(plan.budget_bytes)} per rank"]
+
+        def field(name: str, text: str) -> None:
+            lines.append(textwrap.fill(text, width=width, initial_indent=f"  {name:<11}", subsequent_indent=" " * 13))
+
+        if plan.empty:
+            field("fits", f"nothing to change: the largest rank's peak {human_bytes(plan.peak_bytes)} is within the budget")
+        if plan.resharded:
+            field("reshard", f"reshard_after_forward=True on {_span(list(plan.resharded))} "
+                             f"({len(plan.resharded)} modules): one more all-gather each in backward")
+        if plan.sharding.checkpoint:
+            field("checkpoint", ", ".join(plan.sharding.checkpoint))
+        for module, segments in plan.sharding.sequential:
+            field("sequential", f"{module} in {segments} segments (checkpoint_sequential)")
+        if plan.offload:
+            field("offload", "CPUOffloadPolicy on every wrapped module")
+        if not plan.empty:
+            plural = "" if plan.checks == 1 else "s"
+            field("peak", f"{human_bytes(plan.peak_bytes)} on the largest rank, traced with the plan applied "
+                          f"({plan.checks} plan{plural} traced)")
+            for pitfall in plan.pitfalls:
+                field("pitfall", pitfall)
+        parts.append(Text("\n".join(lines)))
+        if not plan.empty:
+            parts.append(_ranks_table("each rank with the plan applied", plan.ranks))
+    code = (plan.sharding if plan is not None else report.sharding).code()
+    parts.append(Text("the code that lays the model out as traced (plain torch; call shard(model) on every rank):"))
+    parts.append(Syntax(code, "python", theme="ansi_dark", background_color="default") if color else Text(code))
+    for note in report.notes:
+        parts.append(Text(textwrap.fill(note, width=width, initial_indent="note: ", subsequent_indent="      ")))
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, force_terminal=color, color_system="standard" if color else None,
+                      highlight=False)
+    console.print(Group(*parts))
+    return buffer.getvalue()
