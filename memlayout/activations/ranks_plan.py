@@ -24,47 +24,16 @@ planner.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from memlayout.activations.parallel import Sharding
-from memlayout.activations.ranks import RankPeak, RanksReport
+from memlayout.activations.rank_facts import RankPeak, RanksPlan, RanksReport
 from memlayout.errors import MemlayoutError, UsageError
 
 MAX_CHECKS = 6
 """Checkpoint plans traced at most while aiming the estimate, before the whole-level plans."""
 PRUNE_CHECKS = 8
 """At most this many more traces to drop modules a whole-level plan does not need."""
-
-
-@dataclass(frozen=True)
-class RanksPlan:
-    """A plan for a budget and what tracing the ranks with it applied measured."""
-
-    budget_bytes: int
-    sharding: Sharding
-    """The sharding with the plan applied; `sharding.code()` applies it."""
-    resharded: tuple[str, ...]
-    """Wrapped modules the plan turns `reshard_after_forward` on for."""
-    offload: bool
-    ranks: tuple[RankPeak, ...]
-    """Each traced rank layout with the plan applied."""
-    estimated_peak_bytes: int | None
-    """The single-device planner's estimate for the checkpoint part, moved by the sharding's own bytes."""
-    recompute_flops: int
-    """Forward FLOPs the checkpointed modules rerun in backward, as one device runs them (with
-    tensor parallel each rank reruns its share)."""
-    checks: int
-    """Plans traced to find this one."""
-    pitfalls: tuple[str, ...]
-
-    @property
-    def peak_bytes(self) -> int:
-        return max(r.peak_bytes for r in self.ranks)
-
-    @property
-    def empty(self) -> bool:
-        return not (self.resharded or self.offload or self.sharding.checkpoint or self.sharding.sequential)
 
 
 class RanksBudgetUnreachableError(MemlayoutError):

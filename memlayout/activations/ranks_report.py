@@ -12,8 +12,7 @@ import textwrap
 from typing import Any
 
 from memlayout.activations.parallel import Sharding
-from memlayout.activations.ranks import RankPeak, RanksReport
-from memlayout.activations.ranks_plan import RanksPlan
+from memlayout.activations.rank_facts import RankPeak, RanksPlan, RanksReport
 from memlayout.format_bytes import human_bytes
 from memlayout.version import __version__
 

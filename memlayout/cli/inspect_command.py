@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -38,6 +40,22 @@ from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
     from memlayout.pipeline.batch import BatchReport
+    from memlayout.pipeline.ranks import RankExchange
+
+
+@contextmanager
+def ranks_agree_on_the_exit(ranks: RankExchange | None) -> Iterator[None]:
+    """Under torchrun: only rank 0 prints, and every rank exits with rank 0's status once rank 0 is done."""
+    if ranks is None:
+        yield
+        return
+    code = 0
+    try:
+        with ranks.quiet():
+            yield
+    except typer.Exit as exit_:
+        code = exit_.exit_code
+    raise typer.Exit(ranks.agree(code))
 
 
 class EveryPathFailed(MemlayoutError):
@@ -106,6 +124,11 @@ def inspect_command(
         typer.Option("--fragmented-min-storages", help="ML204 stays quiet below this many storages. [default: 4]",
                      min=0),
     ] = None,
+    min_shard_padding_bytes: Annotated[
+        int | None,
+        typer.Option("--min-shard-padding-bytes", help="ML303 ignores parameters whose shards are padded by fewer "
+                     "bytes over all ranks. [default: 1048576]", min=0),
+    ] = None,
     config: ConfigOption = None,
     isolated: IsolatedOption = False,
     baseline: Annotated[
@@ -128,8 +151,15 @@ def inspect_command(
     trust: Annotated[bool, typer.Option("--trust", hidden=True)] = False,
     debug: DebugOption = False,
 ) -> None:
-    """Report non-contiguous, duplicated, aliased, bloated and misaligned weights, for one path or several."""
-    with one_line_errors(debug):
+    """Report non-contiguous, duplicated, aliased, bloated and misaligned weights, for one path or several.
+
+    Under torchrun (`torchrun --nproc_per_node N -m memlayout inspect pkg.module:build`), each rank reads its
+    own pieces of the sharded model the builder returns, and rank 0 writes one report for all of them.
+    """
+    from memlayout.pipeline.ranks import RankExchange
+
+    ranks = RankExchange.from_environment()
+    with ranks_agree_on_the_exit(ranks), one_line_errors(debug):
         if trust:
             # inspect reads every format inertly, so there is nothing to allow. The
             # option is kept, hidden, only to say so: a user who passes it believes
@@ -145,15 +175,17 @@ def inspect_command(
             select=rule_codes(select, "--select"), ignore=rule_codes(ignore, "--ignore"),
             fail_on=None if fail_on is None else fail_on.value, ties=parse_ties(tie) if tie else None,
             min_duplicate_bytes=min_duplicate_bytes, min_bloat_bytes=min_bloat_bytes,
-            fragmented_min_storages=fragmented_min_storages,
+            fragmented_min_storages=fragmented_min_storages, min_shard_padding_bytes=min_shard_padding_bytes,
         )
         with progress_callback(enabled=deep) as progress:
             batch = inspect_paths(
                 paths, config=settings.rule_config(deep), select=settings.select, ignore=settings.ignore,
                 fail_on=settings.fail_on, per_tensor_ignores=settings.per_tensor_ignores, progress=progress,
-                debug=debug,
+                debug=debug, exchange=ranks,
             )
         report_load_errors(batch)
+        if ranks is not None and not ranks.first:
+            raise typer.Exit(batch.exit_code())  # rank 0 writes the report and any file
         batch = apply_baseline_flags(batch, baseline, write_baseline)
         options = RenderOptions(color=terminal_color(output_format, output), show_all=show_all)
         if html is not None:
@@ -163,4 +195,4 @@ def inspect_command(
             write_output(page(options).render_pieces(batch), html)
         formatter = supported(to_format(output_format).inspect, output_format, Command.INSPECT)(options)
         write_output(formatter.render_pieces(batch), output)  # rendered as it is written
-    raise typer.Exit(batch.exit_code())
+        raise typer.Exit(batch.exit_code())

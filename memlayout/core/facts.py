@@ -44,7 +44,9 @@ from memlayout.load.records import (
     LoadedSource,
     ModuleRecord,
     PickleGlobal,
+    RankRecord,
     RnnRecord,
+    ShardRecord,
     StorageRecord,
     TensorKind,
     TensorRecord,
@@ -170,6 +172,12 @@ class Facts:
     alias_groups: tuple[AliasGroup, ...]
     modules: tuple[ModuleRecord, ...]
     declared_ties: tuple[DeclaredTie, ...]
+    shards: tuple[ShardRecord, ...] = ()
+    """This rank's pieces of tensors spread over ranks (DTensors), one per tensor name."""
+    rank: int = 0
+    world_size: int = 1
+    ranks: tuple[RankRecord, ...] = ()
+    """Every rank's pieces and totals, when the ranks shared them (under torchrun); empty otherwise."""
     _by_name: dict[str, TensorFact] = field(repr=False, compare=False, default_factory=dict)
     _by_storage: dict[str, StorageFact] = field(repr=False, compare=False, default_factory=dict)
     _model_tensors: list[TensorFact] | None = field(repr=False, compare=False, default=None)
@@ -565,10 +573,32 @@ def build_facts(source: LoadedSource) -> Facts:
         alias_groups=tuple(groups),
         modules=tuple(source.modules or infer_rnn_modules(by_name)),
         declared_ties=tuple(source.declared_ties),
+        shards=tuple(source.shards),
+        rank=source.rank,
+        world_size=source.world_size,
         _by_name=by_name,
         _by_storage={s.id: s for s in storage_facts},
     )
+    if source.shards:
+        facts = _with_shard_padding(facts, storage_ids)
     return _with_rnn_bias_space(facts) if facts.modules else facts
+
+
+def _with_shard_padding(facts: Facts, storage_ids: Mapping[str, str]) -> Facts:
+    """Count the rows FSDP2 pads a rank's piece with as padding, not as bytes saving writes for nothing.
+
+    FSDP2 gives every rank a buffer the size of the largest piece and views its own
+    piece at the start; the rest is padding that the sharding needs (ML303 reports
+    it when it is large), not a slice of a bigger tensor (ML301).
+    """
+    padded = {storage_ids[s.storage_key] for s in facts.shards if s.padding_bytes and s.storage_key in storage_ids}
+    if not padded:
+        return facts
+    storages = [
+        s._replace(padding_bytes=s.padding_bytes + s.unused_bytes, unused_bytes=0) if s.id in padded else s
+        for s in facts.storages
+    ]
+    return replace(facts, storages=tuple(storages), _by_storage={s.id: s for s in storages})
 
 
 def _with_rnn_bias_space(facts: Facts) -> Facts:

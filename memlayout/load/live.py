@@ -7,6 +7,7 @@ device so that equal addresses on two devices never merge.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from memlayout.load.records import (
     LoadedSource,
     ModuleRecord,
     RnnRecord,
+    ShardRecord,
     StorageRecord,
     TensorKind,
     TensorRecord,
@@ -54,6 +56,28 @@ def storage_key(tensor: torch.Tensor) -> str:
     return f"{tensor.device}:{_torch.storage_id(tensor.untyped_storage()):#x}"
 
 
+def _loaded_class(module: str, name: str) -> Any:
+    """A class from a torch.distributed module, if something already imported it.
+
+    A model holds a DTensor or an FSDP2 module only if their modules were imported
+    to make it, so a model that never touched torch.distributed costs no import.
+    """
+    loaded = sys.modules.get(module)
+    return getattr(loaded, name, None) if loaded is not None else None
+
+
+def _fsdp_prefixes(module: Any) -> list[str]:
+    """Paths of the modules `fully_shard` was applied to ("" for the root); empty without FSDP2."""
+    fsdp_module = _loaded_class("torch.distributed.fsdp", "FSDPModule")
+    if fsdp_module is None:
+        return []
+    return [path for path, sub in module.named_modules() if isinstance(sub, fsdp_module)]
+
+
+def _under(name: str, prefixes: list[str]) -> bool:
+    return any(prefix == "" or name.startswith(prefix + ".") for prefix in prefixes)
+
+
 class _Collector:
     def __init__(self) -> None:
         self.tensors: list[TensorRecord] = []
@@ -61,12 +85,47 @@ class _Collector:
         self.raw_storages: dict[str, Any] = {}
         self.modules: list[ModuleRecord] = []
         self.ties: list[DeclaredTie] = []
+        self.shards: list[ShardRecord] = []
+        self.mesh_size = 1
+        self.dtensor = _loaded_class("torch.distributed.tensor", "DTensor")
+
+    def _local_piece(self, name: str, tensor: Any, fsdp: bool) -> Any:
+        """The local piece of a DTensor, recorded with where it sits in the whole tensor."""
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        local = tensor.to_local().detach()
+        mesh = tensor.device_mesh
+        self.mesh_size = max(self.mesh_size, mesh.size())
+        _, offset = compute_local_shape_and_global_offset(tuple(tensor.shape), mesh, tuple(tensor.placements))
+        padding = 0
+        if fsdp:
+            # FSDP2 keeps each rank's piece as a view of a buffer padded to the largest piece.
+            used = (local.storage_offset() + local.numel()) * local.element_size()
+            padding = max(local.untyped_storage().nbytes() - used, 0)
+        self.shards.append(
+            ShardRecord(
+                name=name,
+                placements=tuple(repr(p) for p in tensor.placements),
+                mesh_shape=tuple(mesh.shape),
+                global_shape=tuple(tensor.shape),
+                local_shape=tuple(local.shape),
+                global_offset=tuple(int(o) for o in offset),
+                fsdp=fsdp,
+                padding_bytes=padding,
+                storage_key=storage_key(local),
+                itemsize=local.element_size(),
+            )
+        )
+        return local
 
     def add(
-        self, name: str, tensor: torch.Tensor, kind: TensorKind, optimizer_state: bool = False, section: str = ""
+        self, name: str, tensor: torch.Tensor, kind: TensorKind, optimizer_state: bool = False, section: str = "",
+        fsdp: bool = False,
     ) -> None:
         import torch
 
+        if self.dtensor is not None and isinstance(tensor, self.dtensor):
+            tensor = self._local_piece(name, tensor, fsdp)
         if tensor.layout != torch.strided:
             # Sparse and other layouts have no single (storage, offset, stride) view.
             return
@@ -105,8 +164,9 @@ class _Collector:
         import torch
 
         dot = f"{prefix}." if prefix else ""
+        wrapped = _fsdp_prefixes(module)
         for name, param in module.named_parameters(remove_duplicate=False):
-            self.add(dot + name, param, TensorKind.PARAMETER, section=section)
+            self.add(dot + name, param, TensorKind.PARAMETER, section=section, fsdp=_under(name, wrapped))
         for name, buffer in module.named_buffers(remove_duplicate=False):
             self.add(dot + name, buffer, TensorKind.BUFFER, section=section)
         for path, sub in module.named_modules(remove_duplicate=False):
@@ -208,7 +268,14 @@ def load_live(obj: Any, path: str | None = None) -> LoadedSource:
     if not collector.tensors and not isinstance(obj, (torch.nn.Module, dict)):
         raise UsageError(f"{type(obj).__name__} holds no tensors", "pass an nn.Module or a state dict")
     fmt = "live-module" if isinstance(obj, torch.nn.Module) else "state-dict"
+    rank, world_size = 0, collector.mesh_size
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        rank, world_size = distributed.get_rank(), distributed.get_world_size()
     return LoadedSource(
+        shards=collector.shards,
+        rank=rank,
+        world_size=world_size,
         path=path,
         format=fmt,
         tensors=collector.tensors,

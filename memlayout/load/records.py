@@ -70,6 +70,44 @@ class TensorRecord(NamedTuple):
     shared_memory: bool | None = None
 
 
+class ShardRecord(NamedTuple):
+    """One rank's piece of a tensor spread over ranks (a DTensor: FSDP2, tensor parallel).
+
+    The TensorRecord of the same name describes the local piece itself (its shape,
+    strides and storage); this says where the piece sits in the whole tensor.
+    """
+
+    name: str
+    placements: tuple[str, ...]
+    """One per mesh dimension, as torch writes them: "Shard(dim=0)", "Replicate()", "_StridedShard(...)"."""
+    mesh_shape: tuple[int, ...]
+    global_shape: tuple[int, ...]
+    local_shape: tuple[int, ...]
+    global_offset: tuple[int, ...]
+    """Where the local piece starts in the whole tensor, per dimension."""
+    fsdp: bool
+    """Managed by FSDP2 (`fully_shard` on the module or a module above it)."""
+    padding_bytes: int
+    """Bytes of the piece's storage past the piece: FSDP2 pads every rank's piece to the largest one."""
+    storage_key: str
+    itemsize: int
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """What one rank of a sharded model holds: its totals and its pieces."""
+
+    rank: int
+    tensor_bytes: int
+    """Sum of this rank's distinct tensors' sizes: its pieces, and what it holds whole."""
+    storage_bytes: int
+    padding_bytes: int
+    """FSDP2's padding over all of this rank's pieces."""
+    shards: tuple[ShardRecord, ...]
+    whole: tuple[tuple[str, int], ...]
+    """(name, bytes) of the parameters this rank holds whole: plain tensors, or replicated on every mesh dimension."""
+
+
 @dataclass(frozen=True)
 class RnnRecord:
     """An RNN/LSTM/GRU module and the weights cuDNN wants as one chunk."""
@@ -157,6 +195,12 @@ class LoadedSource:
     also_valid_as: tuple[str, ...] = ()
     """Other container formats the file is also valid as ("zip", "pickle", "tar",
     "safetensors"): a polyglot, which other tools read differently (ML603)."""
+    shards: list[ShardRecord] = field(default_factory=list)
+    """The live object's DTensors, one record each: this rank's pieces of sharded tensors."""
+    rank: int = 0
+    """This process's rank in the default process group (0 without one)."""
+    world_size: int = 1
+    """Ranks in the default process group, or the largest device mesh of a DTensor (1 without either)."""
 
     def close(self) -> None:
         """Release the files and maps behind `reader`; safe to call more than once."""

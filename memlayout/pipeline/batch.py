@@ -25,6 +25,7 @@ from typing import Any
 
 from memlayout.errors import MemlayoutError, UnrecognizedFormatError, UsageError
 from memlayout.pipeline.inspection import Report, run_inspection, summarize
+from memlayout.pipeline.ranks import RankExchange
 from memlayout.rules import (
     RULES,
     Finding,
@@ -326,6 +327,12 @@ def _directory_members(directory: str) -> list[str]:
     return found
 
 
+def _share_failure(exchange: RankExchange | None, error: str) -> None:
+    """Under torchrun, a rank that failed on a path still takes its part in the ranks' sharing."""
+    if exchange is not None:
+        exchange.share_failure(error)
+
+
 @dataclass
 class _Walk:
     """One call's settings, and the folders already walked (a symlink loop is walked once)."""
@@ -336,6 +343,7 @@ class _Walk:
     progress: Callable[[str, int, int], None] | None
     debug: bool
     per_tensor_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    exchange: RankExchange | None = None
     walked: set[str] = field(default_factory=set)
 
     def inspect(self, path: str, given: bool) -> Iterator[PathReport]:
@@ -344,11 +352,20 @@ class _Walk:
         `given` is False for a sub-folder found while walking a given folder: one with
         no checkpoint inside is skipped, not an error.
         """
+        from memlayout.load.import_spec import looks_like_spec
+
+        # Under torchrun each rank builds the model an import spec names and the ranks share
+        # their pieces; a file or folder is the same on every rank and is read as it is.
+        exchange = self.exchange if self.exchange is not None and looks_like_spec(path) else None
+        if exchange is not None:
+            exchange.begin()
         try:
             report = run_inspection(
                 path, config=self.config, select=self.select, ignore=self.ignore, progress=self.progress,
+                exchange=exchange,
             )
         except UnrecognizedFormatError as exc:
+            _share_failure(exchange, exc.one_line())
             found = list(self._walk(path)) if os.path.isdir(path) else []
             if found:
                 yield from found
@@ -357,10 +374,12 @@ class _Walk:
                     raise
                 yield PathReport(path, error=exc.one_line())
         except MemlayoutError as exc:
+            _share_failure(exchange, exc.one_line())
             if self.debug:
                 raise
             yield PathReport(path, error=exc.one_line())
         except Exception as exc:  # a bug or an unforeseen input: this path fails, the others go on
+            _share_failure(exchange, f"unexpected {type(exc).__name__}: {exc}")
             if self.debug:
                 raise
             yield PathReport(
@@ -387,6 +406,7 @@ def inspect_paths(
     per_tensor_ignores: Iterable[tuple[str, Iterable[str]]] = (),
     progress: Callable[[str, int, int], None] | None = None,
     debug: bool = False,
+    exchange: RankExchange | None = None,
 ) -> BatchReport:
     """Inspect each path; a path that fails to load is recorded, and the others still run.
 
@@ -401,6 +421,7 @@ def inspect_paths(
             glob listing its code is dropped (`per-tensor-ignores` in the config).
         progress: Called as (task, done, total) during long content scans.
         debug: Re-raise the first error instead of recording it (for --debug).
+        exchange: Under torchrun, how the ranks share the facts of the models import specs build.
 
     Returns:
         The `BatchReport`, one `PathReport` per path (a folder of checkpoints gives one per file).
@@ -414,7 +435,7 @@ def inspect_paths(
     config = config or RuleConfig()
     select, ignore = tuple(select), tuple(ignore)
     ignores = tuple((glob, tuple(codes)) for glob, codes in per_tensor_ignores)
-    walk = _Walk(config, select, ignore, progress, debug, ignores)
+    walk = _Walk(config, select, ignore, progress, debug, ignores, exchange)
     given = tuple(paths)
     reports = [report for path in given for report in walk.inspect(path, given=True)]
     return BatchReport(

@@ -49,6 +49,8 @@ class Settings:
     """ML102 ignores smaller tensors."""
     fragmented_min_storages: int = _RULE_DEFAULTS.fragmented_min_storages
     """ML204 stays quiet below this many storages."""
+    min_shard_padding_bytes: int = _RULE_DEFAULTS.min_shard_padding_bytes
+    """ML303 ignores parameters whose shards are padded by fewer bytes over all ranks."""
     ties: tuple[tuple[str, str], ...] = ()
     """Declared ties (target, source) for ML103."""
     file: str | None = None
@@ -61,6 +63,7 @@ class Settings:
             min_duplicate_bytes=self.min_duplicate_bytes,
             min_bloat_bytes=self.min_bloat_bytes,
             fragmented_min_storages=self.fragmented_min_storages,
+            min_shard_padding_bytes=self.min_shard_padding_bytes,
             ties=self.ties,
         )
 
@@ -140,6 +143,7 @@ KEYS = {
     "min-bloat-bytes": ("min_bloat_bytes", _count),
     "min-duplicate-bytes": ("min_duplicate_bytes", _count),
     "fragmented-min-storages": ("fragmented_min_storages", _count),
+    "min-shard-padding-bytes": ("min_shard_padding_bytes", _count),
     "ties": ("ties", _ties),
 }
 

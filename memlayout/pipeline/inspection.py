@@ -17,6 +17,7 @@ from memlayout.core.content import ContentReader
 from memlayout.core.facts import Facts, build_facts
 from memlayout.load import load_object, load_path
 from memlayout.load.records import LoadedSource, TensorKind
+from memlayout.pipeline.ranks import RankExchange
 from memlayout.rules import (
     RULES,
     Finding,
@@ -150,10 +151,16 @@ def inspect_source(
     select: Iterable[str] = (),
     ignore: Iterable[str] = (),
     progress: Callable[[str, int, int], None] | None = None,
+    exchange: RankExchange | None = None,
 ) -> Report:
-    """Facts, findings and summary for an already loaded source."""
+    """Facts, findings and summary for an already loaded source.
+
+    With `exchange` (under torchrun), the ranks share their facts before the rules run.
+    """
     config = config or RuleConfig()
     facts = build_facts(source)
+    if exchange is not None:
+        facts = exchange.share_facts(facts)
     content = None
     if source.reader is not None:
         content = ContentReader(source.reader, {s.id: s.key for s in facts.storages})
@@ -177,6 +184,7 @@ def run_inspection(
     select: Iterable[str] = (),
     ignore: Iterable[str] = (),
     progress: Callable[[str, int, int], None] | None = None,
+    exchange: RankExchange | None = None,
 ) -> Report:
     """Inspect a path, an import spec, or a live object.
 
@@ -189,6 +197,7 @@ def run_inspection(
         select: Codes or prefixes to run (all when empty).
         ignore: Codes or prefixes to skip.
         progress: Called as (task, done, total) during long content scans.
+        exchange: Under torchrun, how the ranks share their facts (pipeline/ranks.py).
 
     Returns:
         The `Report`.
@@ -200,7 +209,7 @@ def run_inspection(
         2
     """
     with cyclic_gc_paused(), load_target(target) as source:
-        return inspect_source(source, config, select, ignore, progress)
+        return inspect_source(source, config, select, ignore, progress, exchange)
 
 
 @contextmanager

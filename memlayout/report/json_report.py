@@ -19,6 +19,7 @@ from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BaselineOutcome, BatchReport
 from memlayout.pipeline.inspection import Report
 from memlayout.report.json_text import LazyArray, json_pieces
+from memlayout.report.shards import ranks_entries, shard_entries
 from memlayout.version import __version__
 
 SCHEMA_VERSION = 1
@@ -27,6 +28,15 @@ MULTI_PATH_SCHEMA_VERSION = 2
 
 def report_document(report: Report) -> dict[str, Any]:
     """The report as JSON-ready data whose per-tensor arrays are `LazyArray`s, built as they are encoded."""
+    facts = report.facts
+    document = _document(report)
+    if facts.shards:
+        document["ranks"] = ranks_entries(facts)
+        document["shards"] = shard_entries(facts)
+    return document
+
+
+def _document(report: Report) -> dict[str, Any]:
     facts = report.facts
     return {
         "schema": SCHEMA_VERSION,

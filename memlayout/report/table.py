@@ -15,6 +15,7 @@ from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BaselineOutcome, BatchReport
 from memlayout.pipeline.inspection import Report
 from memlayout.report.findings import count_phrase
+from memlayout.report.shards import ranks_line
 from memlayout.rules import Severity
 
 SEVERITY_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -153,6 +154,9 @@ def render_table(report: Report, width: int = 120, color: bool = False, show_all
     formats = " and ".join([source.format, *(f"a valid {other}" for other in source.also_valid_as)])
     title = Text(f"memlayout: {source.path or '(object)'} [{formats}]")
     console.print(Panel(_summary(report), title=title, title_align="left", expand=False))
+    ranks = ranks_line(report.facts)
+    if ranks is not None:
+        console.print(Text(f"ranks: {ranks}"))
     for note in source.notes:
         console.print(Text(f"note: {note}", "dim"))
     if source.layout_unrecorded:

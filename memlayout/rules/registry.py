@@ -92,6 +92,8 @@ class RuleConfig:
     """ML301 ignores storages wasting less than this."""
     fragmented_min_storages: int = 4
     """ML204 stays quiet below this many parameter storages."""
+    min_shard_padding_bytes: int = 1024 * 1024
+    """ML303 ignores parameters whose shards are padded by fewer bytes, over all ranks."""
     ties: tuple[tuple[str, str], ...] = ()
     """Extra declared ties from `--tie a=b`."""
 

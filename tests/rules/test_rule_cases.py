@@ -11,6 +11,7 @@ import torch
 import memlayout
 from memlayout.rules import RULES, RuleConfig
 from tests import models
+from tests.pipeline import sharded_builders as sharded
 
 Case = Callable[[], Any]
 
@@ -41,6 +42,8 @@ CASES: list[tuple[str, Case, Case, RuleConfig | None]] = [
     ("ML204", models.fragmented_mlp, models.hand_flattened_mlp, None),
     ("ML301", models.sliced_bloat_state, models.cloned_slice_state, None),
     ("ML301", models.sliced_bloat_state, models.flat_buffer_with_views_state, None),
+    ("ML302", sharded.root_left_out_on_rank_0, sharded.root_wrapped_on_rank_0, None),
+    ("ML303", sharded.root_wrapped_on_rank_0, sharded.even_table_on_rank_0, None),
     ("ML401", models.cpu_lstm, models.cudnn_flat_lstm, None),
     ("ML402", models.WeightDropLSTM, models.cpu_lstm, None),
     ("ML501", models.meta_and_cpu_state, models.cpu_state_with_scalar_step, None),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,17 +22,32 @@ runner = CliRunner()
 
 def reported_codes(command: str) -> list[str]:
     args = shlex.split(command)
+    if args[0] == "torchrun":
+        return codes_on_real_ranks(args)
     assert args[:2] == ["memlayout", "inspect"]
     result = runner.invoke(app, [*args[1:], "--format", "json"])
     assert result.exit_code in (0, 1), result.stderr
     return [f["code"] for f in json.loads(result.stdout)["findings"]]
 
 
+def codes_on_real_ranks(args: list[str]) -> list[str]:
+    """A `torchrun ... -m memlayout inspect` example, run as written (--standalone picks a free port)."""
+    assert args[args.index("-m") + 1 : args.index("-m") + 3] == ["memlayout", "inspect"]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *args[1:], "--format", "json"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    # Rank 0 writes the report; torchrun exits 1 when a rank exits 1 (findings at --fail-on).
+    assert done.returncode in (0, 1), done.stderr
+    return [f["code"] for f in json.loads(done.stdout)["findings"]]
+
+
 @pytest.mark.parametrize("code", sorted(RULES))
 def test_every_rule_is_documented_in_full(code: str) -> None:
     rule = RULES[code]
     assert rule.summary and rule.detects and rule.explanation and rule.hint and rule.example is not None
-    assert rule.example.command.startswith("memlayout inspect ")
+    command = rule.example.command
+    assert command.startswith("memlayout inspect ") or (
+        command.startswith("torchrun ") and " -m memlayout inspect " in command
+    )
 
 
 @pytest.mark.parametrize("code", sorted(RULES))

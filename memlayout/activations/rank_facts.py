@@ -1,0 +1,131 @@
+"""What `memlayout activations --world-size N` finds: each rank's peak, the plan, the whole report.
+
+Plain frozen data, read by the planner (ranks_plan.py) and the reporters
+(ranks_report.py); the tracing that makes it is ranks.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from memlayout.activations.parallel import Sharding
+from memlayout.activations.summary import PeakAt, Summary
+
+
+@dataclass(frozen=True)
+class RankPeak:
+    """One rank's peak over a steady-state training step, as FSDPMemTracker counts it.
+
+    The kinds add up to `peak_bytes`: they are what is alive at the peak.
+    """
+
+    rank: int
+    same_layout: tuple[tuple[int, int], ...]
+    """The ranks whose shards have this rank's shapes (its step is theirs), as inclusive ranges."""
+    peak_bytes: int
+    parameter_bytes: int
+    """This rank's shards, plus the parameters gathered whole for the module running at the peak."""
+    buffer_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    """Tensors made in forward (and in a checkpointed module's rerun) that are alive at the peak."""
+    temporary_bytes: int
+    """Tensors made in backward and the loss that are alive at the peak (gradients of activations)."""
+    input_bytes: int
+    communication_bytes: int
+    """All-gather and reduce-scatter buffers alive at the peak."""
+    peak_at: PeakAt
+    shard_bytes: int
+    """Bytes of this rank's parameter shards, padding excluded."""
+    tracker: Mapping[str, int]
+    """FSDPMemTracker's own categories at the peak, as it names them."""
+    forward_flops: int
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Ranks whose parameter shards have the same shapes."""
+
+    ranks: tuple[int, ...]
+    shard_bytes: int
+
+
+@dataclass(frozen=True)
+class RanksPlan:
+    """A plan for a budget and what tracing the ranks with it applied measured."""
+
+    budget_bytes: int
+    sharding: Sharding
+    """The sharding with the plan applied; `sharding.code()` applies it."""
+    resharded: tuple[str, ...]
+    """Wrapped modules the plan turns `reshard_after_forward` on for."""
+    offload: bool
+    ranks: tuple[RankPeak, ...]
+    """Each traced rank layout with the plan applied."""
+    estimated_peak_bytes: int | None
+    """The single-device planner's estimate for the checkpoint part, moved by the sharding's own bytes."""
+    recompute_flops: int
+    """Forward FLOPs the checkpointed modules rerun in backward, as one device runs them (with
+    tensor parallel each rank reruns its share)."""
+    checks: int
+    """Plans traced to find this one."""
+    pitfalls: tuple[str, ...]
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(r.peak_bytes for r in self.ranks)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.resharded or self.offload or self.sharding.checkpoint or self.sharding.sequential)
+
+
+@dataclass(frozen=True)
+class RanksReport:
+    """Everything `memlayout activations --world-size N --fsdp` reports."""
+
+    target: str | None
+    target_kind: str
+    model_class: str
+    inputs: tuple[str, ...]
+    device: str
+    loss: str
+    optimizer: str
+    sharding: Sharding
+    ranks: tuple[RankPeak, ...]
+    """One per traced layout, the largest shards first (rank 0)."""
+    layouts: int
+    """Distinct rank layouts; more than `len(ranks)` when some were not traced."""
+    notes: tuple[str, ...]
+    plan: RanksPlan | None = None
+    """The plan for `--budget`, when one was given."""
+
+    @property
+    def largest(self) -> RankPeak:
+        return max(self.ranks, key=lambda r: (r.peak_bytes, -r.rank))
+
+    @property
+    def summary(self) -> Summary:
+        """The largest rank's figures, in the single-device report's terms."""
+        r = self.largest
+        return Summary(
+            peak_bytes=r.peak_bytes,
+            allocator_peak_bytes=None,
+            activation_bytes=r.activation_bytes,
+            parameter_bytes=r.parameter_bytes,
+            buffer_bytes=r.buffer_bytes,
+            gradient_bytes=r.gradient_bytes,
+            input_bytes=r.input_bytes,
+            optimizer_bytes=r.optimizer_bytes,
+            peak_at=r.peak_at,
+            at_peak={
+                "parameters": r.parameter_bytes, "buffers": r.buffer_bytes, "inputs": r.input_bytes,
+                "gradients": r.gradient_bytes, "optimizer_state": r.optimizer_bytes,
+                "saved_activations": r.activation_bytes, "other": r.temporary_bytes,
+                "communication": r.communication_bytes,
+            },
+            forward_flops=r.forward_flops,
+            recompute_flops=0,
+        )
