@@ -325,14 +325,16 @@ def _target_builder(target: Any, trust: bool) -> tuple[Callable[[], Any], str | 
 
     if isinstance(target, torch.nn.Module):
         return (lambda: _meta_copy(target)), None, "module"
-    from memlayout.activations.target import build_model, classify
+    from memlayout.activations.build import build_model
+    from memlayout.activations.target import classify
 
     kind = classify(str(target)).kind
 
     def build() -> Any:
-        with torch.device("meta"):
-            model, _ = build_model(str(target), trust=trust)
-        return model
+        # On the meta device: FSDP2 and DTensor shard a model there, before it becomes fake (see above).
+        built = build_model(str(target), trust=trust, context=lambda: torch.device("meta"), world="meta",
+                            device="meta", adopt=_meta_copy)
+        return built.model
 
     return build, str(target), kind
 

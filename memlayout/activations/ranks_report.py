@@ -102,6 +102,7 @@ def ranks_report_dict(report: RanksReport) -> dict[str, Any]:
         },
         "modules": [],
         "plan": None if report.plan is None else _plan_dict(report.plan),
+        "fallbacks": [],
         "notes": list(report.notes),
         "distributed": _distributed_dict(report.sharding, report.layouts),
         "ranks": [_rank_dict(r) for r in report.ranks],

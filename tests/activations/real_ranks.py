@@ -60,7 +60,8 @@ def _shard_by_recipe(model: Any, world_size: int) -> None:
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh("cpu", (world_size,))
-    for layer in model.layers:
+    blocks = model.model.layers if hasattr(model, "model") else model.layers  # transformers' or ours
+    for layer in blocks:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
 
