@@ -106,10 +106,19 @@ def _benchmark_results() -> str:
     return "\n".join(sections)
 
 
+def _will_it_fit() -> str:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.will_it_fit import table_markdown
+
+    return table_markdown()
+
+
 # A page names a table it wants by an HTML comment, which stays invisible on GitHub.
 MARKERS: dict[str, Callable[[], str]] = {
     "<!-- memlayout:rules-table -->": _rules_table,
     "<!-- memlayout:benchmark-results -->": _benchmark_results,
+    "<!-- memlayout:will-it-fit -->": _will_it_fit,
 }
 
 

@@ -6,6 +6,10 @@ its plan to a live model. Data flows one way: trace (fake, meta or real tensors)
 -> frozen facts per module and phase -> plan (a pure function of the facts and the
 budget, checked by tracing again) -> report. torch is imported only when a
 function needs it.
+
+`analyze_ranks(target, inputs, sharding=ShardingOptions(world_size=N))` predicts
+each rank's peak under FSDP2 (and tensor parallel) on fake ranks, and a plan for
+a budget per rank.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ if TYPE_CHECKING:
         analyze,
     )
     from memlayout.activations.apply import AppliedPlan, apply_plan
+    from memlayout.activations.parallel import ShardingOptions
     from memlayout.activations.plan import Plan, SequentialSegments
+    from memlayout.activations.rank_facts import RanksReport
+    from memlayout.activations.ranks import analyze_ranks
 
 _LAZY = {
     "analyze": "memlayout.activations.analysis",
@@ -33,6 +40,9 @@ _LAZY = {
     "AppliedPlan": "memlayout.activations.apply",
     "Plan": "memlayout.activations.plan",
     "SequentialSegments": "memlayout.activations.plan",
+    "analyze_ranks": "memlayout.activations.ranks",
+    "ShardingOptions": "memlayout.activations.parallel",
+    "RanksReport": "memlayout.activations.rank_facts",
 }
 
 
@@ -51,8 +61,11 @@ __all__ = [
     "BudgetUnreachableError",
     "Plan",
     "PlanResult",
+    "RanksReport",
     "SequentialSegments",
+    "ShardingOptions",
     "analyze",
+    "analyze_ranks",
     "apply_plan",
     "parse_size",
 ]
