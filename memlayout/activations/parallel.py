@@ -15,9 +15,8 @@ code its figures were measured with.
 
 from __future__ import annotations
 
-import re
 import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Any
@@ -36,9 +35,13 @@ ROWWISE = "rowwise"
 # (q/k/v/o, wi/wo) and GPT-J (fc_in/fc_out).
 COLUMN_NAMES = frozenset({
     "q_proj", "k_proj", "v_proj", "wq", "wk", "wv", "q", "k", "v", "query", "key", "value",
-    "gate_proj", "up_proj", "w1", "w3", "fc1", "fc_in", "wi", "wi_0", "wi_1", "c_fc",
+    "gate_proj", "up_proj", "w1", "w3", "fc1", "fc_in", "wi", "wi_0", "wi_1", "c_fc", "dense_h_to_4h",
 })
-ROW_NAMES = frozenset({"o_proj", "wo", "o", "out_proj", "down_proj", "w2", "fc2", "fc_out", "c_proj"})
+# "dense" is row-wise only beside column-wise siblings (Phi's attention); alone (BERT's
+# intermediate and output) it matches nothing, as a block needs both kinds.
+ROW_NAMES = frozenset({
+    "o_proj", "wo", "o", "out_proj", "down_proj", "w2", "fc2", "fc_out", "c_proj", "dense", "dense_4h_to_h",
+})
 # One projection computing q, k and v together: a column-wise split of it would give each
 # rank a slice across q, k and v instead of whole heads of each, so it is left whole.
 FUSED_NAMES = frozenset({"c_attn", "qkv_proj", "query_key_value", "Wqkv", "qkv", "in_proj"})
@@ -181,12 +184,15 @@ def fsdp_targets(model: Any, patterns: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted(found, key=lambda p: (-p.count("."), order[p])))
 
 
-def tensor_parallel_plan(model: Any, tp: int) -> tuple[TensorParallelStyle, ...]:
+def tensor_parallel_plan(model: Any, tp: int) -> tuple[tuple[TensorParallelStyle, ...], tuple[str, ...]]:
     """The column-wise/row-wise plan for every block whose projections match by name.
 
     A parent module qualifies when its nn.Linear children include at least one
     column-wise name and one row-wise name: the row-wise layer sums what the
     column-wise ones split, so the block's output is whole again.
+
+    Returns:
+        The plan, and the blocks left whole, each with the reason.
 
     Raises:
         UsageError: no block matches, or `tp` does not divide a dimension the plan shards.
@@ -202,6 +208,10 @@ def tensor_parallel_plan(model: Any, tp: int) -> tuple[TensorParallelStyle, ...]
             near_misses.append(f"{path or 'the model'}: {', '.join(sorted(names & FUSED_NAMES))} computes q, k and v "
                                "in one projection, which a column-wise split would mix")
         if not (names & COLUMN_NAMES and names & ROW_NAMES):
+            if names & COLUMN_NAMES and not names & FUSED_NAMES:
+                near_misses.append(f"{path or 'the model'}: {', '.join(sorted(names & COLUMN_NAMES))} ha"
+                                   f"{'s' if len(names & COLUMN_NAMES) == 1 else 've'} no row-wise projection beside "
+                                   "it to sum the split")
             continue
         styles = [(name, child, COLWISE if name in COLUMN_NAMES else ROWWISE)
                   for name, child in children if name in COLUMN_NAMES | ROW_NAMES]
@@ -229,7 +239,8 @@ def tensor_parallel_plan(model: Any, tp: int) -> tuple[TensorParallelStyle, ...]
             "gate_proj/up_proj/down_proj, wq/wk/wv/wo, w1/w2/w3 or fc1/fc2; leave --tp out for FSDP alone",
         )
     _check_heads(model, tp)
-    return tuple(plan)
+    return tuple(plan), tuple(f"tensor parallel leaves {miss}: that block is computed whole on every rank"
+                              for miss in near_misses)
 
 
 def _check_heads(model: Any, tp: int) -> None:
@@ -258,7 +269,10 @@ def resolve_sharding(model: Any, options: ShardingOptions) -> Sharding:
             f"{type(model).__name__} has no nn.ModuleList of blocks, so fully_shard wraps only the root: every "
             "parameter is gathered at once in forward (--fsdp-modules names modules to wrap one by one)"
         )
-    tp_plan = tensor_parallel_plan(model, options.tp) if options.tp > 1 else ()
+    tp_plan: tuple[TensorParallelStyle, ...] = ()
+    if options.tp > 1:
+        tp_plan, left_whole = tensor_parallel_plan(model, options.tp)
+        notes.extend(left_whole[:3])
     wrapped = (*blocks, "")
     config = getattr(model, "config", None)
     return Sharding(
@@ -278,22 +292,70 @@ def resolve_sharding(model: Any, options: ShardingOptions) -> Sharding:
 # The code
 
 
-def _pattern_of(paths: Iterable[str]) -> list[str]:
-    """Module paths folded into parallelize_module's `*` patterns where every index is present."""
-    grouped: dict[str, list[str]] = {}
-    for path in paths:
-        grouped.setdefault(re.sub(r"\.\d+(?=\.|$)", ".*", path), []).append(path)
-    folded: list[str] = []
-    for pattern, members in grouped.items():
-        folded.extend([pattern] if len(members) > 1 else members)
-    return folded
+def _tensor_parallel_lines(sharding: Sharding) -> list[str]:
+    """parallelize_module calls: one per group of blocks that share a plan (torchtitan's per-block loop), then the
+    projections outside every block, by their full paths (no `*` patterns, which would also try paths that are
+    not there)."""
+    blocks = [path for path in sharding.wrapped if path]
+    inside: dict[str, list[tuple[str, str]]] = {}
+    outside: list[tuple[str, str]] = []
+    for entry in sharding.tp_plan:
+        block = max((b for b in blocks if entry.module.startswith(b + ".")), key=len, default=None)
+        if block is None:
+            outside.append((entry.module, entry.style))
+        else:
+            inside.setdefault(block, []).append((entry.module[len(block) + 1:], entry.style))
+    by_plan: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for block, relative in inside.items():
+        by_plan.setdefault(tuple(relative), []).append(block)
+
+    def plan_lines(entries: Sequence[tuple[str, str]], indent: str) -> list[str]:
+        return [f"{indent}{path!r}: {'ColwiseParallel' if style == COLWISE else 'RowwiseParallel'}(),"
+                for path, style in entries]
+
+    lines: list[str] = []
+    for plan, members in by_plan.items():
+        lines.append(f"    for path in {_list(members, '    ')}:")
+        lines.append('        parallelize_module(model.get_submodule(path), mesh["tp"], {')
+        lines += plan_lines(plan, "            ")
+        lines.append("        })")
+    if outside:
+        lines.append('    parallelize_module(model, mesh["tp"], {')
+        lines += plan_lines(outside, "        ")
+        lines.append("    })")
+    return lines
+
+
+def _runs(paths: Sequence[str]) -> list[str]:
+    """Python expressions for the paths, a run of `prefix.0` ... `prefix.N` as one list comprehension's star."""
+    parts: list[str] = []
+    index = 0
+    while index < len(paths):
+        prefix, _, last = paths[index].rpartition(".")
+        end = index
+        if last.isdigit():
+            while (end + 1 < len(paths) and paths[end + 1].rpartition(".")[0] == prefix
+                   and paths[end + 1].rpartition(".")[2] == str(int(last) + end + 1 - index)):
+                end += 1
+        if end - index >= 2:
+            start, stop = int(last), int(last) + end - index + 1
+            span = f"range({stop})" if start == 0 else f"range({start}, {stop})"
+            parts.append(f"*(f{prefix + '.{i}'!r} for i in {span})")
+        else:
+            parts.extend(repr(p) for p in paths[index:end + 1])
+        index = end + 1
+    return parts
 
 
 def _list(paths: Sequence[str], indent: str) -> str:
-    text = "[" + ", ".join(repr(p) for p in paths) + "]"
+    """A list of module paths as Python, consecutive blocks folded (`*(f"model.layers.{i}" for i in range(32))`)."""
+    parts = _runs(paths)
+    if len(parts) == 1 and parts[0].startswith("*("):
+        return "[" + parts[0][2:-1] + "]"  # one run: a list comprehension
+    text = "[" + ", ".join(parts) + "]"
     if len(text) + len(indent) <= 100:
         return text
-    body = textwrap.fill(", ".join(repr(p) for p in paths), 96 - len(indent), initial_indent=indent + "    ",
+    body = textwrap.fill(", ".join(parts), 96 - len(indent), initial_indent=indent + "    ",
                          subsequent_indent=indent + "    ", break_long_words=False, break_on_hyphens=False)
     return "[\n" + body + ",\n" + indent + "]"
 
@@ -318,12 +380,7 @@ def _code(sharding: Sharding) -> str:
               f'    """Lay `model` out over {sharding.world_size} ranks ({what}); call it on every rank."""']
     if tp > 1:
         lines.append(f'    mesh = init_device_mesh(device_type, ({dp}, {tp}), mesh_dim_names=("dp", "tp"))')
-        lines.append("    parallelize_module(model, mesh[\"tp\"], {")
-        for style in (COLWISE, ROWWISE):
-            members = [s.module for s in sharding.tp_plan if s.style == style]
-            name = "ColwiseParallel" if style == COLWISE else "RowwiseParallel"
-            lines.extend(f"        {pattern!r}: {name}()," for pattern in _pattern_of(members))
-        lines.append("    })")
+        lines += _tensor_parallel_lines(sharding)
         fsdp_mesh = 'mesh["dp"]'
     else:
         lines.append(f"    mesh = init_device_mesh(device_type, ({dp},))")

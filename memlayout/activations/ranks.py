@@ -28,7 +28,7 @@ import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from memlayout.activations.optimizer import DEFAULT_OPTIMIZER, check_optimizer
 from memlayout.activations.parallel import (
@@ -136,6 +136,40 @@ def fake_world(world_size: int, rank: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+@contextmanager
+def _torch_quieted(warned: list[str]) -> Iterator[None]:
+    """Nothing from torch on stderr while a rank is traced: the report says it.
+
+    FakeTensorMode logs every kernel that raises, traceback and all (the step's own
+    error says what failed), and FSDP2 warns about the model (a block returning a
+    view, say): those warnings become the report's notes.
+    """
+    import logging
+    import warnings
+
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        log.setLevel(level)
+        warned.extend(str(w.message) for w in caught)
+
+
+class RankTrace(NamedTuple):
+    """One traced rank, and what the step said besides its peak."""
+
+    peak: RankPeak
+    inputs: tuple[str, ...]
+    """The inputs' descriptions."""
+    loss: str
+    """How the loss was picked."""
+    warnings: tuple[str, ...]
+
+
 class RankStepError(MemlayoutError):
     """The step failed on the sharded model."""
 
@@ -237,8 +271,8 @@ def trace_rank(
     *,
     optimizer: str,
     device: str,
-) -> tuple[RankPeak, tuple[str, ...], str]:
-    """Trace one steady-state step of `rank` with `sharding` applied; also returns the inputs' descriptions and the loss rule."""
+) -> RankTrace:
+    """Trace one steady-state step of `rank` with `sharding` applied."""
     import torch
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
@@ -246,7 +280,8 @@ def trace_rank(
     from memlayout.activations.optimizer import build_optimizer
     from memlayout.activations.step import pick_loss, run_step
 
-    with fake_world(sharding.world_size, rank):
+    warned: list[str] = []
+    with fake_world(sharding.world_size, rank), _torch_quieted(warned):
         model = build()
         run_code(sharding.code(), model, torch.device(device).type)
         step = _Step("fake", device)
@@ -313,7 +348,7 @@ def trace_rank(
             tracker=named,
             forward_flops=counter.flops,
         )
-        return peak, step.descriptions, how
+    return RankTrace(peak, step.descriptions, how, tuple(dict.fromkeys(warned)))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -386,19 +421,22 @@ def analyze_ranks(
     step_inputs = StepInputs(inputs, kwargs)
     traced = traced_layouts(layouts)
     described: dict[str, Any] = {}
+    warned: dict[str, None] = {}
 
     def measure(with_sharding: Sharding, which: Sequence[RankLayout] = traced) -> tuple[RankPeak, ...]:
         peaks = []
         for layout in which:
-            peak, described["inputs"], described["loss"] = trace_rank(
+            traced = trace_rank(
                 build, with_sharding, layout.ranks[0], rank_ranges(layout.ranks), step_inputs, optimizer=optimizer,
                 device=device,
             )
-            peaks.append(peak)
+            described["inputs"], described["loss"] = traced.inputs, traced.loss
+            warned.update(dict.fromkeys(traced.warnings))
+            peaks.append(traced.peak)
         return tuple(peaks)
 
     peaks = measure(resolved)
-    notes = list(resolved.notes)
+    notes = list(resolved.notes) + [f"torch warned while tracing: {message}" for message in list(warned)[:3]]
     if len(layouts) > len(peaks):
         notes.append(
             f"the ranks' shards come in {len(layouts)} different shapes; {len(peaks)} were traced, the largest shards "
