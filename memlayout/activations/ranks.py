@@ -273,82 +273,108 @@ def trace_rank(
     device: str,
 ) -> RankTrace:
     """Trace one steady-state step of `rank` with `sharding` applied."""
+    warned: list[str] = []
+    with fake_world(sharding.world_size, rank), _torch_quieted(warned):
+        step = _sharded_step(build, sharding, step_inputs, device)
+        try:
+            tracker, how, flops = _tracked_step(step, optimizer)
+        except MemlayoutError:
+            raise
+        except Exception as exc:
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            raise RankStepError(
+                f"the step failed on rank {rank} of {sharding.world_size} with the sharding applied: "
+                f"{type(exc).__name__}: {text}",
+                "a model that reshapes by a head count it keeps as an attribute cannot run tensor parallel as "
+                "it is; --debug shows the traceback" if sharding.tp > 1 else "--debug shows the traceback",
+            ) from exc
+        peak = _rank_peak(tracker, step.model, rank, same_layout, flops, "optimizer" if step.optimizer else "loss")
+    return RankTrace(peak, step.descriptions, how, tuple(dict.fromkeys(warned)))
+
+
+def _sharded_step(build: Callable[[], Any], sharding: Sharding, step_inputs: StepInputs, device: str) -> Any:
+    """The model built on the meta device, sharded by the sharding's code, then made fake on `device`; its inputs."""
     import torch
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from memlayout.activations.analysis import _Step
+
+    model = build()
+    run_code(sharding.code(), model, torch.device(device).type)
+    step = _Step("fake", device)
+    with step.context():
+        model.to_empty(device=device)
+    model.train()
+    step.model = model
+    step.make_inputs(step_inputs.inputs, step_inputs.kwargs)
+    if not step.args and not step.kwargs:
+        raise UsageError("no inputs to run the step with",
+                         "give --input SPEC (one rank's batch) or --inputs pkg.mod:make_inputs")
+    return step
+
+
+def _tracked_step(step: Any, optimizer: str) -> tuple[Any, str, int]:
+    """A first step, untraced, then the steady-state step under FSDPMemTracker.
+
+    The first step makes the optimizer's state, as in training (the step measured
+    is the second), and counts the forward's FLOPs. Nothing runs under the default
+    device: the model and inputs are on it already, and torch keeps an optimizer's
+    step counts on the CPU.
+    """
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
     from memlayout.activations.optimizer import build_optimizer
     from memlayout.activations.step import pick_loss, run_step
 
-    warned: list[str] = []
-    with fake_world(sharding.world_size, rank), _torch_quieted(warned):
-        model = build()
-        run_code(sharding.code(), model, torch.device(device).type)
-        step = _Step("fake", device)
-        with step.context():
-            model.to_empty(device=device)
-        model.train()
-        step.model = model
-        step.make_inputs(step_inputs.inputs, step_inputs.kwargs)
-        if not step.args and not step.kwargs:
-            raise UsageError("no inputs to run the step with", "give --input SPEC (one rank's batch) or --inputs pkg.mod:make_inputs")
-        counter = _ForwardFlops()
-        with step.context():
-            opt = build_optimizer(model, optimizer, device=device)
-            try:
-                # The first step makes the optimizer's state; the step measured is the second, as in training.
-                with counter.mode:
-                    output = model(*step.args, **step.kwargs)
-                loss, how = pick_loss(output)
-                del output
-                loss.backward()
-                del loss
-                if opt is not None:
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                tracker = FSDPMemTracker(model, opt)
-                tracker.track_inputs((step.args, step.kwargs))
-                with tracker:
-                    run_step(model, step.args, step.kwargs, optimizer=opt)
-            except MemlayoutError:
-                raise
-            except Exception as exc:
-                text = str(exc).splitlines()[0] if str(exc) else ""
-                raise RankStepError(
-                    f"the step failed on rank {rank} of {sharding.world_size} with the sharding applied: "
-                    f"{type(exc).__name__}: {text}",
-                    "a model that reshapes by a head count it keeps as an attribute cannot run tensor parallel as "
-                    "it is; --debug shows the traceback" if sharding.tp > 1 else "--debug shows the traceback",
-                ) from exc
-        snapshot = tracker.get_tracker_snapshot("peak")
-        where, kinds = next(iter(snapshot.items())) if snapshot else (None, {})
-        total = int(kinds.get("Total", 0))
-        named = {getattr(k, "value", str(k)): int(v) for k, v in kinds.items() if k != "Total"}
-        totals = dict.fromkeys(set(_KINDS.values()), 0)
-        for name, value in named.items():
-            totals[_KINDS.get(name, "temporary")] += value
-        local = 0
-        for parameter in model.parameters():
-            tensor = parameter.to_local() if hasattr(parameter, "to_local") else parameter
-            local += tensor.numel() * tensor.element_size()
-        peak = RankPeak(
-            rank=rank,
-            same_layout=same_layout,
-            peak_bytes=total,
-            parameter_bytes=totals["parameter"],
-            buffer_bytes=totals["buffer"],
-            gradient_bytes=totals["gradient"],
-            optimizer_bytes=totals["optimizer"],
-            activation_bytes=totals["activation"],
-            temporary_bytes=totals["temporary"],
-            input_bytes=totals["input"],
-            communication_bytes=totals["communication"],
-            peak_at=_peak_at(tracker, model, total, where, "optimizer" if opt is not None else "loss"),
-            shard_bytes=local,
-            tracker=named,
-            forward_flops=counter.flops,
-        )
-    return RankTrace(peak, step.descriptions, how, tuple(dict.fromkeys(warned)))
+    counter = _ForwardFlops()
+    with step.context(default_device=False):
+        step.optimizer = build_optimizer(step.model, optimizer, device=step.device)
+        with counter.mode:
+            output = step.model(*step.args, **step.kwargs)
+        loss, how = pick_loss(output)
+        del output
+        loss.backward()
+        del loss
+        if step.optimizer is not None:
+            step.optimizer.step()
+            step.optimizer.zero_grad(set_to_none=True)
+        tracker = FSDPMemTracker(step.model, step.optimizer)
+        tracker.track_inputs((step.args, step.kwargs))
+        with tracker:
+            run_step(step.model, step.args, step.kwargs, optimizer=step.optimizer)
+    return tracker, how, counter.flops
+
+
+def _rank_peak(tracker: Any, model: Any, rank: int, same_layout: tuple[tuple[int, int], ...], flops: int,
+               fallback_phase: str) -> RankPeak:
+    """FSDPMemTracker's peak snapshot, in the report's kinds (they add up to the peak)."""
+    snapshot = tracker.get_tracker_snapshot("peak")
+    where, kinds = next(iter(snapshot.items())) if snapshot else (None, {})
+    total = int(kinds.get("Total", 0))
+    named = {getattr(k, "value", str(k)): int(v) for k, v in kinds.items() if k != "Total"}
+    totals = dict.fromkeys(set(_KINDS.values()), 0)
+    for name, value in named.items():
+        totals[_KINDS.get(name, "temporary")] += value
+    local = 0
+    for parameter in model.parameters():
+        tensor = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+        local += tensor.numel() * tensor.element_size()
+    return RankPeak(
+        rank=rank,
+        same_layout=same_layout,
+        peak_bytes=total,
+        parameter_bytes=totals["parameter"],
+        buffer_bytes=totals["buffer"],
+        gradient_bytes=totals["gradient"],
+        optimizer_bytes=totals["optimizer"],
+        activation_bytes=totals["activation"],
+        temporary_bytes=totals["temporary"],
+        input_bytes=totals["input"],
+        communication_bytes=totals["communication"],
+        peak_at=_peak_at(tracker, model, total, where, fallback_phase),
+        shard_bytes=local,
+        tracker=named,
+        forward_flops=flops,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
