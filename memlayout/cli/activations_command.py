@@ -46,7 +46,8 @@ def activations_command(
                      metavar="SPEC"),
     ] = None,
     budget: Annotated[
-        str | None, typer.Option("--budget", help="Plan checkpoints so the peak fits: bytes, 8GiB, 512MiB.", metavar="SIZE")
+        str | None, typer.Option("--budget", help="Plan checkpoints so the peak fits (with --world-size, each rank's; "
+                                      "resharding and offload too): bytes, 8GiB, 512MiB.", metavar="SIZE")
     ] = None,
     output_format: ActivationsFormatOption = OutputFormat.TABLE,
     output: OutputOption = None,
