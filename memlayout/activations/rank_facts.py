@@ -72,6 +72,8 @@ class RanksPlan:
     checks: int
     """Plans traced to find this one."""
     pitfalls: tuple[str, ...]
+    excluded: tuple[tuple[str, str], ...] = ()
+    """(module, why) for the modules the checkpoint search left out: they cannot be checkpointed."""
 
     @property
     def peak_bytes(self) -> int:

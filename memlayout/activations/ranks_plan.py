@@ -80,7 +80,7 @@ def plan_ranks(
     Raises:
         RanksBudgetUnreachableError: nothing tried fits; it carries the lowest plan.
     """
-    from memlayout.activations.analysis import pitfalls
+    from memlayout.activations.analysis import exclusions, pitfalls
     from memlayout.activations.plan import Plan, Planner, SequentialSegments
 
     if budget < 0:
@@ -94,6 +94,8 @@ def plan_ranks(
             measured[sharding] = measure(sharding)
         return max(r.peak_bytes for r in measured[sharding])
 
+    excluded: dict[str, str] = {}
+
     def result(sharding: Sharding, estimate: int | None, found_pitfalls: tuple[str, ...] = (), flops: int = 0) -> RanksPlan:
         resharded = tuple(
             path for path, on in sharding.resharded().items() if path and on and not baseline.resharded()[path]
@@ -101,7 +103,7 @@ def plan_ranks(
         return RanksPlan(
             budget_bytes=budget, sharding=sharding, resharded=resharded, offload=sharding.offload and not baseline.offload,
             ranks=measured[sharding], estimated_peak_bytes=estimate, recompute_flops=flops, checks=len(measured) - 1,
-            pitfalls=found_pitfalls,
+            pitfalls=found_pitfalls, excluded=tuple(excluded.items()),
         )
 
     if largest(baseline) <= budget:
@@ -131,7 +133,9 @@ def plan_ranks(
 
     # 2. Activation checkpointing, from the single-device planner.
     single = single_device()
-    planner = Planner(single.trace)
+    # Modules the single-device step shows cannot be checkpointed (they change state, or write into their inputs).
+    excluded.update(exclusions(single.modules, single.trace, None))
+    planner = Planner(single.trace, excluded)
     options: list[tuple[Sharding, int | None, int]] = []
 
     def checkpointed(on: Sharding, chosen: list[int]) -> Sharding:

@@ -70,6 +70,7 @@ def _plan_dict(plan: RanksPlan) -> dict[str, Any]:
         "offload": plan.offload,
         "ranks": [_rank_dict(r) for r in plan.ranks],
         "code": plan.sharding.code(),
+        "excluded": [{"module": path, "reason": reason} for path, reason in plan.excluded],
     }
 
 
@@ -95,6 +96,8 @@ def ranks_report_dict(report: RanksReport) -> dict[str, Any]:
             "gradient_bytes": s.gradient_bytes,
             "input_bytes": s.input_bytes,
             "optimizer_bytes": s.optimizer_bytes,
+            "peak_bytes_min": s.peak_bytes_min,
+            "peak_bytes_max": s.peak_bytes_max,
             "peak_at": {"module": s.peak_at.module, "class": s.peak_at.class_name, "phase": s.peak_at.phase},
             "at_peak": dict(s.at_peak),
             "forward_flops": s.forward_flops,
@@ -103,6 +106,7 @@ def ranks_report_dict(report: RanksReport) -> dict[str, Any]:
         "modules": [],
         "plan": None if report.plan is None else _plan_dict(report.plan),
         "fallbacks": [],
+        "data_dependent": [],
         "notes": list(report.notes),
         "distributed": _distributed_dict(report.sharding, report.layouts),
         "ranks": [_rank_dict(r) for r in report.ranks],
