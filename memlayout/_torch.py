@@ -211,6 +211,20 @@ def module_tensor_slots(module: torch.nn.Module) -> tuple[dict[str, Any], dict[s
     return module._parameters, module._buffers
 
 
+# --- DTensor (sharded live models) -----------------------------------------------------
+
+
+def dtensor_global_offset(tensor: Any) -> tuple[int, ...]:
+    """Where a DTensor's local piece starts in the whole tensor, per dimension
+    (`torch.distributed.tensor._utils.compute_local_shape_and_global_offset`, which
+    follows every placement, FSDP2's strided shards under tensor parallel included)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offset = compute_local_shape_and_global_offset(tuple(tensor.shape), tensor.device_mesh,
+                                                      tuple(tensor.placements))
+    return tuple(int(o) for o in offset)
+
+
 # --- classes from torch's private modules ---------------------------------------------
 # Attributes of this module, imported on first use (PEP 562): `_torch.FakeTensorMode`.
 

@@ -407,6 +407,20 @@ def test_the_fake_process_group_plays_one_rank_of_many() -> None:
         dist.destroy_process_group()
 
 
+def test_a_dtensor_pieces_offset_follows_its_placements() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from memlayout.activations.ranks import fake_world
+
+    with fake_world(4, 2):
+        mesh = init_device_mesh("cpu", (4,))
+        whole = distribute_tensor(torch.zeros(10, 6), mesh, [Shard(0)])  # torch.chunk: rows 3, 3, 3, 1
+        columns = distribute_tensor(torch.zeros(4, 8), mesh, [Shard(1)])
+        assert _torch.dtensor_global_offset(whole) == (6, 0) and tuple(whole.to_local().shape) == (3, 6)
+        assert _torch.dtensor_global_offset(columns) == (0, 4)
+
+
 def test_every_private_class_resolves() -> None:
     for name, (module, attribute) in _torch.PRIVATE_CLASSES.items():
         try:

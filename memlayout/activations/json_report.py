@@ -11,10 +11,10 @@ from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
+from memlayout.activations.json_parts import head, summary_dict
+from memlayout.activations.rank_facts import RanksReport
+from memlayout.activations.ranks_report import ranks_report_dict
 from memlayout.output.interface import Formatter
-from memlayout.version import __version__
-
-SCHEMA_VERSION = 1
 
 
 def report_dict(report: ActivationReport) -> dict[str, Any]:
@@ -22,30 +22,9 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
     s = report.summary
     plan = report.plan
     return {
-        "schema": SCHEMA_VERSION,
-        "report": "activations",
-        "tool": {"name": "memlayout", "version": __version__},
-        "target": {"spec": report.target, "kind": report.target_kind, "class": report.model_class},
-        "inputs": list(report.inputs),
-        "device": report.device,
-        "mode": report.mode,
-        "loss": report.loss,
-        "optimizer": report.optimizer,
-        "summary": {
-            "peak_bytes": s.peak_bytes,
-            "allocator_peak_bytes": s.allocator_peak_bytes,
-            "activation_bytes": s.activation_bytes,
-            "parameter_bytes": s.parameter_bytes,
-            "buffer_bytes": s.buffer_bytes,
-            "gradient_bytes": s.gradient_bytes,
-            "input_bytes": s.input_bytes,
-            "optimizer_bytes": s.optimizer_bytes,
-            "peak_bytes_min": s.peak_bytes_min,
-            "peak_bytes_max": s.peak_bytes_max,
-            "peak_at": {"module": s.peak_at.module, "class": s.peak_at.class_name, "phase": s.peak_at.phase},
-            "at_peak": dict(s.at_peak),
-            "forward_flops": s.forward_flops,
-        },
+        **head(target=report.target, kind=report.target_kind, model_class=report.model_class, inputs=report.inputs,
+               device=report.device, mode=report.mode, loss=report.loss, optimizer=report.optimizer),
+        "summary": summary_dict(s),
         "modules": [
             {
                 "path": m.path,
@@ -84,8 +63,9 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
     }
 
 
-class ActivationsJson(Formatter[ActivationReport]):
-    """Every module, the summary and the plan (schema 1)."""
+class ActivationsJson(Formatter["ActivationReport | RanksReport"]):
+    """Every module, the summary and the plan (schema 1); across ranks, each rank and the sharding too."""
 
-    def render(self, report: ActivationReport) -> str:
-        return json.dumps(report_dict(report), indent=2) + "\n"
+    def render(self, report: ActivationReport | RanksReport) -> str:
+        data = ranks_report_dict(report) if isinstance(report, RanksReport) else report_dict(report)
+        return json.dumps(data, indent=2) + "\n"

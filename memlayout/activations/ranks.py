@@ -122,14 +122,15 @@ def rank_ranges(ranks: Sequence[int]) -> tuple[tuple[int, int], ...]:
 def fake_world(world_size: int, rank: int) -> Iterator[None]:
     """This process plays `rank` of `world_size` under torch's fake process group, then leaves it."""
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from memlayout import _torch
 
     if dist.is_initialized():
         raise UsageError(
             "a process group is already initialized in this process, and predicting ranks needs a fake one of its own",
             "run the prediction in a process that has not called init_process_group",
         )
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    dist.init_process_group("fake", store=_torch.FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
@@ -194,13 +195,13 @@ class _ForwardFlops:
 
     def __init__(self) -> None:
         from torch.distributed.tensor import DTensor
-        from torch.utils._python_dispatch import TorchDispatchMode
 
+        from memlayout import _torch
         from memlayout.activations.kernels import forward_flops
 
         counter = self
 
-        class Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        class Mode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
                 if any(t is DTensor for t in types):
                     return NotImplemented  # let DTensor run its local ops, which come back here
@@ -320,8 +321,7 @@ def _tracked_step(step: Any, optimizer: str) -> tuple[Any, str, int]:
     device: the model and inputs are on it already, and torch keeps an optimizer's
     step counts on the CPU.
     """
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
+    from memlayout import _torch
     from memlayout.activations.optimizer import build_optimizer
     from memlayout.activations.step import pick_loss, run_step
 
@@ -337,7 +337,7 @@ def _tracked_step(step: Any, optimizer: str) -> tuple[Any, str, int]:
         if step.optimizer is not None:
             step.optimizer.step()
             step.optimizer.zero_grad(set_to_none=True)
-        tracker = FSDPMemTracker(step.model, step.optimizer)
+        tracker = _torch.FSDPMemTracker(step.model, step.optimizer)
         tracker.track_inputs((step.args, step.kwargs))
         with tracker:
             run_step(step.model, step.args, step.kwargs, optimizer=step.optimizer)

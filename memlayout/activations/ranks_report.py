@@ -11,12 +11,10 @@ import io
 import textwrap
 from typing import Any
 
+from memlayout.activations.json_parts import head, summary_dict
 from memlayout.activations.parallel import Sharding
 from memlayout.activations.rank_facts import RankPeak, RanksPlan, RanksReport
 from memlayout.format_bytes import human_bytes
-from memlayout.version import __version__
-
-SCHEMA_VERSION = 1
 
 
 def _rank_dict(rank: RankPeak) -> dict[str, Any]:
@@ -76,33 +74,10 @@ def _plan_dict(plan: RanksPlan) -> dict[str, Any]:
 
 def ranks_report_dict(report: RanksReport) -> dict[str, Any]:
     """The report as plain JSON-ready data (activations schema 1, with `distributed` and `ranks`)."""
-    s = report.summary
     return {
-        "schema": SCHEMA_VERSION,
-        "report": "activations",
-        "tool": {"name": "memlayout", "version": __version__},
-        "target": {"spec": report.target, "kind": report.target_kind, "class": report.model_class},
-        "inputs": list(report.inputs),
-        "device": report.device,
-        "mode": "fake",
-        "loss": report.loss,
-        "optimizer": report.optimizer,
-        "summary": {
-            "peak_bytes": s.peak_bytes,
-            "allocator_peak_bytes": s.allocator_peak_bytes,
-            "activation_bytes": s.activation_bytes,
-            "parameter_bytes": s.parameter_bytes,
-            "buffer_bytes": s.buffer_bytes,
-            "gradient_bytes": s.gradient_bytes,
-            "input_bytes": s.input_bytes,
-            "optimizer_bytes": s.optimizer_bytes,
-            "peak_bytes_min": s.peak_bytes_min,
-            "peak_bytes_max": s.peak_bytes_max,
-            "peak_at": {"module": s.peak_at.module, "class": s.peak_at.class_name, "phase": s.peak_at.phase},
-            "at_peak": dict(s.at_peak),
-            "forward_flops": s.forward_flops,
-            "rank": report.largest.rank,
-        },
+        **head(target=report.target, kind=report.target_kind, model_class=report.model_class, inputs=report.inputs,
+               device=report.device, mode="fake", loss=report.loss, optimizer=report.optimizer),
+        "summary": {**summary_dict(report.summary), "rank": report.largest.rank},
         "modules": [],
         "plan": None if report.plan is None else _plan_dict(report.plan),
         "fallbacks": [],

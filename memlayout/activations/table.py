@@ -8,6 +8,8 @@ from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
+from memlayout.activations.rank_facts import RanksReport
+from memlayout.activations.ranks_report import render_ranks_table
 from memlayout.format_bytes import human_bytes
 from memlayout.output.interface import Formatter
 
@@ -130,13 +132,15 @@ def _plan_text(report: ActivationReport, width: int) -> Any:
     return Text("\n".join(lines))
 
 
-class ActivationsTable(Formatter[ActivationReport]):
-    """The terminal report, modules down to `depth`."""
+class ActivationsTable(Formatter["ActivationReport | RanksReport"]):
+    """The terminal report, modules down to `depth`; across ranks, each rank's breakdown and the sharding code."""
 
     def __init__(self, depth: int = DEFAULT_DEPTH, width: int = 120, color: bool = False) -> None:
         self.depth = depth
         self.width = width
         self.color = color
 
-    def render(self, report: ActivationReport) -> str:
+    def render(self, report: ActivationReport | RanksReport) -> str:
+        if isinstance(report, RanksReport):
+            return render_ranks_table(report, width=self.width, color=self.color)
         return render_table(report, depth=self.depth, width=self.width, color=self.color)

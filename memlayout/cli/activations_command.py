@@ -116,7 +116,6 @@ def activations_command(
             from memlayout.activations.parallel import ShardingOptions
             from memlayout.activations.ranks import analyze_ranks
             from memlayout.activations.ranks_plan import RanksBudgetUnreachableError
-            from memlayout.activations.ranks_report import ranks_report_dict, render_ranks_table
 
             if real or device == "meta":
                 raise UsageError(
@@ -136,13 +135,9 @@ def activations_command(
             except RanksBudgetUnreachableError as exc:
                 print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
                 raise typer.Exit(BUDGET_UNREACHABLE) from None
-            if fmt is ActivationsFormat.JSON:
-                import json
-
-                text = json.dumps(ranks_report_dict(ranks), indent=2) + "\n"
-            else:
-                text = render_ranks_table(ranks, color=output is None and sys.stdout.isatty())
-            write_output(text, output)
+            render_ranks = RenderOptions(color=terminal_color(output_format, output), depth=depth)
+            make_ranks = supported(to_format(output_format).activations, output_format, Command.ACTIVATIONS)
+            write_output(make_ranks(render_ranks).render_pieces(ranks), output)
             return
         given = [flag for flag, value in distributed.items() if value]
         if given:

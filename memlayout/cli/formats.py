@@ -33,6 +33,7 @@ else:  # pragma: no cover - Python 3.10
 
 if TYPE_CHECKING:
     from memlayout.activations.analysis import ActivationReport
+    from memlayout.activations.rank_facts import RanksReport
     from memlayout.diff.changes import DiffReport
     from memlayout.output.interface import Formatter
     from memlayout.pipeline.batch import BatchReport
@@ -87,7 +88,7 @@ class Format:
 
     inspect: Callable[[RenderOptions], Formatter[BatchReport]] | None = None
     diff: Callable[[RenderOptions], Formatter[DiffReport]] | None = None
-    activations: Callable[[RenderOptions], Formatter[ActivationReport]] | None = None
+    activations: Callable[[RenderOptions], Formatter[ActivationReport | RanksReport]] | None = None
 
     def commands(self) -> tuple[Command, ...]:
         """The commands that write this format."""
@@ -215,13 +216,13 @@ def _diff_html(options: RenderOptions) -> Formatter[DiffReport]:
     return DiffHtml()
 
 
-def _activations_table(options: RenderOptions) -> Formatter[ActivationReport]:
+def _activations_table(options: RenderOptions) -> Formatter[ActivationReport | RanksReport]:
     from memlayout.activations.table import ActivationsTable
 
     return ActivationsTable(depth=options.depth, width=options.width, color=options.color)
 
 
-def _activations_json(options: RenderOptions) -> Formatter[ActivationReport]:
+def _activations_json(options: RenderOptions) -> Formatter[ActivationReport | RanksReport]:
     from memlayout.activations.json_report import ActivationsJson
 
     return ActivationsJson()

@@ -91,12 +91,12 @@ class _Collector:
 
     def _local_piece(self, name: str, tensor: Any, fsdp: bool) -> Any:
         """The local piece of a DTensor, recorded with where it sits in the whole tensor."""
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        from memlayout import _torch
 
         local = tensor.to_local().detach()
         mesh = tensor.device_mesh
         self.mesh_size = max(self.mesh_size, mesh.size())
-        _, offset = compute_local_shape_and_global_offset(tuple(tensor.shape), mesh, tuple(tensor.placements))
+        offset = _torch.dtensor_global_offset(tensor)
         padding = 0
         if fsdp:
             # FSDP2 keeps each rank's piece as a view of a buffer padded to the largest piece.
@@ -109,7 +109,7 @@ class _Collector:
                 mesh_shape=tuple(mesh.shape),
                 global_shape=tuple(tensor.shape),
                 local_shape=tuple(local.shape),
-                global_offset=tuple(int(o) for o in offset),
+                global_offset=offset,
                 fsdp=fsdp,
                 padding_bytes=padding,
                 storage_key=storage_key(local),

@@ -1,0 +1,48 @@
+"""The parts of the activations JSON that the one-device and the ranks reports share: its head and its summary.
+
+The keys are a contract (schema 1, `schema_v1.json`); within a version they are only added.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memlayout.activations.summary import Summary
+from memlayout.version import __version__
+
+SCHEMA_VERSION = 1
+
+
+def head(*, target: str | None, kind: str, model_class: str, inputs: tuple[str, ...], device: str, mode: str,
+         loss: str, optimizer: str) -> dict[str, Any]:
+    """The keys before `summary`: what was traced, and how."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "report": "activations",
+        "tool": {"name": "memlayout", "version": __version__},
+        "target": {"spec": target, "kind": kind, "class": model_class},
+        "inputs": list(inputs),
+        "device": device,
+        "mode": mode,
+        "loss": loss,
+        "optimizer": optimizer,
+    }
+
+
+def summary_dict(s: Summary) -> dict[str, Any]:
+    """`summary`: the step's totals."""
+    return {
+        "peak_bytes": s.peak_bytes,
+        "allocator_peak_bytes": s.allocator_peak_bytes,
+        "activation_bytes": s.activation_bytes,
+        "parameter_bytes": s.parameter_bytes,
+        "buffer_bytes": s.buffer_bytes,
+        "gradient_bytes": s.gradient_bytes,
+        "input_bytes": s.input_bytes,
+        "optimizer_bytes": s.optimizer_bytes,
+        "peak_bytes_min": s.peak_bytes_min,
+        "peak_bytes_max": s.peak_bytes_max,
+        "peak_at": {"module": s.peak_at.module, "class": s.peak_at.class_name, "phase": s.peak_at.phase},
+        "at_peak": dict(s.at_peak),
+        "forward_flops": s.forward_flops,
+    }
