@@ -91,6 +91,10 @@ def _rules_table() -> str:
     return rules_table_markdown(_rules(), page_links=True)
 
 
+PAGES_OF_THEIR_OWN = {"will_it_fit"}
+"""Results files another page renders whole (will-it-fit.md), not harness runs with a machine."""
+
+
 def _benchmark_results() -> str:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
@@ -98,7 +102,7 @@ def _benchmark_results() -> str:
 
     sections = []
     for path in sorted(RESULTS.glob("*.json")):
-        if path.stem.endswith("-quick"):
+        if path.stem.endswith("-quick") or path.stem in PAGES_OF_THEIR_OWN:
             continue
         results = read_results(path.stem)
         body = results_markdown(results).replace("\n", "\n    ")
