@@ -114,7 +114,10 @@ def tensor_records(
                 )
         if storage is None:
             key = _meta_storage_key(tensor)
-            storages[key] = StorageRecord(key, "meta", 0, None, False)
+            # A tensor saved without a storage (torch's _rebuild_meta_tensor_no_storage) gets one as
+            # large as its view when torch rebuilds it, so its bytes are counted once, as used.
+            extent = (offset + sound[2] + 1) * dtype_info(tensor.dtype).itemsize if sound[2] >= 0 else 0
+            storages[key] = StorageRecord(key, "meta", extent, None, False)
         else:
             key = storage.key
             if key not in storages:
