@@ -11,7 +11,7 @@ typed as a frozen dataclass, built several times faster and in less memory.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -311,7 +311,7 @@ class _Geometry:
 
 
 def _tensor_fact(
-    records: list[TensorRecord], storage: StorageRecord, storage_id: str, dtype: DtypeInfo, geometry: _Geometry
+    records: Sequence[TensorRecord], storage: StorageRecord, storage_id: str, dtype: DtypeInfo, geometry: _Geometry
 ) -> TensorFact:
     first = records[0]
     shape, stride, offset, itemsize = first.shape, first.stride, first.offset, dtype.itemsize
@@ -456,21 +456,28 @@ def build_facts(source: LoadedSource) -> Facts:
     # Everything below runs once per tensor of checkpoints of up to 100,000
     # tensors, so the common case (one name per view, one view per storage) takes
     # a straight path with no per-tensor function call.
-    by_view: dict[tuple[object, ...], list[TensorRecord]] = {}
+    records_of_view: Iterable[Sequence[TensorRecord]]
     views_of_storage: dict[str, int] = {}
     dtypes: dict[str, DtypeInfo] = {}  # "torch.float32" and "float32" are one dtype
-    for record in source.tensors:
-        info = dtypes.get(record.dtype)
-        if info is None:
-            info = dtypes[record.dtype] = dtype_info(record.dtype)
-        key = record.storage_key
-        view = (key, record.offset, record.shape, record.stride, info.name)
-        same_view = by_view.get(view)
-        if same_view is None:
-            by_view[view] = [record]
-            views_of_storage[key] = views_of_storage.get(key, 0) + 1
-        else:
-            same_view.append(record)
+    if len({record.storage_key for record in source.tensors}) == len(source.tensors):
+        # Every tensor has a storage of its own (a state dict's usual shape): each
+        # record is a view of its own, and grouping them would find nothing.
+        records_of_view = [(record,) for record in source.tensors]
+    else:
+        by_view: dict[tuple[object, ...], list[TensorRecord]] = {}
+        for record in source.tensors:
+            info = dtypes.get(record.dtype)
+            if info is None:
+                info = dtypes[record.dtype] = dtype_info(record.dtype)
+            key = record.storage_key
+            view = (key, record.offset, record.shape, record.stride, info.name)
+            same_view = by_view.get(view)
+            if same_view is None:
+                by_view[view] = [record]
+                views_of_storage[key] = views_of_storage.get(key, 0) + 1
+            else:
+                same_view.append(record)
+        records_of_view = by_view.values()
 
     storage_ids: dict[str, str] = {}
     records_of_storage = source.storages
@@ -483,7 +490,7 @@ def build_facts(source: LoadedSource) -> Facts:
     # once all of them are known, in the slot it was given.
     storages: list[StorageFact | None] = []
     shared_storages: dict[str, tuple[int, list[TensorFact]]] = {}
-    for records in by_view.values():
+    for records in records_of_view:
         first = records[0]
         key = first.storage_key
         storage_record = records_of_storage[key]
@@ -491,12 +498,14 @@ def build_facts(source: LoadedSource) -> Facts:
         if storage_id is None:
             storage_id = storage_ids[key] = f"s{len(storage_ids)}"
             storages.append(None)
-            if views_of_storage[key] > 1:
+            if views_of_storage.get(key, 1) > 1:
                 shared_storages[key] = (len(storages) - 1, [])
+        dtype = dtypes.get(first.dtype)
+        if dtype is None:
+            dtype = dtypes[first.dtype] = dtype_info(first.dtype)
         if len(records) == 1:
             # _tensor_fact for one name, inlined.
             shape, stride, offset = first.shape, first.stride, first.offset
-            dtype = dtypes[first.dtype]
             itemsize = dtype.itemsize
             known = geometry_of((shape, stride))
             count, contiguous, fmt, overlapping = known if known is not None else geometry.of(shape, stride)
@@ -518,7 +527,7 @@ def build_facts(source: LoadedSource) -> Facts:
             )
             by_name[first.name] = fact
         else:
-            fact = _tensor_fact(records, storage_record, storage_id, dtypes[first.dtype], geometry)
+            fact = _tensor_fact(records, storage_record, storage_id, dtype, geometry)
             for name in fact.names:
                 by_name[name] = fact
         tensors_list.append(fact)
@@ -529,9 +538,12 @@ def build_facts(source: LoadedSource) -> Facts:
             if len(used) == 1:
                 start, end = used[0]
                 used_bytes = end - start
+                # A tensor filling its own storage, the usual case, leaves nothing unused.
+                full = start == 0 and end >= storage_record.nbytes
             else:
                 used_bytes = sum(end - start for start, end in used)
-            padding, unused = _split_unused(used, storage_record.nbytes)
+                full = False
+            padding, unused = (0, 0) if full else _split_unused(used, storage_record.nbytes)
             storages[-1] = StorageFact(
                 storage_id, key, storage_record.device, storage_record.nbytes, (fact.name,),
                 used, used_bytes, padding, unused, storage_record.base_address, storage_record.has_data,
