@@ -8,11 +8,10 @@ key bumps `schema`.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from memlayout.core.facts import Facts, TensorFact
+from memlayout.core.facts import Facts
 from memlayout.core.strides import MemoryFormat
 from memlayout.load.records import TensorKind
 from memlayout.output.interface import Formatter
@@ -129,19 +128,24 @@ def _tensor_entries(facts: Facts) -> Iterator[dict[str, Any]]:
 
 
 def _storage_entries(facts: Facts) -> Iterator[dict[str, Any]]:
-    views_by_storage: dict[str, list[TensorFact]] = defaultdict(list)
-    for tensor in facts.tensors:
-        views_by_storage[tensor.storage].append(tensor)
+    # Each view's range is made in one pass over the tensors: most storages hold
+    # one view, so a storage's list is made when its first view is met.
+    ranges: dict[str, list[dict[str, Any]]] = {}
+    for t in facts.tensors:
+        used = t.bytes_used
+        entry = {"tensor": t.name, "start": used.start, "end": used.end}
+        same_storage = ranges.get(t.storage)
+        if same_storage is None:
+            ranges[t.storage] = [entry]
+        else:
+            same_storage.append(entry)
     for s in facts.storages:
         yield {
             "id": s.id,
             "device": s.device,
             "nbytes": s.nbytes,
             "tensors": list(s.tensors),
-            "ranges": [
-                {"tensor": t.name, "start": t.bytes_used.start, "end": t.bytes_used.end}
-                for t in views_by_storage[s.id]
-            ],
+            "ranges": ranges.get(s.id, []),
             "used_bytes": s.used_bytes,
             "padding_bytes": s.padding_bytes,
             "unused_bytes": s.unused_bytes,
