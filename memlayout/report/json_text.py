@@ -83,14 +83,20 @@ def _indented(text: str, prefix: str) -> str:
 
 
 def _array_pieces(items: Iterable[Any], level: int, batch_size: int) -> Iterator[str]:
-    inner = "  " * (level + 1)
+    # The batch is encoded nested in `level` one-item arrays, so that the encoder
+    # itself indents its items as the array at `level` needs: "[\n  [\n    item,..."
+    # with the openings and closings of the nesting cut off. Re-indenting the text
+    # afterwards cost as much as encoding it.
+    head = sum(len("[\n" + "  " * depth) for depth in range(1, level + 2))
+    tail = sum(len("\n" + "  " * depth + "]") for depth in range(level + 1))
     iterator = iter(items)
     first = True
     while batch := list(islice(iterator, batch_size)):
-        # The batch as an array at level 0 is "[\n  item,\n  item\n]"; its items,
-        # re-indented, are the items of the array at `level`.
-        text = dumps(batch)
-        yield ("[\n" if first else ",\n") + inner + _indented(text[4:-2], "  " * level)
+        nested: list[Any] = batch
+        for _ in range(level):
+            nested = [nested]
+        text = dumps(nested)
+        yield ("[\n" if first else ",\n") + "  " * (level + 1) + text[head:-tail]
         first = False
     yield "[]" if first else "\n" + "  " * level + "]"
 
