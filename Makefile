@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 CORE_VENV  := .venv-core
 CORE_STAMP := $(CORE_VENV)/.installed
 
-.PHONY: venv demo test test-core lint docs bench bench-gpu fixtures clean reliability fuzz browser realworld
+.PHONY: venv demo test test-core lint docs bench bench-gpu fixtures clean reliability fuzz browser realworld zoo
 
 venv: $(STAMP)
 
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	echo "torch==$(TORCH_VERSION)" > $(VENV)/constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c $(VENV)/constraints.txt "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[torch,dev,bench]"
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[torch,dev,bench,zoo]"
 	touch $(STAMP)
 
 $(CORE_STAMP): pyproject.toml Makefile
@@ -106,3 +106,16 @@ fuzz: $(STAMP)
 realworld: $(STAMP)
 	$(PY) -m pytest -q -n 2 tests/realworld
 	$(PY) benchmarks/bench_realworld.py
+
+# memlayout activations against the real step on every architecture in transformers'
+# auto-model registries, diffusers' UNets and VAEs, and torch.nn's reference models,
+# each in a process of its own (a slice runs in make test). Figures and the table:
+# docs/activations-zoo.md, generated from benchmarks/results/activations_zoo.json.
+# ARCH=LlamaForCausalLM runs one architecture, FAMILY=causal-lm one family, RERUN=failed
+# the records not ok; ZOO_JOBS runs several at once, ZOO_TIMEOUT bounds each (seconds).
+ZOO_JOBS ?= 1
+ZOO_TIMEOUT ?= 300
+zoo: $(STAMP)
+	nice -n 10 $(PY) -m benchmarks.zoo.run --jobs $(ZOO_JOBS) --timeout $(ZOO_TIMEOUT) \
+	  $(if $(ARCH),--arch "$(ARCH)") $(if $(FAMILY),--family "$(FAMILY)") $(if $(RERUN),--rerun $(RERUN)) \
+	  --command "make zoo$(if $(ARCH), ARCH=$(ARCH))$(if $(FAMILY), FAMILY=$(FAMILY))$(if $(RERUN), RERUN=$(RERUN))"

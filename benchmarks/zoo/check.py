@@ -1,0 +1,299 @@
+"""One architecture of the sweep: the real step, memlayout's prediction, and a plan applied for real.
+
+`python -m benchmarks.zoo.check NAME` prints the record as one JSON line (run.py
+runs each architecture this way, in a fresh process with a timeout).
+
+The record:
+- the real CPU training step, measured by PyTorch's MemTracker (the truth);
+- memlayout's prediction for the same model, inputs and optimizer, on fake tensors;
+- a plan for a budget of BUDGET_SHARE x the measured peak, applied for real with
+  torch.utils.checkpoint: verified when the measured peak fits the budget and the
+  loss and every gradient are bitwise equal to the unplanned step's (same seed);
+- where memlayout answers that the budget cannot be met, the lowest peak it states
+  is checked for real: its own lowest plan, and every set of the model's top-level
+  modules checkpointed (TopLevel), each measured by MemTracker. The statement is
+  "unreachable-verified" when none of them fits the budget and the lowest of them
+  is within TOLERANCE of the stated peak.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.zoo.catalog import Architecture, Built, by_name
+
+OPTIMIZER = "adamw"
+"""The step measured and predicted: forward, backward and AdamW's step, its state there from the start."""
+BUDGET_SHARE = 0.7
+TOLERANCE = 0.02
+"""How close a prediction must be to the measured peak, and a stated lowest peak to the real lowest."""
+SUBSETS_UP_TO = 6
+"""Every set of the top-level modules is tried up to this many modules; beyond, singles and the whole level."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    peak_bytes: int
+    loss: Any
+    grads: dict[str, Any]
+
+
+def measure(built: Built) -> Measured:
+    """One real step of a freshly built model under MemTracker."""
+    from tests.activations.measure import memtracker_step
+
+    real = memtracker_step(built.model, built.args, built.kwargs, optimizer=OPTIMIZER)
+    return Measured(real.peak_bytes, real.loss, real.grads)
+
+
+def same_step(a: Measured, b: Measured) -> str | None:
+    """None when the loss and every gradient are bitwise equal; else what differs."""
+    import torch
+
+    if not torch.equal(a.loss, b.loss):
+        return f"the loss differs ({float(a.loss)!r} vs {float(b.loss)!r})"
+    if a.grads.keys() != b.grads.keys():
+        missing = sorted(a.grads.keys() ^ b.grads.keys())
+        return f"gradients of different parameters ({', '.join(missing[:3])})"
+    differ = [name for name, grad in a.grads.items() if not torch.equal(grad, b.grads[name])]
+    if differ:
+        return f"{len(differ)} gradients differ ({', '.join(differ[:3])})"
+    return None
+
+
+def stage(name: str) -> None:
+    """Announce a stage on stderr: run.py names it when this process times out or dies."""
+    print(f"zoo-stage: {name}", file=sys.stderr, flush=True)
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def memlayout_error(exc: BaseException) -> str:
+    """What `memlayout activations` would print for this error: a MemlayoutError's one line, anything else
+    as the CLI's "unexpected ..." (a bug: the figures count these)."""
+    from memlayout.errors import MemlayoutError
+
+    if isinstance(exc, MemlayoutError):
+        return f"memlayout: error: {exc.one_line()}"[:400]
+    return f"unexpected {one_line(exc)}"
+
+
+def mib(count: float) -> str:
+    return f"{count / 2**20:.2f} MiB"
+
+
+def top_level_modules(model: Any) -> list[str]:
+    """The modules a user would checkpoint first: the model's children, looking through containers.
+
+    A child that holds the rest of the model (transformers' base model, an
+    nn.ModuleList or nn.Sequential of layers) is replaced by its own children.
+    """
+    import torch
+
+    base = getattr(model, "base_model_prefix", None)
+    found: list[str] = []
+
+    def visit(module: Any, prefix: str, depth: int) -> None:
+        for name, child in module.named_children():
+            path = f"{prefix}{name}"
+            if not any(True for _ in child.parameters()):
+                continue  # nothing of its own to save: checkpointing it changes nothing
+            opens = isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)) or (
+                depth == 0 and name == base) or (isinstance(child, torch.nn.Sequential) and depth == 0)
+            if opens and depth < 2:
+                visit(child, f"{path}.", depth + 1)
+            elif isinstance(child, torch.nn.ModuleDict | torch.nn.ModuleList):
+                continue
+            else:
+                found.append(path)
+
+    visit(model, "", 0)
+    return found
+
+
+def top_level_plans(modules: list[str]) -> Iterator[tuple[str, ...]]:
+    if len(modules) <= SUBSETS_UP_TO:
+        for size in range(1, len(modules) + 1):
+            yield from itertools.combinations(modules, size)
+    else:
+        for module in modules:
+            yield (module,)
+        yield tuple(modules)
+
+
+def run_check(arch: Architecture) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    record: dict[str, Any] = {
+        "architecture": arch.name, "source": arch.source, "family": arch.family, "status": "ok",
+        "predicted_peak_bytes": None, "measured_peak_bytes": None, "ratio": None, "within_2pct": None,
+        "plan": "none", "reason": "", "optimizer": OPTIMIZER,
+    }
+    try:
+        _check(arch, record)
+    finally:
+        record["seconds"] = round(time.perf_counter() - started, 1)
+    return record
+
+
+def _check(arch: Architecture, record: dict[str, Any]) -> None:
+    import memlayout.activations as act
+
+    stage("build")
+    try:
+        built = arch.build()
+    except Exception as exc:
+        default = arch.probe_default() if arch.probe_default is not None else None
+        if default is not None:
+            reason = f"does not build, not even from its config class's defaults (on the meta device): {default}"
+        else:
+            reason = f"builds from its config class's defaults but not from the tiny config: {one_line(exc)}"
+        record.update(status="unsupported", reason=reason[:400])
+        return
+    record["size"] = built.size
+    record["parameters"] = sum(p.numel() for p in built.model.parameters())
+    stage("real step")
+    try:
+        plain = measure(built)
+        again = measure(arch.build())
+    except Exception as exc:
+        record.update(status="unsupported", reason=f"the real CPU step fails: {one_line(exc)}")
+        return
+    record["measured_peak_bytes"] = plain.peak_bytes
+    if (differs := same_step(plain, again)) is not None:
+        record["reproducible"] = False
+        record["reason"] = f"two unplanned real steps are not bitwise equal: {differs}"
+    stage("prediction")
+    try:
+        report = act.analyze(arch.build().model, list(built.args), kwargs=built.kwargs, optimizer=OPTIMIZER)
+    except Exception as exc:
+        record.update(status="failed", reason=f"no prediction: {memlayout_error(exc)}")
+        return
+    predicted = report.summary.peak_bytes
+    record["predicted_peak_bytes"] = predicted
+    record["ratio"] = round(predicted / plain.peak_bytes, 4)
+    for name in ("optimizer_bytes", "fallbacks", "excluded", "peak_bytes_min", "peak_bytes_max"):
+        value = getattr(report.summary, name, None)
+        if value is not None:
+            record[name] = value
+    record["within_2pct"] = abs(predicted - plain.peak_bytes) <= TOLERANCE * plain.peak_bytes
+    if not record["within_2pct"]:
+        record["reason"] = (f"predicted {mib(predicted)} against {mib(plain.peak_bytes)} measured "
+                            f"({record['ratio']:.3f}x)")
+    _check_plan(arch, plain, record)
+
+
+def _check_plan(arch: Architecture, plain: Measured, record: dict[str, Any]) -> None:
+    import memlayout.activations as act
+
+    budget = int(plain.peak_bytes * BUDGET_SHARE)
+    record["budget_bytes"] = budget
+    built = arch.build()
+    stage("plan search")
+    try:
+        planned = act.analyze(arch.build().model, list(built.args), kwargs=built.kwargs, budget=budget,
+                              optimizer=OPTIMIZER)
+    except act.BudgetUnreachableError as unreachable:
+        _check_unreachable(arch, plain, budget, unreachable, record)
+        return
+    except Exception as exc:
+        _plan_failed(record, f"the plan search fails: {memlayout_error(exc)}")
+        return
+    assert planned.plan is not None
+    record["plan_checkpoints"] = planned.plan.plan.to_dict()
+    record["plan_predicted_peak_bytes"] = planned.plan.peak_bytes
+    stage("plan applied for real")
+    try:
+        with act.apply_plan(built.model, planned.plan.plan):
+            applied = measure(built)
+    except Exception as exc:
+        _plan_failed(record, f"the plan fails when applied for real: {one_line(exc)}")
+        return
+    record["plan_measured_peak_bytes"] = applied.peak_bytes
+    if applied.peak_bytes > budget:
+        _plan_failed(record, f"the plan applied for real measures {mib(applied.peak_bytes)}, over the budget "
+                             f"{mib(budget)} (memlayout traced {mib(planned.plan.peak_bytes)})")
+    elif (differs := same_step(plain, applied)) is not None:
+        _plan_failed(record, f"the plan changes the step: {differs}")
+    else:
+        record["plan"] = "verified"
+
+
+def _check_unreachable(arch: Architecture, plain: Measured, budget: int, unreachable: Any,
+                       record: dict[str, Any]) -> None:
+    import memlayout.activations as act
+
+    stated = unreachable.lowest.peak_bytes
+    record["plan_checkpoints"] = unreachable.lowest.plan.to_dict()
+    record["plan_predicted_peak_bytes"] = stated
+    stage("unreachable budget checked for real")
+    tried: dict[str, int] = {}
+    refused: list[str] = []
+    plans = [("memlayout's lowest plan", unreachable.lowest.plan)]
+    probe = arch.build().model
+    plans += [(" + ".join(paths), act.Plan(checkpoint=paths)) for paths in top_level_plans(top_level_modules(probe))]
+    for label, plan in plans:
+        built = arch.build()
+        try:
+            with act.apply_plan(built.model, plan):
+                measured = measure(built)
+        except Exception as exc:
+            refused.append(f"{label}: {one_line(exc)}")
+            continue
+        if (differs := same_step(plain, measured)) is not None:
+            refused.append(f"{label}: changes the step ({differs})")
+            continue
+        tried[label] = measured.peak_bytes
+    record["unreachable_checked_plans"] = len(tried)
+    if refused:
+        record["unreachable_refused_plans"] = refused[:5]
+    lowest_plan = tried.get("memlayout's lowest plan")
+    if lowest_plan is None:
+        _plan_failed(record, f"memlayout's lowest plan cannot be applied for real: {refused[0]}")
+        return
+    record["plan_measured_peak_bytes"] = lowest_plan
+    best_label, best = min(tried.items(), key=lambda item: item[1])
+    if best <= budget:
+        _plan_failed(record, f"memlayout calls {mib(budget)} unreachable, but checkpointing {best_label} "
+                             f"measures {mib(best)}")
+    elif abs(lowest_plan - stated) > TOLERANCE * lowest_plan:
+        _plan_failed(record, f"the stated lowest peak {mib(stated)} measures {mib(lowest_plan)} for real")
+    elif best < stated * (1 - TOLERANCE):
+        _plan_failed(record, f"the stated lowest peak is {mib(stated)}, but checkpointing {best_label} "
+                             f"measures {mib(best)}")
+    else:
+        record["plan"] = "unreachable-verified"
+        record["real_lowest_peak_bytes"] = best
+
+
+def _plan_failed(record: dict[str, Any], reason: str) -> None:
+    record["plan"] = "failed"
+    record["status"] = "failed"
+    record["reason"] = "; ".join(part for part in (record["reason"], reason) if part)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m benchmarks.zoo.check ARCHITECTURE", file=sys.stderr)
+        return 2
+    entries = by_name()
+    if argv[0] not in entries:
+        print(f"no architecture {argv[0]!r} in the catalog", file=sys.stderr)
+        return 2
+    print(json.dumps(run_check(entries[argv[0]])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,242 @@
+"""Run the sweep: each architecture in a process of its own, with a timeout, so one crash or hang stops nothing.
+
+Usage:
+    python -m benchmarks.zoo.run                      # every architecture
+    python -m benchmarks.zoo.run --arch LlamaForCausalLM --arch BertForMaskedLM
+    python -m benchmarks.zoo.run --rerun failed       # the records not ok within 2% (or missing)
+    python -m benchmarks.zoo.run --family causal-lm --jobs 2 --timeout 300
+
+Records land in benchmarks/results/activations_zoo.json after every
+architecture (a partial run keeps the other records), the sweep's time in
+activations_zoo_sweep.json, and docs/activations-zoo.md is written from both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results" / "activations_zoo.json"
+SWEEP = ROOT / "benchmarks" / "results" / "activations_zoo_sweep.json"
+STAGE = "zoo-stage: "
+"""check.py announces each stage on stderr, so a timeout or a crash says where it happened."""
+UNSUPPORTED_STAGES = ("build", "real step")
+
+
+def load_records() -> dict[str, dict[str, Any]]:
+    if not RESULTS.exists():
+        return {}
+    return {record["architecture"]: record for record in json.loads(RESULTS.read_text())}
+
+
+def needs_rerun(record: dict[str, Any] | None) -> bool:
+    """A record that is missing, or not ok with its prediction within 2% and its plan verified."""
+    if record is None:
+        return True
+    return not (record["status"] == "ok" and record.get("within_2pct") and
+                record["plan"] in ("verified", "unreachable-verified"))
+
+
+def warm_up() -> None:
+    """Import what every check needs once, in the parent: each forked child starts with it loaded.
+
+    Importing torch, transformers and diffusers takes 10-20 s on a busy machine, as
+    long as checking a tiny model; a child forked from a warm parent is still a
+    process of its own (a crash or a hang ends only it) without paying that again.
+    """
+    import diffusers  # noqa: F401
+    import torch
+    import transformers.models.auto.modeling_auto  # noqa: F401
+
+    import memlayout.activations.analysis  # noqa: F401
+    import tests.activations.measure  # noqa: F401
+
+    torch.set_num_threads(1)
+
+
+@dataclass
+class Child:
+    """One architecture's check, running in a forked process."""
+
+    entry: Any
+    process: Any
+    results: Any
+    stderr: Any
+    started: float
+
+
+def start_child(entry: Any) -> Child:
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    stderr = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115 (closed when the child's record is taken)
+    process = context.Process(target=_child_main, args=(entry, send, stderr.fileno()), daemon=True)
+    process.start()
+    send.close()
+    return Child(entry, process, receive, stderr, time.perf_counter())
+
+
+def _child_main(entry: Any, results: Any, stderr_fd: int) -> None:
+    from benchmarks.zoo.check import run_check
+
+    # transformers' and torch's warnings go to the log, not the sweep's output
+    os.dup2(stderr_fd, 2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    results.send(run_check(entry))
+    results.close()
+
+
+def finish_child(child: Child, timeout: float) -> dict[str, Any] | None:
+    """The child's record once it is done; None while it still runs within its time."""
+    entry = child.entry
+    elapsed = time.perf_counter() - child.started
+    if child.results.poll(0.2):
+        try:
+            record: dict[str, Any] = child.results.recv()
+        except EOFError:
+            record = {}
+        child.process.join()
+        child.stderr.close()
+        if record:
+            return record
+        return _ended(entry, child, f"the process ended during the {{stage}} (exit status {child.process.exitcode})")
+    if not child.process.is_alive():
+        child.process.join()
+        return _ended(entry, child, f"the process ended during the {{stage}} (exit status {child.process.exitcode})")
+    if elapsed > timeout:
+        child.process.kill()
+        child.process.join()
+        return _ended(entry, child, f"timed out after {timeout:.0f} s during the {{stage}}")
+    return None
+
+
+def _ended(entry: Any, child: Child, reason: str) -> dict[str, Any]:
+    child.stderr.seek(0)
+    text = child.stderr.read().decode(errors="replace")
+    child.stderr.close()
+    stages = [line[len(STAGE):] for line in text.splitlines() if line.startswith(STAGE)]
+    stage = stages[-1] if stages else "start"
+    tail = [line for line in text.strip().splitlines() if line and not line.startswith(STAGE)]
+    reason = reason.format(stage=stage)
+    if tail and "timed out" not in reason:
+        reason += f": {tail[-1][:300]}"
+    return {
+        "architecture": entry.name, "source": entry.source, "family": entry.family,
+        "status": "unsupported" if stage in UNSUPPORTED_STAGES else "failed",
+        "predicted_peak_bytes": None, "measured_peak_bytes": None, "ratio": None, "within_2pct": None,
+        "plan": "failed" if stage.startswith(("plan", "unreachable")) else "none", "reason": reason,
+        "seconds": round(time.perf_counter() - child.started, 1),
+    }
+
+
+def write_json(path: Path, data: Any) -> None:
+    from memlayout.io.atomic_write import write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(str(path), json.dumps(data, indent=1) + "\n")
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str] = {}
+    for package in ("torch", "transformers", "diffusers"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def _schedule(pending: list[tuple[int, Any]], running: list[tuple[int, Child]], options: Any,
+              records: dict[str, dict[str, Any]], order: dict[str, int]) -> None:
+    """Keep `options.jobs` children running until every architecture has its record."""
+    total = len(pending)
+    while pending or running:
+        while pending and len(running) < max(1, options.jobs):
+            index, entry = pending.pop(0)
+            running.append((index, start_child(entry)))
+        for index, child in list(running):
+            record = finish_child(child, options.timeout)
+            if record is None:
+                continue
+            running.remove((index, child))
+            records[child.entry.name] = record
+            kept = sorted((r for n, r in records.items() if n in order), key=lambda r: order[r["architecture"]])
+            write_json(RESULTS, kept)
+            ratio = f"{record['ratio']:.3f}x" if record.get("ratio") is not None else "-"
+            print(f"[{index + 1}/{total}] {child.entry.name}: {record['status']}, {ratio}, "
+                  f"plan {record['plan']}, {record['seconds']} s {record['reason'][:150]}", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    from benchmarks.zoo.catalog import architectures
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.zoo.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", action="append", default=[], help="an architecture to run (repeatable)")
+    parser.add_argument("--family", action="append", default=[], help="every architecture of a family")
+    parser.add_argument("--rerun", choices=("failed",), help="only the records not ok within 2%%, or missing")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per architecture (default 300)")
+    parser.add_argument("--jobs", type=int, default=1, help="architectures run at once (default 1)")
+    parser.add_argument("--list", action="store_true", help="list the architectures and exit")
+    parser.add_argument("--command", default="python -m benchmarks.zoo.run",
+                        help="how the sweep was started, for the docs")
+    options = parser.parse_args(argv)
+
+    catalog = architectures()
+    if options.list:
+        for entry in catalog:
+            print(f"{entry.family:22s} {entry.name:50s} {entry.source}")
+        return 0
+    records = load_records()
+    unknown = sorted(set(options.arch) - {entry.name for entry in catalog})
+    if unknown:
+        print(f"not in the catalog: {', '.join(unknown)} (see --list)", file=sys.stderr)
+        return 2
+    selected = [
+        entry for entry in catalog
+        if (not options.arch or entry.name in options.arch)
+        and (not options.family or entry.family in options.family)
+        and (options.rerun is None or needs_rerun(records.get(entry.name)))
+    ]
+    full = not options.arch and not options.family and options.rerun is None
+    order = {entry.name: index for index, entry in enumerate(catalog)}
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    started = time.perf_counter()
+    warm_up()
+    pending = list(enumerate(selected))
+    running: list[tuple[int, Child]] = []
+    try:
+        _schedule(pending, running, options, records, order)
+    finally:
+        for _, child in running:  # interrupted: no check outlives the sweep
+            child.process.kill()
+    wall = round(time.perf_counter() - started, 1)
+
+    sweep = json.loads(SWEEP.read_text()) if SWEEP.exists() else {}
+    run = {"started": started_at, "wall_seconds": wall, "architectures": len(selected), "jobs": options.jobs,
+           "timeout_seconds": options.timeout, "command": options.command, "versions": versions()}
+    if full:
+        sweep = {"full_sweep": run, "reruns": []}
+    else:
+        sweep.setdefault("reruns", []).append({**run, "selected": [entry.name for entry in selected][:50]})
+    write_json(SWEEP, sweep)
+
+    from benchmarks.zoo.render import write_docs
+
+    write_docs()
+    print(f"{len(selected)} architectures in {wall} s; results in {RESULTS.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
