@@ -87,6 +87,18 @@ def memlayout_error(exc: BaseException) -> str:
     return f"unexpected {one_line(exc)}"
 
 
+def describe_inputs(built: Built) -> str:
+    """`input_ids=int64[4,64], labels=int64[4,64]`: what the step was given."""
+    import torch
+
+    def one(value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"{str(value.dtype).removeprefix('torch.')}[{','.join(map(str, value.shape))}]"
+        return type(value).__name__
+
+    return ", ".join([one(value) for value in built.args] + [f"{k}={one(v)}" for k, v in built.kwargs.items()])
+
+
 def mib(count: float) -> str:
     return f"{count / 2**20:.2f} MiB"
 
@@ -133,7 +145,8 @@ def top_level_plans(modules: list[str]) -> Iterator[tuple[str, ...]]:
 def run_check(arch: Architecture) -> dict[str, Any]:
     import torch
 
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the sweep shares the machine; one thread also keeps the kernels' order fixed
     started = time.perf_counter()
     record: dict[str, Any] = {
         "architecture": arch.name, "source": arch.source, "family": arch.family, "status": "ok",
@@ -144,6 +157,7 @@ def run_check(arch: Architecture) -> dict[str, Any]:
         _check(arch, record)
     finally:
         record["seconds"] = round(time.perf_counter() - started, 1)
+        torch.set_num_threads(threads)
     return record
 
 
@@ -162,6 +176,7 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
         record.update(status="unsupported", reason=reason[:400])
         return
     record["size"] = built.size
+    record["inputs"] = describe_inputs(built)
     record["parameters"] = sum(p.numel() for p in built.model.parameters())
     stage("real step")
     try:

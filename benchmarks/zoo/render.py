@@ -78,21 +78,29 @@ def render(records: list[dict[str, Any]], sweep: dict[str, Any]) -> str:
         "UNets, VAEs and diffusion transformers, and torch.nn's reference models. For each one:",
         "",
         "1. a tiny model with random weights: transformers models from the config class's own defaults with "
-        "every size shrunk by field name (`benchmarks/zoo/tiny.py`: width 32, 2 layers, 4 heads, vocabulary 99, "
-        "32-pixel images), diffusers and torch.nn models from the small configs in `benchmarks/zoo/catalog.py`; "
-        "text inputs are 4 x 64 tokens;",
-        "2. one real CPU training step, measured by PyTorch's MemTracker (`torch.distributed._tools.mem_tracker`);",
-        "3. memlayout's prediction for the same step, on fake tensors;",
-        "4. a checkpoint plan for 0.7x the measured peak, applied for real with `torch.utils.checkpoint`: "
-        "**verified** when the measured peak fits the budget and the loss and every gradient are bitwise equal "
-        "to the unplanned step's;",
-        "5. where memlayout answers that the budget cannot be met, its stated lowest peak is checked for real: "
-        "its lowest plan and every set of the model's top-level modules (up to 6; beyond, each alone and all "
-        "together) are applied and measured. **unreachable-verified**: none fits the budget, and the lowest is "
-        "within 2% of the stated peak.",
+        "every size shrunk by field name (`benchmarks/zoo/tiny.py`: width 32, 2 layers (one of each kind in a "
+        "hybrid stack), 4 heads, head size 8, 4 experts with 2 active, vocabulary 99, 32-pixel images), built "
+        "with `use_cache=False` as for training; diffusers and torch.nn models from the small configs in "
+        "`benchmarks/zoo/catalog.py`. Text inputs are 4 x 64 tokens with labels; image-text models get "
+        "32-pixel images and one placeholder token per image feature (counted on the tiny model's vision "
+        "tower); each record lists its inputs;",
+        "2. one real CPU training step with AdamW (forward, backward, `optimizer.step()`, the optimizer's state "
+        "there from the start, as from the second step on), measured by PyTorch's MemTracker "
+        "(`torch.distributed._tools.mem_tracker`);",
+        "3. memlayout's prediction for the same step, on fake tensors (`memlayout.activations.analyze`, "
+        "`optimizer=\"adamw\"`);",
+        "4. a checkpoint plan for 0.7x the measured peak (`analyze(..., budget=...)`), applied for real with "
+        "`torch.utils.checkpoint` (`apply_plan`): **verified** when the measured peak fits the budget and the "
+        "loss and every gradient are bitwise equal to the unplanned step's (same seed);",
+        "5. where memlayout answers that the budget cannot be met (`BudgetUnreachableError`), its stated lowest "
+        "peak is checked for real: its lowest plan and every set of the model's top-level modules (up to 6; "
+        "beyond, each alone and all together) are applied and measured. **unreachable-verified**: none fits "
+        "the budget, the lowest plan measures within 2% of the stated peak, and no set of top-level modules "
+        "measures more than 2% below it.",
         "",
         "A model that cannot be built from its tiny config or cannot run a real CPU step is **unsupported**, "
-        "with the reason. Each architecture runs in its own process with a timeout.",
+        "with the reason; **failed** is memlayout's failure (no prediction, or a plan that does not hold). Each "
+        "architecture runs in a process of its own with a timeout.",
         "",
         "## Figures",
         "",
@@ -136,11 +144,17 @@ def render(records: list[dict[str, Any]], sweep: dict[str, Any]) -> str:
             f"{mib(record['predicted_peak_bytes'])} | {mib(record['measured_peak_bytes'])} | {ratio} | "
             f"{record['plan']} | {cell(record['reason'])} |"
         )
+    lines += ["", "## Config values set by hand", "",
+              "Where the generic shrink cannot guess (mostly fields whose default is None that the modeling code "
+              "reads as a number), `benchmarks/zoo/tiny.py` sets these:", ""]
+    from benchmarks.zoo.tiny import OVERRIDES
+
+    lines += [f"- `{model_type}`: `{values}`" for model_type, values in sorted(OVERRIDES.items())]
     lines += ["", "## Where each architecture comes from", "",
-              "| architecture | source | sizes |", "|---|---|---|"]
+              "| architecture | source | sizes | inputs |", "|---|---|---|---|"]
     for record in records:
         lines.append(f"| {cell(record['architecture'])} | {cell(record['source'])} | "
-                     f"{cell(record.get('size', '-'))} |")
+                     f"{cell(record.get('size', '-'))} | {cell(record.get('inputs', '-'))} |")
     return "\n".join(lines) + "\n"
 
 

@@ -52,12 +52,19 @@ def warm_up() -> None:
     Importing torch, transformers and diffusers takes 10-20 s on a busy machine, as
     long as checking a tiny model; a child forked from a warm parent is still a
     process of its own (a crash or a hang ends only it) without paying that again.
+    It also pins the code a sweep runs: the harness and memlayout are imported
+    here, so that editing them while a sweep runs changes nothing in it.
     """
     import diffusers  # noqa: F401
     import torch
     import transformers.models.auto.modeling_auto  # noqa: F401
 
-    import memlayout.activations.analysis  # noqa: F401
+    import benchmarks.zoo.check
+    import benchmarks.zoo.multimodal
+    import benchmarks.zoo.tiny  # noqa: F401
+    import memlayout.activations.analysis
+    import memlayout.activations.apply
+    import memlayout.activations.trace  # noqa: F401
     import tests.activations.measure  # noqa: F401
 
     torch.set_num_threads(1)
@@ -87,10 +94,13 @@ def start_child(entry: Any) -> Child:
 def _child_main(entry: Any, results: Any, stderr_fd: int) -> None:
     from benchmarks.zoo.check import run_check
 
-    # transformers' and torch's warnings go to the log, not the sweep's output
+    # transformers' and torch's warnings go to the log, not the sweep's output; sys.stderr is
+    # reopened on the new descriptor too, in case the parent had replaced it (pytest's capture)
     os.dup2(stderr_fd, 2)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the child)
+    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
     results.send(run_check(entry))
     results.close()
 
@@ -105,8 +115,8 @@ def finish_child(child: Child, timeout: float) -> dict[str, Any] | None:
         except EOFError:
             record = {}
         child.process.join()
-        child.stderr.close()
         if record:
+            child.stderr.close()
             return record
         return _ended(entry, child, f"the process ended during the {{stage}} (exit status {child.process.exitcode})")
     if not child.process.is_alive():

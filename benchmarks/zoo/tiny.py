@@ -48,10 +48,20 @@ def _list_of(limit: int) -> Callable[[Any], Any]:
 
 
 def _widths(value: Any) -> Any:
-    """Per-stage channel lists of a CNN ([64, 128, 256, 512]) keep their doubling, from 8."""
+    """Per-stage channel lists of a CNN ([256, 512, 1024, 2048]) keep their doubling, from WIDTH.
+
+    WIDTH, not less: group norms of 32 groups need 32 channels.
+    """
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
-        return [min(v, 8 * 2**i) for i, v in enumerate(value)]
+        return [min(v, WIDTH * 2**i) for i, v in enumerate(value)]
     return _at_most(WIDTH)(value)
+
+
+def _heads(value: Any) -> Any:
+    """Heads per stage ([3, 6, 12, 24] in a Swin) become HEADS everywhere: they must divide the widths."""
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+        return [HEADS] * len(value)
+    return _at_most(HEADS)(value)
 
 
 def _image(value: Any) -> Any:
@@ -65,9 +75,10 @@ for _names, _rule in (
     (("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "hidden_dim", "emb_dim", "d_embed",
       "projection_dim", "text_hidden_size", "out_hidden_size", "projector_hidden_size", "encoder_hidden_size",
       "word_embed_proj_dim", "embedding_dim", "xvector_output_dim", "classifier_proj_size", "codevector_dim",
-      "proj_codevector_dim", "output_dim", "vision_output_dim", "intra_bottleneck_size", "d_latents"), _at_most(WIDTH)),
+      "proj_codevector_dim", "output_dim", "vision_output_dim", "intra_bottleneck_size", "d_latents",
+      "audio_hidden_size", "projector_input_dim", "projector_output_dim", "decoder_hidden_size"), _at_most(WIDTH)),
     (("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "decoder_attention_heads",
-      "num_attention_heads_decoder"), _list_of(HEADS)),
+      "num_attention_heads_decoder"), _heads),
     (("head_dim", "attention_head_size", "d_kv", "d_head", "kv_channels", "dim_head", "qk_nope_head_dim",
       "qk_rope_head_dim", "v_head_dim", "linear_key_head_dim", "linear_value_head_dim", "swa_head_dim",
       "index_head_dim"), _at_most(HEAD_DIM)),
@@ -86,7 +97,7 @@ for _names, _rule in (
     (("max_position_embeddings", "n_positions", "n_ctx", "max_target_positions", "max_seq_len"), _at_most(POSITIONS)),
     (("image_size",), _image),
     (("patch_size",), _at_most(PATCH)),
-    (("hidden_sizes", "embedding_size", "embed_dims", "out_channels"), _widths),
+    (("hidden_sizes", "embedding_size", "embed_dims"), _widths),
     (("conv_dim", "tdnn_dim"), _list_of(WIDTH)),
     (("max_source_positions",), _at_most(SOURCE_POSITIONS)),
     (("max_length",), _at_most(SPECTROGRAM_FRAMES)),
@@ -94,6 +105,7 @@ for _names, _rule in (
     (("num_conv_pos_embeddings",), _at_most(16)),
     (("num_codevectors_per_group",), _at_most(8)),
     (("index_topk",), _at_most(16)),
+    (("mm_tokens_per_image",), _at_most(4)),  # pooled from the tiny image's 4 x 4 patches
     (("rotary_dim",), _at_most(HEAD_DIM // 2)),
     (("mamba_n_heads", "mamba_num_heads"), _at_most(8)),
     (("mamba_d_state", "ssm_state_size", "state_size"), _at_most(16)),
@@ -111,9 +123,30 @@ QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": HEAD_DIM
        "indexer_compress_ratio": 4}
 """Qwen4-Exp's sparse attention: off when every field is None, yet its attention divides them."""
 
+MROPE = {"text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                              "mrope_section": [2, 1, 1]}}}
+"""Qwen2-VL-style rotary sections for time, height and width: half the tiny head (their modeling files
+default to [16, 24, 24], for a head of 128)."""
+
 OVERRIDES: dict[str, dict[str, Any]] = {
     # model_type: values the generic shrink cannot guess. Mostly fields whose default is None,
     # which the modeling code reads as a number (the test suites set them by hand too).
+    "esm": {"vocab_size": 33, "pad_token_id": 1, "mask_token_id": 32},  # ESM's alphabet; the defaults are None
+    "bit": {"num_groups": 8},  # group norms over bottlenecks of a quarter of the tiny widths
+    "mobilevitv2": {"image_size": 64},
+    # BLIP-2's language model reads its query tokens at placeholders; the default names no placeholder id
+    "blip-2": {"image_token_index": 90},
+    "instructblip": {"image_token_index": 90},
+    "instructblipvideo": {"image_token_index": 90},
+    "vipllava": {"vision_feature_layers": [-2, -1]},  # the default taps layers 6, -8, -11 of a deep tower  # five halvings of a 32-pixel image leave nothing to unfold
+    "textnet": {"stem_out_channels": 32},  # the first stage's width
+    "hgnet_v2": {"hidden_sizes": [256, 512, 1024, 2048]},  # the head reads the stages' own (unshrunk) widths
+    "neomme": {"head_dim": 2 * HEAD_DIM},  # M-RoPE needs a rotated part of a multiple of 4 dims
+    "perceiver": {"max_position_embeddings": 64},  # the MLM decoder predicts exactly this many positions
+    # Swin-style windows: 4 x 4-pixel patches of a 32-pixel image, windows of 2 x 2 patches
+    "swin": {"patch_size": 4, "window_size": 2},
+    "swinv2": {"patch_size": 4, "window_size": 2},
+    "donut-swin": {"patch_size": 4, "window_size": 2},
     "deepseek_v2": {"num_experts_per_tok": 2, "n_group": 1, "topk_group": 1},
     "dots1": {"n_routed_experts": EXPERTS, "num_experts_per_tok": 2, "n_shared_experts": 1},
     "dots3_note": {"text_config": {"per_layer_config": None, "swa_head_dim": 2 * HEAD_DIM}},
@@ -126,12 +159,13 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_hidden_layers": 2},
     "mamba2": {"hidden_size": 32, "num_heads": 8, "head_dim": 8, "n_groups": 1},
     "qwen4_exp": {"text_config": QSA},
+    "qwen2_vl": MROPE, "qwen2_5_vl": MROPE, "glm4v": MROPE, "glm4v_moe": MROPE, "glm46v": MROPE, "glm_ocr": MROPE,
     "qwen4_exp_text": QSA,
     "recurrent_gemma": {"num_hidden_layers": 3},
     # two shared-transformer (hybrid) layers: the tied-weights pattern expects more than one
     "zamba": {"layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"],
               "num_hidden_layers": 4},
-    "reformer": {"is_decoder": True, "axial_pos_shape": [8, 8], "axial_pos_embds_dim": [16, 16]},
+    "reformer": {"axial_pos_shape": [8, 8], "axial_pos_embds_dim": [16, 16]},  # their product is the length
 }
 
 
@@ -175,16 +209,17 @@ LAYER_FIELDS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 LAYER_TYPE_FIELDS = ("layer_types", "layers_block_type", "block_types")
 
 
-def _shrunk(config: Any) -> dict[str, Any]:
+def _shrunk(config: Any, ids: _TokenIds | None = None) -> dict[str, Any]:
     from transformers import PreTrainedConfig
 
+    ids = ids if ids is not None else _TokenIds()
     out: dict[str, Any] = {}
     values = dict(vars(config))
     for name, value in values.items():
         if name.startswith("_"):
             continue
         if isinstance(value, PreTrainedConfig):
-            out[name] = {"model_type": value.model_type, **_shrunk(value)}
+            out[name] = {"model_type": value.model_type, **_shrunk(value, ids)}
             continue
         rule = SHRINK.get(name)
         if rule is not None:
@@ -196,8 +231,39 @@ def _shrunk(config: Any) -> dict[str, Any]:
         out["head_dim"] = HEAD_DIM
     _shrink_kv_heads(values, out)
     _keep_every_layer_type(values, out)
-    _move_token_ids(values, out)
+    _shrink_mrope(values, out)
+    vocab = out.get("vocab_size", values.get("vocab_size"))
+    text = out.get("text_config")
+    if not isinstance(vocab, int) and isinstance(text, dict):
+        # a composite config's placeholders (image_token_id) index its language model's vocabulary
+        vocab = text.get("vocab_size", VOCAB)
+    if isinstance(vocab, int):
+        ids.move(values, out, vocab)
     return out
+
+
+class _TokenIds:
+    """Moves special token ids that fall outside a small vocabulary into it, each to an id of its own.
+
+    One instance serves a config and its sub-configs, so that an image placeholder
+    of the composite never lands on the language model's end-of-text id.
+    """
+
+    def __init__(self) -> None:
+        self.taken: set[int] = set()
+
+    def move(self, values: dict[str, Any], out: dict[str, Any], vocab: int) -> None:
+        for name, value in sorted(values.items()):
+            if not _is_token_id(name) or not isinstance(value, int) or isinstance(value, bool):
+                continue
+            if 0 <= value < vocab and value not in self.taken:
+                self.taken.add(value)
+                continue
+            spare = vocab - 1
+            while spare in self.taken:
+                spare -= 1
+            out[name] = spare
+            self.taken.add(spare)
 
 
 def _shrink_kv_heads(values: dict[str, Any], out: dict[str, Any]) -> None:
@@ -211,6 +277,18 @@ def _shrink_kv_heads(values: dict[str, Any], out: dict[str, Any]) -> None:
     if any(name in values and values[name] is None for name in KV_HEAD_FIELDS[:1]) and heads is not None:
         # None means "as many as heads", yet a few modeling files divide by it
         out["num_key_value_heads"] = HEADS
+
+
+def _shrink_mrope(values: dict[str, Any], out: dict[str, Any]) -> None:
+    """Multimodal rotary sections ([16, 24, 24] for time, height, width) must add up to half the head."""
+    rope = values.get("rope_parameters")
+    if not isinstance(rope, dict) or not isinstance(rope.get("mrope_section"), list):
+        return
+    sections = rope["mrope_section"]
+    half = HEAD_DIM // 2
+    shrunk = [1] * len(sections)
+    shrunk[0] += half - len(sections)
+    out["rope_parameters"] = {**rope, "mrope_section": shrunk}
 
 
 def _keep_every_layer_type(values: dict[str, Any], out: dict[str, Any]) -> None:
@@ -232,21 +310,3 @@ def _keep_every_layer_type(values: dict[str, Any], out: dict[str, Any]) -> None:
     for name in LAYER_FIELDS:
         if isinstance(values.get(name), int):
             out[name] = len(kinds)
-
-
-def _move_token_ids(values: dict[str, Any], out: dict[str, Any]) -> None:
-    """Special token ids outside the small vocabulary move to its top, each to an id of its own."""
-    vocab = out.get("vocab_size", values.get("vocab_size"))
-    if not isinstance(vocab, int):
-        return
-    taken: set[int] = set()
-    spare = vocab - 1
-    for name, value in sorted(values.items()):
-        if _is_token_id(name) and isinstance(value, int) and not isinstance(value, bool):
-            if 0 <= value < vocab and value not in taken:
-                taken.add(value)
-                continue
-            while spare in taken:
-                spare -= 1
-            out[name] = spare
-            taken.add(spare)

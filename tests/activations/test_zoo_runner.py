@@ -1,0 +1,111 @@
+"""The sweep's runner (benchmarks/zoo/run.py): a crash or a hang ends only its own architecture's record,
+and docs/activations-zoo.md is what the results give."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+
+from benchmarks.zoo import render, run
+from benchmarks.zoo.catalog import Architecture, Built
+
+
+def architecture(name: str, build: Any) -> Architecture:
+    return Architecture(name=name, source="tests", family="test", build=build)
+
+
+def finish(child: run.Child, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        record = run.finish_child(child, timeout)
+        if record is not None:
+            return record
+    raise AssertionError("the child neither finished nor was stopped")
+
+
+def crash() -> Built:
+    os.abort()  # as a segfault in a kernel would end the process
+
+
+def hang() -> Built:
+    time.sleep(600)
+    raise AssertionError("unreachable")
+
+
+def refuse() -> Built:
+    raise ValueError("no such size")
+
+
+def tiny() -> Built:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16)).train()
+    return Built(model, (torch.randn(32, 16, generator=torch.Generator().manual_seed(0)),), {}, "16-64-16")
+
+
+def test_a_crash_ends_only_its_record() -> None:
+    record = finish(run.start_child(architecture("crashes", crash)), timeout=60)
+    assert record["architecture"] == "crashes"
+    assert record["status"] == "unsupported"
+    assert "ended during the build" in record["reason"]
+    assert "exit status -6" in record["reason"]  # SIGABRT
+
+
+def test_a_hang_is_stopped_at_the_timeout() -> None:
+    started = time.monotonic()
+    record = finish(run.start_child(architecture("hangs", hang)), timeout=10)
+    assert time.monotonic() - started < 40
+    assert record["reason"] == "timed out after 10 s during the build"
+
+
+def test_a_model_that_does_not_build_is_unsupported_with_its_reason() -> None:
+    record = finish(run.start_child(architecture("refuses", refuse)), timeout=60)
+    assert record["status"] == "unsupported"
+    assert "ValueError: no such size" in record["reason"]
+
+
+def test_a_check_that_runs_gives_the_full_record() -> None:
+    record = finish(run.start_child(architecture("tiny", tiny)), timeout=120)
+    assert record["status"] == "ok", record["reason"]
+    assert record["measured_peak_bytes"] > 0
+    assert record["within_2pct"], record
+    assert record["plan"] in ("verified", "unreachable-verified"), record
+
+
+@pytest.mark.parametrize(("record", "rerun"), [
+    (None, True),
+    ({"status": "ok", "within_2pct": True, "plan": "verified"}, False),
+    ({"status": "ok", "within_2pct": True, "plan": "unreachable-verified"}, False),
+    ({"status": "ok", "within_2pct": False, "plan": "verified"}, True),
+    ({"status": "failed", "within_2pct": True, "plan": "failed"}, True),
+    ({"status": "unsupported", "within_2pct": None, "plan": "none"}, True),
+])
+def test_rerun_failed_selects_the_records_not_ok_within_2_percent(record: Any, rerun: bool) -> None:
+    assert run.needs_rerun(record) is rerun
+
+
+def test_figures_count_what_the_goals_name() -> None:
+    def record(status: str, within: bool | None, plan: str, reason: str = "") -> dict[str, Any]:
+        return {"architecture": f"a{status}{within}{plan}{reason}", "family": "f", "status": status,
+                "within_2pct": within, "plan": plan, "reason": reason}
+
+    found = render.figures([
+        record("ok", True, "verified"),
+        record("ok", True, "unreachable-verified"),
+        record("ok", False, "verified", "predicted 1.1 MiB against 1.0 MiB measured"),
+        record("failed", None, "none", "no prediction: unexpected RuntimeError: boom"),
+        record("unsupported", None, "none", "the real CPU step fails: x"),
+    ])
+    assert (found.architectures, found.supported, found.within_2pct, found.plans_checked) == (5, 4, 2, 3)
+    assert found.tracebacks == 1
+    assert found.within_share == 0.5
+
+
+def test_the_docs_page_is_what_the_results_give() -> None:
+    if not render.RESULTS.exists():
+        pytest.fail(f"{render.RESULTS} is missing: run make zoo")
+    assert render.DOCS.read_text() == render.current(), "run python -m benchmarks.zoo.render"
