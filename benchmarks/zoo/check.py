@@ -8,10 +8,13 @@ The record:
 - memlayout's prediction for the same model, inputs and optimizer, on fake tensors;
 - a plan for a budget of BUDGET_SHARE x the measured peak, applied for real with
   torch.utils.checkpoint: verified when the measured peak fits the budget and the
-  loss and every gradient are bitwise equal to the unplanned step's (same seed);
+  loss and every gradient are bitwise equal to the unplanned step's (same seed).
+  A planned step is measured by counting live storages (count_storages), since
+  MemTracker's hooks change what a checkpointed step keeps; MemTracker's figure
+  is recorded beside it;
 - where memlayout answers that the budget cannot be met, the lowest peak it states
   is checked for real: its own lowest plan, and every set of the model's top-level
-  modules checkpointed (TopLevel), each measured by MemTracker. The statement is
+  modules checkpointed (top_level_modules), each measured for real. The statement is
   "unreachable-verified" when none of them fits the budget and the lowest of them
   is within TOLERANCE of the stated peak.
 """
@@ -45,10 +48,25 @@ class Measured:
 
 
 def measure(built: Built) -> Measured:
-    """One real step of a freshly built model under MemTracker."""
+    """One real steady-state step under MemTracker (tests/activations/measure.py)."""
     from tests.activations.measure import memtracker_step
 
     real = memtracker_step(built.model, built.args, built.kwargs, optimizer=OPTIMIZER)
+    return Measured(real.peak_bytes, real.loss, real.grads)
+
+
+def count_storages(built: Built) -> Measured:
+    """The same step counted by live storages alone, with no module hooks.
+
+    The measure of a planned step: MemTracker's module hooks keep tensors of a
+    checkpointed module's recomputed forward alive (CpmAnt with ten modules
+    checkpointed: 4,556,388 bytes with MemTracker attached, 4,458,084 without;
+    tests/activations/measure.py), so it measures a planned step that is not
+    the one a user runs. On an unplanned step the two agree (each record has both).
+    """
+    from tests.activations.measure import storage_peak_step
+
+    real = storage_peak_step(built.model, built.args, built.kwargs, optimizer=OPTIMIZER)
     return Measured(real.peak_bytes, real.loss, real.grads)
 
 
@@ -181,12 +199,13 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
     stage("real step")
     try:
         plain = measure(built)
-        again = measure(arch.build())
+        counted = count_storages(arch.build())
     except Exception as exc:
         record.update(status="unsupported", reason=f"the real CPU step fails: {one_line(exc)}")
         return
     record["measured_peak_bytes"] = plain.peak_bytes
-    if (differs := same_step(plain, again)) is not None:
+    record["counted_peak_bytes"] = counted.peak_bytes
+    if (differs := same_step(plain, counted)) is not None:
         record["reproducible"] = False
         record["reason"] = f"two unplanned real steps are not bitwise equal: {differs}"
     stage("prediction")
@@ -198,10 +217,9 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
     predicted = report.summary.peak_bytes
     record["predicted_peak_bytes"] = predicted
     record["ratio"] = round(predicted / plain.peak_bytes, 4)
-    for name in ("optimizer_bytes", "fallbacks", "excluded", "peak_bytes_min", "peak_bytes_max"):
-        value = getattr(report.summary, name, None)
-        if value is not None:
-            record[name] = value
+    record["optimizer_bytes"] = report.summary.optimizer_bytes
+    if report.fallbacks:
+        record["fallbacks"] = {op: count for op, count in report.fallbacks}
     record["within_2pct"] = abs(predicted - plain.peak_bytes) <= TOLERANCE * plain.peak_bytes
     if not record["within_2pct"]:
         record["reason"] = (f"predicted {mib(predicted)} against {mib(plain.peak_bytes)} measured "
@@ -231,7 +249,10 @@ def _check_plan(arch: Architecture, plain: Measured, record: dict[str, Any]) -> 
     stage("plan applied for real")
     try:
         with act.apply_plan(built.model, planned.plan.plan):
-            applied = measure(built)
+            applied = count_storages(built)
+        observed = arch.build()
+        with act.apply_plan(observed.model, planned.plan.plan):
+            record["plan_memtracker_peak_bytes"] = measure(observed).peak_bytes
     except Exception as exc:
         _plan_failed(record, f"the plan fails when applied for real: {one_line(exc)}")
         return
@@ -262,7 +283,7 @@ def _check_unreachable(arch: Architecture, plain: Measured, budget: int, unreach
         built = arch.build()
         try:
             with act.apply_plan(built.model, plan):
-                measured = measure(built)
+                measured = count_storages(built)
         except Exception as exc:
             refused.append(f"{label}: {one_line(exc)}")
             continue
@@ -278,6 +299,9 @@ def _check_unreachable(arch: Architecture, plain: Measured, budget: int, unreach
         _plan_failed(record, f"memlayout's lowest plan cannot be applied for real: {refused[0]}")
         return
     record["plan_measured_peak_bytes"] = lowest_plan
+    observed = arch.build()
+    with act.apply_plan(observed.model, unreachable.lowest.plan):
+        record["plan_memtracker_peak_bytes"] = measure(observed).peak_bytes
     best_label, best = min(tried.items(), key=lambda item: item[1])
     if best <= budget:
         _plan_failed(record, f"memlayout calls {mib(budget)} unreachable, but checkpointing {best_label} "
