@@ -25,7 +25,6 @@ import itertools
 import json
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +37,8 @@ TOLERANCE = 0.02
 """How close a prediction must be to the measured peak, and a stated lowest peak to the real lowest."""
 SUBSETS_UP_TO = 6
 """Every set of the top-level modules is tried up to this many modules; beyond, singles and the whole level."""
+UNREACHABLE_SECONDS = 120.0
+"""Time for the real plans that check an unreachable budget; the record says how many of them ran."""
 
 
 @dataclass(frozen=True)
@@ -150,14 +151,15 @@ def top_level_modules(model: Any) -> list[str]:
     return found
 
 
-def top_level_plans(modules: list[str]) -> Iterator[tuple[str, ...]]:
+def top_level_plans(modules: list[str]) -> list[tuple[str, ...]]:
+    """Sets of top-level modules to checkpoint: all of them and each alone first, then every other set."""
+    if not modules:
+        return []
+    plans = [tuple(modules), *((module,) for module in modules)]
     if len(modules) <= SUBSETS_UP_TO:
-        for size in range(1, len(modules) + 1):
-            yield from itertools.combinations(modules, size)
-    else:
-        for module in modules:
-            yield (module,)
-        yield tuple(modules)
+        for size in range(len(modules) - 1, 1, -1):
+            plans += itertools.combinations(modules, size)
+    return list(dict.fromkeys(plans))
 
 
 def run_check(arch: Architecture) -> dict[str, Any]:
@@ -279,7 +281,11 @@ def _check_unreachable(arch: Architecture, plain: Measured, budget: int, unreach
     plans = [("memlayout's lowest plan", unreachable.lowest.plan)]
     probe = arch.build().model
     plans += [(" + ".join(paths), act.Plan(checkpoint=paths)) for paths in top_level_plans(top_level_modules(probe))]
+    started = time.perf_counter()
+    record["unreachable_plans"] = len(plans)
     for label, plan in plans:
+        if tried and time.perf_counter() - started > UNREACHABLE_SECONDS:
+            break  # the lowest plan, all modules together and each alone come first
         built = arch.build()
         try:
             with act.apply_plan(built.model, plan):

@@ -15,7 +15,7 @@ import inspect
 import re
 from typing import Any
 
-from benchmarks.zoo.catalog import BATCH, TOKENS, _decoder_inputs, _text_ids
+from benchmarks.zoo.inputs import BATCH, TOKENS, decoder_inputs, text_ids
 
 IGNORE = -100
 """Labels at the image placeholders: transformers' losses skip this index."""
@@ -67,7 +67,7 @@ def image_kwargs(model: Any, generator: Any) -> dict[str, Any]:
     pixels = torch.randn(BATCH, channels, side, side, generator=generator)
     if "qformer_input_ids" in parameters:
         # InstructBLIP's Q-Former reads the instruction beside the image
-        return {"pixel_values": pixels, "qformer_input_ids": _text_ids(config, (BATCH, TOKENS // 8), generator)}
+        return {"pixel_values": pixels, "qformer_input_ids": text_ids(config, (BATCH, TOKENS // 8), generator)}
     if "pixel_attention_mask" in parameters:
         # Idefics 2/3 and SmolVLM: a list of images per sample, and which pixels are real
         return {"pixel_values": pixels.unsqueeze(1),
@@ -101,7 +101,7 @@ def features_per_image(model: Any, images: dict[str, Any], placeholder: int, gen
         else:
             rows = int(features.numel() // features.shape[-1])
     else:
-        ids = _text_ids(model.config, (BATCH, TOKENS), generator)
+        ids = text_ids(model.config, (BATCH, TOKENS), generator)
         try:
             with torch.no_grad():
                 model(input_ids=ids, **images)
@@ -123,12 +123,12 @@ def image_text_inputs(model: Any, generator: Any) -> dict[str, Any]:
     images = image_kwargs(model, generator)
     placeholder = image_token_id(config)
     if placeholder is None:
-        ids = _text_ids(config, (BATCH, TOKENS), generator)
+        ids = text_ids(config, (BATCH, TOKENS), generator)
         if getattr(config, "is_encoder_decoder", False):
-            return {**images, **_decoder_inputs(config, ids)}
+            return {**images, **decoder_inputs(config, ids)}
         return {**images, "input_ids": ids, "labels": ids.clone()}
     count = features_per_image(model, images, placeholder, generator)
-    ids = _text_ids(config, (BATCH, count + TOKENS), generator)
+    ids = text_ids(config, (BATCH, count + TOKENS), generator)
     ids[:, :count] = placeholder
     labels = ids.clone()
     labels[:, :count] = IGNORE

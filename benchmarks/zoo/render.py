@@ -32,6 +32,10 @@ class Figures:
     by_family: dict[str, int]
     tracebacks: int
     """Records whose reason holds a Python traceback or memlayout's "unexpected ..." error."""
+    counted: int
+    """Unplanned steps measured by both MemTracker and the storage counter..."""
+    counters_agree: int
+    """...and how many of them the two measure to the byte."""
 
     @property
     def within_share(self) -> float:
@@ -52,6 +56,9 @@ def figures(records: list[dict[str, Any]]) -> Figures:
         by_plan=dict(Counter(r["plan"] for r in supported)),
         by_family=dict(Counter(r["family"] for r in records)),
         tracebacks=sum(1 for r in records if "Traceback" in r["reason"] or "unexpected" in r["reason"]),
+        counted=sum(1 for r in records if r.get("counted_peak_bytes") is not None),
+        counters_agree=sum(1 for r in records if r.get("counted_peak_bytes") is not None
+                           and r["counted_peak_bytes"] == r["measured_peak_bytes"]),
     )
 
 
@@ -93,10 +100,18 @@ def render(records: list[dict[str, Any]], sweep: dict[str, Any]) -> str:
         "`torch.utils.checkpoint` (`apply_plan`): **verified** when the measured peak fits the budget and the "
         "loss and every gradient are bitwise equal to the unplanned step's (same seed);",
         "5. where memlayout answers that the budget cannot be met (`BudgetUnreachableError`), its stated lowest "
-        "peak is checked for real: its lowest plan and every set of the model's top-level modules (up to 6; "
-        "beyond, each alone and all together) are applied and measured. **unreachable-verified**: none fits "
-        "the budget, the lowest plan measures within 2% of the stated peak, and no set of top-level modules "
-        "measures more than 2% below it.",
+        "peak is checked for real: its lowest plan, then the model's top-level modules (its children, looking "
+        "through the base model and layer lists) all together, each alone, and every other set of them (up to "
+        "6 modules) are applied and measured, for up to 120 s (each record says how many ran). "
+        "**unreachable-verified**: none fits the budget, the lowest plan measures within 2% of the stated "
+        "peak, and no set of top-level modules measures more than 2% below it.",
+        "",
+        "Steps are measured by PyTorch's MemTracker and, beside it, by a bare counter of live storages "
+        "(`tests/activations/measure.py`); the figures below say on how many unplanned steps they agree. A "
+        "planned step is judged by "
+        "the counter: MemTracker's module hooks keep tensors of a checkpointed module's recomputed forward "
+        "alive, so under a plan it measures more than the step holds (its figure is in each record, "
+        "`plan_memtracker_peak_bytes`).",
         "",
         "A model that cannot be built from its tiny config or cannot run a real CPU step is **unsupported**, "
         "with the reason; **failed** is memlayout's failure (no prediction, or a plan that does not hold). Each "
@@ -111,6 +126,8 @@ def render(records: list[dict[str, Any]], sweep: dict[str, Any]) -> str:
         f"- Plans: **{found.plans_checked} of {found.supported}** verified or unreachable-verified "
         f"({', '.join(f'{count} {plan}' for plan, count in sorted(found.by_plan.items()))}).",
         f"- Tracebacks or \"unexpected ...\" errors: **{found.tracebacks}**.",
+        f"- MemTracker and the storage counter agree to the byte on {found.counters_agree} of {found.counted} "
+        "unplanned steps.",
     ]
     if full:
         lines.append(

@@ -60,6 +60,7 @@ def warm_up() -> None:
     import transformers.models.auto.modeling_auto  # noqa: F401
 
     import benchmarks.zoo.check
+    import benchmarks.zoo.inputs
     import benchmarks.zoo.multimodal
     import benchmarks.zoo.tiny  # noqa: F401
     import memlayout.activations.analysis

@@ -109,3 +109,18 @@ def test_the_docs_page_is_what_the_results_give() -> None:
     if not render.RESULTS.exists():
         pytest.fail(f"{render.RESULTS} is missing: run make zoo")
     assert render.DOCS.read_text() == render.current(), "run python -m benchmarks.zoo.render"
+
+
+def test_the_catalog_lists_every_model_class_of_the_registries_once() -> None:
+    from transformers.models.auto import modeling_auto
+
+    from benchmarks.zoo.catalog import DIFFUSERS, FAMILIES, TORCH_MODELS, architectures
+
+    entries = architectures()
+    names = [entry.name for entry in entries]
+    assert len(names) == len(set(names))
+    for _, registry, _ in FAMILIES:
+        for classes in getattr(modeling_auto, registry).values():
+            assert (classes[0] if isinstance(classes, tuple) else classes) in names, registry
+    assert set(DIFFUSERS) <= set(names)
+    assert {f"torch.nn.{name}" for name in TORCH_MODELS} <= set(names)
