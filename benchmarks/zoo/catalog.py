@@ -33,6 +33,10 @@ class Built:
     """How the model was made small, for the record."""
 
 
+class NoInputs(Exception):
+    """The model builds, but the sweep cannot make inputs its forward accepts."""
+
+
 @dataclass(frozen=True)
 class Architecture:
     """One entry of the sweep."""
@@ -122,7 +126,11 @@ def _transformers_builder(model_type: str, auto: str, family: str) -> Callable[[
         if hasattr(model, "set_default_language"):
             # X-MOD routes each input through a language adapter and has no default language
             model.set_default_language(config.languages[0])
-        return Built(model, (), transformers_inputs(family, model), describe(config))
+        try:
+            inputs = transformers_inputs(family, model)
+        except Exception as exc:
+            raise NoInputs(f"{type(exc).__name__}: {exc}") from exc
+        return Built(model, (), inputs, describe(config))
 
     return build
 

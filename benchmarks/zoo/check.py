@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.zoo.catalog import Architecture, Built, by_name
+from benchmarks.zoo.catalog import Architecture, Built, NoInputs, by_name
 
 OPTIMIZER = "adamw"
 """The step measured and predicted: forward, backward and AdamW's step, its state there from the start."""
@@ -187,6 +187,10 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
     stage("build")
     try:
         built = arch.build()
+    except NoInputs as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        record.update(status="unsupported", reason=f"builds, but the sweep has no inputs it accepts: {first}"[:400])
+        return
     except Exception as exc:
         default = arch.probe_default() if arch.probe_default is not None else None
         if default is not None:
@@ -203,7 +207,7 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
         plain = measure(built)
         counted = count_storages(arch.build())
     except Exception as exc:
-        record.update(status="unsupported", reason=f"the real CPU step fails: {one_line(exc)}")
+        record.update(status="unsupported", reason=f"the real CPU step fails on the sweep's inputs: {one_line(exc)}")
         return
     record["measured_peak_bytes"] = plain.peak_bytes
     record["counted_peak_bytes"] = counted.peak_bytes
@@ -222,6 +226,17 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
     record["optimizer_bytes"] = report.summary.optimizer_bytes
     if report.fallbacks:
         record["fallbacks"] = {op: count for op, count in report.fallbacks}
+    if report.data_dependent:
+        record["data_dependent"] = [{"op": op, "assumed": kind, "calls": calls}
+                                    for op, kind, calls in report.data_dependent]
+    low, high = report.summary.peak_bytes_min, report.summary.peak_bytes_max
+    if low is not None and high is not None:
+        record["peak_bytes_min"], record["peak_bytes_max"] = low, high
+        record["measured_in_range"] = low <= plain.peak_bytes <= high
+        if not record["measured_in_range"]:
+            record["reason"] = "; ".join(part for part in (
+                record["reason"], f"the measured peak {mib(plain.peak_bytes)} is outside the predicted range "
+                f"{mib(low)} to {mib(high)}") if part)
     record["within_2pct"] = abs(predicted - plain.peak_bytes) <= TOLERANCE * plain.peak_bytes
     if not record["within_2pct"]:
         record["reason"] = (f"predicted {mib(predicted)} against {mib(plain.peak_bytes)} measured "
@@ -247,6 +262,7 @@ def _check_plan(arch: Architecture, plain: Measured, record: dict[str, Any]) -> 
         return
     assert planned.plan is not None
     record["plan_checkpoints"] = planned.plan.plan.to_dict()
+    _record_excluded(record, planned.plan.excluded)
     record["plan_predicted_peak_bytes"] = planned.plan.peak_bytes
     stage("plan applied for real")
     try:
@@ -274,6 +290,7 @@ def _check_unreachable(arch: Architecture, plain: Measured, budget: int, unreach
 
     stated = unreachable.lowest.peak_bytes
     record["plan_checkpoints"] = unreachable.lowest.plan.to_dict()
+    _record_excluded(record, unreachable.lowest.excluded)
     record["plan_predicted_peak_bytes"] = stated
     stage("unreachable budget checked for real")
     tried: dict[str, int] = {}
@@ -320,6 +337,12 @@ def _check_unreachable(arch: Architecture, plain: Measured, budget: int, unreach
     else:
         record["plan"] = "unreachable-verified"
         record["real_lowest_peak_bytes"] = best
+
+
+def _record_excluded(record: dict[str, Any], excluded: tuple[tuple[str, str], ...]) -> None:
+    """The modules memlayout found it cannot checkpoint, each with its reason (issue: never crash)."""
+    if excluded:
+        record["excluded"] = [{"module": module, "reason": reason} for module, reason in excluded]
 
 
 def _plan_failed(record: dict[str, Any], reason: str) -> None:
