@@ -194,7 +194,7 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.zoo.run", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", action="append", default=[], help="an architecture to run (repeatable)")
-    parser.add_argument("--family", action="append", default=[], help="every architecture of a family")
+    parser.add_argument("--family", action="append", default=[], help="every architecture of a family (with --arch: either)")
     parser.add_argument("--rerun", choices=("failed",), help="only the records not ok within 2%%, or missing")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per architecture (default 300)")
     parser.add_argument("--jobs", type=int, default=1, help="architectures run at once (default 1)")
@@ -215,8 +215,7 @@ def main(argv: list[str]) -> int:
         return 2
     selected = [
         entry for entry in catalog
-        if (not options.arch or entry.name in options.arch)
-        and (not options.family or entry.family in options.family)
+        if ((not options.arch and not options.family) or entry.name in options.arch or entry.family in options.family)
         and (options.rerun is None or needs_rerun(records.get(entry.name)))
     ]
     full = not options.arch and not options.family and options.rerun is None
