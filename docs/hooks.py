@@ -91,8 +91,8 @@ def _rules_table() -> str:
     return rules_table_markdown(_rules(), page_links=True)
 
 
-PAGES_OF_THEIR_OWN = {"will_it_fit"}
-"""Results files another page renders whole (will-it-fit.md), not harness runs with a machine."""
+PAGES_OF_THEIR_OWN = {"will_it_fit", "activations_zoo", "activations_zoo_sweep"}
+"""Results files another page renders whole (will-it-fit.md, activations-zoo.md), not harness runs."""
 
 
 def _benchmark_results() -> str:

@@ -1,0 +1,37 @@
+"""A slice of `make zoo` (docs/activations-zoo.md): architectures across the families, each checked as the
+sweep checks it, against the sweep's criteria.
+
+For each: a tiny model with random weights, a real CPU step with AdamW measured by MemTracker, memlayout's
+prediction within 2% of it, and a plan for 0.7x the measured peak that holds when applied for real (peak
+under the budget, loss and gradients bitwise equal), or an unreachable budget whose stated lowest peak the
+real plans of the model's top-level modules confirm. The whole sweep runs in `make zoo`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.zoo.catalog import by_name
+from benchmarks.zoo.check import run_check
+
+SLICE = (
+    "LlamaForCausalLM",  # causal LM
+    "MixtralForCausalLM",  # mixture of experts: a grouped matmul whose fake kernel refuses float32
+    "Mamba2ForCausalLM",  # state space
+    "BertForMaskedLM",  # masked LM
+    "T5ForConditionalGeneration",  # encoder-decoder
+    "ViTForImageClassification",  # vision
+    "WhisperForConditionalGeneration",  # audio to text
+    "LlavaForConditionalGeneration",  # images and text
+    "AutoencoderKL",  # diffusers
+    "torch.nn.Transformer",  # torch.nn: a candidate whose recompute changes metadata
+    "torch.nn.LSTM (3 layers, dropout)",  # stacked RNN
+)
+
+
+@pytest.mark.parametrize("name", SLICE)
+def test_architecture_meets_the_sweeps_criteria(name: str) -> None:
+    record = run_check(by_name()[name])
+    assert record["status"] == "ok", record["reason"]
+    assert record["within_2pct"], record["reason"]
+    assert record["plan"] in ("verified", "unreachable-verified"), record["reason"]
