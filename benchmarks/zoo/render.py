@@ -36,6 +36,8 @@ class Figures:
     """Unplanned steps measured by both MemTracker and the storage counter..."""
     counters_agree: int
     """...and how many of them the two measure to the byte."""
+    real_mode: int
+    """Records predicted with --real, where memlayout's own message said the step reads a weight's value."""
 
     @property
     def within_share(self) -> float:
@@ -59,6 +61,7 @@ def figures(records: list[dict[str, Any]]) -> Figures:
         counted=sum(1 for r in records if r.get("counted_peak_bytes") is not None),
         counters_agree=sum(1 for r in records if r.get("counted_peak_bytes") is not None
                            and r["counted_peak_bytes"] == r["measured_peak_bytes"]),
+        real_mode=sum(1 for r in records if r.get("mode") == "real"),
     )
 
 
@@ -95,7 +98,9 @@ def render(records: list[dict[str, Any]], sweep: dict[str, Any]) -> str:
         "there from the start, as from the second step on), measured by PyTorch's MemTracker "
         "(`torch.distributed._tools.mem_tracker`);",
         "3. memlayout's prediction for the same step, on fake tensors (`memlayout.activations.analyze`, "
-        "`optimizer=\"adamw\"`);",
+        "`optimizer=\"adamw\"`); where memlayout answers that the step reads a value computed from the weights "
+        "and says to pass `--real`, the sweep follows that hint (`mode=\"real\"`) for the prediction and the "
+        "plan, as a user would, and the record says so;",
         "4. a checkpoint plan for 0.7x the measured peak (`analyze(..., budget=...)`), applied for real with "
         "`torch.utils.checkpoint` (`apply_plan`): **verified** when the measured peak fits the budget and the "
         "loss and every gradient are bitwise equal to the unplanned step's (same seed);",
@@ -128,6 +133,7 @@ def render(records: list[dict[str, Any]], sweep: dict[str, Any]) -> str:
         f"- Tracebacks or \"unexpected ...\" errors: **{found.tracebacks}**.",
         f"- MemTracker and the storage counter agree to the byte on {found.counters_agree} of {found.counted} "
         "unplanned steps.",
+        f"- Predicted with `--real`, following memlayout's hint: {found.real_mode}.",
     ]
     if full:
         lines.append(
