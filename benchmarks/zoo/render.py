@@ -69,6 +69,12 @@ def mib(count: int | None) -> str:
     return "-" if count is None else f"{count / 2**20:.3f}"
 
 
+def commit(run: dict[str, Any]) -> str:
+    """The memlayout commit a run measured, where the run recorded it."""
+    found = run.get("versions", {}).get("memlayout")
+    return f", memlayout {found}" if found else ""
+
+
 def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -140,12 +146,13 @@ def render(records: list[dict[str, Any]], sweep: dict[str, Any]) -> str:
             f"- The sweep: `{full['command']}`, {full['architectures']} architectures in "
             f"**{full['wall_seconds'] / 60:.1f} min** ({full['jobs']} at a time, {full['timeout_seconds']:.0f} s "
             f"timeout each, started {full['started']}), torch {full['versions']['torch']}, transformers "
-            f"{full['versions']['transformers']}, diffusers {full['versions']['diffusers']}."
+            f"{full['versions']['transformers']}, diffusers {full['versions']['diffusers']}"
+            f"{commit(full)}."
         )
     for rerun in sweep.get("reruns", []):
         lines.append(
             f"- Re-run since: `{rerun['command']}`, {rerun['architectures']} architectures in "
-            f"{rerun['wall_seconds'] / 60:.1f} min (started {rerun['started']})."
+            f"{rerun['wall_seconds'] / 60:.1f} min (started {rerun['started']}{commit(rerun)})."
         )
     lines += [
         f"- By family: {', '.join(f'{family} {count}' for family, count in sorted(found.by_family.items()))}.",

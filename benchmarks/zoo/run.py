@@ -17,6 +17,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -165,6 +166,12 @@ def versions() -> dict[str, str]:
             found[package] = version(package)
         except PackageNotFoundError:
             found[package] = "not installed"
+    # The records are only as current as the code that made them: name the commit, and say when the
+    # working tree differed from it.
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "memlayout", "benchmarks"],
+                           cwd=ROOT, capture_output=True, text=True)
+    found["memlayout"] = head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "") or "unknown"
     return found
 
 
