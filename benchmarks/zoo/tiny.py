@@ -113,6 +113,11 @@ for _names, _rule in (
     (("mamba_n_heads", "mamba_num_heads"), _at_most(8)),
     (("mamba_d_state", "ssm_state_size", "state_size"), _at_most(16)),
     (("mamba_d_head", "mamba_head_dim"), _at_most(HEAD_DIM)),
+    # Layer drop skips each layer at random in training, so the measured step would be one draw of many
+    # and a plan's check another. memlayout states it as an assumption with a range
+    # (tests/activations/test_data_dependent.py); the sweep measures the step every layer runs in.
+    (("layerdrop", "encoder_layerdrop", "decoder_layerdrop", "speech_encoder_layerdrop", "layer_drop"),
+     lambda value: 0.0 if isinstance(value, float) else value),
 ):
     for _name in _names:
         SHRINK[_name] = _rule
