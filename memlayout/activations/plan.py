@@ -88,6 +88,8 @@ class _Gap:
     freed: int
     kept_inputs: int
     rerun_overhead: int
+    reruns: bool = True
+    """False for a call backward never reaches: checkpoint frees its saved storages and nothing reruns."""
 
 
 @dataclass(frozen=True)
@@ -146,12 +148,12 @@ class Planner:
             calls = calls_by_path.get(info.path)
             if not calls or info.path in self.excluded:
                 continue
-            # A call backward never reaches (run under no_grad, as recurrent models run most of their
-            # cycles) saves nothing and is not rerun: checkpoint changes nothing there.
-            reached = [(call, gap) for call in calls if (gap := self._gap(call, call, call)) is not None]
+            # A call run under no_grad (as recurrent models run most of their cycles) saves nothing and
+            # is not rerun: checkpoint changes nothing there.
+            reached = [(call, gap) for call in calls for gap in self._gaps(call, call)]
             # Checkpointing the whole model frees nothing before its backward begins.
             if info.path and any(gap.freed > gap.kept_inputs for _, gap in reached):
-                flops = sum(trace.calls[i].flops for call, _ in reached for i in self._inside[call.id])
+                flops = sum(trace.calls[i].flops for call, gap in reached if gap.reruns for i in self._inside[call.id])
                 options.append(Option(info.path, None, flops, tuple(gap for _, gap in reached)))
             if info.sequential_children and len(info.sequential_children) >= 2:
                 options.extend(self._sequential_options(info.path, info.sequential_children, calls))
@@ -176,16 +178,15 @@ class Planner:
             for run in runs:
                 for first in range(0, size * (segments - 1), size):
                     chunk = run[first : first + size]
-                    gap = self._gap(chunk[0], chunk[-1], None)
-                    if gap is None:  # a run under no_grad: nothing saved, nothing rerun
-                        continue
-                    gaps.append(gap)
-                    flops += sum(trace.calls[i].flops for c in chunk for i in self._inside[c.id])
+                    found = self._gaps(chunk[0], chunk[-1])  # none for a run under no_grad
+                    gaps.extend(found)
+                    if any(gap.reruns for gap in found):
+                        flops += sum(trace.calls[i].flops for c in chunk for i in self._inside[c.id])
             if any(g.freed > g.kept_inputs for g in gaps):
                 options.append(Option(path, segments, flops, tuple(gaps)))
         return options
 
-    def _gap(self, first: ModuleCall, last: ModuleCall, whole: ModuleCall | None) -> _Gap | None:
+    def _gaps(self, first: ModuleCall, last: ModuleCall) -> tuple[_Gap, ...]:
         """The effect of checkpointing the calls from `first` to `last` (one call, or a segment)."""
         import numpy as np
 
@@ -193,7 +194,7 @@ class Planner:
         starts = [trace.calls[i].backward_start for c in self._span(first, last) for i in self._inside[c.id]]
         known = [s for s in starts if s is not None]
         if not known:
-            return None  # never reached by backward: nothing to rerun
+            return self._unreached_gaps(first, last)
         backward_start = min(known)
         start, end = first.start, last.end
         low = int(np.searchsorted(self._born, start, side="right"))
@@ -209,7 +210,45 @@ class Planner:
             and (trace.storages[i].died or 0) <= backward_start
         )
         growth = int(self.curve[start : end + 1].max() - self.curve[start]) if end >= start else 0
-        return _Gap(end, backward_start, max(freed, 0), kept_inputs, max(growth - max(freed, 0), 0))
+        return (_Gap(end, backward_start, max(freed, 0), kept_inputs, max(growth - max(freed, 0), 0)),)
+
+    def _unreached_gaps(self, first: ModuleCall, last: ModuleCall) -> tuple[_Gap, ...]:
+        """The effect of checkpointing calls that backward never reaches, though autograd saved for them.
+
+        Their graph lives while something holds their output: an encoder's output
+        returned beside the loss that does not depend on it (an encoder-decoder whose
+        decoder has no cross-attention) keeps everything its graph saved until the
+        output is dropped, over the end of forward, where the peak often is.
+        Checkpointed, the call saves placeholders instead, and backward never asks
+        for a rerun. One gap per moment such storages die, each freeing those.
+        Under no_grad nothing is saved and there is nothing to free.
+        """
+        trace = self.trace
+        storages = trace.storages
+        outputs = set(last.output_storages)
+        dies: dict[int, int] = {}
+        for c in self._span(first, last):
+            for call in self._inside[c.id]:
+                for i in trace.calls[call].saved_storages:
+                    died = storages[i].died or trace.events
+                    if storages[i].kind is StorageKind.STEP and i not in outputs and died > last.end:
+                        dies[i] = died
+        if not dies:
+            return ()
+        until = max(dies.values())
+        # checkpoint holds the inputs until the graph (the last of these storages) goes.
+        kept_inputs = sum(
+            storages[i].nbytes
+            for i in first.input_storages
+            if storages[i].kind is StorageKind.STEP and (storages[i].died or trace.events + 1) <= until
+        )
+        freed: dict[int, int] = {}
+        for i, died in dies.items():
+            freed[died] = freed.get(died, 0) + storages[i].nbytes
+        return tuple(
+            _Gap(last.end, died, nbytes, kept_inputs if died == until else 0, 0, reruns=False)
+            for died, nbytes in sorted(freed.items())
+        )
 
     def _span(self, first: ModuleCall, last: ModuleCall) -> list[ModuleCall]:
         if first.id == last.id:

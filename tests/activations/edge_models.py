@@ -471,6 +471,23 @@ class Reasoner(nn.Module):
         return self.head(self.high(self.low(z)))
 
 
+class UnreadEncoding(nn.Module):
+    """An encoder whose output the decoder never reads, returned beside the loss (transformers' EncoderDecoderModel
+    with a decoder built without cross-attention): autograd keeps the encoder's graph until the output is dropped,
+    though backward never reaches it."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = nn.Sequential(Block(width), Block(width), Block(width))
+        self.decoder = nn.Sequential(Block(width), nn.Linear(width, 10))
+
+    def forward(self, source: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        encoding = self.encoder(source)
+        loss = self.decoder(target).logsumexp(-1).mean()
+        return {"loss": loss, "encoder_last_hidden_state": encoding}
+
+
 class GatesOnItsWeights(nn.Module):
     """Branches in forward on a value of its weights: no fake step can decide it."""
 
@@ -568,6 +585,10 @@ def hash_experts() -> nn.Module:
 
 def reasoner() -> nn.Module:
     return Reasoner().train()
+
+
+def unread_encoding() -> nn.Module:
+    return UnreadEncoding().train()
 
 
 def gates_on_its_weights() -> nn.Module:
