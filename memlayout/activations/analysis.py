@@ -500,12 +500,16 @@ def _plan(
         if plan in checked:
             return checked[plan]
         try:
-            checked[plan] = summarize(step.trace(plan), cuda=cuda)
+            traced = step.trace(plan)
         except MemlayoutError:
             raise
         except Exception as exc:
             _blame(plan, exc, trace, excluded)
             raise _Excluded() from exc
+        if traced.rerun_state_differs:
+            _exclude_unfaithful(plan, traced.rerun_state_differs, excluded)
+            raise _Excluded()
+        checked[plan] = summarize(traced, cuda=cuda)
         return checked[plan]
 
     def result(plan: Plan, measured: Summary) -> PlanResult:
@@ -615,6 +619,20 @@ def _blame(plan: Plan, exc: Exception, trace: Callable[[Plan], Summary], exclude
     others = _paths(plan)
     for path in others:
         excluded[path] = reason if len(others) == 1 else f"checkpointed together with {', '.join(others)}: {reason}"
+
+
+def _exclude_unfaithful(plan: Plan, differs: tuple[tuple[str, str], ...], excluded: dict[str, str]) -> None:
+    """Exclude each checkpointed module whose rerun started a module inside it from other state than forward
+    did: the step runs without an error, but its gradients are those of another computation."""
+    for checkpointed in _paths(plan):
+        for path, what in differs:
+            if path == checkpointed or path.startswith(checkpointed + ".") or not checkpointed:
+                where = "" if path == checkpointed else f"in {path}, "
+                excluded[checkpointed] = (
+                    f"its rerun is no replay: {where}{what} (state kept on the module, which checkpoint does not "
+                    "restore)"
+                )
+                break
 
 
 def _paths(plan: Plan) -> list[str]:

@@ -125,4 +125,7 @@ class Trace:
     state_changes: tuple[tuple[str, str], ...] = ()
     """(module path, what changed) for each module whose plain Python state (a counter, a cache's length)
     differs between the start and the end of forward: a checkpointed rerun would see the changed state."""
+    rerun_state_differs: tuple[tuple[str, str], ...] = ()
+    """(module path, what differs) for each module whose rerun in backward started from other attributes than
+    any of its calls in forward did (a tensor forward left on `self`, a counter): the rerun is no replay."""
     """(op, calls) for each op whose fake kernel refused and whose real kernel stood in (see fake_step.py)."""

@@ -117,6 +117,8 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.parameter_storages: set[int] = set()
         self.state_before: dict[str, dict[str, Any]] = {}
         self.state_changes: dict[str, str] = {}
+        self.entry_states: dict[str, list[dict[str, Any]]] = {}
+        self.rerun_state_differs: dict[str, str] = {}
 
     # storages -------------------------------------------------------------
     def storage_of(self, tensor: torch.Tensor, kind: StorageKind, nbytes: int | None = None) -> int | None:
@@ -258,8 +260,26 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         call = _Call(len(self.calls), module, path, parent, recompute, self.seq)
         if not recompute:
             call.inputs = self._storages_of((args, kwargs))
+            self.entry_states.setdefault(path, []).append(module_attributes(module, tensors=True))
+        elif path not in self.rerun_state_differs:
+            self._check_replay(module, path)
         self.calls.append(call)
         self.stack.append(call)
+
+    def _check_replay(self, module: Any, path: str) -> None:
+        """A rerun replays its forward only if the module's own attributes are what they were when forward
+        called it: RecurrentGemma's RG-LRU reads `self.recurrent_states`, which its forward sets, so its rerun
+        starts from the state forward ended with (the loss changed: 4.6104 instead of 4.6110)."""
+        now = module_attributes(module, tensors=True)
+        seen = self.entry_states.get(path, [])
+        if not seen or now in seen:
+            return
+        before = seen[-1]
+        name = next((n for n in sorted(set(now) | set(before)) if now.get(n) != before.get(n)), "?")
+        self.rerun_state_differs[path] = (
+            f"self.{name} was {_shown(before.get(name))} when forward called it and {_shown(now.get(name))} when "
+            "backward reran it"
+        )
 
     def _post_hook(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
         if self.stack and self.stack[-1].module is module:
@@ -399,6 +419,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             storages=storages, calls=calls, modules=modules, events=self.seq, forward_end=self.forward_end,
             loss=loss, recompute_flops=self.recompute_flops, device=device, mode=mode, notes=notes,
             state_changes=tuple(self.state_changes.items()),
+            rerun_state_differs=tuple(self.rerun_state_differs.items()),
         )
 
     def _propagate_backward_starts(self) -> None:
@@ -421,18 +442,42 @@ def python_state(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
     What a checkpointed module's rerun reads from `self` besides tensors: a counter, a
     cache's length, a flag. Hooks and torch's own bookkeeping are left out.
     """
-    found: dict[str, dict[str, Any]] = {}
-    for path, module in model.named_modules():
-        values: dict[str, Any] = {}
-        for name, value in vars(module).items():
-            if name in _MODULE_INTERNALS or name.endswith("_hooks") or name.endswith("_hooks_with_kwargs"):
-                continue
-            if isinstance(value, _SIMPLE):
-                values[name] = value
-            elif isinstance(value, (list, dict, set, tuple)):
-                values[name] = ("len", len(value))
-        found[path] = values
-    return found
+    return {path: module_attributes(module) for path, module in model.named_modules()}
+
+
+class _SameTensor:
+    """A tensor attribute, compared by identity (a weak reference: it must not keep the tensor alive)."""
+
+    __slots__ = ("ref", "shown")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.ref = weakref.ref(tensor)
+        self.shown = f"a {str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)} tensor"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SameTensor) and self.ref() is not None and self.ref() is other.ref()
+
+    def __hash__(self) -> int:
+        return id(self.ref())
+
+    def __repr__(self) -> str:
+        return self.shown
+
+
+def module_attributes(module: torch.nn.Module, tensors: bool = False) -> dict[str, Any]:
+    """A module's own plain attributes (not its parameters, buffers or children): numbers, strings, the
+    lengths of containers, and with `tensors` the identity of tensors kept on it."""
+    values: dict[str, Any] = {}
+    for name, value in vars(module).items():
+        if name in _MODULE_INTERNALS or name.endswith("_hooks") or name.endswith("_hooks_with_kwargs"):
+            continue
+        if isinstance(value, _SIMPLE):
+            values[name] = value
+        elif isinstance(value, (list, dict, set, tuple)):
+            values[name] = ("len", len(value))
+        elif tensors and isinstance(value, torch.Tensor):
+            values[name] = _SameTensor(value)
+    return values
 
 
 def state_changes(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:

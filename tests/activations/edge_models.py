@@ -471,6 +471,53 @@ class Reasoner(nn.Module):
         return self.head(self.high(self.low(z)))
 
 
+class CarriesState(nn.Module):
+    """A linear recurrence that starts from `self.state` and leaves its last state there (RecurrentGemma's RG-LRU):
+    its parent resets the state before each call, so a rerun of this module alone starts from the wrong one."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(width, width)
+        self.state: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        decay = torch.sigmoid(self.gate(x))
+        state = torch.zeros_like(x[:, 0]) if self.state is None else self.state
+        states = []
+        for step in range(x.shape[1]):
+            state = decay[:, step] * state + x[:, step]
+            states.append(state)
+        self.state = state
+        return torch.stack(states, 1)
+
+
+class RecurrentBlock(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.scan = CarriesState(width)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.scan.state = None  # training: no cache, every sequence starts afresh
+        return x + self.out(self.scan(self.inp(x)))
+
+
+class StatefulRecurrentLM(nn.Module):
+    """Recurrent blocks whose scans keep their last state on the module."""
+
+    def __init__(self, width: int = 32, layers: int = 3) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([RecurrentBlock(width) for _ in range(layers)])
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
 class UnreadEncoding(nn.Module):
     """An encoder whose output the decoder never reads, returned beside the loss (transformers' EncoderDecoderModel
     with a decoder built without cross-attention): autograd keeps the encoder's graph until the output is dropped,
@@ -585,6 +632,10 @@ def hash_experts() -> nn.Module:
 
 def reasoner() -> nn.Module:
     return Reasoner().train()
+
+
+def stateful_recurrent() -> nn.Module:
+    return StatefulRecurrentLM().train()
 
 
 def unread_encoding() -> nn.Module:

@@ -122,3 +122,21 @@ def test_models_without_such_modules_exclude_nothing() -> None:
         report = act.analyze(build(), list(args), kwargs=kwargs, budget=1 << 40)
         assert report.plan is not None and report.plan.excluded == (), build
         assert not any(m.changes_state or m.mutates_inputs for m in report.modules), build
+
+
+def test_a_module_whose_rerun_starts_from_state_its_forward_left_is_excluded() -> None:
+    """RecurrentGemma's RG-LRU reads `self.recurrent_states`, which its parent resets and its own forward sets: a
+    plan checkpointing it ran without an error and changed the loss (4.6104 instead of 4.6110). Its rerun starts
+    from another tensor than its forward did, so it is excluded and the search goes on to a plan that holds."""
+    args = (torch.randn(8, 48, 32, generator=torch.Generator().manual_seed(0)),)
+    plain = storage_peak_step(edge_models.stateful_recurrent(), args, {})
+    model = edge_models.stateful_recurrent()
+    with act.apply_plan(model, Plan(checkpoint=("blocks.0.scan",))):
+        replayed = storage_peak_step(model, args, {})
+    assert not torch.equal(replayed.loss, plain.loss)  # the hazard is real: the step is another one
+
+    report = assert_plan_holds(edge_models.stateful_recurrent, args, 0.8)
+    reasons = dict(report.plan.excluded)
+    scans = {path for path in reasons if path.endswith(".scan")}
+    assert scans, reasons
+    assert all("self.state was None when forward called it" in reasons[path] for path in scans)
