@@ -225,7 +225,10 @@ class _Step:
             self._keeps_input(value.untyped_storage().nbytes())
         ):
             return value
-        return self._adopt(value)
+        adopted = self._adopt(value)
+        if self.keeps_values and isinstance(adopted, torch.Tensor):  # too large to keep: its values are still inputs'
+            self.step_mode.mark_from_inputs(adopted, adopted.untyped_storage().nbytes())
+        return adopted
 
     def _adopt(self, value: Any) -> Any:
         """A real tensor given by the caller, converted to this world's tensors."""
@@ -411,7 +414,7 @@ def _analyze(
     except MemlayoutError:
         raise
     except Exception as exc:  # the model's own forward or backward failed on these inputs
-        raise _step_failed(exc) from exc
+        raise _step_failed(exc, step) from exc
     if baseline.loss == LOSS_FROM_SUM:
         notes.append(
             "the output has no loss, so backward starts from the sum of its floating outputs; a real loss "
@@ -455,21 +458,35 @@ def _with_range(step: _Step, summary: Summary) -> Summary:
     return dataclasses.replace(summary, peak_bytes_min=min(peaks), peak_bytes_max=max(peaks))
 
 
-def _step_failed(exc: Exception) -> UsageError:
+def _step_failed(exc: Exception, step: _Step) -> UsageError:
     from memlayout.activations.build import value_read, where
 
     read = value_read(exc)
     if read is not None:
-        return UsageError(
-            f"the step reads a value that fake tensors do not have: {read.describe()}; a value computed from the "
-            "weights has none without running them",
-            "pass --real to run the step for real (it takes the memory)",
-        )
+        return UsageError(f"the step reads a value that {step.mode} tensors do not have: {read.describe()}; "
+                          f"{_why_no_value(exc, step)}", "pass --real to run the step for real (it takes the memory)")
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return UsageError(
         f"the step failed: {type(exc).__name__}: {text} (at {where(exc)})",
         "check the inputs' shapes and dtypes against the model's forward (--debug shows the traceback)",
     )
+
+
+def _why_no_value(exc: BaseException, step: _Step) -> str:
+    """Why the value read is not there: the weights decide it, or the inputs do but it was not kept."""
+    from memlayout.activations.fake_step import VALUE_BYTES, ValueFromInputsError
+    from memlayout.format_bytes import human_bytes
+
+    if not step.keeps_values:
+        where = "" if step.mode == "meta" else f" for {step.device}"
+        return f"a {step.mode} step{where} keeps no values, not even those of the inputs"
+    current: BaseException | None = exc
+    while current is not None and not isinstance(current, ValueFromInputsError):
+        current = current.__cause__ or current.__context__
+    if current is not None:
+        return (f"it follows from the inputs alone, through a tensor of {human_bytes(current.tensor_bytes)}, more "
+                f"than the {human_bytes(VALUE_BYTES)} a fake step computes for real")
+    return "a value computed from the weights has none without running them"
 
 
 class ActivationsError(MemlayoutError):

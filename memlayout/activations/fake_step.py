@@ -5,10 +5,13 @@
   mask is all ones (`padding_mask.sum() == numel`), and takes the other branch as
   soon as the mask is a fake tensor; code reads lengths with `.item()`. So an op
   whose tensor arguments are all real (the inputs, tensors made from constants,
-  what was computed from them) runs for real, as long as what it makes is small
-  (`SMALL_BYTES`): its output stays real, and the model sees the values the real
-  step would. Larger outputs, and anything computed from a fake tensor (every
-  parameter is one), stay fake.
+  what was computed from them) runs for real, as long as what it makes is not
+  larger than `VALUE_BYTES`: its output stays real, and the model sees the values
+  the real step would. Larger outputs, and anything computed from a fake tensor
+  (every parameter is one), stay fake. A fake tensor whose values follow from the
+  inputs alone (a larger output, what is computed from it, an input too large to
+  keep real) is remembered as such, so that a value read from it is reported as
+  one the inputs decide (`ValueFromInputsError`), not one the weights decide.
 - **Kernels whose fake version refuses what the real one accepts.** Some meta
   kernels check more than their CPU kernels (`torch._grouped_mm`'s refuses
   float32, which the CPU kernel runs). When a fake kernel raises, the real one runs
@@ -39,7 +42,9 @@ needed, and a CUDA step is traced without one.
 
 from __future__ import annotations
 
+import functools
 import logging
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -48,7 +53,15 @@ import torch
 from memlayout import _torch
 
 SMALL_BYTES = 1 << 20
-"""Outputs of real-only ops up to this size stay real: masks, lengths, position ids, routing indices."""
+"""Routing indices and uniform draws up to this size follow the assumptions (assumptions.py)."""
+VALUE_BYTES = 64 << 20
+"""Outputs of real-only ops up to this size stay real: masks, lengths, position ids.
+
+Attention masks are the large ones: a [batch, 1, seq, seq] float32 mask is
+materialized before it is cut back (Longformer and LED pad to their 512-token
+window: 4 MiB at batch 4), and a step that reads a value from it needs it real.
+64 MiB is that mask at batch 1 and 4096 tokens; the real step holds it too.
+"""
 INPUT_BYTES = 16 << 20
 """Inputs up to this size are real tensors (token ids, masks, most images); larger ones are fake."""
 _VALUE_ERRORS = (_torch.DataDependentOutputException, _torch.DynamicOutputShapeException)
@@ -63,11 +76,36 @@ _MASKS = {torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default, 
 _FAKE_LOG = "torch._subclasses.fake_tensor"
 
 
+class ValueFromInputsError(RuntimeError):
+    """The step read a value that follows from the inputs alone, from a tensor that is fake because some tensor on
+    the way was larger than memlayout computes for real (VALUE_BYTES)."""
+
+    def __init__(self, op: str, tensor_bytes: int) -> None:
+        super().__init__(f"{op} read a value of the inputs through a fake tensor of {tensor_bytes} bytes")
+        self.op = op
+        self.tensor_bytes = tensor_bytes
+        """The size of the tensor that went fake first on the way."""
+
+
 def _aliases(func: Any) -> bool:
     """The op returns a view of an input or writes into one: no new memory, and it must stay with its input."""
     return any(r.alias_info is not None for r in _torch.op_schema(func).returns) or any(
         a.alias_info is not None and a.alias_info.is_write for a in _torch.op_schema(func).arguments
     )
+
+
+def _writes(func: Any) -> bool:
+    return any(a.alias_info is not None and a.alias_info.is_write for a in _torch.op_schema(func).arguments)
+
+
+def _written(func: Any, args: Any, kwargs: Any) -> list[Any]:
+    """The tensor arguments an in-place or out= op writes into."""
+    names = [a.name for a in _torch.op_schema(func).arguments]
+    given = dict(zip(names, args, strict=False)) | dict(kwargs)
+    written = [given.get(a.name) for a in _torch.op_schema(func).arguments
+               if a.alias_info is not None and a.alias_info.is_write]
+    leaves, _ = _torch.tree_flatten(written)
+    return [t for t in leaves if isinstance(t, torch.Tensor)]
 
 
 def _nbytes(value: Any) -> int:
@@ -91,6 +129,9 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         """(op, kind of assumption) -> how many times a shape or an index was decided by ASSUMPTIONS."""
         self._fallback_outputs: dict[Any, Any] = {}
         self._log_level = 0
+        self._from_inputs: dict[int, tuple[Any, int]] = {}
+        """storage id -> (weakref to the storage, bytes of the tensor that went fake first) for each fake storage
+        whose values follow from the inputs alone."""
 
     def __enter__(self) -> FakeStepMode:
         # The fake mode logs every kernel that raises, with a traceback, before the fallback handles it.
@@ -108,8 +149,49 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs = kwargs or {}
         leaves, _ = _torch.tree_flatten((args, kwargs))
         tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
-        if self.keep_values and not any(isinstance(t, _torch.FakeTensor) for t in tensors):
+        fakes = [t for t in tensors if isinstance(t, _torch.FakeTensor)]
+        if self.keep_values and not fakes:
             return self._with_values(func, args, kwargs)
+        origin = self._origin(fakes) if self.keep_values and func not in _ROUTING else None
+        assumed = self.assumed.total()
+        try:
+            out = self._on_fakes(func, args, kwargs, tensors)
+        except _VALUE_ERRORS as needs_values:
+            if origin is None:
+                raise
+            raise ValueFromInputsError(str(func), origin) from needs_values
+        if origin is not None and self.assumed.total() == assumed:  # an assumed shape is not the inputs' doing
+            self.mark_from_inputs(out, origin)
+        elif self._from_inputs and _writes(func):  # values the inputs alone do not decide were written in
+            for written in _written(func, args, kwargs):
+                self._from_inputs.pop(_torch.storage_id(written.untyped_storage()), None)
+        return out
+
+    def mark_from_inputs(self, value: Any, tensor_bytes: int) -> None:
+        """Remember that the fake tensors in `value` hold values that follow from the inputs alone."""
+        leaves, _ = _torch.tree_flatten(value)
+        for tensor in leaves:
+            if not isinstance(tensor, _torch.FakeTensor):
+                continue
+            storage = tensor.untyped_storage()
+            key = _torch.storage_id(storage)
+            if key not in self._from_inputs:
+                # Forgotten with the storage: a later storage may have the same id.
+                ref = weakref.ref(storage, functools.partial(self._forget, key))
+                self._from_inputs[key] = (ref, tensor_bytes)
+
+    def _forget(self, key: int, _: Any) -> None:
+        self._from_inputs.pop(key, None)
+
+    def _origin(self, fakes: list[Any]) -> int | None:
+        """Where every fake argument holds values of the inputs alone: the largest size that made one of them
+        fake; else None."""
+        found = [self._from_inputs.get(_torch.storage_id(t.untyped_storage())) for t in fakes]
+        if not found or any(f is None for f in found):
+            return None
+        return max(f[1] for f in found if f is not None)
+
+    def _on_fakes(self, func: Any, args: Any, kwargs: Any, tensors: list[Any]) -> Any:
         if self.keep_values and func in _ROUTING:
             return self._routed(func, args, kwargs)
         try:
@@ -158,8 +240,10 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             return self._real(func, args, kwargs)  # its inputs are small and real: so is what it reads
         except Exception:
             return self._real(func, args, kwargs)
-        if _nbytes(fake) <= SMALL_BYTES:
+        made = _nbytes(fake)
+        if made <= VALUE_BYTES:
             return self._real(func, args, kwargs)
+        self.mark_from_inputs(fake, made)
         return fake
 
     def _uniform(self, func: Any, args: Any, kwargs: Any) -> Any:
