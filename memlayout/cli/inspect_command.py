@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -156,9 +157,11 @@ def inspect_command(
     Under torchrun (`torchrun --nproc_per_node N -m memlayout inspect pkg.module:build`), each rank reads its
     own pieces of the sharded model the builder returns, and rank 0 writes one report for all of them.
     """
-    from memlayout.pipeline.ranks import RankExchange
+    ranks = None
+    if "WORLD_SIZE" in os.environ:  # a launcher's ranks; one process never imports what they need
+        from memlayout.pipeline.ranks import RankExchange
 
-    ranks = RankExchange.from_environment()
+        ranks = RankExchange.from_environment()
     with ranks_agree_on_the_exit(ranks), one_line_errors(debug):
         if trust:
             # inspect reads every format inertly, so there is nothing to allow. The

@@ -13,7 +13,6 @@ from typing import Any
 
 from memlayout import _torch
 from memlayout.errors import SourceNotFoundError, UsageError
-from memlayout.load.live import load_live
 from memlayout.load.records import LoadedSource
 
 SPEC_PATTERN = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
@@ -82,4 +81,8 @@ def spec_object(spec: str) -> Any:
 
 def load_import_spec(spec: str) -> LoadedSource:
     """Build the model a spec names and read it as a live object."""
+    from memlayout.load.live import (
+        load_live,  # not for a path: batch asks looks_like_spec of every one
+    )
+
     return load_live(resolve_spec(spec), path=spec)

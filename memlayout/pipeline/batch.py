@@ -21,11 +21,10 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlayout.errors import MemlayoutError, UnrecognizedFormatError, UsageError
 from memlayout.pipeline.inspection import Report, run_inspection, summarize
-from memlayout.pipeline.ranks import RankExchange
 from memlayout.rules import (
     RULES,
     Finding,
@@ -34,6 +33,9 @@ from memlayout.rules import (
     is_ignored_for_its_tensors,
     is_selected,
 )
+
+if TYPE_CHECKING:  # the exchange is only for ranks under a launcher; a file inspect never loads it
+    from memlayout.pipeline.ranks import RankExchange
 
 EXIT_CLEAN = 0
 EXIT_FAILED = 1

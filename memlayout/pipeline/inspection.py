@@ -12,13 +12,12 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlayout.core.content import ContentReader
 from memlayout.core.facts import Facts, build_facts
 from memlayout.load import load_object, load_path
 from memlayout.load.records import LoadedSource, TensorKind
-from memlayout.pipeline.ranks import RankExchange
 from memlayout.rules import (
     RULES,
     Finding,
@@ -29,6 +28,9 @@ from memlayout.rules import (
     SkippedRule,
     is_selected,
 )
+
+if TYPE_CHECKING:  # the exchange is only for ranks under a launcher; a file inspect never loads it
+    from memlayout.pipeline.ranks import RankExchange
 
 
 @dataclass(frozen=True)
