@@ -52,6 +52,29 @@ def user_optimizer(model: torch.nn.Module, name: str) -> torch.optim.Optimizer |
     return torch.optim.SGD(parameters, lr=0.01, momentum=0.9)
 
 
+def _warm_up(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], seed: int, optimizer: str
+) -> torch.optim.Optimizer | None:
+    """Seed, and with an optimizer run one untracked step first, so the measured step is a steady-state one."""
+    for parameter in model.parameters():
+        parameter.grad = None
+    torch.manual_seed(seed)
+    stepper = user_optimizer(model, optimizer)
+    if stepper is not None:
+        run_step(model, args, kwargs)
+        stepper.step()
+        stepper.zero_grad(set_to_none=True)
+    return stepper
+
+
+def _take_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A copy of every gradient the step left, which are then cleared for the next measured step."""
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    for parameter in model.parameters():
+        parameter.grad = None
+    return grads
+
+
 def memtracker_step(
     model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], seed: int = 0, optimizer: str = "adamw"
 ) -> RealStep:
@@ -63,14 +86,7 @@ def memtracker_step(
     """
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    for parameter in model.parameters():
-        parameter.grad = None
-    torch.manual_seed(seed)
-    stepper = user_optimizer(model, optimizer)
-    if stepper is not None:
-        run_step(model, args, kwargs)
-        stepper.step()
-        stepper.zero_grad(set_to_none=True)
+    stepper = _warm_up(model, args, kwargs, seed, optimizer)
     tracker = MemTracker()
     # MemTracker hooks every parameter's gradient, and torch refuses a hook on one that does not require grad:
     # a frozen parameter never gets a gradient, so it is marked as hooked already (MemTracker removes the
@@ -84,9 +100,7 @@ def memtracker_step(
         if stepper is not None:
             stepper.step()
     peak = sum(snapshot["Total"] for snapshot in tracker.get_tracker_snapshot("peak").values())
-    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    for parameter in model.parameters():
-        parameter.grad = None
+    grads = _take_gradients(model)
     return RealStep(peak_bytes=int(peak), loss=loss, grads=grads)
 
 
@@ -126,14 +140,7 @@ def storage_peak_step(
     model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], seed: int = 0, optimizer: str = "adamw"
 ) -> RealStep:
     """The same steady-state step as `memtracker_step`, its peak counted by storages alone (no module hooks)."""
-    for parameter in model.parameters():
-        parameter.grad = None
-    torch.manual_seed(seed)
-    stepper = user_optimizer(model, optimizer)
-    if stepper is not None:
-        run_step(model, args, kwargs)
-        stepper.step()
-        stepper.zero_grad(set_to_none=True)
+    stepper = _warm_up(model, args, kwargs, seed, optimizer)
     counter = _LiveStorages()
     state = [*model.parameters(), *model.buffers(), *args, *kwargs.values()]
     if stepper is not None:
@@ -145,9 +152,7 @@ def storage_peak_step(
         loss, _ = run_step(model, args, kwargs)
         if stepper is not None:
             stepper.step()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    for parameter in model.parameters():
-        parameter.grad = None
+    grads = _take_gradients(model)
     return RealStep(peak_bytes=counter.peak, loss=loss, grads=grads)
 
 
