@@ -146,14 +146,16 @@ class GroupedExperts(nn.Module):
         return unsorted.view(tokens, self.top_k, width).sum(1)
 
 
-class GroupedMoELM(nn.Module):
-    def __init__(self, vocab: int = 200, width: int = 32, hidden: int = 64, experts: int = 4, top_k: int = 2,
-                 layers: int = 2) -> None:
+class MoELM(nn.Module):
+    """A decoder of pre-norm mixture-of-experts layers; `experts` is the layer class that routes the tokens."""
+
+    def __init__(self, experts: type[nn.Module], vocab: int, width: int, hidden: int, experts_count: int,
+                 top_k: int, layers: int) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.embed = nn.Embedding(vocab, width)
         self.norms = nn.ModuleList([nn.LayerNorm(width) for _ in range(layers)])
-        self.moes = nn.ModuleList([GroupedExperts(width, hidden, experts, top_k) for _ in range(layers)])
+        self.moes = nn.ModuleList([experts(width, hidden, experts_count, top_k) for _ in range(layers)])
         self.head = nn.Linear(width, vocab)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -162,6 +164,12 @@ class GroupedMoELM(nn.Module):
         for norm, moe in zip(self.norms, self.moes, strict=True):
             x = x + moe(norm(x).reshape(-1, width)).view(batch, length, width)
         return self.head(x)
+
+
+class GroupedMoELM(MoELM):
+    def __init__(self, vocab: int = 200, width: int = 32, hidden: int = 64, experts: int = 4, top_k: int = 2,
+                 layers: int = 2) -> None:
+        super().__init__(GroupedExperts, vocab, width, hidden, experts, top_k, layers)
 
 
 class MaskedAttentionLM(nn.Module):
@@ -358,22 +366,10 @@ class LoopExperts(nn.Module):
         return out
 
 
-class LoopMoELM(nn.Module):
+class LoopMoELM(MoELM):
     def __init__(self, vocab: int = 200, width: int = 32, hidden: int = 128, experts: int = 4, top_k: int = 2,
                  layers: int = 2) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.embed = nn.Embedding(vocab, width)
-        self.norms = nn.ModuleList([nn.LayerNorm(width) for _ in range(layers)])
-        self.moes = nn.ModuleList([LoopExperts(width, hidden, experts, top_k) for _ in range(layers)])
-        self.head = nn.Linear(width, vocab)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
-        batch, length, width = x.shape
-        for norm, moe in zip(self.norms, self.moes, strict=True):
-            x = x + moe(norm(x).reshape(-1, width)).view(batch, length, width)
-        return self.head(x)
+        super().__init__(LoopExperts, vocab, width, hidden, experts, top_k, layers)
 
 
 class KeepsPositive(nn.Module):
