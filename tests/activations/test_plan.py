@@ -170,6 +170,16 @@ def test_apply_plan_refuses_a_plan_for_another_model(plan: dict[str, Any], messa
     assert "forward" not in vars(model) and all("forward" not in vars(m) for m in model)
 
 
+def _assert_plan_holds(model: torch.nn.Module, args: tuple[Any, ...], plan: Any, budget: int, plain: Any) -> None:
+    """The plan applied for real: under the budget, within 2% of its trace, and the step bit for bit unchanged."""
+    with act.apply_plan(model, plan.plan):
+        planned = storage_peak_step(model, args, {})
+    assert planned.peak_bytes <= budget
+    assert abs(planned.peak_bytes - plan.peak_bytes) <= 0.02 * planned.peak_bytes
+    assert torch.equal(planned.loss, plain.loss)
+    assert all(torch.equal(planned.grads[name], grad) for name, grad in plain.grads.items())
+
+
 def test_a_module_run_in_cycles_mostly_under_no_grad_is_still_a_candidate() -> None:
     """Recurrent reasoning models run their modules several times, all but the last under no_grad: calls that
     backward never reaches must not take the module out of the search (it was: no option at all)."""
@@ -181,13 +191,7 @@ def test_a_module_run_in_cycles_mostly_under_no_grad_is_still_a_candidate() -> N
     report = act.analyze(edge_models.reasoner(), list(args), budget=budget)
     assert report.plan is not None and report.plan.peak_bytes <= budget
     assert {"low", "high"} & {p.split(".")[0] for p in report.plan.plan.checkpoint}
-    model = edge_models.reasoner()
-    with act.apply_plan(model, report.plan.plan):
-        planned = storage_peak_step(model, args, {})
-    assert planned.peak_bytes <= budget
-    assert abs(planned.peak_bytes - report.plan.peak_bytes) <= 0.02 * planned.peak_bytes
-    assert torch.equal(planned.loss, plain.loss)
-    assert all(torch.equal(planned.grads[name], grad) for name, grad in plain.grads.items())
+    _assert_plan_holds(edge_models.reasoner(), args, report.plan, budget, plain)
 
 
 def test_an_encoder_backward_never_reaches_is_checkpointed_to_free_its_graph() -> None:
@@ -205,10 +209,4 @@ def test_an_encoder_backward_never_reaches_is_checkpointed_to_free_its_graph() -
     assert report.plan is not None and report.plan.peak_bytes <= budget
     assert all(path.startswith("encoder") for path in report.plan.plan.checkpoint), report.plan.plan
     assert report.plan.recompute_flops == 0  # nothing reruns: backward never asks
-    model = edge_models.unread_encoding()
-    with act.apply_plan(model, report.plan.plan):
-        planned = storage_peak_step(model, args, {})
-    assert planned.peak_bytes <= budget
-    assert abs(planned.peak_bytes - report.plan.peak_bytes) <= 0.02 * planned.peak_bytes
-    assert torch.equal(planned.loss, plain.loss)
-    assert all(torch.equal(planned.grads[name], grad) for name, grad in plain.grads.items())
+    _assert_plan_holds(edge_models.unread_encoding(), args, report.plan, budget, plain)
