@@ -150,11 +150,13 @@ def _span(paths: list[str]) -> str:
 
 def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = False) -> str:
     """The terminal report: the largest rank, each traced layout's breakdown, the sharding, the plan and its code."""
-    from rich.console import Console, Group
+    from rich.console import Group
     from rich.panel import Panel
     from rich.syntax import Syntax
     from rich.table import Table
     from rich.text import Text
+
+    from memlayout.output.terminal import text_console
 
     largest = report.largest
     grid = Table.grid(padding=(0, 2))
@@ -204,7 +206,6 @@ def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = F
     for note in report.notes:
         parts.append(Text(textwrap.fill(note, width=width, initial_indent="note: ", subsequent_indent="      ")))
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width, force_terminal=color, color_system="standard" if color else None,
-                      highlight=False)
+    console = text_console(buffer, width, color, color_system="standard")
     console.print(Group(*parts))
     return buffer.getvalue()

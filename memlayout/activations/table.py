@@ -32,10 +32,12 @@ def module_label(path: str | None) -> str:
 
 def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width: int = 120, color: bool = False) -> str:
     """The terminal report: summary, modules down to `depth`, and the plan."""
-    from rich.console import Console, Group
+    from rich.console import Group
     from rich.panel import Panel
     from rich.table import Table
     from rich.text import Text
+
+    from memlayout.output.terminal import text_console
 
     s = report.summary
     grid = Table.grid(padding=(0, 2))
@@ -59,7 +61,7 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     subtitle = (f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss} | "
                 f"optimizer: {report.optimizer}")
     parts_out: list[Any] = [
-        Panel(Group(grid, f"[bold]live at the peak[/bold]  {live}"), title=title, subtitle=subtitle,
+        Panel(Group(grid, Text.assemble(("live at the peak", "bold"), f"  {live}")), title=title, subtitle=subtitle,
               title_align="left", expand=False)
     ]
 
@@ -95,8 +97,7 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     for note in report.notes:
         parts_out.append(Text(textwrap.fill(note, width=width, initial_indent="note: ", subsequent_indent="      ")))
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width, force_terminal=color, color_system="standard" if color else None,
-                      highlight=False)
+    console = text_console(buffer, width, color, color_system="standard")
     console.print(Group(*parts_out))
     return buffer.getvalue()
 

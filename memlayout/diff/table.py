@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -13,6 +13,7 @@ from memlayout.diff.changes import DiffReport
 from memlayout.diff.grouping import change_lines
 from memlayout.format_bytes import human_bytes
 from memlayout.output.interface import Formatter
+from memlayout.output.terminal import text_console
 from memlayout.pipeline.inspection import Summary
 from memlayout.rules import Severity
 
@@ -69,7 +70,7 @@ def _changes(diff: DiffReport) -> Group | Text:
 def render_diff_table(diff: DiffReport, width: int = 120, color: bool = False) -> str:
     """The rich diff as text; ANSI colors only when `color` is set."""
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width, force_terminal=color, no_color=not color, highlight=False)
+    console = text_console(buffer, width, color)
     header = Table.grid(padding=(0, 1))
     header.add_column(style="bold")
     header.add_column()

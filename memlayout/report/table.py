@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 from collections import Counter
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from memlayout.format_bytes import human_bytes
 from memlayout.output.interface import Formatter
+from memlayout.output.terminal import text_console
 from memlayout.pipeline.batch import BaselineOutcome, BatchReport
 from memlayout.pipeline.inspection import Report
 from memlayout.report.findings import count_phrase
@@ -148,7 +149,7 @@ def render_table(report: Report, width: int = 120, color: bool = False, show_all
             more than 50 and the first 5 findings of each rule when there are more than 50.
     """
     buffer = io.StringIO()
-    console = Console(file=buffer, width=width, force_terminal=color, no_color=not color, highlight=False)
+    console = text_console(buffer, width, color)
     source = report.facts.source
     # A Text title: the "[format]" suffix is not console markup.
     formats = " and ".join([source.format, *(f"a valid {other}" for other in source.also_valid_as)])
