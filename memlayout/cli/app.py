@@ -14,7 +14,7 @@ import gc
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 import typer
@@ -42,6 +42,19 @@ they build until the report is written, and make no cycles worth collecting, whi
 each collection would traverse everything kept: the imports' objects, and at 40,000
 tensors every fact (benchmarks/README.md). Reference counting frees as usual;
 flatten and activations, which run torch, keep the collector."""
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused(command: str | None) -> Iterator[None]:
+    """The collector paused while `command` is built and run, when it is one of `WITHOUT_CYCLIC_GC`."""
+    if command not in WITHOUT_CYCLIC_GC or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()  # for a caller that runs the command in its own process (tests, main())
 
 
 def _parser_errors() -> tuple[type[Exception], ...]:
@@ -115,7 +128,10 @@ class MemlayoutCommands(OneLineUsageErrors):
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
-            self.commands[cmd_name] = build_command(cmd_name)
+            # Building the command imports it and everything it runs (rules, rich):
+            # most of a small inspect's time, and collections during it find nothing.
+            with _cyclic_gc_paused(cmd_name):
+                self.commands[cmd_name] = build_command(cmd_name)
         return self.commands.get(cmd_name)
 
 
@@ -127,13 +143,8 @@ class MemlayoutCommand(TyperCommand):
         coerce_without_pydantic(*self.params)
 
     def invoke(self, ctx: Any) -> Any:
-        if self.name not in WITHOUT_CYCLIC_GC or not gc.isenabled():
+        with _cyclic_gc_paused(self.name):
             return super().invoke(ctx)
-        gc.disable()
-        try:
-            return super().invoke(ctx)
-        finally:
-            gc.enable()  # for a caller that runs the command in its own process (tests, main())
 
     def get_help_option(self, ctx: Any) -> Any:
         option = super().get_help_option(ctx)
