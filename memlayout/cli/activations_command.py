@@ -1,6 +1,6 @@
 """`memlayout activations`: trace one training step, report its activation memory, plan to a budget."""
 
-from __future__ import annotations
+# Annotations evaluated at import, for typer (see memlayout.cli.app).
 
 import os
 import sys

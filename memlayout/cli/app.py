@@ -3,7 +3,11 @@
 A command imports only what it uses: each command's module is imported, and its
 click command built, only when it runs (or `--help` lists it), and heavy imports
 (torch, rich tables) happen inside commands, so `memlayout --help` and metadata
-inspection start fast.
+inspection start fast. The command modules (`*_command.py`) leave out `from
+__future__ import annotations`: typer reads a command's signature each time it
+builds the command, and string annotations would be compiled and evaluated then
+(3.5 of the 5 ms it took to build inspect's), where real ones come ready-made from
+the module's bytecode.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`memlayout diff`: check flags, compare the two checkpoints, hand the diff to its formatter."""
 
-from __future__ import annotations
+# Annotations evaluated at import, for typer (see memlayout.cli.app).
 
 from typing import Annotated
 

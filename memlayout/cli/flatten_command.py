@@ -1,6 +1,6 @@
 """`memlayout flatten`: check flags, call the library, print its summary."""
 
-from __future__ import annotations
+# Annotations evaluated at import, for typer (see memlayout.cli.app).
 
 import sys
 from typing import TYPE_CHECKING, Annotated
@@ -19,7 +19,7 @@ ALREADY_FLAT = 0
 WOULD_CHANGE = 1
 
 
-def _check_each(paths: list[str], options: FlattenOptions, debug: bool) -> int:
+def _check_each(paths: list[str], options: "FlattenOptions", debug: bool) -> int:
     """`--check` over several paths: each one's verdict, a load error for one not stopping the others.
 
     Returns the exit code: 2 when no path could be checked, 1 when any would change

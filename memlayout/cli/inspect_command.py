@@ -1,6 +1,6 @@
 """`memlayout inspect`: check flags, call the library, hand the report to its formatter."""
 
-from __future__ import annotations
+# Annotations evaluated at import, for typer (see memlayout.cli.app).
 
 import os
 import sys
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def ranks_agree_on_the_exit(ranks: RankExchange | None) -> Iterator[None]:
+def ranks_agree_on_the_exit(ranks: "RankExchange | None") -> Iterator[None]:
     """Under torchrun: only rank 0 prints, and every rank exits with rank 0's status once rank 0 is done."""
     if ranks is None:
         yield
@@ -63,7 +63,7 @@ class EveryPathFailed(MemlayoutError):
     """No path of the call could be inspected; exit 2 with nothing written."""
 
 
-def report_load_errors(batch: BatchReport) -> None:
+def report_load_errors(batch: "BatchReport") -> None:
     """Put each path's load error on stderr, one line each, whatever the report's format.
 
     When no path loaded, nothing is written: the last path's error becomes the
@@ -78,7 +78,7 @@ def report_load_errors(batch: BatchReport) -> None:
         raise EveryPathFailed((failures[last].error or "") if only else failures[last].error_line)
 
 
-def apply_baseline_flags(batch: BatchReport, baseline: str | None, write_baseline: str | None) -> BatchReport:
+def apply_baseline_flags(batch: "BatchReport", baseline: str | None, write_baseline: str | None) -> "BatchReport":
     """Record the findings (--write-baseline) and hide the recorded ones (--baseline)."""
     from memlayout.pipeline.batch import (
         apply_baseline,

@@ -1,6 +1,6 @@
 """`memlayout rules` and `memlayout explain`: the rule registry, for people."""
 
-from __future__ import annotations
+# Annotations evaluated at import, for typer (see memlayout.cli.app).
 
 from typing import Annotated
 
