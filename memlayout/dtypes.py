@@ -8,11 +8,10 @@ lacks (bfloat16, float8).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class DtypeInfo:
+class DtypeInfo(NamedTuple):
     """What memlayout needs to know about one torch dtype."""
 
     name: str

@@ -21,8 +21,7 @@ from __future__ import annotations
 import enum
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from memlayout.errors import UsageError
 
@@ -68,8 +67,7 @@ class Command(str, enum.Enum):
     ACTIVATIONS = "activations"
 
 
-@dataclass(frozen=True)
-class RenderOptions:
+class RenderOptions(NamedTuple):
     """How the terminal formats lay out their text; the other formats ignore them."""
 
     width: int = 120
@@ -82,8 +80,7 @@ class RenderOptions:
     """activations' table shows modules down to this depth (`--depth`)."""
 
 
-@dataclass(frozen=True)
-class Format:
+class Format(NamedTuple):
     """One `--format` name: the formatter each command renders it with; None where a command has none."""
 
     inspect: Callable[[RenderOptions], Formatter[BatchReport]] | None = None

@@ -58,7 +58,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from memlayout.load.records import RnnRecord
@@ -147,8 +147,7 @@ class RnnGeometry:
         return self.proj_size or self.hidden_size
 
 
-@dataclass(frozen=True)
-class WeightSlot:
+class WeightSlot(NamedTuple):
     """One weight's place in cuDNN's buffer."""
 
     name: str

@@ -11,7 +11,7 @@ table to `memlayout.load.FORMATS` and to the flatten writer registry).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from memlayout.core.facts import SourceFact
 
@@ -27,8 +27,7 @@ class Trust(enum.Enum):
     """The format's own loader runs code from the file (TorchScript)."""
 
 
-@dataclass(frozen=True)
-class FormatSupport:
+class FormatSupport(NamedTuple):
     """How flatten treats one loader format."""
 
     writes: str
@@ -87,8 +86,7 @@ FORMAT_SUPPORT: dict[str, FormatSupport] = {
 }
 
 
-@dataclass(frozen=True)
-class FlattenRoute:
+class FlattenRoute(NamedTuple):
     """What flatten does with one loaded source."""
 
     command: str

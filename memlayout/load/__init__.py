@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from memlayout.errors import CorruptCheckpointError, SourceNotFoundError, UnrecognizedFormatError
 from memlayout.load.records import LoadedSource
@@ -18,8 +17,7 @@ from memlayout.load.records import LoadedSource
 HEAD_BYTES = 64
 
 
-@dataclass(frozen=True)
-class Format:
+class Format(NamedTuple):
     """One readable format."""
 
     name: str

@@ -27,8 +27,7 @@ import pickle
 import pickletools
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from memlayout.errors import CorruptCheckpointError
 from memlayout.load.file_source import StorageSpans, pickled_source
@@ -92,8 +91,7 @@ def is_legacy_torch(head: bytes) -> bool:
     return type(magic) is int and magic == MAGIC_NUMBER
 
 
-@dataclass(frozen=True)
-class FirstPickle:
+class FirstPickle(NamedTuple):
     """What the restricted unpickler made of the pickle that opens a file."""
 
     complete: bool

@@ -4,11 +4,13 @@ Every format (live objects, torch.save zips, safetensors, ...) is reduced to the
 records, so facts and rules work the same on a live model and on a file that was
 never unpickled for real.
 
-The two records built once per tensor and per storage are NamedTuples: immutable
-and typed like a frozen dataclass, but built in a third of the time and a
-fraction of the memory (a mixture-of-experts checkpoint holds 100,000 tensors;
-the figures are in benchmarks/README.md). Hot loops build them positionally,
-which mypy checks against the field types.
+The records are NamedTuples: immutable and typed like a frozen dataclass, but
+built in a third of the time and a fraction of the memory (a mixture-of-experts
+checkpoint holds 100,000 tensors; the figures are in benchmarks/README.md), and
+defined in a seventh of the time (a frozen dataclass compiles six methods when
+this module is imported, on every `memlayout` start). Hot loops build them
+positionally, which mypy checks against the field types. `LoadedSource`, which
+loaders fill in step by step, is the one dataclass.
 """
 
 from __future__ import annotations
@@ -93,8 +95,7 @@ class ShardRecord(NamedTuple):
     itemsize: int
 
 
-@dataclass(frozen=True)
-class RankRecord:
+class RankRecord(NamedTuple):
     """What one rank of a sharded model holds: its totals and its pieces."""
 
     rank: int
@@ -108,8 +109,7 @@ class RankRecord:
     """(name, bytes) of the parameters this rank holds whole: plain tensors, or replicated on every mesh dimension."""
 
 
-@dataclass(frozen=True)
-class RnnRecord:
+class RnnRecord(NamedTuple):
     """An RNN/LSTM/GRU module and the weights cuDNN wants as one chunk."""
 
     mode: str
@@ -121,8 +121,7 @@ class RnnRecord:
     """Names that are plain tensor attributes, not registered Parameters."""
 
 
-@dataclass(frozen=True)
-class ModuleRecord:
+class ModuleRecord(NamedTuple):
     """One module of the tree, for sources that hold modules."""
 
     path: str
@@ -132,8 +131,7 @@ class ModuleRecord:
     rnn: RnnRecord | None = None
 
 
-@dataclass(frozen=True)
-class DeclaredTie:
+class DeclaredTie(NamedTuple):
     """Two tensors that somebody declared to be one (config, model class or --tie)."""
 
     target: str
@@ -142,8 +140,7 @@ class DeclaredTie:
     """Where the declaration comes from, e.g. "config.json tie_word_embeddings"."""
 
 
-@dataclass(frozen=True)
-class PickleGlobal:
+class PickleGlobal(NamedTuple):
     """A global a pickle references, and whether torch's weights-only loader allows it."""
 
     module: str

@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from memlayout.dtypes import DTYPES, STORAGE_CLASS_DTYPES, dtype_info
 from memlayout.errors import CorruptCheckpointError
@@ -169,8 +169,7 @@ class LegacyParameter:
         return PickledTensor(None, 0, (0,), (1,), "float32", requires_grad is True, True)
 
 
-@dataclass(frozen=True)
-class StorageDtype:
+class StorageDtype(NamedTuple):
     """What `torch FloatStorage` and friends unpickle to: just the element dtype."""
 
     dtype: str

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
@@ -70,8 +69,7 @@ class SafetensorsEntry(NamedTuple):
     nbytes: int
 
 
-@dataclass(frozen=True)
-class SafetensorsHeader:
+class SafetensorsHeader(NamedTuple):
     """A parsed and validated header."""
 
     entries: list[SafetensorsEntry]

@@ -113,8 +113,7 @@ class RuleContext:
 Check = Callable[[RuleContext], Iterable[Finding]]
 
 
-@dataclass(frozen=True)
-class RuleExample:
+class RuleExample(NamedTuple):
     """A small reproduction of a rule's finding and of its fix, run by the tests."""
 
     setup: str
