@@ -66,15 +66,29 @@ def _as_list(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+def _ascii_text(raw: bytes) -> str:
+    # orjson's UTF-8 as json's ensure_ascii text.
+    if raw.isascii() and b"\x7f" not in raw:
+        return raw.decode("ascii")
+    return _ESCAPED.sub(_escape, raw.decode("utf-8"))
+
+
 def dumps(value: Any) -> str:
     """`json.dumps(value, indent=2)`, exactly; a nested `LazyArray` is encoded as a list."""
     try:
         raw = orjson.dumps(value, default=_as_list, option=_OPTIONS)
     except orjson.JSONEncodeError:
         return json.dumps(value, indent=2, default=_as_list)
-    if raw.isascii() and b"\x7f" not in raw:
-        return raw.decode("ascii")
-    return _ESCAPED.sub(_escape, raw.decode("utf-8"))
+    return _ascii_text(raw)
+
+
+def compact_dumps(value: Any) -> str:
+    """`json.dumps(value, separators=(",", ":"))`, exactly: one line, no spaces."""
+    try:
+        raw = orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, separators=(",", ":"))
+    return _ascii_text(raw)
 
 
 def _indented(text: str, prefix: str) -> str:

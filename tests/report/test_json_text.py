@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 import memlayout
 from memlayout.pipeline.batch import BatchReport, PathReport
 from memlayout.report.json_report import JsonReporter, render_json, report_dict
-from memlayout.report.json_text import LazyArray, StreamedList, StreamedObject, dumps, json_pieces
+from memlayout.report.json_text import (
+    LazyArray,
+    StreamedList,
+    StreamedObject,
+    compact_dumps,
+    dumps,
+    json_pieces,
+)
 from tests import models
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -29,6 +36,11 @@ _values = st.recursive(
 @given(_values)
 def test_dumps_is_the_standard_librarys_text(value: Any) -> None:
     assert dumps(value) == json.dumps(value, indent=2)
+
+
+@given(_values)
+def test_compact_dumps_is_the_standard_librarys_compact_text(value: Any) -> None:
+    assert compact_dumps(value) == json.dumps(value, separators=(",", ":"))
 
 
 @settings(max_examples=60)
