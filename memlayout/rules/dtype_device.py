@@ -6,6 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from memlayout.core.facts import TensorFact
+from memlayout.dtypes import dtype_info
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 
 
@@ -88,10 +89,12 @@ torch.save(model.state_dict(), "model.pt")
     ),
 )
 def mixed_dtype(ctx: RuleContext) -> Iterator[Finding]:
-    by_dtype: dict[str, list[TensorFact]] = defaultdict(list)
+    # Grouped first, then each dtype asked once whether it is floating: a model has
+    # a few dtypes and may have 100,000 tensors.
+    every_dtype: dict[str, list[TensorFact]] = defaultdict(list)
     for tensor in ctx.facts.model_tensors():
-        if tensor.is_floating:
-            by_dtype[tensor.dtype].append(tensor)
+        every_dtype[tensor.dtype].append(tensor)
+    by_dtype = {dtype: tensors for dtype, tensors in every_dtype.items() if dtype_info(dtype).is_floating}
     if len(by_dtype) < 2:
         return
     counts = ", ".join(f"{len(ts)} {dtype}" for dtype, ts in sorted(by_dtype.items()))
