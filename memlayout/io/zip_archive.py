@@ -258,6 +258,8 @@ def _refuse_ambiguous_names(entries: list[ZipEntry], what: str) -> None:
     # the directory, so of two entries that differ only in case, or not at all, it
     # may read either; a reader that picked the other could report a clean pickle
     # that torch.load never loads.
+    if len(set(map(str.lower, (entry.name for entry in entries)))) == len(entries):
+        return  # every name distinct without case, as in every archive torch writes
     seen: dict[str, str] = {}
     for entry in entries:
         folded = entry.name.lower()
