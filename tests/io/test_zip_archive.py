@@ -154,3 +154,24 @@ def test_not_a_zip_is_one_error(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert zip_archive.central_directory_bytes(str(path)) == b""
+
+
+@pytest.mark.parametrize(
+    ("names", "said"),
+    [(["m/data.pkl", "m/Data.pkl"], "both m/data.pkl and m/Data.pkl"), (["m/data.pkl", "m/data.pkl"], "m/data.pkl twice")],
+)
+def test_names_equal_without_case_are_refused(tmp_path: Path, names: list[str], said: str) -> None:
+    import warnings
+    import zipfile
+
+    path = tmp_path / "model.pt"
+    with warnings.catch_warnings(), zipfile.ZipFile(path, "w") as archive:
+        warnings.simplefilter("ignore")  # zipfile warns of a duplicate name, and writes it
+        for name in ["m/version", *names]:
+            archive.writestr(name, b"x")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(CorruptCheckpointError, match=f"holds {said}; torch's reader matches"):
+            ZipReader(fd, os.path.getsize(path), 0, str(path))
+    finally:
+        os.close(fd)
