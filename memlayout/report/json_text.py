@@ -32,7 +32,9 @@ import orjson
 _OPTIONS = orjson.OPT_INDENT_2
 BATCH = 512
 """Items of a `LazyArray` encoded per orjson call: few calls, and pieces of a few hundred KiB."""
-_ESCAPED = re.compile("[\x7f-\U0010ffff]")
+# Every character from DEL up. Said as "not below DEL": the range compiles in 8 ms
+# (at import, on every json and html run), this in 0.1 ms.
+_ESCAPED = re.compile("[^\x00-\x7e]")
 
 
 class LazyArray:
