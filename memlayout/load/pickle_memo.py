@@ -62,6 +62,8 @@ _STEPS = _step_table()
 
 
 _RUN = 4096
+STRINGS_FROM_BITS = 20
+"""`_fixed_size_run` steps over short strings too for pickles of 2**20 bytes and more."""
 
 
 @functools.cache
@@ -71,6 +73,12 @@ def _fixed_size_run(bits: int) -> Callable[[bytes, int], re.Match[bytes] | None]
     LONG_BINPUTs are part of a run only when their index is below `2**bits`. Every
     alternative starts with a different opcode byte, so the run is matched without
     backtracking, in compiled code.
+
+    From `STRINGS_FROM_BITS` up, a BINUNICODE of fewer than 256 bytes is part of a
+    run too, one alternative per length: a torch state dict's pickle has two per
+    tensor (its name, its storage key), and each ended the run, costing a step of
+    the walk in Python. The 256 alternatives take a few ms to compile, which only a
+    pickle of a megabyte or more (thousands of tensors) wins back.
     """
     by_size: dict[int, list[int]] = {}
     for code, step in enumerate(_STEPS):
@@ -87,6 +95,11 @@ def _fixed_size_run(bits: int) -> Callable[[bytes, int], re.Match[bytes] | None]
     index += [b"\\x00"] * (4 - len(index))
     long_binput = next(op for op in pickletools.opcodes if op.name == "LONG_BINPUT").code.encode("latin-1")
     alternatives.append(re.escape(long_binput) + b"".join(index))
+    if bits >= STRINGS_FROM_BITS:
+        # The opcode, a little-endian uint32 length below 256, then that many bytes.
+        binunicode = next(op for op in pickletools.opcodes if op.name == "BINUNICODE").code.encode("latin-1")
+        lengths = [re.escape(bytes([length])) + b"\\x00\\x00\\x00" + b".{%d}" % length for length in range(256)]
+        alternatives.append(re.escape(binunicode) + b"(?:" + b"|".join(lengths) + b")")
     # At most _RUN opcodes per match: the regex engine keeps a little state for each
     # repetition until the match ends, and a DCP .metadata's storage table is one
     # uninterrupted run of millions of fixed-size opcodes.
@@ -110,8 +123,9 @@ def largest_memo_index(data: bytes, start: int = 0, skip_below: int = 0) -> tupl
     position, end, largest = start, len(data), -1
     steps, find, from_bytes = _STEPS, data.find, int.from_bytes
     # One pass of a few comparisons per opcode, or, skipping, per variable-length
-    # opcode (a torch state dict's pickle has two per tensor, its name and its
-    # storage key, among two dozen fixed-size ones).
+    # opcode the regex does not step over (a torch state dict's pickle has two
+    # strings per tensor, its name and its storage key, among two dozen fixed-size
+    # opcodes; a large pickle's regex steps over short strings as well).
     skip = _fixed_size_run(skip_below.bit_length() - 1) if skip_below > 0 else None
     while position < end:
         if skip is not None:

@@ -40,6 +40,22 @@ def test_the_walk_finds_what_pickletools_finds(value: object, protocol: int) -> 
     check_memo_indices(data, "a genuine pickle")
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    names=st.lists(st.text(max_size=300) | st.just("r\xff\xff\xff\x7f"), max_size=30),
+    far=st.integers(1 << 20, (1 << 32) - 1),
+)
+def test_the_skipping_walk_steps_over_strings_as_the_full_walk_does(names: list[str], far: int) -> None:
+    # A far LONG_BINPUT after strings of every length, some that look like one:
+    # stepping over a string by the wrong length would lose it or find a false one.
+    data = pickle.dumps(names, protocol=2)
+    data = data[:-1] + b"r" + struct.pack("<I", far) + b"."
+    full = largest_memo_index(data)
+    skipping = largest_memo_index(data, skip_below=1 << 20)
+    assert full[0] == far
+    assert skipping == full
+
+
 @pytest.mark.parametrize(
     "body",
     [
