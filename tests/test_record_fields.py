@@ -53,3 +53,30 @@ def test_facts_put_each_value_in_its_field() -> None:
         "id": "s0", "key": "k", "device": "cuda:2", "nbytes": 40, "tensors": ("opt.w",), "used": ((6, 26),),
         "used_bytes": 20, "padding_bytes": 0, "unused_bytes": 20, "base_address": 4096, "has_data": True,
     }
+
+
+def test_the_facts_of_a_view_alone_in_its_storage_put_each_value_in_its_field() -> None:
+    # One name, one view per storage: the inlined path that builds most facts.
+    record = TensorRecord(
+        name="w", kind=TensorKind.PARAMETER, dtype="float16", shape=(3, 2), stride=(1, 3),
+        storage_key="k", offset=2, requires_grad=False, object_id=7, optimizer_state=False, section="model",
+        pinned=False, shared_memory=True,
+    )
+    storage = StorageRecord(key="k", device="cpu", nbytes=30, base_address=512, has_data=True)
+    facts = build_facts(LoadedSource("f.pt", "test", [record], {"k": storage}))
+    (fact,) = facts.tensors
+    assert len(fact) == len(fact._fields)
+    assert fact._asdict() == {
+        "name": "w", "names": ("w",), "kind": TensorKind.PARAMETER, "dtype": "float16",
+        "itemsize": 2, "device": "cpu", "shape": (3, 2), "stride": (1, 3), "storage": "s0", "offset": 2,
+        "numel": 6, "nbytes": 12, "contiguous": False, "memory_format": MemoryFormat.STRIDED,
+        "bytes_used": byte_set((3, 2), (1, 3), 2, 2), "self_overlapping": False, "data_address": 512 + 4,
+        "requires_grad": False, "parameter_ids": (7,), "optimizer_state": False, "section": "model",
+        "pinned": False, "shared_memory": True, "has_data": True,
+    }
+    (storage_fact,) = facts.storages
+    assert len(storage_fact) == len(storage_fact._fields)
+    assert storage_fact._asdict() == {
+        "id": "s0", "key": "k", "device": "cpu", "nbytes": 30, "tensors": ("w",), "used": ((4, 16),),
+        "used_bytes": 12, "padding_bytes": 0, "unused_bytes": 18, "base_address": 512, "has_data": True,
+    }

@@ -484,6 +484,9 @@ def build_facts(source: LoadedSource) -> Facts:
     geometry = _Geometry()
     geometry_of, runs = geometry.known.get, geometry.runs
     parameter = TensorKind.PARAMETER
+    # A NamedTuple's own __new__ is a Python function; tuple.__new__ builds the
+    # same fact from a tuple of its fields in compiled code, in half the time.
+    new_fact = tuple.__new__
     tensors_list: list[TensorFact] = []
     by_name: dict[str, TensorFact] = {}
     # Storages in order of first use; a storage with several views gets its fact
@@ -518,13 +521,13 @@ def build_facts(source: LoadedSource) -> Facts:
                 bytes_used = geometry.strided_bytes(shape, stride, offset, itemsize)
             kind = first.kind
             base = storage_record.base_address
-            fact = TensorFact(
+            fact = new_fact(TensorFact, (
                 first.name, (first.name,), kind, dtype.name, itemsize, storage_record.device, shape, stride,
                 storage_id, offset, count, count * itemsize, contiguous, fmt, bytes_used, overlapping,
                 None if base is None else base + offset * itemsize, first.requires_grad,
                 (first.object_id,) if kind is parameter and first.object_id is not None else (),
                 first.optimizer_state, first.section, first.pinned, first.shared_memory, storage_record.has_data,
-            )
+            ))
             by_name[first.name] = fact
         else:
             fact = _tensor_fact(records, storage_record, storage_id, dtype, geometry)
@@ -544,10 +547,10 @@ def build_facts(source: LoadedSource) -> Facts:
                 used_bytes = sum(end - start for start, end in used)
                 full = False
             padding, unused = (0, 0) if full else _split_unused(used, storage_record.nbytes)
-            storages[-1] = StorageFact(
+            storages[-1] = new_fact(StorageFact, (
                 storage_id, key, storage_record.device, storage_record.nbytes, (fact.name,),
                 used, used_bytes, padding, unused, storage_record.base_address, storage_record.has_data,
-            )
+            ))
     tensors = tuple(tensors_list)
 
     groups = []
