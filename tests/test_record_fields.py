@@ -20,6 +20,7 @@ def test_tensor_records_put_each_value_in_its_field() -> None:
     root = {"optimizer": {"state": {0: {"exp_avg": tensor}}, "param_groups": []}}
     tensors, storages = tensor_records(root, {"7": 1024}, {"7": 256}, "the file")
     (record,) = tensors
+    assert (len(record), len(storages["7"])) == (len(record._fields), len(storages["7"]._fields))
     assert record._asdict() == {
         "name": "optimizer.state.0.exp_avg", "kind": TensorKind.PARAMETER, "dtype": "float32",
         "shape": (4, 3), "stride": (1, 4), "storage_key": "7", "offset": 4, "requires_grad": True,

@@ -84,6 +84,9 @@ def tensor_records(
     has_data = storage_base is not None
     parameter, buffer, plain = TensorKind.PARAMETER, TensorKind.BUFFER, TensorKind.TENSOR
     append = tensors.append
+    # A NamedTuple's own __new__ is a Python function; tuple.__new__ builds the
+    # same record from a tuple of its fields in compiled code, in half the time.
+    new_record = tuple.__new__
     # One pass, one record per tensor and per storage: this loop runs once per
     # tensor of the checkpoint, so it builds records positionally.
     for name, tensor, is_buffer, in_optimizer, section in walk_tensors(root):
@@ -131,14 +134,14 @@ def tensor_records(
                         f"{source}: storage {key} should hold {storage.nbytes} bytes "
                         f"but its record has {storage_size[key]}"
                     )
-                storages[key] = StorageRecord(
+                storages[key] = new_record(StorageRecord, (
                     key, storage.location, storage.nbytes, base if used_in_place else None, has_data
-                )
+                ))
         append(
-            TensorRecord(
+            new_record(TensorRecord, (
                 name, parameter if tensor.is_parameter else buffer if is_buffer else plain, tensor.dtype,
                 sound[0], sound[1], key, offset, tensor.requires_grad, id(tensor), in_optimizer, section, None, None,
-            )
+            ))
         )
     return tensors, storages
 
