@@ -207,6 +207,9 @@ def read_directory(file: ArchiveFile) -> list[ZipEntry]:
     entries = []
     unpack = _CENTRAL_FIELDS.unpack_from
     fixed = _CENTRAL_FIELDS.size
+    # A NamedTuple's own __new__ is a Python function; tuple.__new__ builds the
+    # same entry from a tuple of its fields in compiled code, in half the time.
+    new_entry = tuple.__new__
     at = 0
     for _ in range(count):
         if at + fixed > directory_size:
@@ -225,7 +228,7 @@ def read_directory(file: ArchiveFile) -> list[ZipEntry]:
             size = next(values) if size == _SATURATED else size
             compressed = next(values) if compressed == _SATURATED else compressed
             offset = next(values) if offset == _SATURATED else offset
-        entries.append(ZipEntry(name, method, compressed, size, offset, crc))
+        entries.append(new_entry(ZipEntry, (name, method, compressed, size, offset, crc)))
         at = name_end + extra_length + comment_length
     return entries
 

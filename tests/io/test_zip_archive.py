@@ -115,6 +115,13 @@ def test_reader_reads_members_and_record_spans(tmp_path: Path) -> None:
     try:
         reader = ZipReader(fd, os.path.getsize(path), 0, str(path))
         assert reader.read("model/byteorder") == b"little"
+        entry = reader.entry("model/byteorder")  # built positionally: each value in its field
+        assert len(entry) == len(entry._fields)
+        assert entry._replace(header_offset=0)._asdict() == {
+            "name": "model/byteorder", "method": 0, "compressed_size": 6, "size": 6, "header_offset": 0,
+            "crc": zlib.crc32(b"little"),
+        }
+        assert os.pread(fd, 6, reader.data_start(entry)) == b"little"
         spans = reader.record_spans("model/data/")
         assert os.pread(fd, spans.sizes["0"], spans.starts["0"]) == values.numpy().tobytes()
         assert spans.checksums["0"] == zlib.crc32(values.numpy().tobytes())
