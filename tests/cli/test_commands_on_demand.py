@@ -9,6 +9,7 @@ import gc
 import json
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -81,4 +82,33 @@ def test_reading_commands_run_without_the_cyclic_collector_and_give_it_back(monk
     assert runner.invoke(app, ["rules"]).exit_code == 0
     assert runner.invoke(app, ["flatten", "--check", str(DEMO)]).exit_code in (0, 1)
     assert seen == [False, False, True]  # inspect and rules read; flatten keeps the collector
+    assert gc.isenabled()
+
+
+def test_the_collector_resumes_after_the_report_is_freed(monkeypatch: Any) -> None:
+    # inspect ends by raising Exit; were its traceback (and so the report) still alive
+    # when the collector resumed, the first collection would traverse every fact.
+    from memlayout.pipeline import batch as batch_module
+
+    reports: list[weakref.ref[Any]] = []
+    real_inspect_paths = batch_module.inspect_paths
+
+    def keeping_a_weak_reference(*args: Any, **kwargs: Any) -> Any:
+        report = real_inspect_paths(*args, **kwargs)
+        reports.append(weakref.ref(report))
+        return report
+
+    alive_when_resumed: list[bool] = []
+    real_enable = gc.enable
+
+    def enable() -> None:
+        alive_when_resumed.append(any(ref() is not None for ref in reports))
+        real_enable()
+
+    monkeypatch.setattr(batch_module, "inspect_paths", keeping_a_weak_reference)
+    monkeypatch.setattr(gc, "enable", enable)
+    result = CliRunner().invoke(app, ["inspect", str(DEMO), "--format", "json", "--fail-on", "never"])
+    assert result.exit_code == 0, result.output
+    assert len(reports) == 1
+    assert alive_when_resumed and not any(alive_when_resumed)
     assert gc.isenabled()
