@@ -50,9 +50,11 @@ def _load_safetensors(path: str) -> LoadedSource:
 
 
 def _is_hf_dir(path: str, head: bytes) -> bool:
+    if head:  # a file: no need to import the directory format's module to say no
+        return False
     from memlayout.load.hf_dir import is_hf_dir
 
-    return not head and is_hf_dir(path)
+    return is_hf_dir(path)
 
 
 def _load_hf_dir(path: str) -> LoadedSource:
@@ -110,9 +112,11 @@ def _load_torchscript(path: str) -> LoadedSource:
 
 
 def _is_dcp_dir(path: str, head: bytes) -> bool:
+    if head:  # a file: no need to import the directory format's module to say no
+        return False
     from memlayout.load.dcp import is_dcp_dir
 
-    return not head and is_dcp_dir(path)
+    return is_dcp_dir(path)
 
 
 def _load_dcp_dir(path: str) -> LoadedSource:
