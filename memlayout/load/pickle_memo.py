@@ -208,7 +208,10 @@ def check_stream_memo_indices(stream: BinaryIO | io.BufferedIOBase, what: str) -
     a legacy file's storages after its pickle are not read.
     """
     if isinstance(stream, io.BytesIO):
-        check_memo_indices(stream.getbuffer().tobytes(), what, stream.tell())
+        # getvalue() hands back the bytes the stream was made from, uncopied; a
+        # memoryview's tobytes() copied the whole pickle (5 MB at 40,000 tensors),
+        # and exporting the buffer made the stream copy it first, a second time.
+        check_memo_indices(stream.getvalue(), what, stream.tell())
         return
     position = stream.tell()
     try:
