@@ -21,6 +21,7 @@ import functools
 import io
 import pickletools
 import re
+import sys
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -109,8 +110,12 @@ def _fixed_size_run(bits: int) -> Callable[[bytes, int], re.Match[bytes] | None]
     alternatives += fixed_size[2:]
     # At most _RUN opcodes per match: the regex engine keeps a little state for each
     # repetition until the match ends, and a DCP .metadata's storage table is one
-    # uninterrupted run of millions of fixed-size opcodes.
-    return re.compile(b"(?:" + b"|".join(alternatives) + b"){0,%d}" % _RUN, re.DOTALL).match
+    # uninterrupted run of millions of fixed-size opcodes. The repetition is
+    # possessive where the engine has it (Python 3.11): no alternative is a prefix
+    # of another, so there is never anything to backtrack to, and not recording
+    # where to go back to saves a tenth of the walk. The match is the same.
+    possessive = b"+" if sys.version_info >= (3, 11) else b""
+    return re.compile(b"(?:" + b"|".join(alternatives) + b"){0,%d}" % _RUN + possessive, re.DOTALL).match
 
 
 def largest_memo_index(data: bytes, start: int = 0, skip_below: int = 0) -> tuple[int, int, bool]:
