@@ -31,6 +31,8 @@ class Headline:
 
 
 HEADLINES = (
+    Headline("`memlayout inspect` of a small safetensors file: start-up", "startup",
+             "memlayout inspect (table) (small-mlp.safetensors, 8 tensors)", "python -c", "bench_startup.py"),
     Headline("`memlayout inspect`, 1 GiB torch.save file, 400 tensors, JSON out", "inspect",
              "CLI memlayout inspect --format json (1GiB)", "import torch", "bench_inspect.py"),
     Headline("`memlayout inspect`, torch.save file of 40,000 tensors", "many_tensors",
