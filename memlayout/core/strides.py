@@ -130,6 +130,12 @@ class ByteSet:
         return self.intervals[-1][1] if self.intervals else 0
 
     @property
+    def span(self) -> tuple[int, int]:
+        """(start, end) in one look, for loops over every tensor of a checkpoint."""
+        intervals = self.intervals
+        return (intervals[0][0], intervals[-1][1]) if intervals else (0, 0)
+
+    @property
     def nbytes(self) -> int:
         return sum(end - start for start, end in self.intervals)
 

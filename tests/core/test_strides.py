@@ -66,6 +66,10 @@ def test_byte_set_is_exactly_the_bytes_the_view_touches(view: tuple, itemsize: i
     assert covered == brute_bytes(shape, stride, offset, itemsize)
     # Intervals are sorted, disjoint and not touching (fully merged).
     assert all(a_end < b_start for (_, a_end), (b_start, _) in itertools.pairwise(intervals))
+    # The span is the lowest and one past the highest byte touched; (0, 0) for none.
+    touched = byte_set(shape, stride, offset, itemsize)
+    assert touched.span == ((min(covered), max(covered) + 1) if covered else (0, 0))
+    assert touched.span == (touched.start, touched.end)
 
 
 @settings(max_examples=300, deadline=None)
