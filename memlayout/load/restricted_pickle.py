@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from memlayout.dtypes import DTYPES, STORAGE_CLASS_DTYPES, dtype_info
 from memlayout.errors import CorruptCheckpointError
@@ -169,9 +169,12 @@ class LegacyParameter:
         return PickledTensor(None, 0, (0,), (1,), "float32", requires_grad is True, True)
 
 
-class StorageDtype(NamedTuple):
+@dataclass(frozen=True)
+class StorageDtype:
     """What `torch FloatStorage` and friends unpickle to: just the element dtype."""
 
+    # A value of the unpickled tree, not a record: the tree's walkers descend into
+    # every tuple, so this stays a dataclass, opaque to them as the class it stands for.
     dtype: str
 
 
