@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Every CUDA check memlayout has, in one run on a machine with an NVIDIA GPU, each
+# step bounded so that the whole fits a short lease. Logs and tables go to $OUT
+# (default .gpu-out). Usage: bash benchmarks/gpu_check.sh
+# It uses the machine's own CUDA build of torch; wheels of what that machine lacks
+# may lie in .whl/ (pure-Python or cp312 manylinux), installed into /tmp/site first.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-.gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PYTHON=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" >/dev/null; then
+  $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+{
+  nvidia-smi
+  $PYTHON -c "import torch; print(torch.__version__, torch.version.cuda); print(torch.cuda.get_device_properties(0)); print('cudnn', torch.backends.cudnn.version())"
+} > "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+# At most eight files come back from a lent machine, so the steps share one log
+# and pytest has its own.
+step() {  # step SECONDS LOG COMMAND...: one bounded step, its output kept
+  local seconds=$1 log=$2; shift 2
+  echo "== $* (limit ${seconds}s)" | tee -a "$OUT/$log"
+  timeout -k 5 "$seconds" "$@" >> "$OUT/$log" 2>&1
+  echo "== exit $?" | tee -a "$OUT/$log"; tail -n 5 "$OUT/$log"
+}
+step 45 steps.log $PYTHON tests/cudnn/record_cudnn_layouts.py "$OUT/cudnn-table.json"
+mkdir -p tests/cudnn/tables && cp "$OUT/cudnn-table.json" tests/cudnn/tables/ 2>/dev/null
+step 130 steps.log $PYTHON benchmarks/gpu_probe.py "$OUT/probe.json" "$OUT/llama1b-autocast-snapshot.pickle"
+step 150 pytest-gpu.log $PYTHON -m pytest -q -p no:cacheprovider -o addopts= --timeout 60 -rfEs \
+  tests/flatten/test_gpu.py tests/activations/test_gpu.py tests/activations/test_ranks_gpu.py \
+  tests/test_private_torch_apis.py tests/core/test_cudnn_layout.py
+step 45 steps.log $PYTHON benchmarks/bench_flatten_gpu.py --size-mib 256 --tensors 200
+cp benchmarks/results/flatten_gpu.json "$OUT/" 2>/dev/null
+ls -la "$OUT"
