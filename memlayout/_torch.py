@@ -75,12 +75,32 @@ def rnn_flat_weights(rnn: torch.nn.RNNBase) -> list[Any]:
 
 
 def refresh_rnn_flat_weights(rnn: torch.nn.RNNBase) -> None:
-    """Rebuild the RNN's list of weight objects from its attributes (`RNNBase._init_flat_weights`).
+    """Rebuild the RNN's list of weight objects from its attributes, without laying them out again.
 
-    The list holds the Parameter objects; after weights are re-pointed or
-    replaced, this makes the kernel see what the attributes now hold.
+    This is `RNNBase._init_flat_weights` less its last step: it sets `_flat_weights`
+    and `_flat_weight_refs` (the weak references `_weights_have_changed` compares at
+    each forward) exactly as that method does, but does not call
+    `flatten_parameters()`. On CUDA that call copies every weight into a new cuDNN
+    buffer, so the buffer memlayout just filled would be left behind and the
+    weights no longer where the plan put them. Laying out for cuDNN is
+    `flatten.cudnn_adopt`'s step, after the whole object is re-pointed.
     """
-    rnn._init_flat_weights()
+    import weakref
+
+    weights = [getattr(rnn, name) if hasattr(rnn, name) else None for name in rnn._flat_weights_names]
+    rnn._flat_weights = weights
+    rnn._flat_weight_refs = [weakref.ref(w) if w is not None else None for w in weights]
+
+
+def rnn_weights_replaced(rnn: torch.nn.RNNBase) -> bool:
+    """Whether a weight attribute is no longer the object the RNN last laid out (`RNNBase._weights_have_changed`).
+
+    torch checks this at the start of every forward and, when it is true, runs
+    `_init_flat_weights()`, which lays the weights out for cuDNN again: so an RNN
+    whose weights were replaced by new Parameters is not copied on every call.
+    A weight whose `.data` was swapped keeps its object, and is.
+    """
+    return bool(rnn._weights_have_changed())
 
 
 def cudnn_flattens_rnn_weights() -> bool:

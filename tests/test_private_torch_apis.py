@@ -547,3 +547,40 @@ def test_a_module_s_tensor_slots_hold_what_it_registered() -> None:
     assert module.weight is replacement and dict(module.named_parameters())["weight"] is replacement, changed(
         api, "setting an entry does not swap the module's tensor"
     )
+
+
+def test_refresh_sets_what_init_flat_weights_sets_except_the_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    # refresh_rnn_flat_weights is RNNBase._init_flat_weights without its flatten_parameters()
+    # call: the same attributes, holding the same objects.
+    api = "RNNBase._init_flat_weights"
+    calls: list[object] = []
+    monkeypatch.setattr(torch.nn.RNNBase, "flatten_parameters", lambda self: calls.append(self))
+    torch.manual_seed(0)
+    reference, ours = torch.nn.LSTM(6, 8, num_layers=2), torch.nn.LSTM(6, 8, num_layers=2)
+    for module in (reference, ours):
+        module.weight_hh_l0 = torch.nn.Parameter(module.weight_hh_l0.detach().clone())
+    calls.clear()  # building an RNN lays it out too
+    before = dict(vars(reference))
+    reference._init_flat_weights()
+    changed_names = {k for k, v in vars(reference).items() if before.get(k, object()) is not v}
+    assert changed_names == {"_flat_weights", "_flat_weight_refs"}, changed(api, f"it now sets {sorted(changed_names)}")
+    assert calls == [reference], changed(api, "it no longer ends by calling flatten_parameters()")
+    _torch.refresh_rnn_flat_weights(ours)
+    assert calls == [reference]
+    assert [id(w) for w in ours._flat_weights] == [id(getattr(ours, n)) for n in ours._flat_weights_names]
+    assert [r() is w for r, w in zip(ours._flat_weight_refs, ours._flat_weights, strict=True)] == [True] * len(
+        ours._flat_weights
+    )
+    assert not _torch.rnn_weights_replaced(ours)
+
+
+def test_weights_have_changed_tells_a_replaced_parameter_from_a_swapped_data() -> None:
+    api = "RNNBase._weights_have_changed"
+    lstm = torch.nn.LSTM(6, 8)
+    require_attribute(lstm, "_weights_have_changed", api)
+    assert not _torch.rnn_weights_replaced(lstm)
+    with torch.no_grad():
+        lstm.weight_ih_l0.data = lstm.weight_ih_l0.data.clone()
+    assert not _torch.rnn_weights_replaced(lstm), changed(api, "a swapped .data now counts as a change")
+    lstm.weight_ih_l0 = torch.nn.Parameter(lstm.weight_ih_l0.detach().clone())
+    assert _torch.rnn_weights_replaced(lstm), changed(api, "a new Parameter no longer counts as a change")

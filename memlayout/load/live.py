@@ -192,7 +192,10 @@ class _Collector:
                 value = rnn.__dict__.get(name)
                 if isinstance(value, torch.Tensor):
                     self.add(dot + name, value, TensorKind.TENSOR, section=section)
-        return RnnRecord(rnn.mode, tuple(dot + n for n in names), tuple(unregistered))
+        return RnnRecord(
+            rnn.mode, tuple(dot + n for n in names), tuple(unregistered),
+            known_from="live", weights_replaced=_torch.rnn_weights_replaced(rnn),
+        )
 
     def walk(self, obj: Any, prefix: str, in_optimizer: bool, section: str = "") -> None:
         import torch

@@ -189,7 +189,7 @@ def _rnn_record(path: str, module: InertObject) -> RnnRecord | None:
     parameters = state.get("_parameters") or {}
     prefix = f"{path}." if path else ""
     unregistered = tuple(f"{prefix}{n}" for n in names if not isinstance(parameters.get(n), PickledTensor))
-    return RnnRecord(mode, tuple(f"{prefix}{n}" for n in names), unregistered)
+    return RnnRecord(mode, tuple(f"{prefix}{n}" for n in names), unregistered, known_from="pickled")
 
 
 def declared_ties_in_tree(modules: list[tuple[str, InertObject]], names: list[str]) -> list[DeclaredTie]:

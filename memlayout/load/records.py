@@ -119,6 +119,14 @@ class RnnRecord(NamedTuple):
     """Full dotted names in `_flat_weights_names` order."""
     unregistered: tuple[str, ...] = ()
     """Names that are plain tensor attributes, not registered Parameters."""
+    known_from: str = "names"
+    """How the RNN is known, which decides how its weights reach cuDNN: "names" (recognized
+    from a state dict's names: loaded into a built module), "pickled" (an RNN module
+    object pickled in the file: `torch.load` rebuilds it as it was saved) or "live" (a
+    module in memory)."""
+    weights_replaced: bool = False
+    """A live RNN only: a weight attribute is another object than the one it last laid out,
+    so torch lays the weights out again at the next forward."""
 
 
 class ModuleRecord(NamedTuple):

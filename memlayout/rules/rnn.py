@@ -13,8 +13,8 @@ from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExam
     "ML401",
     "rnn-not-flat",
     Severity.WARNING,
-    "an RNN/LSTM/GRU's weights are not one chunk in cuDNN's order from storage offset 0",
-    "call `module.flatten_parameters()` after moving to CUDA, or run `memlayout flatten`",
+    "an RNN/LSTM/GRU's weights are not one chunk in cuDNN's order, and the way they reach CUDA keeps them so",
+    "call `module.flatten_parameters()` after loading onto CUDA, or run `memlayout flatten`",
     """
 cuDNN runs an RNN from one weight buffer. torch's `_cudnn_rnn` uses the module's
 own memory as that buffer only when `try_get_weight_buf` accepts it: the whole
@@ -28,41 +28,100 @@ of memory" and copies every weight on every call. A whole-model flat buffer
 that places the RNN mid-buffer fails too (pytorch PR #24828, which would have
 allowed an offset, was closed). The message names the first weight out of
 place and the element cuDNN expects it at. Checked against files cuDNN wrote
-(resemblyzer's 3-layer LSTM, BeatNet's 2-layer LSTM, medaka's bidirectional GRU).
+(resemblyzer's 3-layer LSTM, BeatNet's 2-layer LSTM, medaka's bidirectional GRU)
+and against the table cuDNN 9.19 laid out on an H200 (tests/cudnn/tables).
+
+Whether the copy happens depends on how the weights reach CUDA, so the finding's
+severity does too. torch lays an RNN's weights out for cuDNN itself whenever the
+module moves: `.cuda()` and `.to()` run `RNNBase._apply`, which calls
+`flatten_parameters()`, and `load_state_dict` then copies into that buffer. Its
+forward also lays them out again when a weight attribute is a new object
+(`_weights_have_changed`), which is what `load_state_dict(assign=True)` leaves.
+Measured on an H200 (torch 2.11, cuDNN 9.19) for a 2-layer bidirectional LSTM
+whose file kept every weight in its own storage, cuDNN warned only for:
+- a pickled module loaded with `torch.load(..., map_location="cuda")`: unpickling
+  runs no `_apply`, so the weights stay as saved;
+- a live module on CUDA whose weight's `.data` was swapped for other memory: the
+  Parameter object is the same, so the forward does not lay it out again.
+It did not warn for build, `.cuda()`, `load_state_dict`; `load_state_dict`, then
+`.cuda()`; a meta-device build with `load_state_dict(assign=True)`; `to_empty`;
+a pickled module loaded on the CPU, then `.cuda()`; or a weight replaced by a new
+Parameter. So a state dict's layout gets a note (severity info), as does a live
+module on the CPU, or on CUDA with a replaced weight; a pickled module, and a live
+CUDA module whose weights are not one chunk, get the warning.
 """,
     needs=(Requirement.LAYOUT,),
     detects=(
         "An RNN, LSTM or GRU (a module, or one recognized from `weight_ih_l0`-style names) whose "
-        "weights are not one chunk of one storage, from element 0, in cuDNN's weight layout."
+        "weights are not one chunk of one storage, from element 0, in cuDNN's weight layout: a "
+        "warning where cuDNN then copies them on every call (a pickled module loaded onto CUDA, a "
+        "live CUDA module), a note where torch lays them out on the way (a state dict, a CPU module)."
     ),
     example=RuleExample(
         setup="""
 import torch
 
 lstm = torch.nn.LSTM(32, 32, num_layers=2)
-torch.save(lstm.state_dict(), "model.pt")
+torch.save(lstm, "model.pt")  # the whole module: torch.load(map_location="cuda") keeps this layout
 """,
         command="memlayout inspect model.pt --select ML401",
         fixed="""
 import memlayout
 
 memlayout.flatten(lstm)  # one buffer in cuDNN's layout
-torch.save(lstm.state_dict(), "model.pt")
+torch.save(lstm, "model.pt")
 """,
     ),
 )
 def rnn_not_flat(ctx: RuleContext) -> Iterator[Finding]:
     for module in ctx.facts.modules:
-        if module.rnn is None:
+        rnn = module.rnn
+        if rnn is None:
             continue
-        problem = rnn_layout_problem(ctx.facts, module.rnn)
-        if problem is not None:
-            label = module.path or "(root)"
+        problem = rnn_layout_problem(ctx.facts, rnn)
+        if problem is None:
+            continue
+        label = f"{rnn.mode} {module.path or '(root)'}: {problem}"
+        first = ctx.facts.tensor(rnn.flat_weight_names[0])
+        on_cuda = first is not None and first.device.startswith("cuda")
+        store_flat = f"to store them in cuDNN's layout anyway, {flatten_hint(ctx.facts.source)}"
+        if rnn.known_from == "names":
             yield rnn_not_flat.finding(
-                module.rnn.flat_weight_names,
-                f"{module.rnn.mode} {label}: {problem}; cuDNN will copy its weights on every call",
-                hint="call `module.flatten_parameters()` after moving to CUDA, or "
-                f"{flatten_hint(ctx.facts.source)}",
+                rnn.flat_weight_names,
+                f"{label}; no copy per call when loaded into a built module: moving the module to "
+                "CUDA lays the weights out for cuDNN and load_state_dict copies into that buffer "
+                "(after load_state_dict(assign=True), the first forward lays them out)",
+                severity=Severity.INFO,
+                hint=f"nothing is needed to load it; {store_flat}",
+            )
+        elif rnn.known_from == "pickled":
+            yield rnn_not_flat.finding(
+                rnn.flat_weight_names,
+                f"{label}; torch.load(map_location=\"cuda\") of this pickled module keeps that layout, "
+                "and cuDNN copies its weights on every call",
+                hint="call `module.flatten_parameters()` after loading onto CUDA (or load on the CPU, "
+                f"then `.cuda()`), or {flatten_hint(ctx.facts.source)}",
+            )
+        elif not on_cuda:
+            yield rnn_not_flat.finding(
+                rnn.flat_weight_names,
+                f"{label}; no copy per call: `.cuda()` and `.to()` lay the weights out for cuDNN",
+                severity=Severity.INFO,
+                hint=f"nothing is needed before moving it to CUDA; {store_flat}",
+            )
+        elif rnn.weights_replaced:
+            yield rnn_not_flat.finding(
+                rnn.flat_weight_names,
+                f"{label}; a weight is a new object since the last layout, so the next forward lays "
+                "them out again (one copy, not one per call)",
+                severity=Severity.INFO,
+                hint=f"nothing is needed; {store_flat}",
+            )
+        else:
+            yield rnn_not_flat.finding(
+                rnn.flat_weight_names,
+                f"{label}; cuDNN will copy its weights on every call",
+                hint=f"call `module.flatten_parameters()`, or {flatten_hint(ctx.facts.source)}",
             )
 
 

@@ -135,3 +135,20 @@ def test_when_torch_leaves_the_rnn_alone_memlayouts_layout_is_kept() -> None:
     _assert_plan_describes(plan, buffers, model)
     facts = live_facts(model)
     assert is_identity(plan_flatten(facts), facts)
+
+
+def test_re_pointing_an_rnn_leaves_its_layout_to_the_adopt_step(monkeypatch: Any) -> None:
+    # On CUDA, flatten_parameters() copies every weight into a new cuDNN buffer. Run
+    # while re-pointing (as RNNBase._init_flat_weights would), it left the weights
+    # outside memlayout's buffer before the adopt step looked for them there: the
+    # KeyError an H200 showed for every live LSTM flattened onto CUDA.
+    calls: list[nn.RNNBase] = []
+    monkeypatch.setattr(nn.RNNBase, "flatten_parameters", lambda self: calls.append(self))
+    import memlayout
+
+    lstm = nn.LSTM(6, 8, num_layers=2, bidirectional=True)
+    calls.clear()  # building an RNN lays it out too
+    handle = memlayout.flatten(lstm)
+    assert calls == []
+    (group,) = handle.groups
+    assert lstm.weight_ih_l0.untyped_storage().data_ptr() == group.data.untyped_storage().data_ptr()
