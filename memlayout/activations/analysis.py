@@ -400,8 +400,13 @@ def _analyze(
     step.model.train()
     step.initial_modules = frozenset((path, type(m).__name__) for path, m in step.model.named_modules())
     if step.device not in ("cpu", "meta"):
-        with step.context():
-            step.model.to(step.device)
+        if step.mode == "real":
+            with step.context():
+                step.model.to(step.device)
+        else:
+            from memlayout.activations.build import place_fake_model
+
+            notes.extend(place_fake_model(step.model, step.device, step.context))
     step.make_inputs(inputs, kwargs)
     if not step.args and not step.kwargs:
         raise UsageError(

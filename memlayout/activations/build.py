@@ -82,7 +82,8 @@ class TensorMover:
     def holds(self, tensor: Any) -> bool:
         if self.world == "meta":
             return bool(tensor.is_meta)
-        return isinstance(tensor, _torch.FakeTensor)
+        # A fake tensor on another device (a model adopted on the CPU, traced for CUDA) is moved.
+        return isinstance(tensor, _torch.FakeTensor) and tensor.device.type == self.device.split(":")[0]
 
     def move(self, tensor: Any) -> Any:
         import torch
@@ -120,6 +121,32 @@ class TensorMover:
                 for name, tensor in list(store.items()):
                     if tensor is not None:
                         store[name] = self.move(tensor)
+
+
+def place_fake_model(model: Any, device: str, context: Callable[[], AbstractContextManager[Any]]) -> list[str]:
+    """Put a fake model's parameters and buffers on `device`, as `model.to(device)` would, and say what could not follow.
+
+    `Module._apply` swaps each fake parameter for its moved copy (`torch.utils.swap_tensors`),
+    which refuses a tensor that something holds a weak reference to, and the fake mode
+    does: `.to("cuda")` stopped with "_apply(): Couldn't swap Embedding.weight" (torch 2.11
+    on an H200, and 2.14.1+cu130 without a GPU). The moved tensors are put in the modules'
+    slots instead, ties kept. `RNNBase._apply` then lays each RNN's weights out for cuDNN;
+    that is done here too, so that the trace sees the RNN as `.cuda()` leaves it.
+    """
+    import torch
+
+    TensorMover("fake", device, context).move_model(model)
+    notes = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.RNNBase):
+            _torch.refresh_rnn_flat_weights(module)
+            try:
+                with context():
+                    module.flatten_parameters()
+            except Exception as exc:  # fake kernels may lack cuDNN's flatten; the trace then copies, as cuDNN would
+                notes.append(f"{type(module).__name__}: its weights could not be laid out for cuDNN on fake tensors "
+                             f"({type(exc).__name__}); the trace counts the copy cuDNN makes of unflattened weights")
+    return notes
 
 
 @contextmanager
