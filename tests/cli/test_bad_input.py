@@ -78,6 +78,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, name: str) -> None:
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("memlayout: error: ")
     assert expected in lines[0]
+    # The message and its hint say different things: one parenthetical (the hint),
+    # and "truncated" (or "cut short") at most once.
+    said = lines[0].replace(str(path), "FILE")
+    assert said.count(" (") <= 1, said
+    assert said.count("truncated") + said.count("cut short") <= 1, said
     assert "Traceback" not in result.stderr + result.stdout
     assert result.stdout == ""
 
