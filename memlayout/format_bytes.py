@@ -1,4 +1,4 @@
-"""Byte counts as people read them.
+"""Byte counts, and counted nouns, as people read them.
 
 This is the one formatter: every report, message and summary calls `human_bytes`,
 and the HTML map's script (report/templates/storage_map.js, `bytes`) repeats the
@@ -27,3 +27,8 @@ def human_bytes(count: int) -> str:
         if tenths < 10240 or unit == "GiB":
             return f"{sign}{tenths // 10}.{tenths % 10} {unit}"
     raise AssertionError("unreachable: GiB takes every count")
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """3, "name" -> "3 names"; 1, "name" -> "1 name": counts in reports read as sentences."""
+    return f"{count} {noun if count == 1 else (plural or noun + 's')}"
