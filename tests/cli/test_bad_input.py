@@ -54,6 +54,12 @@ def write_pickle_missing_a_record(path: Path) -> None:
                 target.writestr(info, data)
 
 
+def write_plain_pickle(path: Path) -> None:
+    import pickle
+
+    path.write_bytes(pickle.dumps({"epoch": 3, "lr": [0.1, 0.01]}))
+
+
 CASES = {
     "missing": (None, "no such file or directory"),
     "empty": (lambda p: p.write_bytes(b""), "is empty"),
@@ -62,6 +68,8 @@ CASES = {
     "random.bin": (write_random_bytes, "not a checkpoint format"),
     "notes.xyz": (write_text_file, "not a checkpoint format"),
     "plain.zip": (write_zip_without_pickle, "not a torch.save file"),
+    # A pickle of plain data is refused as a text file is, and the line says what it holds.
+    "plain.pkl": (write_plain_pickle, "is a plain pickle of a dict of 2 items with no tensors, not a checkpoint"),
     "missing_record.pt": (write_pickle_missing_a_record, "lacks"),
 }
 
