@@ -35,7 +35,7 @@ class UnrecognizedFormatError(MemlayoutError):
     """The file exists but is no checkpoint format memlayout knows."""
 
     default_hint = (
-        "memlayout reads torch.save files (zip, legacy non-zip and tar), safetensors, Hugging Face "
+        "memlayout reads torch.save files in zip, legacy non-zip or tar form, safetensors, Hugging Face "
         "directories, TorchScript, torch.export .pt2 and torch.distributed.checkpoint directories"
     )
 

@@ -409,10 +409,7 @@ def _analyze(
             notes.extend(place_fake_model(step.model, step.device, step.context))
     step.make_inputs(inputs, kwargs)
     if not step.args and not step.kwargs:
-        raise UsageError(
-            "no inputs to run the step with",
-            "give --input 'float32[8,3,224,224]' (repeatable; name=... for keyword inputs) or --inputs pkg.mod:make_inputs",
-        )
+        raise UsageError("no inputs to run the step with", _inputs_hint(step.model))
     try:
         step.add_optimizer(optimizer)
         baseline = step.trace()
@@ -450,6 +447,19 @@ def _analyze(
         notes=tuple(notes),
         trace=baseline,
     )
+
+
+def _inputs_hint(model: Any) -> str:
+    """How to give inputs: read off a Hugging Face model's config where it has one, else the general form."""
+    from memlayout.activations.input_specs import suggested_inputs
+
+    suggested = suggested_inputs(model)
+    if suggested:
+        flags = " ".join(f"--input '{spec.describe()}'" for spec in suggested)
+        return f"e.g. {flags}, from {type(model).__name__}'s config; or --inputs pkg.mod:make_inputs"
+    return ("give --input DTYPE[SHAPE] once per input, name=DTYPE[SHAPE] for a keyword input, e.g. "
+            "'float32[8,3,224,224]' for images or 'int64[4,128]<50257' for token ids below 50257; "
+            "or --inputs pkg.mod:make_inputs")
 
 
 def _with_range(step: _Step, summary: Summary) -> Summary:

@@ -79,3 +79,37 @@ def parse_input_spec(text: str) -> InputSpec:
     if high is not None and high < 1:
         raise UsageError(f"--input {text!r}: the bound must be at least 1", HINT)
     return InputSpec(name=match.group("name"), dtype=dtype, shape=shape, high=high)
+
+
+SUGGESTED_BATCH = 4
+SUGGESTED_LENGTH = 128
+"""A suggested text input is 4 sequences of 128 tokens, or fewer where the model's
+positions end sooner: small enough that following the suggestion traces quickly."""
+
+_POSITION_LIMITS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
+
+
+def suggested_inputs(model: Any) -> tuple[InputSpec, ...]:
+    """Inputs for a Hugging Face model, read off its config; () when it has no config or none fits.
+
+    A text model (its config has `vocab_size`) gets token ids below the vocabulary,
+    and `labels` too when it is a language model, so the step has a real loss. A
+    vision model (`image_size` and `num_channels`) gets `pixel_values`. An image input
+    is never suggested for a text model, nor the other way round.
+    """
+    config = getattr(model, "config", None)
+    if config is None:
+        return ()
+    image_size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", None)
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and vocab > 0:
+        limits = [getattr(config, name, None) for name in _POSITION_LIMITS]
+        length = min([SUGGESTED_LENGTH] + [limit for limit in limits if isinstance(limit, int) and limit > 0])
+        shape = (SUGGESTED_BATCH, length)
+        specs = [InputSpec("input_ids", "int64", shape, vocab)]
+        if type(model).__name__.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM")):
+            specs.append(InputSpec("labels", "int64", shape, vocab))
+        return tuple(specs)
+    if isinstance(image_size, int) and isinstance(channels, int):
+        return (InputSpec("pixel_values", "float32", (SUGGESTED_BATCH, channels, image_size, image_size), None),)
+    return ()

@@ -14,7 +14,7 @@ from typing import Any
 from memlayout.activations.json_parts import head, summary_dict
 from memlayout.activations.parallel import Sharding
 from memlayout.activations.rank_facts import RankPeak, RanksPlan, RanksReport
-from memlayout.format_bytes import human_bytes
+from memlayout.format_bytes import counted, human_bytes
 
 
 def _rank_dict(rank: RankPeak) -> dict[str, Any]:
@@ -137,7 +137,7 @@ def _sharding_lines(sharding: Sharding) -> list[str]:
     if sharding.tp > 1:
         for style in ("colwise", "rowwise"):
             members = [s.module for s in sharding.tp_plan if s.style == style]
-            lines.append(f"tensor parallel over {sharding.tp}, {style}: {_span(members)} ({len(members)} modules)")
+            lines.append(f"tensor parallel over {sharding.tp}, {style}: {_span(members)} ({counted(len(members), 'module')})")
     return lines
 
 
@@ -184,7 +184,7 @@ def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = F
             field("fits", f"nothing to change: the largest rank's peak {human_bytes(plan.peak_bytes)} is within the budget")
         if plan.resharded:
             field("reshard", f"reshard_after_forward=True on {_span(list(plan.resharded))} "
-                             f"({len(plan.resharded)} modules): one more all-gather each in backward")
+                             f"({counted(len(plan.resharded), 'module')}): one more all-gather each in backward")
         if plan.sharding.checkpoint:
             field("checkpoint", ", ".join(plan.sharding.checkpoint))
         for module, segments in plan.sharding.sequential:

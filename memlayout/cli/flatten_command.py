@@ -54,7 +54,10 @@ def flatten_command(
                        metavar="IN..."),
     ],
     output: Annotated[
-        str | None, typer.Option("--output", "-o", help="Where to write the flat copy (same format as IN).", metavar="OUT")
+        str | None,
+        typer.Option("--output", "-o", help="Where to write the flat copy (same format as IN). flatten replaces only "
+                     "what you name: an existing file OUT is replaced, as cp does; an existing folder OUT that holds "
+                     "files is refused without --force, since -o named the folder, not its files.", metavar="OUT")
     ] = None,
     device: Annotated[
         str,
@@ -74,7 +77,8 @@ def flatten_command(
     ] = False,
     force: Annotated[
         bool,
-        typer.Option("--force", help="Write into a non-empty OUT folder, replacing only the files flatten writes."),
+        typer.Option("--force", help="Write into a folder OUT that holds files, replacing only the files flatten "
+                     "writes and keeping the others."),
     ] = False,
     debug: DebugOption = False,
 ) -> None:

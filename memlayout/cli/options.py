@@ -44,23 +44,26 @@ IgnoreOption = Annotated[
     list[str] | None,
     typer.Option("--ignore", help="Skip these rule codes or prefixes; repeat or comma-separate.", metavar="CODES"),
 ]
-FailOnOption = Annotated[
-    FailOn | None,
-    typer.Option(
-        "--fail-on",
-        help="Exit 1 when a finding (for diff, a change) is at or above this severity. "
-        "[default: the config's fail-on, else warning]",
-    ),
-]
-TieOption = Annotated[
+# --fail-on, --tie and --deep mean the same in inspect and diff, but each command's
+# --help speaks of its own results only: inspect's never mentions diff's sides.
+_FAIL_ON_HELP = "Exit 1 when {what} is at or above this severity. [default: the config's fail-on, else warning]"
+InspectFailOnOption = Annotated[FailOn | None, typer.Option("--fail-on", help=_FAIL_ON_HELP.format(what="a finding"))]
+DiffFailOnOption = Annotated[FailOn | None, typer.Option("--fail-on", help=_FAIL_ON_HELP.format(what="a change"))]
+InspectTieOption = Annotated[
     list[str] | None,
-    typer.Option("--tie", help="Declare TARGET=SOURCE tied (ML103; for diff, by B's names); repeatable.",
-                 metavar="A=B"),
+    typer.Option("--tie", help="Declare TARGET=SOURCE tied (ML103); repeatable.", metavar="A=B"),
 ]
-DeepOption = Annotated[
+DiffTieOption = Annotated[
+    list[str] | None,
+    typer.Option("--tie", help="Declare TARGET=SOURCE tied, by B's names (ML103); repeatable.", metavar="A=B"),
+]
+InspectDeepOption = Annotated[
+    bool, typer.Option("--deep", help="Read every value: NaN/Inf (ML503) and the full duplicate scan."),
+]
+DiffDeepOption = Annotated[
     bool,
-    typer.Option("--deep", help="Read every value: NaN/Inf (ML503), the full duplicate scan, and for diff the "
-                 "tensors whose values changed."),
+    typer.Option("--deep", help="Read every value: NaN/Inf (ML503), the full duplicate scan, and the tensors "
+                 "whose values changed."),
 ]
 HtmlOption = Annotated[
     str | None,

@@ -18,6 +18,7 @@ from memlayout.core.facts import Facts, TensorFact
 from memlayout.core.flat_groups import flat_group_key, with_device
 from memlayout.core.strides import MemoryFormat, memory_format
 from memlayout.errors import FlattenError, UsageError
+from memlayout.format_bytes import counted
 from memlayout.load.records import ModuleRecord, TensorKind
 
 DEFAULT_ALIGN = 64
@@ -410,7 +411,7 @@ def describe_changes(plan: FlatPlan, facts: Facts, limit: int = 20) -> list[str]
     if before != len(plan.buffers) or any(len(v) > 1 for v in storage_of_buffer.values()) or any(
         len(v) > 1 for v in buffers_of_storage.values()
     ):
-        lines.append(f"{before} storages become {len(plan.buffers)} flat buffers")
+        lines.append(f"{counted(before, 'storage')} become {counted(len(plan.buffers), 'flat buffer')}")
     for index, buffer in enumerate(plan.buffers):
         keys = storage_of_buffer[index]
         if len(keys) == 1:

@@ -21,6 +21,7 @@ from memlayout.core.strides import MemoryFormat
 from memlayout.dtypes import SAFETENSORS_DTYPES
 from memlayout.errors import FlattenError
 from memlayout.flatten.plan import FlatPlan, Slot, dense_strides
+from memlayout.format_bytes import counted
 from memlayout.load.records import LoadedSource
 from memlayout.load.safetensors_file import MEMLAYOUT_ALIASES_KEY as ALIASES_KEY
 
@@ -221,7 +222,7 @@ def safetensors_changes(plan: FlatPlan, source: LoadedSource) -> list[str]:
     current = [entry.name for entry in header.entries]
     if order != current:
         moved = sum(1 for a, b in zip(order, current, strict=False) if a != b) + abs(len(order) - len(current))
-        lines.append(f"{moved} of {len(current)} tensors move to keep each dtype group together in flat order")
+        lines.append(f"{moved} of {counted(len(current), 'tensor')} move to keep each dtype group together in flat order")
     if header.data_start % DATA_ALIGN:
         lines.append(
             f"the data section starts at byte {header.data_start}, only {header.data_start & -header.data_start}-byte "
@@ -230,7 +231,8 @@ def safetensors_changes(plan: FlatPlan, source: LoadedSource) -> list[str]:
         )
     if planned.aliases != json.loads(header.metadata.get(ALIASES_KEY, "{}")):
         lines.append(
-            f"{len(planned.aliases)} ties and strided views are recorded in __metadata__[{ALIASES_KEY!r}]"
+            f"{counted(len(planned.aliases), 'tie or strided view', 'ties and strided views')} recorded in "
+            f"__metadata__[{ALIASES_KEY!r}]"
         )
     return lines
 

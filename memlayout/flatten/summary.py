@@ -8,6 +8,16 @@ from memlayout.format_bytes import human_bytes
 SUMMARY_CHANGES = 5
 """How many changes the closing summary names."""
 
+MIN_RATE_BYTES = 64 << 20
+"""Below this much copied, flatten's time is its start-up and verification, not copying:
+a 16-byte file "copied at 0.00 GB/s" says nothing, so no rate is printed."""
+
+
+def _rate(result: FlattenResult) -> str:
+    if result.bytes_copied < MIN_RATE_BYTES or result.seconds <= 0:
+        return ""
+    return f" ({result.bytes_copied / result.seconds / 1e9:.2f} GB/s copied)"
+
 
 def render_check(result: FlattenResult) -> str:
     """The `--check` report: already flat, or what flattening would change.
@@ -38,14 +48,13 @@ def render_summary(result: FlattenResult) -> str:
         Lines ending in a newline.
     """
     removed = result.bytes_before - (result.bytes_after - result.padding_bytes)
-    rate = result.bytes_copied / result.seconds / 1e9 if result.seconds > 0 else 0.0
     lines = [
         f"flattened {result.source} -> {result.out} ({result.format})",
         f"  device    {result.device} ({result.device_reason})",
         f"  storages  {result.storages_before} -> {result.storages_after}",
         f"  bytes     {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)}"
         f" ({human_bytes(max(removed, 0))} bloat removed, {human_bytes(result.padding_bytes)} padding)",
-        f"  time      {result.seconds:.3f} s ({rate:.2f} GB/s copied)",
+        f"  time      {result.seconds:.3f} s{_rate(result)}",
         "  verified  " + (
             (result.verification or "reloaded OUT: values and sharing match")
             if result.verified else f"skipped ({result.unverified_reason or '--no-verify'})"

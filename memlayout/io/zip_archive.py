@@ -152,10 +152,10 @@ class ArchiveFile:
         # Offsets come from the file: one past the end (or past what pread takes,
         # 2**63) is damage, not an OverflowError.
         if offset < 0 or length < 0 or offset + length > self.size:
-            raise CorruptCheckpointError(f"{what} runs past the end of the file (a truncated file?)")
+            raise CorruptCheckpointError(f"{what} runs past the end of the file")
         data = os.pread(self.fd, length, self.base + offset)
         if len(data) != length:
-            raise CorruptCheckpointError(f"{what} runs past the end of the file (a truncated file?)")
+            raise CorruptCheckpointError(f"{what} runs past the end of the file")
         return data
 
 
@@ -165,7 +165,7 @@ def _end_of_directory(file: ArchiveFile) -> tuple[int, int, int]:
     tail = file.read(tail_start, file.size - tail_start, "the zip's end record")
     at = tail.rfind(_END_MAGIC)
     if at < 0 or at + _END_RECORD.size > len(tail):
-        raise CorruptCheckpointError("the zip's end-of-directory record is missing (a truncated file?)")
+        raise CorruptCheckpointError("the zip's end-of-directory record is missing")
     _, _, _, _, count, directory_size, directory_offset, _ = _END_RECORD.unpack_from(tail, at)
     locator_at = at - _ZIP64_LOCATOR.size
     if locator_at >= 0 and tail[locator_at : locator_at + 4] == _ZIP64_LOCATOR_MAGIC:
@@ -178,7 +178,7 @@ def _end_of_directory(file: ArchiveFile) -> tuple[int, int, int]:
         fields = _ZIP64_END_RECORD.unpack(end64)
         count, directory_size, directory_offset = fields[7], fields[8], fields[9]
     if directory_offset + directory_size > file.size:
-        raise CorruptCheckpointError("the zip directory lies past the end of the file (a truncated file?)")
+        raise CorruptCheckpointError("the zip directory lies past the end of the file")
     return count, directory_offset, directory_size
 
 
@@ -403,7 +403,7 @@ class ZipReader:
             for name, _, _, size, header_offset, crc in records[index : last + 1]:
                 at = header_offset - first
                 if at + header_size > len(block):
-                    raise CorruptCheckpointError(f"the zip entry {name} runs past the end of the file (a truncated file?)")
+                    raise CorruptCheckpointError(f"the zip entry {name} runs past the end of the file")
                 magic, name_length, extra_length = unpack_from(block, at)
                 start = base + header_offset + header_size + name_length + extra_length
                 if magic != _LOCAL_HEADER_MAGIC or start + size > end:

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError
+from memlayout.format_bytes import counted
 from memlayout.load.records import (
     LoadedSource,
     PickleGlobal,
@@ -164,8 +165,8 @@ def _numel(shape: tuple[int, ...]) -> int:
 def _chunk_notes(tensors: list[DcpTensor], files: int) -> list[str]:
     chunk_count = sum(len(t.chunks) for t in tensors)
     notes = [
-        f"torch.distributed.checkpoint: {len(tensors)} tensors in {chunk_count} chunks over {files} "
-        "file(s); metadata only, so content checks are skipped; dcp.load reads .metadata with plain pickle.load"
+        f"torch.distributed.checkpoint: {counted(len(tensors), 'tensor')} in {counted(chunk_count, 'chunk')} over "
+        f"{counted(files, 'file')}; metadata only, so content checks are skipped; dcp.load reads .metadata with plain pickle.load"
     ]
     sharded = [t for t in tensors if len(t.chunks) > 1]
     for tensor in sharded[:_NOTE_LIMIT]:

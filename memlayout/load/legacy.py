@@ -29,7 +29,8 @@ import struct
 from collections.abc import Iterable
 from typing import Any, BinaryIO, NamedTuple
 
-from memlayout.errors import CorruptCheckpointError
+from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
+from memlayout.format_bytes import counted
 from memlayout.load.file_source import StorageSpans, pickled_source
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import (
@@ -276,6 +277,8 @@ def load_bare_pickle(path: str) -> LoadedSource:
         CorruptCheckpointError: the pickle breaks off or is malformed; the message
             names the globals outside the allow-list that `pickle.load` would have
             imported before it failed.
+        UnrecognizedFormatError: the pickle holds no tensor and imports nothing
+            outside the allow-list: plain data, not a checkpoint.
     """
     with open(path, "rb") as handle:
         unpickler = RestrictedUnpickler(handle, False)
@@ -289,11 +292,27 @@ def load_bare_pickle(path: str) -> LoadedSource:
         pickle_globals=referenced,
         notes=[NOT_A_CHECKPOINT],
     )
+    if not source.tensors and all(found.allowed for found in referenced):
+        # Plain data (a dict of numbers, a list of strings): no tensor to lay out and no
+        # import to warn about, so an empty report would only hide what the file is. It is
+        # refused like any other file that is not a checkpoint (exit 2); a pickle that
+        # imports something outside the allow-list stays a report, for ML601.
+        raise UnrecognizedFormatError(f"{path} is a plain pickle of {_plain_value(root)} with no tensors, "
+                                      "not a checkpoint")
     source.content_unreadable = "a bare pickle locates no tensor bytes that can be read without unpickling it"
     return source
 
 
 NOT_A_CHECKPOINT = "not a checkpoint: a bare pickle, not a torch.save file; tensor data is not located"
+
+
+def _plain_value(root: Any) -> str:
+    """What a pickle without tensors holds, in a few words: "a dict of 2 items"."""
+    kind = type(root).__name__
+    article = "an" if kind[:1].lower() in "aeiou" else "a"
+    if isinstance(root, dict | list | tuple | set | frozenset):
+        return f"{article} {kind} of {counted(len(root), 'item')}"
+    return "None" if root is None else f"{article} {kind}"
 
 
 def _damaged(exc: CorruptCheckpointError, unpickler: RestrictedUnpickler) -> CorruptCheckpointError:

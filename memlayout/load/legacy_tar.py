@@ -178,7 +178,7 @@ class _MemberReader:
         # Checked before reading: a damaged count must not become a huge allocation.
         if length > self.remaining:
             raise CorruptCheckpointError(
-                f"{self.path}: {what} runs past the end of the tar member {self.member.name} (a truncated file?)"
+                f"{self.path}: {what} runs past the end of the tar member {self.member.name}"
             )
         return self.stream.read(length)
 
@@ -225,7 +225,9 @@ def _members(path: str, handle: io.BufferedReader, file_size: int) -> dict[str, 
     except _TAR_ERRORS as exc:
         # tarfile checks that each member's data is there before reading the next
         # header, so a cut anywhere past the first header ends up here.
-        raise CorruptCheckpointError(f"{path}: the tar archive is damaged or cut short: {exc}") from exc
+        raise CorruptCheckpointError(
+            f"{path}: the tar archive is damaged or cut short: {exc}", "re-export it from its source"
+        ) from exc
     # torch finds members with getmember, which takes the last of a name.
     found = {info.name: info for info in infos if info.name in _MEMBERS}
     members: dict[str, _Member] = {}
@@ -234,13 +236,13 @@ def _members(path: str, handle: io.BufferedReader, file_size: int) -> dict[str, 
             raise CorruptCheckpointError(f"{path}: the tar member {name} is not a plain file, as torch.save wrote it")
         if info.offset_data + info.size > file_size:
             raise CorruptCheckpointError(
-                f"{path}: the tar member {name} runs past the end of the file (a truncated file?)"
+                f"{path}: the tar member {name} runs past the end of the file"
             )
         members[name] = _Member(name, info.offset_data, info.size)
     missing = [name for name in _REQUIRED if name not in members]
     if missing:
         raise CorruptCheckpointError(
-            f"{path}: the tar lacks the member(s) {', '.join(missing)} that torch.save writes (a truncated file?)"
+            f"{path}: the tar lacks the member(s) {', '.join(missing)} that torch.save writes"
         )
     return members
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from memlayout.core.facts import Facts, rnn_reserved_bytes, unused_ranges
 from memlayout.core.strides import Relation
-from memlayout.format_bytes import human_bytes
+from memlayout.format_bytes import counted, human_bytes
 from memlayout.load.records import TensorKind
 from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BatchReport
@@ -171,7 +171,7 @@ def _finding(facts: Facts, index: dict[str, int], finding: Finding) -> list[Any]
 def _summary_rows(report: Report) -> list[tuple[str, str]]:
     s = report.summary
     return [
-        ("tensors", f"{s.tensors} ({s.names} names)"),
+        ("tensors", f"{s.tensors} ({counted(s.names, 'name')})"),
         ("storages", str(s.storages)),
         ("tensor bytes", human_bytes(s.tensor_bytes)),
         ("storage bytes", human_bytes(s.storage_bytes)),

@@ -10,7 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from memlayout.format_bytes import human_bytes
+from memlayout.format_bytes import counted, human_bytes
 from memlayout.output.interface import Formatter
 from memlayout.output.terminal import text_console
 from memlayout.pipeline.batch import BaselineOutcome, BatchReport
@@ -74,7 +74,7 @@ def _summary(report: Report) -> Table:
     grid.add_column(style="bold")
     grid.add_column(justify="right")
     rows = [
-        ("tensors", f"{s.tensors} ({s.names} names)", "tensor bytes", human_bytes(s.tensor_bytes)),
+        ("tensors", f"{s.tensors} ({counted(s.names, 'name')})", "tensor bytes", human_bytes(s.tensor_bytes)),
         ("parameters", str(s.parameters), "storage bytes", human_bytes(s.storage_bytes)),
         ("buffers", str(s.buffers), "unique bytes", human_bytes(s.unique_bytes)),
         ("storages", str(s.storages), "wasted bytes", human_bytes(s.wasted_bytes)),

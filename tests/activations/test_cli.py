@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -178,3 +179,48 @@ def test_meta_device_traces_and_says_what_it_cannot_see() -> None:
     jsonschema.validate(report, SCHEMA)
     assert report["mode"] == "meta" and report["device"] == "meta"
     assert any("meta tensors have no device" in note for note in report["notes"])
+
+
+def _suggested_flags(err: str) -> list[str]:
+    import re
+    import shlex
+
+    return shlex.split(" ".join(re.findall(r"--input '[^']+'", err)))
+
+
+@pytest.mark.parametrize(
+    ("build", "expected"),
+    [
+        (lambda: models.gpt2(vocab=500, positions=64), ["--input", "input_ids=int64[4,64]<500",
+                                                        "--input", "labels=int64[4,64]<500"]),
+        (lambda: models.bert(vocab=500), ["--input", "input_ids=int64[4,128]<500",
+                                          "--input", "labels=int64[4,128]<500"]),
+    ],
+)
+def test_a_config_without_inputs_suggests_inputs_read_from_it_and_they_run(
+    tmp_path: Path, build: Any, expected: list[str]
+) -> None:
+    """A text model's config suggests token ids below its vocabulary and within its positions, never an
+    image input; following the suggestion runs the step."""
+    build().config.save_pretrained(tmp_path)
+    code, out, err = run(["activations", str(tmp_path / "config.json")])
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "224" not in err and "float32" not in err
+    flags = _suggested_flags(err)
+    assert flags == expected
+    code, out, err = run(["activations", str(tmp_path / "config.json"), *flags, "--optimizer", "none"])
+    assert code == 0, err
+    assert "peak" in out
+
+
+def test_a_vision_config_without_inputs_suggests_pixel_values_of_its_size(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.ViTConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
+                                    intermediate_size=64, image_size=32, patch_size=8, num_channels=3)
+    config.save_pretrained(tmp_path)
+    code, _, err = run(["activations", str(tmp_path)])
+    assert code == 2
+    flags = _suggested_flags(err)
+    assert flags == ["--input", "pixel_values=float32[4,3,32,32]"]
+    code, out, err = run(["activations", str(tmp_path), *flags, "--optimizer", "none"])
+    assert code == 0 and "peak" in out, err

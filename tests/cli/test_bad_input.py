@@ -54,6 +54,12 @@ def write_pickle_missing_a_record(path: Path) -> None:
                 target.writestr(info, data)
 
 
+def write_plain_pickle(path: Path) -> None:
+    import pickle
+
+    path.write_bytes(pickle.dumps({"epoch": 3, "lr": [0.1, 0.01]}))
+
+
 CASES = {
     "missing": (None, "no such file or directory"),
     "empty": (lambda p: p.write_bytes(b""), "is empty"),
@@ -62,6 +68,8 @@ CASES = {
     "random.bin": (write_random_bytes, "not a checkpoint format"),
     "notes.xyz": (write_text_file, "not a checkpoint format"),
     "plain.zip": (write_zip_without_pickle, "not a torch.save file"),
+    # A pickle of plain data is refused as a text file is, and the line says what it holds.
+    "plain.pkl": (write_plain_pickle, "is a plain pickle of a dict of 2 items with no tensors, not a checkpoint"),
     "missing_record.pt": (write_pickle_missing_a_record, "lacks"),
 }
 
@@ -78,6 +86,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, name: str) -> None:
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("memlayout: error: ")
     assert expected in lines[0]
+    # The message and its hint say different things: one parenthetical (the hint),
+    # and "truncated" (or "cut short") at most once.
+    said = lines[0].replace(str(path), "FILE")
+    assert said.count(" (") <= 1, said
+    assert said.count("truncated") + said.count("cut short") <= 1, said
     assert "Traceback" not in result.stderr + result.stdout
     assert result.stdout == ""
 

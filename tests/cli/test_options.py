@@ -107,3 +107,12 @@ def test_fail_on_and_select_errors_read_the_same_in_inspect_and_diff(command: st
     assert code == 2 and err.startswith("memlayout: error: Invalid value for '--fail-on': 'bogus' is not one of")
     code, _, err = invoke(command, *paths, "--select", "ML1,ML999")
     assert (code, err) == (2, "memlayout: error: --select: unknown rule code 'ML999' (`memlayout rules` lists them)\n")
+
+
+@pytest.mark.parametrize(("command", "foreign"), [("inspect", ("diff", "B's", "A's", "a change")),
+                                                  ("diff", ("a finding is at",))])
+def test_a_commands_help_speaks_only_of_that_command(command: str, foreign: tuple[str, ...]) -> None:
+    """Shared options are defined once, but inspect's --help says nothing about diff's sides or changes."""
+    helped = " ".join(_command(command).get_help(typer.Context(_command(command))).split())
+    for text in foreign:
+        assert text not in helped, text

@@ -177,3 +177,22 @@ def test_two_flattens_into_one_out_at_once_leave_one_complete_out(tmp_path: Path
     assert written.keys() == expected.keys()
     assert all(torch.equal(written[name], expected[name]) for name in expected)
     assert not [name for name in listing(tmp_path) if name.startswith(".memlayout-")]
+
+
+def test_an_existing_output_file_is_replaced_because_o_names_it(tmp_path: Path) -> None:
+    """The one rule for OUT: flatten replaces what -o names. A file OUT is replaced (as cp
+    does); a folder OUT names the folder, not its files, so those need --force (the tests
+    above). The help says the same, so the rule is not a surprise."""
+    source = tmp_path / "model.pt"
+    state = LstmLM().state_dict()
+    torch.save(state, source)
+    out = tmp_path / "flat.pt"
+    out.write_text("an older output")
+    assert main(["flatten", str(source), "-o", str(out), "--device", "cpu"]) == 0
+    reloaded = torch.load(out, weights_only=True)
+    assert all(torch.equal(reloaded[name], tensor) for name, tensor in state.items())
+    helped = subprocess.run([sys.executable, "-m", "memlayout", "flatten", "--help"], capture_output=True, text=True,
+                            env={**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}, check=True).stdout
+    words = " ".join(helped.replace("│", " ").split())
+    assert "an existing file OUT is replaced" in words
+    assert "an existing folder OUT that holds files is refused without --force" in words

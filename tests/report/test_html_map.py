@@ -237,3 +237,27 @@ def test_the_wait_for_a_drawn_map_works_when_drawing_comes_late(browser: Any, tm
     page, _, errors = open_page(browser, page_path)
     assert page.get_attribute("body", "data-ready") == "1"
     assert errors == []
+
+
+def test_the_map_prints_bytes_exactly_as_the_table_does(browser: Any, tmp_path: Path) -> None:
+    """The map's script repeats memlayout.format_bytes in JavaScript; both agree on every count,
+    including the ties where float rounding differs between the languages (552,192 B)."""
+    from memlayout.format_bytes import human_bytes
+
+    script = (Path(memlayout.report.__file__).parent / "templates" / "storage_map.js").read_text()
+    formatter = re.search(r"const bytes = \(n\) => \{.*?\n  \};", script, re.S)
+    assert formatter is not None
+    counts = [0, 1, 1023, 1024, 1535, 1536, 552_192, -552_192, 1024**2 - 1, 1024**2, 1024**2 + 52_429,
+              13 * 1024**3 // 4, 10**12] + [int(1.37**k) for k in range(20, 90)]
+    page = browser.new_page()
+    shown = page.evaluate(f"(counts) => {{ {formatter.group(0)} return counts.map(bytes); }}", counts)
+    assert shown == [human_bytes(c) for c in counts]
+    # And on a drawn map: a 552,192-byte storage reads as the table's text.
+    path = tmp_path / "tie.pt"
+    torch.save({"w": torch.zeros(552_192 // 4)}, path)
+    drawn, _, errors = open_page(browser, write_map(tmp_path, path))
+    label = drawn.locator(".storage .label").first.inner_text()
+    assert not errors
+    assert f"\u00b7 {human_bytes(552_192)} \u00b7" in label
+    table = CliRunner().invoke(app, ["inspect", str(path), "--fail-on", "never"]).output
+    assert human_bytes(552_192) in table

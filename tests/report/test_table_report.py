@@ -114,3 +114,18 @@ def test_the_inspect_all_option_lists_every_finding(tmp_path: Path) -> None:
     every = CliRunner().invoke(app, ["inspect", str(path), "--all", "--fail-on", "never"])
     assert "... and 55 more ML201 findings; --all lists every one" in folded.stdout
     assert every.stdout.count("ML201 warning") == 60 and "more ML201" not in every.stdout
+
+
+def test_counts_of_one_are_singular(tmp_path: Path) -> None:
+    """One tensor is "1 (1 name)", not "1 (1 names)"; two tied names are "(2 names)"."""
+    import torch
+
+    one = tmp_path / "one.pt"
+    torch.save({"w": torch.zeros(4)}, one)
+    output = CliRunner().invoke(app, ["inspect", str(one), "--fail-on", "never"]).output
+    assert re.search(r"tensors\s+1 \(1 name\)", output), output
+    tied = tmp_path / "tied.pt"
+    weight = torch.zeros(4)
+    torch.save({"a": weight, "b": weight}, tied)
+    output = CliRunner().invoke(app, ["inspect", str(tied), "--fail-on", "never"]).output
+    assert re.search(r"tensors\s+\d+ \(2 names\)", output), output

@@ -11,12 +11,16 @@
   const HIGHLIGHT_LIMIT = 5000;
   const tip = document.getElementById("tip");
 
+  // memlayout/format_bytes.py's human_bytes, in the same integer arithmetic, so a
+  // count reads the same here as in the table (toFixed would round 539.25 up where
+  // Python rounds it to even). Exact while count * 10 stays below 2**53 (800 TiB).
   const bytes = (n) => {
-    if (n < 1024) return n + " B";
-    const units = ["KiB", "MiB", "GiB", "TiB"];
-    let value = n, unit = -1;
-    do { value /= 1024; unit++; } while (value >= 1024 && unit < units.length - 1);
-    return value.toFixed(1) + " " + units[unit];
+    if (Math.abs(n) < 1024) return n + " B";
+    const sign = n < 0 ? "-" : "", magnitude = Math.abs(n);
+    for (const [unit, scale] of [["KiB", 1024], ["MiB", 1048576], ["GiB", 1073741824]]) {
+      const tenths = Math.floor((magnitude * 10 + scale / 2) / scale);
+      if (tenths < 10240 || unit === "GiB") return sign + Math.floor(tenths / 10) + "." + (tenths % 10) + " " + unit;
+    }
   };
   const pushTo = (map, key, value) => { let list = map.get(key); if (!list) map.set(key, list = []); list.push(value); };
   const el = (tag, cls, parent) => { const e = document.createElement(tag); if (cls) e.className = cls; if (parent) parent.appendChild(e); return e; };
