@@ -24,9 +24,11 @@ def _minority(groups: dict[str, list[TensorFact]]) -> list[str]:
     """
 Tensors of one model live on different devices (cpu and cuda:0, or meta and cpu
 after a partial materialization). Every op that mixes them fails or copies, and a
-checkpoint saved that way needs `map_location` to load anywhere else. Scalars
-(0-d tensors such as an optimizer's step count, which torch keeps on the CPU)
-are not counted.
+checkpoint saved that way needs `map_location` to load anywhere else. A meta
+tensor is different: it holds no values at all, and `torch.load` leaves it on
+meta whatever `map_location` says, so the file lacks those weights until a model
+with real ones is saved again. Scalars (0-d tensors such as an optimizer's step
+count, which torch keeps on the CPU) are not counted.
 """,
     needs=(Requirement.LAYOUT,),
     detects=(
@@ -53,7 +55,25 @@ def mixed_device(ctx: RuleContext) -> Iterator[Finding]:
     if len(by_device) < 2:
         return
     counts = ", ".join(f"{len(ts)} on {device}" for device, ts in sorted(by_device.items()))
-    yield mixed_device.finding(_minority(by_device), f"tensors span {len(by_device)} devices ({counts})")
+    yield mixed_device.finding(
+        _minority(by_device), f"tensors span {len(by_device)} devices ({counts})", hint=_mixed_device_hint(by_device)
+    )
+
+
+def _mixed_device_hint(by_device: dict[str, list[TensorFact]]) -> str | None:
+    # torch.load(map_location=...) maps a storage's recorded location, but a meta
+    # storage has no bytes to move: it loads as meta whatever the map says (checked
+    # in tests/journeys/test_hints_followed.py), so the default hint would leave the
+    # finding in place.
+    meta = by_device.get("meta")
+    if not meta:
+        return None
+    shown = ", ".join(t.name for t in meta[:3]) + (f" and {len(meta) - 3} more" if len(meta) > 3 else "")
+    return (
+        f"{shown} {'is' if len(meta) == 1 else 'are'} on the meta device and hold{'s' if len(meta) == 1 else ''} "
+        "no values, which no `map_location` gives them: materialize the model (`model.to_empty(device=...)`, "
+        "then load or initialize those weights) and save it again"
+    )
 
 
 @rule(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from memlayout.core.facts import Facts
 from memlayout.core.flatten_support import flatten_hint
 from memlayout.rules.registry import Finding, RuleContext, RuleExample, Severity, rule
 
@@ -44,6 +45,28 @@ def runs_code(module: str, name: str) -> bool:
     return (
         module.split(".")[0] in CODE_EXECUTION_MODULES or module in CODE_EXECUTION_MODULES
         or any(part in CODE_EXECUTION_MODULES for part in through)
+    )
+
+
+def _as_safetensors(facts: Facts) -> str:
+    """The "as safetensors" step of a re-save hint, with the step save_file needs first.
+
+    safetensors' `save_file` refuses tensors that share memory ("Some tensors share
+    memory, this will lead to duplicate memory on disk"), views of one storage as
+    much as one tensor under two names; a legacy state dict often holds such views.
+    """
+    shared = [
+        name
+        for storage in facts.storages
+        for name in storage.tensors
+        if len(storage.tensors) > 1
+    ]
+    shared += [t.name for t in facts.tensors if len(t.names) > 1 and t.name not in shared]
+    if not shared:
+        return "as safetensors"
+    return (
+        f"as safetensors after `.clone()` of each tensor that shares memory ({_listed(shared)}), "
+        "since safetensors' save_file refuses shared tensors"
     )
 
 
@@ -153,7 +176,7 @@ def legacy_format(ctx: RuleContext) -> Iterator[Finding]:
     yield legacy_format.finding(
         (),
         message,
-        hint="re-save it with a current torch.save (zip format) or as safetensors, or "
+        hint=f"re-save it with a current torch.save (zip format) or {_as_safetensors(ctx.facts)}, or "
         f"{flatten_hint(source)}, which writes a current torch.save zip",
     )
 
@@ -213,4 +236,5 @@ def polyglot(ctx: RuleContext) -> Iterator[Finding]:
         (),
         f"{source.path or 'the file'} is a {source.format} file and also {others}: torch.load reads it as "
         f"{source.format}, while {readers} see other contents",
+        hint=f"do not pass the file on: re-save the weights you trust with torch.save or {_as_safetensors(ctx.facts)}",
     )
