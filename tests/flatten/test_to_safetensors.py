@@ -223,3 +223,80 @@ def test_a_module_pickle_converts_to_its_state_dict_with_tensors_only(tmp_path: 
     # The test trusts its own seed; memlayout never unpickled it for real.
     module = torch.load(SEEDS["module.pt"], weights_only=False)
     assert_reads_as(out, dict(module.state_dict(keep_vars=False)))
+
+
+# The hints that send the user here -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("seed", "code"), [("module.pt", "ML601"), ("legacy.pt", "ML602"),
+                                            ("legacy_module.pt", "ML601")])
+def test_the_safetensors_hint_works_when_followed(seed: str, code: str, tmp_path: Path) -> None:
+    import re
+    import shlex
+
+    import memlayout
+
+    finding = next(f for f in memlayout.inspect(str(SEEDS[seed])).findings if f.code == code)
+    command = re.search(r"`(memlayout flatten --to safetensors[^`]*)`", finding.hint)
+    assert command is not None, finding.hint
+    out = tmp_path / "model.safetensors"
+    assert main([*shlex.split(command.group(1))[1:], str(SEEDS[seed]), "-o", str(out)]) == 0
+    assert code not in {f.code for f in memlayout.inspect(str(out)).findings}
+    # The test trusts its own seed; the hint's command never unpickled it for real.
+    loaded = torch.load(SEEDS[seed], weights_only=False)
+    expected = loaded.state_dict() if isinstance(loaded, torch.nn.Module) else loaded
+    assert_reads_as(out, dict(expected))
+
+
+@pytest.mark.parametrize("writer", ["torch-zip", "legacy"])
+def test_a_cuda_checkpoint_converts_on_a_machine_without_cuda(writer: str, tmp_path: Path) -> None:
+    from tests.flatten.test_devices_kept import LOCATIONS, WRITERS
+
+    source = WRITERS[writer](tmp_path / "cuda.pt", LOCATIONS)
+    out = tmp_path / "cuda.safetensors"
+    assert convert(source, out) == 0
+    assert_reads_as(out, torch.load(source, map_location="cpu", weights_only=True))
+
+
+@pytest.mark.parametrize("seed", ["hf_bin", "hf_sharded"])
+def test_corpus_model_directories_convert_file_by_file(seed: str, tmp_path: Path) -> None:
+    out = tmp_path / "converted"
+    assert main(["flatten", str(SEEDS[seed]), "-o", str(out), "--to", "safetensors"]) == 0
+    expected: dict[str, torch.Tensor] = {}
+    for file in SEEDS[seed].iterdir():
+        if file.suffix == ".bin":
+            expected.update(torch.load(file, weights_only=True))
+        elif file.suffix == ".safetensors":
+            expected.update(load_file(str(file)))
+    files = sorted(p.name for p in out.iterdir())
+    assert not [name for name in files if name.endswith(".bin") or name.startswith("pytorch_model")]
+    assert "config.json" in files
+    for file in out.glob("*.safetensors"):
+        assert_reads_as(file, {name: expected[name] for name in load_file(str(file))})
+    if len(list(out.glob("*.safetensors"))) > 1:
+        index = json.loads((out / "model.safetensors.index.json").read_text())
+        assert set(index["weight_map"]) == {name for f in out.glob("*.safetensors") for name in load_file(str(f))}
+
+
+def test_a_write_that_reads_back_wrong_never_replaces_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memlayout.flatten.writers import to_safetensors
+
+    write = to_safetensors._write_file
+
+    def write_then_damage(path: str, layout: Any, values: list[torch.Tensor]) -> None:
+        write(path, layout, values)
+        with open(path, "r+b") as handle:  # the last data byte changes, as a bad disk or a bug would
+            handle.seek(-1, os.SEEK_END)
+            last = handle.read(1)
+            handle.seek(-1, os.SEEK_END)
+            handle.write(bytes([last[0] ^ 0xFF]))
+
+    monkeypatch.setattr(to_safetensors, "_write_file", write_then_damage)
+    out = tmp_path / "model.safetensors"
+    out.write_bytes(b"the previous OUT")
+    assert convert(SEEDS["state_dict.pt"], out) == 2
+    assert "verification failed" in capsys.readouterr().err
+    assert out.read_bytes() == b"the previous OUT"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]

@@ -35,6 +35,7 @@ import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from memlayout.core.facts import Facts
+from memlayout.core.flatten_support import SAFETENSORS_CONVERSION
 from memlayout.core.strides import MemoryFormat
 from memlayout.dtypes import SAFETENSORS_DTYPES, dtype_info
 from memlayout.errors import FlattenError, UsageError
@@ -269,7 +270,7 @@ def lost_ties(facts: Facts) -> list[str]:
 class SafetensorsConverter(FlattenWriter):
     """Writes any pickle or safetensors file memlayout reads as flat safetensors, ties stored once."""
 
-    formats = tuple(_LABELS)
+    formats = SAFETENSORS_CONVERSION
     target = TARGET
 
     def label(self, source: LoadedSource) -> str:
