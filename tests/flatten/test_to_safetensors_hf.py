@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from memlayout.cli.app import main
@@ -98,6 +99,13 @@ def test_a_bin_directory_becomes_the_directory_transformers_writes(build, shard:
         theirs_index = json.loads((theirs / "model.safetensors.index.json").read_text())
         assert ours_index["weight_map"] == theirs_index["weight_map"]
         assert ours_index["metadata"]["total_size"] == theirs_index["metadata"]["total_size"]
+    for file in theirs.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as handle, safe_open(str(out / file.name), "pt") as converted:
+            assert handle.metadata() == {"format": "pt"}
+            # Beside "format", only save_model's record of a tie: a dropped name -> a stored one.
+            ties = dict(converted.metadata())
+            assert ties.pop("format") == "pt"
+            assert set(ties.values()) <= set(converted.keys()) and not set(ties) & set(converted.keys())
     # Every tensor as torch.load reads it from IN; a tie stored once, as transformers stores it.
     before, after = tensors_in(source), tensors_in(out)
     assert set(after) == set(tensors_in(theirs))

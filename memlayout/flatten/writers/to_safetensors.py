@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 TARGET = "safetensors"
 FORMAT_METADATA = {"format": "pt"}
-"""What transformers' save_pretrained writes, and what its from_pretrained checks for."""
+"""What transformers' save_pretrained writes in every file (tests/flatten/test_to_safetensors_hf.py checks it)."""
 DATA_ALIGN = 64
 SHOWN = 5
 """How many names a refusal or a note lists before "and N more"."""
