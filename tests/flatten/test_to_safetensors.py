@@ -300,3 +300,18 @@ def test_a_write_that_reads_back_wrong_never_replaces_out(
     assert "verification failed" in capsys.readouterr().err
     assert out.read_bytes() == b"the previous OUT"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [(["--to", "onnx"], "--to safetensors"), (["--tensors-only"], "--to safetensors"),
+     (["--to", "safetensors", "--device", "cuda:0"], "cpu")],
+)
+def test_options_that_cannot_work_are_one_line(
+    args: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out.safetensors"
+    assert main(["flatten", str(SEEDS["state_dict.pt"]), "-o", str(out), *args]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and says in error
+    assert not out.exists()
