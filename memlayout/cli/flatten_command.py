@@ -55,10 +55,22 @@ def flatten_command(
     ],
     output: Annotated[
         str | None,
-        typer.Option("--output", "-o", help="Where to write the flat copy (same format as IN). flatten replaces only "
-                     "what you name: an existing file OUT is replaced, as cp does; an existing folder OUT that holds "
-                     "files is refused without --force, since -o named the folder, not its files.", metavar="OUT")
+        typer.Option("--output", "-o", help="Where to write the flat copy (IN's format, or --to's). flatten "
+                     "replaces only what you name: an existing file OUT is replaced, as cp does; an existing folder "
+                     "OUT that holds files is refused without --force, since -o named the folder, not its files.",
+                     metavar="OUT"),
     ] = None,
+    to: Annotated[
+        str | None,
+        typer.Option("--to", help="Write OUT as safetensors (from a torch.save or legacy file, or a model "
+                     "directory of .bin shards), without running IN's pickle; ties are stored once, as "
+                     "transformers stores them.", metavar="safetensors"),
+    ] = None,
+    tensors_only: Annotated[
+        bool,
+        typer.Option("--tensors-only", help="With --to: leave out what is not a tensor (optimizer settings, step "
+                     "counters, pickled modules) instead of refusing."),
+    ] = False,
     device: Annotated[
         str,
         device_option("keep", "cpu", "cuda", "cuda:N", "auto",
@@ -82,15 +94,20 @@ def flatten_command(
     ] = False,
     debug: DebugOption = False,
 ) -> None:
-    """Rewrite a model into flat, aligned buffers and save it in the same format, losing nothing."""
+    """Rewrite a model into flat, aligned buffers and save it in the same format (or --to safetensors), losing nothing."""
     with one_line_errors(debug):
         from memlayout.flatten.files import flatten_path
         from memlayout.flatten.options import FlattenOptions
         from memlayout.flatten.summary import render_summary
+        from memlayout.flatten.writers import TARGETS
 
+        if to is not None and to not in TARGETS:
+            raise UsageError(f"--to {to} is not a format flatten writes", f"use --to {' or '.join(TARGETS)}")
+        if tensors_only and to is None:
+            raise UsageError("--tensors-only applies to a conversion", "pass --to safetensors with it")
         options = FlattenOptions(
             out=output, device=device, align=align, trust=trust, check=check, in_place=in_place, verify=not no_verify,
-            force=force,
+            force=force, to=to, tensors_only=tensors_only,
         )
         if check:
             code = _check_each(paths, options, debug)

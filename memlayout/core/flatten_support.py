@@ -86,6 +86,29 @@ FORMAT_SUPPORT: dict[str, FormatSupport] = {
 }
 
 
+SAFETENSORS_CONVERSION = ("torch-zip", "torch-legacy", "safetensors")
+"""The file formats `memlayout flatten --to safetensors` converts, reading them without running anything."""
+_CONVERTED_DIRECTORIES = ("hf-pytorch", "hf-safetensors")
+"""Model directories of those files, converted file by file."""
+
+
+def conversion_hint(source: SourceFact) -> str:
+    """The command that converts this source to safetensors without running it; "" where none does.
+
+    Args:
+        source: The source's facts.
+
+    Returns:
+        "run `memlayout flatten --to safetensors`", with `--tensors-only` where the
+        pickle holds objects (a module, anything outside torch's weights-only
+        allow-list), which safetensors cannot store; or "".
+    """
+    if source.path is None or source.format not in (*SAFETENSORS_CONVERSION, *_CONVERTED_DIRECTORIES):
+        return ""
+    only = " --tensors-only" if _unsafe_globals(source) else ""
+    return f"run `memlayout flatten --to safetensors{only}`"
+
+
 class FlattenRoute(NamedTuple):
     """What flatten does with one loaded source."""
 

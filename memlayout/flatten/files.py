@@ -17,9 +17,9 @@ from memlayout.core.facts import Facts, build_facts
 from memlayout.errors import FlattenError, UnsafeContentError, UsageError
 from memlayout.flatten.options import FlattenOptions, Progress
 from memlayout.flatten.plan import FlatPlan, plan_flatten
-from memlayout.flatten.writers import FlattenJob, writer_for
+from memlayout.flatten.writers import FlattenJob, FlattenWriter, converter_for, writer_for
 from memlayout.flatten.writers.interface import LayoutAfter
-from memlayout.load.records import PickleGlobal
+from memlayout.load.records import DeclaredTie, PickleGlobal
 
 
 @dataclass(frozen=True)
@@ -205,36 +205,46 @@ def flatten_path(path: str, options: FlattenOptions, progress: Progress | None =
             nothing was written.
         TorchNotInstalledError: torch is not installed, and this is no `check`.
     """
-    from memlayout.load import load_path
     from memlayout.load.hf_dir import is_hf_dir
 
+    if options.to is not None and options.in_place:
+        raise UsageError(f"--in-place would replace IN with {options.to}", "pass -o OUT instead")
     if os.path.isdir(path) and is_hf_dir(path):
+        if options.to is not None:
+            return _convert_hf_dir(path, options, progress)
         return _flatten_hf_dir(path, options, progress)
-    out = _check_paths(path, options)
+    return _flatten_file(path, _check_paths(path, options), options, progress)
+
+
+def _flatten_file(
+    path: str, out: str | None, options: FlattenOptions, progress: Progress | None = None,
+    declared: tuple[DeclaredTie, ...] = (),
+) -> FlattenResult:
+    """Flatten (or, with `options.to`, convert) one source; `declared` adds the ties its folder's config declares."""
+    from memlayout.load import load_path
+
     planning = time.perf_counter()
     source = load_path(path)
     try:
+        source.declared_ties.extend(t for t in declared if t not in source.declared_ties)
         facts = build_facts(source)
+        writer = _writer(source.format, facts, options)
         # Refusals come first and are the same with --check: a CI gate on --check
         # must fail the way flatten itself would, not promise a change it refuses.
-        refuse_unflattenable(facts, options)
-        writer = writer_for(source.format)
-        if writer is None:
-            raise FlattenError(
-                f"flatten has no writer for {source.format} sources",
-                "convert to a torch.save state dict or a safetensors file first",
-            )
+        notes = writer.admit(source, facts, options)
         label = writer.label(source)
         movable = writer.movable(source)
         if movable is not source:
             facts = build_facts(movable)
         if options.check:
-            plan = plan_flatten(facts, align=options.align)
+            plan = plan_flatten(facts, align=options.align, device="cpu" if options.to else None)
             changes = writer.changes(plan, facts, source)
-            return _result(path, None, label, facts, writer.layout_after(plan, facts), plan.notes,
+            return _result(path, None, label, facts, writer.layout_after(plan, facts), plan.notes + notes,
                            (None, "check only"), 0, 0.0, changes, False)
         _torch.require("flatten, except --check,")
         target, reason = _device_choice(options.device)
+        if options.to is not None and target is None:
+            target, reason = "cpu", f"{options.to} records no device: tensors are written from the CPU"
         plan = plan_flatten(facts, align=options.align, device=target)
         changes = writer.changes(plan, facts, source)
         writer.refuse(source, options, target)
@@ -244,10 +254,29 @@ def flatten_path(path: str, options: FlattenOptions, progress: Progress | None =
         written = writer.write(FlattenJob(path, out, source, facts, plan, options, progress))
         seconds = time.perf_counter() - started
         stages = (("plan", started - planning), *written.stages.items())
-        return _result(path, out, label, facts, writer.layout_after(plan, facts), plan.notes, device,
+        return _result(path, out, label, facts, writer.layout_after(plan, facts), plan.notes + notes, device,
                        written.bytes_copied, seconds, changes, written.verified, written.verification, stages)
     finally:
         source.close()
+
+
+def _writer(source_format: str, facts: Facts, options: FlattenOptions) -> FlattenWriter:
+    """The writer for this source: its format's, or with --to the converter to that format."""
+    if options.to is not None:
+        from memlayout.flatten.writers.to_safetensors import refuse_unconverted
+
+        converter = converter_for(options.to, source_format)
+        if converter is None:
+            raise refuse_unconverted(source_format, facts.source.path or "the source")
+        return converter
+    refuse_unflattenable(facts, options)
+    writer = writer_for(source_format)
+    if writer is None:
+        raise FlattenError(
+            f"flatten has no writer for {source_format} sources",
+            "convert to a torch.save state dict or a safetensors file first",
+        )
+    return writer
 
 
 def _flatten_hf_dir(path: str, options: FlattenOptions, progress: Progress | None = None) -> FlattenResult:
@@ -284,7 +313,85 @@ def _flatten_hf_dir(path: str, options: FlattenOptions, progress: Progress | Non
     return _merge_results(path, out, results, files)
 
 
-def _merge_results(path: str, out: str | None, results: list[FlattenResult], files: list[str]) -> FlattenResult:
+def _convert_hf_dir(path: str, options: FlattenOptions, progress: Progress | None = None) -> FlattenResult:
+    """Convert a model directory's weight files to safetensors shards and an index; copy the rest.
+
+    Each file is converted on its own with the ties its config.json declares (so the
+    embedding is kept and the tied head dropped, as transformers does), the index
+    is rewritten for the new names, and the old weight files and index are left out.
+    """
+    import shutil
+
+    from memlayout.flatten.writers.to_safetensors import (
+        converted_index,
+        converted_name,
+        index_metadata,
+    )
+    from memlayout.io.atomic_write import atomic_directory
+    from memlayout.load.hf_dir import BIN_INDEX, SAFETENSORS_INDEX, config_ties, weight_files
+    from memlayout.load.safetensors_file import read_header
+
+    files, _ = weight_files(path)
+    names = _names_in(path, files)
+    ties = tuple(config_ties(path, [n for file_names in names.values() for n in file_names]))
+    notes = _ties_across_files(ties, names)
+    if options.check:
+        results = [_flatten_file(os.path.join(path, name), None, replace(options, out=None), None, ties) for name in files]
+        return _merge_results(path, None, results, files, notes)
+    out = _check_paths(path, options)
+    assert out is not None
+    results = []
+    skipped = {*files, BIN_INDEX, SAFETENSORS_INDEX}
+    with atomic_directory(out, force=options.force) as temporary:
+        weight_map: dict[str, str] = {}
+        dropped: set[str] = set()
+        total = 0
+        for name in files:
+            target = os.path.join(temporary, converted_name(name))
+            results.append(_flatten_file(os.path.join(path, name), target, replace(options, out=target), progress, ties))
+            header, _ = read_header(target)
+            weight_map.update(dict.fromkeys((e.name for e in header.entries), converted_name(name)))
+            dropped.update(n for n in header.metadata if n != "format" and header.metadata[n] in weight_map)
+            total += sum(e.nbytes for e in header.entries)
+        if len(files) > 1:
+            with open(os.path.join(temporary, SAFETENSORS_INDEX), "wb") as index:
+                index.write(converted_index(weight_map, dropped, total, index_metadata(path)))
+        for name in sorted(os.listdir(path)):
+            source, target = os.path.join(path, name), os.path.join(temporary, name)
+            if name in skipped:
+                continue
+            if os.path.isdir(source):
+                shutil.copytree(source, target, copy_function=shutil.copyfile)
+            else:
+                shutil.copyfile(source, target)
+    return _merge_results(path, out, results, files, notes)
+
+
+def _names_in(path: str, files: list[str]) -> dict[str, list[str]]:
+    """The tensor names each weight file stores (read as metadata, nothing executed)."""
+    from memlayout.load import load_path
+
+    names = {}
+    for name in files:
+        with load_path(os.path.join(path, name)) as source:
+            names[name] = [t.name for t in source.tensors]
+    return names
+
+
+def _ties_across_files(ties: tuple[DeclaredTie, ...], names: dict[str, list[str]]) -> tuple[str, ...]:
+    """Declared ties whose two names lie in different files: IN stores them apart, and so does OUT."""
+    file_of = {n: file for file, file_names in names.items() for n in file_names}
+    return tuple(
+        f"lost tie: {tie.target} is declared tied to {tie.source} ({tie.declared_by}), but IN stores them in "
+        f"{file_of[tie.target]} and {file_of[tie.source]}; OUT keeps both, not re-tied"
+        for tie in ties
+        if tie.target in file_of and tie.source in file_of and file_of[tie.target] != file_of[tie.source]
+    )
+
+
+def _merge_results(
+    path: str, out: str | None, results: list[FlattenResult], files: list[str], notes: tuple[str, ...] = ()
+) -> FlattenResult:
     first = results[0]
     return FlattenResult(
         source=path,
@@ -301,7 +408,7 @@ def _merge_results(path: str, out: str | None, results: list[FlattenResult], fil
         seconds=sum(r.seconds for r in results),
         already_flat=all(r.already_flat for r in results),
         changes=tuple(f"{name}: {change}" for name, r in zip(files, results, strict=True) for change in r.changes),
-        notes=tuple(dict.fromkeys(note for r in results for note in r.notes)),
+        notes=tuple(dict.fromkeys((*notes, *(note for r in results for note in r.notes)))),
         verified=all(r.verified for r in results),
         unverified_reason=next((r.unverified_reason for r in results if r.unverified_reason), ""),
         verification=next((r.verification for r in results if r.verification), ""),

@@ -29,6 +29,10 @@ class FlattenOptions:
     verify: bool = True
     force: bool = False
     """Write into a non-empty output folder, replacing only the files flatten writes."""
+    to: str | None = None
+    """The format OUT is written in (`--to safetensors`); None keeps IN's."""
+    tensors_only: bool = False
+    """With `to`: leave out what is not a tensor (optimizer hyper-parameters, step counters) instead of refusing."""
 
     @property
     def keeps_devices(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from memlayout.core.facts import Facts
-from memlayout.core.flatten_support import flatten_hint
+from memlayout.core.flatten_support import conversion_hint, flatten_hint
 from memlayout.rules.registry import Finding, RuleContext, RuleExample, Severity, rule
 
 # Modules whose globals run commands, evaluate code or import arbitrary modules.
@@ -80,8 +80,9 @@ def _listed(paths: list[str]) -> str:
     "unsafe-pickle",
     Severity.ERROR,
     "the pickle references globals that torch's weights-only loader refuses",
-    "never load it with weights_only=False unless you trust whoever wrote it; if you do, load it once where "
-    "its classes are importable and re-save `model.state_dict()` (or safetensors), which weights_only=True reads",
+    "never load it with weights_only=False unless you trust whoever wrote it; `memlayout flatten IN -o "
+    "OUT.safetensors --to safetensors --tensors-only` writes its tensors as safetensors without running it; or, "
+    "trusting it, load it once where its classes are importable and re-save `model.state_dict()`",
     """
 A pickle names every class and function it needs as a global, and unpickling
 imports each one and calls it (REDUCE), constructs it (NEWOBJ) or runs its
@@ -125,7 +126,22 @@ def unsafe_pickle(ctx: RuleContext) -> Iterator[Finding]:
     )
     if dangerous:
         message += f", and {_listed(dangerous)} can run arbitrary code"
-    yield unsafe_pickle.finding((), message)
+    convert = conversion_hint(ctx.facts.source)
+    if not convert:
+        yield unsafe_pickle.finding((), message, hint=_RESAVE_STATE_DICT)
+        return
+    yield unsafe_pickle.finding(
+        (), message,
+        hint=f"never load it with weights_only=False unless you trust whoever wrote it; to get its tensors as "
+        f"safetensors without running it, {convert}; or, trusting it, load it once where its classes are "
+        "importable and re-save `model.state_dict()`",
+    )
+
+
+_RESAVE_STATE_DICT = (
+    "never load it with weights_only=False unless you trust whoever wrote it; if you do, load it once where "
+    "its classes are importable and re-save `model.state_dict()` (or safetensors), which weights_only=True reads"
+)
 
 
 @rule(
@@ -133,8 +149,8 @@ def unsafe_pickle(ctx: RuleContext) -> Iterator[Finding]:
     "legacy-format",
     Severity.INFO,
     "the file uses a legacy torch.save format: the pre-1.6 non-zip stream or the earlier tar archive",
-    "re-save it with a current torch.save (zip format) or as safetensors, or run `memlayout flatten`, "
-    "which writes a current torch.save zip",
+    "run `memlayout flatten`, which writes a current torch.save zip, or `memlayout flatten IN -o OUT.safetensors "
+    "--to safetensors`, which writes safetensors; neither runs the file's pickle",
     """
 torch.save wrote a plain pickle stream followed by raw storages until torch 1.6,
 and still does with `_use_new_zipfile_serialization=False`. Such a file cannot be
@@ -176,8 +192,10 @@ def legacy_format(ctx: RuleContext) -> Iterator[Finding]:
     yield legacy_format.finding(
         (),
         message,
-        hint=f"re-save it with a current torch.save (zip format) or {_as_safetensors(ctx.facts)}, or "
-        f"{flatten_hint(source)}, which writes a current torch.save zip",
+        hint=f"{flatten_hint(source)}, which writes a current torch.save zip" + (
+            f"; or, for safetensors, {convert}" if (convert := conversion_hint(source)) else
+            f", or re-save it with a current torch.save (zip format) or {_as_safetensors(ctx.facts)}"
+        ),
     )
 
 
@@ -194,7 +212,8 @@ _READERS = {
     "polyglot",
     Severity.WARNING,
     "the file is valid as more than one format, so different tools read different contents",
-    "do not pass the file on: re-save the weights you trust with torch.save or as safetensors",
+    "do not pass the file on: `memlayout flatten IN -o OUT.safetensors --to safetensors` writes what torch.load "
+    "reads as safetensors, without running it; or re-save the weights you trust with torch.save",
     """
 torch.load picks the format from a file's first bytes, zip readers look for the
 end record at its other end, tar readers check a header checksum, and pickle.load
@@ -232,9 +251,12 @@ def polyglot(ctx: RuleContext) -> Iterator[Finding]:
         return
     others = ", ".join(f"a valid {name}" for name in source.also_valid_as)
     readers = "; ".join(_READERS[name] for name in source.also_valid_as)
+    convert = conversion_hint(source)
     yield polyglot.finding(
         (),
         f"{source.path or 'the file'} is a {source.format} file and also {others}: torch.load reads it as "
         f"{source.format}, while {readers} see other contents",
-        hint=f"do not pass the file on: re-save the weights you trust with torch.save or {_as_safetensors(ctx.facts)}",
+        hint=f"do not pass the file on: to keep what torch.load reads, as safetensors and without running it, "
+        f"{convert}" if convert else "do not pass the file on: re-save the weights you trust with torch.save or "
+        f"{_as_safetensors(ctx.facts)}",
     )

@@ -12,6 +12,7 @@ from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Writt
 from memlayout.flatten.writers.legacy import LegacyWriter
 from memlayout.flatten.writers.safetensors import SafetensorsWriter
 from memlayout.flatten.writers.state_dict import LiveObjectWriter
+from memlayout.flatten.writers.to_safetensors import SafetensorsConverter
 from memlayout.flatten.writers.torch_export import TorchExportWriter
 from memlayout.flatten.writers.torch_zip import TorchZipWriter
 from memlayout.flatten.writers.torchscript import TorchScriptWriter
@@ -24,7 +25,14 @@ WRITERS: tuple[FlattenWriter, ...] = (
     TorchScriptWriter(),
     TorchExportWriter(),
 )
+CONVERTERS: tuple[FlattenWriter, ...] = (SafetensorsConverter(),)
+"""Writers of another format than IN's (`flatten --to`), each naming its `target`."""
 _BY_FORMAT: dict[str, FlattenWriter] = {name: writer for writer in WRITERS for name in writer.formats}
+_BY_TARGET: dict[tuple[str | None, str], FlattenWriter] = {
+    (writer.target, name): writer for writer in CONVERTERS for name in writer.formats
+}
+TARGETS: tuple[str, ...] = tuple(dict.fromkeys(w.target for w in CONVERTERS if w.target))
+"""What `flatten --to` accepts."""
 
 
 def writer_for(source_format: str) -> FlattenWriter | None:
@@ -39,4 +47,17 @@ def writer_for(source_format: str) -> FlattenWriter | None:
     return _BY_FORMAT.get(source_format)
 
 
-__all__ = ["WRITERS", "FlattenJob", "FlattenWriter", "Written", "writer_for"]
+def converter_for(target: str, source_format: str) -> FlattenWriter | None:
+    """The writer that converts sources of `source_format` to `target`, or None when none does.
+
+    Args:
+        target: A format `flatten --to` names ("safetensors").
+        source_format: A `LoadedSource.format` name.
+
+    Returns:
+        The registered converter, or None.
+    """
+    return _BY_TARGET.get((target, source_format))
+
+
+__all__ = ["CONVERTERS", "TARGETS", "WRITERS", "FlattenJob", "FlattenWriter", "Written", "converter_for", "writer_for"]

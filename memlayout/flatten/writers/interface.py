@@ -61,10 +61,12 @@ class Written:
 
 
 class FlattenWriter(abc.ABC):
-    """Rewrites sources of some loader formats flat, in their own format."""
+    """Rewrites sources of some loader formats flat, in their own format or (a converter) in `target`'s."""
 
     formats: tuple[str, ...] = ()
     """The `LoadedSource.format` names this writer rewrites."""
+    target: str | None = None
+    """The format a converter writes (`flatten --to`); None for a writer that keeps IN's format."""
 
     def label(self, source: LoadedSource) -> str:
         """How the summary names what is read and written, e.g. "torch.save state dict".
@@ -117,6 +119,20 @@ class FlattenWriter(abc.ABC):
         untouched = {key[0] for key in plan.untouched}
         kept = [s for s in facts.storages if s.key in untouched]
         return LayoutAfter(len(plan.buffers) + len(kept), plan.nbytes + sum(s.nbytes for s in kept), plan.padding_bytes)
+
+    def admit(self, source: LoadedSource, facts: Facts, options: FlattenOptions) -> tuple[str, ...]:
+        """Raise when OUT cannot hold what IN holds; else notes on what it leaves out. Before any work,
+        the same with and without --check.
+
+        Args:
+            source: The loaded IN.
+            facts: IN's facts.
+            options: What was asked.
+
+        Returns:
+            Notes for the summary; none by default.
+        """
+        return ()
 
     def refuse(self, source: LoadedSource, options: FlattenOptions, device: str | None) -> None:
         """Raise when this rewrite must not start (no trust, wrong device); before any work.

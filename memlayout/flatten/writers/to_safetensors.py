@@ -1,0 +1,496 @@
+"""Conversion to safetensors (`flatten --to safetensors`): a pickle's tensors, written flat, nothing executed.
+
+IN is read as every flatten reads it: the restricted unpickler gives the records,
+the plan groups them, and the bytes move from IN's file into CPU buffers. OUT is
+then a standard safetensors file with `__metadata__["format"] = "pt"`, as
+transformers writes it, its data section starting on a 64-byte boundary and its
+tensors sorted by element size (so each is aligned without the gaps the format
+forbids).
+
+safetensors holds no views, so sharing is written as the Hugging Face tools write it:
+
+- names of one view (a tie such as `lm_head.weight = transformer.wte.weight`) are
+  stored once. The others are dropped and recorded in `__metadata__` as
+  `{dropped: kept}`, exactly what `safetensors.torch.save_model` records, and the
+  model's own tie brings them back on load (`safetensors.torch.load_model`,
+  transformers' `_tied_weights_keys`). The name kept is a declared tie's source
+  (the input embedding, which transformers keeps), else the first in sorted order
+  (save_model's choice).
+- a view that only overlaps another (a slice, a transpose) cannot be a tie a model
+  restores: it is stored as its own dense copy, and the summary says so.
+- a declared tie that IN itself has already lost (two separate copies) stays two
+  tensors: it is reported, not re-tied.
+
+Anything that is not a tensor (optimizer hyper-parameters, step counters, a pickled
+module's objects) has no place in safetensors: it is listed and refused unless
+`--tensors-only` asks to leave it out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from memlayout.core.facts import Facts
+from memlayout.core.flatten_support import SAFETENSORS_CONVERSION
+from memlayout.core.strides import MemoryFormat
+from memlayout.dtypes import SAFETENSORS_DTYPES, dtype_info
+from memlayout.errors import FlattenError, UsageError
+from memlayout.flatten.options import FlattenOptions
+from memlayout.flatten.plan import FlatPlan, Placement, ViewKey, dense_strides, view_key
+from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, LayoutAfter, Written
+from memlayout.load.records import LoadedSource
+
+if TYPE_CHECKING:
+    import torch
+
+TARGET = "safetensors"
+FORMAT_METADATA = {"format": "pt"}
+"""What transformers' save_pretrained writes in every file (tests/flatten/test_to_safetensors_hf.py checks it)."""
+DATA_ALIGN = 64
+SHOWN = 5
+"""How many names a refusal or a note lists before "and N more"."""
+_CODES = {name: code for code, name in SAFETENSORS_DTYPES.items()}
+_LABELS = {
+    "torch-zip": "torch.save zip",
+    "torch-legacy": "legacy torch.save file",
+    "safetensors": "safetensors file",
+}
+_UNCONVERTED = {
+    "torch-legacy-tar": "write a current torch.save zip first (`memlayout flatten IN -o current.pt`), then convert that",
+    "torchscript": "a TorchScript archive holds code; save the module's state_dict() with torch.save and convert that",
+    "torch-export": "save the program's state_dict with torch.save and convert that",
+}
+
+
+class Stored(NamedTuple):
+    """One tensor of OUT, in data order."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    view: ViewKey
+    """IN's view whose values it holds."""
+    whole_slot: bool
+    """Its bytes are one slot of a plan buffer as they lie; else they are copied dense from the view."""
+
+
+class SafetensorsLayout(NamedTuple):
+    """What OUT holds, decided from the plan alone (for --check, the summary and the write)."""
+
+    stored: tuple[Stored, ...]
+    dropped: dict[str, str]
+    """Tied name -> the stored name it is a view of (save_model's metadata)."""
+    copied: tuple[tuple[str, str], ...]
+    """(name, a name it shares memory with in IN): views stored as their own copies."""
+    header: bytes
+    """The JSON header, padded with spaces so the data section starts on DATA_ALIGN bytes."""
+
+
+def _kept_name(names: tuple[str, ...], sources: set[str], targets: set[str]) -> str:
+    # transformers drops the tie's target (lm_head.weight) and rebuilds it from the
+    # source on load; save_model keeps the first name in sorted order.
+    return min(names, key=lambda n: (n not in sources, n in targets, n))
+
+
+def _is_whole_slot(placement: Placement, start: int, nbytes: int) -> bool:
+    return (
+        placement.stride == dense_strides(placement.shape, MemoryFormat.CONTIGUOUS)
+        and placement.offset * placement.itemsize == start
+        and placement.itemsize * _numel(placement.shape) == nbytes
+    )
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def safetensors_layout(plan: FlatPlan, facts: Facts, metadata: dict[str, str] | None = None) -> SafetensorsLayout:
+    """Decide OUT's tensors, names and header from the plan; touches no bytes.
+
+    Args:
+        plan: The plan made from IN's facts (CPU buffers).
+        facts: IN's facts (declared ties decide which name of a tie is kept).
+        metadata: `__metadata__` strings to keep from IN (a safetensors IN's own).
+
+    Returns:
+        The tensors in data order, the dropped tied names and the views stored as copies.
+
+    Raises:
+        FlattenError: a dtype safetensors has no code for.
+    """
+    sources = {tie.source for tie in facts.declared_ties}
+    targets = {tie.target for tie in facts.declared_ties}
+    stored: list[Stored] = []
+    dropped: dict[str, str] = {}
+    copied: list[tuple[str, str]] = []
+
+    def store(placement_names: tuple[str, ...], dtype: str, shape: tuple[int, ...], key: ViewKey, whole: bool) -> str:
+        kept = _kept_name(placement_names, sources, targets)
+        stored.append(Stored(kept, dtype, shape, dtype_info(dtype).itemsize * _numel(shape), key, whole))
+        dropped.update({name: kept for name in placement_names if name != kept})
+        return kept
+
+    for flat in plan.buffers:
+        for slot in flat.slots:
+            owner = next((p for p in slot.views if _is_whole_slot(p, slot.start, slot.nbytes)), None)
+            first = None
+            if owner is not None:
+                first = store(owner.names, owner.dtype, owner.shape, owner.source, True)
+            for placement in slot.views:
+                if placement is owner:
+                    continue
+                kept = store(placement.names, placement.dtype, placement.shape, placement.source, False)
+                if first is None:
+                    first = kept
+                elif len(slot.views) > 1:
+                    copied.append((kept, first))
+    by_key = {view_key(t, facts): t for t in facts.tensors}
+    for key in plan.untouched:
+        # Empty tensors, and weights a weight-dropout wrapper recomputes: still IN's tensors.
+        tensor = by_key[key]
+        store(tensor.names, tensor.dtype, tensor.shape, key, False)
+    # Largest elements first: every tensor then starts on a multiple of its element
+    # size, with no padding between tensors (which safetensors forbids).
+    stored.sort(key=lambda s: -dtype_info(s.dtype).itemsize)
+    header: dict[str, Any] = {}
+    cursor = 0
+    for entry in stored:
+        code = _CODES.get(entry.dtype)
+        if code is None:
+            raise FlattenError(f"{entry.name}: dtype {entry.dtype} has no safetensors code")
+        header[entry.name] = {"dtype": code, "shape": list(entry.shape), "data_offsets": [cursor, cursor + entry.nbytes]}
+        cursor += entry.nbytes
+    # Dropped names map to the kept one, as save_model records them; "format" last, always "pt".
+    header["__metadata__"] = {**(metadata or {}), **{n: k for n, k in dropped.items() if n not in (metadata or {})},
+                              **FORMAT_METADATA}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(8 + len(raw)) % DATA_ALIGN)
+    return SafetensorsLayout(tuple(stored), dropped, tuple(copied), raw)
+
+
+def _listed(items: list[str]) -> str:
+    shown = ", ".join(items[:SHOWN])
+    return shown + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
+
+
+def non_tensor_contents(source: LoadedSource) -> list[str]:
+    """Everything IN's pickle holds besides tensors, one "path (type)" each; empty for a state dict.
+
+    The pickle is read again by the restricted unpickler: nothing in it runs.
+
+    Args:
+        source: The loaded IN.
+
+    Returns:
+        Lines such as "epoch (int)" or "(root) (a pickled torch.nn.Linear module)".
+    """
+    if source.format == "safetensors" or source.path is None:
+        return []
+    root = _pickled_root(source.path, source.format)
+    found: list[str] = []
+    _walk_contents(root, "", found, set())
+    return found
+
+
+def _pickled_root(path: str, fmt: str) -> Any:
+    from memlayout.load.restricted_pickle import unpickle
+
+    if fmt == "torch-zip":
+        from memlayout.io.zip_archive import ZipReader, archive_prefix
+
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            archive = ZipReader(fd, os.fstat(fd).st_size, 0, path)
+            prefix = archive_prefix(archive.names)
+            order = f"{prefix}byteorder"
+            if order in archive.by_name and archive.read(order).decode("ascii", "replace") != "little":
+                # torch.load swaps every value; conversion copies bytes as they are.
+                raise FlattenError(f"{path} was saved on a big-endian machine",
+                                   "load and re-save it with torch on a little-endian machine first")
+            return unpickle(archive.read(f"{prefix}data.pkl"), what=path).root
+        finally:
+            os.close(fd)
+    from memlayout.load.restricted_pickle import RestrictedUnpickler, run_unpickler
+
+    # A legacy file is four pickles (magic, protocol, system info, the object), then storages.
+    with open(path, "rb") as handle:
+        for what in ("magic number", "protocol version", "system info"):
+            run_unpickler(RestrictedUnpickler(handle, False), f"{path}: the {what} pickle")
+        return run_unpickler(RestrictedUnpickler(handle, True), f"{path}: the main pickle")
+
+
+def _walk_contents(obj: Any, path: str, found: list[str], seen: set[int]) -> None:
+    from memlayout.load.restricted_pickle import InertObject, PickledTensor, is_module_state
+
+    if type(obj) is PickledTensor or id(obj) in seen:
+        return
+    where = path or "(root)"
+    if isinstance(obj, InertObject):
+        kind = "module" if is_module_state(obj.state_dict) else "object"
+        found.append(f"{where} (a pickled {obj.qualified_name()} {kind})")
+        return
+    if isinstance(obj, (dict, list, tuple)):
+        seen.add(id(obj))
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        for key, value in items:
+            _walk_contents(value, f"{path}.{key}" if path else str(key), found, seen)
+        return
+    found.append(f"{where} ({type(obj).__name__})")
+
+
+def lost_ties(facts: Facts) -> list[str]:
+    """Ties IN declares whose two names are separate memory in IN: written apart, not re-tied.
+
+    Args:
+        facts: IN's facts.
+
+    Returns:
+        One note per lost tie.
+    """
+    notes = []
+    for tie in facts.declared_ties:
+        target, source = facts.tensor(tie.target), facts.tensor(tie.source)
+        if target is None or source is None or target is source:
+            continue
+        notes.append(
+            f"lost tie: {tie.target} is declared tied to {tie.source} ({tie.declared_by}), but IN stores them "
+            "apart; OUT keeps both as IN has them, not re-tied (re-tie in the model and re-save to store it once)"
+        )
+    return notes
+
+
+class SafetensorsConverter(FlattenWriter):
+    """Writes any pickle or safetensors file memlayout reads as flat safetensors, ties stored once."""
+
+    formats = SAFETENSORS_CONVERSION
+    target = TARGET
+
+    def label(self, source: LoadedSource) -> str:
+        return f"{_LABELS[source.format]} -> safetensors"
+
+    def admit(self, source: LoadedSource, facts: Facts, options: FlattenOptions) -> tuple[str, ...]:
+        """Refuse what safetensors cannot hold; else the notes on what is left out or kept apart."""
+        notes = lost_ties(facts)
+        others = non_tensor_contents(source)
+        if others and not options.tensors_only:
+            raise UsageError(
+                f"{source.path} holds {len(others)} value(s) that are not tensors, which safetensors cannot store: "
+                f"{_listed(others)}",
+                "pass --tensors-only to write only its tensors, or save the model's state_dict() alone",
+            )
+        if others:
+            notes.insert(0, f"not written (--tensors-only): {_listed(others)}")
+        return tuple(notes)
+
+    def changes(self, plan: FlatPlan, facts: Facts, source: LoadedSource) -> list[str]:
+        layout = safetensors_layout(plan, facts, _kept_metadata(source))
+        lines = [f"the format changes: {_LABELS[source.format]} -> safetensors (metadata format: pt)"]
+        if source.format == "safetensors" and _already_converted(source, layout):
+            return []
+        if layout.dropped:
+            pairs = [f"{name} -> {kept}" for name, kept in sorted(layout.dropped.items())]
+            lines.append(
+                f"{len(pairs)} tied name(s) stored once and recorded in __metadata__, restored on load by the "
+                f"model's own tie (as safetensors.torch.save_model stores them): {_listed(pairs)}"
+            )
+        if layout.copied:
+            pairs = [f"{name} (shares memory with {other})" for name, other in layout.copied]
+            lines.append(f"{len(pairs)} overlapping view(s) stored as their own copies, since safetensors has no "
+                         f"views: {_listed(pairs)}")
+        return lines
+
+    def layout_after(self, plan: FlatPlan, facts: Facts) -> LayoutAfter:
+        # One data section, tensors back to back: the format allows no padding.
+        nbytes = sum(entry.nbytes for entry in safetensors_layout(plan, facts).stored)
+        return LayoutAfter(1 if nbytes else 0, nbytes, 0)
+
+    def refuse(self, source: LoadedSource, options: FlattenOptions, device: str | None) -> None:
+        if device not in (None, "cpu"):
+            raise UsageError("safetensors records no device: conversion writes from the CPU",
+                             "pass --device cpu, or no --device")
+
+    def write(self, job: FlattenJob) -> Written:
+        from memlayout.flatten.apply import allocate, copy_from_file
+        from memlayout.io.atomic_write import atomic_file
+
+        stages: dict[str, float] = {}
+        started = time.perf_counter()
+        layout = safetensors_layout(job.plan, job.facts, _kept_metadata(job.source))
+        reader: Any = job.source.reader
+        if reader is None or reader.file_of:
+            raise FlattenError(f"{job.path}: its tensors' bytes are not located in one file", "convert each file alone")
+        buffers = allocate(job.plan, on="cpu")
+        copied = copy_from_file(job.plan, buffers, job.path, reader.starts)
+        values = _values(job, layout, buffers)
+        stages["copy"] = time.perf_counter() - started
+        verified = False
+        with atomic_file(job.out) as output:
+            started = time.perf_counter()
+            _write_file(output.path, layout, values)
+            stages["write"] = time.perf_counter() - started
+            if job.options.verify and not output.is_stream:
+                started = time.perf_counter()
+                _verify(output.path, layout, values)
+                stages["verify"] = time.perf_counter() - started
+                verified = True
+            closing = time.perf_counter()
+        stages["fsync"] = time.perf_counter() - closing
+        return Written(copied, verified, "read back: every tensor's bytes, names and metadata match", stages)
+
+
+def _kept_metadata(source: LoadedSource) -> dict[str, str]:
+    """A safetensors IN's own metadata, less memlayout's aliases (written as ties instead)."""
+    if source.format != "safetensors" or source.path is None:
+        return {}
+    from memlayout.load.safetensors_file import MEMLAYOUT_ALIASES_KEY, read_header
+
+    header, _ = read_header(source.path)
+    return {k: v for k, v in header.metadata.items() if k != MEMLAYOUT_ALIASES_KEY}
+
+
+def _already_converted(source: LoadedSource, layout: SafetensorsLayout) -> bool:
+    """A safetensors IN that conversion would write byte for byte: same header, same order."""
+    assert source.path is not None
+    with open(source.path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        return length == len(layout.header) and handle.read(length) == layout.header
+
+
+def _values(job: FlattenJob, layout: SafetensorsLayout, buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each stored tensor's values, as a dense tensor viewing (or copied from) the filled buffers."""
+    import torch
+
+    from memlayout.flatten.apply import view_of
+
+    values = []
+    for entry in layout.stored:
+        placed = job.plan.placements.get(entry.view)
+        if placed is not None:
+            index, placement = placed
+            values.append(view_of(buffers[index], placement).contiguous())
+        else:
+            values.append(_untouched_value(job, entry, torch))
+    return values
+
+
+def _untouched_value(job: FlattenJob, entry: Stored, torch: Any) -> Any:
+    from memlayout.flatten.apply import torch_dtype
+
+    key, offset, shape, stride, dtype = entry.view
+    if entry.nbytes == 0:
+        return torch.empty(shape, dtype=torch_dtype(dtype))
+    reader: Any = job.source.reader
+    raw = bytearray(reader.read(key, 0, reader.sizes[key]))
+    whole = torch.frombuffer(raw, dtype=torch.uint8)
+    return torch.empty(0, dtype=torch_dtype(dtype)).set_(whole.untyped_storage(), offset, shape, stride).contiguous()
+
+
+def _write_file(path: str, layout: SafetensorsLayout, values: list[torch.Tensor]) -> None:
+    import torch
+
+    from memlayout.flatten.apply import host_bytes
+
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(layout.header)))
+        out.write(layout.header)
+        for entry, value in zip(layout.stored, values, strict=True):
+            if entry.nbytes:
+                start = value.storage_offset() * value.element_size()
+                raw = torch.empty(0, dtype=torch.uint8).set_(value.untyped_storage(), start, (entry.nbytes,), (1,))
+                out.write(host_bytes(raw))
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _verify(path: str, layout: SafetensorsLayout, values: list[torch.Tensor]) -> None:
+    """Re-read OUT: its header as memlayout validates it, and every stored tensor's bytes."""
+    import torch
+
+    from memlayout.flatten.apply import as_bits
+    from memlayout.flatten.safetensors_out import load_flat_safetensors
+    from memlayout.load.safetensors_file import read_header
+
+    header, _ = read_header(path)
+    if header.metadata.get("format") != "pt" or [e.name for e in header.entries] != [s.name for s in layout.stored]:
+        raise FlattenError("verification failed: OUT's header is not the one written")
+    written = load_flat_safetensors(path)
+    for entry, expected in zip(layout.stored, values, strict=True):
+        got = written.get(entry.name)
+        if got is None or got.shape != expected.shape or not torch.equal(as_bits(got), as_bits(expected)):
+            raise FlattenError(f"verification failed: {entry.name} differs in the written file")
+    for name, kept in layout.dropped.items():
+        if header.metadata.get(name) != kept:
+            raise FlattenError(f"verification failed: the tie {name} -> {kept} is not recorded in OUT")
+
+
+def refuse_unconverted(source_format: str, path: str) -> FlattenError:
+    """The refusal for a format conversion does not read, with what to do instead.
+
+    Args:
+        source_format: IN's `LoadedSource.format`.
+        path: IN.
+
+    Returns:
+        The error to raise.
+    """
+    hint = _UNCONVERTED.get(source_format, "convert a torch.save file or a safetensors file")
+    return FlattenError(f"{path}: --to safetensors does not convert {source_format} sources", hint)
+
+
+def converted_name(name: str) -> str:
+    """A weight file's name in the converted directory, as transformers names safetensors files.
+
+    Args:
+        name: IN's file name ("pytorch_model-00001-of-00002.bin").
+
+    Returns:
+        "model-00001-of-00002.safetensors" (a safetensors file keeps its name).
+    """
+    if name.endswith(".safetensors"):
+        return name
+    stem = name[: -len(".bin")] if name.endswith(".bin") else name
+    if stem.startswith("pytorch_model"):
+        stem = "model" + stem[len("pytorch_model"):]
+    return stem + ".safetensors"
+
+
+def converted_index(weight_map: dict[str, str], dropped: set[str], sizes: int, metadata: dict[str, Any]) -> bytes:
+    """The `model.safetensors.index.json` of a converted directory.
+
+    Args:
+        weight_map: Every stored tensor name -> its converted file.
+        dropped: Tied names no file stores (transformers' index lists only stored names).
+        sizes: Bytes of every stored tensor (`metadata.total_size`).
+        metadata: IN's index metadata, kept apart from `total_size`.
+
+    Returns:
+        The JSON text.
+    """
+    kept = {name: file for name, file in sorted(weight_map.items()) if name not in dropped}
+    text = json.dumps({"metadata": {**metadata, "total_size": sizes}, "weight_map": kept}, indent=2)
+    return (text + "\n").encode()
+
+
+def index_metadata(directory: str) -> dict[str, Any]:
+    """The metadata of IN's index, if it has one (transformers adds `total_parameters`)."""
+    from memlayout.load.hf_dir import BIN_INDEX, SAFETENSORS_INDEX
+
+    for name in (SAFETENSORS_INDEX, BIN_INDEX):
+        index = os.path.join(directory, name)
+        if os.path.isfile(index):
+            with open(index, "rb") as handle:
+                loaded = json.load(handle)
+            metadata = loaded.get("metadata") if isinstance(loaded, dict) else None
+            return {k: v for k, v in metadata.items() if k != "total_size"} if isinstance(metadata, dict) else {}
+    return {}
+
+
+__all__ = ["SafetensorsConverter", "converted_index", "converted_name", "non_tensor_contents", "safetensors_layout"]
