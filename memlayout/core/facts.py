@@ -201,6 +201,21 @@ class Facts:
         return list(found)
 
 
+def where_apart(first: TensorFact, second: TensorFact) -> str:
+    """Where two views that should be one memory live, for messages: their storages, or their bytes of one.
+
+    A safetensors file is one storage (its data section), so an untied head and
+    embedding of one file sit in the same storage at different bytes; naming the
+    storage twice ("storages s0 and s0") would contradict "separate memory".
+    """
+    if first.storage != second.storage:
+        return f"storages {first.storage} and {second.storage}"
+    return (
+        f"bytes {first.bytes_used.start:,}..{first.bytes_used.end:,} and "
+        f"{second.bytes_used.start:,}..{second.bytes_used.end:,} of storage {first.storage}"
+    )
+
+
 def infer_rnn_modules(tensors: Mapping[str, TensorFact]) -> list[ModuleRecord]:
     """RNN modules recognized from state-dict names and shapes, for sources without a module tree.
 
