@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import memlayout
@@ -114,3 +115,13 @@ def test_the_inspect_all_option_lists_every_finding(tmp_path: Path) -> None:
     every = CliRunner().invoke(app, ["inspect", str(path), "--all", "--fail-on", "never"])
     assert "... and 55 more ML201 findings; --all lists every one" in folded.stdout
     assert every.stdout.count("ML201 warning") == 60 and "more ML201" not in every.stdout
+
+
+def test_a_tie_saved_as_one_tensor_shows_every_name_in_the_storage_table(tmp_path: Path) -> None:
+    # Issue 26, defect 7: the summary said "1 (2 names)" while the table showed one.
+    embed = torch.randn(4, 3)
+    path = tmp_path / "tied.pt"
+    torch.save({"embed.weight": embed, "head.weight": embed}, path)
+    text = render_table(memlayout.inspect(str(path)), width=160)
+    (row,) = [line for line in text.splitlines() if line.startswith("│ s0")]
+    assert "embed.weight = head.weight" in row
