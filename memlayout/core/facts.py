@@ -201,6 +201,49 @@ class Facts:
         return list(found)
 
 
+def alias_groups_with_ties(facts: Facts) -> tuple[AliasGroup, ...]:
+    """The alias groups, with each view's own names added as a tie: what a report lists as sharing.
+
+    Facts merge the names of one view (a tie saved as one tensor, `head.weight =
+    embed.weight`) into one `TensorFact`, so `alias_groups`, which pairs distinct
+    views, never shows that tie; rules need it that way. A reader of a report asks
+    which names share memory, and a tie is the commonest answer.
+
+    Args:
+        facts: One checkpoint's facts.
+
+    Returns:
+        One group per storage, in storage order: its alias pairs, then an `equal`
+        pair from each view's first name to each of its other names.
+    """
+    named = [t for t in facts.tensors if len(t.names) > 1]
+    if not named:
+        return facts.alias_groups
+    groups = {group.storage: group for group in facts.alias_groups}
+    for tensor in named:
+        group = groups.get(tensor.storage) or AliasGroup(tensor.storage, (), ())
+        pairs = tuple(AliasPair(tensor.name, other, Relation.EQUAL) for other in tensor.names[1:])
+        members = tuple(dict.fromkeys((*group.tensors, *tensor.names)))
+        groups[tensor.storage] = AliasGroup(tensor.storage, members, group.pairs + pairs)
+    order = {storage.id: index for index, storage in enumerate(facts.storages)}
+    return tuple(sorted(groups.values(), key=lambda group: order[group.storage]))
+
+
+def where_apart(first: TensorFact, second: TensorFact) -> str:
+    """Where two views that should be one memory live, for messages: their storages, or their bytes of one.
+
+    A safetensors file is one storage (its data section), so an untied head and
+    embedding of one file sit in the same storage at different bytes; naming the
+    storage twice ("storages s0 and s0") would contradict "separate memory".
+    """
+    if first.storage != second.storage:
+        return f"storages {first.storage} and {second.storage}"
+    return (
+        f"bytes {first.bytes_used.start:,}..{first.bytes_used.end:,} and "
+        f"{second.bytes_used.start:,}..{second.bytes_used.end:,} of storage {first.storage}"
+    )
+
+
 def infer_rnn_modules(tensors: Mapping[str, TensorFact]) -> list[ModuleRecord]:
     """RNN modules recognized from state-dict names and shapes, for sources without a module tree.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from memlayout.core.facts import TensorFact
+from memlayout.core.facts import TensorFact, where_apart
 from memlayout.core.strides import Relation
 from memlayout.diff.changes import Change, ChangeKind
 from memlayout.diff.names import NameMap, keyed
@@ -283,7 +283,7 @@ def _ties(a: _Side, b: _Side, reported: set[frozenset[str]]) -> Iterator[Change]
             yield Change(
                 ChangeKind.TIE_LOST, Severity.ERROR, keys,
                 f"{first} and {second} are one tensor in A but separate memory in B "
-                f"(storages {bf.storage} and {bs.storage}): they will train and drift apart",
+                f"({where_apart(bf, bs)}): they will train and drift apart",
                 a_names=in_a, b_names=in_b,
             )
 
@@ -313,7 +313,7 @@ def _declared_ties(a: _Side, b: _Side, reported: set[frozenset[str]]) -> Iterato
             yield Change(
                 ChangeKind.DECLARED_TIE_BROKEN, Severity.ERROR, keys,
                 f"{target} is declared tied to {source} ({declared_by}) but they are separate memory in B "
-                f"(storages {bt.storage} and {bs.storage}){before}",
+                f"({where_apart(bt, bs)}){before}",
                 a_names=in_a, b_names=in_b,
             )
 

@@ -40,6 +40,24 @@ INPUT_EMBEDDING_SUFFIXES = (
 )
 
 
+# What `from_pretrained` does with a directory whose config ties the head to the
+# embedding while its file stores both with different values, checked by
+# tests/load/test_hf_ties.py against the installed transformers (and by hand on
+# 4.40.2, 4.57.3 and 5.24.0): transformers 4 ties them without a word and keeps one
+# file tensor's values for both (4.40 the head's, 4.57 the embedding's);
+# transformers 5 logs "... so we will NOT tie them" and keeps both as the file
+# holds them, untied.
+FROM_PRETRAINED_WITH_DIFFERENT_VALUES = (
+    "transformers 5's from_pretrained warns and leaves them untied (two copies that train apart), "
+    "while transformers 4 ties them silently, keeping one file tensor's values and dropping the other's"
+)
+
+
+def is_config_tie(declared_by: str) -> bool:
+    """Whether a tie comes from a Hugging Face config's `tie_word_embeddings` (what `from_pretrained` acts on)."""
+    return declared_by.endswith("tie_word_embeddings")
+
+
 def _first_by_suffix(names: list[str], suffixes: tuple[str, ...]) -> str | None:
     for suffix in suffixes:
         matches = [n for n in names if n == suffix or n.endswith("." + suffix)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from memlayout.core.facts import Facts
+from memlayout.core.facts import Facts, alias_groups_with_ties
 from memlayout.core.strides import MemoryFormat
 from memlayout.load.records import TensorKind
 from memlayout.output.interface import Formatter
@@ -68,7 +68,7 @@ def _document(report: Report) -> dict[str, Any]:
                 "tensors": list(g.tensors),
                 "pairs": [{"first": p.first, "second": p.second, "relation": p.relation.value} for p in g.pairs],
             }
-            for g in facts.alias_groups
+            for g in alias_groups_with_ties(facts)
         ),
         "modules": LazyArray(
             {

@@ -90,6 +90,12 @@ def _summary(report: Report) -> Table:
     return grid
 
 
+def _tie_label(report: Report, name: str) -> str:
+    """A view by every name it has: a tie saved as one tensor reads `embed.weight = head.weight`."""
+    tensor = report.facts.tensor(name)
+    return name if tensor is None or len(tensor.names) == 1 else " = ".join(tensor.names)
+
+
 def _storages(report: Report, show_all: bool) -> Table:
     table = Table(title="storages", title_justify="left", expand=False)
     for column, justify in (("id", "left"), ("device", "left"), ("size", "right"), ("used", "right"),
@@ -98,7 +104,8 @@ def _storages(report: Report, show_all: bool) -> Table:
     storages = sorted(report.facts.storages, key=lambda s: -s.nbytes)
     shown = storages if show_all or len(storages) <= FOLD_OVER else storages[:SHOWN_WHEN_FOLDED]
     for storage in shown:
-        names = ", ".join(storage.tensors[:3]) + (f" +{len(storage.tensors) - 3}" if len(storage.tensors) > 3 else "")
+        names = ", ".join(_tie_label(report, name) for name in storage.tensors[:3])
+        names += f" +{len(storage.tensors) - 3}" if len(storage.tensors) > 3 else ""
         unused = Text(human_bytes(storage.unused_bytes), "yellow" if storage.unused_bytes else "")
         bar = storage_bar(storage.used_bytes, storage.padding_bytes, storage.unused_bytes)
         table.add_row(storage.id, storage.device, human_bytes(storage.nbytes), human_bytes(storage.used_bytes),

@@ -6,9 +6,10 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterator
 
 from memlayout.core.content import ContentReader
-from memlayout.core.facts import TensorFact
+from memlayout.core.facts import TensorFact, where_apart
 from memlayout.core.strides import Relation
 from memlayout.format_bytes import human_bytes
+from memlayout.load.hf_ties import FROM_PRETRAINED_WITH_DIFFERENT_VALUES, is_config_tie
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 
 
@@ -216,11 +217,13 @@ def _equal_classes(content: ContentReader, group: list[TensorFact]) -> list[list
     return [members for members in classes if len(members) > 1]
 
 
-def _tie_state(ctx: RuleContext, target: TensorFact, source: TensorFact) -> str:
+def _tie_state(ctx: RuleContext, target: TensorFact, source: TensorFact, declared_by: str) -> str:
     if ctx.content is None or target.shape != source.shape or target.dtype != source.dtype:
         return ""
     if ctx.content.sample(target) != ctx.content.sample(source):
-        return "; their contents differ, so whichever loads second silently replaces the other"
+        if is_config_tie(declared_by):
+            return f"; their contents differ: {FROM_PRETRAINED_WITH_DIFFERENT_VALUES}"
+        return "; their contents differ, so tying them again keeps only one of the two"
     return "; their contents match, so the tie was lost on the way (save/load, clone, to_empty, assign=True)"
 
 
@@ -233,8 +236,10 @@ def _tie_state(ctx: RuleContext, target: TensorFact, source: TensorFact) -> str:
     """
 A model declares two tensors to be one (Hugging Face `tie_word_embeddings`, a
 model's `_tied_weights_keys`, or `--tie a=b`), but they are separate memory. The
-model then trains two copies, and on the next Hugging Face load the output head
-is silently replaced by the input embedding, losing whatever the head learned.
+model then trains two copies. When their values differ, the next Hugging Face
+load depends on the release: transformers 4 re-ties them silently and keeps one
+side's values, losing what the other learned; transformers 5 warns and leaves
+them untied.
 A tie counts as kept when both names reach the same bytes of one storage, as the
 same view or as a transposed view.
 """,
@@ -277,7 +282,7 @@ def broken_tie(ctx: RuleContext) -> Iterator[Finding]:
         yield broken_tie.finding(
             (target_name, source_name),
             f"{target_name} is declared tied to {source_name} ({declared_by}) but they are separate "
-            f"memory (storages {target.storage} and {source.storage}){_tie_state(ctx, target, source)}",
+            f"memory ({where_apart(target, source)}){_tie_state(ctx, target, source, declared_by)}",
         )
 
 

@@ -261,3 +261,22 @@ def test_the_map_prints_bytes_exactly_as_the_table_does(browser: Any, tmp_path: 
     assert f"\u00b7 {human_bytes(552_192)} \u00b7" in label
     table = CliRunner().invoke(app, ["inspect", str(path), "--fail-on", "never"]).output
     assert human_bytes(552_192) in table
+
+
+def test_a_tie_saved_as_one_tensor_shows_every_name_in_the_tie_colour(browser: Any, tmp_path: Path) -> None:
+    # Issue 26, defect 7: the tied storage showed one name, in the plain colour.
+    embed = torch.randn(256, 64)
+    path = tmp_path / "tied.pt"
+    torch.save({"embed.weight": embed, "head.weight": embed, "plain": torch.randn(256, 64)}, path)
+    page, _, errors = open_page(browser, write_map(tmp_path, path))
+    open_groups(page)
+    names = page.evaluate("() => JSON.parse(document.getElementById('memlayout-data').textContent).sides[0].tensors.map(t => t[0])")
+    tied = names.index(["embed.weight", "head.weight"])
+    plain = names.index(["plain"])
+    segment, other = page.locator(f'.seg[data-t="{tied}"]'), page.locator(f'.seg[data-t="{plain}"]')
+    assert segment.inner_text() == "embed.weight = head.weight"
+    colour = "(el) => getComputedStyle(el).backgroundColor"
+    assert segment.evaluate(colour) != other.evaluate(colour)
+    legend = page.locator(".legend .sw-tied")
+    assert legend.evaluate(colour) == segment.evaluate(colour)
+    assert errors == []

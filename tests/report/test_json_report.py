@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import memlayout
@@ -69,3 +70,31 @@ def test_storages_list_the_byte_range_of_each_tensor() -> None:
     data = report_dict(memlayout.inspect({"a": base[:10], "b": base[50:60]}))
     (storage,) = data["storages"]
     assert storage["ranges"] == [{"tensor": "a", "start": 0, "end": 40}, {"tensor": "b", "start": 200, "end": 240}]
+
+
+def test_a_tie_saved_as_one_tensor_is_an_alias_group(tmp_path: Path) -> None:
+    # Issue 26, defect 7: `alias_groups` was empty for the commonest sharing there is.
+    embed = torch.randn(4, 3)
+    path = tmp_path / "tied.pt"
+    torch.save({"embed.weight": embed, "head.weight": embed, "bias": torch.zeros(3)}, path)
+    data = report_dict(memlayout.inspect(str(path)))
+    jsonschema.validate(data, SCHEMA)
+    storage = next(t["storage"] for t in data["tensors"] if t["name"] == "embed.weight")
+    assert data["alias_groups"] == [{
+        "storage": storage,
+        "tensors": ["embed.weight", "head.weight"],
+        "pairs": [{"first": "embed.weight", "second": "head.weight", "relation": "equal"}],
+    }]
+
+
+def test_a_tie_of_one_view_joins_its_storages_other_alias_pairs(tmp_path: Path) -> None:
+    flat = torch.zeros(100)
+    path = tmp_path / "flat.pt"
+    torch.save({"buffer": flat, "a": flat[:50], "a_again": flat[:50], "b": flat[50:]}, path)
+    data = report_dict(memlayout.inspect(str(path)))
+    jsonschema.validate(data, SCHEMA)
+    (group,) = data["alias_groups"]
+    assert set(group["tensors"]) == {"buffer", "a", "a_again", "b"}
+    pairs = {(p["first"], p["second"], p["relation"]) for p in group["pairs"]}
+    assert ("a", "a_again", "equal") in pairs
+    assert {("buffer", "a", "contains"), ("buffer", "b", "contains")} <= pairs

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import memlayout
@@ -129,3 +130,13 @@ def test_counts_of_one_are_singular(tmp_path: Path) -> None:
     torch.save({"a": weight, "b": weight}, tied)
     output = CliRunner().invoke(app, ["inspect", str(tied), "--fail-on", "never"]).output
     assert re.search(r"tensors\s+\d+ \(2 names\)", output), output
+
+
+def test_a_tie_saved_as_one_tensor_shows_every_name_in_the_storage_table(tmp_path: Path) -> None:
+    # Issue 26, defect 7: the summary said "1 (2 names)" while the table showed one.
+    embed = torch.randn(4, 3)
+    path = tmp_path / "tied.pt"
+    torch.save({"embed.weight": embed, "head.weight": embed}, path)
+    text = render_table(memlayout.inspect(str(path)), width=160)
+    (row,) = [line for line in text.splitlines() if line.startswith("│ s0")]
+    assert "embed.weight = head.weight" in row

@@ -136,16 +136,20 @@
     return row;
   }
 
+  // A tie: one tensor under several names, or a view over exactly the bytes of another.
+  const isTied = (P, t) => P.side.tensors[t][0].length > 1 || (P.adj.get(t) || []).some(([, rel]) => rel === "equal");
+
   function placeSegment(P, bar, ts, lane, left, width) {
     const seg = el("div", "seg", bar);
     if (ts.length > 1) { seg.classList.add("cluster"); seg.dataset.ts = ts.join(","); }
     else seg.dataset.t = ts[0];
     const marks = ts.map((t) => P.side.tensors[t][10]).filter(Boolean);
     if (marks.length) seg.classList.add("mark-" + marks[0]);
+    else if (ts.some((t) => isTied(P, t))) seg.classList.add("tied");
     seg.style.left = left + "%";
     seg.style.width = width + "%";
-    // Wide segments carry their name, so the map reads without hovering.
-    if (width * bar._fraction > 12) seg.textContent = ts.length > 1 ? `${ts.length} tensors` : P.side.tensors[ts[0]][0][0];
+    // Wide segments carry their names (every name of a tie), so the map reads without hovering.
+    if (width * bar._fraction > 12) seg.textContent = ts.length > 1 ? `${ts.length} tensors` : P.side.tensors[ts[0]][0].join(" = ");
     seg.style.top = (lane * LANE + 1) + "px";
     for (const t of ts) pushTo(P.elements, t, seg);
   }
