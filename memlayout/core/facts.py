@@ -55,10 +55,18 @@ from memlayout.load.records import (
 # Alignment padding (what flatten, FSDP or Megatron leave between slots) is told
 # from bloat by the alignment the slots themselves show: the smallest alignment
 # among slot starts after byte 0. A gap shorter than that, ending on such a
-# boundary or at the buffer's end, is padding. With no slot after byte 0 there
-# is no evidence of alignment, and every gap is bloat.
+# boundary or at the buffer's end, is padding.
 MIN_PADDING_ALIGNMENT = 16
 MAX_PADDING_ALIGNMENT = 4096
+# `memlayout flatten` starts slots on, and rounds each buffer's end up to, this
+# many bytes by default. Its tail rounding is told from the layout alone: a storage
+# whose size is a multiple of it and whose last used byte is less than it from
+# the end holds exactly what flatten writes, even with one slot (a group of one
+# tensor) and so no slot start to show the alignment. Without this, diff called
+# flatten's own output a wasted-bytes regression (issue 26). A user's slice of a
+# tensor whose size is a multiple of 64 bytes, short of it by less than 64 bytes,
+# reads the same; flatten calls that layout flat too, and leaves it as it is.
+FLAT_BUFFER_ALIGNMENT = 64
 
 
 class TensorFact(NamedTuple):
@@ -401,7 +409,8 @@ def unused_ranges(
     """Every byte range of a storage no tensor uses, as (start, end, is padding).
 
     Padding is told from bloat by the alignment the slots show (see
-    MIN_PADDING_ALIGNMENT); bytes inside `reserved` (an RNN's bias space in
+    MIN_PADDING_ALIGNMENT), and by flatten's rounding of a buffer's end (see
+    FLAT_BUFFER_ALIGNMENT); bytes inside `reserved` (an RNN's bias space in
     cuDNN's layout, see `rnn_reserved_bytes`) are padding whatever their size.
 
     Args:
@@ -416,6 +425,7 @@ def unused_ranges(
         return []  # one tensor filling its storage, the usual case: nothing unused
     starts = [start for start, _ in used if start > 0]
     slot_alignment = min((min(s & -s, MAX_PADDING_ALIGNMENT) for s in starts), default=0)
+    tail_alignment = FLAT_BUFFER_ALIGNMENT if nbytes % FLAT_BUFFER_ALIGNMENT == 0 else 0
     gaps: list[tuple[int, int, bool]] = []
     cursor = 0
     for start, end in (*used, (nbytes, nbytes)):
@@ -431,8 +441,9 @@ def unused_ranges(
         if gap > 0:
             on_boundary = start == nbytes or (slot_alignment and start % slot_alignment == 0)
             # A leading gap is never padding: nothing needed aligning before byte 0.
-            padding = bool(
-                cursor > 0 and slot_alignment >= MIN_PADDING_ALIGNMENT and gap < slot_alignment and on_boundary
+            padding = cursor > 0 and (
+                (slot_alignment >= MIN_PADDING_ALIGNMENT and gap < slot_alignment and bool(on_boundary))
+                or (start == nbytes and gap < tail_alignment)
             )
             gaps += [(a, b, padding) for a, b in pieces]
         cursor = max(cursor, end)

@@ -14,14 +14,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from memlayout.core.cudnn_layout import CudnnLayout, layout_of, local_name, rnn_layout_problem
-from memlayout.core.facts import Facts, TensorFact
+from memlayout.core.facts import FLAT_BUFFER_ALIGNMENT, Facts, TensorFact
 from memlayout.core.flat_groups import flat_group_key, with_device
 from memlayout.core.strides import MemoryFormat, memory_format
 from memlayout.errors import FlattenError, UsageError
 from memlayout.format_bytes import counted
 from memlayout.load.records import ModuleRecord, TensorKind
 
-DEFAULT_ALIGN = 64
+DEFAULT_ALIGN = FLAT_BUFFER_ALIGNMENT
+"""Where slots start and buffers end by default; core's facts read the same number to
+tell this padding from bloat."""
 
 ViewKey = tuple[str, int, tuple[int, ...], tuple[int, ...], str]
 """(loader storage key, element offset, shape, stride, dtype): one distinct view."""

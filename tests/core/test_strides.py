@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -160,3 +161,27 @@ def test_a_lone_slice_shows_no_alignment_so_its_tail_is_bloat() -> None:
     base = torch.zeros(64, dtype=torch.float32)
     (storage,) = memlayout.inspect({"a": base[:5]}).facts.storages
     assert (storage.padding_bytes, storage.unused_bytes) == (0, 256 - 20)
+
+
+def test_the_tail_flatten_rounds_a_one_slot_buffer_up_to_is_padding() -> None:
+    # Issue 26: a group of one tensor becomes a buffer of one slot, its end rounded
+    # up to 64 bytes; no slot start shows the alignment, yet the tail is padding.
+    state = {"w": torch.randn(10), "steps": torch.tensor([3, 1], dtype=torch.int64)}
+    memlayout.flatten(state)
+    storages = memlayout.inspect(state).facts.storages
+    assert sorted((s.nbytes, s.used_bytes, s.padding_bytes, s.unused_bytes) for s in storages) == [
+        (64, 16, 48, 0), (64, 40, 24, 0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("elements", "used", "waste"),
+    [
+        (1024, 10, 4096 - 40),  # ML301's own example, on a storage a multiple of 64 bytes
+        (32, 10, 128 - 40),  # a tail of 64 bytes or more is more than the rounding
+        (17, 15, 8),  # a storage that does not end on a 64-byte boundary was not rounded
+    ],
+)
+def test_a_users_slice_that_is_not_flattens_tail_rounding_stays_bloat(elements: int, used: int, waste: int) -> None:
+    (storage,) = memlayout.inspect({"a": torch.zeros(elements)[:used]}).facts.storages
+    assert (storage.padding_bytes, storage.unused_bytes) == (0, waste)
