@@ -45,10 +45,13 @@ def resolve_spec(spec: str) -> Any:
         try:
             target = target()
         except Exception as exc:
-            raise UsageError(
-                f"calling {spec} raised {type(exc).__name__}: {exc}",
-                "point the spec at a factory that builds the model with no arguments",
-            ) from exc
+            hint = "point the spec at a factory that builds the model with no arguments"
+            if "default process group twice" in str(exc):
+                # Under torchrun memlayout joins the ranks' group before it calls the
+                # builder (pipeline/ranks.py), as init_device_mesh would.
+                hint = "memlayout has joined the ranks' process group already: call init_process_group only " \
+                       "if not dist.is_initialized(), or let init_device_mesh join it"
+            raise UsageError(f"calling {spec} raised {type(exc).__name__}: {exc}", hint) from exc
     return target
 
 

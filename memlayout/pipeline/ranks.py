@@ -1,7 +1,8 @@
 """`memlayout inspect` under torchrun: every rank reads its own pieces of a sharded model, and they share them.
 
 `torchrun --nproc_per_node N -m memlayout inspect pkg.module:build` starts N
-processes. Each builds the model (the builder shards it: FSDP2, DTensor), reads
+processes. Each joins the default process group, then builds the model (the
+builder shards it: FSDP2, DTensor, and may ask the group its size), reads
 the facts of its own pieces, and the ranks share what they hold
 (`all_gather_object`), so that every rank sees every rank's pieces and the rules
 that compare ranks (ML302, ML303) run on all of them. Rank 0 writes the one
@@ -60,7 +61,7 @@ class RankExchange:
         return self.rank == 0
 
     def ensure_group(self) -> None:
-        """Join the default process group, if the builder did not: nccl where CUDA is, gloo elsewhere."""
+        """Join the default process group, if nobody has: nccl where CUDA is, gloo elsewhere."""
         import torch
         import torch.distributed as dist
 
@@ -82,6 +83,13 @@ class RankExchange:
         return gathered
 
     def begin(self) -> None:
+        """This rank starts a path that builds a model: join the group first.
+
+        A builder asks the group for its size or rank to make its device mesh, as a
+        training script does (`dist.get_world_size()`), so the group must exist before
+        the builder runs, not only when the ranks first share their facts.
+        """
+        self.ensure_group()
         self.pending = True
 
     def share_facts(self, facts: Facts) -> Facts:

@@ -50,6 +50,20 @@ def blocks_and_root() -> nn.Module:
     return model
 
 
+def sized_by_the_world() -> nn.Module:
+    """Asks the process group for its size before any mesh exists, as a training script sizing its mesh does."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    return model
+
+
 def fails_on_rank_1() -> nn.Module:
     """A builder that raises on one rank only (no device there, say)."""
     if os.environ.get("RANK") == "1":

@@ -77,6 +77,17 @@ def test_following_the_hint_shards_them_and_reports_the_padding_it_brings(tmp_pa
     assert table["local_shape"] == [2, 2**18] and table["padding_bytes"] == 0
 
 
+def test_a_builder_that_asks_for_the_world_size_finds_the_group_joined(tmp_path: Path) -> None:
+    # issue 26, defect 9: memlayout joined the ranks' group only after the builder
+    # returned, so dist.get_world_size() in the builder raised on every rank.
+    done = torchrun(f"{BUILDERS}:sized_by_the_world", "--format", "json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    pieces = {s["name"]: s for s in report["shards"]}
+    assert pieces["0.weight"]["local_shape"] == [32, 64] and pieces["0.weight"]["global_shape"] == [64, 64]
+
+
 def test_a_builder_that_raises_on_one_rank_is_one_error_line_from_rank_0(tmp_path: Path) -> None:
     done = torchrun(f"{BUILDERS}:fails_on_rank_1", cwd=tmp_path)
     ours = [line for line in done.stderr.splitlines() if line.startswith("memlayout:")]
