@@ -155,7 +155,7 @@ def inspect_command(
             "and 5 findings per rule of more than 50.",
         ),
     ] = False,
-    timeout: TimeoutOption = 30.0,
+    timeout: TimeoutOption = 30,
     download: DownloadOption = False,
     trust: Annotated[bool, typer.Option("--trust", hidden=True)] = False,
     debug: DebugOption = False,

@@ -63,8 +63,8 @@ DeepOption = Annotated[
                  "tensors whose values changed."),
 ]
 TimeoutOption = Annotated[
-    float,
-    typer.Option("--timeout", help="For URLs and Hub models: give up on a request after SECONDS.", min=0.1,
+    int,
+    typer.Option("--timeout", help="For URLs and Hub models: give up on a request after SECONDS.", min=1,
                  metavar="SECONDS"),
 ]
 DownloadOption = Annotated[

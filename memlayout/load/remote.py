@@ -402,15 +402,17 @@ def _hub_listing(location: RemoteLocation, options: RemoteOptions) -> list[str]:
             f"{location.given}: the Hub repository {location.repo} has no revision {location.revision}",
             "name a branch, tag or commit that exists",
         ) from None
-    except RepositoryNotFoundError:
+    except (RepositoryNotFoundError, HfHubHTTPError) as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        if not isinstance(exc, RepositoryNotFoundError) and status not in (401, 403, 404):
+            raise RemoteReadError(f"{location.given}: the Hub answered HTTP {status} for {what}") from None
         local = "no such file or directory, and " if not location.given.startswith("hf://") else ""
         raise RemoteReadError(
-            f"{location.given}: {local}the Hub has no model repository {location.repo} that this token can see "
-            "(HTTP 401 or 404)",
+            f"{location.given}: {local}the Hub has no model repository {location.repo}"
+            f"{'' if location.revision == 'main' else f' at revision {location.revision}'} that this token can see "
+            f"(HTTP {status})",
             AUTH_HINT,
         ) from None
-    except HfHubHTTPError as exc:
-        raise RemoteReadError(f"{location.given}: the Hub answered {exc}".split("\n")[0]) from None
     except Exception as exc:  # the transport's own errors (connection, timeout) vary by version
         raise RemoteReadError(
             f"{location.given}: cannot list the Hub repository {what} ({type(exc).__name__}: {exc})".split("\n")[0],
