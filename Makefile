@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 CORE_VENV  := .venv-core
 CORE_STAMP := $(CORE_VENV)/.installed
 
-.PHONY: venv demo test test-core lint docs bench bench-gpu fixtures clean reliability fuzz browser realworld zoo
+.PHONY: venv demo test test-core lint docs bench bench-gpu fixtures clean reliability fuzz browser nginx realworld zoo
 
 venv: $(STAMP)
 
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	echo "torch==$(TORCH_VERSION)" > $(VENV)/constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c $(VENV)/constraints.txt "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[torch,dev,bench,zoo]"
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[torch,dev,bench,zoo,remote]"
 	touch $(STAMP)
 
 $(CORE_STAMP): pyproject.toml Makefile
@@ -44,7 +44,15 @@ browser:
 	  apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "chromium could not be installed: the browser tests will skip"
 
-test: $(STAMP) browser
+# The remote-read tests (tests/remote) run a real Debian nginx on 127.0.0.1, installed
+# here as chromium is; elsewhere they skip with one line.
+NGINX ?= /usr/sbin/nginx
+nginx:
+	@test -x $(NGINX) || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  apt-get update -qq && apt-get install -y -qq nginx >/dev/null; } || \
+	  echo "nginx could not be installed: the remote-read tests will skip"
+
+test: $(STAMP) browser nginx
 	$(PY) -m pytest -q -n 2
 
 # The reading commands in the install without torch: every report format on a

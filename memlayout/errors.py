@@ -66,3 +66,9 @@ class TorchNotInstalledError(MemlayoutError):
     """What was asked runs torch, and torch is not installed (reading files needs none)."""
 
     default_hint = "install it with: pip install 'memlayout[torch]'"
+
+
+class RemoteReadError(MemlayoutError):
+    """A file behind a URL could not be read as asked: the server, the network or the reply is at fault."""
+
+    default_hint = "check the URL; memlayout reads remote files by HTTP Range requests and never runs them"

@@ -22,6 +22,7 @@ from memlayout.cli.formats import (
 from memlayout.cli.options import (
     ConfigOption,
     DebugOption,
+    DownloadOption,
     HtmlOption,
     IgnoreOption,
     InspectDeepOption,
@@ -32,6 +33,7 @@ from memlayout.cli.options import (
     MinDuplicateBytesOption,
     OutputOption,
     SelectOption,
+    TimeoutOption,
     parse_ties,
     rule_codes,
 )
@@ -105,8 +107,12 @@ def apply_baseline_flags(batch: "BatchReport", baseline: str | None, write_basel
 def inspect_command(
     paths: Annotated[
         list[str],
-        typer.Argument(help="Checkpoint files, model directories, folders of checkpoints, or pkg.module:callable.",
-                       metavar="PATH..."),
+        typer.Argument(
+            help="Checkpoint files, model directories, folders of checkpoints, pkg.module:callable, https:// "
+            "(or s3://, gs://) URLs, hf://ORG/NAME[@REVISION][/PATH], or a bare Hub id (ORG/NAME) when no local "
+            "path of that name exists: a local path always wins.",
+            metavar="PATH...",
+        ),
     ],
     output_format: InspectFormatOption = OutputFormat.TABLE,
     output: OutputOption = None,
@@ -149,6 +155,8 @@ def inspect_command(
             "and 5 findings per rule of more than 50.",
         ),
     ] = False,
+    timeout: TimeoutOption = 30,
+    download: DownloadOption = False,
     trust: Annotated[bool, typer.Option("--trust", hidden=True)] = False,
     debug: DebugOption = False,
 ) -> None:
@@ -171,6 +179,7 @@ def inspect_command(
                 "inspect takes no --trust: it never runs code from the file, so there is nothing to allow",
                 "drop --trust; only `memlayout flatten` of a pickled module needs it",
             )
+        from memlayout.load.remote_location import RemoteOptions
         from memlayout.pipeline.batch import inspect_paths
         from memlayout.pipeline.config import resolve_settings
 
@@ -184,7 +193,7 @@ def inspect_command(
             batch = inspect_paths(
                 paths, config=settings.rule_config(deep), select=settings.select, ignore=settings.ignore,
                 fail_on=settings.fail_on, per_tensor_ignores=settings.per_tensor_ignores, progress=progress,
-                debug=debug, exchange=ranks,
+                debug=debug, exchange=ranks, remote=RemoteOptions(timeout_s=timeout, download=download),
             )
         report_load_errors(batch)
         if ranks is not None and not ranks.first:

@@ -65,6 +65,16 @@ DiffDeepOption = Annotated[
     typer.Option("--deep", help="Read every value: NaN/Inf (ML503), the full duplicate scan, and the tensors "
                  "whose values changed."),
 ]
+TimeoutOption = Annotated[
+    int,
+    typer.Option("--timeout", help="For URLs and Hub models: give up on a request after SECONDS.", min=1,
+                 metavar="SECONDS"),
+]
+DownloadOption = Annotated[
+    bool,
+    typer.Option("--download", help="For URLs whose server ignores HTTP Range requests: download the whole file "
+                 "instead of refusing."),
+]
 HtmlOption = Annotated[
     str | None,
     typer.Option("--html", help="Also write the self-contained HTML storage map (--format html) to FILE.",

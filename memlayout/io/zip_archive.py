@@ -27,11 +27,15 @@ import os
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from memlayout.errors import CorruptCheckpointError
+
+ReadAt = Callable[[int, int], bytes]
+"""(length, absolute offset) -> bytes: how an archive's bytes are read. `os.pread` on the
+file for a local file; byte ranges over the network for a remote one."""
 
 # Fixed-size parts of the zip records (APPNOTE.TXT 4.3.7, 4.3.9, 4.3.12, 4.3.14-16).
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
@@ -39,6 +43,8 @@ _LOCAL_HEADER_MAGIC = b"PK\x03\x04"
 _LOCAL_LENGTHS = struct.Struct("<4s22xHH")
 """A local header's magic and its file name and extra field lengths."""
 _HEADER_BLOCK = 64 << 10
+LOCAL_HEADER_SIZE = _LOCAL_HEADER.size
+"""The fixed part of a local header: what a reader must fetch to find a record's data."""
 """Local headers this close together are read with one pread (see `ZipReader.record_spans`)."""
 _CENTRAL_ENTRY = struct.Struct("<4sHHHHHHIIIHHHHHII")
 _CENTRAL_FIELDS = struct.Struct("<4s4xHH4xIIIHHH8xI")
@@ -138,10 +144,11 @@ class ArchiveFile:
     against `size` before its data is used.
     """
 
-    def __init__(self, fd: int, size: int, base: int = 0) -> None:
+    def __init__(self, fd: int, size: int, base: int = 0, read_at: ReadAt | None = None) -> None:
         self.fd = fd
         self.size = size
         self.base = base
+        self.read_at: ReadAt = read_at if read_at is not None else functools.partial(os.pread, fd)
 
     def read(self, offset: int, length: int, what: str) -> bytes:
         """`length` bytes from `offset` (counted from the archive's start).
@@ -153,7 +160,7 @@ class ArchiveFile:
         # 2**63) is damage, not an OverflowError.
         if offset < 0 or length < 0 or offset + length > self.size:
             raise CorruptCheckpointError(f"{what} runs past the end of the file")
-        data = os.pread(self.fd, length, self.base + offset)
+        data = self.read_at(length, self.base + offset)
         if len(data) != length:
             raise CorruptCheckpointError(f"{what} runs past the end of the file")
         return data
@@ -161,9 +168,16 @@ class ArchiveFile:
 
 def _end_of_directory(file: ArchiveFile) -> tuple[int, int, int]:
     """(entry count, directory offset, directory size) from the end records."""
-    tail_start = max(0, file.size - _END_SEARCH - _ZIP64_LOCATOR.size)
-    tail = file.read(tail_start, file.size - tail_start, "the zip's end record")
-    at = tail.rfind(_END_MAGIC)
+    # An archive without a comment (torch writes none) ends with its end record:
+    # try those few bytes first, and search the longest comment's span only if
+    # they are not it. Over HTTP that is the difference between 42 bytes and 64 KiB.
+    short = min(file.size, _END_RECORD.size + _ZIP64_LOCATOR.size)
+    tail = file.read(file.size - short, short, "the zip's end record")
+    at = len(tail) - _END_RECORD.size
+    if at < 0 or tail[at : at + 4] != _END_MAGIC or tail[-2:] != b"\x00\x00":
+        tail_start = max(0, file.size - _END_SEARCH - _ZIP64_LOCATOR.size)
+        tail = file.read(tail_start, file.size - tail_start, "the zip's end record")
+        at = tail.rfind(_END_MAGIC)
     if at < 0 or at + _END_RECORD.size > len(tail):
         raise CorruptCheckpointError("the zip's end-of-directory record is missing")
     _, _, _, _, count, directory_size, directory_offset, _ = _END_RECORD.unpack_from(tail, at)
@@ -282,15 +296,22 @@ class ZipReader:
         size: The archive's length in bytes.
         base: Where the archive starts in the file (0 for a file that is one archive).
         what: The archive as error messages name it (its path).
+        read_at: How bytes are read, when not by pread on `fd` (a remote file).
+        header_block: Local headers this close together are read at once; a remote
+            reader, which fetches them all beforehand, reads each alone.
 
     Raises:
         CorruptCheckpointError: the file is no zip, or its directory is damaged;
             the message says "WHAT is not a readable zip archive: ...".
     """
 
-    def __init__(self, fd: int, size: int, base: int = 0, what: str = "the file") -> None:
-        self.file = ArchiveFile(fd, size, base)
+    def __init__(
+        self, fd: int, size: int, base: int = 0, what: str = "the file", read_at: ReadAt | None = None,
+        header_block: int = _HEADER_BLOCK,
+    ) -> None:
+        self.file = ArchiveFile(fd, size, base, read_at)
         self.what = what
+        self.header_block = header_block
         try:
             self.entries = read_directory(self.file)
         except (struct.error, UnicodeDecodeError, ValueError) as exc:
@@ -383,7 +404,8 @@ class ZipReader:
         # _HEADER_BLOCK bytes of each other are read with one pread: 40,000 tensors
         # take a few hundred reads, not 40,000. A header far from the next one (a
         # big tensor between them) still costs one 30-byte read, nothing more.
-        pread, unpack_from, fd, header_size = os.pread, _LOCAL_LENGTHS.unpack_from, self.file.fd, _LOCAL_HEADER.size
+        read_at, unpack_from, header_size = self.file.read_at, _LOCAL_LENGTHS.unpack_from, _LOCAL_HEADER.size
+        header_block = self.header_block
         # Zip offsets count from the window's start; a header past the window's end
         # yields a data start past it too, which the bounds check below refuses.
         base = self.file.base
@@ -396,10 +418,10 @@ class ZipReader:
             while (
                 last + 1 < count
                 and first <= records[last + 1].header_offset
-                and records[last + 1].header_offset + header_size - first <= _HEADER_BLOCK
+                and records[last + 1].header_offset + header_size - first <= header_block
             ):
                 last += 1
-            block = pread(fd, records[last].header_offset + header_size - first, base + first)
+            block = read_at(records[last].header_offset + header_size - first, base + first)
             for name, _, _, size, header_offset, crc in records[index : last + 1]:
                 at = header_offset - first
                 if at + header_size > len(block):

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from memlayout.errors import CorruptCheckpointError, SourceNotFoundError, UnrecognizedFormatError
 from memlayout.load.records import LoadedSource
+from memlayout.load.remote_location import RemoteOptions, remote_location
 
 HEAD_BYTES = 64
 
@@ -157,14 +158,17 @@ def _read_head(path: str) -> bytes:
         return handle.read(HEAD_BYTES)
 
 
-def load_path(path: str) -> LoadedSource:
-    """Load a file, a directory or an import spec.
+def load_path(path: str, remote: RemoteOptions | None = None) -> LoadedSource:
+    """Load a file, a directory, a URL, a Hub model or an import spec.
 
     No loader runs code from a file: pickles are read by the restricted unpickler.
     Only an import spec runs code, the user's own, by design.
 
     Args:
-        path: A checkpoint file, a model directory, or `pkg.module:callable`.
+        path: A checkpoint file, a model directory, an https:// (or s3://, gs://)
+            URL, `hf://ORG/NAME[@REVISION][/PATH]`, a bare Hub id with no local path
+            of that name (`memlayout.load.remote_location`), or `pkg.module:callable`.
+        remote: How a remote path is read (timeout, full downloads, tensor bytes).
 
     Returns:
         The `LoadedSource` of the first format that recognizes the content.
@@ -175,6 +179,11 @@ def load_path(path: str) -> LoadedSource:
         CorruptCheckpointError: the content is recognized but damaged.
     """
     if not os.path.exists(path):
+        location = remote_location(path)
+        if location is not None:
+            from memlayout.load.remote import load_remote
+
+            return load_remote(location, remote or RemoteOptions())
         from memlayout.load.import_spec import load_import_spec, looks_like_spec
 
         if looks_like_spec(path):

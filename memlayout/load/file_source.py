@@ -49,6 +49,7 @@ def file_source(
     declared_ties: Sequence[DeclaredTie] = (),
     legacy_format: bool = False,
     notes: Sequence[str] = (),
+    read_in_place: bool = True,
 ) -> LoadedSource:
     """The `LoadedSource` of records a loader built, with a reader over the file's storages.
 
@@ -68,12 +69,14 @@ def file_source(
         declared_ties: Ties the file declares.
         legacy_format: The file uses a legacy torch.save format.
         notes: What the user should know that is no finding.
+        read_in_place: Map the files for the storage bytes; False for a remote
+            file, whose loader attaches a reader of its own.
 
     Returns:
         The source; close it (or use it as a context manager) when done.
     """
     reader = None
-    if spans is not None:
+    if spans is not None and read_in_place:
         paths = list(files) if files is not None else [path]
         reader = MappedFiles.open(paths, spans.starts, spans.sizes, spans.file_of, spans.checksums)
     return LoadedSource(
@@ -102,6 +105,7 @@ def pickled_source(
     more_tensors: Mapping[str, Any] | None = None,
     legacy_format: bool = False,
     notes: Sequence[str] = (),
+    read_in_place: bool = True,
 ) -> LoadedSource:
     """The `LoadedSource` of a torch pickle read inertly: tensors, storages, modules and ties.
 
@@ -124,6 +128,7 @@ def pickled_source(
             prefixes them (TorchScript's {"constants": ...}); their modules do not.
         legacy_format: The file uses a legacy torch.save format.
         notes: What the user should know that is no finding.
+        read_in_place: Map the file for the storage bytes (False for a remote file).
 
     Returns:
         The source; close it (or use it as a context manager) when done.
@@ -146,5 +151,5 @@ def pickled_source(
     return file_source(
         path, format, tensors, storages, spans,
         pickle_globals=pickle_globals, legacy_format=legacy_format, notes=notes,
-        modules=modules, declared_ties=ties,
+        modules=modules, declared_ties=ties, read_in_place=read_in_place,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +64,29 @@ def _read_json(path: str, what: str) -> Any:
 def _index_shards(directory: str, index_name: str) -> dict[str, list[str]]:
     """shard file -> tensor names, in the index's order; every shard must exist."""
     index_path = os.path.join(directory, index_name)
-    index = _read_json(index_path, "index")
+    shards = index_shards(_read_json(index_path, "index"), index_path)
+    for shard in shards:
+        if not os.path.isfile(os.path.join(directory, shard)):
+            raise CorruptCheckpointError(
+                f"{index_path} names shard {shard}, which is missing",
+                "download or copy every shard the index lists into the directory",
+            )
+    return shards
+
+
+def index_shards(index: Any, index_path: str) -> dict[str, list[str]]:
+    """shard file -> tensor names of a parsed index, in its order; no shard may leave the directory.
+
+    Args:
+        index: The index file's JSON.
+        index_path: Where it was read from, for messages (a path or a URL).
+
+    Returns:
+        Each shard's tensor names.
+
+    Raises:
+        CorruptCheckpointError: no weight_map, or a shard outside the model directory.
+    """
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CorruptCheckpointError(f"{index_path} has no weight_map of tensor name -> shard file")
@@ -71,14 +94,9 @@ def _index_shards(directory: str, index_name: str) -> dict[str, list[str]]:
     for name, shard in weight_map.items():
         shards.setdefault(shard, []).append(name)
     for shard in shards:
-        # A shard outside the directory would let an index read arbitrary files.
-        if os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
+        # A shard outside the directory would let an index read arbitrary files (or URLs).
+        if os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/") or "://" in shard:
             raise CorruptCheckpointError(f"{index_path} names shard {shard!r} outside the model directory")
-        if not os.path.isfile(os.path.join(directory, shard)):
-            raise CorruptCheckpointError(
-                f"{index_path} names shard {shard}, which is missing",
-                "download or copy every shard the index lists into the directory",
-            )
     return shards
 
 
@@ -134,17 +152,37 @@ class ShardedReader:
 
 
 def _load_safetensors_shards(directory: str, shards: list[str]) -> LoadedSource:
+    paths = [os.path.join(directory, shard) for shard in shards]
+    headers = [read_header(path)[0] for path in paths]
+    return safetensors_shards_source(directory, shards, headers, paths)[0]
+
+
+def safetensors_shards_source(
+    directory: str, shards: list[str], headers: list[SafetensorsHeader], paths: list[str],
+    read_in_place: bool = True,
+) -> tuple[LoadedSource, StorageSpans]:
+    """One source over the headers of a model's safetensors shards, and where each storage lies.
+
+    Args:
+        directory: The model directory (or its URL), as reported.
+        shards: Each shard's file name, in the order of `headers`.
+        headers: Each shard's validated header.
+        paths: Each shard's path (or URL).
+        read_in_place: Map the shards for their bytes (False for remote shards).
+
+    Returns:
+        The source, and its storages' spans, whose `file_of` indexes `paths`.
+
+    Raises:
+        CorruptCheckpointError: a tensor name appears in two shards.
+    """
     tensors: list[TensorRecord] = []
     storages: dict[str, StorageRecord] = {}
-    headers: list[SafetensorsHeader] = []
     starts: dict[str, int] = {}
     sizes: dict[str, int] = {}
     file_of: dict[str, int] = {}
-    paths = [os.path.join(directory, shard) for shard in shards]
     names: set[str] = set()
-    for index, (shard, path) in enumerate(zip(shards, paths, strict=True)):
-        header, _ = read_header(path)
-        headers.append(header)
+    for index, (shard, header) in enumerate(zip(shards, headers, strict=True)):
         shard_tensors, shard_storages, shard_spans = safetensors_records(header, shard)
         duplicates = names & {t.name for t in shard_tensors}
         if duplicates:
@@ -156,18 +194,38 @@ def _load_safetensors_shards(directory: str, shards: list[str]) -> LoadedSource:
             starts[key], sizes[key], file_of[key] = start, shard_spans.sizes[key], index
     ties = [tie for header in headers for tie in metadata_ties(header, names)]
     spans = StorageSpans(starts, sizes, file_of=file_of)
-    return file_source(directory, "hf-safetensors", tensors, storages, spans, files=paths, declared_ties=ties)
+    source = file_source(
+        directory, "hf-safetensors", tensors, storages, spans, files=paths, declared_ties=ties,
+        read_in_place=read_in_place,
+    )
+    return source, spans
 
 
 def _load_pickled_shards(directory: str, shards: list[str]) -> LoadedSource:
     from memlayout.load import load_path
 
+    return pickled_shards_source(directory, shards, lambda shard: load_path(os.path.join(directory, shard)))
+
+
+def pickled_shards_source(
+    directory: str, shards: list[str], load_shard: Callable[[str], LoadedSource]
+) -> LoadedSource:
+    """One source over a model's torch.save shards, each loaded by `load_shard(file name)`.
+
+    Args:
+        directory: The model directory (or its URL), as reported.
+        shards: The shard file names.
+        load_shard: Loads one shard (from disk, or by its URL).
+
+    Returns:
+        The merged source, whose reader dispatches to each shard's.
+    """
     merged = LoadedSource(directory, "hf-pytorch", [], {})
     readers: dict[str, tuple[StorageReader, str]] = {}
     shard_sources: list[LoadedSource] = []
     try:
         for shard in shards:
-            source = load_path(os.path.join(directory, shard))
+            source = load_shard(shard)
             shard_sources.append(source)
             # Storage keys restart at "0" in every shard; prefix them to keep them apart.
             prefix = f"{shard}:" if len(shards) > 1 else ""

@@ -24,6 +24,7 @@ from pathlib import PurePath
 from typing import TYPE_CHECKING, Any
 
 from memlayout.errors import MemlayoutError, UnrecognizedFormatError, UsageError
+from memlayout.load.remote_location import RemoteOptions
 from memlayout.pipeline.inspection import Report, run_inspection, summarize
 from memlayout.rules import (
     RULES,
@@ -346,6 +347,7 @@ class _Walk:
     debug: bool
     per_tensor_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     exchange: RankExchange | None = None
+    remote: RemoteOptions | None = None
     walked: set[str] = field(default_factory=set)
 
     def inspect(self, path: str, given: bool) -> Iterator[PathReport]:
@@ -364,7 +366,7 @@ class _Walk:
         try:
             report = run_inspection(
                 path, config=self.config, select=self.select, ignore=self.ignore, progress=self.progress,
-                exchange=exchange,
+                exchange=exchange, remote=self.remote,
             )
         except UnrecognizedFormatError as exc:
             _share_failure(exchange, exc.one_line())
@@ -409,6 +411,7 @@ def inspect_paths(
     progress: Callable[[str, int, int], None] | None = None,
     debug: bool = False,
     exchange: RankExchange | None = None,
+    remote: RemoteOptions | None = None,
 ) -> BatchReport:
     """Inspect each path; a path that fails to load is recorded, and the others still run.
 
@@ -424,6 +427,7 @@ def inspect_paths(
         progress: Called as (task, done, total) during long content scans.
         debug: Re-raise the first error instead of recording it (for --debug).
         exchange: Under torchrun, how the ranks share the facts of the models import specs build.
+        remote: How URLs and Hub models are read (timeout, full downloads).
 
     Returns:
         The `BatchReport`, one `PathReport` per path (a folder of checkpoints gives one per file).
@@ -437,7 +441,7 @@ def inspect_paths(
     config = config or RuleConfig()
     select, ignore = tuple(select), tuple(ignore)
     ignores = tuple((glob, tuple(codes)) for glob, codes in per_tensor_ignores)
-    walk = _Walk(config, select, ignore, progress, debug, ignores, exchange)
+    walk = _Walk(config, select, ignore, progress, debug, ignores, exchange, remote)
     given = tuple(paths)
     reports = [report for path in given for report in walk.inspect(path, given=True)]
     return BatchReport(

@@ -18,6 +18,7 @@ from memlayout.core.content import ContentReader
 from memlayout.core.facts import Facts, build_facts
 from memlayout.load import load_object, load_path
 from memlayout.load.records import LoadedSource, TensorKind
+from memlayout.load.remote_location import RemoteOptions
 from memlayout.rules import (
     RULES,
     Finding,
@@ -175,13 +176,13 @@ def inspect_source(
     return Report(facts, tuple(findings), summarize(facts, findings), tuple(skipped))
 
 
-def load_target(target: Any) -> LoadedSource:
-    """Load a path or an import spec (a `str` or path-like), or a live object.
+def load_target(target: Any, remote: RemoteOptions | None = None) -> LoadedSource:
+    """Load a path, a URL or an import spec (a `str` or path-like), or a live object.
 
     The caller closes the source (a `with` block) when done with its contents.
     """
     if isinstance(target, str) or hasattr(target, "__fspath__"):
-        return load_path(str(target))
+        return load_path(str(target), remote)
     return load_object(target)
 
 
@@ -192,8 +193,9 @@ def run_inspection(
     ignore: Iterable[str] = (),
     progress: Callable[[str, int, int], None] | None = None,
     exchange: RankExchange | None = None,
+    remote: RemoteOptions | None = None,
 ) -> Report:
-    """Inspect a path, an import spec, or a live object.
+    """Inspect a path, a URL, an import spec, or a live object.
 
     Nothing from a file is executed: every format is read as inert records.
 
@@ -205,6 +207,7 @@ def run_inspection(
         ignore: Codes or prefixes to skip.
         progress: Called as (task, done, total) during long content scans.
         exchange: Under torchrun, how the ranks share their facts (pipeline/ranks.py).
+        remote: How a URL or Hub model is read; tensor bytes are fetched for --deep.
 
     Returns:
         The `Report`.
@@ -215,7 +218,9 @@ def run_inspection(
         >>> report.summary.parameters
         2
     """
-    with cyclic_gc_paused(), load_target(target) as source:
+    config = config or RuleConfig()
+    remote = (remote or RemoteOptions())._replace(fetch_contents=config.deep)
+    with cyclic_gc_paused(), load_target(target, remote) as source:
         return inspect_source(source, config, select, ignore, progress, exchange)
 
 
