@@ -32,9 +32,10 @@ step() {  # step SECONDS LOG COMMAND...: one bounded step, its output kept
 step 45 steps.log $PYTHON tests/cudnn/record_cudnn_layouts.py "$OUT/cudnn-table.json"
 mkdir -p tests/cudnn/tables && cp "$OUT/cudnn-table.json" tests/cudnn/tables/ 2>/dev/null
 step 130 steps.log $PYTHON benchmarks/gpu_probe.py "$OUT/probe.json" "$OUT/llama1b-autocast-snapshot.pickle"
+# Every test file with a gpu-marked test, found rather than listed, so a new one is not missed.
+mapfile -t GPU_TESTS < <(grep -rlE "pytest\.mark\.gpu|mark\.gpu" tests --include='test_*.py' | sort)
 step 150 pytest-gpu.log $PYTHON -m pytest -q -p no:cacheprovider -o addopts= --timeout 60 -rfEs \
-  tests/flatten/test_gpu.py tests/activations/test_gpu.py tests/activations/test_ranks_gpu.py \
-  tests/test_private_torch_apis.py tests/core/test_cudnn_layout.py
+  "${GPU_TESTS[@]}" tests/test_private_torch_apis.py tests/core/test_cudnn_layout.py
 step 45 steps.log $PYTHON benchmarks/bench_flatten_gpu.py --size-mib 256 --tensors 200
 cp benchmarks/results/flatten_gpu.json "$OUT/" 2>/dev/null
 ls -la "$OUT"

@@ -100,7 +100,7 @@ def rnn_weights_replaced(rnn: torch.nn.RNNBase) -> bool:
     whose weights were replaced by new Parameters is not copied on every call.
     A weight whose `.data` was swapped keeps its object, and is.
     """
-    return bool(rnn._weights_have_changed())
+    return bool(rnn._weights_have_changed())  # type: ignore[no-untyped-call]
 
 
 def cudnn_flattens_rnn_weights() -> bool:
