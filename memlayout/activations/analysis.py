@@ -230,14 +230,23 @@ class _Step:
             self.step_mode.mark_from_inputs(adopted, adopted.untyped_storage().nbytes())
         return adopted
 
-    def _adopt(self, value: Any) -> Any:
-        """A real tensor given by the caller, converted to this world's tensors."""
+    def _adopt(self, value: Any, *, place: bool = True) -> Any:
+        """A real tensor given by the caller, converted to this world's tensors.
+
+        With `place`, a fake tensor is also put on the step's device, as the caller's
+        `.to(device)` of an input would; a model's tensors are placed together
+        afterwards (`place_fake_model`), so that views of one storage stay one.
+        """
         import torch
 
         if not isinstance(value, torch.Tensor) or self.mode == "real":
             return value
         if self.fake_mode is not None:
-            return value if _is_fake(value) else self.fake_mode.from_tensor(value)
+            fake = value if _is_fake(value) else self.fake_mode.from_tensor(value)
+            if place and fake.device.type != torch.device(self.device).type:
+                with self.fake_mode:
+                    fake = fake.to(self.device)
+            return fake
         return value.to("meta")
 
     def adopt_model(self, model: Any) -> Any:
@@ -250,7 +259,7 @@ class _Step:
                 continue
             if self.mode == "real":
                 continue
-            converted = self._adopt(tensor.detach())
+            converted = self._adopt(tensor.detach(), place=False)
             if isinstance(tensor, torch.nn.Parameter):
                 converted = torch.nn.Parameter(converted, requires_grad=tensor.requires_grad)
             memo[id(tensor)] = converted
