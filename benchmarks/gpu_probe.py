@@ -80,6 +80,18 @@ def context_section() -> dict[str, Any]:
             "driver_used_delta": free1 - free2,
         }
         del a, b
+    # A bias-add matmul goes through cuBLASLt, which may take a workspace of its own.
+    for dtype in (torch.float32, torch.bfloat16):
+        a = torch.randn(256, 256, device="cuda", dtype=dtype)
+        bias = torch.randn(256, device="cuda", dtype=dtype)
+        allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        out = torch.nn.functional.linear(a, a, bias)
+        torch.cuda.synchronize()
+        record[f"first_linear_with_bias_{str(dtype).removeprefix('torch.')}"] = {
+            "allocated_delta_beyond_output": torch.cuda.memory_allocated() - allocated - out.untyped_storage().nbytes(),
+            "reserved_delta": torch.cuda.memory_reserved() - reserved,
+        }
+        del a, bias, out
     stats = torch.cuda.memory_stats()
     record["allocator_stats_keys_sample"] = sorted(k for k in stats if k.startswith(("segment", "num_", "reserved_bytes.all")))
     record["driver_used_at_end"] = total - torch.cuda.mem_get_info()[0]
