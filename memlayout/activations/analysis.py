@@ -20,7 +20,7 @@ from memlayout.activations.facts import Trace
 from memlayout.activations.input_specs import InputSpec, parse_input_spec
 from memlayout.activations.optimizer import DEFAULT_OPTIMIZER, build_optimizer, check_optimizer
 from memlayout.activations.plan import Plan, Planner
-from memlayout.activations.step import LOSS_FROM_SUM, run_step
+from memlayout.activations.step import LOSS_FROM_SUM, Autocast, run_step
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
 from memlayout.errors import MemlayoutError, UsageError
 
@@ -69,6 +69,10 @@ class ActivationReport:
     plan: PlanResult | None
     notes: tuple[str, ...]
     trace: Trace
+    autocast: str | None = None
+    """bf16 or fp16 when forward and loss ran under `torch.autocast`; None otherwise."""
+    dtype: str | None = None
+    """bf16, fp16 or fp32 when the model's floating tensors were cast first (`--dtype`); None: as built."""
 
     @property
     def data_dependent(self) -> tuple[tuple[str, str, int], ...]:
@@ -134,6 +138,8 @@ class _Step:
         self.initial_modules: frozenset[tuple[str, str]] | None = None
         """(path, class) of every module as built, before any forward: what a plan may name."""
         self.optimizer: Any = None
+        self.autocast: Autocast | None = None
+        """Mixed precision around forward and loss (`--autocast`)."""
         self.args: tuple[Any, ...] = ()
         self.kwargs: dict[str, Any] = {}
         self.descriptions: tuple[str, ...] = ()
@@ -161,6 +167,17 @@ class _Step:
         if self.step_mode is not None:
             stack.enter_context(self.step_mode)
         return stack
+
+    def cast_inputs(self, dtype: Any) -> None:
+        """Floating inputs in `dtype`, as a pure low-precision training loop feeds its model."""
+        import torch
+
+        def cast(value: Any) -> Any:
+            return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+        with self.context():
+            self.args = tuple(cast(a) for a in self.args)
+            self.kwargs = {k: cast(v) for k, v in self.kwargs.items()}
 
     def make_inputs(self, inputs: InputsArg, kwargs: Mapping[str, Any] | None) -> None:
         import torch
@@ -278,7 +295,7 @@ class _Step:
         if self.optimizer is None:
             return
         with self.step_context():
-            run_step(self.model, self.args, self.kwargs)
+            run_step(self.model, self.args, self.kwargs, autocast=self.autocast)
         with self.step_context(default_device=False):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -301,7 +318,7 @@ class _Step:
                 self.step_mode.policy = policy
             trace = trace_step(
                 self.model, self.args, self.kwargs, device=self.device, mode=self.mode, notes=notes,
-                optimizer=self.optimizer,
+                optimizer=self.optimizer, autocast=self.autocast,
             )
         for parameter in self.model.parameters():
             parameter.grad = None
@@ -338,6 +355,8 @@ def analyze(
     mode: str = "fake",
     trust: bool = False,
     optimizer: str = DEFAULT_OPTIMIZER,
+    autocast: str | None = None,
+    dtype: str | None = None,
 ) -> ActivationReport:
     """Trace one training step of a model and report its activation memory (and a plan for `budget`).
 
@@ -354,6 +373,11 @@ def analyze(
         trust: Allow unpickling a module file.
         optimizer: adamw (default), adam, sgd (momentum 0.9) or none: the optimizer whose
             state and `step()` the peak includes (see optimizer.py).
+        autocast: bf16 or fp16: forward and loss under `torch.autocast` for the device's
+            type, with that device's op lists (CPU's differ from CUDA's); None for none.
+        dtype: bf16, fp16 or fp32: cast the model's floating parameters, buffers and inputs first,
+            as pure low-precision training does; the optimizer's state then follows the
+            parameters' dtype (torch's optimizers keep no float32 copy). None keeps the model's.
 
     Returns:
         An `ActivationReport`.
@@ -365,7 +389,7 @@ def analyze(
     """
     try:
         return _analyze(target, inputs, kwargs=kwargs, budget=budget, device=device, mode=mode, trust=trust,
-                        optimizer=optimizer)
+                        optimizer=optimizer, autocast=autocast, dtype=dtype)
     except MemlayoutError:
         raise
     except Exception as exc:
@@ -385,13 +409,22 @@ def _analyze(
     mode: str,
     trust: bool,
     optimizer: str,
+    autocast: str | None = None,
+    dtype: str | None = None,
 ) -> ActivationReport:
     import torch
+
+    from memlayout.activations.step import Autocast, torch_dtype
 
     if device == "meta":
         mode = "meta" if mode != "real" else mode
     check_optimizer(optimizer)
+    if autocast is not None and autocast not in ("bf16", "fp16"):
+        raise UsageError(f"unknown --autocast {autocast!r}", "use bf16 or fp16")
+    cast_to = torch_dtype(dtype) if dtype is not None else None
     step = _Step(mode, device)
+    if autocast is not None:
+        step.autocast = Autocast("cuda" if device.startswith("cuda") else "cpu", autocast)
     notes: list[str] = []
     if isinstance(target, torch.nn.Module):
         step.model = step.adopt_model(target)
@@ -416,7 +449,13 @@ def _analyze(
             from memlayout.activations.build import place_fake_model
 
             notes.extend(place_fake_model(step.model, step.device, step.context))
+    if cast_to is not None:
+        from memlayout.activations.build import cast_model
+
+        cast_model(step.model, cast_to, step.mode, step.device, step.context)
     step.make_inputs(inputs, kwargs)
+    if cast_to is not None:
+        step.cast_inputs(cast_to)
     if not step.args and not step.kwargs:
         raise UsageError("no inputs to run the step with", _inputs_hint(step.model))
     try:
@@ -436,6 +475,9 @@ def _analyze(
             "meta tensors have no device: kernels a device chooses (oneDNN's LSTM on CPU, fused attention) are "
             "not the ones traced; --device cpu or cuda traces those"
         )
+    if dtype in ("bf16", "fp16") and optimizer != "none":
+        notes.append(f"the optimizer's state is {dtype}, as torch's {optimizer} keeps it (each state tensor is "
+                     "zeros_like its parameter); an optimizer that keeps float32 master weights or state needs more")
     summary = summarize(baseline, cuda=step.device.startswith("cuda"))
     if baseline.assumptions:
         summary = _with_range(step, summary)
@@ -455,6 +497,8 @@ def _analyze(
         plan=plan,
         notes=tuple(notes),
         trace=baseline,
+        autocast=autocast,
+        dtype=dtype,
     )
 
 

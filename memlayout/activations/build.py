@@ -70,16 +70,22 @@ class TensorMover:
     objects are compared by identity: meta ones all report data pointer 0).
     """
 
-    def __init__(self, world: str, device: str, context: Callable[[], AbstractContextManager[Any]]) -> None:
+    def __init__(
+        self, world: str, device: str, context: Callable[[], AbstractContextManager[Any]], dtype: Any = None
+    ) -> None:
         self.world = world
         """"fake" or "meta"."""
         self.device = "meta" if world == "meta" else device
         self.context = context
+        self.dtype = dtype
+        """The dtype floating tensors are cast to (`--dtype`); None keeps each tensor's."""
         self._moved_parameters: dict[int, tuple[Any, Any]] = {}
         """id(source) -> (source, moved); the source is kept so that its id is not reused."""
         self._storages: dict[int, tuple[Any, Any]] = {}
 
     def holds(self, tensor: Any) -> bool:
+        if self._new_dtype(tensor) != tensor.dtype:
+            return False
         if self.world == "meta":
             return bool(tensor.is_meta)
         # A fake tensor on another device (a model adopted on the CPU, traced for CUDA) is moved.
@@ -99,19 +105,26 @@ class TensorMover:
             self._moved_parameters[id(tensor)] = known
         return known[1]
 
+    def _new_dtype(self, tensor: Any) -> Any:
+        return self.dtype if self.dtype is not None and tensor.is_floating_point() else tensor.dtype
+
     def _data(self, tensor: Any) -> Any:
         import torch
 
+        dtype = self._new_dtype(tensor)
         with self.context():
             if tensor.layout != torch.strided:
-                return torch.empty_like(tensor, device=self.device)
+                return torch.empty_like(tensor, device=self.device, dtype=dtype)
             storage = tensor.untyped_storage()
             known = self._storages.get(id(storage))
             if known is None:
-                moved = torch.empty((storage.nbytes(),), dtype=torch.uint8, device=self.device).untyped_storage()
+                # Offsets and strides count elements, so a cast storage keeps them with
+                # its bytes scaled by the itemsizes (as `.to(dtype)` of every view would).
+                nbytes = storage.nbytes() // tensor.element_size() * dtype.itemsize
+                moved = torch.empty((nbytes,), dtype=torch.uint8, device=self.device).untyped_storage()
                 known = (storage, moved)
                 self._storages[id(storage)] = known
-            empty = torch.empty((0,), dtype=tensor.dtype, device=self.device)
+            empty = torch.empty((0,), dtype=dtype, device=self.device)
             return empty.set_(known[1], tensor.storage_offset(), tensor.shape, tensor.stride())
 
     def move_model(self, model: Any) -> None:
@@ -121,6 +134,18 @@ class TensorMover:
                 for name, tensor in list(store.items()):
                     if tensor is not None:
                         store[name] = self.move(tensor)
+
+
+def cast_model(model: Any, dtype: Any, world: str, device: str, context: Callable[[], AbstractContextManager[Any]]) -> None:
+    """Cast the model's floating parameters and buffers to `dtype` in place, as `model.to(dtype)` does (`--dtype`).
+
+    Real tensors go through `Module.to`; fake and meta ones are re-made in their
+    world, for the reason `place_fake_model` gives.
+    """
+    if world == "real":
+        model.to(dtype)
+    else:
+        TensorMover(world, device, context, dtype=dtype).move_model(model)
 
 
 def place_fake_model(model: Any, device: str, context: Callable[[], AbstractContextManager[Any]]) -> list[str]:

@@ -24,6 +24,8 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
     return {
         **head(target=report.target, kind=report.target_kind, model_class=report.model_class, inputs=report.inputs,
                device=report.device, mode=report.mode, loss=report.loss, optimizer=report.optimizer),
+        "autocast": report.autocast,
+        "dtype": report.dtype,
         "summary": summary_dict(s),
         "modules": [
             {

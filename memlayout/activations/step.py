@@ -10,7 +10,8 @@ they do until the next step's `zero_grad()`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, NamedTuple
 
 from memlayout.core.object_tree import tree_leaves
 from memlayout.errors import UsageError
@@ -52,12 +53,40 @@ def pick_loss(output: Any) -> tuple[Any, str]:
     return total, LOSS_FROM_SUM
 
 
+class Autocast(NamedTuple):
+    """Mixed precision as `torch.autocast(device_type, dtype)` gives it, around forward and loss."""
+
+    device_type: str
+    """"cpu" or "cuda": autocast's op lists differ between the two."""
+    dtype: str
+    """"bf16" or "fp16"."""
+
+    def context(self) -> AbstractContextManager[Any]:
+        import torch
+
+        return torch.autocast(self.device_type, dtype=torch_dtype(self.dtype))
+
+
+PRECISION_NAMES = ("bf16", "fp16", "fp32")
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of a precision name: bf16, fp16 or fp32."""
+    import torch
+
+    known = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if name not in known:
+        raise UsageError(f"unknown precision {name!r}", "use bf16, fp16 or fp32")
+    return known[name]
+
+
 def run_step(
     model: Any,
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
     on_phase: Callable[[str], None] | None = None,
     optimizer: Any = None,
+    autocast: Autocast | None = None,
 ) -> tuple[Any, str]:
     """Forward, loss, backward, and the optimizer's step. Returns the detached loss and how it was picked.
 
@@ -67,13 +96,16 @@ def run_step(
         kwargs: Keyword inputs.
         on_phase: Called with "forward", "loss", "backward" and "optimizer" as each begins.
         optimizer: A torch optimizer over the model's parameters, or None.
+        autocast: Mixed precision for forward and loss; backward runs outside it, as
+            torch's autocast recipe has it (its ops run in the dtypes forward chose).
     """
     notify = on_phase or (lambda _phase: None)
     notify("forward")
-    output = model(*args, **kwargs)
-    notify("loss")
-    loss, how = pick_loss(output)
-    del output
+    with autocast.context() if autocast is not None else nullcontext():
+        output = model(*args, **kwargs)
+        notify("loss")
+        loss, how = pick_loss(output)
+        del output
     notify("backward")
     loss.backward()
     if optimizer is not None:

@@ -58,8 +58,12 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     grid.add_row("optimizer", optimizer, "its state", human_bytes(s.optimizer_bytes))
     live = ", ".join(f"{name.replace('_', ' ')} {human_bytes(v)}" for name, v in s.at_peak.items() if v)
     title = f"memlayout activations: {report.target or report.model_class}"
+    precision = "".join((
+        f" | autocast {report.autocast}" if report.autocast else "",
+        f" | parameters {report.dtype}" if report.dtype else "",
+    ))
     subtitle = (f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss} | "
-                f"optimizer: {report.optimizer}")
+                f"optimizer: {report.optimizer}{precision}")
     parts_out: list[Any] = [
         Panel(Group(grid, Text.assemble(("live at the peak", "bold"), f"  {live}")), title=title, subtitle=subtitle,
               title_align="left", expand=False)

@@ -40,7 +40,7 @@ from memlayout.activations.facts import (
 )
 from memlayout.activations.kernels import corrected_output_nbytes, forward_flops
 from memlayout.activations.optimizer import state_tensors
-from memlayout.activations.step import output_tensors, run_step
+from memlayout.activations.step import Autocast, output_tensors, run_step
 
 NODE_KEY = "memlayout.call"
 _MOVE_OPS = _torch.device_copy_ops()
@@ -528,6 +528,7 @@ def trace_step(
     notes: tuple[str, ...] = (),
     on_loss: Callable[[Any], None] | None = None,
     optimizer: Any = None,
+    autocast: Autocast | None = None,
 ) -> Trace:
     """Run one step of `model` on the inputs under the tracer and return its facts.
 
@@ -540,6 +541,7 @@ def trace_step(
         notes: Carried into the trace.
         on_loss: Receives the detached loss.
         optimizer: Steps after backward; its state counts from the start (see optimizer.py).
+        autocast: Mixed precision around forward and loss.
     """
     tracer = StepTracer(model, correct_kernels=mode != "real", optimizer=optimizer)
     with ExitStack() as stack:
@@ -553,7 +555,7 @@ def trace_step(
         tracer.register_state(args, kwargs)
         stack.enter_context(tracer)
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(tracer._pack, lambda tensor: tensor))
-        loss, how = run_step(model, args, kwargs, on_phase=tracer.set_phase, optimizer=optimizer)
+        loss, how = run_step(model, args, kwargs, on_phase=tracer.set_phase, optimizer=optimizer, autocast=autocast)
     if on_loss is not None:
         on_loss(loss)
     del loss

@@ -57,6 +57,17 @@ def activations_command(
     real: Annotated[bool, typer.Option("--real", help="Run the step for real on --device (uses the memory), as a check.")] = False,
     depth: Annotated[int, typer.Option("--depth", help="Module depth the table shows.", min=0)] = 3,
     optimizer: Annotated[str, typer.Option("--optimizer", help=OPTIMIZER_HELP, metavar="adamw|adam|sgd|none")] = DEFAULT_OPTIMIZER,
+    autocast: Annotated[
+        str | None,
+        typer.Option("--autocast", help="Run forward and loss under torch.autocast in this dtype, with --device's "
+                     "own op lists (CPU's differ from CUDA's); backward follows the dtypes forward chose.",
+                     metavar="bf16|fp16"),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option("--dtype", help="Cast the model's floating parameters and buffers to this dtype first, as "
+                     "pure low-precision training does, and floating inputs with them; the optimizer's state follows it.", metavar="bf16|fp16|fp32"),
+    ] = None,
     world_size: Annotated[
         int | None,
         typer.Option("--world-size", help="Predict each rank of N (with --fsdp) in this process, on fake tensors under "
@@ -112,6 +123,11 @@ def activations_command(
         distributed = {"--fsdp": fsdp, "--fsdp-modules": fsdp_modules, "--no-reshard-after-forward":
                        no_reshard_after_forward, "--param-dtype": param_dtype, "--reduce-dtype": reduce_dtype,
                        "--tp": tp != 1, "--allow-offload": allow_offload}
+        if (autocast or dtype) and world_size is not None:
+            raise UsageError(
+                f"{'--autocast' if autocast else '--dtype'} is not traced with --world-size yet",
+                "give FSDP2's mixed precision with --param-dtype and --reduce-dtype",
+            )
         if world_size is not None:
             from memlayout.activations.parallel import ShardingOptions
             from memlayout.activations.ranks import analyze_ranks
@@ -146,6 +162,7 @@ def activations_command(
             report = analyze(
                 target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
                 mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
+                autocast=autocast, dtype=dtype,
             )
         except BudgetUnreachableError as exc:
             print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memlayout.activations.step import pick_loss, run_step
+from memlayout.activations.step import Autocast, pick_loss, run_step
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,8 @@ def user_optimizer(model: torch.nn.Module, name: str) -> torch.optim.Optimizer |
 
 
 def _warm_up(
-    model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], seed: int, optimizer: str
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], seed: int, optimizer: str,
+    autocast: Autocast | None = None,
 ) -> torch.optim.Optimizer | None:
     """Seed, and with an optimizer run one untracked step first, so the measured step is a steady-state one."""
     for parameter in model.parameters():
@@ -61,7 +62,7 @@ def _warm_up(
     torch.manual_seed(seed)
     stepper = user_optimizer(model, optimizer)
     if stepper is not None:
-        run_step(model, args, kwargs)
+        run_step(model, args, kwargs, autocast=autocast)
         stepper.step()
         stepper.zero_grad(set_to_none=True)
     return stepper
@@ -76,7 +77,8 @@ def _take_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def memtracker_step(
-    model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], seed: int = 0, optimizer: str = "adamw"
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], seed: int = 0, optimizer: str = "adamw",
+    autocast: Autocast | None = None,
 ) -> RealStep:
     """Run one real training step under torch.distributed._tools.MemTracker; returns its peak, the loss and the
     gradients.
@@ -86,7 +88,7 @@ def memtracker_step(
     """
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    stepper = _warm_up(model, args, kwargs, seed, optimizer)
+    stepper = _warm_up(model, args, kwargs, seed, optimizer, autocast)
     tracker = MemTracker()
     # MemTracker hooks every parameter's gradient, and torch refuses a hook on one that does not require grad:
     # a frozen parameter never gets a gradient, so it is marked as hooked already (MemTracker removes the
@@ -96,7 +98,7 @@ def memtracker_step(
             tracker._param_to_grad_hook_handles[parameter] = (_NoHook(), _NoHook())
     tracker.track_external(model, *args, *kwargs.values(), *([stepper] if stepper is not None else []))
     with tracker:
-        loss, _ = run_step(model, args, kwargs)
+        loss, _ = run_step(model, args, kwargs, autocast=autocast)
         if stepper is not None:
             stepper.step()
     peak = sum(snapshot["Total"] for snapshot in tracker.get_tracker_snapshot("peak").values())

@@ -1,0 +1,90 @@
+"""Mixed precision and low-precision parameters (issue 27, section 1), against real CPU steps.
+
+`--autocast bf16` traces forward and loss under torch.autocast("cpu", bfloat16), with
+CPU's own op lists; `--dtype bf16` casts the model first, as pure-bf16 training
+does. Each prediction is held to MemTracker's peak of the same real step, as the
+float32 predictions are (test_accuracy.py), within 2%.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import memlayout.activations as act
+from memlayout.activations.step import Autocast
+from memlayout.cli.app import app
+from tests.activations import models
+from tests.activations.measure import memtracker_step
+
+CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+    "gpt2": (lambda: models.gpt2(), lambda: models.token_inputs(4, 32, 500)),
+    "llama": (lambda: models.llama(), lambda: models.token_inputs(4, 32, 500)),
+    "flat-cnn": (lambda: models.flat_cnn(), lambda: models.image_inputs(4, 32)),
+}
+
+
+def within_2_percent(predicted: int, measured: int) -> bool:
+    return abs(predicted - measured) <= 0.02 * measured
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_autocast_bf16_prediction_matches_the_real_cpu_step(case: str) -> None:
+    build, make_inputs = CASES[case]
+    args, kwargs = make_inputs()
+    report = act.analyze(build(), list(args), kwargs=kwargs, autocast="bf16")
+    real = memtracker_step(build(), args, kwargs, autocast=Autocast("cpu", "bf16"))
+    assert report.autocast == "bf16"
+    assert within_2_percent(report.summary.peak_bytes, real.peak_bytes), (report.summary.peak_bytes, real.peak_bytes)
+    # autocast changed the step: the float32 prediction of the same model is another figure.
+    plain = act.analyze(build(), list(args), kwargs=kwargs)
+    assert plain.summary.peak_bytes != report.summary.peak_bytes
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pure_bf16_prediction_matches_the_real_cpu_step(case: str) -> None:
+    build, make_inputs = CASES[case]
+    args, kwargs = make_inputs()
+    report = act.analyze(build(), list(args), kwargs=kwargs, dtype="bf16")
+    def bf16(value: Any) -> Any:
+        return value.to(torch.bfloat16) if value.is_floating_point() else value
+
+    args, kwargs = tuple(bf16(a) for a in args), {k: bf16(v) for k, v in kwargs.items()}
+    real = memtracker_step(build().to(torch.bfloat16), args, kwargs)
+    assert report.dtype == "bf16"
+    assert report.summary.parameter_bytes == sum(p.numel() * 2 for p in build().parameters())
+    assert within_2_percent(report.summary.peak_bytes, real.peak_bytes), (report.summary.peak_bytes, real.peak_bytes)
+    assert any("optimizer's state is bf16" in note for note in report.notes)
+
+
+def test_the_cli_traces_autocast_and_says_so() -> None:
+    result = CliRunner().invoke(app, [
+        "activations", "tests.activations.models:flat_cnn", "--input", "float32[4,3,32,32]", "--autocast", "bf16",
+        "--format", "json",
+    ])
+    assert result.exit_code == 0, result.output
+    import json
+
+    data = json.loads(result.stdout)
+    assert data["autocast"] == "bf16" and data["dtype"] is None
+
+
+def test_autocast_with_world_size_is_refused_in_one_line() -> None:
+    result = CliRunner().invoke(app, [
+        "activations", "tests.activations.models:flat_cnn", "--input", "float32[4,3,32,32]", "--autocast", "bf16",
+        "--world-size", "2",
+    ])
+    assert result.exit_code == 2
+    assert "--autocast is not traced with --world-size" in result.stderr
+
+
+def test_an_unknown_precision_is_refused_in_one_line() -> None:
+    result = CliRunner().invoke(app, [
+        "activations", "tests.activations.models:flat_cnn", "--input", "float32[4,3,32,32]", "--dtype", "int8",
+    ])
+    assert result.exit_code == 2
+    assert "unknown precision 'int8'" in result.stderr
