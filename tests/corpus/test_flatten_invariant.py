@@ -22,8 +22,6 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::U
 
 # Findings on flatten's output whose hint still names flatten, which leaves OUT as it is.
 _KNOWN = {
-    "views.pt": "ML201's hint offers flatten for a strided view that shares its bytes with a dense one; "
-    "flatten copies such a region byte for byte, strides kept",
     "model.safetensors": "ML401 on a safetensors file: the data section is one storage, so no RNN in it starts at "
     "byte 0 of its own storage, and the hint still offers flatten (issue 26, defect 2)",
 }
