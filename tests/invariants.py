@@ -15,11 +15,15 @@ broken property of the records and the facts built from them:
 - every storage whose bytes are located lies inside its file, and holds at
   least the bytes its records say;
 - a storage's used, padding and unused bytes add up to its size.
+
+`after_flatten_violations(source, flat, folder)` asks the same of flatten's
+output: checking the fix memlayout recommends never fails (issue 26).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 _SHOWN = 20
@@ -136,4 +140,55 @@ def violations(path: str) -> list[str]:
         except MemlayoutError:
             return found[:_SHOWN]
         found += _fact_violations(facts)
+    return found[:_SHOWN]
+
+
+# Findings `memlayout flatten` removes (ML501 and ML602 too: OUT is one device, a current zip).
+FIXED_BY_FLATTEN = frozenset({"ML201", "ML203", "ML204", "ML301", "ML401", "ML501", "ML602"})
+_SENDS_TO_FLATTEN = re.compile(r"memlayout[ .]flatten")
+
+
+def after_flatten_violations(source: str, flat: str, folder: str, moved_to: str | None = None) -> list[str]:
+    """What `diff SOURCE FLAT` and `inspect FLAT` say that flatten should have made untrue (issue 26).
+
+    flatten's output is what memlayout recommends, so checking it must not fail:
+    `diff SOURCE FLAT --fail-on warning` exits 0, FLAT's storages waste no byte
+    (flatten copies only used bytes; its alignment is padding), and no finding on
+    FLAT sends the user to flatten, which would leave FLAT as it is.
+
+    Args:
+        source: A file or directory flatten read.
+        flat: What `memlayout flatten SOURCE -o FLAT` wrote.
+        folder: An empty directory for the reports.
+        moved_to: The `--device` flatten was given: diff's warnings that tensors
+            moved there are what the user asked for, not regressions.
+
+    Returns:
+        One line per broken property; empty when flatten's output checks clean.
+    """
+    import json
+    from pathlib import Path
+
+    from memlayout.cli.app import main
+
+    diff_report, inspect_report = Path(folder) / "diff.json", Path(folder) / "inspect.json"
+    found: list[str] = []
+    code = main(["diff", source, flat, "--fail-on", "warning", "--format", "json", "-o", str(diff_report)])
+    changes = json.loads(diff_report.read_text())["changes"] if code in (0, 1) else []
+    regressions = [
+        f"{c['severity']} {c['kind']}: {c['message']}" for c in changes
+        if c["severity"] != "info" and not (moved_to and c["kind"] == "device" and c["after"] == moved_to)
+    ]
+    if regressions or (code != 0 and not (moved_to and code == 1)):
+        found.append(f"diff exits {code}: " + "; ".join(regressions))
+    main(["inspect", flat, "--fail-on", "never", "--format", "json", "-o", str(inspect_report)])
+    report = json.loads(inspect_report.read_text())
+    found += [
+        f"storage {s['id']} wastes {s['unused_bytes']} bytes ({s['padding_bytes']} padding)"
+        for s in report["storages"] if s["unused_bytes"]
+    ]
+    found += [
+        f"{f['code']} on flatten's output sends the user to flatten: {f['message']}"
+        for f in report["findings"] if _SENDS_TO_FLATTEN.search(f["hint"])
+    ]
     return found[:_SHOWN]

@@ -66,12 +66,14 @@ torch.save({"proj.weight": weight.t().contiguous()}, "model.pt")
 )
 def non_contiguous(ctx: RuleContext) -> Iterator[Finding]:
     deliberate: set[str] | None = None
+    sharing: set[str] = set()
     hint = ""
     for tensor in ctx.facts.model_tensors():
         if tensor.memory_format is MemoryFormat.STRIDED and not tensor.self_overlapping and tensor.numel > 1:
             if deliberate is None:
-                # Both once, at the first candidate: the hint depends only on the source.
+                # All once, at the first candidate: the hint depends only on the source.
                 deliberate = _views_equal_to_a_dense_view(ctx)
+                sharing = {name for group in ctx.facts.alias_groups for name in group.tensors}
                 hint = f"store it contiguous (`p.data = p.data.contiguous()`), or {flatten_hint(ctx.facts.source)}"
             if tensor.name in deliberate:
                 continue
@@ -79,8 +81,16 @@ def non_contiguous(ctx: RuleContext) -> Iterator[Finding]:
                 (tensor.name,),
                 f"{tensor.name} (shape {list(tensor.shape)}, stride {list(tensor.stride)}) is not contiguous",
                 storage=tensor.storage,
-                hint=hint,
+                # flatten copies bytes that several views share as they are, strides
+                # kept, so that sharing survives: it cannot make this one dense.
+                hint=_SHARED_HINT if tensor.name in sharing else hint,
             )
+
+
+_SHARED_HINT = (
+    "store it contiguous (`p.data = p.data.contiguous()`, which gives it memory of its own); flatten keeps it "
+    "strided, because it shares bytes with another tensor and must stay a view of them"
+)
 
 
 def _conv_format(tensor: TensorFact) -> MemoryFormat | None:

@@ -19,6 +19,7 @@ import torch
 from memlayout.cli.app import main
 from memlayout.flatten.apply import as_bits
 from memlayout.pipeline.inspection import run_inspection
+from tests.invariants import after_flatten_violations
 from tests.realworld.expected import EXPECTED
 from tests.realworld.oracle import torch_view
 
@@ -65,6 +66,10 @@ def test_flatten_on_a_cpu_machine_keeps_every_device_the_file_records(
     found_after = {f.code for f in run_inspection(str(out)).findings}
     assert not found_after & FIXED_WITH_DEVICES_KEPT, found_after
     assert ("ML501" in found_after) == ("ML501" in found_before)
+    # Checking the fix never fails: diff finds no regression, OUT wastes nothing (issue 26).
+    reports = tmp_path / "after-flatten"
+    reports.mkdir()
+    assert after_flatten_violations(str(path), str(out), str(reports)) == []
 
 
 @pytest.mark.parametrize("name", ["resemblyzer", "medaka-hac-v6"])

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 import memlayout
+from memlayout.cli.app import main
 from memlayout.rules import RULES, RuleConfig
 from tests import models
 from tests.pipeline import sharded_builders as sharded
@@ -153,6 +155,20 @@ def test_rnn_packed_in_parameter_name_order_is_not_where_cudnn_expects_it() -> N
 def test_weight_drop_state_dict_shows_the_raw_pattern() -> None:
     state = models.WeightDropLSTM().state_dict()
     assert "ML402" in codes(state)
+
+
+def test_non_contiguous_offers_flatten_only_where_flatten_makes_the_tensor_dense(tmp_path: Path) -> None:
+    # Issue 26: a strided view sharing bytes with another stays strided in flatten's
+    # output (its region is copied as it is), so a hint that offers flatten there
+    # would be offered again on flatten's own output.
+    base = torch.arange(64, dtype=torch.float32)
+    source, out = tmp_path / "views.pt", tmp_path / "flat.pt"
+    torch.save({"lone": torch.randn(4, 8).t(), "b": base[8:40].view(4, 8).t(), "c": base}, source)
+    hints = {f.tensors[0]: f.hint for f in memlayout.inspect(str(source)).findings if f.code == "ML201"}
+    assert "memlayout flatten" in hints["lone"] and "memlayout flatten" not in hints["b"]
+    assert main(["flatten", str(source), "-o", str(out)]) == 0
+    (after,) = [f for f in memlayout.inspect(str(out)).findings if f.code == "ML201"]
+    assert after.tensors == ("b",) and after.hint == hints["b"]
 
 
 def test_a_transposed_view_keeps_a_declared_tie() -> None:
