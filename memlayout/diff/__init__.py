@@ -115,16 +115,16 @@ def _name_hint(a: Report, b: Report, names: NameMap) -> str | None:
 
     a_names = [n for t in a.facts.tensors for n in t.names]
     b_names = [n for t in b.facts.tensors for n in t.names]
-    suggestion = suggest_strip_prefixes(a_names, b_names, names)
+    now = matching_keys(a_names, b_names, names)
+    suggestion = suggest_strip_prefixes(a_names, b_names, names, now)
     if suggestion is not None:
         prefixes, found = suggestion
         flags = " ".join(f"--strip-prefix {shlex.quote(p)}" for p in prefixes)
-        now = max(matching_keys(a_names, b_names, names), 0)
         return (
-            f"only {now} of A's {len(a_names)} names match B's {len(b_names)}; "
+            f"only {max(now, 0)} of A's {len(a_names)} names match B's {len(b_names)}; "
             f"rerun with {flags} to match {found} of them"
         )
-    if a_names and b_names and matching_keys(a_names, b_names, names) == 0:
+    if a_names and b_names and now == 0:
         return (
             f"no tensor name of A matches one of B (A has {a_names[0]}, B has {b_names[0]}): different models, "
             "or one model under other names; --map OLD=NEW matches names that differ by a prefix"

@@ -108,20 +108,24 @@ def matching_keys(a_names: Iterable[str], b_names: Iterable[str], names: NameMap
     return len(keys_a.keys() & keys_b.keys())
 
 
-def suggest_strip_prefixes(a_names: list[str], b_names: list[str], names: NameMap) -> tuple[tuple[str, ...], int] | None:
+def suggest_strip_prefixes(
+    a_names: list[str], b_names: list[str], names: NameMap, now: int | None = None
+) -> tuple[tuple[str, ...], int] | None:
     """The `--strip-prefix` values that would match at least half the names, when the given ones match fewer.
 
     Args:
         a_names: Every tensor name of A.
         b_names: Every tensor name of B.
         names: The matching the diff ran with; suggestions are added to its prefixes.
+        now: `matching_keys` under `names`, when the caller has it.
 
     Returns:
         (prefixes to add, names they match), fewest prefixes first among the best;
         None when the names already match or no wrapper prefix makes them.
     """
     smaller = min(len(a_names), len(b_names))
-    now = matching_keys(a_names, b_names, names)
+    if now is None:
+        now = matching_keys(a_names, b_names, names)
     if not smaller or now >= _WRAPPER_SHARE * smaller:
         return None
     prefixes_a, prefixes_b = _wrapper_prefixes(a_names), _wrapper_prefixes(b_names)
