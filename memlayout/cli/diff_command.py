@@ -2,6 +2,7 @@
 
 # Annotations evaluated at import, for typer (see memlayout.cli.app).
 
+import sys
 from typing import Annotated
 
 import typer
@@ -98,5 +99,8 @@ def diff_command(
             write_output(page(render).render_pieces(diff), html)
         formatter = supported(to_format(output_format).diff, output_format, Command.DIFF)(render)
         write_output(formatter.render_pieces(diff), output)
+        if diff.name_hint is not None:
+            # A hint, not data: stderr, so that --format json stays one document.
+            print(f"memlayout: hint: {diff.name_hint}", file=sys.stderr)
     if diff.fails(settings.fail_on):
         raise typer.Exit(1)

@@ -15,6 +15,7 @@ from typing import Any
 from memlayout.diff.changes import Change, ChangeKind, DiffReport
 from memlayout.diff.names import NameMap
 from memlayout.load.records import DeclaredTie, LoadedSource
+from memlayout.pipeline.inspection import Report
 from memlayout.rules import RuleConfig
 
 _RULE_DEFAULTS = RuleConfig()
@@ -102,7 +103,33 @@ def run_diff(
     return DiffReport(
         report_a, report_b, tuple(changes), matched,
         strip_prefixes=options.names.strip_prefixes, renames=options.names.renames, deep=options.deep,
+        name_hint=_name_hint(report_a, report_b, options.names),
     )
+
+
+def _name_hint(a: Report, b: Report, names: NameMap) -> str | None:
+    """What to pass when few names match: the --strip-prefix that lines them up, or that none does."""
+    import shlex
+
+    from memlayout.diff.names import matching_keys, suggest_strip_prefixes
+
+    a_names = [n for t in a.facts.tensors for n in t.names]
+    b_names = [n for t in b.facts.tensors for n in t.names]
+    now = matching_keys(a_names, b_names, names)
+    suggestion = suggest_strip_prefixes(a_names, b_names, names, now)
+    if suggestion is not None:
+        prefixes, found = suggestion
+        flags = " ".join(f"--strip-prefix {shlex.quote(p)}" for p in prefixes)
+        return (
+            f"only {max(now, 0)} of A's {len(a_names)} names match B's {len(b_names)}; "
+            f"rerun with {flags} to match {found} of them"
+        )
+    if a_names and b_names and now == 0:
+        return (
+            f"no tensor name of A matches one of B (A has {a_names[0]}, B has {b_names[0]}): different models, "
+            "or one model under other names; --map OLD=NEW matches names that differ by a prefix"
+        )
+    return None
 
 
 def _config_ties(source: LoadedSource, names: list[str]) -> list[DeclaredTie]:
@@ -111,7 +138,7 @@ def _config_ties(source: LoadedSource, names: list[str]) -> list[DeclaredTie]:
 
     if source.path is None or not os.path.isdir(source.path) or not is_hf_dir(source.path):
         return []
-    return config_ties(source.path, names)
+    return config_ties(source.path, names, stored=[t.name for t in source.tensors])
 
 
 __all__ = ["Change", "ChangeKind", "DiffOptions", "DiffReport", "NameMap", "run_diff"]

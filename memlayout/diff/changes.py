@@ -79,6 +79,8 @@ class DiffReport:
     strip_prefixes: tuple[str, ...] = ()
     renames: tuple[tuple[str, str], ...] = ()
     deep: bool = False
+    name_hint: str | None = None
+    """When few names match: the --strip-prefix that would match them, or that none would."""
 
     def counts(self) -> dict[str, int]:
         """Change counts by severity."""

@@ -55,9 +55,15 @@ class _Side:
         key_of: Callable[[str], str],
         ties: Iterable[tuple[str, str]],
         restoring: Iterable[DeclaredTie],
+        other_keys: set[str] | frozenset[str] = frozenset(),
     ) -> _Side:
         side = cls(report, label, key_of)
         side.names = keyed((n for t in report.facts.tensors for n in t.names), key_of, label)
+        # `restoring` is this side's config asked about the other side's names too. A
+        # name only the other side stores is restored here only when the other side
+        # also stores the name it is restored from: one model saved two ways, not a
+        # GPT-2 config tying a Llama's lm_head.weight.
+        restoring = [tie for tie in restoring if side._restores_here(key_of(tie.target), key_of(tie.source), other_keys)]
         for group in report.facts.alias_groups:
             for pair in group.pairs:
                 names = frozenset((pair.first, pair.second))
@@ -76,6 +82,10 @@ class _Side:
             elif ks not in side.names and kt in side.names:
                 side.restored.setdefault(ks, (kt, declared_by))
         return side
+
+    def _restores_here(self, target: str, source: str, other_keys: set[str] | frozenset[str]) -> bool:
+        stored = [key for key in (target, source) if key in self.names]
+        return len(stored) == 2 or (len(stored) == 1 and stored[0] in other_keys)
 
     def view(self, key: str) -> TensorFact | None:
         """The view a key reaches, stored or restored."""
@@ -152,8 +162,10 @@ def compare_reports(
         UsageError: two names of one side become one key.
     """
     ties = tuple(ties)
-    side_a = _Side.build(a, "A", names.key_in_a, (), restoring_a)
-    side_b = _Side.build(b, "B", names.key_in_b, ties, restoring_b)
+    keys_a = set(keyed((n for t in a.facts.tensors for n in t.names), names.key_in_a, "A"))
+    keys_b = set(keyed((n for t in b.facts.tensors for n in t.names), names.key_in_b, "B"))
+    side_a = _Side.build(a, "A", names.key_in_a, (), restoring_a, keys_b)
+    side_b = _Side.build(b, "B", names.key_in_b, ties, restoring_b, keys_a)
     changes: list[Change] = []
     changes += _membership(side_a, side_b)
     matched_keys = [k for k in side_a.names.keys() | side_a.restored.keys() if side_b.has(k)]
@@ -351,17 +363,36 @@ def _finding_key(side: _Side, finding: Finding) -> tuple[str, frozenset[str]]:
     return finding.code, frozenset(side.key_of(n) for n in finding.tensors)
 
 
+def _keys_by_code(side: _Side) -> dict[str, set[str]]:
+    """rule code -> every key its findings on this side name."""
+    keys: dict[str, set[str]] = {}
+    for finding in side.report.findings:
+        keys.setdefault(finding.code, set()).update(side.key_of(n) for n in finding.tensors)
+    return keys
+
+
 def _findings(a: _Side, b: _Side) -> Iterator[Change]:
+    # A rule may report many tensors in one finding (ML203 names every misaligned
+    # tensor of a file), so the same rule on both sides with other tensors is
+    # neither wholly new nor wholly resolved. By tensor, then: B's finding is new
+    # when it names a tensor A's findings of that rule did not; A's is resolved
+    # when a tensor it names is still in B and B's findings of that rule no longer
+    # name it. A tensor B does not have is reported as removed, not as resolved.
     in_a = {_finding_key(a, f) for f in a.report.findings}
     in_b = {_finding_key(b, f) for f in b.report.findings}
+    keys_a, keys_b = _keys_by_code(a), _keys_by_code(b)
     for finding in b.report.findings:
-        if _finding_key(b, finding) not in in_a:
+        code, keys = _finding_key(b, finding)
+        if (code, keys) not in in_a and (not keys or not keys <= keys_a.get(code, set())):
             yield Change(
                 ChangeKind.FINDING_NEW, finding.severity, tuple(b.key_of(n) for n in finding.tensors),
                 f"B has {finding.code} {finding.name}: {finding.message}", b_names=finding.tensors,
             )
     for finding in a.report.findings:
-        if _finding_key(a, finding) not in in_b:
+        code, keys = _finding_key(a, finding)
+        if (code, keys) in in_b:
+            continue
+        if not keys or any(b.has(key) and key not in keys_b.get(code, set()) for key in keys):
             yield Change(
                 ChangeKind.FINDING_RESOLVED, Severity.INFO, tuple(a.key_of(n) for n in finding.tensors),
                 f"A had {finding.code} {finding.name}, B has not: {finding.message}", a_names=finding.tensors,

@@ -79,3 +79,62 @@ def keyed(names: Iterable[str], key: Callable[[str], str], side: str) -> dict[st
             )
         by_key[k] = name
     return by_key
+
+
+# A wrapper prefix (DDP's `module.`, torch.compile's `_orig_mod.`, a script's
+# `model.`) covers nearly every name of its side; prefixes on fewer than half the
+# names are parts of the model, not a wrapper, and are not suggested.
+_WRAPPER_SHARE = 0.5
+_WRAPPER_DEPTH = 3
+
+
+def _wrapper_prefixes(names: list[str]) -> list[str]:
+    counts: dict[str, int] = {}
+    for name in names:
+        parts = name.split(".")
+        for depth in range(1, min(_WRAPPER_DEPTH, len(parts) - 1) + 1):
+            prefix = ".".join(parts[:depth]) + "."
+            counts[prefix] = counts.get(prefix, 0) + 1
+    return [p for p, n in counts.items() if n >= _WRAPPER_SHARE * len(names)]
+
+
+def matching_keys(a_names: Iterable[str], b_names: Iterable[str], names: NameMap) -> int:
+    """How many of A's names meet one of B's under `names`; -1 when a side's names collide."""
+    try:
+        keys_a = keyed(a_names, names.key_in_a, "A")
+        keys_b = keyed(b_names, names.key_in_b, "B")
+    except UsageError:
+        return -1
+    return len(keys_a.keys() & keys_b.keys())
+
+
+def suggest_strip_prefixes(
+    a_names: list[str], b_names: list[str], names: NameMap, now: int | None = None
+) -> tuple[tuple[str, ...], int] | None:
+    """The `--strip-prefix` values that would match at least half the names, when the given ones match fewer.
+
+    Args:
+        a_names: Every tensor name of A.
+        b_names: Every tensor name of B.
+        names: The matching the diff ran with; suggestions are added to its prefixes.
+        now: `matching_keys` under `names`, when the caller has it.
+
+    Returns:
+        (prefixes to add, names they match), fewest prefixes first among the best;
+        None when the names already match or no wrapper prefix makes them.
+    """
+    smaller = min(len(a_names), len(b_names))
+    if now is None:
+        now = matching_keys(a_names, b_names, names)
+    if not smaller or now >= _WRAPPER_SHARE * smaller:
+        return None
+    prefixes_a, prefixes_b = _wrapper_prefixes(a_names), _wrapper_prefixes(b_names)
+    candidates: list[tuple[str, ...]] = [(p,) for p in dict.fromkeys(prefixes_a + prefixes_b)]
+    candidates += [(pa, pb) for pa in prefixes_a for pb in prefixes_b if pa != pb]
+    best: tuple[tuple[str, ...], int] | None = None
+    for candidate in candidates:
+        trial = NameMap(names.strip_prefixes + candidate, names.renames)
+        found = matching_keys(a_names, b_names, trial)
+        if found > now and found >= _WRAPPER_SHARE * smaller and (best is None or found > best[1]):
+            best = (candidate, found)
+    return best

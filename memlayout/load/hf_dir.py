@@ -247,7 +247,7 @@ def pickled_shards_source(
     return merged
 
 
-def config_ties(path: str, names: list[str]) -> list[DeclaredTie]:
+def config_ties(path: str, names: list[str], stored: list[str] | None = None) -> list[DeclaredTie]:
     """The ties a model directory's config.json declares for any of `names`, stored or not.
 
     The loader declares ties among the tensors a directory stores. A comparison
@@ -258,15 +258,16 @@ def config_ties(path: str, names: list[str]) -> list[DeclaredTie]:
     Args:
         path: The model directory.
         names: Candidate tensor names, e.g. the stored ones plus another checkpoint's.
+        stored: The names the directory stores: a tie's kept end is one of them.
 
     Returns:
-        `declared_ties(config, names)`; empty without a readable config.json.
+        `declared_ties(config, names, stored=stored)`; empty without a readable config.json.
     """
     config_path = os.path.join(path, CONFIG)
     if not os.path.isfile(config_path):
         return []
     config = _read_json(config_path, "model config")
-    return declared_ties(config, names) if isinstance(config, dict) else []
+    return declared_ties(config, names, stored=stored) if isinstance(config, dict) else []
 
 
 def weight_files(path: str) -> tuple[list[str], bool]:

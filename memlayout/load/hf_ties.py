@@ -66,13 +66,19 @@ def _first_by_suffix(names: list[str], suffixes: tuple[str, ...]) -> str | None:
     return None
 
 
-def declared_ties(config: dict[str, Any], names: list[str], declared_by: str = "config.json") -> list[DeclaredTie]:
+def declared_ties(
+    config: dict[str, Any], names: list[str], declared_by: str = "config.json", stored: list[str] | None = None
+) -> list[DeclaredTie]:
     """Ties a Hugging Face config declares, for the tensors present.
 
     Args:
         config: The parsed config.json (or a pickled model's config state).
         names: Every tensor name in the checkpoint.
         declared_by: Where the config came from, for messages.
+        stored: The names the checkpoint itself stores, when `names` also holds
+            another checkpoint's: the input embedding a head is restored from is
+            one of these (a GPT-2 config restores lm_head.weight from its own
+            transformer.wte.weight, never from a Llama's model.embed_tokens.weight).
 
     Returns:
         Output head -> input embedding ties when `tie_word_embeddings` holds
@@ -85,7 +91,7 @@ def declared_ties(config: dict[str, Any], names: list[str], declared_by: str = "
     if tie_words is None and isinstance(text_config, dict):
         tie_words = text_config.get("tie_word_embeddings")
     if tie_words is None or bool(tie_words):
-        embedding = _first_by_suffix(names, INPUT_EMBEDDING_SUFFIXES)
+        embedding = _first_by_suffix(names if stored is None else stored, INPUT_EMBEDDING_SUFFIXES)
         if embedding is not None:
             for name in names:
                 if name != embedding and any(
@@ -94,7 +100,7 @@ def declared_ties(config: dict[str, Any], names: list[str], declared_by: str = "
                     ties.append(DeclaredTie(name, embedding, f"{declared_by} tie_word_embeddings"))
     if config.get("tie_encoder_decoder"):
         present = set(names)
-        for name in names:
+        for name in names if stored is None else stored:
             head, sep, rest = name.partition("encoder.")
             if sep and (head == "" or head.endswith(".")):
                 partner = f"{head}decoder.{rest}"

@@ -9,6 +9,7 @@ memlayout's reading.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -104,10 +105,40 @@ def test_sharded_untied_head_names_two_storages(tmp_path: Path) -> None:
     assert "(storages s0 and s1)" in message or "(storages s1 and s0)" in message, message
 
 
-def _from_pretrained(directory: Path, transformers_dir: str | None) -> dict[str, object]:
+def _from_pretrained_here(directory: Path) -> dict[str, object]:
+    """The installed transformers, in this process: a subprocess would spend most of its time importing it."""
+    import transformers
+
+    stored = load_file(str(directory / "model.safetensors"))
+    # Another test module may have quietened transformers' logger; its warning is part of the claim.
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_warning()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    library_logger = logging.getLogger("transformers")
+    library_logger.addHandler(handler)
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(directory)
+    finally:
+        library_logger.removeHandler(handler)
+        transformers.logging.set_verbosity(verbosity)
+    logged = "\n".join(record.getMessage() for record in records)
+    head, embed = model.lm_head.weight, model.model.embed_tokens.weight
+    return {
+        "version": transformers.__version__,
+        "tied": head.data_ptr() == embed.data_ptr(),
+        "head_is_files_head": torch.equal(head, stored["lm_head.weight"]),
+        "head_is_files_embedding": torch.equal(head, stored["model.embed_tokens.weight"]),
+        "embedding_is_files_embedding": torch.equal(embed, stored["model.embed_tokens.weight"]),
+        "embedding_is_files_head": torch.equal(embed, stored["lm_head.weight"]),
+        "warned": "NOT tie" in logged,
+    }
+
+
+def _from_pretrained(directory: Path, transformers_dir: str) -> dict[str, object]:
     env = dict(os.environ)
-    if transformers_dir is not None:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (transformers_dir, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (transformers_dir, env.get("PYTHONPATH", "")) if p)
     done = subprocess.run(
         [sys.executable, "-c", _LOAD, str(directory)], capture_output=True, text=True, env=env, timeout=300, check=False
     )
@@ -124,7 +155,10 @@ def test_from_pretrained_does_what_ml103_says(untied_llama: Path, transformers_d
     pytest.importorskip("transformers")
     message = _broken_tie(untied_llama)
     assert FROM_PRETRAINED_WITH_DIFFERENT_VALUES in message
-    outcome = _from_pretrained(untied_llama, transformers_dir)
+    if transformers_dir is None:
+        outcome = _from_pretrained_here(untied_llama)
+    else:
+        outcome = _from_pretrained(untied_llama, transformers_dir)
     major = int(str(outcome["version"]).split(".")[0])
     if major >= 5:
         # "transformers 5's from_pretrained warns and leaves them untied (two copies that train apart)"
