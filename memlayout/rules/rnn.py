@@ -8,6 +8,9 @@ from memlayout.core.cudnn_layout import rnn_layout_problem
 from memlayout.core.flatten_support import flatten_hint
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 
+KEPT_BY_TORCH_LOAD = ("torch-zip", "torch-legacy", "torch-legacy-tar", "hf-pytorch")
+"""Formats whose storages `torch.load` rebuilds as the file lays them out."""
+
 
 @rule(
     "ML401",
@@ -84,7 +87,13 @@ def rnn_not_flat(ctx: RuleContext) -> Iterator[Finding]:
         label = f"{rnn.mode} {module.path or '(root)'}: {problem}"
         first = ctx.facts.tensor(rnn.flat_weight_names[0])
         on_cuda = first is not None and first.device.startswith("cuda")
-        store_flat = f"to store them in cuDNN's layout anyway, {flatten_hint(ctx.facts.source)}"
+        # Only torch.load keeps a file's storages: safetensors, DCP and the others load each
+        # tensor on its own, so storing cuDNN's layout in them changes nothing.
+        store_flat = (
+            f"to store them in cuDNN's layout anyway, {flatten_hint(ctx.facts.source)}"
+            if ctx.facts.source.path is None or ctx.facts.source.format in KEPT_BY_TORCH_LOAD
+            else "its loader gives each tensor its own memory, whatever the file's layout"
+        )
         if rnn.known_from == "names":
             yield rnn_not_flat.finding(
                 rnn.flat_weight_names,

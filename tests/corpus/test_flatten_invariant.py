@@ -21,10 +21,7 @@ from tests.invariants import after_flatten_violations
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
 
 # Findings on flatten's output whose hint still names flatten, which leaves OUT as it is.
-_KNOWN = {
-    "model.safetensors": "ML401 on a safetensors file: the data section is one storage, so no RNN in it starts at "
-    "byte 0 of its own storage, and the hint still offers flatten (issue 26, defect 2)",
-}
+_KNOWN: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(
