@@ -19,9 +19,37 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from memlayout.errors import SourceNotFoundError, UnsafeContentError, UsageError
+from memlayout.errors import (
+    CorruptCheckpointError,
+    MemlayoutError,
+    SourceNotFoundError,
+    UnrecognizedFormatError,
+    UnsafeContentError,
+    UsageError,
+)
 
 CONFIG = "config.json"
+
+GIVE_INSTEAD = "give pkg.module:build, or the model's config.json or Hugging Face directory"
+"""What a TARGET that cannot build a model is replaced by, in every refusal's hint."""
+
+MODULE_PICKLES = {
+    "torch-zip": "torch.save zip file", "torch-legacy": "legacy torch.save file",
+    "torch-legacy-tar": "tar-format torch.save file",
+}
+"""The formats torch.load returns a whole pickled nn.Module from (torch.save of the module), as messages name them."""
+
+_NOT_A_MODEL = {
+    "safetensors": "a safetensors file: weights only, without the model's code",
+    "dcp": "a torch.distributed.checkpoint directory: weights only, without the model's code",
+    "hf-dir": f"a Hugging Face directory without {CONFIG}: weights only, and no config to build the model from",
+    "torchscript": "a TorchScript archive: activations traces a Python nn.Module's step on fake tensors, "
+                   "and TorchScript runs its own compiled code, which cannot be traced that way",
+    "torch-export": "a torch.export program (.pt2): activations traces a Python nn.Module's step, and does not "
+                    "run an exported graph",
+    "pickle": "a bare pickle, not a torch.save file: torch.load cannot read a module from it",
+}
+"""Why each format memlayout detects, other than MODULE_PICKLES, builds no model to trace."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +65,7 @@ def classify(target: str) -> TargetKind:
 
     if os.path.isdir(target):
         if not os.path.isfile(os.path.join(target, CONFIG)):
+            _refuse_weights_directory(target)
             raise SourceNotFoundError(
                 f"{target} is a directory without {CONFIG}",
                 "give a Hugging Face model directory, its config.json, or pkg.module:build",
@@ -90,6 +119,7 @@ def model_source(target: str, *, trust: bool) -> ModelSource:
         name = getattr(model_class, "__name__", "the model")
         return ModelSource(kind, f"building {name} from {config_path}", lambda: _build_hf(model_class, config, trust),
                            values_free=True)
+    _check_pickled_module(target)
     _refuse_untrusted_pickle(target, trust)
     return ModelSource(kind, f"unpickling {target}", lambda: _load_pickled_module(target), values_free=False)
 
@@ -168,6 +198,51 @@ def _build_hf(model_class: Any, config: Any, trust: bool) -> Any:
         except ValueError:
             continue
     raise UsageError(f"transformers has no model class for {getattr(config, 'model_type', 'this config')}")
+
+
+def _refuse_weights_directory(path: str) -> None:
+    # A directory of weights (DCP, safetensors shards) is named as what it is,
+    # rather than only as a directory that lacks a config.
+    from memlayout.load import detect_format
+
+    try:
+        found = detect_format(path)
+    except MemlayoutError:
+        return
+    if found in _NOT_A_MODEL:
+        raise UsageError(f"{path} is {_NOT_A_MODEL[found]}", GIVE_INSTEAD)
+
+
+def _check_pickled_module(path: str) -> None:
+    """Refuse, before any unpickling and with or without --trust, a file that holds no pickled module.
+
+    The format is detected as `memlayout inspect` detects it, and a torch.save file is
+    read by the restricted unpickler, which executes nothing: a state dict is told
+    what it is, not to pass --trust.
+
+    Raises:
+        UsageError, UnrecognizedFormatError, CorruptCheckpointError: one line naming the format.
+    """
+    from memlayout.load import detect_format, load_path
+
+    try:
+        found = detect_format(path)
+    except UnrecognizedFormatError as exc:
+        raise UnrecognizedFormatError(f"{exc.message}, so it holds no model to build", GIVE_INSTEAD) from None
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{exc.message}, so it holds no model to build", GIVE_INSTEAD) from None
+    if found not in MODULE_PICKLES:
+        raise UsageError(f"{path} is {_NOT_A_MODEL.get(found, found)}", GIVE_INSTEAD)
+    with load_path(path) as source:
+        modules = [module.path for module in source.modules]
+    if "" in modules:
+        return
+    held = f"a checkpoint whose nn.Module is under {modules[0].split('.')[0]!r}" if modules else \
+        "a state dict or checkpoint: weights without the model's code"
+    raise UsageError(
+        f"{path} is a {MODULE_PICKLES[found]} whose top object is no nn.Module ({held})",
+        f"{GIVE_INSTEAD}; --trust would not help, since torch.load returns no model from it",
+    )
 
 
 def _refuse_untrusted_pickle(path: str, trust: bool) -> None:
