@@ -329,6 +329,7 @@ def analyze(
     mode: str = "fake",
     trust: bool = False,
     optimizer: str = DEFAULT_OPTIMIZER,
+    main_module: str | None = None,
 ) -> ActivationReport:
     """Trace one training step of a model and report its activation memory (and a plan for `budget`).
 
@@ -345,6 +346,8 @@ def analyze(
         trust: Allow unpickling a module file.
         optimizer: adamw (default), adam, sgd (momentum 0.9) or none: the optimizer whose
             state and `step()` the peak includes (see optimizer.py).
+        main_module: With `trust`, the module that defines the classes a pickled module
+            saved from a script names as `__main__.X`.
 
     Returns:
         An `ActivationReport`.
@@ -356,7 +359,7 @@ def analyze(
     """
     try:
         return _analyze(target, inputs, kwargs=kwargs, budget=budget, device=device, mode=mode, trust=trust,
-                        optimizer=optimizer)
+                        optimizer=optimizer, main_module=main_module)
     except MemlayoutError:
         raise
     except Exception as exc:
@@ -376,6 +379,7 @@ def _analyze(
     mode: str,
     trust: bool,
     optimizer: str,
+    main_module: str | None,
 ) -> ActivationReport:
     import torch
 
@@ -391,7 +395,7 @@ def _analyze(
         from memlayout.activations.build import build_model
 
         built = build_model(
-            str(target), trust=trust, context=step.context, world=step.mode, device=step.device,
+            str(target), trust=trust, main_module=main_module, context=step.context, world=step.mode, device=step.device,
             adopt=step.adopt_model,
         )
         step.model = built.model

@@ -17,7 +17,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlayout.errors import (
     CorruptCheckpointError,
@@ -27,6 +27,9 @@ from memlayout.errors import (
     UnsafeContentError,
     UsageError,
 )
+
+if TYPE_CHECKING:
+    from memlayout.load.records import PickleGlobal
 
 CONFIG = "config.json"
 
@@ -96,8 +99,11 @@ class ModelSource:
     """The spec names a model built when its module was imported: it is copied, never changed."""
 
 
-def model_source(target: str, *, trust: bool) -> ModelSource:
+def model_source(target: str, *, trust: bool, main_module: str | None = None) -> ModelSource:
     """Check TARGET and say how its model is built: the spec is imported, the config read, trust checked.
+
+    `main_module` is the module that defines the classes a pickled module's file
+    names as `__main__.X` (it was saved from a script); only with `trust`.
 
     Raises:
         SourceNotFoundError, UsageError, UnsafeContentError: one line for the CLI.
@@ -105,6 +111,9 @@ def model_source(target: str, *, trust: bool) -> ModelSource:
     import torch
 
     kind = classify(target)
+    if main_module is not None and kind.kind != "pickled-module":
+        raise UsageError(f"--main-module applies to a pickled module file, and {target} is none",
+                         "drop --main-module")
     if kind.kind == "import-spec":
         from memlayout.load.import_spec import spec_object
 
@@ -119,9 +128,18 @@ def model_source(target: str, *, trust: bool) -> ModelSource:
         name = getattr(model_class, "__name__", "the model")
         return ModelSource(kind, f"building {name} from {config_path}", lambda: _build_hf(model_class, config, trust),
                            values_free=True)
-    _check_pickled_module(target)
-    _refuse_untrusted_pickle(target, trust)
-    return ModelSource(kind, f"unpickling {target}", lambda: _load_pickled_module(target), values_free=False)
+    from memlayout.load.main_module import classes_from_main
+
+    from_main = classes_from_main(_check_pickled_module(target))
+    _refuse_untrusted_pickle(target, trust, from_main)
+    if from_main and main_module is None:
+        raise UsageError(
+            f"{target} was saved from a script: its pickle looks up {_listed(from_main)} in __main__, "
+            "and memlayout is not that script",
+            f"pass --main-module MODULE, the module on PYTHONPATH that defines {_listed(from_main)}",
+        )
+    return ModelSource(kind, f"unpickling {target}", lambda: _load_pickled_module(target, main_module),
+                       values_free=False)
 
 
 def checked_model(model: Any, target: str) -> Any:
@@ -213,12 +231,15 @@ def _refuse_weights_directory(path: str) -> None:
         raise UsageError(f"{path} is {_NOT_A_MODEL[found]}", GIVE_INSTEAD)
 
 
-def _check_pickled_module(path: str) -> None:
+def _check_pickled_module(path: str) -> list[PickleGlobal]:
     """Refuse, before any unpickling and with or without --trust, a file that holds no pickled module.
 
     The format is detected as `memlayout inspect` detects it, and a torch.save file is
     read by the restricted unpickler, which executes nothing: a state dict is told
     what it is, not to pass --trust.
+
+    Returns:
+        The globals its pickle names.
 
     Raises:
         UsageError, UnrecognizedFormatError, CorruptCheckpointError: one line naming the format.
@@ -235,8 +256,9 @@ def _check_pickled_module(path: str) -> None:
         raise UsageError(f"{path} is {_NOT_A_MODEL.get(found, found)}", GIVE_INSTEAD)
     with load_path(path) as source:
         modules = [module.path for module in source.modules]
+        pickle_globals = source.pickle_globals
     if "" in modules:
-        return
+        return pickle_globals
     held = f"a checkpoint whose nn.Module is under {modules[0].split('.')[0]!r}" if modules else \
         "a state dict or checkpoint: weights without the model's code"
     raise UsageError(
@@ -245,20 +267,37 @@ def _check_pickled_module(path: str) -> None:
     )
 
 
-def _refuse_untrusted_pickle(path: str, trust: bool) -> None:
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _refuse_untrusted_pickle(path: str, trust: bool, from_main: list[str]) -> None:
     if not trust:
+        # Saved from a script, the file needs both options: say so at once.
+        main = f" --main-module MODULE (the module on PYTHONPATH that defines {_listed(from_main)})" \
+            if from_main else ""
         raise UnsafeContentError(
             f"{path} would have to be unpickled to build the model, which runs code from the file",
-            "pass --trust only if you trust whoever wrote it, or give pkg.module:build",
+            f"pass --trust{main} only if you trust whoever wrote it, or give pkg.module:build",
         )
 
 
-def _load_pickled_module(path: str) -> Any:
+def _load_pickled_module(path: str, main_module: str | None) -> Any:
+    import pickle
+
     import torch
 
+    from memlayout.load.main_module import pickle_module_resolving_main
+
+    pickle_module = pickle_module_resolving_main(main_module) if main_module is not None else pickle
     try:
         # Under FakeTensorMode torch.load rebuilds every tensor as a fake one, ties kept: the
         # weights never take memory (a 384 MiB module file raised peak RSS by 73 MiB here).
-        return torch.load(path, weights_only=False, map_location="cpu")
+        return torch.load(path, weights_only=False, map_location="cpu", pickle_module=pickle_module)
+    except (AttributeError, ImportError) as exc:
+        raise UsageError(
+            f"cannot unpickle a module from {path}: a class it names cannot be imported here ({exc})",
+            "put the model's code on PYTHONPATH, or install its package, so that its classes import",
+        ) from None
     except Exception as exc:
         raise UsageError(f"cannot unpickle a module from {path}: {type(exc).__name__}: {exc}") from None
