@@ -357,6 +357,7 @@ def analyze(
     optimizer: str = DEFAULT_OPTIMIZER,
     autocast: str | None = None,
     dtype: str | None = None,
+    main_module: str | None = None,
 ) -> ActivationReport:
     """Trace one training step of a model and report its activation memory (and a plan for `budget`).
 
@@ -378,6 +379,8 @@ def analyze(
         dtype: bf16, fp16 or fp32: cast the model's floating parameters, buffers and inputs first,
             as pure low-precision training does; the optimizer's state then follows the
             parameters' dtype (torch's optimizers keep no float32 copy). None keeps the model's.
+        main_module: With `trust`, the module that defines the classes a pickled module
+            saved from a script names as `__main__.X`.
 
     Returns:
         An `ActivationReport`.
@@ -389,7 +392,7 @@ def analyze(
     """
     try:
         return _analyze(target, inputs, kwargs=kwargs, budget=budget, device=device, mode=mode, trust=trust,
-                        optimizer=optimizer, autocast=autocast, dtype=dtype)
+                        optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module)
     except MemlayoutError:
         raise
     except Exception as exc:
@@ -411,6 +414,7 @@ def _analyze(
     optimizer: str,
     autocast: str | None = None,
     dtype: str | None = None,
+    main_module: str | None = None,
 ) -> ActivationReport:
     import torch
 
@@ -433,7 +437,7 @@ def _analyze(
         from memlayout.activations.build import build_model
 
         built = build_model(
-            str(target), trust=trust, context=step.context, world=step.mode, device=step.device,
+            str(target), trust=trust, main_module=main_module, context=step.context, world=step.mode, device=step.device,
             adopt=step.adopt_model,
         )
         step.model = built.model

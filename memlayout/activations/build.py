@@ -195,6 +195,7 @@ def build_model(
     target: str,
     *,
     trust: bool,
+    main_module: str | None = None,
     context: Callable[[], AbstractContextManager[Any]],
     world: str,
     device: str,
@@ -205,6 +206,7 @@ def build_model(
     Args:
         target: The TARGET string.
         trust: Allow unpickling.
+        main_module: The module that defines what a script's pickle names `__main__.X`.
         context: Enters the world (fake mode, default device).
         world: "fake", "meta" or "real".
         device: The step's device.
@@ -213,7 +215,7 @@ def build_model(
     Raises:
         UsageError: building failed; a value read names the op and the line.
     """
-    source = model_source(target, trust=trust)
+    source = model_source(target, trust=trust, main_module=main_module)
     if source.prebuilt:
         return Built(adopt(checked_model(source.build(), target)), source.kind, ())
     try:

@@ -381,7 +381,7 @@ def _rank_peak(tracker: Any, model: Any, rank: int, same_layout: tuple[tuple[int
 # The report
 
 
-def _target_builder(target: Any, trust: bool) -> tuple[Callable[[], Any], str | None, str]:
+def _target_builder(target: Any, trust: bool, main_module: str | None) -> tuple[Callable[[], Any], str | None, str]:
     import torch
 
     if isinstance(target, torch.nn.Module):
@@ -393,7 +393,7 @@ def _target_builder(target: Any, trust: bool) -> tuple[Callable[[], Any], str | 
 
     def build() -> Any:
         # On the meta device: FSDP2 and DTensor shard a model there, before it becomes fake (see above).
-        built = build_model(str(target), trust=trust, context=lambda: torch.device("meta"), world="meta",
+        built = build_model(str(target), trust=trust, main_module=main_module, context=lambda: torch.device("meta"), world="meta",
                             device="meta", adopt=_meta_copy)
         return built.model
 
@@ -411,6 +411,7 @@ def analyze_ranks(
     allow_offload: bool = False,
     device: str = "cpu",
     trust: bool = False,
+    main_module: str | None = None,
 ) -> RanksReport:
     """Predict each rank's peak over a training step under FSDP2 (and tensor parallel), in this process.
 
@@ -424,6 +425,7 @@ def analyze_ranks(
         allow_offload: The plan may offload parameters, gradients and optimizer state to the CPU.
         device: The device the step is for.
         trust: Allow unpickling a module file.
+        main_module: With `trust`, the module that defines what a script's pickle names `__main__.X`.
 
     Returns:
         A `RanksReport`: one `RankPeak` per distinct rank layout traced, the largest first.
@@ -438,7 +440,7 @@ def analyze_ranks(
         >>> report.summary.peak_bytes  # the largest rank's
     """
     check_optimizer(optimizer)
-    build, target_text, kind = _target_builder(target, trust)
+    build, target_text, kind = _target_builder(target, trust, main_module)
     model = build()
     resolved = resolve_sharding(model, sharding)
     layouts = rank_layouts(model, resolved)
@@ -480,7 +482,8 @@ def analyze_ranks(
     def single_device() -> Any:
         from memlayout.activations.analysis import analyze
 
-        return analyze(target, inputs, kwargs=kwargs, optimizer=optimizer, device=device, trust=trust)
+        return analyze(target, inputs, kwargs=kwargs, optimizer=optimizer, device=device, trust=trust,
+                       main_module=main_module)
 
     # Plans are searched on the largest rank alone (rank 0 holds the largest shards, and the
     # ranks' steps differ only by their shards); the plan found is then traced on every layout.

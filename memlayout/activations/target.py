@@ -17,11 +17,42 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memlayout.errors import SourceNotFoundError, UnsafeContentError, UsageError
+from memlayout.errors import (
+    CorruptCheckpointError,
+    MemlayoutError,
+    SourceNotFoundError,
+    UnrecognizedFormatError,
+    UnsafeContentError,
+    UsageError,
+)
+
+if TYPE_CHECKING:
+    from memlayout.load.records import PickleGlobal
 
 CONFIG = "config.json"
+
+GIVE_INSTEAD = "give pkg.module:build, or the model's config.json or Hugging Face directory"
+"""What a TARGET that cannot build a model is replaced by, in every refusal's hint."""
+
+MODULE_PICKLES = {
+    "torch-zip": "torch.save zip file", "torch-legacy": "legacy torch.save file",
+    "torch-legacy-tar": "tar-format torch.save file",
+}
+"""The formats torch.load returns a whole pickled nn.Module from (torch.save of the module), as messages name them."""
+
+_NOT_A_MODEL = {
+    "safetensors": "a safetensors file: weights only, without the model's code",
+    "dcp": "a torch.distributed.checkpoint directory: weights only, without the model's code",
+    "hf-dir": f"a Hugging Face directory without {CONFIG}: weights only, and no config to build the model from",
+    "torchscript": "a TorchScript archive: activations traces a Python nn.Module's step on fake tensors, "
+                   "and TorchScript runs its own compiled code, which cannot be traced that way",
+    "torch-export": "a torch.export program (.pt2): activations traces a Python nn.Module's step, and does not "
+                    "run an exported graph",
+    "pickle": "a bare pickle, not a torch.save file: torch.load cannot read a module from it",
+}
+"""Why each format memlayout detects, other than MODULE_PICKLES, builds no model to trace."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +68,7 @@ def classify(target: str) -> TargetKind:
 
     if os.path.isdir(target):
         if not os.path.isfile(os.path.join(target, CONFIG)):
+            _refuse_weights_directory(target)
             raise SourceNotFoundError(
                 f"{target} is a directory without {CONFIG}",
                 "give a Hugging Face model directory, its config.json, or pkg.module:build",
@@ -67,8 +99,11 @@ class ModelSource:
     """The spec names a model built when its module was imported: it is copied, never changed."""
 
 
-def model_source(target: str, *, trust: bool) -> ModelSource:
+def model_source(target: str, *, trust: bool, main_module: str | None = None) -> ModelSource:
     """Check TARGET and say how its model is built: the spec is imported, the config read, trust checked.
+
+    `main_module` is the module that defines the classes a pickled module's file
+    names as `__main__.X` (it was saved from a script); only with `trust`.
 
     Raises:
         SourceNotFoundError, UsageError, UnsafeContentError: one line for the CLI.
@@ -76,6 +111,9 @@ def model_source(target: str, *, trust: bool) -> ModelSource:
     import torch
 
     kind = classify(target)
+    if main_module is not None and kind.kind != "pickled-module":
+        raise UsageError(f"--main-module applies to a pickled module file, and {target} is none",
+                         "drop --main-module")
     if kind.kind == "import-spec":
         from memlayout.load.import_spec import spec_object
 
@@ -90,8 +128,18 @@ def model_source(target: str, *, trust: bool) -> ModelSource:
         name = getattr(model_class, "__name__", "the model")
         return ModelSource(kind, f"building {name} from {config_path}", lambda: _build_hf(model_class, config, trust),
                            values_free=True)
-    _refuse_untrusted_pickle(target, trust)
-    return ModelSource(kind, f"unpickling {target}", lambda: _load_pickled_module(target), values_free=False)
+    from memlayout.load.main_module import classes_from_main
+
+    from_main = classes_from_main(_check_pickled_module(target))
+    _refuse_untrusted_pickle(target, trust, from_main)
+    if from_main and main_module is None:
+        raise UsageError(
+            f"{target} was saved from a script: its pickle looks up {_listed(from_main)} in __main__, "
+            "and memlayout is not that script",
+            f"pass --main-module MODULE, the module on PYTHONPATH that defines {_listed(from_main)}",
+        )
+    return ModelSource(kind, f"unpickling {target}", lambda: _load_pickled_module(target, main_module),
+                       values_free=False)
 
 
 def checked_model(model: Any, target: str) -> Any:
@@ -170,20 +218,86 @@ def _build_hf(model_class: Any, config: Any, trust: bool) -> Any:
     raise UsageError(f"transformers has no model class for {getattr(config, 'model_type', 'this config')}")
 
 
-def _refuse_untrusted_pickle(path: str, trust: bool) -> None:
+def _refuse_weights_directory(path: str) -> None:
+    # A directory of weights (DCP, safetensors shards) is named as what it is,
+    # rather than only as a directory that lacks a config.
+    from memlayout.load import detect_format
+
+    try:
+        found = detect_format(path)
+    except MemlayoutError:
+        return
+    if found in _NOT_A_MODEL:
+        raise UsageError(f"{path} is {_NOT_A_MODEL[found]}", GIVE_INSTEAD)
+
+
+def _check_pickled_module(path: str) -> list[PickleGlobal]:
+    """Refuse, before any unpickling and with or without --trust, a file that holds no pickled module.
+
+    The format is detected as `memlayout inspect` detects it, and a torch.save file is
+    read by the restricted unpickler, which executes nothing: a state dict is told
+    what it is, not to pass --trust.
+
+    Returns:
+        The globals its pickle names.
+
+    Raises:
+        UsageError, UnrecognizedFormatError, CorruptCheckpointError: one line naming the format.
+    """
+    from memlayout.load import detect_format, load_path
+
+    try:
+        found = detect_format(path)
+    except UnrecognizedFormatError as exc:
+        raise UnrecognizedFormatError(f"{exc.message}, so it holds no model to build", GIVE_INSTEAD) from None
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{exc.message}, so it holds no model to build", GIVE_INSTEAD) from None
+    if found not in MODULE_PICKLES:
+        raise UsageError(f"{path} is {_NOT_A_MODEL.get(found, found)}", GIVE_INSTEAD)
+    with load_path(path) as source:
+        modules = [module.path for module in source.modules]
+        pickle_globals = source.pickle_globals
+    if "" in modules:
+        return pickle_globals
+    held = f"a checkpoint whose nn.Module is under {modules[0].split('.')[0]!r}" if modules else \
+        "a state dict or checkpoint: weights without the model's code"
+    raise UsageError(
+        f"{path} is a {MODULE_PICKLES[found]} whose top object is no nn.Module ({held})",
+        f"{GIVE_INSTEAD}; --trust would not help, since torch.load returns no model from it",
+    )
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _refuse_untrusted_pickle(path: str, trust: bool, from_main: list[str]) -> None:
     if not trust:
+        # Saved from a script, the file needs both options: say so at once.
+        main = f" --main-module MODULE (the module on PYTHONPATH that defines {_listed(from_main)})" \
+            if from_main else ""
         raise UnsafeContentError(
             f"{path} would have to be unpickled to build the model, which runs code from the file",
-            "pass --trust only if you trust whoever wrote it, or give pkg.module:build",
+            f"pass --trust{main} only if you trust whoever wrote it, or give pkg.module:build",
         )
 
 
-def _load_pickled_module(path: str) -> Any:
+def _load_pickled_module(path: str, main_module: str | None) -> Any:
+    import pickle
+
     import torch
 
+    from memlayout.load.main_module import pickle_module_resolving_main
+
+    pickle_module = pickle_module_resolving_main(main_module) if main_module is not None else pickle
     try:
         # Under FakeTensorMode torch.load rebuilds every tensor as a fake one, ties kept: the
         # weights never take memory (a 384 MiB module file raised peak RSS by 73 MiB here).
-        return torch.load(path, weights_only=False, map_location="cpu")
+        return torch.load(path, weights_only=False, map_location="cpu", pickle_module=pickle_module)
+    except (AttributeError, ImportError) as exc:
+        raise UsageError(
+            f"cannot unpickle a module from {path}: a class it names cannot be imported here ({exc})",
+            "put the model's code on PYTHONPATH, or install its package, so that its classes import",
+        ) from None
     except Exception as exc:
         raise UsageError(f"cannot unpickle a module from {path}: {type(exc).__name__}: {exc}") from None

@@ -23,6 +23,7 @@ from memlayout.cli.formats import (
 from memlayout.cli.options import (
     ActivationsFormatOption,
     DebugOption,
+    MainModuleOption,
     OutputOption,
     TrustOption,
     device_option,
@@ -103,6 +104,7 @@ def activations_command(
                            "state to the CPU (FSDP2's CPUOffloadPolicy).")
     ] = False,
     trust: TrustOption = False,
+    main_module: MainModuleOption = None,
     debug: DebugOption = False,
 ) -> None:
     """Activation memory of one training step, and a checkpoint plan that fits --budget.
@@ -147,6 +149,7 @@ def activations_command(
                 ranks = analyze_ranks(
                     target, inputs if inputs else list(input_specs or []), sharding=options, optimizer=optimizer,
                     budget=budget_bytes, allow_offload=allow_offload, device=device, trust=trust,
+                    main_module=main_module,
                 )
             except RanksBudgetUnreachableError as exc:
                 print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
@@ -162,7 +165,7 @@ def activations_command(
             report = analyze(
                 target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
                 mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
-                autocast=autocast, dtype=dtype,
+                autocast=autocast, dtype=dtype, main_module=main_module,
             )
         except BudgetUnreachableError as exc:
             print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)

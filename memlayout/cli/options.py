@@ -32,6 +32,11 @@ TrustOption = Annotated[
     bool,
     typer.Option("--trust", help="Allow real unpickling, which runs code from the file. Only for files you trust."),
 ]
+MainModuleOption = Annotated[
+    str | None,
+    typer.Option("--main-module", help="With --trust: the module (on PYTHONPATH) that defines the classes a "
+                 "model saved from a script pickles as __main__.Name.", metavar="MODULE"),
+]
 OutputOption = Annotated[
     str | None, typer.Option("--output", "-o", help="Write the report to FILE instead of stdout.", metavar="FILE")
 ]

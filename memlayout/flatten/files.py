@@ -117,6 +117,19 @@ def _require_importable(where: str, pickle_globals: tuple[PickleGlobal, ...]) ->
     # rather than promising a change the write cannot make.
     import importlib
 
+    from memlayout.load.main_module import classes_from_main
+
+    from_main = classes_from_main(pickle_globals)
+    if from_main:
+        # A script's torch.save names its classes `__main__.X`, and here `__main__` is
+        # memlayout: no PYTHONPATH makes them import. flatten writes OUT's pickle with
+        # the classes' own module names, so resolving them elsewhere (activations'
+        # --main-module) would change what OUT asks for; the state dict is the way out.
+        raise UsageError(
+            f"{where}: the pickle needs {', '.join(f'__main__.{name}' for name in from_main[:3])}: it was saved "
+            "from a script, whose classes only that script defines",
+            "in that script, torch.save(model.state_dict(), ...) and flatten that, which needs no --trust",
+        )
     for found in pickle_globals:
         if found.allowed:
             continue

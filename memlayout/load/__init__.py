@@ -158,6 +158,44 @@ def _read_head(path: str) -> bytes:
         return handle.read(HEAD_BYTES)
 
 
+def _detected(path: str) -> tuple[Format, bytes]:
+    """The format that reads the file or directory at `path`, and its first bytes (b"" for a directory)."""
+    if os.path.isdir(path):
+        head = b""
+    else:
+        try:
+            head = _read_head(path)
+        except OSError as exc:
+            raise SourceNotFoundError(f"{path}: cannot be read: {exc.strerror}") from exc
+        if not head:
+            raise CorruptCheckpointError(f"{path} is empty", "the file holds no bytes; re-export it")
+    for fmt in FORMATS:
+        if fmt.detect(path, head):
+            return fmt, head
+    if not head:
+        raise UnrecognizedFormatError(f"{path} is a directory with no model memlayout can read")
+    raise UnrecognizedFormatError(f"{path} is not a checkpoint format memlayout recognizes")
+
+
+def detect_format(path: str) -> str:
+    """Which format a file or directory is, by its content, reading nothing more than detection needs.
+
+    Args:
+        path: A file or directory that exists.
+
+    Returns:
+        The name of the format `load_path` reads it as (a `FORMATS` name, e.g. "safetensors").
+
+    Raises:
+        SourceNotFoundError: the file cannot be read.
+        CorruptCheckpointError: the file is empty.
+        UnrecognizedFormatError: no format recognizes the content.
+    """
+    if not os.path.exists(path):
+        raise SourceNotFoundError(f"{path}: no such file or directory")
+    return _detected(path)[0].name
+
+
 def load_path(path: str, remote: RemoteOptions | None = None) -> LoadedSource:
     """Load a file, a directory, a URL, a Hub model or an import spec.
 
@@ -189,34 +227,21 @@ def load_path(path: str, remote: RemoteOptions | None = None) -> LoadedSource:
         if looks_like_spec(path):
             return load_import_spec(path)
         raise SourceNotFoundError(f"{path}: no such file or directory")
-    if os.path.isdir(path):
-        head = b""
-    else:
-        try:
-            head = _read_head(path)
-        except OSError as exc:
-            raise SourceNotFoundError(f"{path}: cannot be read: {exc.strerror}") from exc
-        if not head:
-            raise CorruptCheckpointError(f"{path} is empty", "the file holds no bytes; re-export it")
-    for fmt in FORMATS:
-        if fmt.detect(path, head):
-            try:
-                source = fmt.load(path)
-            except RecursionError:
-                # Walking a pickle's object tree recurses once per level; a file can
-                # nest 100,000 lists in a few hundred bytes. No model nests that deep.
-                raise CorruptCheckpointError(
-                    f"{path} nests containers more than {sys.getrecursionlimit()} levels deep, "
-                    "which no checkpoint does"
-                ) from None
-            if head:
-                from memlayout.load.polyglot import also_valid_as
+    fmt, head = _detected(path)
+    try:
+        source = fmt.load(path)
+    except RecursionError:
+        # Walking a pickle's object tree recurses once per level; a file can
+        # nest 100,000 lists in a few hundred bytes. No model nests that deep.
+        raise CorruptCheckpointError(
+            f"{path} nests containers more than {sys.getrecursionlimit()} levels deep, "
+            "which no checkpoint does"
+        ) from None
+    if head:
+        from memlayout.load.polyglot import also_valid_as
 
-                source.also_valid_as = also_valid_as(path, head, fmt.name)
-            return source
-    if not head:
-        raise UnrecognizedFormatError(f"{path} is a directory with no model memlayout can read")
-    raise UnrecognizedFormatError(f"{path} is not a checkpoint format memlayout recognizes")
+        source.also_valid_as = also_valid_as(path, head, fmt.name)
+    return source
 
 
 def load_object(obj: Any) -> LoadedSource:

@@ -64,6 +64,14 @@ def sized_by_the_world() -> nn.Module:
     return model
 
 
+def joins_the_group_itself() -> nn.Module:
+    """Calls init_process_group unconditionally, as some training scripts do."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    return nn.Linear(4, 4)
+
+
 def fails_on_rank_1() -> nn.Module:
     """A builder that raises on one rank only (no device there, say)."""
     if os.environ.get("RANK") == "1":

@@ -88,6 +88,17 @@ def test_a_builder_that_asks_for_the_world_size_finds_the_group_joined(tmp_path:
     assert pieces["0.weight"]["local_shape"] == [32, 64] and pieces["0.weight"]["global_shape"] == [64, 64]
 
 
+def test_a_builder_that_joins_the_group_itself_is_told_memlayout_has_joined_it() -> None:
+    # Joining before the builder (above) makes torch refuse a second init_process_group.
+    from memlayout.errors import UsageError
+    from memlayout.load.import_spec import resolve_spec
+
+    with fake_world(2, 0), pytest.raises(UsageError) as raised:
+        resolve_spec(f"{BUILDERS}:joins_the_group_itself")
+    assert "default process group twice" in raised.value.message  # torch's own words
+    assert "if not dist.is_initialized()" in raised.value.hint
+
+
 def test_a_builder_that_raises_on_one_rank_is_one_error_line_from_rank_0(tmp_path: Path) -> None:
     done = torchrun(f"{BUILDERS}:fails_on_rank_1", cwd=tmp_path)
     ours = [line for line in done.stderr.splitlines() if line.startswith("memlayout:")]

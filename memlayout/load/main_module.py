@@ -1,0 +1,58 @@
+"""Unpickling, under --trust, a model saved from a script, whose classes the pickle names as `__main__.Name`.
+
+`torch.save(model)` pickles each class by the module that defines it, and a
+script's classes live in `__main__`. Whoever unpickles the file later looks them up
+in its own `__main__`, memlayout's entry point, and fails however the model's code
+is installed. `--main-module MODULE` names the importable module that defines those
+classes; `__main__.Name` is then looked up as `MODULE.Name`. Only real unpickling,
+which only --trust allows, looks classes up: the restricted reading `inspect` does
+never imports them, and needs no such option.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+import types
+from collections.abc import Iterable
+from typing import Any
+
+from memlayout.errors import SourceNotFoundError
+from memlayout.load.records import PickleGlobal
+
+MAIN = "__main__"
+
+
+def classes_from_main(pickle_globals: Iterable[PickleGlobal]) -> list[str]:
+    """The names a pickle looks up in `__main__`, in the order it names them: what a script's torch.save left."""
+    return [found.name for found in pickle_globals if found.module == MAIN]
+
+
+def pickle_module_resolving_main(module_name: str) -> Any:
+    """A stand-in for the `pickle` module, for torch.load's `pickle_module`: `__main__.X` is read as `module_name.X`.
+
+    torch.load subclasses `pickle_module.Unpickler` for the object tree and calls
+    `pickle_module.load` for a legacy file's header records; both go through the
+    lookup below. Everything else a pickle names is looked up as usual.
+
+    Raises:
+        SourceNotFoundError: `module_name` cannot be imported.
+    """
+    try:
+        importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SourceNotFoundError(
+            f"--main-module {module_name} cannot be imported: {exc}",
+            f"put the folder that holds {module_name.replace('.', '/')}.py on PYTHONPATH, or install its package",
+        ) from None
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            return super().find_class(module_name if module == MAIN else module, name)
+
+    def load(file: Any, **kwargs: Any) -> Any:
+        return Unpickler(file, **kwargs).load()
+
+    return types.SimpleNamespace(
+        __name__="pickle", Unpickler=Unpickler, load=load, Pickler=pickle.Pickler, dump=pickle.dump,
+    )
