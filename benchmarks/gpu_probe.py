@@ -186,8 +186,13 @@ def real_step(build: Callable[[], Any], kwargs: dict[str, Any], precision: str,
         snapshot.write_bytes(pickle.dumps(torch.cuda.memory._snapshot()))
         torch.cuda.memory._record_memory_history(enabled=None)
     stats = torch.cuda.memory_stats()
+    optimizer_bytes = sum(
+        v.untyped_storage().nbytes() for state in optimizer.state.values() for v in state.values()
+        if isinstance(v, torch.Tensor) and v.is_cuda
+    )
     record = {
         "precision": precision,
+        "optimizer_bytes": optimizer_bytes,
         "parameter_bytes": sum(p.untyped_storage().nbytes() for p in model.parameters()),
         "input_bytes": sum(v.untyped_storage().nbytes() for v in kwargs.values()),
         "allocated_before_step": before_allocated,
@@ -202,15 +207,22 @@ def real_step(build: Callable[[], Any], kwargs: dict[str, Any], precision: str,
         "inactive_split_peak": stats.get("inactive_split_bytes.all.peak"),
         "requested_bytes_peak": stats.get("requested_bytes.all.peak"),
     }
+    # The step's peak with the model, its optimizer state and inputs counted, as memlayout counts it:
+    # what else was allocated before the step (workspaces, the probe's earlier sections) is left out.
+    record["step_peak_as_memlayout_counts"] = (
+        record["max_memory_allocated"] - before_allocated + record["parameter_bytes"] + record["input_bytes"]
+        + optimizer_bytes
+    )
     del model, optimizer, kwargs
     torch.cuda.empty_cache()
     return record
 
 
-def predicted(build: Callable[[], Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+def predicted(build: Callable[[], Any], kwargs: dict[str, Any], precision: str) -> dict[str, Any]:
     import memlayout.activations as act
 
-    report = act.analyze(build(), [], kwargs=kwargs, device="cuda")
+    options = {"autocast-bf16": {"autocast": "bf16"}, "bf16": {"dtype": "bf16"}}.get(precision, {})
+    report = act.analyze(build(), [], kwargs=kwargs, device="cuda", **options)
     return {"peak_bytes": report.summary.peak_bytes, "allocator_peak_bytes": report.summary.allocator_peak_bytes}
 
 
@@ -231,8 +243,10 @@ def steps_section(snapshot: Path | None) -> list[dict[str, Any]]:
             try:
                 take = snapshot if (name.startswith("llama-1B") and precision == "autocast-bf16") else None
                 row.update(real_step(build, kwargs, precision, take))
-                if precision == "fp32" and not name.startswith("llama-1B"):
-                    row["memlayout_fake_cuda"] = predicted(build, kwargs)
+                if not name.startswith("llama-1B"):
+                    row["memlayout_fake_cuda"] = predicted(build, kwargs, precision)
+                    row["predicted_over_measured"] = round(
+                        row["memlayout_fake_cuda"]["peak_bytes"] / row["step_peak_as_memlayout_counts"], 4)
             except Exception as exc:  # a section's failure is a finding, not the end of the run
                 row["error"] = f"{type(exc).__name__}: {exc}"[:500]
             rows.append(row)
