@@ -66,7 +66,7 @@ class Case:
 
 CASES = {
     "llama-style": Case(
-        "Llama-style in plain torch (the issue's): 4 layers, hidden 128, vocab 1000",
+        "Llama-style in plain torch: 4 layers, hidden 128, vocab 1000",
         "tests.activations.sharded_models:llama_style", 2, 2, 128, 1000, True,
         "tests.activations.sharded_models:llama_style"),
     "llama-tiny": Case(

@@ -129,3 +129,45 @@ def test_the_build_reads_nothing_from_the_network() -> None:
     plugins = {next(iter(p)) if isinstance(p, dict) else p for p in MKDOCS["plugins"]}
     assert plugins <= {"search", "mkdocstrings"}
     assert "import" not in str(MKDOCS["plugins"])  # mkdocstrings' inventories are downloaded
+
+
+def _prose(markdown: str) -> str:
+    """The text outside fenced code blocks."""
+    return re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M)
+
+
+@pytest.mark.parametrize("term", ["unique bytes", "wasted bytes"])
+def test_a_page_that_shows_a_summary_figure_says_what_it_counts(term: str) -> None:
+    """A reader meets "unique bytes" in an example's output: the same page says what it counts,
+    in its prose, rather than only the schemas page."""
+    shown = {"README.md": (ROOT / "README.md").read_text()} | {p: (DOCS / p).read_text() for p in PAGES}
+    missing = [page for page, text in shown.items() if term in text and term not in _prose(text)]
+    assert missing == []
+
+
+def test_the_readme_says_how_to_run_the_cli_after_make_demo() -> None:
+    readme = (ROOT / "README.md").read_text()
+    after = readme[readme.index("make demo"):readme.index("## Quick start")]
+    assert ".venv/bin/memlayout" in after and "source .venv/bin/activate" in after
+
+
+def test_the_pre_commit_example_names_no_placeholder_and_matches_the_hooks() -> None:
+    """The CI page's pre-commit config is one a user can paste: no OWNER placeholder URL (the
+    project has no published URL), and the local hooks run what .pre-commit-hooks.yaml runs."""
+    page = (DOCS / "ci.md").read_text()
+    assert "OWNER" not in page
+    block = re.search(r"```yaml\n(# \.pre-commit-config\.yaml\n.*?)```", page, re.S)
+    assert block is not None
+    config = yaml.safe_load(block.group(1))
+    manifest = {hook["id"]: hook for hook in yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())}
+    (repo,) = config["repos"]
+    assert repo["repo"] == "local"
+    for hook in repo["hooks"]:
+        assert hook["entry"] == manifest[hook["id"]]["entry"] and hook["files"] == manifest[hook["id"]]["files"]
+    assert {hook["id"] for hook in repo["hooks"]} == set(manifest)
+
+
+def test_results_shown_to_users_read_as_written_for_them() -> None:
+    """Benchmark labels end up in the site's tables: no "(the issue's)" from the tracker."""
+    texts = [p.read_text() for p in (ROOT / "benchmarks" / "results").glob("*.json")]
+    assert not [t for t in texts if "the issue" in t]

@@ -73,6 +73,9 @@ class ActivationReport:
     """bf16 or fp16 when forward and loss ran under `torch.autocast`; None otherwise."""
     dtype: str | None = None
     """bf16, fp16 or fp32 when the model's floating tensors were cast first (`--dtype`); None: as built."""
+    predicted_peak_bytes: int | None = None
+    """With mode real: the peak the default fake-tensor run predicts for the same step, to
+    read against the measured `summary.peak_bytes`; None otherwise (or if that run failed)."""
 
     @property
     def data_dependent(self) -> tuple[tuple[str, str, int], ...]:
@@ -487,6 +490,16 @@ def _analyze(
         summary = _with_range(step, summary)
     modules = module_facts(baseline)
     plan = _plan(step, baseline, summary, modules, budget) if budget is not None else None
+    predicted = None
+    if step.mode == "real":
+        # --real is a check of the prediction, so it makes the prediction too: the same
+        # target and inputs, traced on fake tensors as a run without --real traces them.
+        try:
+            predicted = _analyze(target, inputs, kwargs=kwargs, budget=None, device=device, mode="fake", trust=trust,
+                                 optimizer=optimizer, autocast=autocast, dtype=dtype,
+                                 main_module=main_module).summary.peak_bytes
+        except MemlayoutError as exc:
+            notes.append(f"no prediction to compare with: the fake-tensor run stopped: {exc.one_line()}")
     return ActivationReport(
         target=target_text,
         target_kind=kind,
@@ -503,6 +516,7 @@ def _analyze(
         trace=baseline,
         autocast=autocast,
         dtype=dtype,
+        predicted_peak_bytes=predicted,
     )
 
 

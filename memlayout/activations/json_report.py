@@ -62,6 +62,7 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
             for op, kind, count in report.data_dependent
         ],
         "notes": list(report.notes),
+        "predicted_peak_bytes": report.predicted_peak_bytes,
     }
 
 

@@ -51,6 +51,10 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
                      "the assumptions below, from one extreme to the other")
     if s.allocator_peak_bytes is not None:
         grid.add_row("peak in CUDA blocks", human_bytes(s.allocator_peak_bytes), "", "")
+    if report.predicted_peak_bytes is not None:
+        grid.add_row("predicted", human_bytes(report.predicted_peak_bytes), "measured",
+                     f"{human_bytes(s.peak_bytes)} (the peak, in the real step): "
+                     f"{_difference(report.predicted_peak_bytes, s.peak_bytes)}")
     grid.add_row("activations", human_bytes(s.activation_bytes), "saved for backward", "each storage once, model state excluded")
     grid.add_row("parameters", human_bytes(s.parameter_bytes), "gradients", human_bytes(s.gradient_bytes))
     grid.add_row("inputs", human_bytes(s.input_bytes), "forward", flops_text(s.forward_flops))
@@ -149,3 +153,12 @@ class ActivationsTable(Formatter["ActivationReport | RanksReport"]):
         if isinstance(report, RanksReport):
             return render_ranks_table(report, width=self.width, color=self.color)
         return render_table(report, depth=self.depth, width=self.width, color=self.color)
+
+
+def _difference(predicted: int, measured: int) -> str:
+    """"the same", or "predicted 1.2% high (+1.5 KiB)": how far the fake-tensor prediction was off."""
+    if predicted == measured:
+        return "the same, to the byte"
+    off = predicted - measured
+    share = abs(off) / measured if measured else 1.0
+    return f"predicted {share:.1%} {'high' if off > 0 else 'low'} ({'+' if off > 0 else '-'}{human_bytes(abs(off))})"

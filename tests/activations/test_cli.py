@@ -224,3 +224,23 @@ def test_a_vision_config_without_inputs_suggests_pixel_values_of_its_size(tmp_pa
     assert flags == ["--input", "pixel_values=float32[4,3,32,32]"]
     code, out, err = run(["activations", str(tmp_path), *flags, "--optimizer", "none"])
     assert code == 0 and "peak" in out, err
+
+
+def test_real_prints_the_prediction_against_what_it_measured() -> None:
+    """--real is a check: its report carries the fake-tensor prediction beside the measured peak,
+    in the table and in JSON, and the prediction is what a run without --real reports."""
+    cnn = ["activations", "tests.activations.models:flat_cnn", "--input", "float32[2,3,16,16]"]
+    code, fake, err = run([*cnn, "--format", "json"])
+    assert code == 0, err
+    code, real, err = run([*cnn, "--real", "--format", "json"])
+    assert code == 0, err
+    report = json.loads(real)
+    jsonschema.validate(report, SCHEMA)
+    assert report["predicted_peak_bytes"] == json.loads(fake)["summary"]["peak_bytes"]
+    assert json.loads(fake)["predicted_peak_bytes"] is None
+    code, table, err = run([*cnn, "--real"])
+    assert code == 0, err
+    line = next(line for line in table.splitlines() if "predicted" in line)
+    assert "measured" in line and "real step" in line
+    code, table, err = run(cnn)
+    assert "predicted" not in table
