@@ -352,6 +352,39 @@ def _read_json_or_none(files: RemoteFiles, url: str) -> Any:
         raise
 
 
+def fetch_remote_config(location: RemoteLocation, options: RemoteOptions) -> tuple[str, bytes]:
+    """A remote model's config.json, alone: for `memlayout activations`, which builds from it.
+
+    Args:
+        location: A URL of the config.json or of its folder, or a Hub repository (or a folder in it).
+        options: The timeout.
+
+    Returns:
+        (the config's URL, its bytes).
+    """
+    from memlayout.io.remote import RemoteFiles
+    from memlayout.load.hf_dir import CONFIG
+
+    headers: dict[str, str] = {}
+    if location.protocol == "hf":
+        try:
+            from huggingface_hub import hf_hub_url
+        except ImportError:
+            raise RemoteReadError(
+                f"reading {location.given} from the Hugging Face Hub needs huggingface_hub, which is not installed",
+                "install it with: pip install 'memlayout[remote]'",
+            ) from None
+        path = location.path_in_repo or CONFIG
+        if not path.endswith(".json"):
+            path = f"{path.rstrip('/')}/{CONFIG}"
+        url = hf_hub_url(location.repo, path, revision=location.revision)
+        headers = _hub_headers()
+    else:
+        url = location.url if location.url.endswith(".json") else f"{location.url.rstrip('/')}/{CONFIG}"
+    files = RemoteFiles(url.partition("://")[0], timeout_s=options.timeout_s, headers=headers)
+    return url, files.read_whole(url)
+
+
 # -- the Hub ------------------------------------------------------------------------
 
 
