@@ -37,7 +37,7 @@ def activations_command(
     target: Annotated[
         str, typer.Argument(
             help="pkg.module:build, a Hugging Face model directory or config.json, or a pickled module. The config "
-            "may be remote: an https:// URL, hf://ORG/NAME[@REVISION], or a bare Hub id when no local path of that "
+            "may be remote: an https:// URL, hf://ORG/NAME@REVISION (the revision optional), or a bare Hub id when no local path of that "
             "name exists (only config.json is fetched)."
         )
     ],

@@ -109,7 +109,7 @@ def inspect_command(
         list[str],
         typer.Argument(
             help="Checkpoint files, model directories, folders of checkpoints, pkg.module:callable, https:// "
-            "(or s3://, gs://) URLs, hf://ORG/NAME[@REVISION][/PATH], or a bare Hub id (ORG/NAME) when no local "
+            "(or s3://, gs://) URLs, hf://ORG/NAME@REVISION/PATH (the revision and path optional), or a bare Hub id (ORG/NAME) when no local "
             "path of that name exists: a local path always wins.",
             metavar="PATH...",
         ),
