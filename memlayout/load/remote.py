@@ -89,7 +89,8 @@ def remote_note(files: RemoteFiles) -> str:
     return (
         f"read remotely: {human_bytes(tally.bytes_fetched)} fetched in {tally.requests} "
         f"request{'s' if tally.requests != 1 else ''}, of {human_bytes(sum(tally.sizes.values()))} "
-        f"({count} file{'s' if count != 1 else ''})"
+        f"({count} file{'s' if count != 1 else ''}); not checked remotely: whether a file is also valid as "
+        "another container format (ML603 reads its other ends)"
     )
 
 
