@@ -2,7 +2,10 @@
 
 - `pkg.module:build`: your factory, called with no arguments;
 - a Hugging Face model directory or its `config.json`: built from the config by
-  transformers, no weights read;
+  transformers, no weights read; the directory may be remote (an https:// URL of
+  the config.json or its folder, `hf://ORG/NAME[@REVISION]`, or a bare Hub id when
+  no local path has that name): only config.json is fetched, and a config that
+  needs the model's own code is refused whatever `--trust` says;
 - a pickled nn.Module (torch.save of the whole module), only with `--trust`:
   unpickling it runs code from the file.
 
@@ -80,6 +83,10 @@ def classify(target: str) -> TargetKind:
         return TargetKind("pickled-module", target)
     if looks_like_spec(target):
         return TargetKind("import-spec", target)
+    from memlayout.load.remote_location import remote_location
+
+    if remote_location(target) is not None:
+        return TargetKind("hf-config", target)
     raise SourceNotFoundError(f"{target} does not exist and is not a pkg.module:callable spec")
 
 
@@ -124,7 +131,10 @@ def model_source(target: str, *, trust: bool, main_module: str | None = None) ->
         return ModelSource(kind, f"calling {target}", named, values_free=True)
     if kind.kind == "hf-config":
         config_path = kind.path or target
-        model_class, config = _hf_class(config_path, trust=trust)
+        if not os.path.exists(config_path):
+            model_class, config = _remote_hf_class(config_path, trust=trust)
+        else:
+            model_class, config = _hf_class(config_path, trust=trust)
         name = getattr(model_class, "__name__", "the model")
         return ModelSource(kind, f"building {name} from {config_path}", lambda: _build_hf(model_class, config, trust),
                            values_free=True)
@@ -203,6 +213,32 @@ def _hf_class(config_path: str, *, trust: bool) -> tuple[Any, Any]:
         raise UsageError(f"transformers cannot read {config_path}: {exc}") from None
     candidates = [getattr(transformers, name, None) for name in (getattr(config, "architectures", None) or [])]
     return next((c for c in candidates if c is not None), None), config
+
+
+def _remote_hf_class(target: str, *, trust: bool) -> tuple[Any, Any]:
+    """`_hf_class` of a remote config.json, fetched alone into a temporary folder."""
+    import tempfile
+
+    from memlayout.load.remote import fetch_remote_config
+    from memlayout.load.remote_location import RemoteOptions, remote_location
+
+    location = remote_location(target)
+    assert location is not None  # classify said so
+    if trust:
+        # --trust would let transformers run the repository's own code (auto_map): never for a URL.
+        raise UsageError(
+            f"--trust does not reach remote files: {target} is read as configuration only",
+            "download the repository, read its code, and pass --trust on the local copy",
+        )
+    url, text = fetch_remote_config(location, RemoteOptions())
+    with tempfile.TemporaryDirectory(prefix="memlayout-config-") as folder:
+        path = os.path.join(folder, CONFIG)
+        with open(path, "wb") as handle:
+            handle.write(text)
+        try:
+            return _hf_class(path, trust=False)
+        except (UsageError, UnsafeContentError) as exc:
+            raise type(exc)(exc.message.replace(path, url), exc.hint) from None
 
 
 def _build_hf(model_class: Any, config: Any, trust: bool) -> Any:

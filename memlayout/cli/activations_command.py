@@ -36,7 +36,11 @@ BUDGET_UNREACHABLE = 1
 
 def activations_command(
     target: Annotated[
-        str, typer.Argument(help="pkg.module:build, a Hugging Face model directory or config.json, or a pickled module.")
+        str, typer.Argument(
+            help="pkg.module:build, a Hugging Face model directory or config.json, or a pickled module. The config "
+            "may be remote: an https:// URL, hf://ORG/NAME@REVISION (the revision optional), or a bare Hub id when no local path of that "
+            "name exists (only config.json is fetched)."
+        )
     ],
     inputs: Annotated[
         str | None, typer.Option("--inputs", help="pkg.module:make_inputs returning a tuple or a dict.", metavar="SPEC")

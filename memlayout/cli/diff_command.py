@@ -39,7 +39,11 @@ from memlayout.output.writer import write_output
 
 def diff_command(
     a: Annotated[
-        str, typer.Argument(help="The checkpoint before: file, model directory or pkg.module:callable.", metavar="A")
+        str, typer.Argument(
+            help="The checkpoint before: file, model directory, pkg.module:callable, an https:// URL, "
+            "hf://ORG/NAME@REVISION/PATH (the revision and path optional), or a bare Hub id when no local path of that name exists.",
+            metavar="A",
+        )
     ],
     b: Annotated[str, typer.Argument(help="The checkpoint after, in the same or any other format.", metavar="B")],
     output_format: DiffFormatOption = OutputFormat.TABLE,

@@ -109,7 +109,7 @@ def inspect_command(
         list[str],
         typer.Argument(
             help="Checkpoint files, model directories, folders of checkpoints, pkg.module:callable, https:// "
-            "(or s3://, gs://) URLs, hf://ORG/NAME[@REVISION][/PATH], or a bare Hub id (ORG/NAME) when no local "
+            "(or s3://, gs://) URLs, hf://ORG/NAME@REVISION/PATH (the revision and path optional), or a bare Hub id (ORG/NAME) when no local "
             "path of that name exists: a local path always wins.",
             metavar="PATH...",
         ),
@@ -179,7 +179,12 @@ def inspect_command(
                 "inspect takes no --trust: it never runs code from the file, so there is nothing to allow",
                 "drop --trust; only `memlayout flatten` of a pickled module needs it",
             )
-        from memlayout.load.remote_location import RemoteOptions
+        from memlayout.load.remote_location import RemoteOptions, remote_location
+
+        if any(remote_location(path) is not None for path in paths):
+            from memlayout.io.remote import start_importing_transport
+
+            start_importing_transport()
         from memlayout.pipeline.batch import inspect_paths
         from memlayout.pipeline.config import resolve_settings
 

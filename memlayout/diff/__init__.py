@@ -68,6 +68,7 @@ def run_diff(
     from memlayout.core.facts import TensorFact
     from memlayout.diff.compare import ValueComparer, compare_reports
     from memlayout.diff.values import ValueComparison, comparable, compare_values
+    from memlayout.load.remote_location import RemoteOptions
     from memlayout.pipeline.batch import without_ignored_findings
     from memlayout.pipeline.inspection import inspect_source, load_target
 
@@ -77,7 +78,9 @@ def run_diff(
         fragmented_min_storages=options.fragmented_min_storages, ties=options.ties,
     )
     # Both sides stay open until the values are compared; nothing is executed from either.
-    with load_target(a) as source_a, load_target(b) as source_b:
+    # A URL or Hub model on either side is read by range; its tensor bytes only for --deep.
+    remote = RemoteOptions(fetch_contents=options.deep)
+    with load_target(a, remote) as source_a, load_target(b, remote) as source_b:
         # --tie names B's tensors; A's own declarations come from A.
         # per-tensor-ignores drop findings on both sides, as inspect drops them.
         report_a = without_ignored_findings(

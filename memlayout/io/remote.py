@@ -62,6 +62,26 @@ class Tally:
     """Each file's full size, by URL, as the server reported it."""
 
 
+def start_importing_transport() -> None:
+    """Import fsspec's HTTP filesystem and aiohttp in a background thread, for a command about to read a URL.
+
+    Importing aiohttp builds its TLS contexts (loading the system's CA
+    certificates), which with fsspec costs about as much as the rest of an
+    inspect's start. OpenSSL loads them without the GIL, and the command's own
+    imports (rules, reports) go on meanwhile, so a CLI that sees a URL among its
+    paths calls this first. A failed import here is ignored: `RemoteFiles` imports
+    again and reports it.
+    """
+    import contextlib
+    import threading
+
+    def run() -> None:
+        with contextlib.suppress(ImportError):
+            import fsspec.implementations.http  # noqa: F401
+
+    threading.Thread(target=run, name="memlayout-import-transport", daemon=True).start()
+
+
 def _missing_extra(what: str) -> RemoteReadError:
     return RemoteReadError(
         f"reading {what} needs fsspec and aiohttp, which are not installed",

@@ -11,7 +11,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from memlayout.errors import CorruptCheckpointError, SourceNotFoundError, UnrecognizedFormatError
+from memlayout.errors import (
+    CorruptCheckpointError,
+    SourceNotFoundError,
+    UnrecognizedFormatError,
+    UsageError,
+)
 from memlayout.load.records import LoadedSource
 from memlayout.load.remote_location import RemoteOptions, remote_location
 
@@ -206,22 +211,31 @@ def load_path(path: str, remote: RemoteOptions | None = None) -> LoadedSource:
         path: A checkpoint file, a model directory, an https:// (or s3://, gs://)
             URL, `hf://ORG/NAME[@REVISION][/PATH]`, a bare Hub id with no local path
             of that name (`memlayout.load.remote_location`), or `pkg.module:callable`.
-        remote: How a remote path is read (timeout, full downloads, tensor bytes).
+        remote: How a remote path is read (timeout, full downloads, tensor bytes);
+            None for a caller that reads local files only (flatten writes from
+            what it reads, and its --trust must never reach a remote file).
 
     Returns:
         The `LoadedSource` of the first format that recognizes the content.
 
     Raises:
         SourceNotFoundError: nothing exists at `path` and it is no import spec.
+        UsageError: `path` is remote and `remote` is None.
+        RemoteReadError: a remote read failed (memlayout.io.remote).
         UnrecognizedFormatError: no format recognizes the content.
         CorruptCheckpointError: the content is recognized but damaged.
     """
     if not os.path.exists(path):
         location = remote_location(path)
         if location is not None:
+            if remote is None:
+                raise UsageError(
+                    f"{path} is remote, and this command reads local files only",
+                    "download it first; inspect and diff read URLs and Hub models",
+                )
             from memlayout.load.remote import load_remote
 
-            return load_remote(location, remote or RemoteOptions())
+            return load_remote(location, remote)
         from memlayout.load.import_spec import load_import_spec, looks_like_spec
 
         if looks_like_spec(path):

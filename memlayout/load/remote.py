@@ -7,7 +7,8 @@ What is fetched, by format (every step's ranges concurrently):
   the fixed part of each record's local header (where its data starts, which is
   where torch maps it, so alignment is checked on real offsets) and data.pkl;
 - a model directory (a Hub repository, or a URL to its index): config.json and
-  the index, then every shard's first bytes, then every shard's header.
+  the index, the first shard's header, then every other shard's header by one
+  range sized on the first (and the remainder of any longer one).
 Tensor bytes are fetched only when asked (`RemoteOptions.fetch_contents`, from
 --deep); otherwise the rules that read them are skipped, and the report says so.
 
@@ -88,7 +89,8 @@ def remote_note(files: RemoteFiles) -> str:
     return (
         f"read remotely: {human_bytes(tally.bytes_fetched)} fetched in {tally.requests} "
         f"request{'s' if tally.requests != 1 else ''}, of {human_bytes(sum(tally.sizes.values()))} "
-        f"({count} file{'s' if count != 1 else ''})"
+        f"({count} file{'s' if count != 1 else ''}); not checked remotely: whether a file is also valid as "
+        "another container format (ML603 reads its other ends)"
     )
 
 
@@ -300,27 +302,38 @@ def _safetensors_shards(
     given: str, shards: list[str], urls: list[str], files: RemoteFiles, options: RemoteOptions
 ) -> LoadedSource:
     from memlayout.load.hf_dir import safetensors_shards_source
-    from memlayout.load.safetensors_file import (
-        HEADER_LENGTH_BYTES,
-        looks_like_safetensors,
-        parse_header,
-    )
+    from memlayout.load.safetensors_file import parse_header
 
-    heads = files.read_ranges([(url, 0, HEAD_BYTES) for url in urls])
-    for url, head in zip(urls, heads, strict=True):
-        if not looks_like_safetensors(head):
-            raise CorruptCheckpointError(f"{url} is no safetensors file, though the index names it as a shard")
-    ends = [
-        min(HEADER_LENGTH_BYTES + _header_length(url, head), files.size(url))
-        for url, head in zip(urls, heads, strict=True)
-    ]
-    rests = files.read_ranges([(url, len(head), end) for url, head, end in zip(urls, heads, ends, strict=True)])
+    # The shards of one model have headers of nearly one length. The first shard's
+    # length is read first; every other shard is then asked for that many bytes and
+    # a thirty-second more, so that most shards cost one request and a few bytes of
+    # overshoot, and the rare longer header one more request for its remainder.
+    first = files.read(urls[0], 0, HEAD_BYTES)
+    ends = [_shard_header_end(urls[0], first, files)]
+    guess = ends[0] + ends[0] // 32
+    asked = [(urls[0], len(first), ends[0])] + [(url, 0, guess) for url in urls[1:]]
+    got = files.read_ranges(asked)
+    raws = [first + got[0], *got[1:]]
+    for url, raw in zip(urls[1:], raws[1:], strict=True):
+        ends.append(_shard_header_end(url, raw, files))
+    short = [(i, (urls[i], len(raws[i]), ends[i])) for i in range(len(urls)) if ends[i] > len(raws[i])]
+    for (i, _), rest in zip(short, files.read_ranges([r for _, r in short]), strict=True):
+        raws[i] += rest
     headers = [
-        parse_header(url, head + rest, files.size(url)) for url, head, rest in zip(urls, heads, rests, strict=True)
+        parse_header(url, raw[:end], files.size(url)) for url, raw, end in zip(urls, raws, ends, strict=True)
     ]
     source, spans = safetensors_shards_source(given, shards, headers, urls, read_in_place=False)
     _attach_reader(source, files, urls, spans.starts, spans.sizes, spans.file_of, options)
     return source
+
+
+def _shard_header_end(url: str, head: bytes, files: RemoteFiles) -> int:
+    """Where a shard's header ends, from its first bytes; the shard must be safetensors."""
+    from memlayout.load.safetensors_file import HEADER_LENGTH_BYTES, looks_like_safetensors
+
+    if not looks_like_safetensors(head[:HEAD_BYTES]):
+        raise CorruptCheckpointError(f"{url} is no safetensors file, though the index names it as a shard")
+    return min(HEADER_LENGTH_BYTES + _header_length(url, head), files.size(url))
 
 
 def _pickled_shards(
@@ -350,6 +363,39 @@ def _read_json_or_none(files: RemoteFiles, url: str) -> Any:
         if "not found" in exc.message:
             return None
         raise
+
+
+def fetch_remote_config(location: RemoteLocation, options: RemoteOptions) -> tuple[str, bytes]:
+    """A remote model's config.json, alone: for `memlayout activations`, which builds from it.
+
+    Args:
+        location: A URL of the config.json or of its folder, or a Hub repository (or a folder in it).
+        options: The timeout.
+
+    Returns:
+        (the config's URL, its bytes).
+    """
+    from memlayout.io.remote import RemoteFiles
+    from memlayout.load.hf_dir import CONFIG
+
+    headers: dict[str, str] = {}
+    if location.protocol == "hf":
+        try:
+            from huggingface_hub import hf_hub_url
+        except ImportError:
+            raise RemoteReadError(
+                f"reading {location.given} from the Hugging Face Hub needs huggingface_hub, which is not installed",
+                "install it with: pip install 'memlayout[remote]'",
+            ) from None
+        path = location.path_in_repo or CONFIG
+        if not path.endswith(".json"):
+            path = f"{path.rstrip('/')}/{CONFIG}"
+        url = hf_hub_url(location.repo, path, revision=location.revision)
+        headers = _hub_headers()
+    else:
+        url = location.url if location.url.endswith(".json") else f"{location.url.rstrip('/')}/{CONFIG}"
+    files = RemoteFiles(url.partition("://")[0], timeout_s=options.timeout_s, headers=headers)
+    return url, files.read_whole(url)
 
 
 # -- the Hub ------------------------------------------------------------------------

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
@@ -19,6 +21,7 @@ import memlayout
 from memlayout.cli.formats import Command, formats_for
 from tests.core_install.conftest import REPO, core_install
 from tests.core_install.conftest import memlayout as run
+from tests.remote.nginx import Server, start_nginx
 
 # One checkpoint of each format the loaders read, as the real writers made them.
 CHECKPOINTS = (
@@ -149,3 +152,27 @@ def test_what_runs_torch_exits_2_with_one_line_naming_the_extra(args: tuple[str,
     line = one_error_line(done.stderr)
     assert "needs torch, which is not installed" in line and line.endswith(f"(install it with: {EXTRA})"), line
     assert "Traceback" not in done.stderr
+
+
+@pytest.fixture(scope="module")
+def nginx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from start_nginx(tmp_path_factory.mktemp("nginx"))
+
+
+def test_remote_reads_need_no_torch(checkpoints: Path, nginx: Server) -> None:
+    # A safetensors file, a torch.save zip and a sharded directory over HTTP from a real
+    # nginx, with torch unimportable: the same tensors as from disk.
+    shutil.copytree(checkpoints / "gpt2-sharded", nginx.root / "files" / "gpt2-sharded")
+    for name in ("model.safetensors", "module.pt"):
+        shutil.copyfile(checkpoints / name, nginx.root / "files" / name)
+    index = next(p.name for p in (checkpoints / "gpt2-sharded").glob("*.index.json"))
+    for local, url in (
+        (checkpoints / "model.safetensors", f"{nginx.url}/files/model.safetensors"),
+        (checkpoints / "module.pt", f"{nginx.url}/files/module.pt"),
+        (checkpoints / "gpt2-sharded", f"{nginx.url}/files/gpt2-sharded/{index}"),
+    ):
+        on_disk = run("inspect", "--format", "json", "--fail-on", "never", local)
+        remote = run("inspect", "--format", "json", "--fail-on", "never", url)
+        assert remote.returncode == 0, remote.stderr
+        assert json.loads(remote.stdout)["tensors"] == json.loads(on_disk.stdout)["tensors"]
+        assert any(n.startswith("read remotely") for n in json.loads(remote.stdout)["source"]["notes"])

@@ -23,6 +23,7 @@ where apt-get can, as it installs chromium.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -144,11 +145,33 @@ http {{
 """
 
 
-def start_nginx(tmp: Path) -> Iterator[Server]:
-    """nginx serving tmp/"root", until the generator is closed; or a skip without nginx."""
-    if not os.access(NGINX, os.X_OK) and shutil.which("nginx") is None:
-        pytest.skip(f"nginx is not installed at {NGINX} (make test installs it where apt-get can)")
-    binary = NGINX if os.access(NGINX, os.X_OK) else str(shutil.which("nginx"))
+class NginxMissing(RuntimeError):
+    """nginx is not installed here."""
+
+
+def nginx_binary() -> str:
+    """The nginx executable.
+
+    Raises:
+        NginxMissing: none is installed.
+    """
+    if os.access(NGINX, os.X_OK):
+        return NGINX
+    found = shutil.which("nginx")
+    if found is None:
+        raise NginxMissing(f"nginx is not installed at {NGINX} (make test installs it where apt-get can)")
+    return found
+
+
+@contextlib.contextmanager
+def running_nginx(tmp: Path) -> Iterator[Server]:
+    """nginx serving tmp/"root" in the foreground until the block ends; for the tests and the benchmark.
+
+    Raises:
+        NginxMissing: nginx is not installed.
+        RuntimeError: it did not start (its error line says why).
+    """
+    binary = nginx_binary()
     root, state = tmp / "root", tmp / "state"
     (root / "files").mkdir(parents=True, exist_ok=True)
     state.mkdir(parents=True, exist_ok=True)
@@ -170,10 +193,20 @@ def start_nginx(tmp: Path) -> Iterator[Server]:
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
                     error = process.stderr.read().decode() if process.stderr else ""
-                    pytest.fail(f"nginx did not start: {error.strip()}")
+                    raise RuntimeError(f"nginx did not start: {error.strip()}") from None
                 time.sleep(0.05)
         yield Server(f"http://127.0.0.1:{port}", root, state / "access.log")
     finally:
         process.kill()
         process.wait(timeout=10)
         stop.set()
+
+
+def start_nginx(tmp: Path) -> Iterator[Server]:
+    """The pytest fixture's body: a running nginx, or one skip line where it is not installed."""
+    try:
+        nginx_binary()
+    except NginxMissing as exc:
+        pytest.skip(str(exc))
+    with running_nginx(tmp) as server:
+        yield server
