@@ -19,7 +19,7 @@ def architecture(name: str, build: Any) -> Architecture:
 
 
 def finish(child: run.Child, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         record = run.finish_child(child, timeout)
         if record is not None:
@@ -59,10 +59,11 @@ def test_a_crash_ends_only_its_record() -> None:
 
 def test_a_hang_is_stopped_at_the_timeout() -> None:
     started = time.monotonic()
-    # A spawned child imports torch before it builds: several seconds on a busy 2-core machine.
-    record = finish(run.start_child(architecture("hangs", hang)), timeout=30)
-    assert time.monotonic() - started < 60
-    assert record["reason"] == "timed out after 30 s during the build"
+    # A spawned child imports torch before it builds: seconds on an idle machine, over 30 s on a 2-core one
+    # shared by a dozen processes.
+    record = finish(run.start_child(architecture("hangs", hang)), timeout=60)
+    assert time.monotonic() - started < 120
+    assert record["reason"] == "timed out after 60 s during the build"
 
 
 def test_a_model_that_does_not_build_is_unsupported_with_its_reason() -> None:
