@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 CORE_VENV  := .venv-core
 CORE_STAMP := $(CORE_VENV)/.installed
 
-.PHONY: venv demo test test-core lint docs bench bench-gpu fixtures clean reliability fuzz browser nginx realworld zoo
+.PHONY: venv demo test test-core test-torch-matrix lint docs bench bench-gpu fixtures clean reliability fuzz browser nginx realworld zoo
 
 venv: $(STAMP)
 
@@ -55,6 +55,32 @@ nginx:
 test: $(STAMP) browser nginx
 	$(PY) -m pytest -q -n 2
 
+# The torch matrix: the whole suite again on the newest torch a user gets from
+# `pip install 'memlayout[torch]'` on Linux, a CUDA build (run here without a GPU,
+# as on CI and most laptops), and on the oldest torch pyproject's range claims.
+# Each torch has its own venv, .venv-torch-<version>, with the same extras as
+# `make venv` but `bench` (deepspeed builds from source against the torch it finds;
+# the benchmarks run on the pinned torch). `make test-torch-2.14.1` runs one.
+# Times on the 2-core CI machine: CONTRIBUTING.md.
+TORCH_NEWEST ?= 2.14.1
+TORCH_OLDEST ?= 2.6.0
+TORCH_MATRIX := $(TORCH_NEWEST) $(TORCH_OLDEST)
+
+.PRECIOUS: .venv-torch-%/.installed
+.venv-torch-%/.installed: pyproject.toml Makefile
+	rm -rf .venv-torch-$*
+	$(PYTHON) -m venv .venv-torch-$*
+	echo "torch==$*" > .venv-torch-$*/constraints.txt
+	.venv-torch-$*/bin/python -m pip install -q --upgrade pip
+	.venv-torch-$*/bin/python -m pip install -q -c .venv-torch-$*/constraints.txt "torch==$*"
+	.venv-torch-$*/bin/python -m pip install -q -c .venv-torch-$*/constraints.txt -e ".[torch,dev,zoo]"
+	touch $@
+
+test-torch-%: .venv-torch-%/.installed browser nginx
+	.venv-torch-$*/bin/python -m pytest -q -n 2
+
+test-torch-matrix: $(addprefix test-torch-,$(TORCH_MATRIX))
+
 # The reading commands in the install without torch: every report format on a
 # checkpoint of each format, and the commands that run torch refused in one line.
 # The checkpoints are written by the real writers, so by the full install's torch.
@@ -97,7 +123,7 @@ fixtures: $(STAMP)
 	$(PY) fixtures/make_fixtures.py
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) .pytest_cache .mypy_cache .ruff_cache site
+	rm -rf $(VENV) $(CORE_VENV) .venv-torch-* .pytest_cache .mypy_cache .ruff_cache site
 
 # SIGKILL at random points in 200 flattens of a 64 MiB checkpoint (a 20-kill slice
 # runs in make test). Figures: docs/reliability.md.

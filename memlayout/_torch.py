@@ -15,6 +15,7 @@ nothing, and the commands that read files run without torch installed;
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
@@ -161,6 +162,27 @@ def weights_only_unpickler() -> ModuleType:
     import torch._weights_only_unpickler as unpickler
 
     return unpickler
+
+
+def weights_only_default_globals() -> frozenset[str] | None:
+    """The globals `torch.load(weights_only=True)` accepts by default, as "module.name" paths; None without torch.
+
+    `torch._weights_only_unpickler._get_allowed_globals()`, a dict of path -> object,
+    has this name and shape on every torch of the tested range (2.6 to 2.14). It
+    leaves out what a user adds with `torch.serialization.add_safe_globals`: that
+    list belongs to the process that loads the file, not to the file.
+    """
+    try:
+        return _weights_only_default_globals()
+    except ImportError:  # not installed, or hidden (sys.modules["torch"] = None); not cached either way
+        return None
+
+
+@functools.cache
+def _weights_only_default_globals() -> frozenset[str]:
+    import torch._weights_only_unpickler as unpickler
+
+    return frozenset(unpickler._get_allowed_globals())
 
 
 # --- dispatch, autograd and fake tensors (activations) -----------------------------

@@ -110,29 +110,32 @@ def _own_types_first(mapping: Any, configs: Any) -> list[tuple[str, Any]]:
 
 
 def _transformers_builder(model_type: str, auto: str, family: str) -> Callable[[], Built]:
-    def build() -> Built:
-        import torch
-        import transformers
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    # A partial of a module-level function, not a closure: the sweep's runner starts each check
+    # with spawn, which pickles the architecture into the child.
+    return partial(_transformers_build, model_type, auto, family)
 
-        from benchmarks.zoo.tiny import describe, tiny_config
 
-        config_class = getattr(transformers, CONFIG_MAPPING_NAMES[model_type])
-        config = tiny_config(config_class, model_type)
-        _for_training(config)
-        _for_family(config, family)
-        torch.manual_seed(0)
-        model = _model_class(model_type, auto)._from_config(_own_config(config, model_type, auto)).train()
-        if hasattr(model, "set_default_language"):
-            # X-MOD routes each input through a language adapter and has no default language
-            model.set_default_language(config.languages[0])
-        try:
-            inputs = transformers_inputs(family, model)
-        except Exception as exc:
-            raise NoInputs(f"{type(exc).__name__}: {exc}") from exc
-        return Built(model, (), inputs, describe(config))
+def _transformers_build(model_type: str, auto: str, family: str) -> Built:
+    import torch
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    return build
+    from benchmarks.zoo.tiny import describe, tiny_config
+
+    config_class = getattr(transformers, CONFIG_MAPPING_NAMES[model_type])
+    config = tiny_config(config_class, model_type)
+    _for_training(config)
+    _for_family(config, family)
+    torch.manual_seed(0)
+    model = _model_class(model_type, auto)._from_config(_own_config(config, model_type, auto)).train()
+    if hasattr(model, "set_default_language"):
+        # X-MOD routes each input through a language adapter and has no default language
+        model.set_default_language(config.languages[0])
+    try:
+        inputs = transformers_inputs(family, model)
+    except Exception as exc:
+        raise NoInputs(f"{type(exc).__name__}: {exc}") from exc
+    return Built(model, (), inputs, describe(config))
 
 
 def _model_class(model_type: str, auto: str) -> Any:
@@ -272,17 +275,20 @@ def _diffusers_entries() -> list[Architecture]:
 
 
 def _diffusers_builder(name: str) -> Callable[[], Built]:
-    def build() -> Built:
-        import diffusers
-        import torch
+    # A partial of a module-level function, not a closure: the sweep's runner starts each check
+    # with spawn, which pickles the architecture into the child.
+    return partial(_diffusers_build, name)
 
-        torch.manual_seed(0)
-        model = getattr(diffusers, name)(**DIFFUSERS[name]).train()
-        generator = torch.Generator().manual_seed(0)
-        size = ", ".join(f"{key}={value}" for key, value in DIFFUSERS[name].items())
-        return Built(model, (), _diffusers_inputs(name, model, generator), size)
 
-    return build
+def _diffusers_build(name: str) -> Built:
+    import diffusers
+    import torch
+
+    torch.manual_seed(0)
+    model = getattr(diffusers, name)(**DIFFUSERS[name]).train()
+    generator = torch.Generator().manual_seed(0)
+    size = ", ".join(f"{key}={value}" for key, value in DIFFUSERS[name].items())
+    return Built(model, (), _diffusers_inputs(name, model, generator), size)
 
 
 def _diffusers_inputs(name: str, model: Any, generator: Any) -> dict[str, Any]:
@@ -330,16 +336,19 @@ def _torch_entries() -> list[Architecture]:
 
 
 def _torch_builder(name: str) -> Callable[[], Built]:
-    def build() -> Built:
-        import torch
+    # A partial of a module-level function, not a closure: the sweep's runner starts each check
+    # with spawn, which pickles the architecture into the child.
+    return partial(_torch_build, name)
 
-        torch.manual_seed(0)
-        make, shape, size = TORCH_MODELS[name]
-        model = make().train()
-        inputs = tuple(torch.randn(*s, generator=torch.Generator().manual_seed(index)) for index, s in enumerate(shape))
-        return Built(model, inputs, {}, size)
 
-    return build
+def _torch_build(name: str) -> Built:
+    import torch
+
+    torch.manual_seed(0)
+    make, shape, size = TORCH_MODELS[name]
+    model = make().train()
+    inputs = tuple(torch.randn(*s, generator=torch.Generator().manual_seed(index)) for index, s in enumerate(shape))
+    return Built(model, inputs, {}, size)
 
 
 def _transformer() -> Any:

@@ -47,34 +47,9 @@ def needs_rerun(record: dict[str, Any] | None) -> bool:
                 record["plan"] in ("verified", "unreachable-verified"))
 
 
-def warm_up() -> None:
-    """Import what every check needs once, in the parent: each forked child starts with it loaded.
-
-    Importing torch, transformers and diffusers takes 10-20 s on a busy machine, as
-    long as checking a tiny model; a child forked from a warm parent is still a
-    process of its own (a crash or a hang ends only it) without paying that again.
-    It also pins the code a sweep runs: the harness and memlayout are imported
-    here, so that editing them while a sweep runs changes nothing in it.
-    """
-    import diffusers  # noqa: F401
-    import torch
-    import transformers.models.auto.modeling_auto  # noqa: F401
-
-    import benchmarks.zoo.check
-    import benchmarks.zoo.inputs
-    import benchmarks.zoo.multimodal
-    import benchmarks.zoo.tiny  # noqa: F401
-    import memlayout.activations.analysis
-    import memlayout.activations.apply
-    import memlayout.activations.trace  # noqa: F401
-    import tests.activations.measure  # noqa: F401
-
-    torch.set_num_threads(1)
-
-
 @dataclass
 class Child:
-    """One architecture's check, running in a forked process."""
+    """One architecture's check, running in a process of its own."""
 
     entry: Any
     process: Any
@@ -84,21 +59,28 @@ class Child:
 
 
 def start_child(entry: Any) -> Child:
-    context = multiprocessing.get_context("fork")
+    # Spawn, never fork: a parent that has run a backward pass (a pytest worker, after other
+    # tests) holds autograd's worker threads, and torch refuses to run autograd in a child
+    # forked from it ("Unable to handle autograd's threading in combination with fork-based
+    # multiprocessing"). A spawned child imports torch afresh, which costs each check a few
+    # seconds. It gets the log file by name: spawn passes no other descriptor.
+    context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
-    stderr = tempfile.TemporaryFile(mode="w+b")  # noqa: SIM115 (closed when the child's record is taken)
-    process = context.Process(target=_child_main, args=(entry, send, stderr.fileno()), daemon=True)
+    stderr = tempfile.NamedTemporaryFile(mode="w+b", prefix="zoo-check-", suffix=".log")  # noqa: SIM115 (closed when the child's record is taken)
+    process = context.Process(target=_child_main, args=(entry, send, stderr.name), daemon=True)
     process.start()
     send.close()
     return Child(entry, process, receive, stderr, time.perf_counter())
 
 
-def _child_main(entry: Any, results: Any, stderr_fd: int) -> None:
+def _child_main(entry: Any, results: Any, stderr_path: str) -> None:
     from benchmarks.zoo.check import run_check
 
     # transformers' and torch's warnings go to the log, not the sweep's output; sys.stderr is
     # reopened on the new descriptor too, in case the parent had replaced it (pytest's capture)
-    os.dup2(stderr_fd, 2)
+    log = os.open(stderr_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(log, 2)
+    os.close(log)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives as long as the child)
@@ -229,7 +211,6 @@ def main(argv: list[str]) -> int:
     order = {entry.name: index for index, entry in enumerate(catalog)}
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     started = time.perf_counter()
-    warm_up()
     pending = list(enumerate(selected))
     running: list[tuple[int, Child]] = []
     try:

@@ -19,7 +19,7 @@ def architecture(name: str, build: Any) -> Architecture:
 
 
 def finish(child: run.Child, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         record = run.finish_child(child, timeout)
         if record is not None:
@@ -59,15 +59,38 @@ def test_a_crash_ends_only_its_record() -> None:
 
 def test_a_hang_is_stopped_at_the_timeout() -> None:
     started = time.monotonic()
-    record = finish(run.start_child(architecture("hangs", hang)), timeout=10)
-    assert time.monotonic() - started < 40
-    assert record["reason"] == "timed out after 10 s during the build"
+    # A spawned child imports torch before it builds: seconds on an idle machine, over 30 s on a 2-core one
+    # shared by a dozen processes.
+    record = finish(run.start_child(architecture("hangs", hang)), timeout=60)
+    assert time.monotonic() - started < 120
+    assert record["reason"] == "timed out after 60 s during the build"
 
 
 def test_a_model_that_does_not_build_is_unsupported_with_its_reason() -> None:
     record = finish(run.start_child(architecture("refuses", refuse)), timeout=60)
     assert record["status"] == "unsupported"
     assert "ValueError: no such size" in record["reason"]
+
+
+def _nested_checkpoints(x: Any, depth: int) -> Any:
+    from torch.utils.checkpoint import checkpoint
+
+    if depth == 0:
+        return x.sin()
+    return checkpoint(_nested_checkpoints, x, depth - 1, use_reentrant=True)
+
+
+def test_a_check_runs_after_the_parent_started_autograds_threads() -> None:
+    """Backward through deeply nested re-entrant checkpoints starts autograd's worker threads (past torch's
+    re-entrant depth of 60); a child forked after that fails its first backward with "Unable to handle
+    autograd's threading in combination with fork-based multiprocessing" (issue 28). A pytest worker may have
+    run such a test before this one."""
+    import torch
+
+    x = torch.randn(4, requires_grad=True)
+    _nested_checkpoints(x, 80).sum().backward()
+    record = finish(run.start_child(architecture("tiny", tiny)), timeout=120)
+    assert record["status"] == "ok", record["reason"]
 
 
 def test_a_check_that_runs_gives_the_full_record() -> None:
