@@ -285,13 +285,14 @@ def test_a_write_that_reads_back_wrong_never_replaces_out(
 
     write = to_safetensors._write_file
 
-    def write_then_damage(path: str, layout: Any, values: list[torch.Tensor]) -> None:
-        write(path, layout, values)
+    def write_then_damage(path: str, *rest: Any) -> int:
+        written = write(path, *rest)
         with open(path, "r+b") as handle:  # the last data byte changes, as a bad disk or a bug would
             handle.seek(-1, os.SEEK_END)
             last = handle.read(1)
             handle.seek(-1, os.SEEK_END)
             handle.write(bytes([last[0] ^ 0xFF]))
+        return written
 
     monkeypatch.setattr(to_safetensors, "_write_file", write_then_damage)
     out = tmp_path / "model.safetensors"

@@ -1,8 +1,10 @@
 """Conversion to safetensors (`flatten --to safetensors`): a pickle's tensors, written flat, nothing executed.
 
 IN is read as every flatten reads it: the restricted unpickler gives the records,
-the plan groups them, and the bytes move from IN's file into CPU buffers. OUT is
-then a standard safetensors file with `__metadata__["format"] = "pt"`, as
+and the plan groups them. Then, as flatten's torch.save writer does, OUT is
+streamed: a tensor whose bytes lie in IN as OUT stores them moves file to file in
+the kernel, and only a view that must be made dense is gathered through memory,
+one at a time. OUT is a standard safetensors file with `__metadata__["format"] = "pt"`, as
 transformers writes it, its data section starting on a 64-byte boundary and its
 tensors sorted by element size (so each is aligned without the gaps the format
 forbids).
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -51,6 +54,7 @@ TARGET = "safetensors"
 FORMAT_METADATA = {"format": "pt"}
 """What transformers' save_pretrained writes in every file (tests/flatten/test_to_safetensors_hf.py checks it)."""
 DATA_ALIGN = 64
+COPY_CHUNK_BYTES = 8 << 20
 SHOWN = 5
 """How many names a refusal or a note lists before "and N more"."""
 _CODES = {name: code for code, name in SAFETENSORS_DTYPES.items()}
@@ -75,8 +79,9 @@ class Stored(NamedTuple):
     nbytes: int
     view: ViewKey
     """IN's view whose values it holds."""
-    whole_slot: bool
-    """Its bytes are one slot of a plan buffer as they lie; else they are copied dense from the view."""
+    source_range: tuple[str, int] | None
+    """(IN's storage key, byte start) when its bytes lie in IN exactly as OUT stores them, so they
+    move file to file; None when they are gathered dense from the view."""
 
 
 class SafetensorsLayout(NamedTuple):
@@ -132,9 +137,12 @@ def safetensors_layout(plan: FlatPlan, facts: Facts, metadata: dict[str, str] | 
     dropped: dict[str, str] = {}
     copied: list[tuple[str, str]] = []
 
-    def store(placement_names: tuple[str, ...], dtype: str, shape: tuple[int, ...], key: ViewKey, whole: bool) -> str:
+    def store(
+        placement_names: tuple[str, ...], dtype: str, shape: tuple[int, ...], key: ViewKey,
+        source_range: tuple[str, int] | None,
+    ) -> str:
         kept = _kept_name(placement_names, sources, targets)
-        stored.append(Stored(kept, dtype, shape, dtype_info(dtype).itemsize * _numel(shape), key, whole))
+        stored.append(Stored(kept, dtype, shape, dtype_info(dtype).itemsize * _numel(shape), key, source_range))
         dropped.update({name: kept for name in placement_names if name != kept})
         return kept
 
@@ -143,11 +151,13 @@ def safetensors_layout(plan: FlatPlan, facts: Facts, metadata: dict[str, str] | 
             owner = next((p for p in slot.views if _is_whole_slot(p, slot.start, slot.nbytes)), None)
             first = None
             if owner is not None:
-                first = store(owner.names, owner.dtype, owner.shape, owner.source, True)
+                # A slot copied byte for byte is one range of IN; a dense slot gathers a strided view.
+                where = None if slot.dense else (slot.source_storage, slot.source_start)
+                first = store(owner.names, owner.dtype, owner.shape, owner.source, where)
             for placement in slot.views:
                 if placement is owner:
                     continue
-                kept = store(placement.names, placement.dtype, placement.shape, placement.source, False)
+                kept = store(placement.names, placement.dtype, placement.shape, placement.source, None)
                 if first is None:
                     first = kept
                 elif len(slot.views) > 1:
@@ -156,7 +166,7 @@ def safetensors_layout(plan: FlatPlan, facts: Facts, metadata: dict[str, str] | 
     for key in plan.untouched:
         # Empty tensors, and weights a weight-dropout wrapper recomputes: still IN's tensors.
         tensor = by_key[key]
-        store(tensor.names, tensor.dtype, tensor.shape, key, False)
+        store(tensor.names, tensor.dtype, tensor.shape, key, None)
     # Largest elements first: every tensor then starts on a multiple of its element
     # size, with no padding between tensors (which safetensors forbids).
     stored.sort(key=lambda s: -dtype_info(s.dtype).itemsize)
@@ -318,32 +328,30 @@ class SafetensorsConverter(FlattenWriter):
                              "pass --device cpu, or no --device")
 
     def write(self, job: FlattenJob) -> Written:
-        from memlayout.flatten.apply import allocate, copy_from_file
         from memlayout.io.atomic_write import atomic_file
 
-        stages: dict[str, float] = {}
-        started = time.perf_counter()
         layout = safetensors_layout(job.plan, job.facts, _kept_metadata(job.source))
         reader: Any = job.source.reader
         if reader is None or reader.file_of:
             raise FlattenError(f"{job.path}: its tensors' bytes are not located in one file", "convert each file alone")
-        buffers = allocate(job.plan, on="cpu")
-        copied = copy_from_file(job.plan, buffers, job.path, reader.starts)
-        values = _values(job, layout, buffers)
-        stages["copy"] = time.perf_counter() - started
+        stages: dict[str, float] = {}
         verified = False
-        with atomic_file(job.out) as output:
-            started = time.perf_counter()
-            _write_file(output.path, layout, values)
-            stages["write"] = time.perf_counter() - started
-            if job.options.verify and not output.is_stream:
+        source = os.open(job.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            with atomic_file(job.out) as output:
                 started = time.perf_counter()
-                _verify(output.path, layout, values)
-                stages["verify"] = time.perf_counter() - started
-                verified = True
-            closing = time.perf_counter()
-        stages["fsync"] = time.perf_counter() - closing
-        return Written(copied, verified, "read back: every tensor's bytes, names and metadata match", stages)
+                copied = _write_file(output.path, layout, source, reader)
+                stages["copy"] = time.perf_counter() - started
+                if job.options.verify and not output.is_stream:
+                    started = time.perf_counter()
+                    _verify(output.path, layout, source, reader)
+                    stages["verify"] = time.perf_counter() - started
+                    verified = True
+                closing = time.perf_counter()
+            stages["fsync"] = time.perf_counter() - closing
+        finally:
+            os.close(source)
+        return Written(copied, verified, "read back: every tensor's bytes against IN's, names and metadata", stages)
 
 
 def _kept_metadata(source: LoadedSource) -> dict[str, str]:
@@ -364,71 +372,120 @@ def _already_converted(source: LoadedSource, layout: SafetensorsLayout) -> bool:
         return length == len(layout.header) and handle.read(length) == layout.header
 
 
-def _values(job: FlattenJob, layout: SafetensorsLayout, buffers: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each stored tensor's values, as a dense tensor viewing (or copied from) the filled buffers."""
+def _gathered(reader: Any, view: ViewKey) -> torch.Tensor:
+    """A view of IN's storage, read from the file and made dense: only its own span is read."""
     import torch
 
-    from memlayout.flatten.apply import view_of
+    from memlayout.flatten.apply import host_bytes, torch_dtype
 
-    values = []
-    for entry in layout.stored:
-        placed = job.plan.placements.get(entry.view)
-        if placed is not None:
-            index, placement = placed
-            values.append(view_of(buffers[index], placement).contiguous())
-        else:
-            values.append(_untouched_value(job, entry, torch))
-    return values
-
-
-def _untouched_value(job: FlattenJob, entry: Stored, torch: Any) -> Any:
-    from memlayout.flatten.apply import torch_dtype
-
-    key, offset, shape, stride, dtype = entry.view
-    if entry.nbytes == 0:
+    key, offset, shape, stride, dtype = view
+    itemsize = dtype_info(dtype).itemsize
+    if _numel(shape) == 0:
         return torch.empty(shape, dtype=torch_dtype(dtype))
-    reader: Any = job.source.reader
-    raw = bytearray(reader.read(key, 0, reader.sizes[key]))
-    whole = torch.frombuffer(raw, dtype=torch.uint8)
-    return torch.empty(0, dtype=torch_dtype(dtype)).set_(whole.untyped_storage(), offset, shape, stride).contiguous()
+    last = offset + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
+    span = torch.empty((last - offset + 1) * itemsize, dtype=torch.uint8)
+    reader.read_into(key, offset * itemsize, host_bytes(span))
+    values = torch.empty(0, dtype=torch_dtype(dtype)).set_(span.untyped_storage(), 0, shape, stride)
+    return values.contiguous()
 
 
-def _write_file(path: str, layout: SafetensorsLayout, values: list[torch.Tensor]) -> None:
+def _dense_bytes(value: torch.Tensor) -> memoryview:
     import torch
 
     from memlayout.flatten.apply import host_bytes
 
-    with open(path, "wb") as out:
-        out.write(struct.pack("<Q", len(layout.header)))
-        out.write(layout.header)
-        for entry, value in zip(layout.stored, values, strict=True):
-            if entry.nbytes:
-                start = value.storage_offset() * value.element_size()
-                raw = torch.empty(0, dtype=torch.uint8).set_(value.untyped_storage(), start, (entry.nbytes,), (1,))
-                out.write(host_bytes(raw))
-        out.flush()
-        os.fsync(out.fileno())
+    raw = torch.empty(0, dtype=torch.uint8)
+    raw.set_(value.untyped_storage(), value.storage_offset() * value.element_size(), (value.numel() * value.element_size(),), (1,))
+    return host_bytes(raw)
 
 
-def _verify(path: str, layout: SafetensorsLayout, values: list[torch.Tensor]) -> None:
-    """Re-read OUT: its header as memlayout validates it, and every stored tensor's bytes."""
-    import torch
+def _write_all(target: int, data: bytes | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(target, view) :]
 
-    from memlayout.flatten.apply import as_bits
-    from memlayout.flatten.safetensors_out import load_flat_safetensors
+
+def _copy_range(source: int, target: int, start: int, nbytes: int) -> None:
+    """IN's bytes [start, start + nbytes) appended to OUT, in the kernel where it can."""
+    done = 0
+    try:
+        position = os.lseek(target, 0, os.SEEK_CUR)
+        while done < nbytes:
+            moved = os.copy_file_range(source, target, nbytes - done, start + done, position + done)
+            if moved == 0:
+                raise FlattenError("IN ended before the bytes its records name", "the file changed while it was read")
+            done += moved
+        os.lseek(target, position + nbytes, os.SEEK_SET)
+        return
+    except OSError:
+        # A pipe, a filesystem pair or a kernel without it: the same bytes through memory.
+        if done:
+            os.lseek(target, position + done, os.SEEK_SET)
+    while done < nbytes:
+        chunk = os.pread(source, min(COPY_CHUNK_BYTES, nbytes - done), start + done)
+        if not chunk:
+            raise FlattenError("IN ended before the bytes its records name", "the file changed while it was read")
+        _write_all(target, chunk)
+        done += len(chunk)
+
+
+def _write_file(path: str, layout: SafetensorsLayout, source: int, reader: Any) -> int:
+    """Write OUT: its header, then each tensor, moved from IN's file or gathered dense. Returns bytes written."""
+    copied = 0
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        _write_all(out, struct.pack("<Q", len(layout.header)) + layout.header)
+        for entry in layout.stored:
+            if not entry.nbytes:
+                continue
+            if entry.source_range is not None:
+                key, start = entry.source_range
+                _copy_range(source, out, reader.starts[key] + start, entry.nbytes)
+            else:
+                _write_all(out, _dense_bytes(_gathered(reader, entry.view)))
+            copied += entry.nbytes
+        if stat.S_ISREG(os.fstat(out).st_mode):  # a pipe or a terminal has nothing to sync
+            os.fsync(out)
+    finally:
+        os.close(out)
+    return copied
+
+
+def _verify(path: str, layout: SafetensorsLayout, source: int, reader: Any) -> None:
+    """Re-read OUT: its header as `inspect` validates it, its ties, and every tensor's bytes against IN's."""
     from memlayout.load.safetensors_file import read_header
 
     header, _ = read_header(path)
-    if header.metadata.get("format") != "pt" or [e.name for e in header.entries] != [s.name for s in layout.stored]:
+    expected = [(s.name, s.nbytes) for s in layout.stored]
+    if header.metadata.get("format") != "pt" or [(e.name, e.nbytes) for e in header.entries] != expected:
         raise FlattenError("verification failed: OUT's header is not the one written")
-    written = load_flat_safetensors(path)
-    for entry, expected in zip(layout.stored, values, strict=True):
-        got = written.get(entry.name)
-        if got is None or got.shape != expected.shape or not torch.equal(as_bits(got), as_bits(expected)):
-            raise FlattenError(f"verification failed: {entry.name} differs in the written file")
     for name, kept in layout.dropped.items():
         if header.metadata.get(name) != kept:
             raise FlattenError(f"verification failed: the tie {name} -> {kept} is not recorded in OUT")
+    written = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for entry, recorded in zip(layout.stored, header.entries, strict=True):
+            if entry.source_range is not None:
+                key, start = entry.source_range
+                same = _same_ranges(source, reader.starts[key] + start, written, recorded.start, entry.nbytes)
+            else:
+                wanted = bytes(_dense_bytes(_gathered(reader, entry.view))) if entry.nbytes else b""
+                same = os.pread(written, entry.nbytes, recorded.start) == wanted
+            if not same:
+                raise FlattenError(f"verification failed: {entry.name} differs in the written file")
+    finally:
+        os.close(written)
+
+
+def _same_ranges(first: int, first_start: int, second: int, second_start: int, nbytes: int) -> bool:
+    done = 0
+    while done < nbytes:
+        length = min(COPY_CHUNK_BYTES, nbytes - done)
+        left = os.pread(first, length, first_start + done)
+        if len(left) != length or left != os.pread(second, length, second_start + done):
+            return False
+        done += length
+    return True
 
 
 def refuse_unconverted(source_format: str, path: str) -> FlattenError:
