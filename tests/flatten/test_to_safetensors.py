@@ -316,3 +316,10 @@ def test_options_that_cannot_work_are_one_line(
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and says in error
     assert not out.exists()
+
+
+def test_check_says_a_converted_file_needs_nothing_more(tmp_path: Path) -> None:
+    out = tmp_path / "model.safetensors"
+    assert main(["flatten", str(SEEDS["state_dict.pt"]), "--check", "--to", "safetensors"]) == 1
+    assert convert(SEEDS["state_dict.pt"], out) == 0
+    assert main(["flatten", str(out), "--check", "--to", "safetensors"]) == 0
