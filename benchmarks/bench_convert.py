@@ -1,6 +1,6 @@
 """CPU figures for `memlayout flatten --to safetensors` against the usual conversion.
 
-Usage: python benchmarks/bench_convert.py [--size-mib 512] [--tensors 256] [--repeat 3]
+Usage: python benchmarks/bench_convert.py [--size-mib 512] [--tensors 256] [--repeat 3] [--quick]
 
 Each a fresh process, file to file, in round-robin rounds (best of --repeat):
   - `memlayout flatten IN -o OUT --to safetensors`: verified and fsynced, the pickle never run;
@@ -9,23 +9,25 @@ Each a fresh process, file to file, in round-robin rounds (best of --repeat):
     (no verification, no fsync).
 Peak RSS of each (GNU time's maximum resident set) is printed beside its time.
 
-Writes raw numbers to benchmarks/results/convert.json. The checkpoint is generated
-once into .bench-data/ (gitignored).
+Prints a ratio table and writes it, with the raw numbers, to benchmarks/results/convert.json
+(--quick: 64 MiB, one round, convert-quick.json). The checkpoint is generated once
+into .bench-data/ (gitignored).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import ROOT, Row, print_table, quick_requested, write_results
+
 DATA = ROOT / ".bench-data"
-RESULTS = ROOT / "benchmarks" / "results"
 
 PEER = """
 import sys, torch
@@ -60,26 +62,34 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=512)
     parser.add_argument("--tensors", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
-    source = checkpoint(args.size_mib, args.tensors)
+    quick = quick_requested(sys.argv) or args.quick
+    size, repeat = (64, 1) if quick else (args.size_mib, args.repeat)
+    source = checkpoint(size, args.tensors)
     out = DATA / "converted.safetensors"
-    runs: dict[str, list[tuple[float, int]]] = {"memlayout": [], "torch.load + save_file": []}
-    for _ in range(args.repeat):
+    peer = "torch.load + save_file"
+    runs: dict[str, list[tuple[float, int]]] = {"memlayout": [], peer: []}
+    for _ in range(repeat):
         out.unlink(missing_ok=True)
         runs["memlayout"].append(timed([sys.executable, "-m", "memlayout.cli.app", "flatten", str(source), "-o",
                                         str(out), "--to", "safetensors"]))
         out.unlink(missing_ok=True)
-        runs["torch.load + save_file"].append(timed([sys.executable, "-c", PEER, str(source), str(out)]))
-    best = {name: (min(s for s, _ in values), max(m for _, m in values)) for name, values in runs.items()}
-    ours, peer = best["memlayout"], best["torch.load + save_file"]
-    print(f"{args.size_mib} MiB in {args.tensors} tensors, best of {args.repeat}")
-    for name, (seconds, peak) in best.items():
-        print(f"  {name:24} {seconds:6.2f} s   peak RSS {peak / (1 << 20):7.0f} MiB")
-    print(f"  ratio (memlayout / peer): time {ours[0] / peer[0]:.2f}x, peak RSS {ours[1] / peer[1]:.2f}x")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "convert.json").write_text(json.dumps(
-        {"size_mib": args.size_mib, "tensors": args.tensors, "runs": runs,
-         "load_average": os.getloadavg()}, indent=2) + "\n")
+        runs[peer].append(timed([sys.executable, "-c", PEER, str(source), str(out)]))
+    out.unlink(missing_ok=True)
+    seconds = {name: min(s for s, _ in values) for name, values in runs.items()}
+    peak = {name: max(m for _, m in values) / (1 << 20) for name, values in runs.items()}
+    rows = [
+        Row(f"`memlayout flatten IN -o OUT --to safetensors`, {size} MiB, verified and fsynced",
+            f"{seconds['memlayout']:.2f} s", f"{peer} {seconds[peer]:.2f} s",
+            seconds["memlayout"] / seconds[peer], "(no goal: the peer neither verifies nor fsyncs)", True),
+        Row(f"peak RSS of the conversion, {size} MiB", f"{peak['memlayout']:.0f} MiB",
+            f"{peer} {peak[peer]:.0f} MiB", peak["memlayout"] / peak[peer], "<= 1.0x",
+            peak["memlayout"] <= peak[peer]),
+    ]
+    print_table(f"conversion to safetensors, {size} MiB in {args.tensors} tensors, best of {repeat}", rows)
+    write_results("convert", rows, {"size_mib": size, "tensors": args.tensors, "runs": runs,
+                                    "load_average": os.getloadavg()}, quick)
 
 
 if __name__ == "__main__":
