@@ -43,6 +43,7 @@ from memlayout.core.strides import MemoryFormat
 from memlayout.dtypes import SAFETENSORS_DTYPES, dtype_info
 from memlayout.errors import FlattenError, UsageError
 from memlayout.flatten.options import FlattenOptions
+from memlayout.flatten.pickle_contents import non_tensor_contents
 from memlayout.flatten.plan import FlatPlan, Placement, ViewKey, dense_strides, view_key
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, LayoutAfter, Written
 from memlayout.load.records import LoadedSource
@@ -189,71 +190,6 @@ def safetensors_layout(plan: FlatPlan, facts: Facts, metadata: dict[str, str] | 
 def _listed(items: list[str]) -> str:
     shown = ", ".join(items[:SHOWN])
     return shown + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
-
-
-def non_tensor_contents(source: LoadedSource) -> list[str]:
-    """Everything IN's pickle holds besides tensors, one "path (type)" each; empty for a state dict.
-
-    The pickle is read again by the restricted unpickler: nothing in it runs.
-
-    Args:
-        source: The loaded IN.
-
-    Returns:
-        Lines such as "epoch (int)" or "(root) (a pickled torch.nn.Linear module)".
-    """
-    if source.format == "safetensors" or source.path is None:
-        return []
-    root = _pickled_root(source.path, source.format)
-    found: list[str] = []
-    _walk_contents(root, "", found, set())
-    return found
-
-
-def _pickled_root(path: str, fmt: str) -> Any:
-    from memlayout.load.restricted_pickle import unpickle
-
-    if fmt == "torch-zip":
-        from memlayout.io.zip_archive import ZipReader, archive_prefix
-
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            archive = ZipReader(fd, os.fstat(fd).st_size, 0, path)
-            prefix = archive_prefix(archive.names)
-            order = f"{prefix}byteorder"
-            if order in archive.by_name and archive.read(order).decode("ascii", "replace") != "little":
-                # torch.load swaps every value; conversion copies bytes as they are.
-                raise FlattenError(f"{path} was saved on a big-endian machine",
-                                   "load and re-save it with torch on a little-endian machine first")
-            return unpickle(archive.read(f"{prefix}data.pkl"), what=path).root
-        finally:
-            os.close(fd)
-    from memlayout.load.restricted_pickle import RestrictedUnpickler, run_unpickler
-
-    # A legacy file is four pickles (magic, protocol, system info, the object), then storages.
-    with open(path, "rb") as handle:
-        for what in ("magic number", "protocol version", "system info"):
-            run_unpickler(RestrictedUnpickler(handle, False), f"{path}: the {what} pickle")
-        return run_unpickler(RestrictedUnpickler(handle, True), f"{path}: the main pickle")
-
-
-def _walk_contents(obj: Any, path: str, found: list[str], seen: set[int]) -> None:
-    from memlayout.load.restricted_pickle import InertObject, PickledTensor, is_module_state
-
-    if type(obj) is PickledTensor or id(obj) in seen:
-        return
-    where = path or "(root)"
-    if isinstance(obj, InertObject):
-        kind = "module" if is_module_state(obj.state_dict) else "object"
-        found.append(f"{where} (a pickled {obj.qualified_name()} {kind})")
-        return
-    if isinstance(obj, (dict, list, tuple)):
-        seen.add(id(obj))
-        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-        for key, value in items:
-            _walk_contents(value, f"{path}.{key}" if path else str(key), found, seen)
-        return
-    found.append(f"{where} ({type(obj).__name__})")
 
 
 def lost_ties(facts: Facts) -> list[str]:
@@ -502,52 +438,4 @@ def refuse_unconverted(source_format: str, path: str) -> FlattenError:
     return FlattenError(f"{path}: --to safetensors does not convert {source_format} sources", hint)
 
 
-def converted_name(name: str) -> str:
-    """A weight file's name in the converted directory, as transformers names safetensors files.
-
-    Args:
-        name: IN's file name ("pytorch_model-00001-of-00002.bin").
-
-    Returns:
-        "model-00001-of-00002.safetensors" (a safetensors file keeps its name).
-    """
-    if name.endswith(".safetensors"):
-        return name
-    stem = name[: -len(".bin")] if name.endswith(".bin") else name
-    if stem.startswith("pytorch_model"):
-        stem = "model" + stem[len("pytorch_model"):]
-    return stem + ".safetensors"
-
-
-def converted_index(weight_map: dict[str, str], dropped: set[str], sizes: int, metadata: dict[str, Any]) -> bytes:
-    """The `model.safetensors.index.json` of a converted directory.
-
-    Args:
-        weight_map: Every stored tensor name -> its converted file.
-        dropped: Tied names no file stores (transformers' index lists only stored names).
-        sizes: Bytes of every stored tensor (`metadata.total_size`).
-        metadata: IN's index metadata, kept apart from `total_size`.
-
-    Returns:
-        The JSON text.
-    """
-    kept = {name: file for name, file in sorted(weight_map.items()) if name not in dropped}
-    text = json.dumps({"metadata": {**metadata, "total_size": sizes}, "weight_map": kept}, indent=2)
-    return (text + "\n").encode()
-
-
-def index_metadata(directory: str) -> dict[str, Any]:
-    """The metadata of IN's index, if it has one (transformers adds `total_parameters`)."""
-    from memlayout.load.hf_dir import BIN_INDEX, SAFETENSORS_INDEX
-
-    for name in (SAFETENSORS_INDEX, BIN_INDEX):
-        index = os.path.join(directory, name)
-        if os.path.isfile(index):
-            with open(index, "rb") as handle:
-                loaded = json.load(handle)
-            metadata = loaded.get("metadata") if isinstance(loaded, dict) else None
-            return {k: v for k, v in metadata.items() if k != "total_size"} if isinstance(metadata, dict) else {}
-    return {}
-
-
-__all__ = ["SafetensorsConverter", "converted_index", "converted_name", "non_tensor_contents", "safetensors_layout"]
+__all__ = ["SafetensorsConverter", "lost_ties", "refuse_unconverted", "safetensors_layout"]
