@@ -335,11 +335,7 @@ def _convert_hf_dir(path: str, options: FlattenOptions, progress: Progress | Non
     """
     import shutil
 
-    from memlayout.flatten.writers.to_safetensors import (
-        converted_index,
-        converted_name,
-        index_metadata,
-    )
+    from memlayout.flatten.safetensors_dir import converted_index, converted_name, index_metadata
     from memlayout.io.atomic_write import atomic_directory
     from memlayout.load.hf_dir import BIN_INDEX, SAFETENSORS_INDEX, config_ties, weight_files
     from memlayout.load.safetensors_file import read_header

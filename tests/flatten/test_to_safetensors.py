@@ -285,13 +285,14 @@ def test_a_write_that_reads_back_wrong_never_replaces_out(
 
     write = to_safetensors._write_file
 
-    def write_then_damage(path: str, layout: Any, values: list[torch.Tensor]) -> None:
-        write(path, layout, values)
+    def write_then_damage(path: str, *rest: Any) -> int:
+        written = write(path, *rest)
         with open(path, "r+b") as handle:  # the last data byte changes, as a bad disk or a bug would
             handle.seek(-1, os.SEEK_END)
             last = handle.read(1)
             handle.seek(-1, os.SEEK_END)
             handle.write(bytes([last[0] ^ 0xFF]))
+        return written
 
     monkeypatch.setattr(to_safetensors, "_write_file", write_then_damage)
     out = tmp_path / "model.safetensors"
@@ -315,3 +316,10 @@ def test_options_that_cannot_work_are_one_line(
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and says in error
     assert not out.exists()
+
+
+def test_check_says_a_converted_file_needs_nothing_more(tmp_path: Path) -> None:
+    out = tmp_path / "model.safetensors"
+    assert main(["flatten", str(SEEDS["state_dict.pt"]), "--check", "--to", "safetensors"]) == 1
+    assert convert(SEEDS["state_dict.pt"], out) == 0
+    assert main(["flatten", str(out), "--check", "--to", "safetensors"]) == 0

@@ -39,6 +39,16 @@ def tiny_llama() -> torch.nn.Module:
     return transformers.LlamaForCausalLM(config).eval()
 
 
+def tiny_bert() -> torch.nn.Module:
+    """BERT for masked LM: the decoder tied to the word embedding, and its bias to the head's."""
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, vocab_size=128,
+        max_position_embeddings=32,
+    )
+    return transformers.BertForMaskedLM(config).eval()
+
+
 def bin_name(safetensors_name: str) -> str:
     return "pytorch_model" + safetensors_name[len("model") : -len(".safetensors")] + ".bin"
 
@@ -78,13 +88,17 @@ def tensors_in(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def logits(directory: Path) -> torch.Tensor:
-    model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    masked = json.loads((directory / "config.json").read_text())["model_type"] == "bert"
+    auto = transformers.AutoModelForMaskedLM if masked else transformers.AutoModelForCausalLM
+    model = auto.from_pretrained(directory).eval()
     with torch.no_grad():
         return model(torch.arange(16).reshape(2, 8)).logits
 
 
 @pytest.mark.parametrize(
-    ("build", "shard"), [(tiny_gpt2, None), (tiny_gpt2, "60KB"), (tiny_llama, "60KB")], ids=["gpt2", "gpt2-sharded", "llama-sharded"]
+    ("build", "shard"),
+    [(tiny_gpt2, None), (tiny_gpt2, "60KB"), (tiny_llama, "60KB"), (tiny_bert, None)],
+    ids=["gpt2", "gpt2-sharded", "llama-sharded", "bert"],
 )
 def test_a_bin_directory_becomes_the_directory_transformers_writes(build, shard: str | None, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     model = build()

@@ -1,8 +1,10 @@
 """Conversion to safetensors (`flatten --to safetensors`): a pickle's tensors, written flat, nothing executed.
 
 IN is read as every flatten reads it: the restricted unpickler gives the records,
-the plan groups them, and the bytes move from IN's file into CPU buffers. OUT is
-then a standard safetensors file with `__metadata__["format"] = "pt"`, as
+and the plan groups them. Then, as flatten's torch.save writer does, OUT is
+streamed: a tensor whose bytes lie in IN as OUT stores them moves file to file in
+the kernel, and only a view that must be made dense is gathered through memory,
+one at a time. OUT is a standard safetensors file with `__metadata__["format"] = "pt"`, as
 transformers writes it, its data section starting on a 64-byte boundary and its
 tensors sorted by element size (so each is aligned without the gaps the format
 forbids).
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -40,6 +43,7 @@ from memlayout.core.strides import MemoryFormat
 from memlayout.dtypes import SAFETENSORS_DTYPES, dtype_info
 from memlayout.errors import FlattenError, UsageError
 from memlayout.flatten.options import FlattenOptions
+from memlayout.flatten.pickle_contents import non_tensor_contents
 from memlayout.flatten.plan import FlatPlan, Placement, ViewKey, dense_strides, view_key
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, LayoutAfter, Written
 from memlayout.load.records import LoadedSource
@@ -51,6 +55,7 @@ TARGET = "safetensors"
 FORMAT_METADATA = {"format": "pt"}
 """What transformers' save_pretrained writes in every file (tests/flatten/test_to_safetensors_hf.py checks it)."""
 DATA_ALIGN = 64
+COPY_CHUNK_BYTES = 8 << 20
 SHOWN = 5
 """How many names a refusal or a note lists before "and N more"."""
 _CODES = {name: code for code, name in SAFETENSORS_DTYPES.items()}
@@ -75,8 +80,9 @@ class Stored(NamedTuple):
     nbytes: int
     view: ViewKey
     """IN's view whose values it holds."""
-    whole_slot: bool
-    """Its bytes are one slot of a plan buffer as they lie; else they are copied dense from the view."""
+    source_range: tuple[str, int] | None
+    """(IN's storage key, byte start) when its bytes lie in IN exactly as OUT stores them, so they
+    move file to file; None when they are gathered dense from the view."""
 
 
 class SafetensorsLayout(NamedTuple):
@@ -132,9 +138,12 @@ def safetensors_layout(plan: FlatPlan, facts: Facts, metadata: dict[str, str] | 
     dropped: dict[str, str] = {}
     copied: list[tuple[str, str]] = []
 
-    def store(placement_names: tuple[str, ...], dtype: str, shape: tuple[int, ...], key: ViewKey, whole: bool) -> str:
+    def store(
+        placement_names: tuple[str, ...], dtype: str, shape: tuple[int, ...], key: ViewKey,
+        source_range: tuple[str, int] | None,
+    ) -> str:
         kept = _kept_name(placement_names, sources, targets)
-        stored.append(Stored(kept, dtype, shape, dtype_info(dtype).itemsize * _numel(shape), key, whole))
+        stored.append(Stored(kept, dtype, shape, dtype_info(dtype).itemsize * _numel(shape), key, source_range))
         dropped.update({name: kept for name in placement_names if name != kept})
         return kept
 
@@ -143,11 +152,13 @@ def safetensors_layout(plan: FlatPlan, facts: Facts, metadata: dict[str, str] | 
             owner = next((p for p in slot.views if _is_whole_slot(p, slot.start, slot.nbytes)), None)
             first = None
             if owner is not None:
-                first = store(owner.names, owner.dtype, owner.shape, owner.source, True)
+                # A slot copied byte for byte is one range of IN; a dense slot gathers a strided view.
+                where = None if slot.dense else (slot.source_storage, slot.source_start)
+                first = store(owner.names, owner.dtype, owner.shape, owner.source, where)
             for placement in slot.views:
                 if placement is owner:
                     continue
-                kept = store(placement.names, placement.dtype, placement.shape, placement.source, False)
+                kept = store(placement.names, placement.dtype, placement.shape, placement.source, None)
                 if first is None:
                     first = kept
                 elif len(slot.views) > 1:
@@ -156,7 +167,7 @@ def safetensors_layout(plan: FlatPlan, facts: Facts, metadata: dict[str, str] | 
     for key in plan.untouched:
         # Empty tensors, and weights a weight-dropout wrapper recomputes: still IN's tensors.
         tensor = by_key[key]
-        store(tensor.names, tensor.dtype, tensor.shape, key, False)
+        store(tensor.names, tensor.dtype, tensor.shape, key, None)
     # Largest elements first: every tensor then starts on a multiple of its element
     # size, with no padding between tensors (which safetensors forbids).
     stored.sort(key=lambda s: -dtype_info(s.dtype).itemsize)
@@ -179,71 +190,6 @@ def safetensors_layout(plan: FlatPlan, facts: Facts, metadata: dict[str, str] | 
 def _listed(items: list[str]) -> str:
     shown = ", ".join(items[:SHOWN])
     return shown + (f" and {len(items) - SHOWN} more" if len(items) > SHOWN else "")
-
-
-def non_tensor_contents(source: LoadedSource) -> list[str]:
-    """Everything IN's pickle holds besides tensors, one "path (type)" each; empty for a state dict.
-
-    The pickle is read again by the restricted unpickler: nothing in it runs.
-
-    Args:
-        source: The loaded IN.
-
-    Returns:
-        Lines such as "epoch (int)" or "(root) (a pickled torch.nn.Linear module)".
-    """
-    if source.format == "safetensors" or source.path is None:
-        return []
-    root = _pickled_root(source.path, source.format)
-    found: list[str] = []
-    _walk_contents(root, "", found, set())
-    return found
-
-
-def _pickled_root(path: str, fmt: str) -> Any:
-    from memlayout.load.restricted_pickle import unpickle
-
-    if fmt == "torch-zip":
-        from memlayout.io.zip_archive import ZipReader, archive_prefix
-
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
-            archive = ZipReader(fd, os.fstat(fd).st_size, 0, path)
-            prefix = archive_prefix(archive.names)
-            order = f"{prefix}byteorder"
-            if order in archive.by_name and archive.read(order).decode("ascii", "replace") != "little":
-                # torch.load swaps every value; conversion copies bytes as they are.
-                raise FlattenError(f"{path} was saved on a big-endian machine",
-                                   "load and re-save it with torch on a little-endian machine first")
-            return unpickle(archive.read(f"{prefix}data.pkl"), what=path).root
-        finally:
-            os.close(fd)
-    from memlayout.load.restricted_pickle import RestrictedUnpickler, run_unpickler
-
-    # A legacy file is four pickles (magic, protocol, system info, the object), then storages.
-    with open(path, "rb") as handle:
-        for what in ("magic number", "protocol version", "system info"):
-            run_unpickler(RestrictedUnpickler(handle, False), f"{path}: the {what} pickle")
-        return run_unpickler(RestrictedUnpickler(handle, True), f"{path}: the main pickle")
-
-
-def _walk_contents(obj: Any, path: str, found: list[str], seen: set[int]) -> None:
-    from memlayout.load.restricted_pickle import InertObject, PickledTensor, is_module_state
-
-    if type(obj) is PickledTensor or id(obj) in seen:
-        return
-    where = path or "(root)"
-    if isinstance(obj, InertObject):
-        kind = "module" if is_module_state(obj.state_dict) else "object"
-        found.append(f"{where} (a pickled {obj.qualified_name()} {kind})")
-        return
-    if isinstance(obj, (dict, list, tuple)):
-        seen.add(id(obj))
-        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-        for key, value in items:
-            _walk_contents(value, f"{path}.{key}" if path else str(key), found, seen)
-        return
-    found.append(f"{where} ({type(obj).__name__})")
 
 
 def lost_ties(facts: Facts) -> list[str]:
@@ -318,32 +264,30 @@ class SafetensorsConverter(FlattenWriter):
                              "pass --device cpu, or no --device")
 
     def write(self, job: FlattenJob) -> Written:
-        from memlayout.flatten.apply import allocate, copy_from_file
         from memlayout.io.atomic_write import atomic_file
 
-        stages: dict[str, float] = {}
-        started = time.perf_counter()
         layout = safetensors_layout(job.plan, job.facts, _kept_metadata(job.source))
         reader: Any = job.source.reader
         if reader is None or reader.file_of:
             raise FlattenError(f"{job.path}: its tensors' bytes are not located in one file", "convert each file alone")
-        buffers = allocate(job.plan, on="cpu")
-        copied = copy_from_file(job.plan, buffers, job.path, reader.starts)
-        values = _values(job, layout, buffers)
-        stages["copy"] = time.perf_counter() - started
+        stages: dict[str, float] = {}
         verified = False
-        with atomic_file(job.out) as output:
-            started = time.perf_counter()
-            _write_file(output.path, layout, values)
-            stages["write"] = time.perf_counter() - started
-            if job.options.verify and not output.is_stream:
+        source = os.open(job.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            with atomic_file(job.out) as output:
                 started = time.perf_counter()
-                _verify(output.path, layout, values)
-                stages["verify"] = time.perf_counter() - started
-                verified = True
-            closing = time.perf_counter()
-        stages["fsync"] = time.perf_counter() - closing
-        return Written(copied, verified, "read back: every tensor's bytes, names and metadata match", stages)
+                copied = _write_file(output.path, layout, source, reader)
+                stages["copy"] = time.perf_counter() - started
+                if job.options.verify and not output.is_stream:
+                    started = time.perf_counter()
+                    _verify(output.path, layout, source, reader)
+                    stages["verify"] = time.perf_counter() - started
+                    verified = True
+                closing = time.perf_counter()
+            stages["fsync"] = time.perf_counter() - closing
+        finally:
+            os.close(source)
+        return Written(copied, verified, "read back: every tensor's bytes against IN's, names and metadata", stages)
 
 
 def _kept_metadata(source: LoadedSource) -> dict[str, str]:
@@ -364,71 +308,120 @@ def _already_converted(source: LoadedSource, layout: SafetensorsLayout) -> bool:
         return length == len(layout.header) and handle.read(length) == layout.header
 
 
-def _values(job: FlattenJob, layout: SafetensorsLayout, buffers: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each stored tensor's values, as a dense tensor viewing (or copied from) the filled buffers."""
+def _gathered(reader: Any, view: ViewKey) -> torch.Tensor:
+    """A view of IN's storage, read from the file and made dense: only its own span is read."""
     import torch
 
-    from memlayout.flatten.apply import view_of
+    from memlayout.flatten.apply import host_bytes, torch_dtype
 
-    values = []
-    for entry in layout.stored:
-        placed = job.plan.placements.get(entry.view)
-        if placed is not None:
-            index, placement = placed
-            values.append(view_of(buffers[index], placement).contiguous())
-        else:
-            values.append(_untouched_value(job, entry, torch))
-    return values
-
-
-def _untouched_value(job: FlattenJob, entry: Stored, torch: Any) -> Any:
-    from memlayout.flatten.apply import torch_dtype
-
-    key, offset, shape, stride, dtype = entry.view
-    if entry.nbytes == 0:
+    key, offset, shape, stride, dtype = view
+    itemsize = dtype_info(dtype).itemsize
+    if _numel(shape) == 0:
         return torch.empty(shape, dtype=torch_dtype(dtype))
-    reader: Any = job.source.reader
-    raw = bytearray(reader.read(key, 0, reader.sizes[key]))
-    whole = torch.frombuffer(raw, dtype=torch.uint8)
-    return torch.empty(0, dtype=torch_dtype(dtype)).set_(whole.untyped_storage(), offset, shape, stride).contiguous()
+    last = offset + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))
+    span = torch.empty((last - offset + 1) * itemsize, dtype=torch.uint8)
+    reader.read_into(key, offset * itemsize, host_bytes(span))
+    values = torch.empty(0, dtype=torch_dtype(dtype)).set_(span.untyped_storage(), 0, shape, stride)
+    return values.contiguous()
 
 
-def _write_file(path: str, layout: SafetensorsLayout, values: list[torch.Tensor]) -> None:
+def _dense_bytes(value: torch.Tensor) -> memoryview:
     import torch
 
     from memlayout.flatten.apply import host_bytes
 
-    with open(path, "wb") as out:
-        out.write(struct.pack("<Q", len(layout.header)))
-        out.write(layout.header)
-        for entry, value in zip(layout.stored, values, strict=True):
-            if entry.nbytes:
-                start = value.storage_offset() * value.element_size()
-                raw = torch.empty(0, dtype=torch.uint8).set_(value.untyped_storage(), start, (entry.nbytes,), (1,))
-                out.write(host_bytes(raw))
-        out.flush()
-        os.fsync(out.fileno())
+    raw = torch.empty(0, dtype=torch.uint8)
+    raw.set_(value.untyped_storage(), value.storage_offset() * value.element_size(), (value.numel() * value.element_size(),), (1,))
+    return host_bytes(raw)
 
 
-def _verify(path: str, layout: SafetensorsLayout, values: list[torch.Tensor]) -> None:
-    """Re-read OUT: its header as memlayout validates it, and every stored tensor's bytes."""
-    import torch
+def _write_all(target: int, data: bytes | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(target, view) :]
 
-    from memlayout.flatten.apply import as_bits
-    from memlayout.flatten.safetensors_out import load_flat_safetensors
+
+def _copy_range(source: int, target: int, start: int, nbytes: int) -> None:
+    """IN's bytes [start, start + nbytes) appended to OUT, in the kernel where it can."""
+    done = 0
+    try:
+        position = os.lseek(target, 0, os.SEEK_CUR)
+        while done < nbytes:
+            moved = os.copy_file_range(source, target, nbytes - done, start + done, position + done)
+            if moved == 0:
+                raise FlattenError("IN ended before the bytes its records name", "the file changed while it was read")
+            done += moved
+        os.lseek(target, position + nbytes, os.SEEK_SET)
+        return
+    except OSError:
+        # A pipe, a filesystem pair or a kernel without it: the same bytes through memory.
+        if done:
+            os.lseek(target, position + done, os.SEEK_SET)
+    while done < nbytes:
+        chunk = os.pread(source, min(COPY_CHUNK_BYTES, nbytes - done), start + done)
+        if not chunk:
+            raise FlattenError("IN ended before the bytes its records name", "the file changed while it was read")
+        _write_all(target, chunk)
+        done += len(chunk)
+
+
+def _write_file(path: str, layout: SafetensorsLayout, source: int, reader: Any) -> int:
+    """Write OUT: its header, then each tensor, moved from IN's file or gathered dense. Returns bytes written."""
+    copied = 0
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        _write_all(out, struct.pack("<Q", len(layout.header)) + layout.header)
+        for entry in layout.stored:
+            if not entry.nbytes:
+                continue
+            if entry.source_range is not None:
+                key, start = entry.source_range
+                _copy_range(source, out, reader.starts[key] + start, entry.nbytes)
+            else:
+                _write_all(out, _dense_bytes(_gathered(reader, entry.view)))
+            copied += entry.nbytes
+        if stat.S_ISREG(os.fstat(out).st_mode):  # a pipe or a terminal has nothing to sync
+            os.fsync(out)
+    finally:
+        os.close(out)
+    return copied
+
+
+def _verify(path: str, layout: SafetensorsLayout, source: int, reader: Any) -> None:
+    """Re-read OUT: its header as `inspect` validates it, its ties, and every tensor's bytes against IN's."""
     from memlayout.load.safetensors_file import read_header
 
     header, _ = read_header(path)
-    if header.metadata.get("format") != "pt" or [e.name for e in header.entries] != [s.name for s in layout.stored]:
+    expected = [(s.name, s.nbytes) for s in layout.stored]
+    if header.metadata.get("format") != "pt" or [(e.name, e.nbytes) for e in header.entries] != expected:
         raise FlattenError("verification failed: OUT's header is not the one written")
-    written = load_flat_safetensors(path)
-    for entry, expected in zip(layout.stored, values, strict=True):
-        got = written.get(entry.name)
-        if got is None or got.shape != expected.shape or not torch.equal(as_bits(got), as_bits(expected)):
-            raise FlattenError(f"verification failed: {entry.name} differs in the written file")
     for name, kept in layout.dropped.items():
         if header.metadata.get(name) != kept:
             raise FlattenError(f"verification failed: the tie {name} -> {kept} is not recorded in OUT")
+    written = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for entry, recorded in zip(layout.stored, header.entries, strict=True):
+            if entry.source_range is not None:
+                key, start = entry.source_range
+                same = _same_ranges(source, reader.starts[key] + start, written, recorded.start, entry.nbytes)
+            else:
+                wanted = bytes(_dense_bytes(_gathered(reader, entry.view))) if entry.nbytes else b""
+                same = os.pread(written, entry.nbytes, recorded.start) == wanted
+            if not same:
+                raise FlattenError(f"verification failed: {entry.name} differs in the written file")
+    finally:
+        os.close(written)
+
+
+def _same_ranges(first: int, first_start: int, second: int, second_start: int, nbytes: int) -> bool:
+    done = 0
+    while done < nbytes:
+        length = min(COPY_CHUNK_BYTES, nbytes - done)
+        left = os.pread(first, length, first_start + done)
+        if len(left) != length or left != os.pread(second, length, second_start + done):
+            return False
+        done += length
+    return True
 
 
 def refuse_unconverted(source_format: str, path: str) -> FlattenError:
@@ -445,52 +438,4 @@ def refuse_unconverted(source_format: str, path: str) -> FlattenError:
     return FlattenError(f"{path}: --to safetensors does not convert {source_format} sources", hint)
 
 
-def converted_name(name: str) -> str:
-    """A weight file's name in the converted directory, as transformers names safetensors files.
-
-    Args:
-        name: IN's file name ("pytorch_model-00001-of-00002.bin").
-
-    Returns:
-        "model-00001-of-00002.safetensors" (a safetensors file keeps its name).
-    """
-    if name.endswith(".safetensors"):
-        return name
-    stem = name[: -len(".bin")] if name.endswith(".bin") else name
-    if stem.startswith("pytorch_model"):
-        stem = "model" + stem[len("pytorch_model"):]
-    return stem + ".safetensors"
-
-
-def converted_index(weight_map: dict[str, str], dropped: set[str], sizes: int, metadata: dict[str, Any]) -> bytes:
-    """The `model.safetensors.index.json` of a converted directory.
-
-    Args:
-        weight_map: Every stored tensor name -> its converted file.
-        dropped: Tied names no file stores (transformers' index lists only stored names).
-        sizes: Bytes of every stored tensor (`metadata.total_size`).
-        metadata: IN's index metadata, kept apart from `total_size`.
-
-    Returns:
-        The JSON text.
-    """
-    kept = {name: file for name, file in sorted(weight_map.items()) if name not in dropped}
-    text = json.dumps({"metadata": {**metadata, "total_size": sizes}, "weight_map": kept}, indent=2)
-    return (text + "\n").encode()
-
-
-def index_metadata(directory: str) -> dict[str, Any]:
-    """The metadata of IN's index, if it has one (transformers adds `total_parameters`)."""
-    from memlayout.load.hf_dir import BIN_INDEX, SAFETENSORS_INDEX
-
-    for name in (SAFETENSORS_INDEX, BIN_INDEX):
-        index = os.path.join(directory, name)
-        if os.path.isfile(index):
-            with open(index, "rb") as handle:
-                loaded = json.load(handle)
-            metadata = loaded.get("metadata") if isinstance(loaded, dict) else None
-            return {k: v for k, v in metadata.items() if k != "total_size"} if isinstance(metadata, dict) else {}
-    return {}
-
-
-__all__ = ["SafetensorsConverter", "converted_index", "converted_name", "non_tensor_contents", "safetensors_layout"]
+__all__ = ["SafetensorsConverter", "lost_ties", "refuse_unconverted", "safetensors_layout"]
