@@ -24,6 +24,7 @@ import re
 import shlex
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,8 @@ def finding_of(code: str, path: Path, *options: str) -> tuple[dict[str, Any], li
     assert fired, (code, [f["code"] for f in findings])
     explained = memlayout("explain", code, cwd=path.parent)
     assert explained.returncode == 0 and explained.stderr == "", explained.stderr
+    # Every command explain tells the user to run is one these journeys run.
+    assert {c[1] for c in hinted_commands(explained.stdout)} <= {"inspect", "flatten"}, explained.stdout
     return fired[0], findings
 
 
@@ -282,6 +285,23 @@ def test_ml401_run_memlayout_flatten(tmp_path: Path) -> None:
     path = save_state(torch.nn.LSTM(32, 32, num_layers=2).state_dict(), tmp_path / "model.pt")
     finding, before = finding_of("ML401", path)
     assert_fixed("ML401", before, run_hinted_flatten(finding["hint"], path))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ml401_flatten_parameters_after_moving_to_cuda(tmp_path: Path) -> None:
+    path = save_state(torch.nn.LSTM(32, 32, num_layers=2).state_dict(), tmp_path / "model.pt")
+    finding, before = finding_of("ML401", path)
+    assert "call `module.flatten_parameters()` after moving to CUDA" in finding["hint"]
+    lstm = torch.nn.LSTM(32, 32, num_layers=2)
+    lstm.load_state_dict(torch.load(path))
+    lstm = lstm.cuda()
+    lstm.flatten_parameters()
+    with warnings.catch_warnings():
+        # cuDNN's WEIGHT_FORMAT_WARN: what the finding says would happen on every call.
+        warnings.filterwarnings("error", message=".*not part of single contiguous chunk.*")
+        lstm(torch.randn(5, 3, 32, device="cuda"))
+    assert_fixed("ML401", before, save_state(lstm.state_dict(), tmp_path / "fixed.pt"))
 
 
 # ML501 mixed-device
