@@ -49,11 +49,13 @@ def runs_code(module: str, name: str) -> bool:
 
 
 def _as_safetensors(facts: Facts) -> str:
-    """The "as safetensors" step of a re-save hint, with the step save_file needs first.
+    """The "as safetensors" step of a re-save hint, with the steps save_file needs first.
 
     safetensors' `save_file` refuses tensors that share memory ("Some tensors share
     memory, this will lead to duplicate memory on disk"), views of one storage as
-    much as one tensor under two names; a legacy state dict often holds such views.
+    much as one tensor under two names, and non-contiguous tensors ("You are trying
+    to save a non contiguous tensor"); a legacy state dict often holds both.
+    `.clone()` keeps a tensor's strides, so a transposed one needs `.contiguous()`.
     """
     shared = [
         name
@@ -62,12 +64,16 @@ def _as_safetensors(facts: Facts) -> str:
         if len(storage.tensors) > 1
     ]
     shared += [t.name for t in facts.tensors if len(t.names) > 1 and t.name not in shared]
-    if not shared:
+    strided = [t.name for t in facts.tensors if t.shape and not t.contiguous]
+    steps = []
+    if shared:
+        steps.append(f"`.clone()` of each tensor that shares memory ({_listed(shared)})")
+    if strided:
+        steps.append(f"`.contiguous()` of each tensor that is not contiguous ({_listed(strided)})")
+    if not steps:
         return "as safetensors"
-    return (
-        f"as safetensors after `.clone()` of each tensor that shares memory ({_listed(shared)}), "
-        "since safetensors' save_file refuses shared tensors"
-    )
+    refused = " and ".join(kind for kind, names in (("shared", shared), ("non-contiguous", strided)) if names)
+    return f"as safetensors after {' and '.join(steps)}, since safetensors' save_file refuses {refused} tensors"
 
 
 def _listed(paths: list[str]) -> str:
