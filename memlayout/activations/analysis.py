@@ -259,8 +259,11 @@ class _Step:
         """
         import torch
 
-        if not isinstance(value, torch.Tensor) or self.mode == "real":
+        if not isinstance(value, torch.Tensor):
             return value
+        if self.mode == "real":
+            # --real on CUDA: the model was moved there, so its inputs go too.
+            return value.to(self.device) if place and value.device.type != torch.device(self.device).type else value
         if self.fake_mode is not None:
             fake = value if _is_fake(value) else self.fake_mode.from_tensor(value)
             if place and fake.device.type != torch.device(self.device).type:

@@ -37,11 +37,21 @@ def test_one_rank_on_cuda_is_within_5_percent_of_max_memory_allocated(tmp_path: 
         for _ in range(2):  # the second step is the steady state the prediction is of
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
             model(**batch)["loss"].backward()
             optimizer.step()
             optimizer.zero_grad()
         torch.cuda.synchronize()
-        measured = torch.cuda.max_memory_allocated()
+        # What the first step left that is not the model's: cuBLAS's workspaces, one per
+        # thread that ran a matmul (forward's and autograd's), which torch takes from the
+        # caching allocator. On an H200 they were 65 MiB: the prediction is of the step's
+        # tensors, so they are left out of the measured peak, as test_gpu.py leaves them.
+        state = sum(t.untyped_storage().nbytes() for t in {
+            id(t): t for t in [*model.parameters(), *batch.values(),
+                               *(v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))]
+            if t.is_cuda
+        }.values())
+        measured = torch.cuda.max_memory_allocated() - (before - state)
     finally:
         dist.destroy_process_group()
     predicted = report.summary.peak_bytes
