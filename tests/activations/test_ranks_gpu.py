@@ -46,11 +46,13 @@ def test_one_rank_on_cuda_is_within_5_percent_of_max_memory_allocated(tmp_path: 
         # thread that ran a matmul (forward's and autograd's), which torch takes from the
         # caching allocator. On an H200 they were 65 MiB: the prediction is of the step's
         # tensors, so they are left out of the measured peak, as test_gpu.py leaves them.
-        state = sum(t.untyped_storage().nbytes() for t in {
-            id(t): t for t in [*model.parameters(), *batch.values(),
-                               *(v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))]
-            if t.is_cuda
-        }.values())
+        tensors = [*model.parameters(), *batch.values(),
+                   *(v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor))]
+        local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]  # FSDP2's DTensors
+        state = sum(
+            storage.nbytes() for storage in {t.untyped_storage().data_ptr(): t.untyped_storage() for t in local
+                                             if t.is_cuda}.values()
+        )
         measured = torch.cuda.max_memory_allocated() - (before - state)
     finally:
         dist.destroy_process_group()
