@@ -12,7 +12,8 @@ Usage: python benchmarks/bench_flatten_gpu.py [--size-mib 1024] [--tensors 400] 
   every weight in its own storage (what ML401 flags), and whether cuDNN warned
   that it copies the weights.
 
-Prints a ratio table and writes raw numbers to benchmarks/results/flatten_gpu.json.
+Prints a ratio table and writes raw numbers to benchmarks/results/gpu/flatten_gpu.json (beside the
+other GPU records, which docs/gpu.md quotes; the harness results one folder up are rendered whole).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-RESULTS = ROOT / "benchmarks" / "results"
+RESULTS = ROOT / "benchmarks" / "results" / "gpu"
 
 
 def cuda_time(run: Any, repeat: int) -> float:

@@ -37,5 +37,5 @@ mapfile -t GPU_TESTS < <(grep -rlE "pytest\.mark\.gpu|mark\.gpu" tests --include
 step 150 pytest-gpu.log $PYTHON -m pytest -q -p no:cacheprovider -o addopts= --timeout 60 -rfEs \
   "${GPU_TESTS[@]}" tests/test_private_torch_apis.py tests/core/test_cudnn_layout.py
 step 45 steps.log $PYTHON benchmarks/bench_flatten_gpu.py --size-mib 256 --tensors 200
-cp benchmarks/results/flatten_gpu.json "$OUT/" 2>/dev/null
+cp benchmarks/results/gpu/flatten_gpu.json "$OUT/" 2>/dev/null
 ls -la "$OUT"
