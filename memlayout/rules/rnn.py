@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from memlayout.core.cudnn_layout import rnn_layout_problem
-from memlayout.core.flatten_support import flatten_hint
+from memlayout.core.facts import SourceFact
+from memlayout.core.flatten_support import FORMAT_SUPPORT, flatten_hint
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
 
 
@@ -84,7 +85,7 @@ def rnn_not_flat(ctx: RuleContext) -> Iterator[Finding]:
         label = f"{rnn.mode} {module.path or '(root)'}: {problem}"
         first = ctx.facts.tensor(rnn.flat_weight_names[0])
         on_cuda = first is not None and first.device.startswith("cuda")
-        store_flat = f"to store them in cuDNN's layout anyway, {flatten_hint(ctx.facts.source)}"
+        store_flat = _store_flat_hint(ctx.facts.source)
         if rnn.known_from == "names":
             yield rnn_not_flat.finding(
                 rnn.flat_weight_names,
@@ -123,6 +124,17 @@ def rnn_not_flat(ctx: RuleContext) -> Iterator[Finding]:
                 f"{label}; cuDNN will copy its weights on every call",
                 hint=f"call `module.flatten_parameters()`, or {flatten_hint(ctx.facts.source)}",
             )
+
+
+def _store_flat_hint(source: SourceFact) -> str:
+    support = FORMAT_SUPPORT.get(source.format)
+    if support is not None and not support.pads:
+        # A safetensors data section holds every tensor back to back, so a rewrite
+        # cannot start each RNN at element 0 of it (followed on the corpus's
+        # model.safetensors, ML401 stayed); and its loaders give each tensor its own
+        # memory, so the file's layout never reaches cuDNN anyway.
+        return "safetensors' loaders give each tensor its own memory, so no layout of this file reaches cuDNN"
+    return f"to store them in cuDNN's layout anyway, {flatten_hint(source)}"
 
 
 @rule(
