@@ -514,6 +514,68 @@ def test_ml603_run_the_hinted_conversion(tmp_path: Path) -> None:
     assert follow_every_hinted_command("ML603", finding, before, path) >= 1
 
 
+# Every finding on the real files of the corpus and the fixtures, every command its hint names
+
+
+CORPUS = [
+    *sorted((FIXTURES.parent / "tests" / "corpus" / "seeds").iterdir()),
+    *sorted((FIXTURES / "formats").iterdir()),
+    FIXTURES / "demo_checkpoint.pt",
+]
+
+
+def copy_source(source: Path, folder: Path) -> Path:
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / source.name
+    if source.is_dir():
+        shutil.copytree(source, target)
+    else:
+        shutil.copyfile(source, target)
+    return target
+
+
+@pytest.mark.parametrize("source", CORPUS, ids=[p.name for p in CORPUS])
+def test_every_command_a_hint_names_on_the_corpus_clears_its_finding(source: Path, tmp_path: Path) -> None:
+    path = copy_source(source, tmp_path / "original")
+    findings = inspect_findings(path)
+    for number, finding in enumerate(findings):
+        for command in (c for c in hinted_commands(finding["hint"]) if c[:2] == ["memlayout", "flatten"]):
+            copy = copy_source(source, tmp_path / f"{finding['code']}_{number}_{'_'.join(command[2:]) or 'plain'}")
+            assert_fixed(finding["code"], findings, run_flatten_command(command, copy))
+
+
+def test_ml201_on_a_view_of_another_tensor_make_it_contiguous(tmp_path: Path) -> None:
+    path = copy_source(FIXTURES.parent / "tests" / "corpus" / "seeds" / "views.pt", tmp_path)
+    finding, before = finding_of("ML201", path)
+    assert "`p.data = p.data.contiguous()`" in finding["hint"] and not hinted_commands(finding["hint"])
+    state = {n: t.contiguous() if n in finding["tensors"] else t for n, t in torch.load(path).items()}
+    assert_fixed("ML201", before, save_state(state, tmp_path / "fixed.pt"))
+
+
+def test_ml203_on_a_view_of_another_tensor_clone_it(tmp_path: Path) -> None:
+    path = copy_source(LEGACY, tmp_path)
+    finding, before = finding_of("ML203", path)
+    assert "`.clone()` the tensor" in finding["hint"] and not hinted_commands(finding["hint"])
+    state = {n: t.clone() if n in finding["tensors"] else t for n, t in torch.load(path).items()}
+    assert_fixed("ML203", before, save_state(state, tmp_path / "fixed.pt"))
+
+
+def test_ml401_on_safetensors_says_the_files_layout_never_reaches_cudnn(tmp_path: Path) -> None:
+    path = copy_source(FIXTURES.parent / "tests" / "corpus" / "seeds" / "model.safetensors", tmp_path)
+    finding, _ = finding_of("ML401", path)
+    assert "safetensors' loaders give each tensor its own memory" in finding["hint"]
+    assert not hinted_commands(finding["hint"]), finding["hint"]  # flatten cannot put it at element 0
+    from safetensors import safe_open
+
+    state = load_file(path)
+    assert len({t.untyped_storage().data_ptr() for t in state.values()}) == len(state)
+    with safe_open(path, framework="pt") as opened:  # type: ignore[no-untyped-call]
+        tensors = [opened.get_tensor(name) for name in opened.keys()]  # noqa: SIM118 - safe_open has no __iter__
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == len(tensors)
+
+
 def test_every_rule_a_file_can_trigger_has_a_journey() -> None:
     from memlayout.rules import RULES
 
