@@ -61,10 +61,12 @@ test: $(STAMP) browser nginx
 # Each torch has its own venv, .venv-torch-<version>, with the same extras as
 # `make venv` but `bench` (deepspeed builds from source against the torch it finds;
 # the benchmarks run on the pinned torch). `make test-torch-2.14.1` runs one.
-# Times on the 2-core CI machine: CONTRIBUTING.md.
+# The oldest is the pinned torch for now, which make test already runs: 2.6.0 fails
+# three activations tests (CONTRIBUTING.md, "The torch range"); `make
+# test-torch-2.6.0` runs it. Times on the 2-core CI machine: CONTRIBUTING.md.
 TORCH_NEWEST ?= 2.14.1
-TORCH_OLDEST ?= 2.6.0
-TORCH_MATRIX := $(TORCH_NEWEST) $(TORCH_OLDEST)
+TORCH_OLDEST ?= 2.13.0
+TORCH_MATRIX := $(TORCH_NEWEST) $(filter-out $(TORCH_VERSION),$(TORCH_OLDEST))
 
 .PRECIOUS: .venv-torch-%/.installed
 .venv-torch-%/.installed: pyproject.toml Makefile

@@ -48,10 +48,9 @@ _DTYPE_NAMES = [
     "int16", "int32", "int64", "int8", "qint32", "qint8", "quint2x4", "quint4x2", "quint8",
     "uint16", "uint32", "uint64", "uint8"
 ] + [f"{kind}{bits}" for kind in ("int", "uint") for bits in range(1, 8)]
-# The dtypes of the copy that torch 2.6.0, the oldest of the tested range, does not accept.
-_NEWER_DTYPE_NAMES = ["bcomplex32", "float4_e2m1fn_x2", "float8_e8m0fnu"] + [
-    f"{kind}{bits}" for kind in ("int", "uint") for bits in range(1, 8)
-]
+# The dtypes of the copy that torch 2.13.0, the oldest of the tested range, does not accept. (torch
+# 2.6.0 also lacks float4_e2m1fn_x2, float8_e8m0fnu, int1-7 and uint1-7.)
+_NEWER_DTYPE_NAMES = ["bcomplex32"]
 _REBUILD_FUNCTIONS = [
     "_rebuild_parameter", "_rebuild_parameter_with_state", "_rebuild_qtensor",
     "_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_sparse_tensor",
@@ -93,7 +92,7 @@ WEIGHTS_ONLY_ALLOWED_PATHS: frozenset[str] = frozenset(
 WEIGHTS_ONLY_NEWER_THAN_OLDEST: frozenset[tuple[str, str]] = frozenset(
     ("torch", name) for name in _NEWER_DTYPE_NAMES
 )
-"""Globals of the copy that the oldest torch of the tested range (2.6.0) does not accept: for these, as
+"""Globals of the copy that the oldest torch of the tested range (2.13.0) does not accept: for these, as
 for every global outside the copy, the installed torch is asked."""
 WEIGHTS_ONLY_PROTOCOLS: frozenset[int] = frozenset([2, 3])
 """The pickle protocols torch's weights-only unpickler reads: it refuses protocol 1's
