@@ -105,11 +105,12 @@ def _truncating_upstream(stop: threading.Event) -> int:
 
 
 def config(port: int, root: Path, state: Path, upstream: int) -> str:
-    user = "user root root;" if os.geteuid() == 0 else ""  # workers must read pytest's 0700 tmp
     files = root / "files"
+    # One process, no master and no workers: killing it leaves nothing behind (a master
+    # killed with SIGKILL would orphan its workers), and it reads pytest's 0700 tmp as
+    # the user who started it.
     return f"""
-{user}
-worker_processes 1;
+master_process off;
 daemon off;
 pid {state}/nginx.pid;
 error_log {state}/error.log;
@@ -197,8 +198,12 @@ def running_nginx(tmp: Path) -> Iterator[Server]:
                 time.sleep(0.05)
         yield Server(f"http://127.0.0.1:{port}", root, state / "access.log")
     finally:
-        process.kill()
-        process.wait(timeout=10)
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
         stop.set()
 
 
