@@ -89,9 +89,7 @@ def diff_command(
             ties=settings.ties,
             select=settings.select,
             ignore=settings.ignore,
-            min_duplicate_bytes=settings.min_duplicate_bytes,
-            min_bloat_bytes=settings.min_bloat_bytes,
-            fragmented_min_storages=settings.fragmented_min_storages,
+            rules=settings.rule_config(deep),
             per_tensor_ignores=settings.per_tensor_ignores,
         )
         with progress_callback(enabled=deep) as progress:

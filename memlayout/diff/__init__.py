@@ -18,8 +18,6 @@ from memlayout.load.records import DeclaredTie, LoadedSource
 from memlayout.pipeline.inspection import Report
 from memlayout.rules import RuleConfig
 
-_RULE_DEFAULTS = RuleConfig()
-
 
 @dataclass(frozen=True)
 class DiffOptions:
@@ -32,9 +30,10 @@ class DiffOptions:
     """Extra declared ties (`--tie TARGET=SOURCE`), by B's names."""
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
-    min_duplicate_bytes: int = _RULE_DEFAULTS.min_duplicate_bytes
-    min_bloat_bytes: int = _RULE_DEFAULTS.min_bloat_bytes
-    fragmented_min_storages: int = _RULE_DEFAULTS.fragmented_min_storages
+    rules: RuleConfig = field(default_factory=RuleConfig)
+    """The rules' settings for both sides, as inspect reads them (`Settings.rule_config`): one
+    `RuleConfig`, so a setting added there reaches diff too. Its `deep` and `ties` are this
+    object's own, which say more for a diff (ties by B's names)."""
     per_tensor_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """(glob, codes) pairs: a finding all of whose tensors match a glob listing its code is dropped."""
 
@@ -73,10 +72,7 @@ def run_diff(
     from memlayout.pipeline.inspection import inspect_source, load_target
 
     options = options or DiffOptions()
-    config = RuleConfig(
-        deep=options.deep, min_duplicate_bytes=options.min_duplicate_bytes, min_bloat_bytes=options.min_bloat_bytes,
-        fragmented_min_storages=options.fragmented_min_storages, ties=options.ties,
-    )
+    config = replace(options.rules, deep=options.deep, ties=options.ties)
     # Both sides stay open until the values are compared; nothing is executed from either.
     # A URL or Hub model on either side is read by range; its tensor bytes only for --deep.
     remote = RemoteOptions(fetch_contents=options.deep)

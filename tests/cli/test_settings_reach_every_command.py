@@ -1,0 +1,79 @@
+"""Every rule setting of `[tool.memlayout]` reaches every command that runs the rules (issue 30).
+
+`diff` once kept its own copy of three of the rule settings and lacked the fourth,
+`min-shard-padding-bytes`, so a project's file changed what `inspect` reported and
+not what `diff` did. Both now hand the rules one `RuleConfig`; this test sets every
+field of it to a value other than its default in a settings file and reads what
+each command passed on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import memlayout.diff
+import memlayout.pipeline.batch
+from memlayout.cli.app import main
+from memlayout.pipeline.config import KEYS
+from memlayout.rules import RuleConfig
+
+# The file's spelling and a value other than the default, for each RuleConfig field a file sets.
+FILE_VALUES: dict[str, Any] = {
+    "min-bloat-bytes": 7,
+    "min-duplicate-bytes": 9,
+    "fragmented-min-storages": 11,
+    "min-shard-padding-bytes": 13,
+    "ties": [["head.weight", "embed.weight"]],
+}
+
+
+def test_the_file_values_cover_every_rule_setting() -> None:
+    # A new RuleConfig field that the file can set must be added above, or this fails.
+    settable = {field for field, _ in KEYS.values()}
+    rule_fields = {f.name for f in dataclasses.fields(RuleConfig)} & settable
+    assert {KEYS[key][0] for key in FILE_VALUES} == rule_fields
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    lines = ["[tool.memlayout]"]
+    for key, value in FILE_VALUES.items():
+        text = str(value).replace("'", '"')
+        lines.append(f"{key} = {text}")
+    (tmp_path / "pyproject.toml").write_text("\n".join(lines) + "\n")
+    torch.save({"embed.weight": torch.zeros(4), "head.weight": torch.zeros(4)}, tmp_path / "a.pt")
+    return tmp_path
+
+
+def expected() -> dict[str, Any]:
+    return {KEYS[key][0]: (tuple(tuple(pair) for pair in value) if isinstance(value, list) else value)
+            for key, value in FILE_VALUES.items()}
+
+
+def test_inspect_and_diff_pass_every_file_setting_to_the_rules(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, RuleConfig] = {}
+
+    def inspect_paths(paths: Any, *, config: RuleConfig, **_: Any) -> Any:
+        seen["inspect"] = config
+        raise SystemExit(0)
+
+    def run_diff(a: Any, b: Any, options: Any, **_: Any) -> Any:
+        seen["diff"] = dataclasses.replace(options.rules, ties=options.ties)
+        raise SystemExit(0)
+
+    # The commands import these when they run, from where they live.
+    monkeypatch.setattr(memlayout.pipeline.batch, "inspect_paths", inspect_paths)
+    monkeypatch.setattr(memlayout.diff, "run_diff", run_diff)
+    monkeypatch.chdir(project)
+    for argv in (["inspect", "a.pt"], ["diff", "a.pt", "a.pt"]):
+        main(argv)  # each stand-in ends the command once it has what the rules were handed
+    for command in ("inspect", "diff"):
+        got = {name: getattr(seen[command], name) for name in expected()}
+        assert got == expected(), command
