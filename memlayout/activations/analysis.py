@@ -497,12 +497,13 @@ def _analyze(
     if step.mode == "real":
         # --real is a check of the prediction, so it makes the prediction too: the same
         # target and inputs, traced on fake tensors as a run without --real traces them.
+        # A step that reads values fails on fake tensors (that is when --real is the hint):
+        # the real report stands, and says there is no prediction to read it against.
         try:
-            predicted = _analyze(target, inputs, kwargs=kwargs, budget=None, device=device, mode="fake", trust=trust,
-                                 optimizer=optimizer, autocast=autocast, dtype=dtype,
-                                 main_module=main_module).summary.peak_bytes
+            predicted = analyze(target, inputs, kwargs=kwargs, device=device, trust=trust, optimizer=optimizer,
+                                autocast=autocast, dtype=dtype, main_module=main_module).summary.peak_bytes
         except MemlayoutError as exc:
-            notes.append(f"no prediction to compare with: the fake-tensor run stopped: {exc.one_line()}")
+            notes.append(f"no prediction to compare with: on fake tensors, {exc.one_line()}")
     return ActivationReport(
         target=target_text,
         target_kind=kind,

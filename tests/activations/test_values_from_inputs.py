@@ -121,6 +121,10 @@ def test_a_value_of_the_weights_names_them_and_real_measures_it() -> None:
     assert "--real" in failed.value.hint
     report = act.analyze(ChecksActivations(), [x], mode="real")
     assert report.summary.peak_bytes == memtracker_step(ChecksActivations(), (x,), {}).peak_bytes
+    # Following the hint gives the measurement, and says there is no prediction beside it.
+    assert report.predicted_peak_bytes is None
+    assert any(note.startswith("no prediction to compare with") and "computed from the weights" in note
+               for note in report.notes)
 
 
 def test_a_mask_of_the_inputs_overwritten_with_values_of_the_weights_is_theirs(monkeypatch: pytest.MonkeyPatch) -> None:
