@@ -308,19 +308,19 @@ def test_ml401_run_memlayout_flatten(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_ml401_flatten_parameters_after_moving_to_cuda(tmp_path: Path) -> None:
-    path = save_state(torch.nn.LSTM(32, 32, num_layers=2).state_dict(), tmp_path / "model.pt")
+def test_ml401_flatten_parameters_after_loading_onto_cuda(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    torch.save(torch.nn.LSTM(32, 32, num_layers=2), path)  # a pickled module: its layout survives map_location
     finding, before = finding_of("ML401", path)
-    assert "call `module.flatten_parameters()` after moving to CUDA" in finding["hint"]
-    lstm = torch.nn.LSTM(32, 32, num_layers=2)
-    lstm.load_state_dict(torch.load(path))
-    lstm = lstm.cuda()
+    assert "call `module.flatten_parameters()` after loading onto CUDA" in finding["hint"]
+    lstm = torch.load(path, weights_only=False, map_location="cuda")  # the test wrote it: trusted
     lstm.flatten_parameters()
     with warnings.catch_warnings():
         # cuDNN's WEIGHT_FORMAT_WARN: what the finding says would happen on every call.
         warnings.filterwarnings("error", message=".*not part of single contiguous chunk.*")
         lstm(torch.randn(5, 3, 32, device="cuda"))
-    assert_fixed("ML401", before, save_state(lstm.state_dict(), tmp_path / "fixed.pt"))
+    torch.save(lstm, tmp_path / "fixed.pt")
+    assert_fixed("ML401", before, tmp_path / "fixed.pt")
 
 
 # ML501 mixed-device
