@@ -92,7 +92,8 @@ def rnn_not_flat(ctx: RuleContext) -> Iterator[Finding]:
         store_flat = (
             f"to store them in cuDNN's layout anyway, {flatten_hint(ctx.facts.source)}"
             if ctx.facts.source.path is None or ctx.facts.source.format in KEPT_BY_TORCH_LOAD
-            else "its loader gives each tensor its own memory, whatever the file's layout"
+            else ("safetensors' loaders give" if "safetensors" in ctx.facts.source.format else "its loader gives")
+            + " each tensor its own memory, whatever the file's layout"
         )
         if rnn.known_from == "names":
             yield rnn_not_flat.finding(
