@@ -13,6 +13,7 @@ isolated build environment, with the setuptools found there.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -110,7 +111,8 @@ def test_both_hooks_run_under_pre_commit(repo_root: Path, source_revision: str, 
     (metadata,) = home.glob("*/*/lib/python*/site-packages/memlayout-*.dist-info/METADATA")
     requires = [line for line in metadata.read_text().splitlines() if line.startswith("Requires-Dist: ")]
     assert any(line.startswith("Requires-Dist: typer") for line in requires), requires
-    torch_requirements = [line for line in requires if line.startswith("Requires-Dist: torch>")]
+    # The range may be written in either order ("torch<2.15,>=2.13" is how setuptools writes it).
+    torch_requirements = [line for line in requires if re.match(r"Requires-Dist: torch\s*[<>=!~]", line)]
     assert torch_requirements and all('extra == "torch"' in line for line in torch_requirements), requires
     assert not list(home.glob("*/*/lib/python*/site-packages/torch")), "the hooks' environment installed torch"
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ def replay_one(name: str, entry: dict[str, str], scratch: Path) -> dict[str, Any
     import memlayout
     from memlayout.errors import MemlayoutError
     from memlayout.rules import RuleConfig
-    from tests.fuzz.harness import Canary, peak_rss_mib
+    from tests.fuzz.harness import Canary, peak_rss_mib, read_rss_mib
     from tests.fuzz.targets import TARGETS
 
     canary = _CANARY or Canary(str(scratch / "memlayout-canary"))
@@ -65,14 +64,17 @@ def replay_one(name: str, entry: dict[str, str], scratch: Path) -> dict[str, Any
 
     read = any(outcome["outcome"] == "ok" for outcome in outcomes)
     return {"name": name, "outcomes": outcomes, "seconds": round(seconds, 3), "executions": canary.check(),
-            "peak_rss_mib": round(peak_rss_mib(), 1), "violations": violations(str(path)) if read else []}
+            "peak_rss_mib": round(peak_rss_mib(), 1), "read_rss_mib": round(read_rss_mib(), 1),
+            "violations": violations(str(path)) if read else []}
 
 
 _CANARY: Any = None
 
 
 def main() -> int:
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
+    from tests.fuzz.harness import limit_address_space
+
+    limit_address_space(ADDRESS_SPACE_LIMIT)
     with tempfile.TemporaryDirectory(prefix="memlayout-replay-") as folder:
         for name, entry in sorted(manifest().items()):
             print(json.dumps(replay_one(name, entry, Path(folder))), flush=True)

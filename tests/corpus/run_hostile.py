@@ -13,7 +13,6 @@ import contextlib
 import io
 import json
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ ADDRESS_SPACE_LIMIT = 3 << 30
 def inspect_one(name: str, folder: Path) -> dict[str, Any]:
     from memlayout.cli.app import main
     from tests.corpus.hostile import BY_NAME
-    from tests.fuzz.harness import CANARY_MARK, Canary, peak_rss_mib
+    from tests.fuzz.harness import CANARY_MARK, Canary, peak_rss_mib, read_rss_mib
 
     hostile = BY_NAME[name]
     canary = _canary(Canary, folder / f"{CANARY_MARK}-{name}")
@@ -59,7 +58,7 @@ def inspect_one(name: str, folder: Path) -> dict[str, Any]:
     return {
         "name": name, "runs": runs, "executions": canary.check(),
         "violations": violations(str(target)) if read else [],
-        "peak_rss_mib": round(peak_rss_mib(), 1),
+        "peak_rss_mib": round(peak_rss_mib(), 1), "read_rss_mib": round(read_rss_mib(), 1),
         "escaped": sorted(p.name for p in folder.parent.rglob("escaped")),
     }
 
@@ -78,8 +77,9 @@ def _canary(factory: Any, path: Path) -> Any:
 
 def main() -> int:
     from tests.corpus.hostile import HOSTILE
+    from tests.fuzz.harness import limit_address_space
 
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT, ADDRESS_SPACE_LIMIT))
+    limit_address_space(ADDRESS_SPACE_LIMIT)
     names = sys.argv[1:] or [h.name for h in HOSTILE]
     with tempfile.TemporaryDirectory(prefix="memlayout-hostile-") as parent:
         folder = Path(parent) / "files"

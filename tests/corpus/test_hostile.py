@@ -50,7 +50,7 @@ def test_hostile_file_is_reported_or_refused_and_runs_nothing(outcomes: dict[str
     assert row["executions"] == [], f"{name} ({hostile.origin}) ran: {row['executions']}"
     assert row["escaped"] == [], "a member name wrote outside the folder"
     assert row["violations"] == [], f"{name}: what was read is impossible"
-    assert row["peak_rss_mib"] < RSS_LIMIT_MIB
+    assert row["read_rss_mib"] < RSS_LIMIT_MIB
     for run in row["runs"]:
         assert run["seconds"] < SLOW_SECONDS, (name, run)
         outcome = outcome_of(run)

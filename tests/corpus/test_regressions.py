@@ -35,7 +35,7 @@ def test_regression_input_ends_as_recorded(replayed: dict[str, dict[str, Any]], 
     assert row["seconds"] < SLOW_SECONDS
     assert row["executions"] == []
     assert row["violations"] == [], "what was read is impossible"
-    assert row["peak_rss_mib"] < RSS_LIMIT_MIB
+    assert row["read_rss_mib"] < RSS_LIMIT_MIB
 
 
 def test_the_manifest_names_every_file_and_only_them() -> None:

@@ -51,7 +51,7 @@ def passed(summary: dict[str, Any], runs: int) -> bool:
     return (
         summary.get("inputs", 0) >= runs and summary["tracebacks"] == 0 and summary.get("slow_inputs", 1) == 0
         and summary.get("executions", 1) == 0 and summary.get("property_violations", 1) == 0
-        and summary.get("peak_rss_mib", RSS_LIMIT_MIB) < RSS_LIMIT_MIB
+        and summary.get("read_rss_mib", RSS_LIMIT_MIB) < RSS_LIMIT_MIB
     )
 
 
