@@ -75,7 +75,7 @@ TORCH_MATRIX := $(TORCH_NEWEST) $(filter-out $(TORCH_VERSION),$(TORCH_OLDEST))
 	echo "torch==$*" > .venv-torch-$*/constraints.txt
 	.venv-torch-$*/bin/python -m pip install -q --upgrade pip
 	.venv-torch-$*/bin/python -m pip install -q -c .venv-torch-$*/constraints.txt "torch==$*"
-	.venv-torch-$*/bin/python -m pip install -q -c .venv-torch-$*/constraints.txt -e ".[torch,dev,zoo]"
+	.venv-torch-$*/bin/python -m pip install -q -c .venv-torch-$*/constraints.txt -e ".[torch,dev,zoo,remote]"
 	touch $@
 
 test-torch-%: .venv-torch-%/.installed browser nginx
