@@ -161,10 +161,7 @@ ACTIVATIONS_TRUSTED = {
     "text": write_text,
     "empty": lambda p: (p.write_bytes(b""), p)[1],
     "state-dict": write_state_dict,
-    "safetensors": pytest.param(
-        write_safetensors,
-        marks=pytest.mark.xfail(strict=True, reason="issue 26 #5, fixed on branch actv"),
-    ),
+    "safetensors": write_safetensors,
 }
 
 
