@@ -78,6 +78,30 @@ def _numel(shape: tuple[int, ...]) -> int:
     return count
 
 
+def ordered_header(entries: list[Any]) -> dict[str, Any]:
+    """The safetensors header items of `entries`, which it sorts in place into data order.
+
+    Largest elements first: every tensor then starts on a multiple of its element
+    size, with no padding between tensors (which safetensors forbids). Both flatten's
+    safetensors output and the conversion to safetensors lay their headers out here.
+
+    Raises:
+        FlattenError: a dtype safetensors has no code for.
+    """
+    from memlayout.dtypes import dtype_info
+
+    entries.sort(key=lambda e: -dtype_info(e.dtype).itemsize)
+    header: dict[str, Any] = {}
+    cursor = 0
+    for entry in entries:
+        code = _CODES.get(entry.dtype)
+        if code is None:
+            raise FlattenError(f"{entry.name}: dtype {entry.dtype} has no safetensors code")
+        header[entry.name] = {"dtype": code, "shape": list(entry.shape), "data_offsets": [cursor, cursor + entry.nbytes]}
+        cursor += entry.nbytes
+    return header
+
+
 @dataclass(frozen=True)
 class FlatHeader:
     """The header a flat rewrite writes, and the entries of its data section in order."""
@@ -110,17 +134,7 @@ def flat_header(plan: FlatPlan, metadata: dict[str, str] | None = None) -> FlatH
             entry, slot_aliases = _slot_entries(index, number, slot)
             entries.append(entry)
             aliases.update(slot_aliases)
-    from memlayout.dtypes import dtype_info
-
-    entries.sort(key=lambda e: -dtype_info(e.dtype).itemsize)
-    header: dict[str, Any] = {}
-    cursor = 0
-    for entry in entries:
-        code = _CODES.get(entry.dtype)
-        if code is None:
-            raise FlattenError(f"{entry.name}: dtype {entry.dtype} has no safetensors code")
-        header[entry.name] = {"dtype": code, "shape": list(entry.shape), "data_offsets": [cursor, cursor + entry.nbytes]}
-        cursor += entry.nbytes
+    header = ordered_header(entries)
     meta = dict(metadata or {})
     if aliases:
         meta[ALIASES_KEY] = json.dumps(aliases, sort_keys=True)

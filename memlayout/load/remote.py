@@ -380,13 +380,7 @@ def fetch_remote_config(location: RemoteLocation, options: RemoteOptions) -> tup
 
     headers: dict[str, str] = {}
     if location.protocol == "hf":
-        try:
-            from huggingface_hub import hf_hub_url
-        except ImportError:
-            raise RemoteReadError(
-                f"reading {location.given} from the Hugging Face Hub needs huggingface_hub, which is not installed",
-                "install it with: pip install 'memlayout[remote]'",
-            ) from None
+        hf_hub_url = _hub_url_maker(location)
         path = location.path_in_repo or CONFIG
         if not path.endswith(".json"):
             path = f"{path.rstrip('/')}/{CONFIG}"
@@ -399,6 +393,18 @@ def fetch_remote_config(location: RemoteLocation, options: RemoteOptions) -> tup
 
 
 # -- the Hub ------------------------------------------------------------------------
+
+
+def _hub_url_maker(location: RemoteLocation) -> Any:
+    """huggingface_hub's `hf_hub_url`, or the one line that says it is not installed."""
+    try:
+        from huggingface_hub import hf_hub_url
+    except ImportError:
+        raise RemoteReadError(
+            f"reading {location.given} from the Hugging Face Hub needs huggingface_hub, which is not installed",
+            "install it with: pip install 'memlayout[remote]'",
+        ) from None
+    return hf_hub_url
 
 
 def _hub_headers() -> dict[str, str]:
@@ -414,13 +420,7 @@ def _hub_target(location: RemoteLocation, options: RemoteOptions) -> tuple[str, 
         raise RemoteReadError(
             f"{location.given}: expected hf://ORG/NAME[@REVISION][/PATH]", "name the repository as ORG/NAME"
         )
-    try:
-        from huggingface_hub import hf_hub_url
-    except ImportError:
-        raise RemoteReadError(
-            f"reading {location.given} from the Hugging Face Hub needs huggingface_hub, which is not installed",
-            "install it with: pip install 'memlayout[remote]'",
-        ) from None
+    hf_hub_url = _hub_url_maker(location)
     if location.path_in_repo:
         return hf_hub_url(location.repo, location.path_in_repo, revision=location.revision), None
     folder = hf_hub_url(location.repo, "x", revision=location.revision)[: -len("x")]

@@ -40,11 +40,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from memlayout.core.facts import Facts
 from memlayout.core.flatten_support import SAFETENSORS_CONVERSION
 from memlayout.core.strides import MemoryFormat
-from memlayout.dtypes import SAFETENSORS_DTYPES, dtype_info
+from memlayout.dtypes import dtype_info
 from memlayout.errors import FlattenError, UsageError
 from memlayout.flatten.options import FlattenOptions
 from memlayout.flatten.pickle_contents import non_tensor_contents
 from memlayout.flatten.plan import FlatPlan, Placement, ViewKey, dense_strides, view_key
+from memlayout.flatten.safetensors_out import ordered_header
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, LayoutAfter, Written
 from memlayout.load.records import LoadedSource
 
@@ -58,7 +59,6 @@ DATA_ALIGN = 64
 COPY_CHUNK_BYTES = 8 << 20
 SHOWN = 5
 """How many names a refusal or a note lists before "and N more"."""
-_CODES = {name: code for code, name in SAFETENSORS_DTYPES.items()}
 _LABELS = {
     "torch-zip": "torch.save zip",
     "torch-legacy": "legacy torch.save file",
@@ -168,17 +168,7 @@ def safetensors_layout(plan: FlatPlan, facts: Facts, metadata: dict[str, str] | 
         # Empty tensors, and weights a weight-dropout wrapper recomputes: still IN's tensors.
         tensor = by_key[key]
         store(tensor.names, tensor.dtype, tensor.shape, key, None)
-    # Largest elements first: every tensor then starts on a multiple of its element
-    # size, with no padding between tensors (which safetensors forbids).
-    stored.sort(key=lambda s: -dtype_info(s.dtype).itemsize)
-    header: dict[str, Any] = {}
-    cursor = 0
-    for entry in stored:
-        code = _CODES.get(entry.dtype)
-        if code is None:
-            raise FlattenError(f"{entry.name}: dtype {entry.dtype} has no safetensors code")
-        header[entry.name] = {"dtype": code, "shape": list(entry.shape), "data_offsets": [cursor, cursor + entry.nbytes]}
-        cursor += entry.nbytes
+    header = ordered_header(stored)  # sorts `stored` into data order
     # Dropped names map to the kept one, as save_model records them; "format" last, always "pt".
     header["__metadata__"] = {**(metadata or {}), **{n: k for n, k in dropped.items() if n not in (metadata or {})},
                               **FORMAT_METADATA}
