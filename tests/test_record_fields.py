@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from memlayout.core.facts import build_facts
 from memlayout.core.strides import MemoryFormat, byte_set
+from memlayout.load.pickled_objects import PickledStorage, PickledTensor
 from memlayout.load.pickled_tree import tensor_records
 from memlayout.load.records import LoadedSource, StorageRecord, TensorKind, TensorRecord
-from memlayout.load.restricted_pickle import PickledStorage, PickledTensor
 
 
 def test_tensor_records_put_each_value_in_its_field() -> None:

@@ -61,7 +61,8 @@ def _pickled_root(path: str, fmt: str) -> Any:
 
 
 def _walk_contents(obj: Any, path: str, found: list[str], seen: set[int]) -> None:
-    from memlayout.load.restricted_pickle import InertObject, PickledTensor, is_module_state
+    from memlayout.load.pickle_walk import is_module_state
+    from memlayout.load.pickled_objects import InertObject, PickledTensor
 
     if type(obj) is PickledTensor or id(obj) in seen:
         return

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError
 from memlayout.format_bytes import counted
+from memlayout.load.pickled_objects import InertObject
 from memlayout.load.records import (
     LoadedSource,
     PickleGlobal,
@@ -26,7 +27,7 @@ from memlayout.load.records import (
     TensorKind,
     TensorRecord,
 )
-from memlayout.load.restricted_pickle import InertObject, unpickle
+from memlayout.load.restricted_pickle import unpickle
 
 METADATA_FILE = ".metadata"
 DATA_SUFFIX = ".distcp"

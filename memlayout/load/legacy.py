@@ -32,9 +32,9 @@ from typing import Any, BinaryIO, NamedTuple
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
 from memlayout.format_bytes import counted
 from memlayout.load.file_source import StorageSpans, pickled_source
+from memlayout.load.pickled_objects import PickledStorage
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import (
-    PickledStorage,
     RestrictedUnpickler,
     TextPersistentIdError,
     run_unpickler,

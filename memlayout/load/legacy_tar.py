@@ -35,14 +35,9 @@ from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError
 from memlayout.load.file_source import StorageSpans, pickled_source
 from memlayout.load.legacy import merge_globals, refuse_big_endian
+from memlayout.load.pickled_objects import PickledStorage, PickledTensor, StorageDtype
 from memlayout.load.records import LoadedSource, PickleGlobal
-from memlayout.load.restricted_pickle import (
-    PickledStorage,
-    PickledTensor,
-    RestrictedUnpickler,
-    StorageDtype,
-    run_unpickler,
-)
+from memlayout.load.restricted_pickle import RestrictedUnpickler, run_unpickler
 
 # The order torch.save wrote them; torch.load reads all but sys_info.
 _MEMBERS = ("sys_info", "pickle", "tensors", "storages")

@@ -11,6 +11,8 @@ from typing import Any
 from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError
 from memlayout.load.hf_ties import declared_ties
+from memlayout.load.pickle_walk import walk_modules, walk_tensors
+from memlayout.load.pickled_objects import InertObject, PickledStorage, PickledTensor
 from memlayout.load.records import (
     DeclaredTie,
     ModuleRecord,
@@ -18,13 +20,6 @@ from memlayout.load.records import (
     StorageRecord,
     TensorKind,
     TensorRecord,
-)
-from memlayout.load.restricted_pickle import (
-    InertObject,
-    PickledStorage,
-    PickledTensor,
-    walk_modules,
-    walk_tensors,
 )
 
 

@@ -24,7 +24,6 @@ are refused with a hint to download them.
 
 from __future__ import annotations
 
-import posixpath
 import struct
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,7 @@ import orjson
 
 from memlayout.errors import CorruptCheckpointError, RemoteReadError, UnrecognizedFormatError
 from memlayout.format_bytes import human_bytes
+from memlayout.load.remote_hub import hub_headers, hub_target, hub_url_maker
 from memlayout.load.remote_location import RemoteLocation, RemoteOptions
 
 if TYPE_CHECKING:
@@ -63,9 +63,9 @@ def load_remote(location: RemoteLocation, options: RemoteOptions) -> LoadedSourc
 
     headers: dict[str, str] = {}
     if location.protocol == "hf":
-        url, listing = _hub_target(location, options)
+        url, listing = hub_target(location, options)
         protocol = url.partition("://")[0]
-        headers = _hub_headers()
+        headers = hub_headers()
     else:
         url, listing, protocol = location.url, None, location.protocol
     files = RemoteFiles(protocol, timeout_s=options.timeout_s, headers=headers, download=options.download)
@@ -380,88 +380,13 @@ def fetch_remote_config(location: RemoteLocation, options: RemoteOptions) -> tup
 
     headers: dict[str, str] = {}
     if location.protocol == "hf":
-        hf_hub_url = _hub_url_maker(location)
+        hf_hub_url = hub_url_maker(location)
         path = location.path_in_repo or CONFIG
         if not path.endswith(".json"):
             path = f"{path.rstrip('/')}/{CONFIG}"
         url = hf_hub_url(location.repo, path, revision=location.revision)
-        headers = _hub_headers()
+        headers = hub_headers()
     else:
         url = location.url if location.url.endswith(".json") else f"{location.url.rstrip('/')}/{CONFIG}"
     files = RemoteFiles(url.partition("://")[0], timeout_s=options.timeout_s, headers=headers)
     return url, files.read_whole(url)
-
-
-# -- the Hub ------------------------------------------------------------------------
-
-
-def _hub_url_maker(location: RemoteLocation) -> Any:
-    """huggingface_hub's `hf_hub_url`, or the one line that says it is not installed."""
-    try:
-        from huggingface_hub import hf_hub_url
-    except ImportError:
-        raise RemoteReadError(
-            f"reading {location.given} from the Hugging Face Hub needs huggingface_hub, which is not installed",
-            "install it with: pip install 'memlayout[remote]'",
-        ) from None
-    return hf_hub_url
-
-
-def _hub_headers() -> dict[str, str]:
-    from huggingface_hub import get_token
-
-    token = get_token()
-    return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def _hub_target(location: RemoteLocation, options: RemoteOptions) -> tuple[str, list[str] | None]:
-    """(the URL of the file, or of the repository's folder; the repository's files, for a folder)."""
-    if "/" not in location.repo and location.given.startswith("hf://"):
-        raise RemoteReadError(
-            f"{location.given}: expected hf://ORG/NAME[@REVISION][/PATH]", "name the repository as ORG/NAME"
-        )
-    hf_hub_url = _hub_url_maker(location)
-    if location.path_in_repo:
-        return hf_hub_url(location.repo, location.path_in_repo, revision=location.revision), None
-    folder = hf_hub_url(location.repo, "x", revision=location.revision)[: -len("x")]
-    return folder, _hub_listing(location, options)
-
-
-def _hub_listing(location: RemoteLocation, options: RemoteOptions) -> list[str]:
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    from memlayout.io.remote import AUTH_HINT
-
-    what = f"{location.repo}@{location.revision}"
-    try:
-        names = HfApi().list_repo_files(location.repo, revision=location.revision)
-    except GatedRepoError:
-        raise RemoteReadError(f"{location.given}: the Hub repository {what} is gated (HTTP 403)", AUTH_HINT) from None
-    except RevisionNotFoundError:
-        raise RemoteReadError(
-            f"{location.given}: the Hub repository {location.repo} has no revision {location.revision}",
-            "name a branch, tag or commit that exists",
-        ) from None
-    except (RepositoryNotFoundError, HfHubHTTPError) as exc:
-        status = getattr(getattr(exc, "response", None), "status_code", None)
-        if not isinstance(exc, RepositoryNotFoundError) and status not in (401, 403, 404):
-            raise RemoteReadError(f"{location.given}: the Hub answered HTTP {status} for {what}") from None
-        local = "no such file or directory, and " if not location.given.startswith("hf://") else ""
-        raise RemoteReadError(
-            f"{location.given}: {local}the Hub has no model repository {location.repo}"
-            f"{'' if location.revision == 'main' else f' at revision {location.revision}'} that this token can see "
-            f"(HTTP {status})",
-            AUTH_HINT,
-        ) from None
-    except Exception as exc:  # the transport's own errors (connection, timeout) vary by version
-        raise RemoteReadError(
-            f"{location.given}: cannot list the Hub repository {what} ({type(exc).__name__}: {exc})".split("\n")[0],
-            "check the network; HF_ENDPOINT sets the Hub's address",
-        ) from None
-    return [posixpath.normpath(name) for name in names]

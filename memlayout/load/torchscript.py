@@ -28,13 +28,9 @@ from typing import Any
 from memlayout.errors import CorruptCheckpointError
 from memlayout.io.zip_archive import ZipReader, archive_prefix, central_directory_bytes
 from memlayout.load.file_source import StorageSpans, pickled_source
+from memlayout.load.pickled_objects import InertObject, PickledTensor
 from memlayout.load.records import LoadedSource, PickleGlobal
-from memlayout.load.restricted_pickle import (
-    InertObject,
-    PickledTensor,
-    RestrictedUnpickler,
-    run_unpickler,
-)
+from memlayout.load.restricted_pickle import RestrictedUnpickler, run_unpickler
 
 TORCHSCRIPT_MODULE = "__torch__"
 _MANGLE = re.compile(r"\.___torch_mangle_\d+")

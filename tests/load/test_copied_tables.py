@@ -16,9 +16,9 @@ from torch import _weights_only_unpickler
 from torch._export.serde import serialize
 
 from memlayout import _torch
-from memlayout.load import restricted_pickle
+from memlayout.load import weights_only_allowlist
 from memlayout.load.pt2 import SCALAR_TYPES
-from memlayout.load.restricted_pickle import (
+from memlayout.load.weights_only_allowlist import (
     WEIGHTS_ONLY_ALLOWED_PATHS,
     WEIGHTS_ONLY_COPIED_FROM,
     WEIGHTS_ONLY_NEWER_THAN_OLDEST,
@@ -65,10 +65,10 @@ def test_the_copy_comes_from_the_newest_torch_of_the_matrix() -> None:
 
 def test_a_global_outside_the_copy_is_decided_by_the_installed_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     # As if the copy were older than torch: torch's own answer wins, both ways.
-    monkeypatch.setattr(restricted_pickle, "WEIGHTS_ONLY_ALLOWED", restricted_pickle.WEIGHTS_ONLY_ALLOWED - {("torch", "float32")})
+    monkeypatch.setattr(weights_only_allowlist, "WEIGHTS_ONLY_ALLOWED", weights_only_allowlist.WEIGHTS_ONLY_ALLOWED - {("torch", "float32")})
     assert weights_only_allows("torch", "float32")
-    monkeypatch.setattr(restricted_pickle, "WEIGHTS_ONLY_ALLOWED", restricted_pickle.WEIGHTS_ONLY_ALLOWED | {("os", "system")})
-    monkeypatch.setattr(restricted_pickle, "WEIGHTS_ONLY_NEWER_THAN_OLDEST", frozenset({("os", "system")}))
+    monkeypatch.setattr(weights_only_allowlist, "WEIGHTS_ONLY_ALLOWED", weights_only_allowlist.WEIGHTS_ONLY_ALLOWED | {("os", "system")})
+    monkeypatch.setattr(weights_only_allowlist, "WEIGHTS_ONLY_NEWER_THAN_OLDEST", frozenset({("os", "system")}))
     assert not weights_only_allows("os", "system")
 
 

@@ -18,7 +18,7 @@ import torch
 
 from memlayout.flatten.apply import as_bits
 from memlayout.load import load_path
-from memlayout.load.restricted_pickle import WEIGHTS_ONLY_PROTOCOLS
+from memlayout.load.weights_only_allowlist import WEIGHTS_ONLY_PROTOCOLS
 from tests.load.conftest import assert_one_line_error, run_cli
 from tests.load.models import TinyLSTM
 

@@ -23,7 +23,7 @@ from memlayout.errors import UnsafeContentError, UsageError
 from memlayout.flatten.plan import FlatPlan, describe_changes
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
 from memlayout.load.records import LoadedSource
-from memlayout.load.restricted_pickle import WEIGHTS_ONLY_PROTOCOLS, weights_only_allows
+from memlayout.load.weights_only_allowlist import WEIGHTS_ONLY_PROTOCOLS, weights_only_allows
 
 _WHICH = {"torch-legacy": "legacy (non-zip) torch.save file", "torch-legacy-tar": "tar-format torch.save file"}
 
