@@ -126,3 +126,6 @@ class LegacyWriter(FlattenWriter):
 
         written = write_torch(tree, job.out, verify if job.options.verify else None, done.locations)
         return Written(done.bytes_copied, written)
+
+
+WRITER = LegacyWriter()

@@ -35,3 +35,6 @@ class SafetensorsWriter(FlattenWriter):
 
         copied, verified = flatten_safetensors_file(job.path, job.out, job.source, job.plan, job.options.verify)
         return Written(copied, verified)
+
+
+WRITER = SafetensorsWriter()

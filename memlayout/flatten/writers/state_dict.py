@@ -42,3 +42,6 @@ class LiveObjectWriter(FlattenWriter):
         state = obj.state_dict() if isinstance(obj, torch.nn.Module) else obj
         verify = (lambda temporary: verify_torch_file(temporary, plan, buffers)) if options.verify else None
         return Written(copied, write_torch(state, job.out, verify))
+
+
+WRITER = LiveObjectWriter()

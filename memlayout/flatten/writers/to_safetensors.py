@@ -253,6 +253,10 @@ class SafetensorsConverter(FlattenWriter):
             raise UsageError("safetensors records no device: conversion writes from the CPU",
                              "pass --device cpu, or no --device")
 
+    def declines(self, source_format: str, path: str) -> FlattenError:
+        hint = _UNCONVERTED.get(source_format, "convert a torch.save file or a safetensors file")
+        return FlattenError(f"{path}: --to safetensors does not convert {source_format} sources", hint)
+
     def write(self, job: FlattenJob) -> Written:
         from memlayout.io.atomic_write import atomic_file
 
@@ -414,18 +418,6 @@ def _same_ranges(first: int, first_start: int, second: int, second_start: int, n
     return True
 
 
-def refuse_unconverted(source_format: str, path: str) -> FlattenError:
-    """The refusal for a format conversion does not read, with what to do instead.
+WRITER = SafetensorsConverter()
 
-    Args:
-        source_format: IN's `LoadedSource.format`.
-        path: IN.
-
-    Returns:
-        The error to raise.
-    """
-    hint = _UNCONVERTED.get(source_format, "convert a torch.save file or a safetensors file")
-    return FlattenError(f"{path}: --to safetensors does not convert {source_format} sources", hint)
-
-
-__all__ = ["SafetensorsConverter", "lost_ties", "refuse_unconverted", "safetensors_layout"]
+__all__ = ["WRITER", "SafetensorsConverter", "lost_ties", "safetensors_layout"]

@@ -86,3 +86,6 @@ class TorchExportWriter(FlattenWriter):
             if verified:
                 verify_torch_file(output.path, done.plan, done.buffers, names, load=load_pt2)
         return Written(done.bytes_copied, verified)
+
+
+WRITER = TorchExportWriter()

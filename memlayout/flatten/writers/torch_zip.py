@@ -265,3 +265,6 @@ def _through_memory(job: FlattenJob, tree: Any, stand_ins: Any, spans: RecordSpa
     plan, buffers, _ = adopt_cudnn_layouts(tree, job.plan, buffers, job.facts)
     verify = (lambda temporary: verify_torch_file(temporary, plan, buffers, names)) if job.options.verify else None
     return Written(copied, write_torch(tree, job.out, verify))
+
+
+WRITER = TorchZipWriter()

@@ -78,3 +78,6 @@ class TorchScriptWriter(FlattenWriter):
                     output.path, done.plan, done.buffers, set(names), load=lambda path: self.movable(load_torchscript(path))
                 )
         return Written(done.bytes_copied, verified)
+
+
+WRITER = TorchScriptWriter()
