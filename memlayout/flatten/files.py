@@ -19,6 +19,11 @@ from memlayout.flatten.options import FlattenOptions, Progress
 from memlayout.flatten.plan import FlatPlan, plan_flatten
 from memlayout.flatten.writers import FlattenJob, FlattenWriter, converter_for, registry, writer_for
 from memlayout.flatten.writers.interface import LayoutAfter
+from memlayout.flatten.writers.safetensors_dir import (
+    converted_index,
+    converted_name,
+    index_metadata,
+)
 from memlayout.load.records import DeclaredTie, PickleGlobal
 
 
@@ -338,7 +343,6 @@ def _convert_hf_dir(path: str, options: FlattenOptions, progress: Progress | Non
     """
     import shutil
 
-    from memlayout.flatten.safetensors_dir import converted_index, converted_name, index_metadata
     from memlayout.io.atomic_write import atomic_directory
     from memlayout.load.hf_dir import BIN_INDEX, SAFETENSORS_INDEX, config_ties, weight_files
     from memlayout.load.safetensors_file import read_header
