@@ -122,7 +122,7 @@ def test_in_is_never_loaded_by_torch(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_a_bad_write_fails_verification_and_leaves_out_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from memlayout.flatten import archive_out
+    from memlayout.flatten.writers import torch_zip_out as archive_out
 
     src, out = tmp_path / "in.pt", tmp_path / "out.pt"
     torch.save(LstmLM().state_dict(), src)
@@ -180,7 +180,7 @@ def test_progress_reports_every_byte_copied_and_verified(tmp_path: Path) -> None
 def test_without_kernel_copies_the_plain_reads_write_the_same_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ways: tuple[str, ...]
 ) -> None:
-    from memlayout.flatten import archive_out
+    from memlayout.flatten.writers import torch_zip_out as archive_out
 
     src = tmp_path / "in.pt"
     torch.save(LstmLM().state_dict(), src)

@@ -6,7 +6,11 @@ import spec is saved as one, whatever object the spec returned.
 
 from __future__ import annotations
 
+from memlayout.flatten.apply import allocate, copy_from_storages, rebind, views_of, walk_tensors
+from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
+from memlayout.flatten.save import verify_torch_file, write_torch
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
+from memlayout.load.live import storage_key
 from memlayout.load.records import LoadedSource
 
 
@@ -20,17 +24,6 @@ class LiveObjectWriter(FlattenWriter):
 
     def write(self, job: FlattenJob) -> Written:
         import torch
-
-        from memlayout.flatten.apply import (
-            allocate,
-            copy_from_storages,
-            rebind,
-            views_of,
-            walk_tensors,
-        )
-        from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
-        from memlayout.flatten.save import verify_torch_file, write_torch
-        from memlayout.load.live import storage_key
 
         obj, plan, options = job.source.live_object, job.plan, job.options
         storages = {storage_key(t): t.untyped_storage() for t in walk_tensors(obj)}

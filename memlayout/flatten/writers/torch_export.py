@@ -18,8 +18,11 @@ from memlayout.core.facts import Facts
 from memlayout.errors import FlattenError
 from memlayout.flatten.options import FlattenOptions
 from memlayout.flatten.plan import FlatPlan, describe_changes
+from memlayout.flatten.save import verify_torch_file
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
-from memlayout.flatten.writers.loaded_tree import refuse_devices_not_here
+from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree, refuse_devices_not_here
+from memlayout.io.atomic_write import atomic_file
+from memlayout.load.pt2 import load_pt2
 from memlayout.load.records import LoadedSource, TensorRecord
 
 CONSTANTS = "constants"
@@ -62,11 +65,6 @@ class TorchExportWriter(FlattenWriter):
 
     def write(self, job: FlattenJob) -> Written:
         import torch
-
-        from memlayout.flatten.save import verify_torch_file
-        from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree
-        from memlayout.io.atomic_write import atomic_file
-        from memlayout.load.pt2 import load_pt2
 
         try:
             program = torch.export.load(job.path)
