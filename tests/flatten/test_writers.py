@@ -234,3 +234,17 @@ def test_a_writer_module_dropped_into_the_package_is_found_without_being_listed(
     result = flatten_path(str(src), FlattenOptions(out=str(out), to="toy-dropped"))
     assert result.format == "torch.save zip -> toy-dropped"
     assert out.read_text().splitlines() == _planned_names(src)
+
+
+def test_a_plug_in_that_cannot_be_loaded_is_named_in_one_line_and_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], fresh_registry: None
+) -> None:
+    _fake_distribution(tmp_path / "site", "toy_broken_writer", "toy", "toy_missing_module:WRITER")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    src, out = tmp_path / "in.pt", tmp_path / "out.pt"
+    torch.save(LstmLM().state_dict(), src)
+
+    assert main(["flatten", str(src), "-o", str(out), "--device", "cpu"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "the flatten writer plug-in toy (toy_missing_module:WRITER) cannot be loaded" in error
+    assert len(error.splitlines()) == 1 and not out.exists()

@@ -80,17 +80,10 @@ def _checked(found: object, where: str) -> FlattenWriter:
     return found
 
 
-def package_writers(path: list[str] | None = None) -> list[FlattenWriter]:
-    """The `WRITER` of every module of this package, in module-name order.
-
-    Args:
-        path: Folders to look in; the package's own `__path__` by default.
-
-    Returns:
-        The writers declared.
-    """
+def package_writers() -> list[FlattenWriter]:
+    """The `WRITER` of every module of this package (every folder of its `__path__`), in module-name order."""
     found = []
-    for module in sorted(pkgutil.iter_modules(path if path is not None else __path__), key=lambda m: m.name):
+    for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         loaded = importlib.import_module(f"{__name__}.{module.name}")
         if hasattr(loaded, DECLARED_AS):
             found.append(_checked(getattr(loaded, DECLARED_AS), f"{loaded.__name__}.{DECLARED_AS}"))
