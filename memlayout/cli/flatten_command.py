@@ -99,10 +99,10 @@ def flatten_command(
         from memlayout.flatten.files import flatten_path
         from memlayout.flatten.options import FlattenOptions
         from memlayout.flatten.summary import render_summary
-        from memlayout.flatten.writers import TARGETS
+        from memlayout.flatten.writers import targets
 
-        if to is not None and to not in TARGETS:
-            raise UsageError(f"--to {to} is not a format flatten writes", f"use --to {' or '.join(TARGETS)}")
+        if to is not None and to not in targets():
+            raise UsageError(f"--to {to} is not a format flatten writes", f"use --to {' or '.join(targets())}")
         if tensors_only and to is None:
             raise UsageError("--tensors-only applies to a conversion", "pass --to safetensors with it")
         options = FlattenOptions(

@@ -17,8 +17,13 @@ from memlayout.core.facts import Facts, build_facts
 from memlayout.errors import FlattenError, UnsafeContentError, UsageError
 from memlayout.flatten.options import FlattenOptions, Progress
 from memlayout.flatten.plan import FlatPlan, plan_flatten
-from memlayout.flatten.writers import FlattenJob, FlattenWriter, converter_for, writer_for
+from memlayout.flatten.writers import FlattenJob, FlattenWriter, converter_for, registry, writer_for
 from memlayout.flatten.writers.interface import LayoutAfter
+from memlayout.flatten.writers.safetensors_dir import (
+    converted_index,
+    converted_name,
+    index_metadata,
+)
 from memlayout.load.records import DeclaredTie, PickleGlobal
 
 
@@ -276,11 +281,14 @@ def _flatten_file(
 def _writer(source_format: str, facts: Facts, options: FlattenOptions) -> FlattenWriter:
     """The writer for this source: its format's, or with --to the converter to that format."""
     if options.to is not None:
-        from memlayout.flatten.writers.to_safetensors import refuse_unconverted
-
         converter = converter_for(options.to, source_format)
         if converter is None:
-            raise refuse_unconverted(source_format, facts.source.path or "the source")
+            where = facts.source.path or "the source"
+            # Each converter of that target knows what to do instead with what it does not read.
+            others = registry().converters_to(options.to)
+            if others:
+                raise others[0].declines(source_format, where)
+            raise FlattenError(f"flatten writes no {options.to} files", "leave out --to")
         return converter
     refuse_unflattenable(facts, options)
     writer = writer_for(source_format)
@@ -335,7 +343,6 @@ def _convert_hf_dir(path: str, options: FlattenOptions, progress: Progress | Non
     """
     import shutil
 
-    from memlayout.flatten.safetensors_dir import converted_index, converted_name, index_metadata
     from memlayout.io.atomic_write import atomic_directory
     from memlayout.load.hf_dir import BIN_INDEX, SAFETENSORS_INDEX, config_ties, weight_files
     from memlayout.load.safetensors_file import read_header

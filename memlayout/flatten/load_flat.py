@@ -8,11 +8,17 @@ moved to the device in one copy.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from memlayout import _torch
+from memlayout.core.strides import MemoryFormat
 from memlayout.errors import FlattenError, UsageError
+from memlayout.flatten.apply import torch_dtype
 from memlayout.flatten.handle import FlatHandle
+from memlayout.flatten.plan import dense_strides
+from memlayout.load.safetensors_file import MEMLAYOUT_ALIASES_KEY as ALIASES_KEY
+from memlayout.load.safetensors_file import read_header
 
 if TYPE_CHECKING:
     import torch
@@ -80,6 +86,45 @@ def repoint(model: Any, state: dict[str, Any]) -> None:
             _torch.refresh_rnn_flat_weights(module)
 
 
+def load_flat_safetensors(path: str, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file as a view of one buffer holding its data section.
+
+    Args:
+        path: The file (any safetensors file; aliases are restored when present).
+        device: "cpu" maps the file (zero-copy); a CUDA device gets one host-to-device copy.
+
+    Returns:
+        Name -> tensor, aliases included.
+    """
+    import torch
+
+    header, file_size = read_header(path)
+    # shared=False maps copy-on-write: nothing is read until touched, and writes stay private.
+    whole: Any = torch.UntypedStorage.from_file(path, shared=False, nbytes=file_size)
+    data = torch.empty(0, dtype=torch.uint8).set_(whole, header.data_start, (file_size - header.data_start,), (1,))
+    if device != "cpu":
+        data = data.to(device)
+    storage: Any = data.untyped_storage()
+    base = data.storage_offset()
+    state: dict[str, torch.Tensor] = {}
+    for entry in header.entries:
+        dtype = torch_dtype(entry.dtype)
+        start = base + entry.start - header.data_start
+        if start % dtype.itemsize:
+            raise FlattenError(f"{entry.name} is not aligned to its element size in {path}", "rewrite it with memlayout flatten")
+        view = torch.empty(0, dtype=dtype, device=data.device)
+        view.set_(storage, start // dtype.itemsize, entry.shape, dense_strides(entry.shape, MemoryFormat.CONTIGUOUS))
+        state[entry.name] = view
+    for name, alias in json.loads(header.metadata.get(ALIASES_KEY, "{}")).items():
+        owner = state[alias["of"]]
+        dtype = torch_dtype(alias["dtype"])
+        owner_start = owner.storage_offset() * owner.element_size()
+        view = torch.empty(0, dtype=dtype, device=data.device)
+        view.set_(storage, owner_start // dtype.itemsize + alias["offset"], tuple(alias["shape"]), tuple(alias["stride"]))
+        state[name] = view
+    return {name: tensor for name, tensor in state.items() if not name.startswith("__memlayout_slot_")}
+
+
 def load_flat_checkpoint(model: Any, path: str, device: str | None = None) -> FlatHandle:
     """Restore a flat checkpoint into `model`, keeping its buffers and ties.
 
@@ -104,8 +149,6 @@ def load_flat_checkpoint(model: Any, path: str, device: str | None = None) -> Fl
         if target != "cpu":
             state = _to_device(state, target)
     else:
-        from memlayout.flatten.safetensors_out import load_flat_safetensors
-
         state = load_flat_safetensors(path, target)
     repoint(model, state)
     return flatten_object(model)

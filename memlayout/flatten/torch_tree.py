@@ -16,7 +16,7 @@ on a zip reader that is ours:
 - `pickle_records` runs `torch.serialization._save` (what `torch.save` runs once it
   has opened the file) with a recorder in place of torch's zip writer: it returns
   data.pkl and the small records as bytes, and the storages to write, in torch's
-  order, for `memlayout.flatten.archive_out` to write.
+  order, for `memlayout.flatten.writers.torch_zip_out` to write.
 
 Both functions are private to torch, so they are called through `memlayout._torch`,
 whose tests check them against the installed torch; the signatures have been

@@ -172,7 +172,7 @@ def test_safetensors_rewrite_and_load_flat_map_one_buffer(tmp_path: Path) -> Non
     again = load_file(str(out))
     assert all(torch.equal(again[k], v) for k, v in state.items())
     assert flatten_path(str(out), FlattenOptions(out=None, check=True)).already_flat
-    from memlayout.flatten.safetensors_out import load_flat_safetensors
+    from memlayout.flatten.load_flat import load_flat_safetensors
 
     mapped = load_flat_safetensors(str(out))
     assert len({t.untyped_storage().data_ptr() for t in mapped.values()}) == 1
@@ -182,7 +182,8 @@ def test_safetensors_writer_records_ties_as_aliases(tmp_path: Path) -> None:
     from safetensors import safe_open
 
     from memlayout.flatten.live import flatten_object
-    from memlayout.flatten.safetensors_out import load_flat_safetensors, write_flat_safetensors
+    from memlayout.flatten.load_flat import load_flat_safetensors
+    from memlayout.flatten.writers.safetensors import write_flat_safetensors
 
     model = TransposedTie()
     model.tied = model.encoder  # the same Linear under a second name

@@ -29,7 +29,7 @@ def test_every_format_a_loader_produces_has_a_flatten_entry() -> None:
 
 def test_flatten_writes_exactly_the_formats_the_table_calls_supported() -> None:
     supported = {name for name, support in FORMAT_SUPPORT.items() if not support.refusal}
-    registered = {name for writer in writers.WRITERS for name in writer.formats}
+    registered = {name for writer in writers.registry().writers if writer.target is None for name in writer.formats}
     # A Hugging Face directory is flattened file by file, by the writers of its files.
     assert registered == supported - {"hf-safetensors", "hf-pytorch"}
 

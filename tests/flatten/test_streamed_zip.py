@@ -122,12 +122,12 @@ def test_in_is_never_loaded_by_torch(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_a_bad_write_fails_verification_and_leaves_out_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from memlayout.flatten import archive_out
+    from memlayout.flatten.writers import torch_zip_out
 
     src, out = tmp_path / "in.pt", tmp_path / "out.pt"
     torch.save(LstmLM().state_dict(), src)
     out.write_bytes(b"old")
-    real_move = archive_out._Mover.move
+    real_move = torch_zip_out._Mover.move
 
     def corrupting_move(self: Any, start: int, length: int) -> None:
         real_move(self, start, length)
@@ -135,7 +135,7 @@ def test_a_bad_write_fails_verification_and_leaves_out_as_it_was(tmp_path: Path,
         byte = os.pread(self.target, 1, position - 1)
         os.pwrite(self.target, bytes([byte[0] ^ 0xFF]), position - 1)
 
-    monkeypatch.setattr(archive_out._Mover, "move", corrupting_move)
+    monkeypatch.setattr(torch_zip_out._Mover, "move", corrupting_move)
     with pytest.raises(FlattenError, match="does not hold the bytes meant for it"):
         _flatten(src, out)
     assert out.read_bytes() == b"old"
@@ -180,21 +180,21 @@ def test_progress_reports_every_byte_copied_and_verified(tmp_path: Path) -> None
 def test_without_kernel_copies_the_plain_reads_write_the_same_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ways: tuple[str, ...]
 ) -> None:
-    from memlayout.flatten import archive_out
+    from memlayout.flatten.writers import torch_zip_out
 
     src = tmp_path / "in.pt"
     torch.save(LstmLM().state_dict(), src)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     _flatten(src, tmp_path / "a" / "flat.pt")
-    real_init = archive_out._Mover.__init__
+    real_init = torch_zip_out._Mover.__init__
 
     def without(self: Any, source: int, target: int) -> None:
         real_init(self, source, target)
         self.kernel_copy = "copy_file_range" not in ways
         self.sendfile = "sendfile" not in ways
 
-    monkeypatch.setattr(archive_out._Mover, "__init__", without)
+    monkeypatch.setattr(torch_zip_out._Mover, "__init__", without)
     _flatten(src, tmp_path / "b" / "flat.pt")
     assert _masked_serialization_id(tmp_path / "a" / "flat.pt") == _masked_serialization_id(tmp_path / "b" / "flat.pt")
 

@@ -1,9 +1,15 @@
-"""What a flatten writer is: one per source format it can rewrite flat.
+"""What a flatten writer is: one per source format it can rewrite flat, or convert.
 
 `memlayout.flatten.files` loads the source, builds its facts and plan, picks the
 writer registered for the loader's format (`memlayout.flatten.writers`), and
 hands it a `FlattenJob`. The writer moves the bytes into the planned layout,
 writes OUT atomically, verifies it, and says what it did in a `Written`.
+
+A writer is a `FlattenWriter` instance named `WRITER` in a module of the
+`memlayout.flatten.writers` package, or one a distribution exposes through the
+`memlayout.flatten_writers` entry-point group. It must say which inputs it
+handles (`formats`, and `target` for a conversion) and `write`; every other
+method has a default that suits a writer keeping IN's format.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import abc
 from dataclasses import dataclass, field
 
 from memlayout.core.facts import Facts
+from memlayout.errors import FlattenError
 from memlayout.flatten.options import FlattenOptions, Progress
 from memlayout.flatten.plan import FlatPlan, describe_changes
 from memlayout.load.records import LoadedSource
@@ -143,6 +150,18 @@ class FlattenWriter(abc.ABC):
             device: The device every tensor moves to; None when each keeps its own.
         """
         return None
+
+    def declines(self, source_format: str, path: str) -> FlattenError:
+        """The refusal for a source this converter does not convert, with what to do instead.
+
+        Args:
+            source_format: IN's `LoadedSource.format`, which is not among `formats`.
+            path: IN.
+
+        Returns:
+            The error to raise.
+        """
+        return FlattenError(f"{path}: --to {self.target} does not convert {source_format} sources")
 
     @abc.abstractmethod
     def write(self, job: FlattenJob) -> Written:

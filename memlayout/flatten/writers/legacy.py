@@ -21,7 +21,10 @@ from typing import Any
 from memlayout.core.facts import Facts
 from memlayout.errors import UnsafeContentError, UsageError
 from memlayout.flatten.plan import FlatPlan, describe_changes
+from memlayout.flatten.save import verify_torch_file, write_torch
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
+from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree
+from memlayout.load.legacy import has_proto_signature
 from memlayout.load.records import LoadedSource
 from memlayout.load.weights_only_allowlist import WEIGHTS_ONLY_PROTOCOLS, weights_only_allows
 
@@ -56,8 +59,6 @@ def _allow_list_pickle_module() -> Any:
 def _weights_only_reads(path: str) -> bool:
     # torch.save writes every pickle of a file with one protocol, and the header's
     # first pickle shows it: PROTO n from protocol 2 on, none before.
-    from memlayout.load.legacy import has_proto_signature
-
     with open(path, "rb") as handle:
         head = handle.read(2)
     return has_proto_signature(head) and head[1] in WEIGHTS_ONLY_PROTOCOLS
@@ -112,9 +113,6 @@ class LegacyWriter(FlattenWriter):
         return [f"the format: a {_WHICH[source.format]} becomes a current torch.save zip", *describe_changes(plan, facts)]
 
     def write(self, job: FlattenJob) -> Written:
-        from memlayout.flatten.save import verify_torch_file, write_torch
-        from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree
-
         tree = load_legacy_tree(job.path, job.source.format == "torch-legacy-tar", job.options.trust)
         # torch.save writes the location each storage is given, so IN's devices are
         # kept by moving the bytes on the CPU and naming them: no GPU is needed.
@@ -126,3 +124,6 @@ class LegacyWriter(FlattenWriter):
 
         written = write_torch(tree, job.out, verify if job.options.verify else None, done.locations)
         return Written(done.bytes_copied, written)
+
+
+WRITER = LegacyWriter()

@@ -15,13 +15,23 @@ from typing import TYPE_CHECKING, Any
 
 from memlayout import _torch
 from memlayout.errors import FlattenError, UsageError
+from memlayout.flatten.apply import (
+    allocate,
+    as_bits,
+    copy_from_storages,
+    rebind,
+    views_of,
+    walk_tensors,
+)
+from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
+from memlayout.flatten.plan import FlatPlan
 from memlayout.flatten.writers.interface import FlattenJob
+from memlayout.load.live import load_live
+from memlayout.load.live import storage_key as live_storage_key
 from memlayout.load.records import LoadedSource
 
 if TYPE_CHECKING:
     import torch
-
-    from memlayout.flatten.plan import FlatPlan
 
 
 @dataclass
@@ -100,8 +110,6 @@ def _unexpected(job: FlattenJob, what: str) -> FlattenError:
 
 def _match(tree: Any, job: FlattenJob) -> tuple[dict[str, str], dict[str, list[tuple[int, int]]]]:
     """Live -> file storage keys; and, per file storage that torch split into slices, its tensors."""
-    from memlayout.load.live import load_live
-
     facts = job.facts
     keys: dict[str, str] = {}
     members: dict[str, list[tuple[int, int]]] = {}
@@ -128,8 +136,6 @@ def _match(tree: Any, job: FlattenJob) -> tuple[dict[str, str], dict[str, list[t
 def _reroot(tree: Any, job: FlattenJob, sliced: dict[str, list[tuple[int, int]]]) -> None:
     """Give every tensor of a sliced file storage one root storage at the file's offsets, values kept."""
     import torch
-
-    from memlayout.flatten.apply import as_bits, walk_tensors
 
     by_id = {id(t): t for t in walk_tensors(tree)}
     sizes = {s.key: s.nbytes for s in job.facts.storages}
@@ -161,10 +167,6 @@ def flatten_loaded_tree(tree: Any, job: FlattenJob, on_host: bool = False) -> Fl
         The applied plan, the filled buffers, the bytes copied and, on the host,
         the locations to record.
     """
-    from memlayout.flatten.apply import allocate, copy_from_storages, rebind, views_of, walk_tensors
-    from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
-    from memlayout.load.live import storage_key as live_storage_key
-
     named = tree
     keys = file_keys_by_name(named, job)
     storages: dict[str, Any] = {}

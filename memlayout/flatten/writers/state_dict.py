@@ -6,7 +6,11 @@ import spec is saved as one, whatever object the spec returned.
 
 from __future__ import annotations
 
+from memlayout.flatten.apply import allocate, copy_from_storages, rebind, views_of, walk_tensors
+from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
+from memlayout.flatten.save import verify_torch_file, write_torch
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
+from memlayout.load.live import storage_key
 from memlayout.load.records import LoadedSource
 
 
@@ -21,17 +25,6 @@ class LiveObjectWriter(FlattenWriter):
     def write(self, job: FlattenJob) -> Written:
         import torch
 
-        from memlayout.flatten.apply import (
-            allocate,
-            copy_from_storages,
-            rebind,
-            views_of,
-            walk_tensors,
-        )
-        from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
-        from memlayout.flatten.save import verify_torch_file, write_torch
-        from memlayout.load.live import storage_key
-
         obj, plan, options = job.source.live_object, job.plan, job.options
         storages = {storage_key(t): t.untyped_storage() for t in walk_tensors(obj)}
         buffers = allocate(plan)
@@ -42,3 +35,6 @@ class LiveObjectWriter(FlattenWriter):
         state = obj.state_dict() if isinstance(obj, torch.nn.Module) else obj
         verify = (lambda temporary: verify_torch_file(temporary, plan, buffers)) if options.verify else None
         return Written(copied, write_torch(state, job.out, verify))
+
+
+WRITER = LiveObjectWriter()

@@ -42,12 +42,15 @@ from memlayout.core.flatten_support import SAFETENSORS_CONVERSION
 from memlayout.core.strides import MemoryFormat
 from memlayout.dtypes import dtype_info
 from memlayout.errors import FlattenError, UsageError
+from memlayout.flatten.apply import host_bytes, torch_dtype
 from memlayout.flatten.options import FlattenOptions
 from memlayout.flatten.pickle_contents import non_tensor_contents
 from memlayout.flatten.plan import FlatPlan, Placement, ViewKey, dense_strides, view_key
-from memlayout.flatten.safetensors_out import ordered_header
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, LayoutAfter, Written
+from memlayout.flatten.writers.safetensors import ordered_header
+from memlayout.io.atomic_write import atomic_file
 from memlayout.load.records import LoadedSource
+from memlayout.load.safetensors_file import MEMLAYOUT_ALIASES_KEY, read_header
 
 if TYPE_CHECKING:
     import torch
@@ -253,9 +256,11 @@ class SafetensorsConverter(FlattenWriter):
             raise UsageError("safetensors records no device: conversion writes from the CPU",
                              "pass --device cpu, or no --device")
 
-    def write(self, job: FlattenJob) -> Written:
-        from memlayout.io.atomic_write import atomic_file
+    def declines(self, source_format: str, path: str) -> FlattenError:
+        hint = _UNCONVERTED.get(source_format, "convert a torch.save file or a safetensors file")
+        return FlattenError(f"{path}: --to safetensors does not convert {source_format} sources", hint)
 
+    def write(self, job: FlattenJob) -> Written:
         layout = safetensors_layout(job.plan, job.facts, _kept_metadata(job.source))
         reader: Any = job.source.reader
         if reader is None or reader.file_of:
@@ -284,8 +289,6 @@ def _kept_metadata(source: LoadedSource) -> dict[str, str]:
     """A safetensors IN's own metadata, less memlayout's aliases (written as ties instead)."""
     if source.format != "safetensors" or source.path is None:
         return {}
-    from memlayout.load.safetensors_file import MEMLAYOUT_ALIASES_KEY, read_header
-
     header, _ = read_header(source.path)
     return {k: v for k, v in header.metadata.items() if k != MEMLAYOUT_ALIASES_KEY}
 
@@ -302,8 +305,6 @@ def _gathered(reader: Any, view: ViewKey) -> torch.Tensor:
     """A view of IN's storage, read from the file and made dense: only its own span is read."""
     import torch
 
-    from memlayout.flatten.apply import host_bytes, torch_dtype
-
     key, offset, shape, stride, dtype = view
     itemsize = dtype_info(dtype).itemsize
     if _numel(shape) == 0:
@@ -317,8 +318,6 @@ def _gathered(reader: Any, view: ViewKey) -> torch.Tensor:
 
 def _dense_bytes(value: torch.Tensor) -> memoryview:
     import torch
-
-    from memlayout.flatten.apply import host_bytes
 
     raw = torch.empty(0, dtype=torch.uint8)
     raw.set_(value.untyped_storage(), value.storage_offset() * value.element_size(), (value.numel() * value.element_size(),), (1,))
@@ -379,8 +378,6 @@ def _write_file(path: str, layout: SafetensorsLayout, source: int, reader: Any) 
 
 def _verify(path: str, layout: SafetensorsLayout, source: int, reader: Any) -> None:
     """Re-read OUT: its header as `inspect` validates it, its ties, and every tensor's bytes against IN's."""
-    from memlayout.load.safetensors_file import read_header
-
     header, _ = read_header(path)
     expected = [(s.name, s.nbytes) for s in layout.stored]
     if header.metadata.get("format") != "pt" or [(e.name, e.nbytes) for e in header.entries] != expected:
@@ -414,18 +411,6 @@ def _same_ranges(first: int, first_start: int, second: int, second_start: int, n
     return True
 
 
-def refuse_unconverted(source_format: str, path: str) -> FlattenError:
-    """The refusal for a format conversion does not read, with what to do instead.
+WRITER = SafetensorsConverter()
 
-    Args:
-        source_format: IN's `LoadedSource.format`.
-        path: IN.
-
-    Returns:
-        The error to raise.
-    """
-    hint = _UNCONVERTED.get(source_format, "convert a torch.save file or a safetensors file")
-    return FlattenError(f"{path}: --to safetensors does not convert {source_format} sources", hint)
-
-
-__all__ = ["SafetensorsConverter", "lost_ties", "refuse_unconverted", "safetensors_layout"]
+__all__ = ["WRITER", "SafetensorsConverter", "lost_ties", "safetensors_layout"]

@@ -18,8 +18,11 @@ from memlayout.core.facts import Facts
 from memlayout.errors import FlattenError
 from memlayout.flatten.options import FlattenOptions
 from memlayout.flatten.plan import FlatPlan, describe_changes
+from memlayout.flatten.save import verify_torch_file
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
-from memlayout.flatten.writers.loaded_tree import refuse_devices_not_here
+from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree, refuse_devices_not_here
+from memlayout.io.atomic_write import atomic_file
+from memlayout.load.pt2 import load_pt2
 from memlayout.load.records import LoadedSource, TensorRecord
 
 CONSTANTS = "constants"
@@ -63,11 +66,6 @@ class TorchExportWriter(FlattenWriter):
     def write(self, job: FlattenJob) -> Written:
         import torch
 
-        from memlayout.flatten.save import verify_torch_file
-        from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree
-        from memlayout.io.atomic_write import atomic_file
-        from memlayout.load.pt2 import load_pt2
-
         try:
             program = torch.export.load(job.path)
         except Exception as exc:  # torch.export.load raises many kinds on archives it cannot rebuild
@@ -86,3 +84,6 @@ class TorchExportWriter(FlattenWriter):
             if verified:
                 verify_torch_file(output.path, done.plan, done.buffers, names, load=load_pt2)
         return Written(done.bytes_copied, verified)
+
+
+WRITER = TorchExportWriter()

@@ -8,7 +8,7 @@ tensors are re-pointed at views of flat buffers. Then:
   recording its buffer's device (a CUDA checkpoint stays one, on a machine without
   a GPU), and OUT is written record by record in torch.save's own layout, each
   storage's used bytes moved from IN's file to their slot in OUT's by the kernel
-  (`archive_out`). OUT is read back and proved against IN's CRCs, read as metadata
+  (`torch_zip_out`), and proved as they are written (`torch_zip_verify`). OUT is read back and proved against IN's CRCs, read as metadata
   against the plan, and opened by `torch.load(mmap=True)` before it replaces
   anything. Memory stays near a few chunks, whatever the model's size.
 - moved to CUDA (`--device cuda`), the buffers are allocated on the device and
@@ -26,15 +26,43 @@ from typing import TYPE_CHECKING, Any
 
 from memlayout import _torch
 from memlayout.errors import FlattenError
+from memlayout.flatten.apply import (
+    allocate,
+    as_bits,
+    copy_from_file,
+    host_bytes,
+    pread_into,
+    rebind,
+    torch_dtype,
+    views_of,
+    walk_tensors,
+)
+from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
+from memlayout.flatten.plan import FlatBuffer, Slot
+from memlayout.flatten.save import check_layout, verify_torch_file, write_torch
+from memlayout.flatten.torch_tree import pickle_records, rebuild_tree
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
+from memlayout.flatten.writers.torch_zip_out import (
+    Data,
+    FileRange,
+    OutRecord,
+    Piece,
+    Zeros,
+    write_archive,
+)
+from memlayout.flatten.writers.torch_zip_verify import ArchiveVerifier
+from memlayout.io.atomic_write import atomic_file
+from memlayout.io.zip_archive import (
+    RecordSpans,
+    ZipReader,
+    archive_prefix,
+    new_serialization_id,
+    torch_archive_name,
+)
 from memlayout.load.records import LoadedSource
 
 if TYPE_CHECKING:
     import torch
-
-    from memlayout.flatten.archive_out import Piece
-    from memlayout.flatten.plan import FlatBuffer, Slot
-    from memlayout.io.zip_archive import RecordSpans
 
 FILE_FORMAT_VERSION = b"3\n"
 """The `version` record torch's writer closes a torch.save archive with (kProducedFileFormatVersion)."""
@@ -50,10 +78,6 @@ class TorchZipWriter(FlattenWriter):
         return "torch.save module pickle" if source.modules else "torch.save state dict"
 
     def write(self, job: FlattenJob) -> Written:
-        from memlayout.flatten.apply import rebind, views_of
-        from memlayout.flatten.torch_tree import rebuild_tree
-        from memlayout.io.zip_archive import RecordSpans, ZipReader, archive_prefix
-
         stages: dict[str, float] = {}
         started = time.perf_counter()
         source = os.open(job.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -112,12 +136,6 @@ def _stream(
     job: FlattenJob, tree: Any, buffers: list[torch.Tensor], stand_ins: Any, source: int, spans: RecordSpans,
     stages: dict[str, float], locations: dict[int, str] | None = None,
 ) -> Written:
-    from memlayout.flatten.archive_out import Data, OutRecord, write_archive
-    from memlayout.flatten.save import ArchiveVerifier, check_layout
-    from memlayout.flatten.torch_tree import pickle_records
-    from memlayout.io.atomic_write import atomic_file
-    from memlayout.io.zip_archive import new_serialization_id, torch_archive_name
-
     started = time.perf_counter()
     pickled = pickle_records(tree, locations)
     buffer_index = {_torch.storage_id(buffer.untyped_storage()): index for index, buffer in enumerate(buffers)}
@@ -172,8 +190,6 @@ def _flush(fd: int) -> None:
 
 
 def _buffer_pieces(flat: FlatBuffer, source: int, spans: RecordSpans) -> tuple[Piece, ...]:
-    from memlayout.flatten.archive_out import Data, FileRange, Zeros
-
     pieces: list[Piece] = []
     cursor = 0
     for slot in flat.slots:
@@ -197,8 +213,6 @@ def _buffer_pieces(flat: FlatBuffer, source: int, spans: RecordSpans) -> tuple[P
 def _unplaced_pieces(storage: Any, key: str | None, spans: RecordSpans) -> tuple[Piece, ...]:
     # A storage no planned view reaches (an empty tensor's, or one held by an object
     # flatten does not walk) is written whole, as torch.save would write it.
-    from memlayout.flatten.archive_out import Data, FileRange
-
     nbytes = storage.nbytes()
     if key is not None:
         crc = spans.checksums.get(key) if nbytes == spans.sizes[key] else None
@@ -218,8 +232,6 @@ def _dense_bytes(source: int, record_start: int, slot: Slot) -> bytes:
     """A strided view's values in dense order: read its span from IN, copy it dense."""
     import torch
 
-    from memlayout.flatten.apply import as_bits, host_bytes, pread_into, torch_dtype
-
     span = torch.empty(slot.source_nbytes, dtype=torch.uint8)
     pread_into(source, host_bytes(span), record_start + slot.source_start)
     view = slot.views[0]
@@ -237,8 +249,6 @@ def _torch_reads(path: str, trust: bool, tree: Any) -> None:
     """torch.load(OUT, mmap=True) opens OUT and finds the tensors of the tree that was pickled."""
     import torch
 
-    from memlayout.flatten.apply import walk_tensors
-
     try:
         loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=not trust)
     except Exception as exc:
@@ -253,10 +263,6 @@ def _torch_reads(path: str, trust: bool, tree: Any) -> None:
 
 def _through_memory(job: FlattenJob, tree: Any, stand_ins: Any, spans: RecordSpans) -> Written:
     """Fill device buffers from IN's file, re-point the tree at them, and torch.save it (CUDA)."""
-    from memlayout.flatten.apply import allocate, copy_from_file, rebind, views_of
-    from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
-    from memlayout.flatten.save import verify_torch_file, write_torch
-
     names = {name for tensor in job.facts.tensors for name in tensor.names}
     buffers = allocate(job.plan)
     copied = copy_from_file(job.plan, buffers, job.path, spans.starts)
@@ -265,3 +271,6 @@ def _through_memory(job: FlattenJob, tree: Any, stand_ins: Any, spans: RecordSpa
     plan, buffers, _ = adopt_cudnn_layouts(tree, job.plan, buffers, job.facts)
     verify = (lambda temporary: verify_torch_file(temporary, plan, buffers, names)) if job.options.verify else None
     return Written(copied, write_torch(tree, job.out, verify))
+
+
+WRITER = TorchZipWriter()

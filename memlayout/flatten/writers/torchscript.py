@@ -16,10 +16,12 @@ from typing import Any
 
 from memlayout.errors import FlattenError
 from memlayout.flatten.options import FlattenOptions
+from memlayout.flatten.save import verify_torch_file
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
-from memlayout.flatten.writers.loaded_tree import refuse_devices_not_here
+from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree, refuse_devices_not_here
+from memlayout.io.atomic_write import atomic_file
 from memlayout.load.records import LoadedSource
-from memlayout.load.torchscript import CODE_CONSTANTS
+from memlayout.load.torchscript import CODE_CONSTANTS, load_torchscript
 
 
 def _tensor_at(module: Any, name: str) -> Any:
@@ -53,11 +55,6 @@ class TorchScriptWriter(FlattenWriter):
     def write(self, job: FlattenJob) -> Written:
         import torch
 
-        from memlayout.flatten.save import verify_torch_file
-        from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree
-        from memlayout.io.atomic_write import atomic_file
-        from memlayout.load.torchscript import load_torchscript
-
         try:
             # Kept devices are all present here (`refuse`); moved ones are reached from the CPU.
             where = None if job.options.keeps_devices else "cpu"
@@ -78,3 +75,6 @@ class TorchScriptWriter(FlattenWriter):
                     output.path, done.plan, done.buffers, set(names), load=lambda path: self.movable(load_torchscript(path))
                 )
         return Written(done.bytes_copied, verified)
+
+
+WRITER = TorchScriptWriter()

@@ -10,7 +10,7 @@ back to `os.sendfile` (pipes, other filesystems) and then to pread/pwrite.
 No byte of a range passes through Python, so each record's CRC-32 is combined
 (`zip_archive.crc32_combine`) from its pieces' CRCs: a range covering a whole record
 of IN has the CRC IN's directory records for it, any other range is read once to
-compute its own. Verification (`memlayout.flatten.save.verify_archive`) then reads
+compute its own. Verification (`torch_zip_verify.ArchiveVerifier`) then reads
 OUT back and proves each record's bytes against that CRC.
 """
 

@@ -1,10 +1,12 @@
-"""Names and the index of a model directory converted to safetensors, as transformers writes them."""
+"""Names and the index of a model directory converted to safetensors (`to_safetensors`), as transformers writes them."""
 
 from __future__ import annotations
 
 import json
 import os
 from typing import Any
+
+from memlayout.load.hf_dir import BIN_INDEX, SAFETENSORS_INDEX
 
 
 def converted_name(name: str) -> str:
@@ -43,8 +45,6 @@ def converted_index(weight_map: dict[str, str], dropped: set[str], sizes: int, m
 
 def index_metadata(directory: str) -> dict[str, Any]:
     """The metadata of IN's index, if it has one (transformers adds `total_parameters`)."""
-    from memlayout.load.hf_dir import BIN_INDEX, SAFETENSORS_INDEX
-
     for name in (SAFETENSORS_INDEX, BIN_INDEX):
         index = os.path.join(directory, name)
         if os.path.isfile(index):
