@@ -297,11 +297,11 @@ def _sharded_step(build: Callable[[], Any], sharding: Sharding, step_inputs: Ste
     """The model built on the meta device, sharded by the sharding's code, then made fake on `device`; its inputs."""
     import torch
 
-    from memlayout.activations.analysis import _Step
+    from memlayout.activations.world import StepWorld
 
     model = build()
     run_code(sharding.code(), model, torch.device(device).type)
-    step = _Step("fake", device)
+    step = StepWorld("fake", device)
     with step.context():
         model.to_empty(device=device)
     model.train()

@@ -80,8 +80,8 @@ def plan_ranks(
     Raises:
         RanksBudgetUnreachableError: nothing tried fits; it carries the lowest plan.
     """
-    from memlayout.activations.analysis import exclusions, pitfalls
     from memlayout.activations.plan import Plan, Planner, SequentialSegments
+    from memlayout.activations.search import exclusions, pitfalls
 
     if budget < 0:
         raise UsageError(f"the budget {budget} is negative")
