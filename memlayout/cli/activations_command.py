@@ -136,9 +136,9 @@ def activations_command(
                 "give FSDP2's mixed precision with --param-dtype and --reduce-dtype",
             )
         if world_size is not None:
-            from memlayout.activations.parallel import ShardingOptions
             from memlayout.activations.ranks import analyze_ranks
-            from memlayout.activations.ranks_plan import RanksBudgetUnreachableError
+            from memlayout.activations.ranks.parallel import ShardingOptions
+            from memlayout.activations.ranks.plan import RanksBudgetUnreachableError
 
             if real or device == "meta":
                 raise UsageError(

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from memlayout.activations.parallel import Sharding
-from memlayout.activations.rank_facts import RankPeak, RanksPlan, RanksReport
+from memlayout.activations.ranks.facts import RankPeak, RanksPlan, RanksReport
+from memlayout.activations.ranks.parallel import Sharding
 from memlayout.errors import MemlayoutError, UsageError
 
 MAX_CHECKS = 6
