@@ -319,8 +319,8 @@ def scale(raw_fit: dict[str, Any]) -> list[Row]:
 
 def plan_for_real() -> tuple[list[Row], dict[str, Any]]:
     """A plan for 0.8x of the measured peak, followed for real on two gloo ranks, as the report prints it."""
-    from memlayout.activations.parallel import ShardingOptions
     from memlayout.activations.ranks import analyze_ranks
+    from memlayout.activations.ranks.parallel import ShardingOptions
     from tests.activations import real_ranks
 
     case = CASES["llama-style"]

@@ -415,7 +415,7 @@ def test_a_dtensor_pieces_offset_follows_its_placements() -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from memlayout.activations.ranks import fake_world
+    from memlayout.activations.ranks.rank_step import fake_world
 
     with fake_world(4, 2):
         mesh = init_device_mesh("cpu", (4,))

@@ -19,30 +19,26 @@ from typing import TYPE_CHECKING, Any
 from memlayout.activations.sizes import parse_size
 
 if TYPE_CHECKING:
-    from memlayout.activations.analysis import (
-        ActivationReport,
-        BudgetUnreachableError,
-        PlanResult,
-        analyze,
-    )
+    from memlayout.activations.analysis import ActivationReport, analyze
     from memlayout.activations.apply import AppliedPlan, apply_plan
-    from memlayout.activations.parallel import ShardingOptions
     from memlayout.activations.plan import Plan, SequentialSegments
-    from memlayout.activations.rank_facts import RanksReport
     from memlayout.activations.ranks import analyze_ranks
+    from memlayout.activations.ranks.facts import RanksReport
+    from memlayout.activations.ranks.parallel import ShardingOptions
+    from memlayout.activations.search import BudgetUnreachableError, PlanResult
 
 _LAZY = {
     "analyze": "memlayout.activations.analysis",
     "ActivationReport": "memlayout.activations.analysis",
-    "BudgetUnreachableError": "memlayout.activations.analysis",
-    "PlanResult": "memlayout.activations.analysis",
+    "BudgetUnreachableError": "memlayout.activations.search",
+    "PlanResult": "memlayout.activations.search",
     "apply_plan": "memlayout.activations.apply",
     "AppliedPlan": "memlayout.activations.apply",
     "Plan": "memlayout.activations.plan",
     "SequentialSegments": "memlayout.activations.plan",
     "analyze_ranks": "memlayout.activations.ranks",
-    "ShardingOptions": "memlayout.activations.parallel",
-    "RanksReport": "memlayout.activations.rank_facts",
+    "ShardingOptions": "memlayout.activations.ranks.parallel",
+    "RanksReport": "memlayout.activations.ranks.facts",
 }
 
 

@@ -12,8 +12,8 @@ from typing import Any
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
 from memlayout.activations.json_parts import head, summary_dict
-from memlayout.activations.rank_facts import RanksReport
-from memlayout.activations.ranks_report import ranks_report_dict
+from memlayout.activations.ranks.facts import RanksReport
+from memlayout.activations.ranks.report import ranks_report_dict
 from memlayout.output.interface import Formatter
 
 

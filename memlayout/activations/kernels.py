@@ -11,6 +11,9 @@ with the real kernel's workspace over a grid of shapes.
 
 FLOPs come from `torch.utils.flop_counter`'s registry (matmuls, convolutions,
 attention; element-wise ops count 0, as FlopCounterMode counts them).
+
+Whether a seeded op draws random numbers is read off its schema here too: a
+dropout probability of 0, or `train=False`, means it draws none.
 """
 
 from __future__ import annotations
@@ -103,3 +106,15 @@ def forward_flops(func: Any, args: Any, kwargs: Any, out: Any) -> int:
         return int(formula(*args, **kwargs, out_val=out))
     except Exception:  # a formula that does not fit an unusual call counts nothing rather than failing the trace
         return 0
+
+
+def draws_random_numbers(func: Any, args: Any, kwargs: Any) -> bool:
+    """A seeded op draws unless its dropout probability is 0 or it is told it is not training
+    (attention kernels are seeded for their dropout_p, and Llama's is 0)."""
+    for position, argument in enumerate(_torch.op_schema(func).arguments):
+        value = args[position] if position < len(args) else kwargs.get(argument.name, argument.default_value)
+        if argument.name in ("p", "dropout_p") and isinstance(value, (int, float)) and value == 0:
+            return False
+        if argument.name == "train" and value is False:
+            return False
+    return True

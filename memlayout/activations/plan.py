@@ -1,7 +1,7 @@
 """Checkpoint plans: which modules to checkpoint, and how the peak is expected to move.
 
 Pure: a `Planner` reads a baseline `Trace` and proposes plans; it never runs a
-model. The orchestrator (analysis.py) traces each proposal again with the plan
+model. The search (search.py) traces each proposal again with the plan
 applied, and only that trace's peak is reported.
 
 The estimate. Checkpointing one call of a module frees, from the end of its

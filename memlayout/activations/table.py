@@ -8,8 +8,8 @@ from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
-from memlayout.activations.rank_facts import RanksReport
-from memlayout.activations.ranks_report import render_ranks_table
+from memlayout.activations.ranks.facts import RanksReport
+from memlayout.activations.ranks.report import render_ranks_table
 from memlayout.format_bytes import human_bytes
 from memlayout.output.interface import Formatter
 

@@ -38,59 +38,23 @@ from memlayout.activations.facts import (
     StorageLife,
     Trace,
 )
-from memlayout.activations.kernels import corrected_output_nbytes, forward_flops
+from memlayout.activations.kernels import (
+    corrected_output_nbytes,
+    draws_random_numbers,
+    forward_flops,
+)
+from memlayout.activations.module_state import (
+    module_attributes,
+    python_state,
+    shown_value,
+    state_changes,
+)
 from memlayout.activations.optimizer import state_tensors
 from memlayout.activations.step import Autocast, output_tensors, run_step
+from memlayout.activations.trace_records import CallRecord, StorageRecord
 
 NODE_KEY = "memlayout.call"
 _MOVE_OPS = _torch.device_copy_ops()
-
-
-class _Storage:
-    """Mutable record while tracing; frozen into a StorageLife at the end."""
-
-    __slots__ = ("born", "call", "died", "kind", "nbytes", "phase", "ref", "storage_nbytes")
-
-    def __init__(
-        self, nbytes: int, storage_nbytes: int, kind: StorageKind, born: int, call: int | None, phase: Phase
-    ) -> None:
-        self.nbytes = nbytes
-        self.storage_nbytes = storage_nbytes
-        """What the storage itself reports; differs from nbytes where a kernel correction applies."""
-        self.kind = kind
-        self.born = born
-        self.died: int | None = None
-        self.call = call
-        self.phase = phase
-        self.ref: Any = None
-
-
-class _Call:
-    __slots__ = (
-        "backward_start", "class_name", "end", "flops", "id", "inputs", "module", "moves_device", "mutates_buffers",
-        "mutates_inputs", "outputs", "parent", "path", "reads_outside_state", "recompute", "saved", "start",
-        "uses_randomness",
-    )
-
-    def __init__(self, call_id: int, module: Any, path: str, parent: int | None, recompute: bool, start: int) -> None:
-        self.id = call_id
-        self.module = module
-        self.path = path
-        self.class_name = type(module).__name__
-        self.parent = parent
-        self.recompute = recompute
-        self.start = start
-        self.end = start
-        self.backward_start: int | None = None
-        self.inputs: tuple[int, ...] = ()
-        self.outputs: tuple[int, ...] = ()
-        self.saved: list[int] = []
-        self.flops = 0
-        self.uses_randomness = False
-        self.moves_device = False
-        self.reads_outside_state = False
-        self.mutates_buffers = False
-        self.mutates_inputs = False
 
 
 class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -102,10 +66,10 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.optimizer = optimizer
         self.correct_kernels = correct_kernels
         self.paths = {id(module): path for path, module in model.named_modules()}
-        self.storages: list[_Storage] = []
+        self.storages: list[StorageRecord] = []
         self.index: Any = WeakIdKeyDictionary()
-        self.calls: list[_Call] = []
-        self.stack: list[_Call] = []
+        self.calls: list[CallRecord] = []
+        self.stack: list[CallRecord] = []
         self.pending: list[tuple[Any, int]] = []
         self.saved: set[int] = set()
         self.seq = 0
@@ -140,17 +104,17 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _allocate(self, storage: Any, nbytes: int, storage_nbytes: int, kind: StorageKind) -> int:
         self.seq += 1
         call = self._current_call()
-        record = _Storage(nbytes, storage_nbytes, kind, self.seq, call, self.phase)
+        record = StorageRecord(nbytes, storage_nbytes, kind, self.seq, call, self.phase)
         index = len(self.storages)
         self.storages.append(record)
         record.ref = weakref.ref(storage, functools.partial(self._released, record))
         self.index[storage] = index
         return index
 
-    def _released(self, record: _Storage, _ref: Any) -> None:
+    def _released(self, record: StorageRecord, _ref: Any) -> None:
         self._release(record)
 
-    def _release(self, record: _Storage) -> None:
+    def _release(self, record: StorageRecord) -> None:
         if record.died is None:
             self.seq += 1
             record.died = self.seq
@@ -221,7 +185,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             target = args[0].device if func is torch.ops.aten.copy_.default else kwargs.get("device")
             if target is not None and isinstance(source, torch.Tensor) and torch.device(target) != source.device:
                 call.moves_device = True
-        if torch.Tag.nondeterministic_seeded in func.tags and _draws_random_numbers(func, args, kwargs):
+        if torch.Tag.nondeterministic_seeded in func.tags and draws_random_numbers(func, args, kwargs):
             call.uses_randomness = True
         if func is torch.ops.aten.native_batch_norm.default and len(args) > 5 and args[5] and args[3] is not None:
             call.mutates_buffers = True  # its schema does not mark the running statistics it updates
@@ -257,7 +221,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _enter(self, module: Any, path: str, args: Any, kwargs: Any) -> None:
         recompute = self.phase in (Phase.BACKWARD, Phase.RECOMPUTE)
         parent = self.stack[-1].id if self.stack else (self.backward_call if recompute else None)
-        call = _Call(len(self.calls), module, path, parent, recompute, self.seq)
+        call = CallRecord(len(self.calls), module, path, parent, recompute, self.seq)
         if not recompute:
             call.inputs = self._storages_of((args, kwargs))
             self.entry_states.setdefault(path, []).append(module_attributes(module, tensors=True))
@@ -277,7 +241,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         before = seen[-1]
         name = next((n for n in sorted(set(now) | set(before)) if now.get(n) != before.get(n)), "?")
         self.rerun_state_differs[path] = (
-            f"self.{name} was {_shown(before.get(name))} when forward called it and {_shown(now.get(name))} when "
+            f"self.{name} was {shown_value(before.get(name))} when forward called it and {shown_value(now.get(name))} when "
             "backward reran it"
         )
 
@@ -429,85 +393,6 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             parent = self.calls[call.parent]
             if parent.backward_start is None or call.backward_start < parent.backward_start:
                 parent.backward_start = call.backward_start
-
-
-_MODULE_INTERNALS = frozenset(("training", "_parameters", "_buffers", "_modules", "_non_persistent_buffers_set",
-                               "forward"))
-_SIMPLE = (int, float, bool, str, bytes, type(None))
-
-
-def python_state(model: torch.nn.Module) -> dict[str, dict[str, Any]]:
-    """Each module's plain Python attributes: numbers, strings and the lengths of containers.
-
-    What a checkpointed module's rerun reads from `self` besides tensors: a counter, a
-    cache's length, a flag. Hooks and torch's own bookkeeping are left out.
-    """
-    return {path: module_attributes(module) for path, module in model.named_modules()}
-
-
-class _SameTensor:
-    """A tensor attribute, compared by identity (a weak reference: it must not keep the tensor alive)."""
-
-    __slots__ = ("ref", "shown")
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.ref = weakref.ref(tensor)
-        self.shown = f"a {str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)} tensor"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _SameTensor) and self.ref() is not None and self.ref() is other.ref()
-
-    def __hash__(self) -> int:
-        return id(self.ref())
-
-    def __repr__(self) -> str:
-        return self.shown
-
-
-def module_attributes(module: torch.nn.Module, tensors: bool = False) -> dict[str, Any]:
-    """A module's own plain attributes (not its parameters, buffers or children): numbers, strings, the
-    lengths of containers, and with `tensors` the identity of tensors kept on it."""
-    values: dict[str, Any] = {}
-    for name, value in vars(module).items():
-        if name in _MODULE_INTERNALS or name.endswith("_hooks") or name.endswith("_hooks_with_kwargs"):
-            continue
-        if isinstance(value, _SIMPLE):
-            values[name] = value
-        elif isinstance(value, (list, dict, set, tuple)):
-            values[name] = ("len", len(value))
-        elif tensors and isinstance(value, torch.Tensor):
-            values[name] = _SameTensor(value)
-    return values
-
-
-def state_changes(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
-    """module path -> which attribute the forward changed, for each module whose plain state changed."""
-    changes: dict[str, str] = {}
-    for path, values in after.items():
-        old = before.get(path, {})
-        for name in sorted(set(values) | set(old)):
-            if values.get(name) != old.get(name):
-                changes[path] = f"self.{name} ({_shown(old.get(name))} -> {_shown(values.get(name))})"
-                break
-    return changes
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, tuple) and len(value) == 2 and value[0] == "len":
-        return f"{value[1]} items"
-    return repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-
-
-def _draws_random_numbers(func: Any, args: Any, kwargs: Any) -> bool:
-    """A seeded op draws unless its dropout probability is 0 or it is told it is not training
-    (attention kernels are seeded for their dropout_p, and Llama's is 0)."""
-    for position, argument in enumerate(_torch.op_schema(func).arguments):
-        value = args[position] if position < len(args) else kwargs.get(argument.name, argument.default_value)
-        if argument.name in ("p", "dropout_p") and isinstance(value, (int, float)) and value == 0:
-            return False
-        if argument.name == "train" and value is False:
-            return False
-    return True
 
 
 def _tensors(values: Any) -> Iterable[torch.Tensor]:

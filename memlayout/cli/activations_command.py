@@ -120,7 +120,8 @@ def activations_command(
         # transformers logs config remarks while building a model from its config; they are
         # not about memory, and stdout/stderr belong to the report and its one-line errors.
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        from memlayout.activations.analysis import BudgetUnreachableError, analyze
+        from memlayout.activations.analysis import analyze
+        from memlayout.activations.search import BudgetUnreachableError
         from memlayout.activations.sizes import parse_size
 
         if inputs and input_specs:
@@ -135,9 +136,9 @@ def activations_command(
                 "give FSDP2's mixed precision with --param-dtype and --reduce-dtype",
             )
         if world_size is not None:
-            from memlayout.activations.parallel import ShardingOptions
             from memlayout.activations.ranks import analyze_ranks
-            from memlayout.activations.ranks_plan import RanksBudgetUnreachableError
+            from memlayout.activations.ranks.parallel import ShardingOptions
+            from memlayout.activations.ranks.plan import RanksBudgetUnreachableError
 
             if real or device == "meta":
                 raise UsageError(

@@ -32,7 +32,7 @@ else:  # pragma: no cover - Python 3.10
 
 if TYPE_CHECKING:
     from memlayout.activations.analysis import ActivationReport
-    from memlayout.activations.rank_facts import RanksReport
+    from memlayout.activations.ranks.facts import RanksReport
     from memlayout.diff.changes import DiffReport
     from memlayout.output.interface import Formatter
     from memlayout.pipeline.batch import BatchReport

@@ -8,9 +8,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from memlayout.activations.analysis import ActivationReport, PlanResult
+from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.facts import Trace
 from memlayout.activations.plan import Plan, SequentialSegments
+from memlayout.activations.search import PlanResult
 from memlayout.activations.summary import ModuleFacts, PeakAt, Summary
 from memlayout.cli.formats import (
     Command,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from memlayout.activations.parallel import ShardingOptions
 from memlayout.activations.ranks import analyze_ranks
+from memlayout.activations.ranks.parallel import ShardingOptions
 from tests.activations.sharded_models import BATCH_SPECS, llama_style, token_batch
 
 pytestmark = [

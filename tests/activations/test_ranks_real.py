@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from memlayout.activations.parallel import ShardingOptions
 from memlayout.activations.ranks import analyze_ranks
+from memlayout.activations.ranks.parallel import ShardingOptions
 from tests.activations import real_ranks
 from tests.activations.sharded_models import BATCH_SPECS
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from memlayout.activations.parallel import ShardingOptions
-from memlayout.activations.ranks import RankStepError, analyze_ranks
+from memlayout.activations.ranks import analyze_ranks
+from memlayout.activations.ranks.parallel import ShardingOptions
+from memlayout.activations.ranks.rank_step import RankStepError
 from memlayout.errors import UsageError
 
 transformers = pytest.importorskip("transformers")

@@ -84,7 +84,7 @@ def _rank_0_of_2(root: bool, rows: int) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from memlayout.activations.ranks import fake_world
+    from memlayout.activations.ranks.rank_step import fake_world
 
     with fake_world(2, 0):
         torch.manual_seed(0)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import memlayout
-from memlayout.activations.ranks import fake_world
+from memlayout.activations.ranks.rank_step import fake_world
 from memlayout.core.shards import padding_over_ranks
 
 ROOT = Path(__file__).resolve().parents[2]

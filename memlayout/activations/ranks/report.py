@@ -12,8 +12,8 @@ import textwrap
 from typing import Any
 
 from memlayout.activations.json_parts import head, summary_dict
-from memlayout.activations.parallel import Sharding
-from memlayout.activations.rank_facts import RankPeak, RanksPlan, RanksReport
+from memlayout.activations.ranks.facts import RankPeak, RanksPlan, RanksReport
+from memlayout.activations.ranks.parallel import Sharding
 from memlayout.format_bytes import counted, human_bytes
 
 

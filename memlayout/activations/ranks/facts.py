@@ -1,7 +1,7 @@
 """What `memlayout activations --world-size N` finds: each rank's peak, the plan, the whole report.
 
-Plain frozen data, read by the planner (ranks_plan.py) and the reporters
-(ranks_report.py); the tracing that makes it is ranks.py.
+Plain frozen data, read by the planner (plan.py) and the reporters
+(report.py); the tracing that makes it is rank_step.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from memlayout.activations.parallel import Sharding
+from memlayout.activations.ranks.parallel import Sharding
 from memlayout.activations.summary import PeakAt, Summary
 
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from memlayout.activations.parallel import Sharding
-from memlayout.activations.rank_facts import RankPeak, RanksPlan, RanksReport
+from memlayout.activations.ranks.facts import RankPeak, RanksPlan, RanksReport
+from memlayout.activations.ranks.parallel import Sharding
 from memlayout.errors import MemlayoutError, UsageError
 
 MAX_CHECKS = 6
@@ -80,8 +80,8 @@ def plan_ranks(
     Raises:
         RanksBudgetUnreachableError: nothing tried fits; it carries the lowest plan.
     """
-    from memlayout.activations.analysis import exclusions, pitfalls
     from memlayout.activations.plan import Plan, Planner, SequentialSegments
+    from memlayout.activations.search import exclusions, pitfalls
 
     if budget < 0:
         raise UsageError(f"the budget {budget} is negative")

@@ -1,0 +1,153 @@
+"""Each rank's training step under FSDP2 (and tensor parallel), predicted in one process.
+
+One process plays one rank of N at a time: a fake process group (torch's own,
+backend "fake") answers every collective at once with no other rank behind it,
+and FakeTensorMode gives every tensor its shape, dtype and device but no memory.
+torch's `FSDPMemTracker` (torch.distributed._tools.fsdp2_mem_tracker) does the
+accounting, per rank and per kind (sharded and unsharded parameters, gradients,
+optimizer state, activations, temporaries, all-gather and reduce-scatter
+buffers), as it does on a real rank; run on fake tensors under the fake group it
+gives the real rank's figure to the byte (measured: tests/activations/test_ranks_real.py).
+
+The order matters. The device mesh is made before FakeTensorMode is entered
+(`init_device_mesh` reads values), and so is every sharding call: FSDP2 and
+DTensor build meshes of their own while they shard. So the model is built on the
+meta device, sharded there by the same code the report prints, and only then
+materialised as fake tensors (`to_empty`), where the step runs.
+
+Which ranks are traced: FSDP2 splits dimension 0 of each parameter into
+`torch.chunk` pieces, so with uneven shapes the first ranks hold one row more
+than the last, and some ranks may hold nothing. Ranks whose pieces all have the
+same shapes have the same step; one rank of each such layout is traced, the first
+(rank 0, which always holds the largest pieces) included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from memlayout.activations.optimizer import DEFAULT_OPTIMIZER, check_optimizer
+from memlayout.activations.ranks.facts import RankLayout, RankPeak, RanksReport
+from memlayout.activations.ranks.layouts import rank_layouts, rank_ranges, traced_layouts
+from memlayout.activations.ranks.parallel import Sharding, ShardingOptions, resolve_sharding
+from memlayout.activations.ranks.rank_step import StepInputs, meta_copy, trace_rank
+
+# ----------------------------------------------------------------------------------------------
+# The report
+
+
+def _target_builder(target: Any, trust: bool, main_module: str | None) -> tuple[Callable[[], Any], str | None, str]:
+    import torch
+
+    if isinstance(target, torch.nn.Module):
+        return (lambda: meta_copy(target)), None, "module"
+    from memlayout.activations.build import build_model
+    from memlayout.activations.target import classify
+
+    kind = classify(str(target)).kind
+
+    def build() -> Any:
+        # On the meta device: FSDP2 and DTensor shard a model there, before it becomes fake (see above).
+        built = build_model(str(target), trust=trust, main_module=main_module, context=lambda: torch.device("meta"), world="meta",
+                            device="meta", adopt=meta_copy)
+        return built.model
+
+    return build, str(target), kind
+
+
+def analyze_ranks(
+    target: Any,
+    inputs: Any = None,
+    *,
+    sharding: ShardingOptions,
+    kwargs: Mapping[str, Any] | None = None,
+    optimizer: str = DEFAULT_OPTIMIZER,
+    budget: int | None = None,
+    allow_offload: bool = False,
+    device: str = "cpu",
+    trust: bool = False,
+    main_module: str | None = None,
+) -> RanksReport:
+    """Predict each rank's peak over a training step under FSDP2 (and tensor parallel), in this process.
+
+    Args:
+        target: An nn.Module (copied to the meta device, never run) or a TARGET string, as for `analyze`.
+        inputs: One rank's batch: tensors, spec strings or a `pkg.mod:make_inputs` spec, as for `analyze`.
+        sharding: World size, FSDP2 and tensor-parallel options.
+        kwargs: Keyword inputs.
+        optimizer: adamw (default), adam, sgd or none.
+        budget: Bytes each rank's peak must fit in; adds a plan (`report.plan`), traced before it is returned.
+        allow_offload: The plan may offload parameters, gradients and optimizer state to the CPU.
+        device: The device the step is for.
+        trust: Allow unpickling a module file.
+        main_module: With `trust`, the module that defines what a script's pickle names `__main__.X`.
+
+    Returns:
+        A `RanksReport`: one `RankPeak` per distinct rank layout traced, the largest first.
+
+    Raises:
+        RanksBudgetUnreachableError: no plan fits `budget`; it carries the lowest plan found.
+
+    Example:
+        >>> from memlayout.activations import ShardingOptions, analyze_ranks  # doctest: +SKIP
+        >>> report = analyze_ranks("model.json", ["input_ids=int64[1,4096]<32000"],
+        ...                        sharding=ShardingOptions(world_size=64))
+        >>> report.summary.peak_bytes  # the largest rank's
+    """
+    check_optimizer(optimizer)
+    build, target_text, kind = _target_builder(target, trust, main_module)
+    model = build()
+    resolved = resolve_sharding(model, sharding)
+    layouts = rank_layouts(model, resolved)
+    model_class = type(model).__name__
+    del model
+    step_inputs = StepInputs(inputs, kwargs)
+    traced = traced_layouts(layouts)
+    described: dict[str, Any] = {}
+    warned: dict[str, None] = {}
+
+    def measure(with_sharding: Sharding, which: Sequence[RankLayout] = traced) -> tuple[RankPeak, ...]:
+        peaks = []
+        for layout in which:
+            traced = trace_rank(
+                build, with_sharding, layout.ranks[0], rank_ranges(layout.ranks), step_inputs, optimizer=optimizer,
+                device=device,
+            )
+            described["inputs"], described["loss"] = traced.inputs, traced.loss
+            warned.update(dict.fromkeys(traced.warnings))
+            peaks.append(traced.peak)
+        return tuple(peaks)
+
+    peaks = measure(resolved)
+    notes = list(resolved.notes) + [f"torch warned while tracing: {message}" for message in list(warned)[:3]]
+    if len(layouts) > len(peaks):
+        notes.append(
+            f"the ranks' shards come in {len(layouts)} different shapes; {len(peaks)} were traced, the largest shards "
+            "(rank 0) among them"
+        )
+    report = RanksReport(
+        target=target_text, target_kind=kind, model_class=model_class, inputs=described["inputs"], device=device,
+        loss=described["loss"], optimizer=optimizer, sharding=resolved, ranks=peaks, layouts=len(layouts),
+        notes=tuple(notes),
+    )
+    if budget is None:
+        return report
+    from memlayout.activations.ranks.plan import plan_ranks
+
+    def single_device() -> Any:
+        from memlayout.activations.analysis import analyze
+
+        return analyze(target, inputs, kwargs=kwargs, optimizer=optimizer, device=device, trust=trust,
+                       main_module=main_module)
+
+    # Plans are searched on the largest rank alone (rank 0 holds the largest shards, and the
+    # ranks' steps differ only by their shards); the plan found is then traced on every layout.
+    plan, plan_notes = plan_ranks(
+        report, budget, measure=lambda s: measure(s, traced[:1]), single_device=single_device, model=build(),
+        allow_offload=allow_offload,
+    )
+    if len(traced) > 1 and not plan.empty:
+        plan = replace(plan, ranks=measure(plan.sharding))
+    return replace(report, plan=plan, notes=report.notes + plan_notes)

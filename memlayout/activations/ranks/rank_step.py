@@ -1,0 +1,278 @@
+"""One rank's training step, traced on fake tensors under torch's fake process group.
+
+The model is built on the meta device, sharded there, and only then made fake on the
+step's device (see ranks/__init__.py for why the order matters); torch's
+`FSDPMemTracker` accounts the step's memory per kind, as on a real rank.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from memlayout.activations.ranks.facts import RankPeak
+from memlayout.activations.ranks.parallel import Sharding, run_code
+from memlayout.activations.summary import PeakAt
+from memlayout.errors import MemlayoutError, UsageError
+
+
+@contextmanager
+def fake_world(world_size: int, rank: int) -> Iterator[None]:
+    """This process plays `rank` of `world_size` under torch's fake process group, then leaves it."""
+    import torch.distributed as dist
+
+    from memlayout import _torch
+
+    if dist.is_initialized():
+        raise UsageError(
+            "a process group is already initialized in this process, and predicting ranks needs a fake one of its own",
+            "run the prediction in a process that has not called init_process_group",
+        )
+    dist.init_process_group("fake", store=_torch.FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextmanager
+def _torch_quieted(warned: list[str]) -> Iterator[None]:
+    """Nothing from torch on stderr while a rank is traced: the report says it.
+
+    FakeTensorMode logs every kernel that raises, traceback and all (the step's own
+    error says what failed), and FSDP2 warns about the model (a block returning a
+    view, say): those warnings become the report's notes.
+    """
+    import logging
+    import warnings
+
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield
+    finally:
+        log.setLevel(level)
+        warned.extend(str(w.message) for w in caught)
+
+
+class RankTrace(NamedTuple):
+    """One traced rank, and what the step said besides its peak."""
+
+    peak: RankPeak
+    inputs: tuple[str, ...]
+    """The inputs' descriptions."""
+    loss: str
+    """How the loss was picked."""
+    warnings: tuple[str, ...]
+
+
+class RankStepError(MemlayoutError):
+    """The step failed on the sharded model."""
+
+
+def meta_copy(model: Any) -> Any:
+    """A copy of a live model with every parameter and buffer on the meta device (no memory)."""
+    import torch
+
+    memo: dict[int, Any] = {}
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if id(tensor) in memo:
+            continue
+        meta = torch.empty_like(tensor, device="meta")
+        if isinstance(tensor, torch.nn.Parameter):
+            meta = torch.nn.Parameter(meta, requires_grad=tensor.requires_grad)
+        memo[id(tensor)] = meta
+    return copy.deepcopy(model, memo)
+
+
+class _ForwardFlops:
+    """Forward FLOPs of the local ops one rank runs (DTensor ops counted once, as their local ops)."""
+
+    def __init__(self) -> None:
+        from torch.distributed.tensor import DTensor
+
+        from memlayout import _torch
+        from memlayout.activations.kernels import forward_flops
+
+        counter = self
+
+        class Mode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                if any(t is DTensor for t in types):
+                    return NotImplemented  # let DTensor run its local ops, which come back here
+                out = func(*args, **(kwargs or {}))
+                counter.flops += forward_flops(func, args, kwargs or {}, out)
+                return out
+
+        self.flops = 0
+        self.mode = Mode()  # type: ignore[no-untyped-call]
+
+
+def _phase(state: Any) -> str:
+    return "backward" if "BW" in str(getattr(state, "name", state)) else "forward"
+
+
+def _class_name(module: Any) -> str:
+    """The model's own class of a module, not the FSDP<class> subclass fully_shard swaps in."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(module)
+    if issubclass(cls, FSDPModule) and len(cls.__bases__) == 2:
+        cls = cls.__bases__[1]
+    return cls.__name__
+
+
+def _peak_at(tracker: Any, model: Any, peak: int, device: Any, fallback: str) -> PeakAt:
+    """The innermost wrapped module whose own peak snapshot is the step's peak, and its phase."""
+    paths = {id(module): path for path, module in model.named_modules()}
+    best: tuple[int, str, str, str] | None = None
+    for module, stats in tracker.memory_tracking.items():
+        path = paths.get(id(module))
+        if path is None:
+            continue
+        for state, snapshots in stats.snapshots.items():
+            if "PEAK" not in str(getattr(state, "name", state)):
+                continue
+            if any(snapshot.get(device, {}).get("Total") == peak for snapshot in snapshots):
+                depth = path.count(".") + (1 if path else 0)
+                class_name = _class_name(module)
+                if best is None or depth > best[0]:
+                    best = (depth, path, class_name, _phase(state))
+    if best is None:
+        return PeakAt(module=None, class_name=None, phase=fallback)
+    return PeakAt(module=best[1], class_name=best[2], phase=best[3])
+
+
+_KINDS = {
+    "Sharded Param": "parameter", "Unsharded Param": "parameter", "Buffer": "buffer",
+    "Sharded Grad": "gradient", "Unsharded Grad": "gradient", "Activation": "activation", "Temp": "temporary",
+    "All Gather": "communication", "Reduce Scatter": "communication", "OptState": "optimizer", "Inputs": "input",
+}
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What the step is fed, as `analyze` takes it."""
+
+    inputs: Any
+    kwargs: Mapping[str, Any] | None
+
+
+def trace_rank(
+    build: Callable[[], Any],
+    sharding: Sharding,
+    rank: int,
+    same_layout: tuple[tuple[int, int], ...],
+    step_inputs: StepInputs,
+    *,
+    optimizer: str,
+    device: str,
+) -> RankTrace:
+    """Trace one steady-state step of `rank` with `sharding` applied."""
+    warned: list[str] = []
+    with fake_world(sharding.world_size, rank), _torch_quieted(warned):
+        step = _sharded_step(build, sharding, step_inputs, device)
+        try:
+            tracker, how, flops = _tracked_step(step, optimizer)
+        except MemlayoutError:
+            raise
+        except Exception as exc:
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            raise RankStepError(
+                f"the step failed on rank {rank} of {sharding.world_size} with the sharding applied: "
+                f"{type(exc).__name__}: {text}",
+                "a model that reshapes by a head count it keeps as an attribute cannot run tensor parallel as "
+                "it is; --debug shows the traceback" if sharding.tp > 1 else "--debug shows the traceback",
+            ) from exc
+        peak = _rank_peak(tracker, step.model, rank, same_layout, flops, "optimizer" if step.optimizer else "loss")
+    return RankTrace(peak, step.descriptions, how, tuple(dict.fromkeys(warned)))
+
+
+def _sharded_step(build: Callable[[], Any], sharding: Sharding, step_inputs: StepInputs, device: str) -> Any:
+    """The model built on the meta device, sharded by the sharding's code, then made fake on `device`; its inputs."""
+    import torch
+
+    from memlayout.activations.world import StepWorld
+
+    model = build()
+    run_code(sharding.code(), model, torch.device(device).type)
+    step = StepWorld("fake", device)
+    with step.context():
+        model.to_empty(device=device)
+    model.train()
+    step.model = model
+    step.make_inputs(step_inputs.inputs, step_inputs.kwargs)
+    if not step.args and not step.kwargs:
+        raise UsageError("no inputs to run the step with",
+                         "give --input SPEC (one rank's batch) or --inputs pkg.mod:make_inputs")
+    return step
+
+
+def _tracked_step(step: Any, optimizer: str) -> tuple[Any, str, int]:
+    """A first step, untraced, then the steady-state step under FSDPMemTracker.
+
+    The first step makes the optimizer's state, as in training (the step measured
+    is the second), and counts the forward's FLOPs. Nothing runs under the default
+    device: the model and inputs are on it already, and torch keeps an optimizer's
+    step counts on the CPU.
+    """
+    from memlayout import _torch
+    from memlayout.activations.optimizer import build_optimizer
+    from memlayout.activations.step import pick_loss, run_step
+
+    counter = _ForwardFlops()
+    with step.context(default_device=False):
+        step.optimizer = build_optimizer(step.model, optimizer, device=step.device)
+        with counter.mode:
+            output = step.model(*step.args, **step.kwargs)
+        loss, how = pick_loss(output)
+        del output
+        loss.backward()
+        del loss
+        if step.optimizer is not None:
+            step.optimizer.step()
+            step.optimizer.zero_grad(set_to_none=True)
+        tracker = _torch.FSDPMemTracker(step.model, step.optimizer)
+        tracker.track_inputs((step.args, step.kwargs))
+        with tracker:
+            run_step(step.model, step.args, step.kwargs, optimizer=step.optimizer)
+    return tracker, how, counter.flops
+
+
+def _rank_peak(tracker: Any, model: Any, rank: int, same_layout: tuple[tuple[int, int], ...], flops: int,
+               fallback_phase: str) -> RankPeak:
+    """FSDPMemTracker's peak snapshot, in the report's kinds (they add up to the peak)."""
+    snapshot = tracker.get_tracker_snapshot("peak")
+    where, kinds = next(iter(snapshot.items())) if snapshot else (None, {})
+    total = int(kinds.get("Total", 0))
+    named = {getattr(k, "value", str(k)): int(v) for k, v in kinds.items() if k != "Total"}
+    totals = dict.fromkeys(set(_KINDS.values()), 0)
+    for name, value in named.items():
+        totals[_KINDS.get(name, "temporary")] += value
+    local = 0
+    for parameter in model.parameters():
+        tensor = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+        local += tensor.numel() * tensor.element_size()
+    return RankPeak(
+        rank=rank,
+        same_layout=same_layout,
+        peak_bytes=total,
+        parameter_bytes=totals["parameter"],
+        buffer_bytes=totals["buffer"],
+        gradient_bytes=totals["gradient"],
+        optimizer_bytes=totals["optimizer"],
+        activation_bytes=totals["activation"],
+        temporary_bytes=totals["temporary"],
+        input_bytes=totals["input"],
+        communication_bytes=totals["communication"],
+        peak_at=_peak_at(tracker, model, total, where, fallback_phase),
+        shard_bytes=local,
+        tracker=named,
+        forward_flops=flops,
+    )

@@ -1,0 +1,283 @@
+"""The search for a checkpoint plan that fits a budget, each candidate checked by tracing it again.
+
+The planner (plan.py) estimates; this module traces its candidates in the step's world,
+excludes the modules whose rerun fails or is no replay, and names the pitfalls that apply
+to the plan found. analysis.py calls `plan_for_budget`; the ranks' search (ranks/plan.py)
+shares `exclusions` and `pitfalls`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from memlayout.activations.facts import Trace
+from memlayout.activations.plan import Plan, Planner
+from memlayout.activations.summary import ModuleFacts, Summary, summarize
+from memlayout.activations.world import StepWorld
+from memlayout.errors import MemlayoutError, UsageError
+
+MAX_CHECKS = 6
+"""Plans traced again at most per budget, before falling back to the lowest plan."""
+PRUNE_CHECKS = 16
+"""At most this many more traces to drop what a plan found by tracing does not need."""
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan for a budget, and what tracing it again measured."""
+
+    budget_bytes: int
+    plan: Plan
+    peak_bytes: int
+    """The peak of a trace with the plan applied."""
+    allocator_peak_bytes: int | None
+    estimated_peak_bytes: int
+    """The planner's estimate before that trace."""
+    recompute_flops: int
+    """Forward FLOPs rerun during backward, counted in the trace with the plan applied."""
+    checks: int
+    """How many plans were traced to find this one."""
+    pitfalls: tuple[str, ...]
+    excluded: tuple[tuple[str, str], ...] = ()
+    """(module path, why) for each module that cannot be checkpointed and was left out of the search."""
+
+
+class BudgetUnreachableError(MemlayoutError):
+    """No plan brings the peak under the budget."""
+
+    def __init__(self, budget: int, lowest: PlanResult) -> None:
+        from memlayout.format_bytes import human_bytes
+
+        self.budget_bytes = budget
+        self.lowest = lowest
+        left_out = (
+            f"; {len(lowest.excluded)} modules cannot be checkpointed ({', '.join(p for p, _ in lowest.excluded[:3])}"
+            f"{', ...' if len(lowest.excluded) > 3 else ''}: --format json with a reachable --budget says why)"
+            if lowest.excluded else ""
+        )
+        super().__init__(
+            f"no checkpoint plan fits a budget of {human_bytes(budget)} ({budget} bytes): the lowest reachable "
+            f"peak is {human_bytes(lowest.peak_bytes)} ({lowest.peak_bytes} bytes){left_out}",
+            "raise --budget to at least the lowest peak, or shrink the batch",
+        )
+
+
+class _Excluded(Exception):
+    """A traced plan failed; the modules to blame are now in the exclusions, and the search starts again."""
+
+
+def plan_for_budget(
+    step: StepWorld, baseline: Trace, summary: Summary, modules: tuple[ModuleFacts, ...], budget: int
+) -> PlanResult:
+    """The cheapest plan whose traced peak fits `budget`; BudgetUnreachableError names the lowest peak if none does."""
+    if budget < 0:
+        raise UsageError(f"the budget {budget} is negative")
+    cuda = step.device.startswith("cuda")
+    excluded = exclusions(modules, baseline, step.initial_modules)
+    if summary.peak_bytes <= budget:
+        return PlanResult(budget, Plan(), summary.peak_bytes, summary.allocator_peak_bytes, summary.peak_bytes, 0, 0,
+                          (), tuple(excluded.items()))
+    checked: dict[Plan, Summary] = {Plan(): summary}
+    estimates: dict[Plan, int] = {Plan(): summary.peak_bytes}
+
+    def trace(plan: Plan) -> Summary:
+        """The plan's traced summary; a plan whose step fails names its modules in `excluded`."""
+        if plan in checked:
+            return checked[plan]
+        try:
+            traced = step.trace(plan)
+        except MemlayoutError:
+            raise
+        except Exception as exc:
+            _blame(plan, exc, trace, excluded)
+            raise _Excluded() from exc
+        if traced.rerun_state_differs:
+            _exclude_unfaithful(plan, traced.rerun_state_differs, excluded)
+            raise _Excluded()
+        checked[plan] = summarize(traced, cuda=cuda)
+        return checked[plan]
+
+    def result(plan: Plan, measured: Summary) -> PlanResult:
+        return PlanResult(
+            budget_bytes=budget,
+            plan=plan,
+            peak_bytes=measured.peak_bytes,
+            allocator_peak_bytes=measured.allocator_peak_bytes,
+            estimated_peak_bytes=estimates.get(plan, measured.peak_bytes),
+            recompute_flops=measured.recompute_flops,
+            checks=len(checked) - 1,
+            pitfalls=pitfalls(plan, modules, step.model),
+            excluded=tuple(excluded.items()),
+        )
+
+    for _ in range(len(modules) + 1):  # each round excludes at least one module
+        planner = Planner(baseline, excluded)
+        try:
+            found = search_plan(planner, budget, trace, estimates)
+        except _Excluded:
+            continue
+        if found is not None:
+            return result(found, checked[found])
+        break
+    plan, measured = min(checked.items(), key=lambda item: (item[1].peak_bytes, item[1].recompute_flops))
+    raise BudgetUnreachableError(budget, result(plan, measured))
+
+
+def search_plan(
+    planner: Planner, budget: int, trace: Callable[[Plan], Summary], estimates: dict[Plan, int]
+) -> Plan | None:
+    """The cheapest plan found whose traced peak fits the budget, or None."""
+
+    def check(chosen: list[int]) -> tuple[Plan, Summary]:
+        plan = planner.plan_of(chosen)
+        estimates.setdefault(plan, planner.estimate(chosen))
+        return plan, trace(plan)
+
+    target = budget
+    for _ in range(MAX_CHECKS):
+        chosen = planner.search(target)
+        if chosen is None:
+            break
+        plan, measured = check(chosen)
+        if measured.peak_bytes <= budget:
+            return plan
+        # The estimate was short by this much: aim lower by the same amount.
+        target -= max(measured.peak_bytes - budget, 1)
+    # Before calling the budget unreachable, trace what the estimate cannot judge:
+    # its own lowest plan, and every module of one level checkpointed together.
+    candidates = [planner.lowest(), *planner.covers()]
+    results = [(chosen, *check(chosen)) for chosen in candidates]
+    fitting = [(chosen, plan, measured) for chosen, plan, measured in results if measured.peak_bytes <= budget]
+    if not fitting:
+        return None
+    chosen, plan, measured = min(fitting, key=lambda item: (item[2].recompute_flops, item[2].peak_bytes))
+    # A whole-level plan checkpoints modules the budget does not need (two of eight
+    # residual blocks reach what all eight do): drop each while the traced peak
+    # still fits, the costliest and the latest in the model first.
+    for row in sorted(chosen, key=lambda r: (-planner.options[r].flops, -r))[:PRUNE_CHECKS]:
+        trial = [r for r in chosen if r != row]
+        if not trial:
+            continue
+        trial_plan, trial_measured = check(trial)
+        if trial_measured.peak_bytes <= budget:
+            chosen, plan, measured = trial, trial_plan, trial_measured
+    return plan
+
+
+def exclusions(
+    modules: tuple[ModuleFacts, ...], trace: Trace, initial_modules: frozenset[tuple[str, str]] | None
+) -> dict[str, str]:
+    """module path -> why it cannot be checkpointed, from what the baseline trace saw it do."""
+    excluded: dict[str, str] = {}
+    for m in modules:
+        if not m.path:
+            continue
+        if initial_modules is not None and (m.path, m.class_name) not in initial_modules:
+            excluded[m.path] = (
+                "created during forward: a model built afresh does not have it yet, so a plan cannot name it"
+            )
+        elif m.mutates_inputs:
+            excluded[m.path] = "writes in place into a tensor it received: its rerun would start from the changed values"
+        elif m.changes_state is not None:
+            inner, _, what = m.changes_state.partition(": ")
+            who = "its forward changes" if inner == m.path else f"{inner} inside it changes"
+            excluded[m.path] = (
+                f"{who} {what} (plain Python state): a rerun in backward would see the changed state, not the one "
+                "forward saw"
+            )
+    return excluded
+
+
+def _blame(plan: Plan, exc: Exception, trace: Callable[[Plan], Summary], excluded: dict[str, str]) -> None:
+    """Find which modules of a failing plan fail alone, and exclude them (all of them if none fails alone)."""
+    singles = [Plan(checkpoint=(path,)) for path in plan.checkpoint] + [Plan(sequential=(s,)) for s in plan.sequential]
+    if len(singles) > 1:
+        blamed = {}
+        for single in singles:
+            try:
+                trace(single)
+            except _Excluded:
+                blamed.update({p: excluded[p] for p in _paths(single) if p in excluded})
+        if blamed:
+            return
+    reason = _failure_reason(exc)
+    others = _paths(plan)
+    for path in others:
+        excluded[path] = reason if len(others) == 1 else f"checkpointed together with {', '.join(others)}: {reason}"
+
+
+def _exclude_unfaithful(plan: Plan, differs: tuple[tuple[str, str], ...], excluded: dict[str, str]) -> None:
+    """Exclude each checkpointed module whose rerun started a module inside it from other state than forward
+    did: the step runs without an error, but its gradients are those of another computation."""
+    for checkpointed in _paths(plan):
+        for path, what in differs:
+            if path == checkpointed or path.startswith(checkpointed + ".") or not checkpointed:
+                where = "" if path == checkpointed else f"in {path}, "
+                excluded[checkpointed] = (
+                    f"its rerun is no replay: {where}{what} (state kept on the module, which checkpoint does not "
+                    "restore)"
+                )
+                break
+
+
+def _paths(plan: Plan) -> list[str]:
+    return list(plan.checkpoint) + [s.module for s in plan.sequential]
+
+
+def _failure_reason(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if type(exc).__name__ == "CheckpointError":
+        return (
+            f"its recompute differs from its forward (torch.utils.checkpoint raised CheckpointError: {text}); a "
+            "shape computed from state that changes between forward and recompute does this"
+        )
+    return f"checkpointed, the step raised {type(exc).__name__}: {text}"
+
+
+def pitfalls(plan: Plan, modules: tuple[ModuleFacts, ...], model: Any) -> tuple[str, ...]:
+    """The checkpoint pitfalls that apply to this plan's modules, one sentence each."""
+    if plan.empty:
+        return ()
+    paths = list(plan.checkpoint) + [s.module for s in plan.sequential]
+
+    def inside(path: str) -> list[ModuleFacts]:
+        return [m for m in modules if path == "" or m.path == path or m.path.startswith(path + ".")]
+
+    found: list[str] = [
+        "wrap with use_reentrant=False (apply_plan does): the reentrant variant does not work with "
+        "torch.autograd.grad, only with .backward()",
+    ]
+
+    def flagged(check: Callable[[ModuleFacts], bool]) -> list[str]:
+        return [p or "the model" for p in paths if any(check(m) for m in inside(p))]
+
+    if hit := flagged(lambda m: m.reads_outside_state):
+        found.append(
+            f"{', '.join(hit)}: reads tensors that are not its inputs, parameters or buffers (global or cached "
+            "state); if that state changes before backward, the rerun computes something else and the gradients "
+            "are silently wrong"
+        )
+    if hit := flagged(lambda m: m.moves_device):
+        found.append(
+            f"{', '.join(hit)}: moves tensors to another device; checkpoint restores the RNG state only of its "
+            "inputs' devices, so random ops on the other device draw differently on the rerun"
+        )
+    if hit := flagged(lambda m: m.mutates_buffers):
+        found.append(
+            f"{', '.join(hit)}: updates buffers in forward (e.g. BatchNorm running statistics); the rerun updates "
+            "them a second time"
+        )
+    if hit := flagged(lambda m: m.uses_randomness):
+        found.append(
+            f"{', '.join(hit)}: uses randomness (dropout); checkpoint stashes and restores the RNG state so the "
+            "rerun draws the same mask, which costs time; keep preserve_rng_state=True there"
+        )
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "use_cache"):
+        found.append(
+            "Hugging Face models need use_cache=False under checkpoint (apply_plan sets model.config.use_cache "
+            "= False): a layer that appends to a key/value cache appends again when it reruns"
+        )
+    return tuple(found)
