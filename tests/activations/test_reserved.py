@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from memlayout.activations.allocator_replay import allocator_peaks, step_events
+from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.cuda_allocator import FREE, round_size
 from memlayout.activations.cuda_runtime import (
     CUBLAS_WORKSPACE_DEFAULT,
@@ -87,13 +88,13 @@ def test_a_traced_cpu_step_replays_through_the_allocator_model() -> None:
     assert (as_cuda.allocator_peak_bytes, as_cuda.reserved_peak_bytes) == (peaks.allocated_bytes, peaks.reserved_bytes)
 
 
-def cuda_report() -> object:
+def cuda_report() -> ActivationReport:
     report = fake_report(with_plan=False)
     summary = dataclasses.replace(report.summary, allocator_peak_bytes=97 * MiB, reserved_peak_bytes=118 * MiB)
     return dataclasses.replace(report, device="cuda", summary=summary)
 
 
-def render(fmt: OutputFormat, report: object) -> str:
+def render(fmt: OutputFormat, report: ActivationReport) -> str:
     formatter = supported(to_format(fmt).activations, fmt, Command.ACTIVATIONS)(RenderOptions(width=160))
     return formatter.render(report)
 
