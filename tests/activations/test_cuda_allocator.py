@@ -159,3 +159,12 @@ def test_the_h200_step_replayed_from_nothing_predicts_its_peaks(h200_history: Hi
     reserved = peaks.reserved_bytes / H200_MEASURED["max_memory_reserved"]
     assert abs(allocated - 1) <= 0.02
     assert abs(reserved - 1) <= 0.05
+
+
+def test_the_docstring_examples_run() -> None:
+    import doctest
+
+    from memlayout.activations import cuda_allocator
+
+    result = doctest.testmod(cuda_allocator)
+    assert result.attempted and not result.failed
