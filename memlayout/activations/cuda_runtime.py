@@ -90,7 +90,7 @@ def chosen_workspace_size(capability: tuple[int, int] | None, environ: Mapping[s
 
 def cublaslt_workspace_size(environ: Mapping[str, str]) -> int:
     """cuBLASLt's workspace, as `parseCUDABlasLtWorkspaceSize` and `getCUDABlasLtWorkspace` decide it."""
-    if environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "").lower() in ("1", "true", "on", "yes", "y"):
+    if environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE") == "1":  # c10::utils::check_env: only "1" is true
         return 0
     value = environ.get("CUBLASLT_WORKSPACE_SIZE")
     try:

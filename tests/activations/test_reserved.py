@@ -133,6 +133,7 @@ def test_cublas_workspace_sizes_follow_torch_defaults_and_settings() -> None:
     assert cublaslt_workspace_size({}) == CUBLASLT_WORKSPACE_DEFAULT == MiB
     assert cublaslt_workspace_size({"CUBLASLT_WORKSPACE_SIZE": "4096"}) == 4 * MiB
     assert cublaslt_workspace_size({"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "1"}) == 0
+    assert cublaslt_workspace_size({"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "true"}) == MiB  # check_env ignores it
     hopper = cuda_runtime((9, 0), {})
     assert hopper.workspace_bytes == 65 * MiB  # what the H200 measured (docs/gpu.md)
     assert hopper.workspace_reserved_bytes == (32 + 32 + 2) * MiB  # the 1 MiB one takes a small-pool segment
