@@ -77,7 +77,7 @@ def test_a_traced_cpu_step_replays_through_the_allocator_model() -> None:
     report = act.analyze(models.flat_cnn(), list(args), kwargs=kwargs)
     trace = report.trace
     assert report.summary.allocator_peak_bytes is None and report.summary.reserved_peak_bytes is None
-    peaks = allocator_peaks(trace)
+    peaks = act.allocator_peaks(trace)
     rounded = int(live_curve(dataclasses.replace(
         trace, storages=tuple(dataclasses.replace(s, nbytes=round_size(s.nbytes) if s.nbytes else 0)
                               for s in trace.storages))).max())
