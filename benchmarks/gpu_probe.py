@@ -223,7 +223,8 @@ def predicted(build: Callable[[], Any], kwargs: dict[str, Any], precision: str) 
 
     options = {"autocast-bf16": {"autocast": "bf16"}, "bf16": {"dtype": "bf16"}}.get(precision, {})
     report = act.analyze(build(), [], kwargs=kwargs, device="cuda", **options)
-    return {"peak_bytes": report.summary.peak_bytes, "allocator_peak_bytes": report.summary.allocator_peak_bytes}
+    return {"peak_bytes": report.summary.peak_bytes, "allocator_peak_bytes": report.summary.allocator_peak_bytes,
+            "reserved_peak_bytes": report.summary.reserved_peak_bytes}
 
 
 def steps_section(snapshot: Path | None) -> list[dict[str, Any]]:

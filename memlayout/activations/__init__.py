@@ -10,6 +10,9 @@ function needs it.
 `analyze_ranks(target, inputs, sharding=ShardingOptions(world_size=N))` predicts
 each rank's peak under FSDP2 (and tensor parallel) on fake ranks, and a plan for
 a budget per rank.
+
+`allocator_peaks(report.trace)` replays a traced step through a model of the CUDA
+caching allocator: what `max_memory_allocated()` and `max_memory_reserved()` would read.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from memlayout.activations.sizes import parse_size
 
 if TYPE_CHECKING:
+    from memlayout.activations.allocator_replay import allocator_peaks
     from memlayout.activations.analysis import ActivationReport, analyze
     from memlayout.activations.apply import AppliedPlan, apply_plan
     from memlayout.activations.plan import Plan, SequentialSegments
@@ -39,6 +43,7 @@ _LAZY = {
     "analyze_ranks": "memlayout.activations.ranks",
     "ShardingOptions": "memlayout.activations.ranks.parallel",
     "RanksReport": "memlayout.activations.ranks.facts",
+    "allocator_peaks": "memlayout.activations.allocator_replay",
 }
 
 
@@ -60,6 +65,7 @@ __all__ = [
     "RanksReport",
     "SequentialSegments",
     "ShardingOptions",
+    "allocator_peaks",
     "analyze",
     "analyze_ranks",
     "apply_plan",

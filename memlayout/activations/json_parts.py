@@ -30,7 +30,8 @@ def head(*, target: str | None, kind: str, model_class: str, inputs: tuple[str, 
 
 
 def summary_dict(s: Summary) -> dict[str, Any]:
-    """`summary`: the step's totals."""
+    """`summary`: the step's totals; `reserved_peak_bytes` only where the allocator was modelled (CUDA)."""
+    reserved = {} if s.reserved_peak_bytes is None else {"reserved_peak_bytes": s.reserved_peak_bytes}
     return {
         "peak_bytes": s.peak_bytes,
         "allocator_peak_bytes": s.allocator_peak_bytes,
@@ -45,4 +46,21 @@ def summary_dict(s: Summary) -> dict[str, Any]:
         "peak_at": {"module": s.peak_at.module, "class": s.peak_at.class_name, "phase": s.peak_at.phase},
         "at_peak": dict(s.at_peak),
         "forward_flops": s.forward_flops,
+        **reserved,
+    }
+
+
+def cuda_runtime_dict() -> dict[str, Any]:
+    """`cuda_runtime`: the CUDA context and cuBLAS's workspaces, which no trace holds (cuda_runtime.py)."""
+    from memlayout.activations.cuda_runtime import cuda_runtime
+
+    runtime = cuda_runtime()
+    return {
+        "context_bytes": runtime.context_bytes,
+        "context_measured_on": runtime.context_measured_on,
+        "cublas_workspace_bytes": runtime.cublas_workspace_bytes,
+        "cublas_handles": runtime.cublas_handles,
+        "cublaslt_workspace_bytes": runtime.cublaslt_workspace_bytes,
+        "workspace_bytes": runtime.workspace_bytes,
+        "workspace_reserved_bytes": runtime.workspace_reserved_bytes,
     }

@@ -11,7 +11,7 @@ from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
-from memlayout.activations.json_parts import head, summary_dict
+from memlayout.activations.json_parts import cuda_runtime_dict, head, summary_dict
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.ranks.report import ranks_report_dict
 from memlayout.output.interface import Formatter
@@ -63,6 +63,7 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
         ],
         "notes": list(report.notes),
         "predicted_peak_bytes": report.predicted_peak_bytes,
+        **({"cuda_runtime": cuda_runtime_dict()} if report.device.startswith("cuda") else {}),
     }
 
 

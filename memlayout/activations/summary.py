@@ -8,13 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memlayout.activations.allocator_replay import allocator_peaks
 from memlayout.activations.facts import ModuleCall, Phase, StorageKind, Trace
 
 if TYPE_CHECKING:
     import numpy as np
-
-CUDA_BLOCK = 512
-"""The CUDA caching allocator rounds every block up to a multiple of 512 bytes (kMinBlockSize)."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +32,8 @@ class Summary:
     peak_bytes: int
     """Peak of live tensor bytes (parameters, gradients, optimizer state, saved activations, temporaries, inputs)."""
     allocator_peak_bytes: int | None
-    """The same peak with each block rounded as the CUDA caching allocator rounds it; CUDA only."""
+    """The peak of the CUDA caching allocator's blocks (`max_memory_allocated()`): each request rounded to 512
+    bytes, and a large block's rest of 1 MiB or less kept with it (cuda_allocator.py); CUDA only."""
     activation_bytes: int
     """Saved for backward and alive when backward begins, each storage once, model state excluded."""
     parameter_bytes: int
@@ -51,6 +50,9 @@ class Summary:
     peak_bytes_min: int | None = None
     """Where shapes follow values the weights decide: the lowest peak over the assumptions' range; else None."""
     peak_bytes_max: int | None = None
+    reserved_peak_bytes: int | None = None
+    """The peak of the allocator's segments (`max_memory_reserved()`) over two steps from a fresh allocator
+    (allocator_replay.py); CUDA only. The CUDA context and cuBLAS's workspaces are not in it (cuda_runtime.py)."""
 
 
 @dataclass(frozen=True)
@@ -99,10 +101,11 @@ def alive_at(trace: Trace, event: int) -> list[int]:
 
 
 def summarize(trace: Trace, cuda: bool = False) -> Summary:
-    """The summary of a trace; `cuda` adds the allocator-rounded peak."""
+    """The summary of a trace; `cuda` adds the CUDA caching allocator's allocated and reserved peaks."""
     import numpy as np
 
     curve = live_curve(trace)
+    allocator = allocator_peaks(trace) if cuda else None
     peak_event = int(np.argmax(curve)) if len(curve) else 0
     by_born = {s.born: s for s in trace.storages}
     at = by_born.get(peak_event)
@@ -124,7 +127,7 @@ def summarize(trace: Trace, cuda: bool = False) -> Summary:
 
     return Summary(
         peak_bytes=int(curve[peak_event]) if len(curve) else 0,
-        allocator_peak_bytes=int(live_curve(trace, CUDA_BLOCK).max()) if cuda else None,
+        allocator_peak_bytes=allocator.allocated_bytes if allocator is not None else None,
         activation_bytes=sum(s.nbytes for s in trace.storages if s.saved),
         parameter_bytes=total(StorageKind.PARAMETER),
         buffer_bytes=total(StorageKind.BUFFER),
@@ -135,6 +138,7 @@ def summarize(trace: Trace, cuda: bool = False) -> Summary:
         at_peak=breakdown,
         forward_flops=sum(c.flops for c in trace.calls if not c.recompute),
         recompute_flops=trace.recompute_flops,
+        reserved_peak_bytes=allocator.reserved_bytes if allocator is not None else None,
     )
 
 

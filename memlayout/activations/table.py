@@ -50,7 +50,11 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
         grid.add_row("peak range", f"{human_bytes(s.peak_bytes_min)} - {human_bytes(s.peak_bytes_max)}", "over",
                      "the assumptions below, from one extreme to the other")
     if s.allocator_peak_bytes is not None:
-        grid.add_row("peak in CUDA blocks", human_bytes(s.allocator_peak_bytes), "", "")
+        grid.add_row("peak in CUDA blocks", human_bytes(s.allocator_peak_bytes), "reserved",
+                     "" if s.reserved_peak_bytes is None else
+                     f"{human_bytes(s.reserved_peak_bytes)} (the caching allocator's segments, over two steps)")
+    if report.device.startswith("cuda"):
+        _cuda_runtime_rows(grid, s)
     if report.predicted_peak_bytes is not None:
         grid.add_row("predicted", human_bytes(report.predicted_peak_bytes), "measured",
                      f"{human_bytes(s.peak_bytes)} (the peak, in the real step): "
@@ -108,6 +112,23 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     console = text_console(buffer, width, color, color_system="standard")
     console.print(Group(*parts_out))
     return buffer.getvalue()
+
+
+def _cuda_runtime_rows(grid: Any, s: Any) -> None:
+    """The CUDA context and cuBLAS's workspaces: memory the step's process holds that no tensor of the step is."""
+    from memlayout.activations.cuda_runtime import cuda_runtime
+
+    runtime = cuda_runtime()
+    grid.add_row("CUDA context", human_bytes(runtime.context_bytes), "outside",
+                 f"the allocator; measured on {runtime.context_measured_on}, and it varies with the driver")
+    grid.add_row("cuBLAS workspaces", human_bytes(runtime.workspace_bytes), "from",
+                 f"the allocator, not in the peak: {runtime.cublas_handles} cuBLAS handles (forward's and backward's "
+                 f"threads) x {human_bytes(runtime.cublas_workspace_bytes)} (Hopper's default), and cuBLASLt's "
+                 f"{human_bytes(runtime.cublaslt_workspace_bytes)}")
+    if s.reserved_peak_bytes is not None:
+        total = s.reserved_peak_bytes + runtime.workspace_reserved_bytes + runtime.context_bytes
+        grid.add_row("on the GPU", human_bytes(total), "is",
+                     "reserved, the workspaces' segments and the context together")
 
 
 def _plan_text(report: ActivationReport, width: int) -> Any:
