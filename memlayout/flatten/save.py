@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from memlayout.core.facts import build_facts
+from memlayout.core.fact_builder import build_facts
 from memlayout.errors import CorruptCheckpointError, FlattenError
 from memlayout.flatten.archive_out import FileRange, OutRecord, WrittenArchive, range_crc
 from memlayout.flatten.options import Progress
