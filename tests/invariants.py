@@ -125,7 +125,7 @@ def violations(path: str) -> list[str]:
     Returns:
         One line per broken property (at most 20).
     """
-    from memlayout.core.facts import build_facts
+    from memlayout.core.fact_builder import build_facts
     from memlayout.errors import MemlayoutError
     from memlayout.load import load_path
 

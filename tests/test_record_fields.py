@@ -7,7 +7,7 @@ hold different values, and compare them field by field by name.
 
 from __future__ import annotations
 
-from memlayout.core.facts import build_facts
+from memlayout.core.fact_builder import build_facts
 from memlayout.core.strides import MemoryFormat, byte_set
 from memlayout.load.pickled_objects import PickledStorage, PickledTensor
 from memlayout.load.pickled_tree import tensor_records

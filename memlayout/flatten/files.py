@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, replace
 
 from memlayout import _torch
-from memlayout.core.facts import Facts, build_facts
+from memlayout.core.fact_builder import build_facts
+from memlayout.core.facts import Facts
 from memlayout.errors import FlattenError, UnsafeContentError, UsageError
 from memlayout.flatten.options import FlattenOptions, Progress
 from memlayout.flatten.plan import FlatPlan, plan_flatten

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memlayout.core.facts import Facts, build_facts
+from memlayout.core.fact_builder import build_facts
+from memlayout.core.facts import Facts
 from memlayout.errors import UsageError
 from memlayout.flatten.apply import (
     allocate,

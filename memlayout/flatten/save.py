@@ -15,7 +15,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from memlayout.core.facts import build_facts
+from memlayout.core.fact_builder import build_facts
 from memlayout.errors import FlattenError
 from memlayout.flatten.plan import FlatPlan, Placement
 from memlayout.io.atomic_write import atomic_file, fsync_path

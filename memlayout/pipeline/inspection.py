@@ -15,7 +15,8 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from memlayout.core.content import ContentReader
-from memlayout.core.facts import Facts, build_facts
+from memlayout.core.fact_builder import build_facts
+from memlayout.core.facts import Facts
 from memlayout.load import load_object, load_path
 from memlayout.load.records import LoadedSource, TensorKind
 from memlayout.load.remote_location import RemoteOptions

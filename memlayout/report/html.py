@@ -16,7 +16,8 @@ from dataclasses import asdict
 from operator import attrgetter
 from typing import Any
 
-from memlayout.core.facts import Facts, rnn_reserved_bytes, unused_ranges
+from memlayout.core.facts import Facts, unused_ranges
+from memlayout.core.rnn_facts import rnn_reserved_bytes
 from memlayout.core.strides import Relation
 from memlayout.format_bytes import counted, human_bytes
 from memlayout.load.records import TensorKind

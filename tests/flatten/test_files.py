@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 import memlayout
-from memlayout.core.facts import build_facts
+from memlayout.core.fact_builder import build_facts
 from memlayout.errors import FlattenError, UnsafeContentError, UsageError
 from memlayout.flatten.files import FlattenOptions, flatten_path
 from memlayout.flatten.live import live_facts

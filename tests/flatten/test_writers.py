@@ -164,7 +164,7 @@ WRITER = ToyWriter()
 
 
 def _planned_names(src: Path) -> list[str]:
-    from memlayout.core.facts import build_facts
+    from memlayout.core.fact_builder import build_facts
     from memlayout.flatten.plan import plan_flatten
     from memlayout.load import load_path
 

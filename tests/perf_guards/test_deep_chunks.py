@@ -11,7 +11,8 @@ import torch
 
 import memlayout
 from memlayout.core.content import ContentReader
-from memlayout.core.facts import Facts, build_facts
+from memlayout.core.fact_builder import build_facts
+from memlayout.core.facts import Facts
 from memlayout.load import load_path
 from memlayout.load.records import LoadedSource
 from memlayout.rules import RuleConfig
