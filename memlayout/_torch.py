@@ -220,6 +220,30 @@ def running_autograd_node(node: Any) -> Any:
     return running()
 
 
+def as_one_graph_task(identity: int) -> Any:
+    """A context in which `torch._C._current_graph_task_id()` answers `identity` instead of -1.
+
+    Non-reentrant `torch.utils.checkpoint` keys its recomputation by the running graph
+    task (torch/utils/checkpoint.py, `unpack_hook`): outside torch's engine the id is -1,
+    and it then makes up a new key for every saved tensor it unpacks, so it reruns the
+    segment's forward once per saved tensor. memlayout's own backward is one task.
+    """
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def one_task() -> Any:
+        original = torch._C._current_graph_task_id
+        torch._C._current_graph_task_id = lambda: identity
+        try:
+            yield
+        finally:
+            torch._C._current_graph_task_id = original
+
+    return one_task()
+
+
 def autograd_node_sequence_nr(node: Any) -> int:
     """`Node._sequence_nr()`: the order in which forward made the node; torch's engine runs the highest first
     (AccumulateGrad nodes report UINT64_MAX, so a leaf's gradient lands as soon as it is complete)."""
