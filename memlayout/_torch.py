@@ -265,6 +265,15 @@ def sdp_priority_order() -> list[int]:
     return list(torch._C._get_sdp_priority_order())
 
 
+def fused_sdp_choice(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: float, is_causal: bool,
+                     enable_gqa: bool) -> int:
+    """`torch._fused_sdp_choice`: the SDPBackend value torch's dispatcher picks for this call on this machine's
+    GPU (sdp_utils.cpp's `select_sdp_backend`), without running it."""
+    import torch
+
+    return int(torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa=enable_gqa))
+
+
 def leaf_gradient_hooks(tensor: Any) -> list[Any]:
     """`Tensor._backward_hooks`: the hooks `register_hook` put on a leaf, which AccumulateGrad runs on its gradient."""
     return list((tensor._backward_hooks or {}).values())

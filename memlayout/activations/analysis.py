@@ -201,8 +201,8 @@ def _analyze(
     if dtype in ("bf16", "fp16") and optimizer != "none":
         notes.append(f"the optimizer's state is {dtype}, as torch's {optimizer} keeps it (each state tensor is "
                      "zeros_like its parameter); an optimizer that keeps float32 master weights or state needs more")
-    if step.cuda_runtime is not None:
-        notes.append(step.cuda_runtime.note())
+    if step.fake_cuda is not None:
+        notes.append(step.fake_cuda.note())
     summary = summarize(baseline, cuda=step.device.startswith("cuda"))
     if baseline.assumptions:
         summary = _with_range(step, summary)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 from memlayout.activations.gpus import DEFAULT_GPU, GpuSpec, gpu_spec
 
@@ -55,7 +54,7 @@ class FakeCudaRuntime:
         return target
 
 
-def cuda_runtime(gpu: str | None) -> FakeCudaRuntime | None:
+def fake_cuda_for(gpu: str | None) -> FakeCudaRuntime | None:
     """What a fake CUDA step needs here: None where a GPU is present and `gpu` is None (torch decides).
 
     Raises:
@@ -72,7 +71,3 @@ def cuda_runtime(gpu: str | None) -> FakeCudaRuntime | None:
     return FakeCudaRuntime(spec or gpu_spec(DEFAULT_GPU), assumed=spec is None,
                            backward_in_python=cuda_needs_it())
 
-
-def describe_runtime(runtime: Any) -> str | None:
-    """The runtime's note, for a step that has one."""
-    return runtime.note() if isinstance(runtime, FakeCudaRuntime) else None

@@ -71,7 +71,7 @@ class StepWorld:
         self.device = "meta" if mode == "meta" else device
         self.fake_mode: Any = None
         self.step_mode: Any = None
-        self.cuda_runtime: Any = None
+        self.fake_cuda: Any = None
         """Makes a fake CUDA step run as on the target GPU where none is present (fake_cuda.py), or None."""
         if mode == "fake":
             from memlayout.activations.fake_step import FakeStepMode
@@ -79,9 +79,9 @@ class StepWorld:
             self.fake_mode = _torch.FakeTensorMode(allow_non_fake_inputs=True)
             self.step_mode = FakeStepMode(self.fake_mode, keep_values=self.keeps_values)
             if device.startswith("cuda"):
-                from memlayout.activations.fake_cuda import cuda_runtime
+                from memlayout.activations.fake_cuda import fake_cuda_for
 
-                self.cuda_runtime = cuda_runtime(gpu)
+                self.fake_cuda = fake_cuda_for(gpu)
         self.model: Any = None
         self.initial_modules: frozenset[tuple[str, str]] | None = None
         """(path, class) of every module as built, before any forward: what a plan may name."""
@@ -114,8 +114,8 @@ class StepWorld:
         stack.enter_context(self.context(default_device=default_device))
         if self.step_mode is not None:
             stack.enter_context(self.step_mode)
-        if self.cuda_runtime is not None:
-            stack.enter_context(self.cuda_runtime())
+        if self.fake_cuda is not None:
+            stack.enter_context(self.fake_cuda())
         return stack
 
     def cast_inputs(self, dtype: Any) -> None:
