@@ -42,6 +42,10 @@ step 150 pytest-gpu.log $PYTHON -m pytest -q -p no:cacheprovider -o addopts= --t
 # tiny, a small Llama and a 1.1B Llama at 2k tokens under bf16 autocast), and cuBLAS's workspace sizes.
 MEMLAYOUT_GPU_LARGE=1 step 200 steps.log $PYTHON -m pytest -q -s -p no:cacheprovider -o addopts= --timeout 190 -rfEs \
   tests/activations/test_reserved_gpu.py
+# --device cuda predictions with a GPU present: what the H200 predicted (probe-h200.json) and --gpu naming
+# another GPU than this one; memlayout's backward loop (used where no GPU is) against torch's engine.
+step 180 steps.log $PYTHON -m pytest -q -p no:cacheprovider -o addopts= --timeout 170 -rfEs \
+  tests/activations/test_fake_cuda.py tests/activations/test_gpu_free_backward.py
 step 45 steps.log $PYTHON benchmarks/bench_flatten_gpu.py --size-mib 256 --tensors 200
 cp benchmarks/results/gpu/flatten_gpu.json "$OUT/" 2>/dev/null
 ls -la "$OUT"

@@ -188,11 +188,119 @@ def _weights_only_default_globals() -> frozenset[str]:
 # --- dispatch, autograd and fake tensors (activations) -----------------------------
 
 
+_PYTHON_ENGINE_NODE: list[Any] = []
+"""The node memlayout's own backward (activations/gpu_free_backward.py) is running, innermost last."""
+
+
 def current_autograd_node() -> Any:
-    """`torch._C._current_autograd_node()`: the autograd node running now in backward, or None."""
+    """`torch._C._current_autograd_node()`: the autograd node running now in backward, or None.
+
+    Where memlayout runs backward itself (fake CUDA tensors without a GPU), the node it
+    is applying: torch's engine is not running then, and its answer would be None.
+    """
     import torch
 
+    if _PYTHON_ENGINE_NODE:
+        return _PYTHON_ENGINE_NODE[-1]
     return torch._C._current_autograd_node()
+
+
+def running_autograd_node(node: Any) -> Any:
+    """A context in which `current_autograd_node()` answers `node` (memlayout's backward applies it)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def running() -> Any:
+        _PYTHON_ENGINE_NODE.append(node)
+        try:
+            yield
+        finally:
+            _PYTHON_ENGINE_NODE.pop()
+
+    return running()
+
+
+def as_one_graph_task(identity: int) -> Any:
+    """A context in which `torch._C._current_graph_task_id()` answers `identity` instead of -1.
+
+    Non-reentrant `torch.utils.checkpoint` keys its recomputation by the running graph
+    task (torch/utils/checkpoint.py, `unpack_hook`): outside torch's engine the id is -1,
+    and it then makes up a new key for every saved tensor it unpacks, so it reruns the
+    segment's forward once per saved tensor. memlayout's own backward is one task.
+    """
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def one_task() -> Any:
+        original = torch._C._current_graph_task_id
+        torch._C._current_graph_task_id = lambda: identity
+        try:
+            yield
+        finally:
+            torch._C._current_graph_task_id = original
+
+    return one_task()
+
+
+def autograd_node_sequence_nr(node: Any) -> int:
+    """`Node._sequence_nr()`: the order in which forward made the node; torch's engine runs the highest first
+    (AccumulateGrad nodes report UINT64_MAX, so a leaf's gradient lands as soon as it is complete)."""
+    number: int = node._sequence_nr()
+    return number
+
+
+def autograd_node_inputs(node: Any) -> list[tuple[tuple[int, ...], Any]]:
+    """`Node._input_metadata`: the (shape, dtype) of each gradient the node receives, as torch's engine checks
+    an incoming gradient against them (`validate_outputs` in torch/csrc/autograd/engine.cpp)."""
+    return [(tuple(meta.shape), meta.dtype) for meta in node._input_metadata]
+
+
+def sdp_priority_order() -> list[int]:
+    """`torch._C._get_sdp_priority_order()`: the order SDPA tries its backends in (SDPBackend values), as set by
+    `torch.nn.attention.sdpa_kernel(..., set_priority=True)`; torch's default is flash, efficient, math, cuDNN."""
+    import torch
+
+    return list(torch._C._get_sdp_priority_order())
+
+
+def fused_sdp_choice(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: float, is_causal: bool,
+                     enable_gqa: bool) -> int:
+    """`torch._fused_sdp_choice`: the SDPBackend value torch's dispatcher picks for this call on this machine's
+    GPU (sdp_utils.cpp's `select_sdp_backend`), without running it."""
+    import torch
+
+    return int(torch._fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa=enable_gqa))
+
+
+def leaf_gradient_hooks(tensor: Any) -> list[Any]:
+    """`Tensor._backward_hooks`: the hooks `register_hook` put on a leaf, which AccumulateGrad runs on its gradient."""
+    return list((tensor._backward_hooks or {}).values())
+
+
+def post_accumulate_grad_hooks(tensor: Any) -> list[Any]:
+    """`Tensor._post_accumulate_grad_hooks`: what `register_post_accumulate_grad_hook` put on a leaf."""
+    return list((getattr(tensor, "_post_accumulate_grad_hooks", None) or {}).values())
+
+
+def cuda_autocast_without_device(dtype: Any) -> Any:
+    """`torch.autocast("cuda", dtype)`, enabled although no CUDA device is present.
+
+    `torch.autocast.__init__` turns itself off ("CUDA is not available ... Disabling
+    autocast", torch/amp/autocast_mode.py) when `torch.cuda` has no device; its
+    `__enter__` only sets the CUDA autocast state from `_enabled`, which needs no device,
+    and fake CUDA tensors carry the AutocastCUDA dispatch key, so CUDA's op lists apply.
+    """
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        context = torch.autocast("cuda", dtype=dtype)
+    context._enabled = True
+    return context
 
 
 def op_schema(op: Any) -> Any:

@@ -588,3 +588,67 @@ def test_weights_have_changed_tells_a_replaced_parameter_from_a_swapped_data() -
     assert not _torch.rnn_weights_replaced(lstm), changed(api, "a swapped .data now counts as a change")
     lstm.weight_ih_l0 = torch.nn.Parameter(lstm.weight_ih_l0.detach().clone())
     assert _torch.rnn_weights_replaced(lstm), changed(api, "a new Parameter no longer counts as a change")
+
+
+# --- memlayout's own backward loop and fake CUDA (activations/gpu_free_backward.py, sdpa_backend.py) ----------
+
+
+def test_a_nodes_sequence_number_and_inputs_are_what_the_engine_orders_and_checks_by() -> None:
+    weight = torch.ones(3, 2, requires_grad=True)
+    first = weight * 2
+    second = first.to(torch.float64).sum()
+    assert _torch.autograd_node_sequence_nr(second.grad_fn) > _torch.autograd_node_sequence_nr(first.grad_fn)
+    accumulate = first.grad_fn.next_functions[0][0]
+    assert _torch.autograd_node_sequence_nr(accumulate) == 2**64 - 1  # AccumulateGrad runs first when ready
+    assert _torch.autograd_node_inputs(first.grad_fn) == [((3, 2), torch.float32)]
+    assert _torch.autograd_node_inputs(second.grad_fn) == [((), torch.float64)]
+
+
+def test_the_running_node_is_the_one_memlayouts_loop_names() -> None:
+    node = (torch.ones(1, requires_grad=True) * 2).grad_fn
+    assert _torch.current_autograd_node() is None
+    with _torch.running_autograd_node(node):
+        assert _torch.current_autograd_node() is node
+    assert _torch.current_autograd_node() is None
+
+
+def test_one_graph_task_is_what_checkpoint_keys_its_recomputation_by() -> None:
+    assert torch._C._current_graph_task_id() == -1
+    with _torch.as_one_graph_task(12345):
+        assert torch._C._current_graph_task_id() == 12345
+    assert torch._C._current_graph_task_id() == -1
+
+
+def test_a_leafs_hooks_are_the_ones_registered_on_it() -> None:
+    leaf = torch.ones(2, requires_grad=True)
+    assert _torch.leaf_gradient_hooks(leaf) == [] and _torch.post_accumulate_grad_hooks(leaf) == []
+
+    def hook(grad: torch.Tensor) -> None:
+        return None
+
+    def post(tensor: torch.Tensor) -> None:
+        return None
+
+    leaf.register_hook(hook)
+    leaf.register_post_accumulate_grad_hook(post)
+    assert _torch.leaf_gradient_hooks(leaf) == [hook] and _torch.post_accumulate_grad_hooks(leaf) == [post]
+
+
+def test_the_default_sdpa_priority_is_flash_efficient_math_cudnn() -> None:
+    assert _torch.sdp_priority_order()[:4] == [1, 2, 0, 3]
+
+
+@pytest.mark.cuda_build
+def test_cuda_autocast_applies_cudas_policy_to_fake_cuda_tensors_without_a_device() -> None:
+    with _torch.FakeTensorMode():
+        a = torch.ones(4, 4, device="cuda")
+        with _torch.cuda_autocast_without_device(torch.bfloat16):
+            assert torch.is_autocast_enabled("cuda")
+            assert (a @ a).dtype == torch.bfloat16
+        assert not torch.is_autocast_enabled("cuda")
+
+
+@pytest.mark.gpu
+def test_torchs_sdpa_choice_names_a_backend() -> None:
+    q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16)
+    assert _torch.fused_sdp_choice(q, q, q, None, 0.0, True, False) in (0, 1, 2, 3)

@@ -18,7 +18,7 @@ from memlayout.activations.optimizer import DEFAULT_OPTIMIZER, check_optimizer
 from memlayout.activations.search import PlanResult, plan_for_budget
 from memlayout.activations.step import LOSS_FROM_SUM
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
-from memlayout.activations.world import InputsArg, StepWorld
+from memlayout.activations.world import InputsArg, StepWorld, device_for_gpu
 from memlayout.errors import MemlayoutError, UsageError
 
 
@@ -72,6 +72,7 @@ def analyze(
     autocast: str | None = None,
     dtype: str | None = None,
     main_module: str | None = None,
+    gpu: str | None = None,
 ) -> ActivationReport:
     """Trace one training step of a model and report its activation memory (and a plan for `budget`).
 
@@ -95,6 +96,8 @@ def analyze(
             parameters' dtype (torch's optimizers keep no float32 copy). None keeps the model's.
         main_module: With `trust`, the module that defines the classes a pickled module
             saved from a script names as `__main__.X`.
+        gpu: The GPU to trace for (a key of activations/gpus.py: h100, a100-80gb, ...); implies
+            device="cuda". Where no GPU is present and none is named, an H100 is assumed.
 
     Returns:
         An `ActivationReport`.
@@ -106,7 +109,7 @@ def analyze(
     """
     try:
         return _analyze(target, inputs, kwargs=kwargs, budget=budget, device=device, mode=mode, trust=trust,
-                        optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module)
+                        optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu)
     except MemlayoutError:
         raise
     except Exception as exc:
@@ -129,6 +132,7 @@ def _analyze(
     autocast: str | None = None,
     dtype: str | None = None,
     main_module: str | None = None,
+    gpu: str | None = None,
 ) -> ActivationReport:
     import torch
 
@@ -140,7 +144,8 @@ def _analyze(
     if autocast is not None and autocast not in ("bf16", "fp16"):
         raise UsageError(f"unknown --autocast {autocast!r}", "use bf16 or fp16")
     cast_to = torch_dtype(dtype) if dtype is not None else None
-    step = StepWorld(mode, device)
+    device = device_for_gpu(device, mode, gpu)
+    step = StepWorld(mode, device, gpu)
     if autocast is not None:
         step.autocast = Autocast("cuda" if device.startswith("cuda") else "cpu", autocast)
     notes: list[str] = []
@@ -196,6 +201,8 @@ def _analyze(
     if dtype in ("bf16", "fp16") and optimizer != "none":
         notes.append(f"the optimizer's state is {dtype}, as torch's {optimizer} keeps it (each state tensor is "
                      "zeros_like its parameter); an optimizer that keeps float32 master weights or state needs more")
+    if step.fake_cuda is not None:
+        notes.append(step.fake_cuda.note())
     summary = summarize(baseline, cuda=step.device.startswith("cuda"))
     if baseline.assumptions:
         summary = _with_range(step, summary)
@@ -209,7 +216,7 @@ def _analyze(
         # the real report stands, and says there is no prediction to read it against.
         try:
             predicted = analyze(target, inputs, kwargs=kwargs, device=device, trust=trust, optimizer=optimizer,
-                                autocast=autocast, dtype=dtype, main_module=main_module).summary.peak_bytes
+                                autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu).summary.peak_bytes
         except MemlayoutError as exc:
             notes.append(f"no prediction to compare with: on fake tensors, {exc.one_line()}")
     return ActivationReport(

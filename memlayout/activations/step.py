@@ -64,6 +64,11 @@ class Autocast(NamedTuple):
     def context(self) -> AbstractContextManager[Any]:
         import torch
 
+        if self.device_type == "cuda" and not torch.cuda.is_available():
+            # Fake CUDA tensors on a machine without a GPU: torch.autocast would switch itself off.
+            from memlayout import _torch
+
+            return _torch.cuda_autocast_without_device(torch_dtype(self.dtype))  # type: ignore[no-any-return]
         return torch.autocast(self.device_type, dtype=torch_dtype(self.dtype))
 
 
@@ -107,8 +112,18 @@ def run_step(
         loss, how = pick_loss(output)
         del output
     notify("backward")
-    loss.backward()
+    detached = loss.detach()
+    from memlayout.activations import gpu_free_backward
+
+    if gpu_free_backward.wanted():
+        # Handed over, so that the graph's nodes die as backward runs them (see gpu_free_backward.py).
+        holder = [loss]
+        del loss
+        gpu_free_backward.run_backward(holder)
+    else:
+        loss.backward()
+        del loss
     if optimizer is not None:
         notify("optimizer")
         optimizer.step()
-    return loss.detach(), how
+    return detached, how

@@ -26,10 +26,33 @@ MODES = ("fake", "meta", "real")
 InputsArg = Sequence[Any] | str | None
 
 
+CUDA_WHEELS = "https://download.pytorch.org/whl/cu130"
+"""Where pip finds torch's CUDA builds (on Linux, plain `pip install torch` is one too)."""
+
+
+def device_for_gpu(device: str, mode: str, gpu: str | None) -> str:
+    """`--gpu` names the GPU a fake CUDA step is for: it implies --device cuda.
+
+    Raises:
+        UsageError: an unknown name (first), --real, or a --device that is not CUDA.
+    """
+    if gpu is None:
+        return device
+    from memlayout.activations.gpus import gpu_spec
+
+    gpu_spec(gpu)  # an unknown name is the first thing to say
+    if mode == "real":
+        raise UsageError("--gpu names a GPU to trace for, and --real measures the one present",
+                         "drop --gpu, or drop --real")
+    if device in ("cpu", "cuda") or device.startswith("cuda:"):
+        return "cuda" if device == "cpu" else device
+    raise UsageError(f"--gpu traces for a CUDA device, and --device is {device}", "drop --device, or --gpu")
+
+
 class StepWorld:
     """A model and its inputs in one tensor world (fake, meta or real), ready to trace."""
 
-    def __init__(self, mode: str, device: str) -> None:
+    def __init__(self, mode: str, device: str, gpu: str | None = None) -> None:
         import torch
 
         if mode not in MODES:
@@ -38,8 +61,9 @@ class StepWorld:
             raise UsageError("--real needs a device with memory", "use --device cpu or cuda")
         if device.startswith("cuda") and not torch.backends.cuda.is_built():  # type: ignore[no-untyped-call]
             raise UsageError(
-                "--device cuda needs a torch built with CUDA, even for fake tensors; this one is CPU-only",
-                "install a CUDA build of torch, or trace for --device cpu",
+                f"--device cuda needs a torch built with CUDA (no GPU needed), and this one ({torch.__version__}) "
+                "is CPU-only",
+                f"install one with: pip install torch --index-url {CUDA_WHEELS}; or trace for --device cpu",
             )
         if device.startswith("cuda") and mode == "real" and not torch.cuda.is_available():
             raise UsageError("--real --device cuda needs a CUDA device, and none is available")
@@ -47,11 +71,17 @@ class StepWorld:
         self.device = "meta" if mode == "meta" else device
         self.fake_mode: Any = None
         self.step_mode: Any = None
+        self.fake_cuda: Any = None
+        """Makes a fake CUDA step run as on the target GPU where none is present (fake_cuda.py), or None."""
         if mode == "fake":
             from memlayout.activations.fake_step import FakeStepMode
 
             self.fake_mode = _torch.FakeTensorMode(allow_non_fake_inputs=True)
             self.step_mode = FakeStepMode(self.fake_mode, keep_values=self.keeps_values)
+            if device.startswith("cuda"):
+                from memlayout.activations.fake_cuda import fake_cuda_for
+
+                self.fake_cuda = fake_cuda_for(gpu)
         self.model: Any = None
         self.initial_modules: frozenset[tuple[str, str]] | None = None
         """(path, class) of every module as built, before any forward: what a plan may name."""
@@ -84,6 +114,8 @@ class StepWorld:
         stack.enter_context(self.context(default_device=default_device))
         if self.step_mode is not None:
             stack.enter_context(self.step_mode)
+        if self.fake_cuda is not None:
+            stack.enter_context(self.fake_cuda())
         return stack
 
     def cast_inputs(self, dtype: Any) -> None:

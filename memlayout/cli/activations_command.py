@@ -59,6 +59,12 @@ def activations_command(
     device: Annotated[
         str, device_option("cpu", "cuda", "cuda:N", "meta", help="The device the step is for (meta: shapes only).")
     ] = "cpu",
+    gpu: Annotated[
+        str | None,
+        typer.Option("--gpu", help="Trace for this GPU (implies --device cuda): its capability decides the attention "
+                     "kernel, as torch decides it; no GPU is needed here. h100, h100-pcie, h200, b200, a100-80gb, "
+                     "a100-40gb, l40s, l4, a10g, 4090, 3090, t4, v100.", metavar="NAME"),
+    ] = None,
     real: Annotated[bool, typer.Option("--real", help="Run the step for real on --device (uses the memory), as a check.")] = False,
     depth: Annotated[int, typer.Option("--depth", help="Module depth the table shows.", min=0)] = 3,
     optimizer: Annotated[str, typer.Option("--optimizer", help=OPTIMIZER_HELP, metavar="adamw|adam|sgd|none")] = DEFAULT_OPTIMIZER,
@@ -135,6 +141,8 @@ def activations_command(
                 f"{'--autocast' if autocast else '--dtype'} is not traced with --world-size yet",
                 "give FSDP2's mixed precision with --param-dtype and --reduce-dtype",
             )
+        if gpu is not None and world_size is not None:
+            raise UsageError("--gpu is not traced with --world-size yet", "drop --gpu; --device cuda traces ranks")
         if world_size is not None:
             from memlayout.activations.ranks import analyze_ranks
             from memlayout.activations.ranks.parallel import ShardingOptions
@@ -170,7 +178,7 @@ def activations_command(
             report = analyze(
                 target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
                 mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
-                autocast=autocast, dtype=dtype, main_module=main_module,
+                autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
             )
         except BudgetUnreachableError as exc:
             print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)

@@ -1,0 +1,246 @@
+"""Backward on fake CUDA tensors where no GPU is present: memlayout's own loop over the autograd graph.
+
+Why torch's engine cannot run it (torch 2.14.1+cu130, no GPU; reproduced with a
+3-line step: `w = torch.empty(4, 4, device="cuda", requires_grad=True)` under
+FakeTensorMode, then `(w * 2).sum().backward()`):
+
+1. `FakeTensorMode.__enter__` calls `torch._C._ensureCUDADeviceGuardSet()` when torch
+   has CUDA but no device (torch/_subclasses/fake_tensor.py, "we patch the cuda device
+   guard ... to trace over cuda kernels under FakeTensorMode"). That replaces the CUDA
+   device guard with `c10::impl::FakeGuardImpl<CUDA>`
+   (c10/core/impl/DeviceGuardImplInterface.cpp, `ensureCUDADeviceGuardSet`), whose
+   `deviceCount()` is `kFakeGuardImplMaxDevices`, 8 (c10/core/impl/FakeGuardImpl.h).
+   Forward works because of it: every autograd node records its input's stream through
+   that guard (`InputMetadata`, torch/csrc/autograd/input_metadata.cpp).
+2. `Engine::compute_dependencies` sees a node whose input is on the accelerator and
+   calls `GraphTask::stash_current_streams()` (torch/csrc/autograd/engine.cpp). It asks
+   the guard how many devices there are (8, the fake guard's answer) and, for each,
+   `at::globalContext().getAcceleratorHooksInterface().hasPrimaryContext(idx)`. The
+   hooks were never faked: `_hasPrimaryContext` (aten/src/ATen/cuda/detail/CUDAHooks.cpp,
+   line 61 in 2.14.1's build) checks `idx < at::cuda::device_count()`, which is 0, and
+   raises "hasPrimaryContext expects a valid device index, but got device_index=0".
+   (gdb on 2.14.1: `stash_current_streams` calls `FakeGuardImpl<CUDA>::deviceCount()`,
+   which returns 8, then `_hasPrimaryContext(0)` throws.)
+
+So the engine fails before it runs a single node, whatever the graph, and
+`torch.autograd.set_multithreading_enabled(False)` does not help (the stash is in
+`compute_dependencies`, before any thread is chosen). torch's own answer,
+`init_gpu_context` in fake_tensor.py, allocates a real CUDA tensor first: it needs a
+GPU. make_fx/AOTAutograd joint graphs call the same engine (`torch.autograd.grad`),
+and so does compiled autograd (it starts after `compute_dependencies`). No Python
+override reaches `CUDAHooks::hasPrimaryContext`.
+
+What runs instead is the engine's loop, in Python, over the same graph, calling each
+node as the engine does (`Node.__call__` runs the node's `apply`; a custom Function's
+node is `BackwardCFunction.apply`). What it keeps from engine.cpp, because memory
+depends on it:
+- order: a ready node runs when every node that feeds it has run, the highest
+  `sequence_nr` first (forward's last op first; AccumulateGrad first of all);
+- gradients for one input are summed out of place (`InputBuffer::accumulate` does so
+  for tensor subclasses, and fake tensors are one), then checked against the node's
+  input metadata: reduced to its shape and cast to its dtype (`validate_outputs`);
+- a node's saved tensors are freed once it has run: the loop holds the only
+  reference to a node it has taken from the graph (run_step hands over the loss), so
+  the node dies, with what it saved, when the loop lets go of it, as
+  `release_variables()` frees them in torch's engine;
+- AccumulateGrad: the first gradient becomes `.grad` itself when its strides are the
+  parameter's (else a copy in the parameter's layout), later ones are added in place;
+  tensor hooks on parameters and post-accumulate hooks run;
+- a graph task id (`torch._C._current_graph_task_id()`), which non-reentrant
+  checkpoint keys its recomputation by: without one it reran a segment once per saved
+  tensor (a 2-layer GPT-2's lowest checkpointed peak read 17% high).
+What it does not: hooks registered on autograd nodes or on non-leaf tensors
+(`register_hook` on an activation, a module's full backward hooks) do not run, and a
+backward inside backward (reentrant checkpoint) calls torch's engine and fails as above.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any
+
+from memlayout import _torch
+
+_ACCUMULATE_GRAD = "AccumulateGrad"
+_TASK_IDS = itertools.count(1 << 40)
+"""Graph task ids for `_torch.as_one_graph_task`, clear of the engine's own (a counter from 0)."""
+
+_BACKWARD_IN_PYTHON: ContextVar[bool] = ContextVar("memlayout_backward_in_python", default=False)
+
+
+@contextlib.contextmanager
+def backward_in_python() -> Iterator[None]:
+    """Within it, `run_step` runs backward with `run_backward` instead of torch's engine."""
+    token = _BACKWARD_IN_PYTHON.set(True)
+    try:
+        yield
+    finally:
+        _BACKWARD_IN_PYTHON.reset(token)
+
+
+def wanted() -> bool:
+    """Whether the step's backward is to run here (inside `backward_in_python`)."""
+    return _BACKWARD_IN_PYTHON.get()
+
+
+def cuda_needs_it() -> bool:
+    """Whether torch's engine would fail on fake CUDA tensors: torch has CUDA and there is no device."""
+    import torch
+
+    return bool(torch.backends.cuda.is_built()) and not torch.cuda.is_available()  # type: ignore[no-untyped-call]
+
+
+def run_backward(holder: list[Any]) -> None:
+    """`loss.backward()` for the one scalar in `holder`, which this takes out (so the graph can die as it runs).
+
+    Raises:
+        RuntimeError: a node's own error, as torch's engine would raise it.
+    """
+    import torch
+
+    loss = holder.pop()
+    root = loss.grad_fn
+    if root is None:
+        raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+    seed = torch.ones_like(loss, memory_format=torch.preserve_format)
+    del loss
+    waiting = _dependencies(root)
+    buffers: dict[Any, tuple[Any, list[Any]]] = {}
+    ready: list[tuple[int, int, Any, list[Any]]] = [(-_torch.autograd_node_sequence_nr(root), 0, root, [seed])]
+    # `seed` stays to the end: torch.autograd.backward holds the gradients it starts from until it returns.
+    del root
+    pushed = 1
+    with torch.no_grad(), _torch.as_one_graph_task(next(_TASK_IDS)):
+        while ready:
+            _, _, node, grads = heapq.heappop(ready)
+            with _torch.running_autograd_node(node):
+                outputs = _apply(node, grads)
+            del grads
+            for (child, position), grad in zip(_edges(node), outputs, strict=False):
+                if child is None:
+                    continue
+                key = _key(child)
+                if key not in buffers:
+                    buffers[key] = (child, [None] * len(_torch.autograd_node_inputs(child)))
+                slots = buffers[key][1]
+                if grad is not None:
+                    grad = _validated(grad, _torch.autograd_node_inputs(child)[position])
+                    slots[position] = grad if slots[position] is None else slots[position] + grad
+                del grad
+                waiting[key] -= 1
+                if waiting[key] == 0:
+                    del waiting[key]
+                    taken, inputs = buffers.pop(key)
+                    heapq.heappush(ready, (-_torch.autograd_node_sequence_nr(taken), pushed, taken, inputs))
+                    pushed += 1
+                    del taken, inputs
+                del child, slots
+            # The node's last reference: with it go the tensors it saved (torch's release_variables()).
+            del node, outputs
+
+
+def _key(node: Any) -> tuple[Any, ...]:
+    # A node's Python object is made afresh each time `next_functions` is read once the last one died,
+    # so a node is known by what does not change: every AccumulateGrad reports the same sequence number,
+    # and is known by its parameter instead.
+    if node.name().endswith(_ACCUMULATE_GRAD):
+        return (_ACCUMULATE_GRAD, id(node.variable))
+    return (type(node).__name__, _torch.autograd_node_sequence_nr(node))
+
+
+def _edges(node: Any) -> tuple[tuple[Any, int], ...]:
+    edges: tuple[tuple[Any, int], ...] = node.next_functions
+    return edges
+
+
+def _dependencies(root: Any) -> dict[Any, int]:
+    """For each node below the root, how many edges lead into it (engine.cpp's compute_dependencies)."""
+    counts: dict[Any, int] = {}
+    seen = {_key(root)}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for child, _ in _edges(node):
+            if child is None:
+                continue
+            key = _key(child)
+            counts[key] = counts.get(key, 0) + 1
+            if key not in seen:
+                seen.add(key)
+                stack.append(child)
+    return counts
+
+
+def _validated(grad: Any, expected: tuple[tuple[int, ...], Any]) -> Any:
+    """The gradient as the receiving node expects it: summed to its input's shape, in its input's dtype."""
+    shape, dtype = expected
+    if tuple(grad.shape) != shape:
+        grad = grad.sum_to_size(shape)
+    if grad.dtype != dtype:
+        grad = grad.to(dtype)
+    return grad
+
+
+def _apply(node: Any, grads: list[Any]) -> tuple[Any, ...]:
+    if node.name().endswith(_ACCUMULATE_GRAD):
+        _accumulate(node.variable, grads[0])
+        return ()
+    if hasattr(node, "apply"):  # a custom autograd.Function's node
+        return _apply_python_function(node, grads)
+    outputs = node(*grads)
+    return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
+def _apply_python_function(node: Any, grads: list[Any]) -> tuple[Any, ...]:
+    import torch
+
+    if getattr(node, "materialize_grads", True):
+        # PyNode::apply gives backward zeros for a gradient nobody sent (ctx.set_materialize_grads).
+        grads = [torch.zeros(shape, dtype=dtype) if grad is None else grad
+                 for grad, (shape, dtype) in zip(grads, _torch.autograd_node_inputs(node), strict=True)]
+    outputs = node.apply(*grads)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    edges = _edges(node)
+    if len(outputs) == len(edges):
+        return tuple(outputs)
+    # backward returns one gradient per forward argument; the node has an edge per tensor argument only.
+    wanted_outputs = iter([out for out, needed in zip(outputs, node.needs_input_grad, strict=False) if needed])
+    return tuple(None if child is None else next(wanted_outputs, None) for child, _ in edges)
+
+
+def _accumulate(parameter: Any, grad: Any) -> None:
+    """What AccumulateGrad does with a leaf's complete gradient (torch/csrc/autograd/functions/accumulate_grad.h)."""
+    import torch
+
+    if grad is None:
+        return
+    for hook in _torch.leaf_gradient_hooks(parameter):
+        replaced = hook(grad)
+        if replaced is not None:
+            grad = replaced
+    if parameter.grad is None:
+        if grad.stride() == parameter.stride() or (grad.is_contiguous() and not _dense(parameter)):
+            parameter.grad = grad.detach()
+        elif _dense(parameter):
+            parameter.grad = torch.empty_strided(parameter.shape, parameter.stride(), dtype=grad.dtype).copy_(grad)
+        else:
+            parameter.grad = grad.clone(memory_format=torch.contiguous_format)
+    else:
+        parameter.grad += grad
+    for post_hook in _torch.post_accumulate_grad_hooks(parameter):
+        post_hook(parameter)
+
+
+def _dense(tensor: Any) -> bool:
+    """Non-overlapping and dense: its strides are a permutation of a contiguous tensor's."""
+    sizes_strides = sorted((s, n) for n, s in zip(tensor.shape, tensor.stride(), strict=True) if n != 1)
+    expected = 1
+    for stride, size in sizes_strides:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
