@@ -80,7 +80,7 @@ def diff_command(
         # The project's [tool.memlayout] settings, as inspect reads them; each flag given replaces its value.
         settings = resolve_settings(config, isolated).overridden(
             select=rule_codes(select, "--select"), ignore=rule_codes(ignore, "--ignore"),
-            fail_on=None if fail_on is None else fail_on.value, ties=parse_ties(tie) if tie else None,
+            fail_on=fail_on, ties=parse_ties(tie) if tie else None,
             min_duplicate_bytes=min_duplicate_bytes,
         )
         options = DiffOptions(

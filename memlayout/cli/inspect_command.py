@@ -190,7 +190,7 @@ def inspect_command(
 
         settings = resolve_settings(config, isolated).overridden(
             select=rule_codes(select, "--select"), ignore=rule_codes(ignore, "--ignore"),
-            fail_on=None if fail_on is None else fail_on.value, ties=parse_ties(tie) if tie else None,
+            fail_on=fail_on, ties=parse_ties(tie) if tie else None,
             min_duplicate_bytes=min_duplicate_bytes, min_bloat_bytes=min_bloat_bytes,
             fragmented_min_storages=fragmented_min_storages, min_shard_padding_bytes=min_shard_padding_bytes,
         )

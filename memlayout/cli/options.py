@@ -7,7 +7,6 @@ same whichever command it is given to:
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -16,16 +15,7 @@ import typer
 
 from memlayout.cli.formats import Command, OutputFormat, formats_for, to_format
 from memlayout.errors import UsageError
-
-
-class FailOn(str, enum.Enum):
-    """The severities `--fail-on` takes: exit 1 at or above it."""
-
-    ERROR = "error"
-    WARNING = "warning"
-    INFO = "info"
-    NEVER = "never"
-
+from memlayout.severity import FailOn
 
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.")]
 TrustOption = Annotated[

@@ -30,10 +30,10 @@ from memlayout.rules import (
     RULES,
     Finding,
     RuleConfig,
-    Severity,
     is_ignored_for_its_tensors,
     is_selected,
 )
+from memlayout.severity import FailOn, Severity
 
 if TYPE_CHECKING:  # the exchange is only for ranks under a launcher; a file inspect never loads it
     from memlayout.pipeline.ranks import RankExchange
@@ -70,14 +70,14 @@ class PathReport:
         error = self.error or ""
         return error if self.path in error else f"{self.path}: {error}"
 
-    def fails(self, fail_on: str) -> bool:
+    def fails(self, fail_on: FailOn | str) -> bool:
         """Whether this path makes the run fail: a finding at or above `fail_on`, or a load error.
 
         A load error counts as an error-severity result, so `--fail-on never` is the
         only threshold it does not fail.
         """
         if self.report is None:
-            return fail_on != "never"
+            return FailOn(fail_on).fails(Severity.ERROR)
         return self.report.fails(fail_on)
 
 
@@ -113,7 +113,7 @@ class BatchReport:
     """Every path of one call, as reporters render it."""
 
     paths: tuple[PathReport, ...]
-    fail_on: str = "warning"
+    fail_on: FailOn = FailOn.WARNING
     """The `--fail-on` threshold: error, warning, info or never."""
     rules: tuple[str, ...] = field(default_factory=lambda: tuple(sorted(RULES)))
     """The codes of the rules selected for this run, in code order (JUnit lists one testcase each)."""
@@ -406,7 +406,7 @@ def inspect_paths(
     config: RuleConfig | None = None,
     select: Iterable[str] = (),
     ignore: Iterable[str] = (),
-    fail_on: str = "warning",
+    fail_on: FailOn | str = FailOn.WARNING,
     per_tensor_ignores: Iterable[tuple[str, Iterable[str]]] = (),
     progress: Callable[[str, int, int], None] | None = None,
     debug: bool = False,
@@ -445,5 +445,5 @@ def inspect_paths(
     given = tuple(paths)
     reports = [report for path in given for report in walk.inspect(path, given=True)]
     return BatchReport(
-        tuple(reports), fail_on=fail_on, rules=selected_rules(select, ignore), deep=config.deep, given=given
+        tuple(reports), fail_on=FailOn(fail_on), rules=selected_rules(select, ignore), deep=config.deep, given=given
     )

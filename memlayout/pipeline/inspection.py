@@ -25,10 +25,10 @@ from memlayout.rules import (
     Requirement,
     RuleConfig,
     RuleContext,
-    Severity,
     SkippedRule,
     is_selected,
 )
+from memlayout.severity import FailOn, Severity
 
 if TYPE_CHECKING:  # the exchange is only for ranks under a launcher; a file inspect never loads it
     from memlayout.pipeline.ranks import RankExchange
@@ -69,12 +69,10 @@ class Report:
     skipped: tuple[SkippedRule, ...] = ()
     """Selected rules that did not run because the source lacks what they read, and why."""
 
-    def fails(self, fail_on: str) -> bool:
+    def fails(self, fail_on: FailOn | str) -> bool:
         """Whether any finding is at or above `fail_on` (error, warning, info, never)."""
-        if fail_on == "never":
-            return False
-        threshold = Severity(fail_on).rank
-        return any(f.severity.rank >= threshold for f in self.findings)
+        threshold = FailOn(fail_on)
+        return any(threshold.fails(f.severity) for f in self.findings)
 
 
 def summarize(facts: Facts, findings: Iterable[Finding]) -> Summary:
