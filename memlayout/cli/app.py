@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import gc
 import importlib
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import typer
 import typer.main
 from typer.core import TyperCommand, TyperGroup
 
+from memlayout import cyclic_gc
 from memlayout.cli.coercion import coerce_without_pydantic
 from memlayout.cli.errors import USAGE_OR_LOAD_ERROR
 from memlayout.output.writer import QuietStdout
@@ -48,17 +48,12 @@ tensors every fact (benchmarks/README.md). Reference counting frees as usual;
 flatten and activations, which run torch, keep the collector."""
 
 
-@contextlib.contextmanager
-def _cyclic_gc_paused(command: str | None) -> Iterator[None]:
-    """The collector paused while `command` is built and run, when it is one of `WITHOUT_CYCLIC_GC`."""
-    if command not in WITHOUT_CYCLIC_GC or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()  # for a caller that runs the command in its own process (tests, main())
+def _cyclic_gc_paused(command: str | None) -> contextlib.AbstractContextManager[None]:
+    """The collector paused while `command` is built and run, when it is one of `WITHOUT_CYCLIC_GC`.
+
+    Resumed afterwards, for a caller that runs the command in its own process (tests, main()).
+    """
+    return cyclic_gc.paused() if command in WITHOUT_CYCLIC_GC else contextlib.nullcontext()
 
 
 def _parser_errors() -> tuple[type[Exception], ...]:

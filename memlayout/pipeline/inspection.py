@@ -6,15 +6,14 @@ returns data; rendering is the reporters' job.
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from memlayout.core.content import ContentReader
+from memlayout import cyclic_gc
+from memlayout.core.content import ContentReader, content_reader
 from memlayout.core.facts import Facts, build_facts
 from memlayout.load import load_object, load_path
 from memlayout.load.records import LoadedSource, TensorKind
@@ -167,9 +166,7 @@ def inspect_source(
     facts = build_facts(source)
     if exchange is not None:
         facts = exchange.share_facts(facts)
-    content = None
-    if source.reader is not None:
-        content = ContentReader(source.reader, {s.id: s.key for s in facts.storages})
+    content = content_reader(source, facts)
     findings, skipped = run_rules(facts, config, content, select, ignore, progress)
     return Report(facts, tuple(findings), summarize(facts, findings), tuple(skipped))
 
@@ -218,26 +215,5 @@ def run_inspection(
     """
     config = config or RuleConfig()
     remote = (remote or RemoteOptions())._replace(fetch_contents=config.deep)
-    with cyclic_gc_paused(), load_target(target, remote) as source:
+    with cyclic_gc.paused(), load_target(target, remote) as source:
         return inspect_source(source, config, select, ignore, progress, exchange)
-
-
-@contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Pause CPython's cyclic garbage collector while an inspection builds its records.
-
-    An inspection allocates a few containers per tensor (records, facts) and keeps
-    them all, and none of them forms a cycle. The collector runs whenever
-    allocations outnumber frees by 700, and its older generations traverse every
-    container allocated since: at 40,000 tensors that was 40% of the time spent
-    (benchmarks/README.md). Reference counting still frees everything as usual, and
-    a cycle made meanwhile (a hostile pickle can make some) waits for the next
-    collection after the pause. If the collector was already off, it stays off.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
