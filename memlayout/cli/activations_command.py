@@ -121,8 +121,8 @@ def activations_command(
         # not about memory, and stdout/stderr belong to the report and its one-line errors.
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         from memlayout.activations.analysis import analyze
-        from memlayout.activations.search import BudgetUnreachableError
         from memlayout.activations.sizes import parse_size
+        from memlayout.errors import BudgetUnreachableError
 
         if inputs and input_specs:
             raise UsageError("give --inputs or --input, not both")
@@ -138,7 +138,7 @@ def activations_command(
         if world_size is not None:
             from memlayout.activations.ranks import analyze_ranks
             from memlayout.activations.ranks.parallel import ShardingOptions
-            from memlayout.activations.ranks.plan import RanksBudgetUnreachableError
+            from memlayout.errors import RanksBudgetUnreachableError
 
             if real or device == "meta":
                 raise UsageError(

@@ -38,7 +38,7 @@ from memlayout.cli.options import (
     rule_codes,
 )
 from memlayout.cli.progress import progress_callback
-from memlayout.errors import MemlayoutError, UsageError
+from memlayout.errors import EveryPathFailedError, UsageError
 from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
@@ -61,10 +61,6 @@ def ranks_agree_on_the_exit(ranks: "RankExchange | None") -> Iterator[None]:
     raise typer.Exit(ranks.agree(code))
 
 
-class EveryPathFailed(MemlayoutError):
-    """No path of the call could be inspected; exit 2 with nothing written."""
-
-
 def report_load_errors(batch: "BatchReport") -> None:
     """Put each path's load error on stderr, one line each, whatever the report's format.
 
@@ -77,7 +73,7 @@ def report_load_errors(batch: "BatchReport") -> None:
         print(f"memlayout: error: {path.error_line}", file=sys.stderr)
     if last < len(failures):
         only = len(batch.paths) == 1
-        raise EveryPathFailed((failures[last].error or "") if only else failures[last].error_line)
+        raise EveryPathFailedError((failures[last].error or "") if only else failures[last].error_line)
 
 
 def apply_baseline_flags(batch: "BatchReport", baseline: str | None, write_baseline: str | None) -> "BatchReport":
