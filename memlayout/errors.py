@@ -93,10 +93,6 @@ class RankFailedError(MemlayoutError):
     """Another rank could not inspect the path this rank could."""
 
 
-class EveryPathFailedError(MemlayoutError):
-    """No path of the call could be inspected; exit 2 with nothing written."""
-
-
 # What `memlayout activations` raises.
 class ActivationsError(MemlayoutError):
     """memlayout could not finish an analysis for a reason of its own, not the model's."""

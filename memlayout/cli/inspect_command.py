@@ -4,13 +4,12 @@
 
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memlayout.cli.errors import one_line_errors
+from memlayout.cli.errors import USAGE_OR_LOAD_ERROR, exit_code
 from memlayout.cli.formats import (
     Command,
     OutputFormat,
@@ -38,7 +37,7 @@ from memlayout.cli.options import (
     rule_codes,
 )
 from memlayout.cli.progress import progress_callback
-from memlayout.errors import EveryPathFailedError, UsageError
+from memlayout.errors import UsageError
 from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
@@ -46,34 +45,28 @@ if TYPE_CHECKING:
     from memlayout.pipeline.ranks import RankExchange
 
 
-@contextmanager
-def ranks_agree_on_the_exit(ranks: "RankExchange | None") -> Iterator[None]:
+def ranks_agree_on_the_exit(ranks: "RankExchange", run: Callable[[], int], debug: bool) -> int:
     """Under torchrun: only rank 0 prints, and every rank exits with rank 0's status once rank 0 is done."""
-    if ranks is None:
-        yield
-        return
-    code = 0
-    try:
-        with ranks.quiet():
-            yield
-    except typer.Exit as exit_:
-        code = exit_.exit_code
-    raise typer.Exit(ranks.agree(code))
+    with ranks.quiet():
+        code = exit_code(run, debug)
+    return ranks.agree(code)
 
 
-def report_load_errors(batch: "BatchReport") -> None:
+def report_load_errors(batch: "BatchReport") -> bool:
     """Put each path's load error on stderr, one line each, whatever the report's format.
 
-    When no path loaded, nothing is written: the last path's error becomes the
-    command's one-line error, exit 2.
+    Returns whether no path loaded: then nothing is to be written, and the command exits 2.
     """
     failures = batch.failures
     last = len(failures) - 1 if len(failures) == len(batch.paths) else len(failures)
     for path in failures[:last]:
         print(f"memlayout: error: {path.error_line}", file=sys.stderr)
-    if last < len(failures):
-        only = len(batch.paths) == 1
-        raise EveryPathFailedError((failures[last].error or "") if only else failures[last].error_line)
+    if last == len(failures):
+        return False
+    # One path: its loader's message alone, as any other error of the command would read.
+    only = len(batch.paths) == 1
+    print(f"memlayout: error: {(failures[last].error or '') if only else failures[last].error_line}", file=sys.stderr)
+    return True
 
 
 def apply_baseline_flags(batch: "BatchReport", baseline: str | None, write_baseline: str | None) -> "BatchReport":
@@ -155,7 +148,7 @@ def inspect_command(
     download: DownloadOption = False,
     trust: Annotated[bool, typer.Option("--trust", hidden=True)] = False,
     debug: DebugOption = False,
-) -> None:
+) -> int:
     """Report non-contiguous, duplicated, aliased, bloated and misaligned weights, for one path or several.
 
     Under torchrun (`torchrun --nproc_per_node N -m memlayout inspect pkg.module:build`), each rank reads its
@@ -166,7 +159,7 @@ def inspect_command(
         from memlayout.pipeline.ranks import RankExchange
 
         ranks = RankExchange.from_environment()
-    with ranks_agree_on_the_exit(ranks), one_line_errors(debug):
+    def run() -> int:
         if trust:
             # inspect reads every format inertly, so there is nothing to allow. The
             # option is kept, hidden, only to say so: a user who passes it believes
@@ -196,9 +189,10 @@ def inspect_command(
                 fail_on=settings.fail_on, per_tensor_ignores=settings.per_tensor_ignores, progress=progress,
                 debug=debug, exchange=ranks, remote=RemoteOptions(timeout_s=timeout, download=download),
             )
-        report_load_errors(batch)
+        if report_load_errors(batch):
+            return USAGE_OR_LOAD_ERROR
         if ranks is not None and not ranks.first:
-            raise typer.Exit(batch.exit_code())  # rank 0 writes the report and any file
+            return batch.exit_code()  # rank 0 writes the report and any file
         batch = apply_baseline_flags(batch, baseline, write_baseline)
         options = RenderOptions(color=terminal_color(output_format, output), show_all=show_all)
         if html is not None:
@@ -208,4 +202,6 @@ def inspect_command(
             write_output(page(options).render_pieces(batch), html)
         formatter = supported(to_format(output_format).inspect, output_format, Command.INSPECT)(options)
         write_output(formatter.render_pieces(batch), output)  # rendered as it is written
-        raise typer.Exit(batch.exit_code())
+        return batch.exit_code()
+
+    return run() if ranks is None else ranks_agree_on_the_exit(ranks, run, debug)
