@@ -11,9 +11,8 @@ from memlayout.cli.formats import (
     Command,
     OutputFormat,
     RenderOptions,
-    supported,
     terminal_color,
-    to_format,
+    write_reports,
 )
 from memlayout.cli.options import (
     ConfigOption,
@@ -28,12 +27,10 @@ from memlayout.cli.options import (
     MinDuplicateBytesOption,
     OutputOption,
     SelectOption,
-    parse_ties,
-    rule_codes,
+    settings_with_flags,
 )
 from memlayout.cli.progress import progress_callback
 from memlayout.errors import UsageError
-from memlayout.output.writer import write_output
 
 
 def diff_command(
@@ -70,15 +67,13 @@ def diff_command(
     """Compare checkpoint A with B: tensors added and removed, dtype/shape/stride/device changes, lost ties, bytes."""
     from memlayout.diff import DiffOptions, run_diff
     from memlayout.diff.names import NameMap, parse_renames
-    from memlayout.pipeline.config import resolve_settings
 
     prefixes = tuple(strip_prefix or ())
     if any(not p for p in prefixes):
         raise UsageError("--strip-prefix needs a non-empty PREFIX", "e.g. --strip-prefix module.")
     # The project's [tool.memlayout] settings, as inspect reads them; each flag given replaces its value.
-    settings = resolve_settings(config, isolated).overridden(
-        select=rule_codes(select, "--select"), ignore=rule_codes(ignore, "--ignore"),
-        fail_on=fail_on, ties=parse_ties(tie) if tie else None,
+    settings = settings_with_flags(
+        config, isolated, select=select, ignore=ignore, fail_on=fail_on, tie=tie,
         min_duplicate_bytes=min_duplicate_bytes,
     )
     options = DiffOptions(
@@ -93,12 +88,7 @@ def diff_command(
     with progress_callback(enabled=deep) as progress:
         diff = run_diff(a, b, options, progress=progress)
     render = RenderOptions(color=terminal_color(output_format, output))
-    if html is not None:
-        # The page first: an unwritable --html path fails before anything is printed.
-        page = supported(to_format(OutputFormat.HTML).diff, OutputFormat.HTML, Command.DIFF)
-        write_output(page(render).render_pieces(diff), html)
-    formatter = supported(to_format(output_format).diff, output_format, Command.DIFF)(render)
-    write_output(formatter.render_pieces(diff), output)
+    write_reports(Command.DIFF, diff, render, output_format, output, html)
     if diff.name_hint is not None:
         # A hint, not data: stderr, so that --format json stays one document.
         print(f"memlayout: hint: {diff.name_hint}", file=sys.stderr)

@@ -14,9 +14,8 @@ from memlayout.cli.formats import (
     Command,
     OutputFormat,
     RenderOptions,
-    supported,
     terminal_color,
-    to_format,
+    write_reports,
 )
 from memlayout.cli.options import (
     ConfigOption,
@@ -33,12 +32,10 @@ from memlayout.cli.options import (
     OutputOption,
     SelectOption,
     TimeoutOption,
-    parse_ties,
-    rule_codes,
+    settings_with_flags,
 )
 from memlayout.cli.progress import progress_callback
 from memlayout.errors import UsageError
-from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
     from memlayout.pipeline.batch import BatchReport
@@ -67,30 +64,6 @@ def report_load_errors(batch: "BatchReport") -> bool:
     only = len(batch.paths) == 1
     print(f"memlayout: error: {(failures[last].error or '') if only else failures[last].error_line}", file=sys.stderr)
     return True
-
-
-def apply_baseline_flags(batch: "BatchReport", baseline: str | None, write_baseline: str | None) -> "BatchReport":
-    """Record the findings (--write-baseline) and hide the recorded ones (--baseline)."""
-    from memlayout.pipeline.batch import (
-        apply_baseline,
-        baseline_text,
-        previous_entries,
-        read_baseline,
-        record_baseline,
-    )
-
-    if baseline is not None and write_baseline is not None and baseline != write_baseline:
-        raise UsageError(
-            "--baseline and --write-baseline name different files",
-            "to shrink a baseline, write the same file that --baseline reads",
-        )
-    if write_baseline is not None:
-        entries = record_baseline(batch, write_baseline, previous_entries(write_baseline))
-        write_output(baseline_text(entries), write_baseline)
-        return apply_baseline(batch, entries, write_baseline, written=True)
-    if baseline is not None:
-        return apply_baseline(batch, read_baseline(baseline), baseline)
-    return batch
 
 
 def inspect_command(
@@ -174,12 +147,11 @@ def inspect_command(
             from memlayout.io.remote import start_importing_transport
 
             start_importing_transport()
+        from memlayout.pipeline.baseline import apply_baseline_flags
         from memlayout.pipeline.batch import inspect_paths
-        from memlayout.pipeline.config import resolve_settings
 
-        settings = resolve_settings(config, isolated).overridden(
-            select=rule_codes(select, "--select"), ignore=rule_codes(ignore, "--ignore"),
-            fail_on=fail_on, ties=parse_ties(tie) if tie else None,
+        settings = settings_with_flags(
+            config, isolated, select=select, ignore=ignore, fail_on=fail_on, tie=tie,
             min_duplicate_bytes=min_duplicate_bytes, min_bloat_bytes=min_bloat_bytes,
             fragmented_min_storages=fragmented_min_storages, min_shard_padding_bytes=min_shard_padding_bytes,
         )
@@ -195,13 +167,7 @@ def inspect_command(
             return batch.exit_code()  # rank 0 writes the report and any file
         batch = apply_baseline_flags(batch, baseline, write_baseline)
         options = RenderOptions(color=terminal_color(output_format, output), show_all=show_all)
-        if html is not None:
-            # The map first: a --html path that cannot be written ends the command
-            # with its one error line before any report is printed.
-            page = supported(to_format(OutputFormat.HTML).inspect, OutputFormat.HTML, Command.INSPECT)
-            write_output(page(options).render_pieces(batch), html)
-        formatter = supported(to_format(output_format).inspect, output_format, Command.INSPECT)(options)
-        write_output(formatter.render_pieces(batch), output)  # rendered as it is written
+        write_reports(Command.INSPECT, batch, options, output_format, output, html)
         return batch.exit_code()
 
     return run() if ranks is None else ranks_agree_on_the_exit(ranks, run, debug)
