@@ -81,3 +81,15 @@ def test_inspect_and_diff_pass_every_file_setting_to_the_rules(
     for command in ("inspect", "diff"):
         got = {name: getattr(seen[command], name) for name in expected()}
         assert got == expected(), command
+
+
+def test_settings_hand_every_rule_setting_to_the_rules() -> None:
+    # Settings still holds each rule setting as a field of its own (the file's keys map to
+    # them), so its copy into RuleConfig is where one could be dropped: every field must cross.
+    from memlayout.pipeline.config import Settings, settings_from_table
+
+    assert Settings().rule_config() == RuleConfig()  # the same defaults
+    settings = settings_from_table(FILE_VALUES, "pyproject.toml")
+    config = settings.rule_config(deep=True)
+    assert {name: getattr(config, name) for name in expected()} == expected()
+    assert config.deep is True
