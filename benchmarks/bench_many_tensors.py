@@ -197,13 +197,13 @@ def in_process_rows(source: Source, rounds: int) -> tuple[list[Row], dict[str, f
         )
     ]
     if source.path.suffix == ".pt":
-        from memlayout.pipeline.inspection import cyclic_gc_paused
+        from memlayout import cyclic_gc
 
         unpickle = _c_unpickler_floor(source.path)
 
         def floor() -> None:
             # With the collector paused, as memlayout.inspect runs: like with like.
-            with cyclic_gc_paused():
+            with cyclic_gc.paused():
                 unpickle()
 
         figures["C unpickler floor"] = _per_tensor(floor, source.count, rounds)

@@ -5,6 +5,8 @@ The CLI turns any `MemlayoutError` into one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MemlayoutError(Exception):
     """Base of every error memlayout raises on purpose."""
@@ -72,3 +74,69 @@ class RemoteReadError(MemlayoutError):
     """A file behind a URL could not be read as asked: the server, the network or the reply is at fault."""
 
     default_hint = "check the URL; memlayout reads remote files by HTTP Range requests and never runs them"
+
+
+class RangeNotSupportedError(RemoteReadError):
+    """The server answered a Range request with the whole file."""
+
+    def __init__(self, url: str, size: int | None) -> None:
+        amount = f"all {size:,} bytes" if size is not None else "the whole file"
+        super().__init__(
+            f"{url}: the server ignores HTTP Range requests, so reading it means downloading {amount}",
+            "pass --download to download it whole, or use a server that supports Range (the Hub and S3 do)",
+        )
+        self.url = url
+        self.size = size
+
+
+class RankFailedError(MemlayoutError):
+    """Another rank could not inspect the path this rank could."""
+
+
+# What `memlayout activations` raises.
+class ActivationsError(MemlayoutError):
+    """memlayout could not finish an analysis for a reason of its own, not the model's."""
+
+    default_hint = "rerun with --debug for the traceback, and report it: it is memlayout's failure, not your model's"
+
+
+class BudgetUnreachableError(MemlayoutError):
+    """No plan brings the peak under the budget."""
+
+    def __init__(self, budget: int, lowest: Any) -> None:
+        from memlayout.format_bytes import human_bytes
+
+        self.budget_bytes = budget
+        self.lowest = lowest
+        """The lowest plan found: an `activations.search.PlanResult` (typed Any: this base layer imports no layer)."""
+        left_out = (
+            f"; {len(lowest.excluded)} modules cannot be checkpointed ({', '.join(p for p, _ in lowest.excluded[:3])}"
+            f"{', ...' if len(lowest.excluded) > 3 else ''}: --format json with a reachable --budget says why)"
+            if lowest.excluded else ""
+        )
+        super().__init__(
+            f"no checkpoint plan fits a budget of {human_bytes(budget)} ({budget} bytes): the lowest reachable "
+            f"peak is {human_bytes(lowest.peak_bytes)} ({lowest.peak_bytes} bytes){left_out}",
+            "raise --budget to at least the lowest peak, or shrink the batch",
+        )
+
+
+class RanksBudgetUnreachableError(MemlayoutError):
+    """No plan brings the largest rank under the budget."""
+
+    def __init__(self, budget: int, lowest: Any, tried: str) -> None:
+        from memlayout.format_bytes import human_bytes
+
+        self.budget_bytes = budget
+        self.lowest = lowest
+        """The lowest plan found: an `activations.ranks.plan.RanksPlan` (typed Any: this base layer imports no layer)."""
+        super().__init__(
+            f"no plan fits the largest rank in {human_bytes(budget)} ({budget} bytes): the lowest peak reached is "
+            f"{human_bytes(lowest.peak_bytes)} ({lowest.peak_bytes} bytes), with {tried}",
+            "raise --budget, add ranks (--world-size), shrink each rank's batch"
+            + ("" if lowest.offload or lowest.sharding.offload else ", or allow CPU offload (--allow-offload)"),
+        )
+
+
+class RankStepError(MemlayoutError):
+    """The step failed on the sharded model."""

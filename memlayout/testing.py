@@ -17,9 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from memlayout.pipeline.inspection import Report
     from memlayout.rules import Finding, RuleConfig
-
-FAIL_ON = ("error", "warning", "info", "never")
-
+    from memlayout.severity import FailOn
 
 def _codes(value: str | Iterable[str], where: str) -> tuple[str, ...]:
     from memlayout.pipeline.config import check_codes
@@ -43,7 +41,7 @@ def assert_layout(
     *,
     select: str | Iterable[str] = (),
     ignore: str | Iterable[str] = (),
-    fail_on: str = "warning",
+    fail_on: FailOn | str = "warning",
     config: RuleConfig | None = None,
 ) -> Report:
     """Fail the calling test when memlayout finds a layout problem at or above `fail_on`.
@@ -79,21 +77,19 @@ def assert_layout(
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
     from memlayout.pipeline.inspection import run_inspection
-    from memlayout.rules import Severity
+    from memlayout.severity import FailOn
 
-    if fail_on not in FAIL_ON:
-        raise ValueError(f"fail_on must be one of {', '.join(FAIL_ON)}, not {fail_on!r}")
+    if fail_on not in [threshold.value for threshold in FailOn]:
+        raise ValueError(f"fail_on must be one of {', '.join(t.value for t in FailOn)}, not {fail_on!r}")
+    threshold = FailOn(fail_on)
     report = run_inspection(model_or_path, config=config, select=_codes(select, "select"),
                             ignore=_codes(ignore, "ignore"))
-    if fail_on == "never":
-        return report
-    threshold = Severity(fail_on).rank
-    failing = [f for f in report.findings if f.severity.rank >= threshold]
+    failing = [f for f in report.findings if threshold.fails(f.severity)]
     if failing:
         target = model_or_path if isinstance(model_or_path, str) else type(model_or_path).__name__
         noun = "problem" if len(failing) == 1 else "problems"
         raise AssertionError(
-            "\n".join([f"memlayout found {len(failing)} layout {noun} at or above {fail_on} in {target}:",
+            "\n".join([f"memlayout found {len(failing)} layout {noun} at or above {threshold.value} in {target}:",
                        *_finding_lines(failing)])
         )
     return report

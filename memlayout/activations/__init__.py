@@ -29,12 +29,13 @@ if TYPE_CHECKING:
     from memlayout.activations.ranks import analyze_ranks
     from memlayout.activations.ranks.facts import RanksReport
     from memlayout.activations.ranks.parallel import ShardingOptions
-    from memlayout.activations.search import BudgetUnreachableError, PlanResult
+    from memlayout.activations.search import PlanResult
+    from memlayout.errors import BudgetUnreachableError
 
 _LAZY = {
     "analyze": "memlayout.activations.analysis",
     "ActivationReport": "memlayout.activations.analysis",
-    "BudgetUnreachableError": "memlayout.activations.search",
+    "BudgetUnreachableError": "memlayout.errors",
     "PlanResult": "memlayout.activations.search",
     "apply_plan": "memlayout.activations.apply",
     "AppliedPlan": "memlayout.activations.apply",

@@ -19,7 +19,7 @@ from memlayout.activations.search import PlanResult, plan_for_budget
 from memlayout.activations.step import LOSS_FROM_SUM
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
 from memlayout.activations.world import InputsArg, StepWorld, device_for_gpu
-from memlayout.errors import MemlayoutError, UsageError
+from memlayout.errors import ActivationsError, MemlayoutError, UsageError
 
 
 @dataclass(frozen=True)
@@ -294,7 +294,3 @@ def _why_no_value(exc: BaseException, step: StepWorld) -> str:
     return "a value computed from the weights has none without running them"
 
 
-class ActivationsError(MemlayoutError):
-    """memlayout could not finish an analysis for a reason of its own, not the model's."""
-
-    default_hint = "rerun with --debug for the traceback, and report it: it is memlayout's failure, not your model's"

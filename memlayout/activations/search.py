@@ -16,7 +16,7 @@ from memlayout.activations.facts import Trace
 from memlayout.activations.plan import Plan, Planner
 from memlayout.activations.summary import ModuleFacts, Summary, summarize
 from memlayout.activations.world import StepWorld
-from memlayout.errors import MemlayoutError, UsageError
+from memlayout.errors import BudgetUnreachableError, MemlayoutError, UsageError
 
 MAX_CHECKS = 6
 """Plans traced again at most per budget, before falling back to the lowest plan."""
@@ -42,26 +42,6 @@ class PlanResult:
     pitfalls: tuple[str, ...]
     excluded: tuple[tuple[str, str], ...] = ()
     """(module path, why) for each module that cannot be checkpointed and was left out of the search."""
-
-
-class BudgetUnreachableError(MemlayoutError):
-    """No plan brings the peak under the budget."""
-
-    def __init__(self, budget: int, lowest: PlanResult) -> None:
-        from memlayout.format_bytes import human_bytes
-
-        self.budget_bytes = budget
-        self.lowest = lowest
-        left_out = (
-            f"; {len(lowest.excluded)} modules cannot be checkpointed ({', '.join(p for p, _ in lowest.excluded[:3])}"
-            f"{', ...' if len(lowest.excluded) > 3 else ''}: --format json with a reachable --budget says why)"
-            if lowest.excluded else ""
-        )
-        super().__init__(
-            f"no checkpoint plan fits a budget of {human_bytes(budget)} ({budget} bytes): the lowest reachable "
-            f"peak is {human_bytes(lowest.peak_bytes)} ({lowest.peak_bytes} bytes){left_out}",
-            "raise --budget to at least the lowest peak, or shrink the batch",
-        )
 
 
 class _Excluded(Exception):

@@ -11,7 +11,6 @@ import typer
 from memlayout import _torch
 from memlayout.activations.optimizer import DEFAULT_OPTIMIZER
 from memlayout.activations.optimizer import HELP as OPTIMIZER_HELP
-from memlayout.cli.errors import one_line_errors
 from memlayout.cli.formats import (
     Command,
     OutputFormat,
@@ -116,73 +115,73 @@ def activations_command(
     trust: TrustOption = False,
     main_module: MainModuleOption = None,
     debug: DebugOption = False,
-) -> None:
+) -> int:
     """Activation memory of one training step, and a checkpoint plan that fits --budget.
 
     With --world-size N --fsdp, each rank's peak under FSDP2 (and --tp), and a plan that fits the largest rank.
     """
-    with one_line_errors(debug):
-        _torch.require("memlayout activations")
-        # transformers logs config remarks while building a model from its config; they are
-        # not about memory, and stdout/stderr belong to the report and its one-line errors.
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        from memlayout.activations.analysis import analyze
-        from memlayout.activations.search import BudgetUnreachableError
-        from memlayout.activations.sizes import parse_size
+    _torch.require("memlayout activations")
+    # transformers logs config remarks while building a model from its config; they are
+    # not about memory, and stdout/stderr belong to the report and its one-line errors.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from memlayout.activations.analysis import analyze
+    from memlayout.activations.sizes import parse_size
+    from memlayout.errors import BudgetUnreachableError
 
-        if inputs and input_specs:
-            raise UsageError("give --inputs or --input, not both")
-        budget_bytes = parse_size(budget) if budget is not None else None
-        distributed = {"--fsdp": fsdp, "--fsdp-modules": fsdp_modules, "--no-reshard-after-forward":
-                       no_reshard_after_forward, "--param-dtype": param_dtype, "--reduce-dtype": reduce_dtype,
-                       "--tp": tp != 1, "--allow-offload": allow_offload}
-        if (autocast or dtype) and world_size is not None:
+    if inputs and input_specs:
+        raise UsageError("give --inputs or --input, not both")
+    budget_bytes = parse_size(budget) if budget is not None else None
+    distributed = {"--fsdp": fsdp, "--fsdp-modules": fsdp_modules, "--no-reshard-after-forward":
+                   no_reshard_after_forward, "--param-dtype": param_dtype, "--reduce-dtype": reduce_dtype,
+                   "--tp": tp != 1, "--allow-offload": allow_offload}
+    if (autocast or dtype) and world_size is not None:
+        raise UsageError(
+            f"{'--autocast' if autocast else '--dtype'} is not traced with --world-size yet",
+            "give FSDP2's mixed precision with --param-dtype and --reduce-dtype",
+        )
+    if gpu is not None and world_size is not None:
+        raise UsageError("--gpu is not traced with --world-size yet", "drop --gpu; --device cuda traces ranks")
+    if world_size is not None:
+        from memlayout.activations.ranks import analyze_ranks
+        from memlayout.activations.ranks.parallel import ShardingOptions
+        from memlayout.errors import RanksBudgetUnreachableError
+
+        if real or device == "meta":
             raise UsageError(
-                f"{'--autocast' if autocast else '--dtype'} is not traced with --world-size yet",
-                "give FSDP2's mixed precision with --param-dtype and --reduce-dtype",
+                f"--world-size predicts ranks on fake tensors; {'--real' if real else '--device meta'} does not apply",
+                "measure real ranks under torchrun (FSDPMemTracker), and predict for --device cpu or cuda",
             )
-        if gpu is not None and world_size is not None:
-            raise UsageError("--gpu is not traced with --world-size yet", "drop --gpu; --device cuda traces ranks")
-        if world_size is not None:
-            from memlayout.activations.ranks import analyze_ranks
-            from memlayout.activations.ranks.parallel import ShardingOptions
-            from memlayout.activations.ranks.plan import RanksBudgetUnreachableError
-
-            if real or device == "meta":
-                raise UsageError(
-                    f"--world-size predicts ranks on fake tensors; {'--real' if real else '--device meta'} does not apply",
-                    "measure real ranks under torchrun (FSDPMemTracker), and predict for --device cpu or cuda",
-                )
-            options = ShardingOptions(
-                world_size=world_size, fsdp=fsdp, fsdp_modules=tuple(fsdp_modules or ()),
-                reshard_after_forward=not no_reshard_after_forward, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                tp=tp,
-            )
-            try:
-                ranks = analyze_ranks(
-                    target, inputs if inputs else list(input_specs or []), sharding=options, optimizer=optimizer,
-                    budget=budget_bytes, allow_offload=allow_offload, device=device, trust=trust,
-                    main_module=main_module,
-                )
-            except RanksBudgetUnreachableError as exc:
-                print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
-                raise typer.Exit(BUDGET_UNREACHABLE) from None
-            render_ranks = RenderOptions(color=terminal_color(output_format, output), depth=depth)
-            make_ranks = supported(to_format(output_format).activations, output_format, Command.ACTIVATIONS)
-            write_output(make_ranks(render_ranks).render_pieces(ranks), output)
-            return
-        given = [flag for flag, value in distributed.items() if value]
-        if given:
-            raise UsageError(f"{given[0]} needs --world-size N", "e.g. --world-size 8 --fsdp")
+        options = ShardingOptions(
+            world_size=world_size, fsdp=fsdp, fsdp_modules=tuple(fsdp_modules or ()),
+            reshard_after_forward=not no_reshard_after_forward, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+            tp=tp,
+        )
         try:
-            report = analyze(
-                target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
-                mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
-                autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
+            ranks = analyze_ranks(
+                target, inputs if inputs else list(input_specs or []), sharding=options, optimizer=optimizer,
+                budget=budget_bytes, allow_offload=allow_offload, device=device, trust=trust,
+                main_module=main_module,
             )
-        except BudgetUnreachableError as exc:
+        except RanksBudgetUnreachableError as exc:
             print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
-            raise typer.Exit(BUDGET_UNREACHABLE) from None
-        render = RenderOptions(color=terminal_color(output_format, output), depth=depth)
-        formatter = supported(to_format(output_format).activations, output_format, Command.ACTIVATIONS)(render)
-        write_output(formatter.render_pieces(report), output)
+            return BUDGET_UNREACHABLE
+        render_ranks = RenderOptions(color=terminal_color(output_format, output), depth=depth)
+        make_ranks = supported(to_format(output_format).activations, output_format, Command.ACTIVATIONS)
+        write_output(make_ranks(render_ranks).render_pieces(ranks), output)
+        return 0
+    given = [flag for flag, value in distributed.items() if value]
+    if given:
+        raise UsageError(f"{given[0]} needs --world-size N", "e.g. --world-size 8 --fsdp")
+    try:
+        report = analyze(
+            target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
+            mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
+            autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
+        )
+    except BudgetUnreachableError as exc:
+        print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
+        return BUDGET_UNREACHABLE
+    render = RenderOptions(color=terminal_color(output_format, output), depth=depth)
+    formatter = supported(to_format(output_format).activations, output_format, Command.ACTIVATIONS)(render)
+    write_output(formatter.render_pieces(report), output)
+    return 0

@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import gc
 import importlib
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import typer
 import typer.main
 from typer.core import TyperCommand, TyperGroup
 
+from memlayout import cyclic_gc
 from memlayout.cli.coercion import coerce_without_pydantic
-from memlayout.cli.errors import USAGE_OR_LOAD_ERROR
+from memlayout.cli.errors import USAGE_OR_LOAD_ERROR, exit_code
 from memlayout.output.writer import QuietStdout
 from memlayout.version import __version__
 
@@ -48,17 +48,12 @@ tensors every fact (benchmarks/README.md). Reference counting frees as usual;
 flatten and activations, which run torch, keep the collector."""
 
 
-@contextlib.contextmanager
-def _cyclic_gc_paused(command: str | None) -> Iterator[None]:
-    """The collector paused while `command` is built and run, when it is one of `WITHOUT_CYCLIC_GC`."""
-    if command not in WITHOUT_CYCLIC_GC or not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()  # for a caller that runs the command in its own process (tests, main())
+def _cyclic_gc_paused(command: str | None) -> contextlib.AbstractContextManager[None]:
+    """The collector paused while `command` is built and run, when it is one of `WITHOUT_CYCLIC_GC`.
+
+    Resumed afterwards, for a caller that runs the command in its own process (tests, main()).
+    """
+    return cyclic_gc.paused() if command in WITHOUT_CYCLIC_GC else contextlib.nullcontext()
 
 
 def _parser_errors() -> tuple[type[Exception], ...]:
@@ -97,22 +92,27 @@ class OneLineUsageErrors(TyperGroup):
                 args, prog_name, complete_var, standalone_mode=False, windows_expand_args=windows_expand_args, **extra
             )
 
-        if not standalone_mode:
-            return run()
+        code = self._code_of(run)
+        if standalone_mode:  # click's contract, for its test runner; main() asks for the code instead
+            sys.exit(code)
+        return code
+
+    def _code_of(self, run: Callable[[], Any]) -> int:
+        """What `run` returns, or the exit code of a bad flag or value, said in one line."""
         try:
             code = run()
         except _parser_errors() as exc:
             if not _is_usage_error(exc):
                 exc.show()  # type: ignore[attr-defined]
-                sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+                return int(exc.exit_code)  # type: ignore[attr-defined]
             # typer words a rejected choice through pydantic, whose prefix says nothing.
             message = exc.format_message().replace("Value error, ", "")  # type: ignore[attr-defined]
             print(f"memlayout: error: {message}", file=sys.stderr)
-            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+            return int(exc.exit_code)  # type: ignore[attr-defined]
         except typer.Abort:
             print("memlayout: aborted", file=sys.stderr)
-            sys.exit(1)
-        sys.exit(code if isinstance(code, int) else 0)
+            return 1
+        return code if isinstance(code, int) else 0
 
 
 class MemlayoutCommands(OneLineUsageErrors):
@@ -146,18 +146,17 @@ class MemlayoutCommand(TyperCommand):
         super().__init__(*args, **kwargs)
         coerce_without_pydantic(*self.params)
 
-    def invoke(self, ctx: Any) -> Any:
+    def invoke(self, ctx: Any) -> int:
+        """Run the command and return its exit code; an error becomes one line here (`exit_code`).
+
+        A command returns its code rather than raising it: an exception's traceback
+        would hold the command's frame and so its report, and resuming the collector
+        with the report alive made the first collection traverse every fact (30-45 ms
+        of CPU at 40,000 tensors) only to find them freed a moment later.
+        """
+        debug = bool(ctx.params.get("debug", False))
         with _cyclic_gc_paused(self.name):
-            try:
-                return super().invoke(ctx)
-            except typer.Exit as exit_:
-                # A command ends by raising Exit, whose traceback holds the command's
-                # frame and so its report. Resuming the collector with the report
-                # alive made the first collection traverse every fact (30-45 ms of
-                # CPU at 40,000 tensors) only to find them freed a moment later.
-                # The same Exit goes on once the `except` has dropped its traceback.
-                code = exit_.exit_code
-        raise typer.Exit(code)
+            return exit_code(lambda: super(MemlayoutCommand, self).invoke(ctx), debug)
 
     def get_help_option(self, ctx: Any) -> Any:
         option = super().get_help_option(ctx)
@@ -198,14 +197,18 @@ def root(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The whole CLI entry: run the app and return its exit code."""
+    """The whole CLI entry: run the app and return its exit code.
+
+    The code comes back as a return value all the way: each command returns it,
+    `MemlayoutCommand.invoke` turns an error into one line and 2 (`cli.errors.exit_code`),
+    and `OneLineUsageErrors.main` does the same for a bad flag.
+    """
     stdout = sys.stdout
     # A reader that leaves early (`| head`) silences stdout instead of failing a write.
     sys.stdout = QuietStdout(stdout)
     try:
-        app(args=argv, prog_name="memlayout", standalone_mode=True)
-    except SystemExit as exit_:
-        return int(exit_.code or 0) if not isinstance(exit_.code, str) else 2
+        code = app(args=argv, prog_name="memlayout", standalone_mode=False)
+        return code if isinstance(code, int) else 0
     except OSError as exc:
         # Commands turn their own errors into one line; what reaches here is writing
         # outside them (`rules`, `--version`, `--help`) to a full disk. (A closed pipe
@@ -215,7 +218,6 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_OR_LOAD_ERROR
     finally:
         sys.stdout = stdout
-    return 0
 
 
 def entry() -> NoReturn:

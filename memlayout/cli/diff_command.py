@@ -7,14 +7,12 @@ from typing import Annotated
 
 import typer
 
-from memlayout.cli.errors import one_line_errors
 from memlayout.cli.formats import (
     Command,
     OutputFormat,
     RenderOptions,
-    supported,
     terminal_color,
-    to_format,
+    write_reports,
 )
 from memlayout.cli.options import (
     ConfigOption,
@@ -29,12 +27,10 @@ from memlayout.cli.options import (
     MinDuplicateBytesOption,
     OutputOption,
     SelectOption,
-    parse_ties,
-    rule_codes,
+    settings_with_flags,
 )
 from memlayout.cli.progress import progress_callback
 from memlayout.errors import UsageError
-from memlayout.output.writer import write_output
 
 
 def diff_command(
@@ -67,42 +63,33 @@ def diff_command(
     config: ConfigOption = None,
     isolated: IsolatedOption = False,
     debug: DebugOption = False,
-) -> None:
+) -> int:
     """Compare checkpoint A with B: tensors added and removed, dtype/shape/stride/device changes, lost ties, bytes."""
-    with one_line_errors(debug):
-        from memlayout.diff import DiffOptions, run_diff
-        from memlayout.diff.names import NameMap, parse_renames
-        from memlayout.pipeline.config import resolve_settings
+    from memlayout.diff import DiffOptions, run_diff
+    from memlayout.diff.names import NameMap, parse_renames
 
-        prefixes = tuple(strip_prefix or ())
-        if any(not p for p in prefixes):
-            raise UsageError("--strip-prefix needs a non-empty PREFIX", "e.g. --strip-prefix module.")
-        # The project's [tool.memlayout] settings, as inspect reads them; each flag given replaces its value.
-        settings = resolve_settings(config, isolated).overridden(
-            select=rule_codes(select, "--select"), ignore=rule_codes(ignore, "--ignore"),
-            fail_on=None if fail_on is None else fail_on.value, ties=parse_ties(tie) if tie else None,
-            min_duplicate_bytes=min_duplicate_bytes,
-        )
-        options = DiffOptions(
-            names=NameMap(prefixes, parse_renames(rename or ())),
-            deep=deep,
-            ties=settings.ties,
-            select=settings.select,
-            ignore=settings.ignore,
-            rules=settings.rule_config(deep),
-            per_tensor_ignores=settings.per_tensor_ignores,
-        )
-        with progress_callback(enabled=deep) as progress:
-            diff = run_diff(a, b, options, progress=progress)
-        render = RenderOptions(color=terminal_color(output_format, output))
-        if html is not None:
-            # The page first: an unwritable --html path fails before anything is printed.
-            page = supported(to_format(OutputFormat.HTML).diff, OutputFormat.HTML, Command.DIFF)
-            write_output(page(render).render_pieces(diff), html)
-        formatter = supported(to_format(output_format).diff, output_format, Command.DIFF)(render)
-        write_output(formatter.render_pieces(diff), output)
-        if diff.name_hint is not None:
-            # A hint, not data: stderr, so that --format json stays one document.
-            print(f"memlayout: hint: {diff.name_hint}", file=sys.stderr)
-    if diff.fails(settings.fail_on):
-        raise typer.Exit(1)
+    prefixes = tuple(strip_prefix or ())
+    if any(not p for p in prefixes):
+        raise UsageError("--strip-prefix needs a non-empty PREFIX", "e.g. --strip-prefix module.")
+    # The project's [tool.memlayout] settings, as inspect reads them; each flag given replaces its value.
+    settings = settings_with_flags(
+        config, isolated, select=select, ignore=ignore, fail_on=fail_on, tie=tie,
+        min_duplicate_bytes=min_duplicate_bytes,
+    )
+    options = DiffOptions(
+        names=NameMap(prefixes, parse_renames(rename or ())),
+        deep=deep,
+        ties=settings.ties,
+        select=settings.select,
+        ignore=settings.ignore,
+        rules=settings.rule_config(deep),
+        per_tensor_ignores=settings.per_tensor_ignores,
+    )
+    with progress_callback(enabled=deep) as progress:
+        diff = run_diff(a, b, options, progress=progress)
+    render = RenderOptions(color=terminal_color(output_format, output))
+    write_reports(Command.DIFF, diff, render, output_format, output, html)
+    if diff.name_hint is not None:
+        # A hint, not data: stderr, so that --format json stays one document.
+        print(f"memlayout: hint: {diff.name_hint}", file=sys.stderr)
+    return 1 if diff.fails(settings.fail_on) else 0

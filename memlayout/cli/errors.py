@@ -1,11 +1,11 @@
-"""How every command turns errors into one stderr line and exit code 2."""
+"""How every command turns errors into one stderr line and exit code 2: `exit_code`, called once, by `MemlayoutCommand`."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
@@ -14,21 +14,24 @@ from memlayout.errors import MemlayoutError, TorchNotInstalledError
 USAGE_OR_LOAD_ERROR = 2
 
 
-@contextmanager
-def one_line_errors(debug: bool) -> Iterator[None]:
-    """Print `memlayout: error: ...` and exit 2; with --debug, re-raise for the traceback."""
+def exit_code(run: Callable[[], Any], debug: bool) -> int:
+    """Run a command and return its exit code: the one place an error becomes `memlayout: error: ...` and 2.
+
+    A command returns its exit code (None counts as 0) and raises `MemlayoutError`
+    for anything the user can fix; with --debug the error goes on, for its traceback.
+    """
     try:
-        yield
+        code = run()
     except (typer.Exit, typer.Abort):
         raise
     except MemlayoutError as exc:
         if debug:
             raise
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
-        raise typer.Exit(USAGE_OR_LOAD_ERROR) from None
+        return USAGE_OR_LOAD_ERROR
     except KeyboardInterrupt:
         print("memlayout: interrupted", file=sys.stderr)
-        raise typer.Exit(130) from None
+        return 130
     except Exception as exc:  # a bug or an unforeseen input: still one line, never a traceback
         if debug:
             raise
@@ -38,7 +41,8 @@ def one_line_errors(debug: bool) -> Iterator[None]:
         else:
             message = f"unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback)"
         print(f"memlayout: error: {message}", file=sys.stderr)
-        raise typer.Exit(USAGE_OR_LOAD_ERROR) from None
+        return USAGE_OR_LOAD_ERROR
+    return code if isinstance(code, int) else 0
 
 
 def _torch_is_missing(exc: Exception) -> bool:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memlayout.cli.errors import USAGE_OR_LOAD_ERROR, one_line_errors
+from memlayout.cli.errors import USAGE_OR_LOAD_ERROR
 from memlayout.cli.options import DebugOption, TrustOption, device_option
 from memlayout.errors import UsageError
 from memlayout.output.writer import write_output
@@ -93,33 +93,32 @@ def flatten_command(
                      "writes and keeping the others."),
     ] = False,
     debug: DebugOption = False,
-) -> None:
+) -> int:
     """Rewrite a model into flat, aligned buffers and save it in the same format (or --to safetensors), losing nothing."""
-    with one_line_errors(debug):
-        from memlayout.flatten.files import flatten_path
-        from memlayout.flatten.options import FlattenOptions
-        from memlayout.flatten.summary import render_summary
-        from memlayout.flatten.writers import targets
+    from memlayout.flatten.files import flatten_path
+    from memlayout.flatten.options import FlattenOptions
+    from memlayout.flatten.summary import render_summary
+    from memlayout.flatten.writers import targets
 
-        if to is not None and to not in targets():
-            raise UsageError(f"--to {to} is not a format flatten writes", f"use --to {' or '.join(targets())}")
-        if tensors_only and to is None:
-            raise UsageError("--tensors-only applies to a conversion", "pass --to safetensors with it")
-        options = FlattenOptions(
-            out=output, device=device, align=align, trust=trust, check=check, in_place=in_place, verify=not no_verify,
-            force=force, to=to, tensors_only=tensors_only,
-        )
-        if check:
-            code = _check_each(paths, options, debug)
-        elif len(paths) > 1:
-            raise UsageError(f"flatten writes one IN at a time, and {len(paths)} were given",
-                             "pass one IN with -o OUT, or several with --check")
-        else:
-            from memlayout.cli.progress import FLATTEN_STAGES, stage_progress
+    if to is not None and to not in targets():
+        raise UsageError(f"--to {to} is not a format flatten writes", f"use --to {' or '.join(targets())}")
+    if tensors_only and to is None:
+        raise UsageError("--tensors-only applies to a conversion", "pass --to safetensors with it")
+    options = FlattenOptions(
+        out=output, device=device, align=align, trust=trust, check=check, in_place=in_place, verify=not no_verify,
+        force=force, to=to, tensors_only=tensors_only,
+    )
+    if check:
+        code = _check_each(paths, options, debug)
+    elif len(paths) > 1:
+        raise UsageError(f"flatten writes one IN at a time, and {len(paths)} were given",
+                         "pass one IN with -o OUT, or several with --check")
+    else:
+        from memlayout.cli.progress import FLATTEN_STAGES, stage_progress
 
-            # Bytes copied and verified, on stderr when it is a terminal; silent otherwise.
-            with stage_progress(FLATTEN_STAGES) as progress:
-                result = flatten_path(paths[0], options, progress)
-            write_output(render_summary(result), None)
-            code = ALREADY_FLAT
-    raise typer.Exit(code)
+        # Bytes copied and verified, on stderr when it is a terminal; silent otherwise.
+        with stage_progress(FLATTEN_STAGES) as progress:
+            result = flatten_path(paths[0], options, progress)
+        write_output(render_summary(result), None)
+        code = ALREADY_FLAT
+    return code

@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from memlayout.errors import UsageError
 
@@ -87,6 +87,11 @@ class Format(NamedTuple):
     diff: Callable[[RenderOptions], Formatter[DiffReport]] | None = None
     activations: Callable[[RenderOptions], Formatter[ActivationReport | RanksReport]] | None = None
 
+    def of(self, command: Command) -> Callable[[RenderOptions], Formatter[Any]] | None:
+        """The formatter factory `command` renders this format with; None where it has none."""
+        make: Callable[[RenderOptions], Formatter[Any]] | None = getattr(self, command.value)
+        return make
+
     def commands(self) -> tuple[Command, ...]:
         """The commands that write this format."""
         given = ((Command.INSPECT, self.inspect), (Command.DIFF, self.diff), (Command.ACTIVATIONS, self.activations))
@@ -137,6 +142,27 @@ def supported(make: Callable[[RenderOptions], Formatter[R]] | None, fmt: OutputF
         names = ", ".join(f.value for f in formats_for(command))
         raise UsageError(f"{command.value} does not write --format {fmt.value}", f"it writes {names}")
     return make
+
+
+def write_reports(
+    command: Command, result: Any, render: RenderOptions, fmt: OutputFormat, output: str | None, html: str | None,
+) -> None:
+    """Write `--html`'s page, then the `--format` report, each rendered as it is written.
+
+    The page first: a --html path that cannot be written ends the command with its
+    one error line before any report is printed.
+
+    Raises:
+        UsageError: `command` does not write `fmt`.
+        OutputError: a file cannot be written.
+    """
+    from memlayout.output.writer import write_output
+
+    if html is not None:
+        page = supported(to_format(OutputFormat.HTML).of(command), OutputFormat.HTML, command)
+        write_output(page(render).render_pieces(result), html)
+    formatter = supported(to_format(fmt).of(command), fmt, command)(render)
+    write_output(formatter.render_pieces(result), output)
 
 
 def terminal_color(fmt: OutputFormat, output: str | None) -> bool:

@@ -4,20 +4,18 @@
 
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memlayout.cli.errors import one_line_errors
+from memlayout.cli.errors import USAGE_OR_LOAD_ERROR, exit_code
 from memlayout.cli.formats import (
     Command,
     OutputFormat,
     RenderOptions,
-    supported,
     terminal_color,
-    to_format,
+    write_reports,
 )
 from memlayout.cli.options import (
     ConfigOption,
@@ -34,74 +32,38 @@ from memlayout.cli.options import (
     OutputOption,
     SelectOption,
     TimeoutOption,
-    parse_ties,
-    rule_codes,
+    settings_with_flags,
 )
 from memlayout.cli.progress import progress_callback
-from memlayout.errors import MemlayoutError, UsageError
-from memlayout.output.writer import write_output
+from memlayout.errors import UsageError
 
 if TYPE_CHECKING:
     from memlayout.pipeline.batch import BatchReport
     from memlayout.pipeline.ranks import RankExchange
 
 
-@contextmanager
-def ranks_agree_on_the_exit(ranks: "RankExchange | None") -> Iterator[None]:
+def ranks_agree_on_the_exit(ranks: "RankExchange", run: Callable[[], int], debug: bool) -> int:
     """Under torchrun: only rank 0 prints, and every rank exits with rank 0's status once rank 0 is done."""
-    if ranks is None:
-        yield
-        return
-    code = 0
-    try:
-        with ranks.quiet():
-            yield
-    except typer.Exit as exit_:
-        code = exit_.exit_code
-    raise typer.Exit(ranks.agree(code))
+    with ranks.quiet():
+        code = exit_code(run, debug)
+    return ranks.agree(code)
 
 
-class EveryPathFailed(MemlayoutError):
-    """No path of the call could be inspected; exit 2 with nothing written."""
-
-
-def report_load_errors(batch: "BatchReport") -> None:
+def report_load_errors(batch: "BatchReport") -> bool:
     """Put each path's load error on stderr, one line each, whatever the report's format.
 
-    When no path loaded, nothing is written: the last path's error becomes the
-    command's one-line error, exit 2.
+    Returns whether no path loaded: then nothing is to be written, and the command exits 2.
     """
     failures = batch.failures
     last = len(failures) - 1 if len(failures) == len(batch.paths) else len(failures)
     for path in failures[:last]:
         print(f"memlayout: error: {path.error_line}", file=sys.stderr)
-    if last < len(failures):
-        only = len(batch.paths) == 1
-        raise EveryPathFailed((failures[last].error or "") if only else failures[last].error_line)
-
-
-def apply_baseline_flags(batch: "BatchReport", baseline: str | None, write_baseline: str | None) -> "BatchReport":
-    """Record the findings (--write-baseline) and hide the recorded ones (--baseline)."""
-    from memlayout.pipeline.batch import (
-        apply_baseline,
-        baseline_text,
-        previous_entries,
-        read_baseline,
-        record_baseline,
-    )
-
-    if baseline is not None and write_baseline is not None and baseline != write_baseline:
-        raise UsageError(
-            "--baseline and --write-baseline name different files",
-            "to shrink a baseline, write the same file that --baseline reads",
-        )
-    if write_baseline is not None:
-        entries = record_baseline(batch, write_baseline, previous_entries(write_baseline))
-        write_output(baseline_text(entries), write_baseline)
-        return apply_baseline(batch, entries, write_baseline, written=True)
-    if baseline is not None:
-        return apply_baseline(batch, read_baseline(baseline), baseline)
-    return batch
+    if last == len(failures):
+        return False
+    # One path: its loader's message alone, as any other error of the command would read.
+    only = len(batch.paths) == 1
+    print(f"memlayout: error: {(failures[last].error or '') if only else failures[last].error_line}", file=sys.stderr)
+    return True
 
 
 def inspect_command(
@@ -159,7 +121,7 @@ def inspect_command(
     download: DownloadOption = False,
     trust: Annotated[bool, typer.Option("--trust", hidden=True)] = False,
     debug: DebugOption = False,
-) -> None:
+) -> int:
     """Report non-contiguous, duplicated, aliased, bloated and misaligned weights, for one path or several.
 
     Under torchrun (`torchrun --nproc_per_node N -m memlayout inspect pkg.module:build`), each rank reads its
@@ -170,7 +132,7 @@ def inspect_command(
         from memlayout.pipeline.ranks import RankExchange
 
         ranks = RankExchange.from_environment()
-    with ranks_agree_on_the_exit(ranks), one_line_errors(debug):
+    def run() -> int:
         if trust:
             # inspect reads every format inertly, so there is nothing to allow. The
             # option is kept, hidden, only to say so: a user who passes it believes
@@ -185,12 +147,11 @@ def inspect_command(
             from memlayout.io.remote import start_importing_transport
 
             start_importing_transport()
+        from memlayout.pipeline.baseline import apply_baseline_flags
         from memlayout.pipeline.batch import inspect_paths
-        from memlayout.pipeline.config import resolve_settings
 
-        settings = resolve_settings(config, isolated).overridden(
-            select=rule_codes(select, "--select"), ignore=rule_codes(ignore, "--ignore"),
-            fail_on=None if fail_on is None else fail_on.value, ties=parse_ties(tie) if tie else None,
+        settings = settings_with_flags(
+            config, isolated, select=select, ignore=ignore, fail_on=fail_on, tie=tie,
             min_duplicate_bytes=min_duplicate_bytes, min_bloat_bytes=min_bloat_bytes,
             fragmented_min_storages=fragmented_min_storages, min_shard_padding_bytes=min_shard_padding_bytes,
         )
@@ -200,16 +161,13 @@ def inspect_command(
                 fail_on=settings.fail_on, per_tensor_ignores=settings.per_tensor_ignores, progress=progress,
                 debug=debug, exchange=ranks, remote=RemoteOptions(timeout_s=timeout, download=download),
             )
-        report_load_errors(batch)
+        if report_load_errors(batch):
+            return USAGE_OR_LOAD_ERROR
         if ranks is not None and not ranks.first:
-            raise typer.Exit(batch.exit_code())  # rank 0 writes the report and any file
+            return batch.exit_code()  # rank 0 writes the report and any file
         batch = apply_baseline_flags(batch, baseline, write_baseline)
         options = RenderOptions(color=terminal_color(output_format, output), show_all=show_all)
-        if html is not None:
-            # The map first: a --html path that cannot be written ends the command
-            # with its one error line before any report is printed.
-            page = supported(to_format(OutputFormat.HTML).inspect, OutputFormat.HTML, Command.INSPECT)
-            write_output(page(options).render_pieces(batch), html)
-        formatter = supported(to_format(output_format).inspect, output_format, Command.INSPECT)(options)
-        write_output(formatter.render_pieces(batch), output)  # rendered as it is written
-        raise typer.Exit(batch.exit_code())
+        write_reports(Command.INSPECT, batch, options, output_format, output, html)
+        return batch.exit_code()
+
+    return run() if ranks is None else ranks_agree_on_the_exit(ranks, run, debug)

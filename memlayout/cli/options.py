@@ -7,25 +7,18 @@ same whichever command it is given to:
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from memlayout.cli.formats import Command, OutputFormat, formats_for, to_format
 from memlayout.errors import UsageError
+from memlayout.severity import FailOn
 
-
-class FailOn(str, enum.Enum):
-    """The severities `--fail-on` takes: exit 1 at or above it."""
-
-    ERROR = "error"
-    WARNING = "warning"
-    INFO = "info"
-    NEVER = "never"
-
+if TYPE_CHECKING:
+    from memlayout.pipeline.config import Settings
 
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show the full traceback on errors.")]
 TrustOption = Annotated[
@@ -192,3 +185,25 @@ def parse_ties(values: list[str] | None) -> tuple[tuple[str, str], ...]:
             raise UsageError(f"--tie {value!r} is not of the form TARGET=SOURCE", "e.g. --tie lm_head.weight=embed.weight")
         ties.append((target.strip(), source.strip()))
     return tuple(ties)
+
+
+def settings_with_flags(
+    config: str | None,
+    isolated: bool,
+    *,
+    select: list[str] | None,
+    ignore: list[str] | None,
+    fail_on: FailOn | None,
+    tie: list[str] | None,
+    **thresholds: int | None,
+) -> Settings:
+    """The project's `[tool.memlayout]` settings (`--config`, `--isolated`), each flag given replacing its value.
+
+    inspect and diff read their settings this one way, so a flag means the same to both.
+    """
+    from memlayout.pipeline.config import resolve_settings
+
+    return resolve_settings(config, isolated).overridden(
+        select=rule_codes(select, "--select"), ignore=rule_codes(ignore, "--ignore"),
+        fail_on=fail_on, ties=parse_ties(tie) if tie else None, **thresholds,
+    )

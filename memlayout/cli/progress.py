@@ -20,12 +20,15 @@ FLATTEN_STAGES = {"copy": "bytes copied", "write": "bytes written", "verify": "v
 
 
 @contextmanager
-def stage_progress(labels: dict[str, str], stream: TextIO | None = None) -> Iterator[Progress | None]:
+def stage_progress(
+    labels: dict[str, str], stream: TextIO | None = None, transient: bool = False
+) -> Iterator[Progress | None]:
     """A `progress(task, done, total)` callable drawing one byte bar per task, or None off a terminal.
 
     Args:
         labels: Task name -> the bar's label; other task names label themselves.
         stream: Where to draw; stderr by default.
+        transient: Clear the bars when done (a scan before a report), rather than leave them (flatten's stages).
 
     Yields:
         The callable while the display is live, or None when `stream` is not a terminal.
@@ -48,7 +51,7 @@ def stage_progress(labels: dict[str, str], stream: TextIO | None = None) -> Iter
     display = RichProgress(
         TextColumn("{task.description:<14}"), BarColumn(), DownloadColumn(binary_units=True),
         TransferSpeedColumn(), TimeRemainingColumn(),
-        console=Console(file=stream), transient=False, redirect_stdout=False, redirect_stderr=False,
+        console=Console(file=stream), transient=transient, redirect_stdout=False, redirect_stderr=False,
     )
     tasks: dict[str, TaskID] = {}
 
@@ -63,30 +66,9 @@ def stage_progress(labels: dict[str, str], stream: TextIO | None = None) -> Iter
 
 @contextmanager
 def progress_callback(enabled: bool) -> Iterator[Progress | None]:
-    """A rich progress bar on stderr for `--deep`'s content scans when stderr is a terminal; None otherwise."""
-    if not enabled or not sys.stderr.isatty():
+    """`--deep`'s content scans as bars on stderr (`stage_progress`, cleared when done); None when not enabled."""
+    if not enabled:
         yield None
         return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        TaskID,
-        TextColumn,
-        TransferSpeedColumn,
-    )
-    from rich.progress import Progress as RichProgress
-
-    progress = RichProgress(
-        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        console=Console(stderr=True), transient=True,
-    )
-    tasks: dict[str, TaskID] = {}
-
-    def update(description: str, done: int, total: int) -> None:
-        if description not in tasks:
-            tasks[description] = progress.add_task(description, total=total)
-        progress.update(tasks[description], completed=done, total=total)
-
-    with progress:
-        yield update
+    with stage_progress({}, transient=True) as progress:
+        yield progress

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from memlayout.cli.errors import one_line_errors
 from memlayout.errors import UsageError
 from memlayout.output.writer import write_output
 
@@ -23,13 +22,12 @@ def rules_command() -> None:
 
 def explain_command(code: Annotated[str, typer.Argument(help="A rule code such as ML102, or its name.")]) -> None:
     """Explain one rule: what it detects, why it matters, an example, and how to fix it."""
-    with one_line_errors(debug=False):
-        from memlayout.rules import RULES
+    from memlayout.rules import RULES
 
-        wanted = code.strip()
-        rule = RULES.get(wanted.upper()) or next((r for r in RULES.values() if r.name == wanted.lower()), None)
-        if rule is None:
-            raise UsageError(f"no rule {code!r}", "`memlayout rules` lists them")
-        from memlayout.report.rule_docs import explain_text
+    wanted = code.strip()
+    rule = RULES.get(wanted.upper()) or next((r for r in RULES.values() if r.name == wanted.lower()), None)
+    if rule is None:
+        raise UsageError(f"no rule {code!r}", "`memlayout rules` lists them")
+    from memlayout.report.rule_docs import explain_text
 
-        write_output(explain_text(rule), None)
+    write_output(explain_text(rule), None)

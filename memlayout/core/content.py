@@ -28,6 +28,9 @@ from memlayout.load.records import StorageReader
 if TYPE_CHECKING:
     import numpy as np
 
+    from memlayout.core.facts import Facts
+    from memlayout.load.records import LoadedSource
+
 # 4 MiB chunks stay in the last-level cache, so the masked copy and the reduction a
 # scan runs over one chunk read main memory once, while per-chunk overhead (a map
 # slice, a madvise) stays small. The size was chosen by measuring 1, 4 and 16 MiB
@@ -52,6 +55,17 @@ def _words(chunk: np.ndarray) -> np.ndarray:
     # Elements wider than 8 bytes (complex128) have no numpy uint; their 8-byte
     # words serve the fingerprint just as well.
     return chunk.view("<u8") if chunk.dtype.kind == "V" else chunk
+
+
+def content_reader(source: LoadedSource, facts: Facts) -> ContentReader | None:
+    """The reader of the values of `facts`' tensors, built from `source`; None when the source cannot read them.
+
+    Facts name storages by id, a loader's reader by its own key (a zip record, a
+    file offset): the storage facts map one to the other.
+    """
+    if source.reader is None:
+        return None
+    return ContentReader(source.reader, {storage.id: storage.key for storage in facts.storages})
 
 
 class ContentReader:

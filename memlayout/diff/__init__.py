@@ -63,7 +63,7 @@ def run_diff(
         >>> [c.kind.value for c in run_diff(a, {"w": a["w"].half()}).changes]
         ['dtype', 'storage-bytes']
     """
-    from memlayout.core.content import ContentReader
+    from memlayout.core.content import content_reader
     from memlayout.core.facts import TensorFact
     from memlayout.diff.compare import ValueComparer, compare_reports
     from memlayout.diff.values import ValueComparison, comparable, compare_values
@@ -87,9 +87,9 @@ def run_diff(
             inspect_source(source_b, config, options.select, options.ignore, progress), options.per_tensor_ignores
         )
         values: ValueComparer | None = None
-        if options.deep and source_a.reader is not None and source_b.reader is not None:
-            content_a = ContentReader(source_a.reader, {s.id: s.key for s in report_a.facts.storages})
-            content_b = ContentReader(source_b.reader, {s.id: s.key for s in report_b.facts.storages})
+        content_a = content_reader(source_a, report_a.facts) if options.deep else None
+        content_b = content_reader(source_b, report_b.facts) if options.deep else None
+        if content_a is not None and content_b is not None:
 
             def values(x: TensorFact, y: TensorFact) -> ValueComparison | None:
                 return compare_values(content_a, x, content_b, y) if comparable(x, y) else None

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 
 from memlayout.pipeline.inspection import Report
-from memlayout.rules import Severity
+from memlayout.severity import FailOn, Severity
 
 
 class ChangeKind(str, enum.Enum):
@@ -86,9 +86,7 @@ class DiffReport:
         """Change counts by severity."""
         return {sev.value: sum(1 for c in self.changes if c.severity is sev) for sev in Severity}
 
-    def fails(self, fail_on: str) -> bool:
+    def fails(self, fail_on: FailOn | str) -> bool:
         """Whether any change is at or above `fail_on` (error, warning, info, never)."""
-        if fail_on == "never":
-            return False
-        threshold = Severity(fail_on).rank
-        return any(c.severity.rank >= threshold for c in self.changes)
+        threshold = FailOn(fail_on)
+        return any(threshold.fails(c.severity) for c in self.changes)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memlayout.errors import RemoteReadError
+from memlayout.errors import RangeNotSupportedError, RemoteReadError
 
 DEFAULT_TIMEOUT_S = 30.0
 MAX_REDIRECTS = 10
@@ -35,19 +35,6 @@ AUTH_HINT = (
     "a private or gated Hugging Face repository needs a token: set the HF_TOKEN environment variable "
     "(memlayout sends it only to the Hub's endpoint)"
 )
-
-
-class RangeNotSupportedError(RemoteReadError):
-    """The server answered a Range request with the whole file."""
-
-    def __init__(self, url: str, size: int | None) -> None:
-        amount = f"all {size:,} bytes" if size is not None else "the whole file"
-        super().__init__(
-            f"{url}: the server ignores HTTP Range requests, so reading it means downloading {amount}",
-            "pass --download to download it whole, or use a server that supports Range (the Hub and S3 do)",
-        )
-        self.url = url
-        self.size = size
 
 
 @dataclass

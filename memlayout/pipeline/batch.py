@@ -20,20 +20,19 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import PurePath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from memlayout.errors import MemlayoutError, UnrecognizedFormatError, UsageError
+from memlayout.errors import MemlayoutError, UnrecognizedFormatError
 from memlayout.load.remote_location import RemoteOptions
 from memlayout.pipeline.inspection import Report, run_inspection, summarize
 from memlayout.rules import (
     RULES,
     Finding,
     RuleConfig,
-    Severity,
     is_ignored_for_its_tensors,
     is_selected,
 )
+from memlayout.severity import FailOn, Severity
 
 if TYPE_CHECKING:  # the exchange is only for ranks under a launcher; a file inspect never loads it
     from memlayout.pipeline.ranks import RankExchange
@@ -70,14 +69,14 @@ class PathReport:
         error = self.error or ""
         return error if self.path in error else f"{self.path}: {error}"
 
-    def fails(self, fail_on: str) -> bool:
+    def fails(self, fail_on: FailOn | str) -> bool:
         """Whether this path makes the run fail: a finding at or above `fail_on`, or a load error.
 
         A load error counts as an error-severity result, so `--fail-on never` is the
         only threshold it does not fail.
         """
         if self.report is None:
-            return fail_on != "never"
+            return FailOn(fail_on).fails(Severity.ERROR)
         return self.report.fails(fail_on)
 
 
@@ -113,7 +112,7 @@ class BatchReport:
     """Every path of one call, as reporters render it."""
 
     paths: tuple[PathReport, ...]
-    fail_on: str = "warning"
+    fail_on: FailOn = FailOn.WARNING
     """The `--fail-on` threshold: error, warning, info or never."""
     rules: tuple[str, ...] = field(default_factory=lambda: tuple(sorted(RULES)))
     """The codes of the rules selected for this run, in code order (JUnit lists one testcase each)."""
@@ -177,136 +176,6 @@ def without_ignored_findings(report: Report, per_tensor_ignores: Iterable[tuple[
 
 # ---------------------------------------------------------------------------
 # Baselines
-
-BASELINE_VERSION = 1
-_KEY = "memlayout-baseline"
-
-
-def baseline_path_key(path: str, baseline_file: str) -> str:
-    """How the file names an inspected path: relative to the baseline's folder, with `/`.
-
-    An import spec (no such file) is kept as given.
-    """
-    if not os.path.exists(path):
-        return path
-    folder = os.path.dirname(os.path.abspath(baseline_file))
-    try:
-        return PurePath(os.path.relpath(os.path.abspath(path), folder)).as_posix()
-    except ValueError:  # another drive on Windows
-        return PurePath(os.path.abspath(path)).as_posix()
-
-
-def read_baseline(file: str) -> list[BaselineEntry]:
-    """The entries of a baseline file.
-
-    Raises:
-        UsageError: the file is missing, not JSON, or not a memlayout baseline.
-    """
-    import json  # only a run with a baseline reads one
-
-    try:
-        with open(file, "rb") as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        raise UsageError(f"--baseline {file}: no such file", f"create it with --write-baseline {file}") from None
-    except OSError as exc:
-        raise UsageError(f"--baseline {file}: cannot be read: {exc.strerror}") from exc
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{file} is not a memlayout baseline (not JSON: {exc})", "write it with --write-baseline") from exc
-    return _entries(data, file)
-
-
-def _entries(data: Any, file: str) -> list[BaselineEntry]:
-    if not isinstance(data, dict) or data.get(_KEY) != BASELINE_VERSION or not isinstance(data.get("findings"), list):
-        raise UsageError(
-            f"{file} is not a memlayout baseline (version {BASELINE_VERSION})", "write it with --write-baseline"
-        )
-    entries = []
-    for item in data["findings"]:
-        try:
-            entries.append(BaselineEntry(
-                path=str(item["path"]), code=str(item["code"]), fingerprint=str(item["fingerprint"]),
-                tensors=tuple(str(t) for t in item.get("tensors", ())),
-            ))
-        except (TypeError, KeyError) as exc:
-            raise UsageError(f"{file}: a finding lacks {exc}", "write the file again with --write-baseline") from None
-    return entries
-
-
-def baseline_text(entries: Iterable[BaselineEntry]) -> str:
-    """The file's text: sorted, so that rewriting an unchanged baseline changes no byte."""
-    import json
-
-    findings = [
-        {"path": e.path, "code": e.code, "fingerprint": e.fingerprint, "tensors": list(e.tensors)}
-        for e in sorted(set(entries), key=lambda e: (e.path, e.code, e.fingerprint))
-    ]
-    return json.dumps({_KEY: BASELINE_VERSION, "findings": findings}, indent=2) + "\n"
-
-
-def _inspected(batch: BatchReport, file: str) -> dict[str, PathReport]:
-    return {baseline_path_key(p.path, file): p for p in batch.paths if p.report is not None}
-
-
-def record_baseline(batch: BatchReport, file: str, previous: Iterable[BaselineEntry] = ()) -> list[BaselineEntry]:
-    """Every current finding of the inspected paths, plus the `previous` entries of paths
-    this run did not inspect (so that writing a baseline for some paths keeps the rest)."""
-    inspected = _inspected(batch, file)
-    entries = [e for e in previous if e.path not in inspected]
-    for key, path in inspected.items():
-        assert path.report is not None
-        for finding in (*path.report.findings, *path.suppressed):
-            entries.append(BaselineEntry(key, finding.code, finding.fingerprint, tuple(sorted(finding.tensors))))
-    return entries
-
-
-def apply_baseline(
-    batch: BatchReport, entries: Iterable[BaselineEntry], file: str, written: bool = False
-) -> BatchReport:
-    """`batch` with the recorded findings moved out of each report into `suppressed`, and the
-    recorded findings of inspected paths that no longer occur listed as fixed."""
-    recorded = {(e.path, e.fingerprint) for e in entries}
-    inspected = _inspected(batch, file)
-    paths: list[PathReport] = []
-    seen: set[tuple[str, str]] = set()
-    suppressed_total = 0
-    for path in batch.paths:
-        if path.report is None:
-            paths.append(path)
-            continue
-        key = baseline_path_key(path.path, file)
-        known = [f for f in path.report.findings if (key, f.fingerprint) in recorded]
-        seen.update((key, f.fingerprint) for f in (*path.report.findings, *path.suppressed))
-        suppressed_total += len(known)
-        paths.append(replace(
-            path, report=without_findings(path.report, known) if known else path.report,
-            suppressed=(*path.suppressed, *known),
-        ))
-    fixed = tuple(
-        replace(e, path=inspected[e.path].path)  # named as this run named the path
-        for e in sorted(set(entries), key=lambda e: (e.path, e.code, e.fingerprint))
-        if e.path in inspected and (e.path, e.fingerprint) not in seen
-    )
-    outcome = BaselineOutcome(file=file, suppressed=suppressed_total, fixed=fixed, written=written)
-    return replace(batch, paths=tuple(paths), baseline=outcome)
-
-
-def previous_entries(file: str) -> list[BaselineEntry]:
-    """The entries already in `file` (none for a new file), before `--write-baseline` rewrites it.
-
-    Raises:
-        UsageError: `file` exists and is no memlayout baseline: it is not ours to overwrite.
-    """
-    if not os.path.lexists(file):
-        return []
-    try:
-        return read_baseline(file)
-    except UsageError:
-        raise UsageError(
-            f"--write-baseline {file}: the file exists and is not a memlayout baseline; not overwriting it",
-            "name a new file, or remove this one first",
-        ) from None
-
 
 # ---------------------------------------------------------------------------
 # Inspecting the paths
@@ -406,7 +275,7 @@ def inspect_paths(
     config: RuleConfig | None = None,
     select: Iterable[str] = (),
     ignore: Iterable[str] = (),
-    fail_on: str = "warning",
+    fail_on: FailOn | str = FailOn.WARNING,
     per_tensor_ignores: Iterable[tuple[str, Iterable[str]]] = (),
     progress: Callable[[str, int, int], None] | None = None,
     debug: bool = False,
@@ -445,5 +314,5 @@ def inspect_paths(
     given = tuple(paths)
     reports = [report for path in given for report in walk.inspect(path, given=True)]
     return BatchReport(
-        tuple(reports), fail_on=fail_on, rules=selected_rules(select, ignore), deep=config.deep, given=given
+        tuple(reports), fail_on=FailOn(fail_on), rules=selected_rules(select, ignore), deep=config.deep, given=given
     )

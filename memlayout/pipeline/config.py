@@ -19,6 +19,7 @@ from typing import Any
 
 from memlayout.errors import UsageError
 from memlayout.rules import RULES, RuleConfig
+from memlayout.severity import FailOn
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,7 +27,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 PYPROJECT = "pyproject.toml"
-FAIL_ON_VALUES = ("error", "warning", "info", "never")
 _RULE_DEFAULTS = RuleConfig()
 _CODE = re.compile(r"^ML\d{0,3}$")
 
@@ -39,7 +39,7 @@ class Settings:
     """Rule codes or prefixes to run; empty means all."""
     ignore: tuple[str, ...] = ()
     """Rule codes or prefixes to skip."""
-    fail_on: str = "warning"
+    fail_on: FailOn = FailOn.WARNING
     """The severity that fails the run: error, warning, info or never."""
     per_tensor_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """(glob, codes) pairs: a finding all of whose tensors match a glob listing its code is dropped."""
@@ -108,10 +108,10 @@ def _select(value: Any, where: str) -> tuple[str, ...]:
     return check_codes(_strings(value, where), where)
 
 
-def _fail_on(value: Any, where: str) -> str:
-    if value not in FAIL_ON_VALUES:
-        raise UsageError(f"{where} must be one of {', '.join(FAIL_ON_VALUES)}, not {value!r}")
-    return str(value)
+def _fail_on(value: Any, where: str) -> FailOn:
+    if value not in [threshold.value for threshold in FailOn]:
+        raise UsageError(f"{where} must be one of {', '.join(t.value for t in FailOn)}, not {value!r}")
+    return FailOn(value)
 
 
 def _per_tensor_ignores(value: Any, where: str) -> tuple[tuple[str, tuple[str, ...]], ...]:

@@ -6,15 +6,14 @@ returns data; rendering is the reporters' job.
 
 from __future__ import annotations
 
-import gc
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from memlayout.core.content import ContentReader
+from memlayout import cyclic_gc
+from memlayout.core.content import ContentReader, content_reader
 from memlayout.core.fact_builder import build_facts
 from memlayout.core.facts import Facts
 from memlayout.load import load_object, load_path
@@ -26,10 +25,10 @@ from memlayout.rules import (
     Requirement,
     RuleConfig,
     RuleContext,
-    Severity,
     SkippedRule,
     is_selected,
 )
+from memlayout.severity import FailOn, Severity
 
 if TYPE_CHECKING:  # the exchange is only for ranks under a launcher; a file inspect never loads it
     from memlayout.pipeline.ranks import RankExchange
@@ -70,12 +69,10 @@ class Report:
     skipped: tuple[SkippedRule, ...] = ()
     """Selected rules that did not run because the source lacks what they read, and why."""
 
-    def fails(self, fail_on: str) -> bool:
+    def fails(self, fail_on: FailOn | str) -> bool:
         """Whether any finding is at or above `fail_on` (error, warning, info, never)."""
-        if fail_on == "never":
-            return False
-        threshold = Severity(fail_on).rank
-        return any(f.severity.rank >= threshold for f in self.findings)
+        threshold = FailOn(fail_on)
+        return any(threshold.fails(f.severity) for f in self.findings)
 
 
 def summarize(facts: Facts, findings: Iterable[Finding]) -> Summary:
@@ -170,9 +167,7 @@ def inspect_source(
     facts = build_facts(source)
     if exchange is not None:
         facts = exchange.share_facts(facts)
-    content = None
-    if source.reader is not None:
-        content = ContentReader(source.reader, {s.id: s.key for s in facts.storages})
+    content = content_reader(source, facts)
     findings, skipped = run_rules(facts, config, content, select, ignore, progress)
     return Report(facts, tuple(findings), summarize(facts, findings), tuple(skipped))
 
@@ -221,26 +216,5 @@ def run_inspection(
     """
     config = config or RuleConfig()
     remote = (remote or RemoteOptions())._replace(fetch_contents=config.deep)
-    with cyclic_gc_paused(), load_target(target, remote) as source:
+    with cyclic_gc.paused(), load_target(target, remote) as source:
         return inspect_source(source, config, select, ignore, progress, exchange)
-
-
-@contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Pause CPython's cyclic garbage collector while an inspection builds its records.
-
-    An inspection allocates a few containers per tensor (records, facts) and keeps
-    them all, and none of them forms a cycle. The collector runs whenever
-    allocations outnumber frees by 700, and its older generations traverse every
-    container allocated since: at 40,000 tensors that was 40% of the time spent
-    (benchmarks/README.md). Reference counting still frees everything as usual, and
-    a cycle made meanwhile (a hostile pickle can make some) waits for the next
-    collection after the pause. If the collector was already off, it stays off.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()

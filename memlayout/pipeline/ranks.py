@@ -24,14 +24,10 @@ from typing import Any
 
 from memlayout.core.facts import Facts
 from memlayout.core.shards import rank_record
-from memlayout.errors import MemlayoutError
+from memlayout.errors import RankFailedError
 from memlayout.load.records import RankRecord
 
 _LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-class RankFailedError(MemlayoutError):
-    """Another rank could not inspect the path this rank could."""
 
 
 @dataclass

@@ -177,7 +177,7 @@ def batch_dict(batch: BatchReport) -> dict[str, Any]:
     return {
         "schema": MULTI_PATH_SCHEMA_VERSION,
         "tool": {"name": "memlayout", "version": __version__},
-        "fail_on": batch.fail_on,
+        "fail_on": batch.fail_on.value,
         "exit_code": batch.exit_code(),
         "summary": {
             "paths": len(batch.paths),

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BatchReport, PathReport
 from memlayout.report.findings import findings_in_order
-from memlayout.rules import RULES, Finding, Severity
+from memlayout.rules import RULES, Finding
 
 # XML 1.0 cannot carry most control characters, even escaped; a tensor name from a
 # hostile file may hold them.
@@ -48,7 +48,6 @@ def _failed_suite(path: PathReport) -> ET.Element:
 
 def _suite(path: PathReport, batch: BatchReport) -> ET.Element:
     assert path.report is not None
-    threshold = None if batch.fail_on == "never" else Severity(batch.fail_on).rank
     by_code: dict[str, list[Finding]] = {}
     for finding in findings_in_order(path.report.findings):
         by_code.setdefault(finding.code, []).append(finding)
@@ -69,12 +68,12 @@ def _suite(path: PathReport, batch: BatchReport) -> ET.Element:
         failing: list[Finding] = []
         passing: list[Finding] = []
         for finding in by_code.get(code, []):
-            (failing if threshold is not None and finding.severity.rank >= threshold else passing).append(finding)
+            (failing if batch.fail_on.fails(finding.severity) else passing).append(finding)
         if failing:
             failures += 1
             failure = ET.SubElement(
                 case, "failure", type=code,
-                message=f"{len(failing)} finding(s) at or above --fail-on {batch.fail_on}",
+                message=f"{len(failing)} finding(s) at or above --fail-on {batch.fail_on.value}",
             )
             failure.text = "\n".join(_finding_line(f) for f in failing)
         if passing:

@@ -39,7 +39,7 @@ def _summary(batch: BatchReport) -> str:
     counts = count_phrase(batch.findings_by_severity())
     single = batch.single
     where = _code(single.path) if single is not None else f"{len(batch.paths)} paths"
-    line = f"**memlayout {outcome}** (`--fail-on {batch.fail_on}`): {counts} in {where}"
+    line = f"**memlayout {outcome}** (`--fail-on {batch.fail_on.value}`): {counts} in {where}"
     if batch.failures:
         line += f"; {len(batch.failures)} failed to load"
     if batch.baseline is not None:

@@ -10,11 +10,11 @@ from memlayout.rules.registry import (
     Rule,
     RuleConfig,
     RuleContext,
-    Severity,
     SkippedRule,
     is_ignored_for_its_tensors,
     is_selected,
 )
+from memlayout.severity import Severity
 
 __all__ = [
     "RULES", "Finding", "Requirement", "Rule", "RuleConfig", "RuleContext", "Severity", "SkippedRule",

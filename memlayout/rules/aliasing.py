@@ -10,7 +10,8 @@ from memlayout.core.facts import TensorFact, where_apart
 from memlayout.core.strides import Relation
 from memlayout.format_bytes import human_bytes
 from memlayout.load.hf_ties import FROM_PRETRAINED_WITH_DIFFERENT_VALUES, is_config_tie
-from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, rule
+from memlayout.severity import Severity
 
 
 @rule(

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 from memlayout.core.facts import TensorFact
 from memlayout.dtypes import dtype_info
-from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, rule
+from memlayout.severity import Severity
 
 
 def _minority(groups: dict[str, list[TensorFact]]) -> list[str]:

@@ -9,7 +9,8 @@ from memlayout.core.facts import TensorFact
 from memlayout.core.flat_groups import flat_group_key
 from memlayout.core.flatten_support import alignment_hint, flatten_hint
 from memlayout.core.strides import MemoryFormat, Relation
-from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, rule
+from memlayout.severity import Severity
 
 ALIGNMENT = 16
 

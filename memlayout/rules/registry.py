@@ -12,21 +12,11 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, NamedTuple
 
+from memlayout.severity import Severity
+
 if TYPE_CHECKING:
     from memlayout.core.content import ContentReader
     from memlayout.core.facts import Facts
-
-
-class Severity(str, enum.Enum):
-    """How bad a finding is; `--fail-on` compares against this order."""
-
-    ERROR = "error"
-    WARNING = "warning"
-    INFO = "info"
-
-    @property
-    def rank(self) -> int:
-        return {Severity.ERROR: 3, Severity.WARNING: 2, Severity.INFO: 1}[self]
 
 
 class Finding(NamedTuple):

@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 from memlayout.core.cudnn_layout import rnn_layout_problem
 from memlayout.core.flatten_support import flatten_hint
-from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, rule
+from memlayout.severity import Severity
 
 KEPT_BY_TORCH_LOAD = ("torch-zip", "torch-legacy", "torch-legacy-tar", "hf-pytorch")
 """Formats whose storages `torch.load` rebuilds as the file lays them out."""

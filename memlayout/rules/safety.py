@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 from memlayout.core.facts import Facts
 from memlayout.core.flatten_support import conversion_hint, flatten_hint
-from memlayout.rules.registry import Finding, RuleContext, RuleExample, Severity, rule
+from memlayout.rules.registry import Finding, RuleContext, RuleExample, rule
+from memlayout.severity import Severity
 
 # Modules whose globals run commands, evaluate code or import arbitrary modules.
 # torch blocks os, sys, posix and nt even from add_safe_globals; the rest are

@@ -7,7 +7,8 @@ from math import prod
 
 from memlayout.core.flatten_support import flatten_hint
 from memlayout.format_bytes import human_bytes
-from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, Severity, rule
+from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, rule
+from memlayout.severity import Severity
 
 
 @rule(

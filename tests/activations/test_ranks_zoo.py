@@ -15,8 +15,7 @@ import pytest
 
 from memlayout.activations.ranks import analyze_ranks
 from memlayout.activations.ranks.parallel import ShardingOptions
-from memlayout.activations.ranks.rank_step import RankStepError
-from memlayout.errors import UsageError
+from memlayout.errors import RankStepError, UsageError
 
 transformers = pytest.importorskip("transformers")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

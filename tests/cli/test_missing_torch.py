@@ -6,15 +6,13 @@ import importlib
 import sys
 
 import pytest
-import typer
 
-from memlayout.cli.errors import one_line_errors
+from memlayout.cli.errors import exit_code
 
 
 def _run(module: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    with pytest.raises(typer.Exit) as exit_, one_line_errors(debug=False):
-        importlib.import_module(module)
-    return exit_.value.exit_code, capsys.readouterr().err
+    code = exit_code(lambda: importlib.import_module(module), debug=False)
+    return code, capsys.readouterr().err
 
 
 def test_an_import_of_torch_anywhere_in_a_command_is_one_line_naming_the_extra(

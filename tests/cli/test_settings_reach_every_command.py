@@ -60,20 +60,36 @@ def test_inspect_and_diff_pass_every_file_setting_to_the_rules(
 ) -> None:
     seen: dict[str, RuleConfig] = {}
 
+    class Handed(BaseException):
+        """Ends the command once the stand-in has what the rules were handed (no error line, no exit code)."""
+
     def inspect_paths(paths: Any, *, config: RuleConfig, **_: Any) -> Any:
         seen["inspect"] = config
-        raise SystemExit(0)
+        raise Handed
 
     def run_diff(a: Any, b: Any, options: Any, **_: Any) -> Any:
         seen["diff"] = dataclasses.replace(options.rules, ties=options.ties)
-        raise SystemExit(0)
+        raise Handed
 
     # The commands import these when they run, from where they live.
     monkeypatch.setattr(memlayout.pipeline.batch, "inspect_paths", inspect_paths)
     monkeypatch.setattr(memlayout.diff, "run_diff", run_diff)
     monkeypatch.chdir(project)
     for argv in (["inspect", "a.pt"], ["diff", "a.pt", "a.pt"]):
-        main(argv)  # each stand-in ends the command once it has what the rules were handed
+        with pytest.raises(Handed):
+            main(argv)
     for command in ("inspect", "diff"):
         got = {name: getattr(seen[command], name) for name in expected()}
         assert got == expected(), command
+
+
+def test_settings_hand_every_rule_setting_to_the_rules() -> None:
+    # Settings still holds each rule setting as a field of its own (the file's keys map to
+    # them), so its copy into RuleConfig is where one could be dropped: every field must cross.
+    from memlayout.pipeline.config import Settings, settings_from_table
+
+    assert Settings().rule_config() == RuleConfig()  # the same defaults
+    settings = settings_from_table(FILE_VALUES, "pyproject.toml")
+    config = settings.rule_config(deep=True)
+    assert {name: getattr(config, name) for name in expected()} == expected()
+    assert config.deep is True

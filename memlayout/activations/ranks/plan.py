@@ -28,28 +28,12 @@ from typing import Any
 
 from memlayout.activations.ranks.facts import RankPeak, RanksPlan, RanksReport
 from memlayout.activations.ranks.parallel import Sharding
-from memlayout.errors import MemlayoutError, UsageError
+from memlayout.errors import RanksBudgetUnreachableError, UsageError
 
 MAX_CHECKS = 6
 """Checkpoint plans traced at most while aiming the estimate, before the whole-level plans."""
 PRUNE_CHECKS = 8
 """At most this many more traces to drop modules a whole-level plan does not need."""
-
-
-class RanksBudgetUnreachableError(MemlayoutError):
-    """No plan brings the largest rank under the budget."""
-
-    def __init__(self, budget: int, lowest: RanksPlan, tried: str) -> None:
-        from memlayout.format_bytes import human_bytes
-
-        self.budget_bytes = budget
-        self.lowest = lowest
-        super().__init__(
-            f"no plan fits the largest rank in {human_bytes(budget)} ({budget} bytes): the lowest peak reached is "
-            f"{human_bytes(lowest.peak_bytes)} ({lowest.peak_bytes} bytes), with {tried}",
-            "raise --budget, add ranks (--world-size), shrink each rank's batch"
-            + ("" if lowest.offload or lowest.sharding.offload else ", or allow CPU offload (--allow-offload)"),
-        )
 
 
 Measure = Callable[[Sharding], tuple[RankPeak, ...]]

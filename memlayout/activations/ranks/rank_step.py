@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from memlayout.activations.ranks.facts import RankPeak
 from memlayout.activations.ranks.parallel import Sharding, run_code
 from memlayout.activations.summary import PeakAt
-from memlayout.errors import MemlayoutError, UsageError
+from memlayout.errors import MemlayoutError, RankStepError, UsageError
 
 
 @contextmanager
@@ -70,10 +70,6 @@ class RankTrace(NamedTuple):
     loss: str
     """How the loss was picked."""
     warnings: tuple[str, ...]
-
-
-class RankStepError(MemlayoutError):
-    """The step failed on the sharded model."""
 
 
 def meta_copy(model: Any) -> Any:
