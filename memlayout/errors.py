@@ -140,3 +140,7 @@ class RanksBudgetUnreachableError(MemlayoutError):
 
 class RankStepError(MemlayoutError):
     """The step failed on the sharded model."""
+
+
+class AllocatorOutOfMemoryError(MemlayoutError):
+    """The CUDA allocator model's capacity cannot hold a new segment, even after releasing the cached ones."""

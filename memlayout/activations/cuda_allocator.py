@@ -41,6 +41,8 @@ import bisect
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from memlayout.errors import AllocatorOutOfMemoryError
+
 MIN_BLOCK_SIZE = 512
 """kMinBlockSize: every block is a multiple of 512 bytes."""
 SMALL_SIZE = 1 << 20
@@ -74,10 +76,6 @@ def segment_size(size: int) -> int:
     if size < MIN_LARGE_ALLOC:
         return LARGE_BUFFER
     return -(-size // ROUND_LARGE) * ROUND_LARGE
-
-
-class OutOfMemory(Exception):
-    """The model's capacity cannot hold a new segment, even after releasing the cached ones."""
 
 
 class _Block:
@@ -118,7 +116,7 @@ class CachingAllocator:
     Args:
         capacity: Bytes the driver can give; None for no limit. With a limit, a
             segment that does not fit releases the wholly free cached segments and
-            tries again (`release_cached_blocks`), then raises OutOfMemory.
+            tries again (`release_cached_blocks`), then raises AllocatorOutOfMemoryError.
         segment_addresses: Where new segments start (a real trace's `segment_alloc`
             addresses, to compare placements); by default far apart.
 
@@ -254,7 +252,7 @@ class CachingAllocator:
         if self.capacity is not None and self.reserved + size > self.capacity:
             self.release_cached()
             if self.reserved + size > self.capacity:
-                raise OutOfMemory(f"a {size}-byte segment does not fit: {self.reserved} of {self.capacity} reserved")
+                raise AllocatorOutOfMemoryError(f"a {size}-byte segment does not fit: {self.reserved} of {self.capacity} reserved")
         address = next(self._addresses)
         block = _Block(address, size, small)
         self._blocks[address] = block

@@ -8,11 +8,11 @@ import pytest
 from memlayout.activations.cuda_allocator import (
     FREE,
     CachingAllocator,
-    OutOfMemory,
     replay,
     round_size,
     segment_size,
 )
+from memlayout.errors import AllocatorOutOfMemoryError
 from tests.activations.allocator_history import (
     H200_MEASURED,
     History,
@@ -116,7 +116,7 @@ def test_out_of_memory_releases_the_free_segments_and_tries_again() -> None:
     allocator.free(allocator.malloc(50 * MiB))
     allocator.malloc(60 * MiB)  # 50 + 60 do not fit: the cached 50 MiB goes back to the driver
     assert allocator.reserved == 60 * MiB and allocator.peak_reserved == 60 * MiB
-    with pytest.raises(OutOfMemory):
+    with pytest.raises(AllocatorOutOfMemoryError):
         allocator.malloc(1)
 
 
@@ -125,7 +125,7 @@ def test_a_split_segment_is_not_released() -> None:
     keep = allocator.malloc(3 * MiB)
     allocator.free(allocator.malloc(12 * MiB))
     assert keep is not None and allocator.reserved == 20 * MiB
-    with pytest.raises(OutOfMemory):
+    with pytest.raises(AllocatorOutOfMemoryError):
         allocator.malloc(22 * MiB)
 
 
