@@ -79,7 +79,6 @@ def diff_command(
     options = DiffOptions(
         names=NameMap(prefixes, parse_renames(rename or ())),
         deep=deep,
-        ties=settings.ties,
         select=settings.select,
         ignore=settings.ignore,
         rules=settings.rule_config(deep),

@@ -26,14 +26,12 @@ class DiffOptions:
     names: NameMap = field(default_factory=NameMap)
     deep: bool = False
     """Read every value of both sides: changed values, and the rules' --deep checks."""
-    ties: tuple[tuple[str, str], ...] = ()
-    """Extra declared ties (`--tie TARGET=SOURCE`), by B's names."""
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
     rules: RuleConfig = field(default_factory=RuleConfig)
     """The rules' settings for both sides, as inspect reads them (`Settings.rule_config`): one
-    `RuleConfig`, so a setting added there reaches diff too. Its `deep` and `ties` are this
-    object's own, which say more for a diff (ties by B's names)."""
+    `RuleConfig`, so a setting added there reaches diff too. Its `ties` (`--tie TARGET=SOURCE`)
+    are by B's names; its `deep` is this object's own, which says more for a diff."""
     per_tensor_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """(glob, codes) pairs: a finding all of whose tensors match a glob listing its code is dropped."""
 
@@ -72,7 +70,7 @@ def run_diff(
     from memlayout.pipeline.inspection import inspect_source, load_target
 
     options = options or DiffOptions()
-    config = replace(options.rules, deep=options.deep, ties=options.ties)
+    config = replace(options.rules, deep=options.deep)
     # Both sides stay open until the values are compared; nothing is executed from either.
     # A URL or Hub model on either side is read by range; its tensor bytes only for --deep.
     remote = RemoteOptions(fetch_contents=options.deep)
@@ -96,7 +94,7 @@ def run_diff(
 
         candidates = sorted({n for r in (report_a, report_b) for t in r.facts.tensors for n in t.names})
         changes, matched = compare_reports(
-            report_a, report_b, options.names, options.ties, values,
+            report_a, report_b, options.names, options.rules.ties, values,
             restoring_a=_config_ties(source_a, candidates), restoring_b=_config_ties(source_b, candidates),
         )
     return DiffReport(

@@ -13,7 +13,7 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 PYPROJECT = "pyproject.toml"
-_RULE_DEFAULTS = RuleConfig()
+# The rule knobs a settings file or a flag may set; `deep` is a flag of its own per command.
+_RULE_FIELDS = frozenset(f.name for f in fields(RuleConfig)) - {"deep"}
 _CODE = re.compile(r"^ML\d{0,3}$")
 
 
@@ -43,38 +44,26 @@ class Settings:
     """The severity that fails the run: error, warning, info or never."""
     per_tensor_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """(glob, codes) pairs: a finding all of whose tensors match a glob listing its code is dropped."""
-    min_bloat_bytes: int = _RULE_DEFAULTS.min_bloat_bytes
-    """ML301 ignores storages wasting fewer bytes."""
-    min_duplicate_bytes: int = _RULE_DEFAULTS.min_duplicate_bytes
-    """ML102 ignores smaller tensors."""
-    fragmented_min_storages: int = _RULE_DEFAULTS.fragmented_min_storages
-    """ML204 stays quiet below this many storages."""
-    min_shard_padding_bytes: int = _RULE_DEFAULTS.min_shard_padding_bytes
-    """ML303 ignores parameters whose shards are padded by fewer bytes over all ranks."""
-    ties: tuple[tuple[str, str], ...] = ()
-    """Declared ties (target, source) for ML103."""
+    rules: RuleConfig = field(default_factory=RuleConfig)
+    """The knobs the rules read (thresholds, declared ties): RuleConfig is their one home."""
     file: str | None = None
     """The configuration file these came from; None when none was read."""
 
     def rule_config(self, deep: bool = False) -> RuleConfig:
-        """The knobs the rules read."""
-        return RuleConfig(
-            deep=deep,
-            min_duplicate_bytes=self.min_duplicate_bytes,
-            min_bloat_bytes=self.min_bloat_bytes,
-            fragmented_min_storages=self.fragmented_min_storages,
-            min_shard_padding_bytes=self.min_shard_padding_bytes,
-            ties=self.ties,
-        )
+        """The knobs the rules read, with `--deep` as given."""
+        return replace(self.rules, deep=deep)
 
     def overridden(self, **flags: Any) -> Settings:
-        """These settings with each flag that was given (not None) replacing the file's value."""
+        """These settings with each flag that was given (not None) replacing the file's value.
+
+        A flag named as a RuleConfig field (min_bloat_bytes, ties, ...) replaces that rule knob.
+        """
         given = {name: value for name, value in flags.items() if value is not None}
-        known = {f.name for f in fields(self)}
-        unknown = set(given) - known
+        rule_knobs = {name: given.pop(name) for name in list(given) if name in _RULE_FIELDS}
+        unknown = set(given) - {f.name for f in fields(self)}
         if unknown:
             raise TypeError(f"no setting {sorted(unknown)}")
-        return replace(self, **given)
+        return replace(self, **given, rules=replace(self.rules, **rule_knobs))
 
 
 def check_codes(codes: Iterable[str], where: str) -> tuple[str, ...]:
@@ -162,7 +151,7 @@ def settings_from_table(table: Mapping[str, Any], file: str) -> Settings:
             )
         name, check = KEYS[key]
         values[name] = check(value, f"{file}: {key}")
-    return Settings(**values, file=file)
+    return Settings(file=file).overridden(**values)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -68,7 +68,7 @@ def test_inspect_and_diff_pass_every_file_setting_to_the_rules(
         raise Handed
 
     def run_diff(a: Any, b: Any, options: Any, **_: Any) -> Any:
-        seen["diff"] = dataclasses.replace(options.rules, ties=options.ties)
+        seen["diff"] = options.rules
         raise Handed
 
     # The commands import these when they run, from where they live.

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from memlayout.diff import DiffOptions, NameMap, run_diff
 from memlayout.diff.changes import ChangeKind, DiffReport
 from memlayout.errors import UsageError
-from memlayout.rules import Severity
+from memlayout.rules import RuleConfig, Severity
 from tests import models
 
 
@@ -103,7 +103,7 @@ def test_a_declared_tie_b_does_not_keep_is_an_error(tmp_path: Path) -> None:
 
 def test_a_tie_declared_with_tie_option_is_checked_in_b() -> None:
     a = {"x": torch.randn(64), "y": torch.randn(64)}
-    diff = run_diff(a, dict(a), DiffOptions(ties=(("y", "x"),)))
+    diff = run_diff(a, dict(a), DiffOptions(rules=RuleConfig(ties=(("y", "x"),))))
     assert kinds(diff)[ChangeKind.DECLARED_TIE_BROKEN] == [("y", "x")]
 
 
