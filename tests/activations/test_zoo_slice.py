@@ -5,6 +5,9 @@ For each: a tiny model with random weights, a real CPU step with AdamW measured 
 prediction within 2% of it, and a plan for 0.7x the measured peak that holds when applied for real (peak
 under the budget, loss and gradients bitwise equal), or an unreachable budget whose stated lowest peak the
 real plans of the model's top-level modules confirm. The whole sweep runs in `make zoo`.
+
+The same slice under `--autocast bf16` (issue 27, section 1): every real step and every prediction runs
+forward and loss under torch.autocast("cpu", bfloat16), judged by the same criteria.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ SLICE = (
 )
 
 
+@pytest.mark.parametrize("autocast", [None, "bf16"], ids=["fp32", "autocast-bf16"])
 @pytest.mark.parametrize("name", SLICE)
-def test_architecture_meets_the_sweeps_criteria(name: str) -> None:
-    record = run_check(by_name()[name])
+def test_architecture_meets_the_sweeps_criteria(name: str, autocast: str | None) -> None:
+    record = run_check(by_name()[name], autocast=autocast)
     assert record["status"] == "ok", record["reason"]
     assert record["within_2pct"], record["reason"]
     assert record["plan"] in ("verified", "unreachable-verified"), record["reason"]
