@@ -104,3 +104,13 @@ def test_the_printed_code_casts_before_sharding_and_its_ranks_match(tmp_path: Pa
     for result in real:
         assert within_2_percent(report.ranks[0].peak_bytes, result["peak_bytes"]), (report.ranks[0], result)
         assert result["optimizer_state_dtypes"] == ["bfloat16"]
+
+
+def test_autocast_composes_with_fsdp2s_param_dtype_on_real_ranks(tmp_path: Path) -> None:
+    options = ShardingOptions(world_size=2, param_dtype="bfloat16", reduce_dtype="float32")
+    report = analyze_ranks(LLAMA, list(BATCH_SPECS), sharding=options, autocast="bf16")
+    real = real_ranks.run_ranks(real_ranks.measure_step, 2, tmp_path, LLAMA, report.sharding.code(), BATCH, "bfloat16")
+    for result in real:
+        assert within_2_percent(report.ranks[0].peak_bytes, result["peak_bytes"]), (report.ranks[0], result)
+        # FSDP2 keeps the sharded parameters in float32 and gathers them in bf16: the state follows the shards.
+        assert result["optimizer_state_dtypes"] == [report.optimizer_state_dtype] == ["float32"]
