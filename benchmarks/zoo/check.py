@@ -75,16 +75,23 @@ def seed_other_generators() -> None:
     random.seed(0)
 
 
-def measure(built: Built) -> Measured:
+def _autocast(name: str | None) -> Any:
+    """torch.autocast on the CPU in `name` (bf16, fp16) around forward and loss, as `--autocast` traces it; None."""
+    from memlayout.activations.step import Autocast
+
+    return Autocast("cpu", name) if name is not None else None
+
+
+def measure(built: Built, autocast: str | None = None) -> Measured:
     """One real steady-state step under MemTracker (tests/activations/measure.py)."""
     from tests.activations.measure import memtracker_step
 
     seed_other_generators()
-    real = memtracker_step(built.model, built.args, built.kwargs, optimizer=OPTIMIZER)
+    real = memtracker_step(built.model, built.args, built.kwargs, optimizer=OPTIMIZER, autocast=_autocast(autocast))
     return Measured(real.peak_bytes, real.loss, real.grads)
 
 
-def count_storages(built: Built) -> Measured:
+def count_storages(built: Built, autocast: str | None = None) -> Measured:
     """The same step counted by live storages alone, with no module hooks.
 
     The measure of every step: MemTracker's module hooks keep tensors alive that the
@@ -96,7 +103,7 @@ def count_storages(built: Built) -> Measured:
     from tests.activations.measure import storage_peak_step
 
     seed_other_generators()
-    real = storage_peak_step(built.model, built.args, built.kwargs, optimizer=OPTIMIZER)
+    real = storage_peak_step(built.model, built.args, built.kwargs, optimizer=OPTIMIZER, autocast=_autocast(autocast))
     return Measured(real.peak_bytes, real.loss, real.grads)
 
 
@@ -191,7 +198,9 @@ def top_level_plans(modules: list[str]) -> list[tuple[str, ...]]:
     return list(dict.fromkeys(plans))
 
 
-def run_check(arch: Architecture) -> dict[str, Any]:
+def run_check(arch: Architecture, autocast: str | None = None) -> dict[str, Any]:
+    """The record of one architecture; with `autocast` (bf16, fp16) every real step and every prediction runs
+    forward and loss under torch.autocast on the CPU, judged by the same criteria."""
     import torch
 
     threads = torch.get_num_threads()
@@ -202,6 +211,8 @@ def run_check(arch: Architecture) -> dict[str, Any]:
         "predicted_peak_bytes": None, "measured_peak_bytes": None, "ratio": None, "within_2pct": None,
         "plan": "none", "reason": "", "optimizer": OPTIMIZER,
     }
+    if autocast is not None:
+        record["autocast"] = autocast
     record["_started"] = started
     try:
         _check(arch, record)
@@ -235,8 +246,8 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
     record["parameters"] = sum(p.numel() for p in built.model.parameters())
     stage("real step")
     try:
-        tracked = measure(built)
-        plain = count_storages(arch.build())
+        tracked = measure(built, record.get("autocast"))
+        plain = count_storages(arch.build(), record.get("autocast"))
     except Exception as exc:
         record.update(status="unsupported", reason=f"the real CPU step fails on the sweep's inputs: {one_line(exc)}")
         return
@@ -247,7 +258,8 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
         record["reason"] = f"two unplanned real steps are not bitwise equal: {differs}"
     stage("prediction")
     try:
-        report = act.analyze(arch.build().model, list(built.args), kwargs=built.kwargs, optimizer=OPTIMIZER)
+        report = act.analyze(arch.build().model, list(built.args), kwargs=built.kwargs, optimizer=OPTIMIZER,
+                             autocast=record.get("autocast"))
     except Exception as exc:
         message = memlayout_error(exc)
         if REAL_HINT not in message:
@@ -259,7 +271,7 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
         record["reason"] = f"followed the hint --real: {message.removeprefix('memlayout: error: ')}"[:400]
         try:
             report = act.analyze(arch.build().model, list(built.args), kwargs=built.kwargs, optimizer=OPTIMIZER,
-                                 mode="real")
+                                 mode="real", autocast=record.get("autocast"))
         except Exception as real_exc:
             record.update(status="failed", reason=f"no prediction, even with --real: {memlayout_error(real_exc)}")
             return
@@ -297,7 +309,7 @@ def _check_plan(arch: Architecture, plain: Measured, record: dict[str, Any]) -> 
     stage("plan search")
     try:
         planned = act.analyze(arch.build().model, list(built.args), kwargs=built.kwargs, budget=budget,
-                              optimizer=OPTIMIZER, mode=record.get("mode", "fake"))
+                              optimizer=OPTIMIZER, mode=record.get("mode", "fake"), autocast=record.get("autocast"))
     except act.BudgetUnreachableError as unreachable:
         _check_unreachable(arch, plain, budget, unreachable, record)
         return
@@ -311,10 +323,10 @@ def _check_plan(arch: Architecture, plain: Measured, record: dict[str, Any]) -> 
     stage("plan applied for real")
     try:
         with act.apply_plan(built.model, planned.plan.plan):
-            applied = count_storages(built)
+            applied = count_storages(built, record.get("autocast"))
         observed = arch.build()
         with act.apply_plan(observed.model, planned.plan.plan):
-            record["plan_memtracker_peak_bytes"] = measure(observed).peak_bytes
+            record["plan_memtracker_peak_bytes"] = measure(observed, record.get("autocast")).peak_bytes
     except Exception as exc:
         _plan_failed(record, f"the plan fails when applied for real: {one_line(exc)}")
         return
@@ -351,7 +363,7 @@ def _check_unreachable(arch: Architecture, plain: Measured, budget: int, unreach
         built = arch.build()
         try:
             with act.apply_plan(built.model, plan):
-                measured = count_storages(built)
+                measured = count_storages(built, record.get("autocast"))
         except Exception as exc:
             refused.append(f"{label}: {one_line(exc)}")
             continue
@@ -369,7 +381,7 @@ def _check_unreachable(arch: Architecture, plain: Measured, budget: int, unreach
     record["plan_measured_peak_bytes"] = lowest_plan
     observed = arch.build()
     with act.apply_plan(observed.model, unreachable.lowest.plan):
-        record["plan_memtracker_peak_bytes"] = measure(observed).peak_bytes
+        record["plan_memtracker_peak_bytes"] = measure(observed, record.get("autocast")).peak_bytes
     best_label, best = min(tried.items(), key=lambda item: item[1])
     if best <= budget:
         _plan_failed(record, f"memlayout calls {mib(budget)} unreachable, but checkpointing {best_label} "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlayout.activations.facts import Trace
-from memlayout.activations.optimizer import DEFAULT_OPTIMIZER, check_optimizer
+from memlayout.activations.optimizer import DEFAULT_OPTIMIZER, check_optimizer, state_dtype
 from memlayout.activations.search import PlanResult, plan_for_budget
 from memlayout.activations.step import LOSS_FROM_SUM
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
@@ -44,6 +44,9 @@ class ActivationReport:
     """bf16 or fp16 when forward and loss ran under `torch.autocast`; None otherwise."""
     dtype: str | None = None
     """bf16, fp16 or fp32 when the model's floating tensors were cast first (`--dtype`); None: as built."""
+    optimizer_state_dtype: str | None = None
+    """The dtype of the optimizer's state as torch made it (float32, bfloat16, ...; see
+    `optimizer.state_dtype`); None without state."""
     predicted_peak_bytes: int | None = None
     """With mode real: the peak the default fake-tensor run predicts for the same step, to
     read against the measured `summary.peak_bytes`; None otherwise (or if that run failed)."""
@@ -235,6 +238,7 @@ def _analyze(
         trace=baseline,
         autocast=autocast,
         dtype=dtype,
+        optimizer_state_dtype=state_dtype(step.optimizer),
         predicted_peak_bytes=predicted,
     )
 

@@ -26,6 +26,7 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
                device=report.device, mode=report.mode, loss=report.loss, optimizer=report.optimizer),
         "autocast": report.autocast,
         "dtype": report.dtype,
+        "optimizer_state_dtype": report.optimizer_state_dtype,
         "summary": summary_dict(s),
         "modules": [
             {

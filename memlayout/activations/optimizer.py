@@ -84,3 +84,26 @@ def state_tensors(optimizer: Any) -> list[Any]:
     if optimizer is None:
         return []
     return [value for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
+
+
+def state_dtype(optimizer: Any) -> str | None:
+    """The dtype of the optimizer's per-parameter state (torch's name: bfloat16, float32), read off its tensors.
+
+    torch's Adam, AdamW and SGD make each state tensor `zeros_like` its parameter
+    (`torch.optim.adamw`, `_init_group`), so a bf16 model's state is bf16: none of
+    them keeps float32 copies. Adam's `step` counter is left out: it is a float32
+    scalar whatever the parameters are. "mixed" when parameters of several dtypes
+    give state of several; None when there is no state.
+    """
+    import torch
+
+    if optimizer is None:
+        return None
+    found = {
+        str(value.dtype).removeprefix("torch.")
+        for state in optimizer.state.values() for name, value in state.items()
+        if isinstance(value, torch.Tensor) and name != "step"
+    }
+    if not found:
+        return None
+    return found.pop() if len(found) == 1 else "mixed"

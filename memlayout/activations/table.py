@@ -63,7 +63,10 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     grid.add_row("parameters", human_bytes(s.parameter_bytes), "gradients", human_bytes(s.gradient_bytes))
     grid.add_row("inputs", human_bytes(s.input_bytes), "forward", flops_text(s.forward_flops))
     optimizer = "none (forward and backward only)" if report.optimizer == "none" else report.optimizer
-    grid.add_row("optimizer", optimizer, "its state", human_bytes(s.optimizer_bytes))
+    # Its dtype is said where precision was asked for: torch keeps the state in the parameters' dtype.
+    precise = report.optimizer_state_dtype and (report.autocast or report.dtype)
+    state = human_bytes(s.optimizer_bytes) + (f" in {report.optimizer_state_dtype}" if precise else "")
+    grid.add_row("optimizer", optimizer, "its state", state)
     live = ", ".join(f"{name.replace('_', ' ')} {human_bytes(v)}" for name, v in s.at_peak.items() if v)
     title = f"memlayout activations: {report.target or report.model_class}"
     precision = "".join((

@@ -134,11 +134,6 @@ def activations_command(
     distributed = {"--fsdp": fsdp, "--fsdp-modules": fsdp_modules, "--no-reshard-after-forward":
                    no_reshard_after_forward, "--param-dtype": param_dtype, "--reduce-dtype": reduce_dtype,
                    "--tp": tp != 1, "--allow-offload": allow_offload}
-    if (autocast or dtype) and world_size is not None:
-        raise UsageError(
-            f"{'--autocast' if autocast else '--dtype'} is not traced with --world-size yet",
-            "give FSDP2's mixed precision with --param-dtype and --reduce-dtype",
-        )
     if gpu is not None and world_size is not None:
         raise UsageError("--gpu is not traced with --world-size yet", "drop --gpu; --device cuda traces ranks")
     if world_size is not None:
@@ -160,7 +155,7 @@ def activations_command(
             ranks = analyze_ranks(
                 target, inputs if inputs else list(input_specs or []), sharding=options, optimizer=optimizer,
                 budget=budget_bytes, allow_offload=allow_offload, device=device, trust=trust,
-                main_module=main_module,
+                main_module=main_module, autocast=autocast, dtype=dtype,
             )
         except RanksBudgetUnreachableError as exc:
             print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)

@@ -139,10 +139,11 @@ class _LiveStorages(TorchDispatchMode):
 
 
 def storage_peak_step(
-    model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], seed: int = 0, optimizer: str = "adamw"
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], seed: int = 0, optimizer: str = "adamw",
+    autocast: Autocast | None = None,
 ) -> RealStep:
     """The same steady-state step as `memtracker_step`, its peak counted by storages alone (no module hooks)."""
-    stepper = _warm_up(model, args, kwargs, seed, optimizer)
+    stepper = _warm_up(model, args, kwargs, seed, optimizer, autocast)
     counter = _LiveStorages()
     state = [*model.parameters(), *model.buffers(), *args, *kwargs.values()]
     if stepper is not None:
@@ -151,7 +152,7 @@ def storage_peak_step(
         if isinstance(tensor, torch.Tensor):
             counter.add(tensor)
     with counter:
-        loss, _ = run_step(model, args, kwargs)
+        loss, _ = run_step(model, args, kwargs, autocast=autocast)
         if stepper is not None:
             stepper.step()
     grads = _take_gradients(model)

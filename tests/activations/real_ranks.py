@@ -73,8 +73,14 @@ def _shard_by_code(model: Any, code: str) -> None:
 
 
 def measure_step(rank: int, world_size: int, store: str, out: str, builder: str, code: str | None,
-                 batch_builder: str) -> None:
-    """One rank: build, shard (by `code`, or by the recipe), two AdamW steps under FSDPMemTracker."""
+                 batch_builder: str, autocast: str | None = None, cast: str | None = None) -> None:
+    """One rank: build, shard (by `code`, or by the recipe), two AdamW steps under FSDPMemTracker.
+
+    `autocast` (a torch dtype name) runs forward and loss under torch.autocast("cpu") in it; `cast` casts the
+    model to that dtype with `model.to` before it is sharded, as pure low-precision training does.
+    """
+    import contextlib
+
     import torch
     import torch.distributed as dist
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -82,6 +88,8 @@ def measure_step(rank: int, world_size: int, store: str, out: str, builder: str,
     _join(rank, world_size, store)
     try:
         model = _resolve(builder)()
+        if cast is not None:
+            model.to(getattr(torch, cast))
         if code is None:
             _shard_by_recipe(model, world_size)
         else:
@@ -93,7 +101,9 @@ def measure_step(rank: int, world_size: int, store: str, out: str, builder: str,
         losses = []
         with tracker:
             for iteration in range(2):
-                loss = model(**batch)["loss"]
+                mixed = torch.autocast("cpu", getattr(torch, autocast)) if autocast else contextlib.nullcontext()
+                with mixed:
+                    loss = model(**batch)["loss"]
                 loss.backward()
                 optimizer.step()
                 optimizer.zero_grad()
@@ -106,6 +116,8 @@ def measure_step(rank: int, world_size: int, store: str, out: str, builder: str,
             "peak_bytes": int(peak["Total"]),
             "tracker": {getattr(k, "value", str(k)): int(v) for k, v in peak.items() if k != "Total"},
             "losses": losses,
+            "optimizer_state_dtypes": sorted({str(v.dtype).removeprefix("torch.") for state in optimizer.state.values()
+                                              for k, v in state.items() if k != "step"}),
         }
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:

@@ -105,6 +105,14 @@ def llama_style_even() -> LlamaStyle:
     return llama_style(hidden=344)
 
 
+def transformers_llama() -> nn.Module:
+    """transformers' LlamaForCausalLM from a config (2 layers, hidden 64, vocab 1000), seeded: the real thing
+    the precision tests shard, where the plain-torch models above keep the other tests fast."""
+    from tests.activations.models import llama
+
+    return llama(vocab=VOCAB)
+
+
 def token_batch(seed: int = 1) -> dict[str, torch.Tensor]:
     """One rank's batch, 2x128 tokens, with labels."""
     generator = torch.Generator().manual_seed(seed)

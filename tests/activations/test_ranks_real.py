@@ -64,3 +64,53 @@ def test_a_plan_applied_for_real_holds_and_trains_the_same(recipe_run: list[dict
         assert within_2_percent(predicted[result["rank"]], result["peak_bytes"])
         # Checkpointing reruns the same forward: both steps' losses are bitwise those of the run without it.
         assert result["losses"] == recipe_run[result["rank"]]["losses"]
+
+
+# Mixed precision per rank (issue 27, section 1): transformers' Llama from a config, sharded by the FSDP2
+# recipe by hand on two real gloo ranks, each measured by FSDPMemTracker.
+LLAMA = "tests.activations.sharded_models:transformers_llama"
+
+
+@pytest.mark.parametrize(("option", "real_kwargs"), [
+    ({"autocast": "bf16"}, {"autocast": "bfloat16"}),
+    ({"dtype": "bf16"}, {"cast": "bfloat16"}),
+], ids=["autocast-bf16", "dtype-bf16"])
+def test_each_ranks_mixed_precision_prediction_is_the_real_ranks_peak(
+    option: dict[str, str], real_kwargs: dict[str, str], tmp_path: Path,
+) -> None:
+    report = analyze_ranks(LLAMA, list(BATCH_SPECS), sharding=ShardingOptions(world_size=2), **option)
+    real = real_ranks.run_ranks(real_ranks.measure_step, 2, tmp_path, LLAMA, None, BATCH, real_kwargs.get("autocast"),
+                                real_kwargs.get("cast"))
+    float32 = analyze_ranks(LLAMA, list(BATCH_SPECS), sharding=ShardingOptions(world_size=2))
+    by_rank = {r.rank: r for r in report.ranks}
+    for result in real:
+        rank = result["rank"]
+        # Every dimension splits evenly over 2 ranks: one traced layout stands for both.
+        predicted = by_rank.get(rank, report.ranks[0]).peak_bytes
+        assert within_2_percent(predicted, result["peak_bytes"]), (rank, predicted, result["peak_bytes"])
+        # The optimizer's state is in the dtype torch's AdamW made it in on the real rank, and the report says so.
+        assert result["optimizer_state_dtypes"] == [report.optimizer_state_dtype]
+    # The option changed each rank's step: the float32 prediction of the same model is another figure.
+    assert report.summary.peak_bytes != float32.summary.peak_bytes
+    assert report.optimizer_state_dtype == ("bfloat16" if "dtype" in option else "float32")
+
+
+def test_the_printed_code_casts_before_sharding_and_its_ranks_match(tmp_path: Path) -> None:
+    report = analyze_ranks(LLAMA, list(BATCH_SPECS), sharding=ShardingOptions(world_size=2), dtype="bf16",
+                           autocast="bf16")
+    code = report.sharding.code()
+    assert code.index("model.to(torch.bfloat16)") < code.index("fully_shard(")
+    real = real_ranks.run_ranks(real_ranks.measure_step, 2, tmp_path, LLAMA, code, BATCH, "bfloat16")
+    for result in real:
+        assert within_2_percent(report.ranks[0].peak_bytes, result["peak_bytes"]), (report.ranks[0], result)
+        assert result["optimizer_state_dtypes"] == ["bfloat16"]
+
+
+def test_autocast_composes_with_fsdp2s_param_dtype_on_real_ranks(tmp_path: Path) -> None:
+    options = ShardingOptions(world_size=2, param_dtype="bfloat16", reduce_dtype="float32")
+    report = analyze_ranks(LLAMA, list(BATCH_SPECS), sharding=options, autocast="bf16")
+    real = real_ranks.run_ranks(real_ranks.measure_step, 2, tmp_path, LLAMA, report.sharding.code(), BATCH, "bfloat16")
+    for result in real:
+        assert within_2_percent(report.ranks[0].peak_bytes, result["peak_bytes"]), (report.ranks[0], result)
+        # FSDP2 keeps the sharded parameters in float32 and gathers them in bf16: the state follows the shards.
+        assert result["optimizer_state_dtypes"] == [report.optimizer_state_dtype] == ["float32"]

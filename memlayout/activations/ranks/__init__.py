@@ -33,6 +33,7 @@ from memlayout.activations.ranks.facts import RankLayout, RankPeak, RanksReport
 from memlayout.activations.ranks.layouts import rank_layouts, rank_ranges, traced_layouts
 from memlayout.activations.ranks.parallel import Sharding, ShardingOptions, resolve_sharding
 from memlayout.activations.ranks.rank_step import StepInputs, meta_copy, trace_rank
+from memlayout.errors import UsageError
 
 # ----------------------------------------------------------------------------------------------
 # The report
@@ -69,6 +70,8 @@ def analyze_ranks(
     device: str = "cpu",
     trust: bool = False,
     main_module: str | None = None,
+    autocast: str | None = None,
+    dtype: str | None = None,
 ) -> RanksReport:
     """Predict each rank's peak over a training step under FSDP2 (and tensor parallel), in this process.
 
@@ -83,6 +86,12 @@ def analyze_ranks(
         device: The device the step is for.
         trust: Allow unpickling a module file.
         main_module: With `trust`, the module that defines what a script's pickle names `__main__.X`.
+        autocast: bf16 or fp16: each rank's forward and loss under `torch.autocast` for the device's type,
+            as for `analyze`; it composes with FSDP2's `param_dtype`, which decides what the gathered
+            parameters are before autocast casts what each op computes in.
+        dtype: bf16, fp16 or fp32: the model's floating parameters and buffers (and floating inputs) cast
+            before tensor parallel and `fully_shard`, as pure low-precision training does; each shard and the
+            optimizer's state are then in it. The sharding code the report prints casts first too.
 
     Returns:
         A `RanksReport`: one `RankPeak` per distinct rank layout traced, the largest first.
@@ -96,7 +105,14 @@ def analyze_ranks(
         ...                        sharding=ShardingOptions(world_size=64))
         >>> report.summary.peak_bytes  # the largest rank's
     """
+    from memlayout.activations.step import Autocast, torch_dtype
+
     check_optimizer(optimizer)
+    if autocast is not None and autocast not in ("bf16", "fp16"):
+        raise UsageError(f"unknown --autocast {autocast!r}", "use bf16 or fp16")
+    if dtype is not None:
+        sharding = replace(sharding, model_dtype=str(torch_dtype(dtype)).removeprefix("torch."))
+    mixed = Autocast("cuda" if device.startswith("cuda") else "cpu", autocast) if autocast is not None else None
     build, target_text, kind = _target_builder(target, trust, main_module)
     model = build()
     resolved = resolve_sharding(model, sharding)
@@ -113,9 +129,10 @@ def analyze_ranks(
         for layout in which:
             traced = trace_rank(
                 build, with_sharding, layout.ranks[0], rank_ranges(layout.ranks), step_inputs, optimizer=optimizer,
-                device=device,
+                device=device, autocast=mixed,
             )
             described["inputs"], described["loss"] = traced.inputs, traced.loss
+            described["state_dtype"] = traced.optimizer_state_dtype
             warned.update(dict.fromkeys(traced.warnings))
             peaks.append(traced.peak)
         return tuple(peaks)
@@ -130,7 +147,7 @@ def analyze_ranks(
     report = RanksReport(
         target=target_text, target_kind=kind, model_class=model_class, inputs=described["inputs"], device=device,
         loss=described["loss"], optimizer=optimizer, sharding=resolved, ranks=peaks, layouts=len(layouts),
-        notes=tuple(notes),
+        notes=tuple(notes), autocast=autocast, dtype=dtype, optimizer_state_dtype=described["state_dtype"],
     )
     if budget is None:
         return report
@@ -140,7 +157,7 @@ def analyze_ranks(
         from memlayout.activations.analysis import analyze
 
         return analyze(target, inputs, kwargs=kwargs, optimizer=optimizer, device=device, trust=trust,
-                       main_module=main_module)
+                       main_module=main_module, autocast=autocast, dtype=dtype)
 
     # Plans are searched on the largest rank alone (rank 0 holds the largest shards, and the
     # ranks' steps differ only by their shards); the plan found is then traced on every layout.

@@ -103,6 +103,13 @@ class RanksReport:
     notes: tuple[str, ...]
     plan: RanksPlan | None = None
     """The plan for `--budget`, when one was given."""
+    autocast: str | None = None
+    """bf16 or fp16 when each rank's forward and loss ran under `torch.autocast`; None otherwise."""
+    dtype: str | None = None
+    """bf16, fp16 or fp32 when the model was cast before sharding (`--dtype`); None: as built."""
+    optimizer_state_dtype: str | None = None
+    """The dtype of the optimizer's state as torch made it on the traced rank (bfloat16, float32, ...), None
+    without state: torch's optimizers keep it in their parameters' dtype, so a sharded bf16 model's is bf16."""
 
     @property
     def largest(self) -> RankPeak:

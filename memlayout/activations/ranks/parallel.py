@@ -62,6 +62,9 @@ class ShardingOptions:
     reduce_dtype: str | None = None
     tp: int = 1
     """Tensor-parallel degree; 1 for none."""
+    model_dtype: str | None = None
+    """`--dtype`: the dtype (float32, bfloat16, float16) the model's floating parameters and buffers are cast
+    to before anything is sharded, as pure low-precision training does; None keeps the model's own."""
 
     def check(self) -> None:
         """Raises UsageError for options that cannot go together."""
@@ -79,7 +82,8 @@ class ShardingOptions:
                 f"--tp {self.tp} does not divide --world-size {self.world_size}",
                 "the ranks form a (data parallel x tensor parallel) grid: pick a world size that is a multiple of --tp",
             )
-        for name, value in (("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype)):
+        for name, value in (("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype),
+                            ("--dtype", self.model_dtype)):
             if value is not None and value not in DTYPES:
                 raise UsageError(f"{name} {value!r} is not a dtype FSDP2 computes in", f"use one of {', '.join(DTYPES)}")
 
@@ -109,6 +113,8 @@ class Sharding:
     """One per wrapped module (FSDP2 never reshards the root after forward, whatever it is told)."""
     param_dtype: str | None = None
     reduce_dtype: str | None = None
+    model_dtype: str | None = None
+    """The dtype the model is cast to before sharding (`--dtype`); None keeps the model's own."""
     offload: bool = False
     """`CPUOffloadPolicy` on every wrapped module: parameters, gradients and optimizer state live on the CPU."""
     tp_plan: tuple[TensorParallelStyle, ...] = ()
@@ -282,6 +288,7 @@ def resolve_sharding(model: Any, options: ShardingOptions) -> Sharding:
         reshard_after_forward=tuple(options.reshard_after_forward for _ in wrapped),
         param_dtype=options.param_dtype,
         reduce_dtype=options.reduce_dtype,
+        model_dtype=options.model_dtype,
         tp_plan=tp_plan,
         hf_cache=config is not None and hasattr(config, "use_cache"),
         notes=tuple(notes),
@@ -378,6 +385,9 @@ def _code(sharding: Sharding) -> str:
     what = f"FSDP2 over {dp} ranks" + (f" x tensor parallel over {tp}" if tp > 1 else "")
     lines += ["", "", 'def shard(model, device_type="cuda"):',
               f'    """Lay `model` out over {sharding.world_size} ranks ({what}); call it on every rank."""']
+    if sharding.model_dtype:
+        # Before tensor parallel and fully_shard: each shard, and the optimizer state made from it, is in this dtype.
+        lines.append(f"    model.to(torch.{sharding.model_dtype})  # the parameters' own dtype, cast before sharding")
     if tp > 1:
         lines.append(f'    mesh = init_device_mesh(device_type, ({dp}, {tp}), mesh_dim_names=("dp", "tp"))')
         lines += _tensor_parallel_lines(sharding)

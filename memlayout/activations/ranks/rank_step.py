@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from memlayout.activations.ranks.facts import RankPeak
 from memlayout.activations.ranks.parallel import Sharding, run_code
+from memlayout.activations.step import Autocast
 from memlayout.activations.summary import PeakAt
 from memlayout.errors import MemlayoutError, RankStepError, UsageError
 
@@ -70,6 +71,8 @@ class RankTrace(NamedTuple):
     loss: str
     """How the loss was picked."""
     warnings: tuple[str, ...]
+    optimizer_state_dtype: str | None = None
+    """The dtype of the optimizer's state tensors, read off the optimizer torch built (None: no state)."""
 
 
 def meta_copy(model: Any) -> Any:
@@ -169,11 +172,15 @@ def trace_rank(
     *,
     optimizer: str,
     device: str,
+    autocast: Autocast | None = None,
 ) -> RankTrace:
-    """Trace one steady-state step of `rank` with `sharding` applied."""
+    """Trace one steady-state step of `rank` with `sharding` applied (forward and loss under `autocast`)."""
+    from memlayout.activations.optimizer import state_dtype
+
     warned: list[str] = []
     with fake_world(sharding.world_size, rank), _torch_quieted(warned):
         step = _sharded_step(build, sharding, step_inputs, device)
+        step.autocast = autocast
         try:
             tracker, how, flops = _tracked_step(step, optimizer)
         except MemlayoutError:
@@ -187,7 +194,7 @@ def trace_rank(
                 "it is; --debug shows the traceback" if sharding.tp > 1 else "--debug shows the traceback",
             ) from exc
         peak = _rank_peak(tracker, step.model, rank, same_layout, flops, "optimizer" if step.optimizer else "loss")
-    return RankTrace(peak, step.descriptions, how, tuple(dict.fromkeys(warned)))
+    return RankTrace(peak, step.descriptions, how, tuple(dict.fromkeys(warned)), state_dtype(step.optimizer))
 
 
 def _sharded_step(build: Callable[[], Any], sharding: Sharding, step_inputs: StepInputs, device: str) -> Any:
@@ -204,6 +211,8 @@ def _sharded_step(build: Callable[[], Any], sharding: Sharding, step_inputs: Ste
     model.train()
     step.model = model
     step.make_inputs(step_inputs.inputs, step_inputs.kwargs)
+    if sharding.model_dtype:
+        step.cast_inputs(getattr(torch, sharding.model_dtype))  # as `analyze` feeds a model cast by --dtype
     if not step.args and not step.kwargs:
         raise UsageError("no inputs to run the step with",
                          "give --input SPEC (one rank's batch) or --inputs pkg.mod:make_inputs")
@@ -216,8 +225,11 @@ def _tracked_step(step: Any, optimizer: str) -> tuple[Any, str, int]:
     The first step makes the optimizer's state, as in training (the step measured
     is the second), and counts the forward's FLOPs. Nothing runs under the default
     device: the model and inputs are on it already, and torch keeps an optimizer's
-    step counts on the CPU.
+    step counts on the CPU. Under `step.autocast`, both steps run forward and loss
+    in it, as a mixed-precision training loop does every step.
     """
+    from contextlib import nullcontext
+
     from memlayout import _torch
     from memlayout.activations.optimizer import build_optimizer
     from memlayout.activations.step import pick_loss, run_step
@@ -225,10 +237,11 @@ def _tracked_step(step: Any, optimizer: str) -> tuple[Any, str, int]:
     counter = _ForwardFlops()
     with step.context(default_device=False):
         step.optimizer = build_optimizer(step.model, optimizer, device=step.device)
-        with counter.mode:
-            output = step.model(*step.args, **step.kwargs)
-        loss, how = pick_loss(output)
-        del output
+        with step.autocast.context() if step.autocast is not None else nullcontext():
+            with counter.mode:
+                output = step.model(*step.args, **step.kwargs)
+            loss, how = pick_loss(output)
+            del output
         loss.backward()
         del loss
         if step.optimizer is not None:
@@ -237,7 +250,7 @@ def _tracked_step(step: Any, optimizer: str) -> tuple[Any, str, int]:
         tracker = _torch.FSDPMemTracker(step.model, step.optimizer)
         tracker.track_inputs((step.args, step.kwargs))
         with tracker:
-            run_step(step.model, step.args, step.kwargs, optimizer=step.optimizer)
+            run_step(step.model, step.args, step.kwargs, optimizer=step.optimizer, autocast=step.autocast)
     return tracker, how, counter.flops
 
 

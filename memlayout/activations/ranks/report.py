@@ -77,6 +77,9 @@ def ranks_report_dict(report: RanksReport) -> dict[str, Any]:
     return {
         **head(target=report.target, kind=report.target_kind, model_class=report.model_class, inputs=report.inputs,
                device=report.device, mode="fake", loss=report.loss, optimizer=report.optimizer),
+        "autocast": report.autocast,
+        "dtype": report.dtype,
+        "optimizer_state_dtype": report.optimizer_state_dtype,
         "summary": {**summary_dict(report.summary), "rank": report.largest.rank},
         "modules": [],
         "plan": None if report.plan is None else _plan_dict(report.plan),
@@ -141,6 +144,21 @@ def _sharding_lines(sharding: Sharding) -> list[str]:
     return lines
 
 
+def _precision_lines(report: RanksReport) -> list[str]:
+    """What the step computes in: --autocast, --dtype, and the dtype torch's optimizer keeps its state in."""
+    lines = []
+    if report.autocast:
+        lines.append(f"autocast: forward and loss under torch.autocast({report.device.split(':')[0]!r}, "
+                     f"{report.autocast})")
+    if report.dtype:
+        lines.append(f"parameters: {report.dtype}, cast before sharding")
+    asked = report.autocast or report.dtype or report.sharding.param_dtype
+    if report.optimizer_state_dtype and asked:
+        lines.append(f"optimizer state: {report.optimizer_state_dtype}, as torch's {report.optimizer} keeps it (its "
+                     "parameters' dtype; no float32 copy)")
+    return lines
+
+
 def _span(paths: list[str]) -> str:
     """A few paths, or the first and the last of many."""
     if len(paths) <= 3:
@@ -169,6 +187,9 @@ def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = F
         grid.add_row(head, rest)
     grid.add_row("each rank's batch", ", ".join(report.inputs))
     grid.add_row("step", f"forward, backward, optimizer {report.optimizer}; fake tensors on {report.device}")
+    for line in _precision_lines(report):
+        head, _, rest = line.partition(": ")
+        grid.add_row(head, rest)
     title = f"memlayout activations: {report.target or report.model_class} on {report.sharding.world_size} ranks"
     parts: list[Any] = [Panel(grid, title=title, title_align="left", expand=False)]
     parts.append(_ranks_table("each rank at its peak (FSDPMemTracker's accounting; one row per shard layout)",
