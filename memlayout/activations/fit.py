@@ -471,35 +471,39 @@ class _DeviceProbe(_Probe):
         """The step with the lowest plan: what a size needs to fit with some plan. One trace a size.
 
         Running the whole budget search at every size would trace up to a dozen plans each;
-        the plan that reaches the lowest peak is chosen once, at the first size probed, and
-        the search's own plan is found at the answer only (`plan_at`).
+        the plan that reaches the lowest peak is chosen once, at the first size probed (above
+        the plain answer, where the plain step does not fit), and the search's own plan is
+        found at the answer only (`plan_at`).
         """
         from memlayout.activations.summary import summarize
 
-        try:
-            trace, summary = self._trace(size)
-        except UsageError as exc:
-            return FitProbe(size, True, None, False, exc.one_line())
-        if summary.peak_bytes <= self.budget:
-            return FitProbe(size, True, summary.peak_bytes, True)
         if self.lowest_plan is None:
-            self.lowest_plan = self._lowest_plan(trace)
-        if self.lowest_plan is None:
-            return FitProbe(size, True, summary.peak_bytes, False)
+            try:
+                trace, summary = self._trace(size)
+            except UsageError as exc:
+                return FitProbe(size, True, None, False, exc.one_line())
+            if summary.peak_bytes <= self.budget:
+                return FitProbe(size, True, summary.peak_bytes, True)
+            chosen = self._lowest_plan(trace)
+            if chosen is None:
+                return FitProbe(size, True, summary.peak_bytes, False)
+            self.lowest_plan, peak = chosen
+            return FitProbe(size, True, peak, peak <= self.budget)
+        self._at(size)
         try:
             peak = summarize(self.step.trace(self.lowest_plan), cuda=self.cuda).peak_bytes
         except Exception as exc:  # the plan's step failed at this size
             return FitProbe(size, True, None, False, f"with the lowest plan, {type(exc).__name__}: {exc}")
         return FitProbe(size, True, peak, peak <= self.budget)
 
-    def _lowest_plan(self, trace: Any) -> Plan | None:
+    def _lowest_plan(self, trace: Any) -> tuple[Plan, int] | None:
         """Of the planner's lowest plan and its every-module-of-a-level plans, the one whose traced peak is lowest."""
         from memlayout.activations.plan import Planner
         from memlayout.activations.search import exclusions
         from memlayout.activations.summary import module_facts, summarize
 
         planner = Planner(trace, exclusions(module_facts(trace), trace, self.step.initial_modules))
-        best: tuple[int, Plan] | None = None
+        best: tuple[Plan, int] | None = None
         for chosen in [planner.lowest(), *planner.covers()]:
             plan = planner.plan_of(chosen)
             if plan.empty:
@@ -511,9 +515,9 @@ class _DeviceProbe(_Probe):
             if traced.rerun_state_differs:
                 continue
             peak = summarize(traced, cuda=self.cuda).peak_bytes
-            if best is None or peak < best[0]:
-                best = (peak, plan)
-        return best[1] if best is not None else None
+            if best is None or peak < best[1]:
+                best = (plan, peak)
+        return best
 
     def plan_at(self, size: int) -> PlanResult | None:
         """The budget search's plan at this size (the cheapest it finds that fits); the lowest plan if it finds none."""
