@@ -17,6 +17,7 @@ from memlayout.activations.input_specs import parse_input_spec
 from memlayout.cli.app import app
 from tests.activations import models
 from tests.activations.measure import inference_peak, storage_peak_step
+from tests.activations.sharded_models import BATCH_SPECS
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
 MIB = 2**20
@@ -173,3 +174,23 @@ def test_a_budget_no_batch_of_one_fits_is_one_line_and_exit_1() -> None:
     budget = s.parameter_bytes + s.buffer_bytes + s.optimizer_bytes + 1024
     _one_line_exit([*GPT2, "--input", "int64[1,64]<500", "--input", "labels=int64[1,64]<500", "--fit", "batch",
                     "--budget", str(budget)], 1, "not even a batch of 1 fits")
+
+
+def test_with_ranks_the_batch_found_is_the_largest_whose_largest_rank_fits() -> None:
+    from memlayout.activations.ranks import analyze_ranks
+    from memlayout.activations.ranks.parallel import ShardingOptions
+
+    target, sharding = "tests.activations.sharded_models:llama_style", ShardingOptions(world_size=2)
+    specs = [parse_input_spec(s) for s in BATCH_SPECS]
+    one = analyze_ranks(target, specs, sharding=sharding).largest.peak_bytes
+    budget = 3 * one  # a few times one rank's peak at the batch given
+    report = fit(target, specs, budget=budget, sharding=sharding, with_plan=False)
+    assert report.world_size == 2
+    size = report.without_plan.size
+    assert size > specs[0].shape[0]
+
+    def largest_rank(batch: int) -> int:
+        batch_specs = [s.describe().replace(f"[{s.shape[0]},", f"[{batch},", 1) for s in specs]
+        return analyze_ranks(target, batch_specs, sharding=sharding).largest.peak_bytes
+
+    assert largest_rank(size) <= budget < largest_rank(size + 1)
