@@ -234,11 +234,24 @@ def _crossing(peaks: dict[int, int], low: int, high: int | None, budget: int) ->
     return guess + 1 if guess <= low else guess
 
 
+def budget_for_gpu_memory(total_bytes: int, capability: tuple[int, int] | None = None) -> tuple[int, str]:
+    """A GPU's memory less what the CUDA runtime holds outside the step: the context and cuBLAS's workspaces
+    (cuda_runtime.py's figures), and where the budget came from, in words."""
+    from memlayout.activations.cuda_runtime import cuda_runtime
+    from memlayout.format_bytes import human_bytes
+
+    runtime = cuda_runtime(capability)
+    held = runtime.context_bytes + runtime.workspace_reserved_bytes
+    return total_bytes - held, (f"{human_bytes(total_bytes)} less the CUDA context and cuBLAS workspaces, "
+                                f"{human_bytes(held)}")
+
+
 def budget_from_gpu(gpu: str | None) -> tuple[int, str]:
     """The budget without --budget: the target GPU's memory less the CUDA context and cuBLAS workspace.
 
-    The hook for `--gpu`: the GPU table and the context and workspace figures belong to
-    the modules that model the target GPU; until they are here, --fit needs --budget.
+    The hook for `--gpu`: once the GPU table (memory and capability by name) is in this build,
+    this looks the GPU up and returns `budget_for_gpu_memory(memory, capability)`; until then
+    --fit needs --budget.
     """
     raise UsageError(
         "--fit needs --budget: a budget from the target GPU's memory (--gpu) is not available in this build"

@@ -194,3 +194,13 @@ def test_with_ranks_the_batch_found_is_the_largest_whose_largest_rank_fits() -> 
         return analyze_ranks(target, batch_specs, sharding=sharding).largest.peak_bytes
 
     assert largest_rank(size) <= budget < largest_rank(size + 1)
+
+
+def test_a_gpus_budget_leaves_out_the_cuda_context_and_cublas_workspaces() -> None:
+    from memlayout.activations.cuda_runtime import cuda_runtime
+    from memlayout.activations.fit import budget_for_gpu_memory
+
+    budget, said = budget_for_gpu_memory(80 * 10**9, (9, 0))
+    runtime = cuda_runtime((9, 0))
+    assert budget == 80 * 10**9 - runtime.context_bytes - runtime.workspace_reserved_bytes
+    assert 0 < 80 * 10**9 - budget < 2**30 and "CUDA context" in said
