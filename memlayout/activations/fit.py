@@ -247,17 +247,20 @@ def budget_for_gpu_memory(total_bytes: int, capability: tuple[int, int] | None =
 
 
 def budget_from_gpu(gpu: str | None) -> tuple[int, str]:
-    """The budget without --budget: the target GPU's memory less the CUDA context and cuBLAS workspace.
+    """The budget without --budget: the target GPU's memory (gpus.py's table) less the CUDA context and
+    cuBLAS workspaces (`budget_for_gpu_memory`).
 
-    The hook for `--gpu`: once the GPU table (memory and capability by name) is in this build,
-    this looks the GPU up and returns `budget_for_gpu_memory(memory, capability)`; until then
-    --fit needs --budget.
+    Raises:
+        UsageError: no GPU named, or an unknown one.
     """
-    raise UsageError(
-        "--fit needs --budget: a budget from the target GPU's memory (--gpu) is not available in this build"
-        + (f" (asked for {gpu})" if gpu else ""),
-        "give --budget SIZE, e.g. --budget 78GiB for an 80 GB GPU less its CUDA context",
-    )
+    if gpu is None:
+        raise UsageError("--fit needs a budget: give --budget SIZE, or --gpu NAME for that GPU's memory less the "
+                         "CUDA context and workspaces", "e.g. --gpu h100, or --budget 78GiB")
+    from memlayout.activations.gpus import gpu_spec
+
+    spec = gpu_spec(gpu)
+    budget, said = budget_for_gpu_memory(spec.total_memory, spec.capability)
+    return budget, f"--gpu {spec.key}: {said}"
 
 
 def fit(
@@ -288,7 +291,8 @@ def fit(
         seq_dim: With axis seq, the dimension to scale in every input that has it; None: dim 1 of
             the integer inputs.
         budget: Bytes the peak must fit in (each rank's with `sharding`); None: from `gpu`.
-        gpu: The target GPU whose memory, less its context, is the budget when none is given.
+        gpu: The target GPU (a key of gpus.py): the step is traced for it, and its memory less the
+            CUDA context and cuBLAS workspaces is the budget when none is given.
         device: The device the step is for (cpu, cuda or meta); the step is traced on fake tensors.
         step: train or inference (forward only; then there is no plan to search).
         optimizer: As for `analyze`.
@@ -330,7 +334,8 @@ def fit(
                                     device=device, trust=trust, main_module=main_module)
     else:
         probe = _DeviceProbe(target, specs, dims, budget=budget, device=device, optimizer=optimizer,
-                             autocast=autocast, dtype=dtype, inference=inference, trust=trust, main_module=main_module)
+                             autocast=autocast, dtype=dtype, inference=inference, trust=trust, main_module=main_module,
+                             gpu=gpu)
     cap, limit = MAX_SIZE, None
     if axis == "seq":
         positions = probe.position_limit()
@@ -425,14 +430,14 @@ class _DeviceProbe(_Probe):
 
     def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, budget: int, device: str,
                  optimizer: str, autocast: str | None, dtype: str | None, inference: bool, trust: bool,
-                 main_module: str | None) -> None:
+                 main_module: str | None, gpu: str | None = None) -> None:
         from memlayout.activations.analysis import prepare_step
 
         self.specs, self.dims, self.budget = specs, dims, budget
         self.optimizer, self.autocast, self.dtype, self.inference = optimizer, autocast, dtype, inference
         self.step, self.notes, self.target_text, self.kind = prepare_step(
             target, specs, kwargs=None, device=device, mode="meta" if device == "meta" else "fake", trust=trust,
-            optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module,
+            optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
             step_kind="inference" if inference else "train",
         )
         self.cuda = self.step.device.startswith("cuda")

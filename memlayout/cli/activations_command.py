@@ -146,7 +146,7 @@ def activations_command(
             raise UsageError("give --inputs or --input, not both")
         budget_bytes = parse_size(budget) if budget is not None else None
         if fit_axis is not None:
-            _fit(target, inputs, input_specs, fit_axis, budget_bytes, device=device, real=real, step=step,
+            _fit(target, inputs, input_specs, fit_axis, budget_bytes, device=device, gpu=gpu, real=real, step=step,
                  optimizer=optimizer, autocast=autocast, dtype=dtype, world_size=world_size, fsdp=fsdp,
                  fsdp_modules=fsdp_modules, no_reshard_after_forward=no_reshard_after_forward,
                  param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp, allow_offload=allow_offload,
@@ -213,7 +213,7 @@ def activations_command(
 
 def _fit(
     target: str, inputs: str | None, input_specs: list[str] | None, fit_axis: str, budget_bytes: int | None, *,
-    device: str, real: bool, step: str, optimizer: str | None, autocast: str | None, dtype: str | None,
+    device: str, gpu: str | None, real: bool, step: str, optimizer: str | None, autocast: str | None, dtype: str | None,
     world_size: int | None, fsdp: bool, fsdp_modules: list[str] | None, no_reshard_after_forward: bool,
     param_dtype: str | None, reduce_dtype: str | None, tp: int, allow_offload: bool, trust: bool,
     main_module: str | None, output_format: OutputFormat, output: str | None, depth: int,
@@ -247,7 +247,7 @@ def _fit(
             raise UsageError(f"{given[0]} needs --world-size N", "e.g. --world-size 8 --fsdp")
     try:
         report = fit(
-            target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget_bytes, device=device,
+            target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget_bytes, device=device, gpu=gpu,
             step=step, optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
             main_module=main_module,
         )

@@ -151,7 +151,8 @@ def _one_line_exit(args: list[str], code: int, message: str) -> None:
 @pytest.mark.parametrize(("extra", "message"), [
     (["--inputs", "tests.activations.models:gpt2_inputs", "--fit", "batch", "--budget", "1GiB"],
      "needs them as --input specs"),
-    (["--input", "int64[4,64]<500", "--fit", "batch"], "--fit needs --budget"),
+    (["--input", "int64[4,64]<500", "--fit", "batch"], "--fit needs a budget"),
+    (["--input", "int64[4,64]<500", "--fit", "batch", "--gpu", "h1000"], "unknown --gpu 'h1000'"),
     (["--input", "int64[4,64]<500", "--fit", "width", "--budget", "1GiB"], "is not batch, seq or seq:N"),
     (["--input", "int64[4,64]<500", "--fit", "batch", "--budget", "1GiB", "--real"], "--real does not apply"),
     (["--input", "int64[4,64]<500", "--input", "labels=int64[2,64]<500", "--fit", "batch", "--budget", "1GiB"],
@@ -204,3 +205,12 @@ def test_a_gpus_budget_leaves_out_the_cuda_context_and_cublas_workspaces() -> No
     runtime = cuda_runtime((9, 0))
     assert budget == 80 * 10**9 - runtime.context_bytes - runtime.workspace_reserved_bytes
     assert 0 < 80 * 10**9 - budget < 2**30 and "CUDA context" in said
+
+
+def test_without_a_budget_the_gpus_memory_less_its_runtime_is_the_budget() -> None:
+    from memlayout.activations.fit import budget_for_gpu_memory, budget_from_gpu
+    from memlayout.activations.gpus import gpu_spec
+
+    budget, said = budget_from_gpu("h100")
+    assert (budget, said.split(": ", 1)[1]) == budget_for_gpu_memory(gpu_spec("h100").total_memory, (9, 0))
+    assert said.startswith("--gpu h100")
