@@ -144,3 +144,18 @@ class RankStepError(MemlayoutError):
 
 class AllocatorOutOfMemoryError(MemlayoutError):
     """The CUDA allocator model's capacity cannot hold a new segment, even after releasing the cached ones."""
+
+
+class NothingFitsError(MemlayoutError):
+    """Not even a size of 1 fits the budget, with or without a plan."""
+
+    def __init__(self, axis: str, budget: int, lowest: int | None) -> None:
+        from memlayout.format_bytes import human_bytes
+
+        self.budget_bytes = budget
+        self.lowest_peak_bytes = lowest
+        reached = f": at {axis} 1 the lowest peak is {human_bytes(lowest)} ({lowest} bytes)" if lowest else ""
+        super().__init__(
+            f"not even a {axis} of 1 fits a budget of {human_bytes(budget)} ({budget} bytes){reached}",
+            "raise --budget, use lower precision (--dtype bf16), or shard across ranks (--world-size)",
+        )

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlayout.activations.facts import Trace
-from memlayout.activations.optimizer import DEFAULT_OPTIMIZER, check_optimizer, state_dtype
+from memlayout.activations.optimizer import check_optimizer, state_dtype
 from memlayout.activations.search import PlanResult, plan_for_budget
-from memlayout.activations.step import LOSS_FROM_SUM
+from memlayout.activations.step import LOSS_FROM_SUM, resolve_step
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
 from memlayout.activations.world import InputsArg, StepWorld, device_for_gpu
 from memlayout.errors import ActivationsError, MemlayoutError, UsageError
@@ -50,6 +50,9 @@ class ActivationReport:
     predicted_peak_bytes: int | None = None
     """With mode real: the peak the default fake-tensor run predicts for the same step, to
     read against the measured `summary.peak_bytes`; None otherwise (or if that run failed)."""
+    step: str = "train"
+    """train (forward, loss, backward, the optimizer's step) or inference (forward only, under
+    `torch.inference_mode`, the model in eval mode): see step.py's STEPS."""
 
     @property
     def data_dependent(self) -> tuple[tuple[str, str, int], ...]:
@@ -71,11 +74,12 @@ def analyze(
     device: str = "cpu",
     mode: str = "fake",
     trust: bool = False,
-    optimizer: str = DEFAULT_OPTIMIZER,
+    optimizer: str | None = None,
     autocast: str | None = None,
     dtype: str | None = None,
     main_module: str | None = None,
     gpu: str | None = None,
+    step: str = "train",
 ) -> ActivationReport:
     """Trace one training step of a model and report its activation memory (and a plan for `budget`).
 
@@ -90,8 +94,9 @@ def analyze(
         device: The device the step is for: cpu, cuda or meta.
         mode: fake (default, no memory), meta, or real (runs the step on `device`).
         trust: Allow unpickling a module file.
-        optimizer: adamw (default), adam, sgd (momentum 0.9) or none: the optimizer whose
-            state and `step()` the peak includes (see optimizer.py).
+        optimizer: adamw (the default for a training step), adam, sgd (momentum 0.9) or none: the
+            optimizer whose state and `step()` the peak includes (see optimizer.py). An inference
+            step has none.
         autocast: bf16 or fp16: forward and loss under `torch.autocast` for the device's
             type, with that device's op lists (CPU's differ from CUDA's); None for none.
         dtype: bf16, fp16 or fp32: cast the model's floating parameters, buffers and inputs first,
@@ -101,6 +106,8 @@ def analyze(
             saved from a script names as `__main__.X`.
         gpu: The GPU to trace for (a key of activations/gpus.py: h100, a100-80gb, ...); implies
             device="cuda". Where no GPU is present and none is named, an H100 is assumed.
+        step: train (forward, loss, backward, the optimizer's step) or inference (forward only,
+            under `torch.inference_mode`, the model in eval mode; no budget, no optimizer).
 
     Returns:
         An `ActivationReport`.
@@ -111,8 +118,10 @@ def analyze(
         ActivationsError: anything else: memlayout's own failure, still one line.
     """
     try:
+        optimizer = resolve_step(step, optimizer, budget)
         return _analyze(target, inputs, kwargs=kwargs, budget=budget, device=device, mode=mode, trust=trust,
-                        optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu)
+                        optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
+                        step_kind=step)
     except MemlayoutError:
         raise
     except Exception as exc:
@@ -136,56 +145,13 @@ def _analyze(
     dtype: str | None = None,
     main_module: str | None = None,
     gpu: str | None = None,
+    step_kind: str = "train",
 ) -> ActivationReport:
-    import torch
-
-    from memlayout.activations.step import Autocast, torch_dtype
-
-    if device == "meta":
-        mode = "meta" if mode != "real" else mode
-    check_optimizer(optimizer)
-    if autocast is not None and autocast not in ("bf16", "fp16"):
-        raise UsageError(f"unknown --autocast {autocast!r}", "use bf16 or fp16")
-    cast_to = torch_dtype(dtype) if dtype is not None else None
-    device = device_for_gpu(device, mode, gpu)
-    step = StepWorld(mode, device, gpu)
-    if autocast is not None:
-        step.autocast = Autocast("cuda" if device.startswith("cuda") else "cpu", autocast)
-    notes: list[str] = []
-    if isinstance(target, torch.nn.Module):
-        step.model = step.adopt_model(target)
-        target_text, kind = None, "module"
-    else:
-        from memlayout.activations.build import build_model
-
-        built = build_model(
-            str(target), trust=trust, main_module=main_module, context=step.context, world=step.mode, device=step.device,
-            adopt=step.adopt_model,
-        )
-        step.model = built.model
-        notes.extend(built.notes)
-        target_text, kind = str(target), built.kind.kind
-    step.model.train()
-    step.initial_modules = frozenset((path, type(m).__name__) for path, m in step.model.named_modules())
-    if step.device not in ("cpu", "meta"):
-        if step.mode == "real":
-            with step.context():
-                step.model.to(step.device)
-        else:
-            from memlayout.activations.build import place_fake_model
-
-            notes.extend(place_fake_model(step.model, step.device, step.context))
-    if cast_to is not None:
-        from memlayout.activations.build import cast_model
-
-        cast_model(step.model, cast_to, step.mode, step.device, step.context)
-    step.make_inputs(inputs, kwargs)
-    if cast_to is not None:
-        step.cast_inputs(cast_to)
-    if not step.args and not step.kwargs:
-        raise UsageError("no inputs to run the step with", _inputs_hint(step.model))
+    step, notes, target_text, kind = prepare_step(
+        target, inputs, kwargs=kwargs, device=device, mode=mode, trust=trust, optimizer=optimizer, autocast=autocast,
+        dtype=dtype, main_module=main_module, gpu=gpu, step_kind=step_kind,
+    )
     try:
-        step.add_optimizer(optimizer)
         baseline = step.trace()
     except MemlayoutError:
         raise
@@ -219,7 +185,8 @@ def _analyze(
         # the real report stands, and says there is no prediction to read it against.
         try:
             predicted = analyze(target, inputs, kwargs=kwargs, device=device, trust=trust, optimizer=optimizer,
-                                autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu).summary.peak_bytes
+                                autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
+                                step=step_kind).summary.peak_bytes
         except MemlayoutError as exc:
             notes.append(f"no prediction to compare with: on fake tensors, {exc.one_line()}")
     return ActivationReport(
@@ -240,7 +207,86 @@ def _analyze(
         dtype=dtype,
         optimizer_state_dtype=state_dtype(step.optimizer),
         predicted_peak_bytes=predicted,
+        step=step_kind,
     )
+
+
+def prepare_step(
+    target: Any,
+    inputs: InputsArg,
+    *,
+    kwargs: Mapping[str, Any] | None,
+    device: str,
+    mode: str,
+    trust: bool,
+    optimizer: str,
+    autocast: str | None = None,
+    dtype: str | None = None,
+    main_module: str | None = None,
+    gpu: str | None = None,
+    step_kind: str = "train",
+) -> tuple[StepWorld, list[str], str | None, str]:
+    """The model built in its tensor world, its inputs made, its optimizer's state given: ready to trace.
+
+    Returns the step, the notes so far, the target as text (None for a live module) and its kind.
+    """
+    import torch
+
+    from memlayout.activations.step import Autocast, torch_dtype
+
+    if device == "meta":
+        mode = "meta" if mode != "real" else mode
+    check_optimizer(optimizer)
+    if autocast is not None and autocast not in ("bf16", "fp16"):
+        raise UsageError(f"unknown --autocast {autocast!r}", "use bf16 or fp16")
+    cast_to = torch_dtype(dtype) if dtype is not None else None
+    device = device_for_gpu(device, mode, gpu)
+    step = StepWorld(mode, device, gpu)
+    if autocast is not None:
+        step.autocast = Autocast("cuda" if device.startswith("cuda") else "cpu", autocast)
+    notes: list[str] = []
+    if isinstance(target, torch.nn.Module):
+        step.model = step.adopt_model(target)
+        target_text, kind = None, "module"
+    else:
+        from memlayout.activations.build import build_model
+
+        built = build_model(
+            str(target), trust=trust, main_module=main_module, context=step.context, world=step.mode, device=step.device,
+            adopt=step.adopt_model,
+        )
+        step.model = built.model
+        notes.extend(built.notes)
+        target_text, kind = str(target), built.kind.kind
+    step.model.train()
+    if step_kind == "inference":
+        step.model.eval()  # as serving code runs it: dropout off, norms on their running statistics
+        step.inference = True
+    step.initial_modules = frozenset((path, type(m).__name__) for path, m in step.model.named_modules())
+    if step.device not in ("cpu", "meta"):
+        if step.mode == "real":
+            with step.context():
+                step.model.to(step.device)
+        else:
+            from memlayout.activations.build import place_fake_model
+
+            notes.extend(place_fake_model(step.model, step.device, step.context))
+    if cast_to is not None:
+        from memlayout.activations.build import cast_model
+
+        cast_model(step.model, cast_to, step.mode, step.device, step.context)
+    step.make_inputs(inputs, kwargs)
+    if cast_to is not None:
+        step.cast_inputs(cast_to)
+    if not step.args and not step.kwargs:
+        raise UsageError("no inputs to run the step with", _inputs_hint(step.model))
+    try:
+        step.add_optimizer(optimizer)
+    except MemlayoutError:
+        raise
+    except Exception as exc:  # the model's own forward or backward failed on these inputs
+        raise _step_failed(exc, step) from exc
+    return step, notes, target_text, kind
 
 
 def _inputs_hint(model: Any) -> str:

@@ -103,8 +103,8 @@ def suggested_inputs(model: Any) -> tuple[InputSpec, ...]:
     image_size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", None)
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int) and vocab > 0:
-        limits = [getattr(config, name, None) for name in _POSITION_LIMITS]
-        length = min([SUGGESTED_LENGTH] + [limit for limit in limits if isinstance(limit, int) and limit > 0])
+        limit = position_limit(model)
+        length = min(SUGGESTED_LENGTH, limit[1]) if limit is not None else SUGGESTED_LENGTH
         shape = (SUGGESTED_BATCH, length)
         specs = [InputSpec("input_ids", "int64", shape, vocab)]
         if type(model).__name__.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM")):
@@ -113,3 +113,16 @@ def suggested_inputs(model: Any) -> tuple[InputSpec, ...]:
     if isinstance(image_size, int) and isinstance(channels, int):
         return (InputSpec("pixel_values", "float32", (SUGGESTED_BATCH, channels, image_size, image_size), None),)
     return ()
+
+
+def position_limit(model: Any) -> tuple[str, int] | None:
+    """(config field, value) of the fewest positions a Hugging Face model's config allows; None without one.
+
+    Fake tensors do not check an index against a table's size, so a sequence longer than
+    the model's position embeddings would trace without failing where the real step does.
+    """
+    config = getattr(model, "config", None)
+    limits = [(name, getattr(config, name, None)) for name in _POSITION_LIMITS] if config is not None else []
+    known = [(name, value) for name, value in limits if isinstance(value, int) and not isinstance(value, bool)
+             and value > 0]
+    return min(known, key=lambda item: item[1]) if known else None

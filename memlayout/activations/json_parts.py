@@ -5,10 +5,13 @@ The keys are a contract (schema 1, `schema_v1.json`); within a version they are 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlayout.activations.summary import Summary
 from memlayout.version import __version__
+
+if TYPE_CHECKING:
+    from memlayout.activations.search import PlanResult
 
 SCHEMA_VERSION = 1
 
@@ -63,4 +66,19 @@ def cuda_runtime_dict() -> dict[str, Any]:
         "cublaslt_workspace_bytes": runtime.cublaslt_workspace_bytes,
         "workspace_bytes": runtime.workspace_bytes,
         "workspace_reserved_bytes": runtime.workspace_reserved_bytes,
+    }
+
+
+def plan_dict(plan: PlanResult) -> dict[str, Any]:
+    """`plan`: a plan for a budget, and what tracing it measured."""
+    return {
+        "budget_bytes": plan.budget_bytes,
+        **plan.plan.to_dict(),
+        "peak_bytes": plan.peak_bytes,
+        "allocator_peak_bytes": plan.allocator_peak_bytes,
+        "estimated_peak_bytes": plan.estimated_peak_bytes,
+        "recompute_flops": plan.recompute_flops,
+        "checks": plan.checks,
+        "pitfalls": list(plan.pitfalls),
+        "excluded": [{"module": path, "reason": reason} for path, reason in plan.excluded],
     }

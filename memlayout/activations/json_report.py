@@ -11,7 +11,8 @@ from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
-from memlayout.activations.json_parts import cuda_runtime_dict, head, summary_dict
+from memlayout.activations.fit import FitReport
+from memlayout.activations.json_parts import cuda_runtime_dict, head, plan_dict, summary_dict
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.ranks.report import ranks_report_dict
 from memlayout.output.interface import Formatter
@@ -46,17 +47,7 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
             }
             for m in report.modules
         ],
-        "plan": None if plan is None else {
-            "budget_bytes": plan.budget_bytes,
-            **plan.plan.to_dict(),
-            "peak_bytes": plan.peak_bytes,
-            "allocator_peak_bytes": plan.allocator_peak_bytes,
-            "estimated_peak_bytes": plan.estimated_peak_bytes,
-            "recompute_flops": plan.recompute_flops,
-            "checks": plan.checks,
-            "pitfalls": list(plan.pitfalls),
-            "excluded": [{"module": path, "reason": reason} for path, reason in plan.excluded],
-        },
+        "plan": None if plan is None else plan_dict(plan),
         "fallbacks": [{"op": op, "count": count} for op, count in report.fallbacks],
         "data_dependent": [
             {"op": op, "kind": kind, "count": count, "assumption": ASSUMPTIONS[kind]}
@@ -65,12 +56,21 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
         "notes": list(report.notes),
         "predicted_peak_bytes": report.predicted_peak_bytes,
         **({"cuda_runtime": cuda_runtime_dict()} if report.device.startswith("cuda") else {}),
+        "step": report.step,
     }
 
 
-class ActivationsJson(Formatter["ActivationReport | RanksReport"]):
-    """Every module, the summary and the plan (schema 1); across ranks, each rank and the sharding too."""
+class ActivationsJson(Formatter["ActivationReport | RanksReport | FitReport"]):
+    """Every module, the summary and the plan (schema 1); across ranks, each rank and the sharding too; with
+    --fit, the step at the size that fits and the `fit` object."""
 
-    def render(self, report: ActivationReport | RanksReport) -> str:
-        data = ranks_report_dict(report) if isinstance(report, RanksReport) else report_dict(report)
+    def render(self, report: ActivationReport | RanksReport | FitReport) -> str:
+        if isinstance(report, FitReport):
+            from memlayout.activations.fit_report import fit_dict
+
+            inner = report.report
+            data = ranks_report_dict(inner) if isinstance(inner, RanksReport) else report_dict(inner)
+            data["fit"] = fit_dict(report)
+        else:
+            data = ranks_report_dict(report) if isinstance(report, RanksReport) else report_dict(report)
         return json.dumps(data, indent=2) + "\n"

@@ -18,6 +18,17 @@ from memlayout.errors import UsageError
 
 LOSS_FROM_OUTPUT = "output.loss"
 LOSS_FROM_SUM = "sum of floating outputs"
+LOSS_NONE = "none: forward only"
+"""How an inference step's "loss" reads: it has none, and no backward."""
+
+STEPS = ("train", "inference")
+"""train: forward, loss, backward and the optimizer's step. inference: forward only, under
+`torch.inference_mode`, with the model in eval mode, as serving code runs it."""
+STEP_HELP = (
+    "train (the default): forward, loss, backward and --optimizer's step. inference: forward only, under "
+    "torch.inference_mode with the model in eval mode: weights plus the activation peak, no gradients, no "
+    "optimizer, no checkpoint plan."
+)
 
 
 def output_tensors(output: Any) -> Iterator[Any]:
@@ -51,6 +62,27 @@ def pick_loss(output: Any) -> tuple[Any, str]:
     for tensor in floats[1:]:
         total = total + tensor.sum()
     return total, LOSS_FROM_SUM
+
+
+def resolve_step(step: str, optimizer: str | None, budget: int | None) -> str:
+    """The optimizer a step of this kind runs (None: adamw for training, none for inference).
+
+    Raises:
+        UsageError: an unknown step, or an optimizer or a checkpoint budget with an inference step.
+    """
+    from memlayout.activations.optimizer import DEFAULT_OPTIMIZER
+
+    if step not in STEPS:
+        raise UsageError(f"unknown --step {step!r}", "use train or inference")
+    if step == "train":
+        return DEFAULT_OPTIMIZER if optimizer is None else optimizer
+    if optimizer not in (None, "none"):
+        raise UsageError(f"--optimizer {optimizer} does not apply to --step inference: it has no backward and no "
+                         "optimizer step", "leave --optimizer out")
+    if budget is not None:
+        raise UsageError("--budget plans checkpoints for backward, and --step inference has none",
+                         "give --fit with --budget for the largest batch whose forward fits")
+    return "none"
 
 
 class Autocast(NamedTuple):
@@ -92,8 +124,12 @@ def run_step(
     on_phase: Callable[[str], None] | None = None,
     optimizer: Any = None,
     autocast: Autocast | None = None,
+    inference: bool = False,
 ) -> tuple[Any, str]:
     """Forward, loss, backward, and the optimizer's step. Returns the detached loss and how it was picked.
+
+    With `inference`, forward alone under `torch.inference_mode` (the caller puts the model in
+    eval mode): returns the output, which stays alive as a caller's would, and LOSS_NONE.
 
     Args:
         model: The module, in train mode.
@@ -103,9 +139,15 @@ def run_step(
         optimizer: A torch optimizer over the model's parameters, or None.
         autocast: Mixed precision for forward and loss; backward runs outside it, as
             torch's autocast recipe has it (its ops run in the dtypes forward chose).
+        inference: Forward only, under `torch.inference_mode`; no loss, backward or optimizer.
     """
     notify = on_phase or (lambda _phase: None)
     notify("forward")
+    if inference:
+        import torch
+
+        with torch.inference_mode(), autocast.context() if autocast is not None else nullcontext():
+            return model(*args, **kwargs), LOSS_NONE
     with autocast.context() if autocast is not None else nullcontext():
         output = model(*args, **kwargs)
         notify("loss")

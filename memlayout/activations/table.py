@@ -8,6 +8,7 @@ from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
+from memlayout.activations.fit import FitReport
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.ranks.report import render_ranks_table
 from memlayout.format_bytes import human_bytes
@@ -63,6 +64,8 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     grid.add_row("parameters", human_bytes(s.parameter_bytes), "gradients", human_bytes(s.gradient_bytes))
     grid.add_row("inputs", human_bytes(s.input_bytes), "forward", flops_text(s.forward_flops))
     optimizer = "none (forward and backward only)" if report.optimizer == "none" else report.optimizer
+    if report.step == "inference":
+        optimizer = "none (forward only, under torch.inference_mode, the model in eval mode: no gradients)"
     # Its dtype is said where precision was asked for: torch keeps the state in the parameters' dtype.
     precise = report.optimizer_state_dtype and (report.autocast or report.dtype)
     state = human_bytes(s.optimizer_bytes) + (f" in {report.optimizer_state_dtype}" if precise else "")
@@ -73,8 +76,9 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
         f" | autocast {report.autocast}" if report.autocast else "",
         f" | parameters {report.dtype}" if report.dtype else "",
     ))
+    step = " | step: inference" if report.step == "inference" else ""
     subtitle = (f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss} | "
-                f"optimizer: {report.optimizer}{precision}")
+                f"optimizer: {report.optimizer}{precision}{step}")
     parts_out: list[Any] = [
         Panel(Group(grid, Text.assemble(("live at the peak", "bold"), f"  {live}")), title=title, subtitle=subtitle,
               title_align="left", expand=False)
@@ -165,7 +169,7 @@ def _plan_text(report: ActivationReport, width: int) -> Any:
     return Text("\n".join(lines))
 
 
-class ActivationsTable(Formatter["ActivationReport | RanksReport"]):
+class ActivationsTable(Formatter["ActivationReport | RanksReport | FitReport"]):
     """The terminal report, modules down to `depth`; across ranks, each rank's breakdown and the sharding code."""
 
     def __init__(self, depth: int = DEFAULT_DEPTH, width: int = 120, color: bool = False) -> None:
@@ -173,7 +177,11 @@ class ActivationsTable(Formatter["ActivationReport | RanksReport"]):
         self.width = width
         self.color = color
 
-    def render(self, report: ActivationReport | RanksReport) -> str:
+    def render(self, report: ActivationReport | RanksReport | FitReport) -> str:
+        if isinstance(report, FitReport):
+            from memlayout.activations.fit_report import render_fit_table
+
+            return render_fit_table(report, width=self.width)
         if isinstance(report, RanksReport):
             return render_ranks_table(report, width=self.width, color=self.color)
         return render_table(report, depth=self.depth, width=self.width, color=self.color)

@@ -414,6 +414,7 @@ def trace_step(
     on_loss: Callable[[Any], None] | None = None,
     optimizer: Any = None,
     autocast: Autocast | None = None,
+    inference: bool = False,
 ) -> Trace:
     """Run one step of `model` on the inputs under the tracer and return its facts.
 
@@ -427,6 +428,8 @@ def trace_step(
         on_loss: Receives the detached loss.
         optimizer: Steps after backward; its state counts from the start (see optimizer.py).
         autocast: Mixed precision around forward and loss.
+        inference: Forward only, under `torch.inference_mode` (see step.py); the model's
+            output stays alive to the end, as the caller's would.
     """
     tracer = StepTracer(model, correct_kernels=mode != "real", optimizer=optimizer)
     with ExitStack() as stack:
@@ -440,7 +443,10 @@ def trace_step(
         tracer.register_state(args, kwargs)
         stack.enter_context(tracer)
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(tracer._pack, lambda tensor: tensor))
-        loss, how = run_step(model, args, kwargs, on_phase=tracer.set_phase, optimizer=optimizer, autocast=autocast)
+        loss, how = run_step(model, args, kwargs, on_phase=tracer.set_phase, optimizer=optimizer, autocast=autocast,
+                             inference=inference)
+        if inference:
+            tracer.forward_end = tracer.seq
     if on_loss is not None:
         on_loss(loss)
     del loss

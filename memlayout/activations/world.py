@@ -88,6 +88,8 @@ class StepWorld:
         self.optimizer: Any = None
         self.autocast: Autocast | None = None
         """Mixed precision around forward and loss (`--autocast`)."""
+        self.inference = False
+        """Forward only, under `torch.inference_mode` (`--step inference`)."""
         self.args: tuple[Any, ...] = ()
         self.kwargs: dict[str, Any] = {}
         self.descriptions: tuple[str, ...] = ()
@@ -271,7 +273,7 @@ class StepWorld:
                 self.step_mode.policy = policy
             trace = trace_step(
                 self.model, self.args, self.kwargs, device=self.device, mode=self.mode, notes=notes,
-                optimizer=self.optimizer, autocast=self.autocast,
+                optimizer=self.optimizer, autocast=self.autocast, inference=self.inference,
             )
         for parameter in self.model.parameters():
             parameter.grad = None

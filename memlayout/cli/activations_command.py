@@ -11,6 +11,7 @@ import typer
 from memlayout import _torch
 from memlayout.activations.optimizer import DEFAULT_OPTIMIZER
 from memlayout.activations.optimizer import HELP as OPTIMIZER_HELP
+from memlayout.activations.step import STEP_HELP
 from memlayout.cli.formats import (
     Command,
     OutputFormat,
@@ -66,7 +67,18 @@ def activations_command(
     ] = None,
     real: Annotated[bool, typer.Option("--real", help="Run the step for real on --device (uses the memory), as a check.")] = False,
     depth: Annotated[int, typer.Option("--depth", help="Module depth the table shows.", min=0)] = 3,
-    optimizer: Annotated[str, typer.Option("--optimizer", help=OPTIMIZER_HELP, metavar="adamw|adam|sgd|none")] = DEFAULT_OPTIMIZER,
+    optimizer: Annotated[
+        str | None, typer.Option("--optimizer", help=OPTIMIZER_HELP, metavar="adamw|adam|sgd|none")
+    ] = None,
+    step: Annotated[str, typer.Option("--step", help=STEP_HELP, metavar="train|inference")] = "train",
+    fit_axis: Annotated[
+        str | None,
+        typer.Option("--fit", help="Find the largest batch (batch), or the longest sequence (seq), whose peak fits "
+                     "--budget, on fake traces, with no checkpointing and with the budget search's plan: batch "
+                     "scales dim 0 of every --input; seq dim 1 of every integer --input with two or more dims "
+                     "(token ids, labels, masks), or seq:N dim N of every --input that has it.",
+                     metavar="batch|seq|seq:N"),
+    ] = None,
     autocast: Annotated[
         str | None,
         typer.Option("--autocast", help="Run forward and loss under torch.autocast in this dtype, with --device's "
@@ -131,6 +143,12 @@ def activations_command(
     if inputs and input_specs:
         raise UsageError("give --inputs or --input, not both")
     budget_bytes = parse_size(budget) if budget is not None else None
+    if fit_axis is not None:
+        return _fit(target, inputs, input_specs, fit_axis, budget_bytes, device=device, gpu=gpu, real=real, step=step,
+                    optimizer=optimizer, autocast=autocast, dtype=dtype, world_size=world_size, fsdp=fsdp,
+                    fsdp_modules=fsdp_modules, no_reshard_after_forward=no_reshard_after_forward,
+                    param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp, allow_offload=allow_offload,
+                    trust=trust, main_module=main_module, output_format=output_format, output=output, depth=depth)
     distributed = {"--fsdp": fsdp, "--fsdp-modules": fsdp_modules, "--no-reshard-after-forward":
                    no_reshard_after_forward, "--param-dtype": param_dtype, "--reduce-dtype": reduce_dtype,
                    "--tp": tp != 1, "--allow-offload": allow_offload}
@@ -141,6 +159,9 @@ def activations_command(
         from memlayout.activations.ranks.parallel import ShardingOptions
         from memlayout.errors import RanksBudgetUnreachableError
 
+        if step != "train":
+            raise UsageError("--step inference is not traced with --world-size yet",
+                             "predict one device's forward without --world-size")
         if real or device == "meta":
             raise UsageError(
                 f"--world-size predicts ranks on fake tensors; {'--real' if real else '--device meta'} does not apply",
@@ -153,7 +174,7 @@ def activations_command(
         )
         try:
             ranks = analyze_ranks(
-                target, inputs if inputs else list(input_specs or []), sharding=options, optimizer=optimizer,
+                target, inputs if inputs else list(input_specs or []), sharding=options, optimizer=optimizer or DEFAULT_OPTIMIZER,
                 budget=budget_bytes, allow_offload=allow_offload, device=device, trust=trust,
                 main_module=main_module, autocast=autocast, dtype=dtype,
             )
@@ -171,9 +192,59 @@ def activations_command(
         report = analyze(
             target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
             mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
-            autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
+            autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu, step=step,
         )
     except BudgetUnreachableError as exc:
+        print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
+        return BUDGET_UNREACHABLE
+    render = RenderOptions(color=terminal_color(output_format, output), depth=depth)
+    formatter = supported(to_format(output_format).activations, output_format, Command.ACTIVATIONS)(render)
+    write_output(formatter.render_pieces(report), output)
+    return 0
+
+
+def _fit(
+    target: str, inputs: str | None, input_specs: list[str] | None, fit_axis: str, budget_bytes: int | None, *,
+    device: str, gpu: str | None, real: bool, step: str, optimizer: str | None, autocast: str | None, dtype: str | None,
+    world_size: int | None, fsdp: bool, fsdp_modules: list[str] | None, no_reshard_after_forward: bool,
+    param_dtype: str | None, reduce_dtype: str | None, tp: int, allow_offload: bool, trust: bool,
+    main_module: str | None, output_format: OutputFormat, output: str | None, depth: int,
+) -> int:
+    """`--fit`: the largest batch (or sequence) that fits, rendered as the command's other reports are."""
+    from memlayout.activations.fit import fit, parse_axis
+    from memlayout.errors import NothingFitsError
+
+    axis, seq_dim = parse_axis(fit_axis)
+    if real:
+        raise UsageError("--fit searches on fake traces; --real does not apply",
+                         "check its answer with --real at the batch it reports")
+    if inputs:
+        raise UsageError("--fit scales the inputs' sizes, so it needs them as --input specs, not --inputs",
+                         "give each input as --input DTYPE[SHAPE], e.g. --input 'int64[1,4096]<32000'")
+    if allow_offload:
+        raise UsageError("--fit does not search offload plans yet", "leave --allow-offload out")
+    sharding = None
+    if world_size is not None:
+        from memlayout.activations.ranks.parallel import ShardingOptions
+
+        sharding = ShardingOptions(
+            world_size=world_size, fsdp=fsdp, fsdp_modules=tuple(fsdp_modules or ()),
+            reshard_after_forward=not no_reshard_after_forward, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
+            tp=tp,
+        )
+    else:
+        given = [flag for flag, value in {"--fsdp": fsdp, "--fsdp-modules": fsdp_modules, "--no-reshard-after-forward":
+                 no_reshard_after_forward, "--param-dtype": param_dtype, "--reduce-dtype": reduce_dtype,
+                 "--tp": tp != 1}.items() if value]
+        if given:
+            raise UsageError(f"{given[0]} needs --world-size N", "e.g. --world-size 8 --fsdp")
+    try:
+        report = fit(
+            target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget_bytes, device=device, gpu=gpu,
+            step=step, optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
+            main_module=main_module,
+        )
+    except NothingFitsError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
         return BUDGET_UNREACHABLE
     render = RenderOptions(color=terminal_color(output_format, output), depth=depth)

@@ -32,6 +32,7 @@ else:  # pragma: no cover - Python 3.10
 
 if TYPE_CHECKING:
     from memlayout.activations.analysis import ActivationReport
+    from memlayout.activations.fit import FitReport
     from memlayout.activations.ranks.facts import RanksReport
     from memlayout.diff.changes import DiffReport
     from memlayout.output.interface import Formatter
@@ -85,7 +86,7 @@ class Format(NamedTuple):
 
     inspect: Callable[[RenderOptions], Formatter[BatchReport]] | None = None
     diff: Callable[[RenderOptions], Formatter[DiffReport]] | None = None
-    activations: Callable[[RenderOptions], Formatter[ActivationReport | RanksReport]] | None = None
+    activations: Callable[[RenderOptions], Formatter[ActivationReport | RanksReport | FitReport]] | None = None
 
     def of(self, command: Command) -> Callable[[RenderOptions], Formatter[Any]] | None:
         """The formatter factory `command` renders this format with; None where it has none."""
@@ -239,13 +240,13 @@ def _diff_html(options: RenderOptions) -> Formatter[DiffReport]:
     return DiffHtml()
 
 
-def _activations_table(options: RenderOptions) -> Formatter[ActivationReport | RanksReport]:
+def _activations_table(options: RenderOptions) -> Formatter[ActivationReport | RanksReport | FitReport]:
     from memlayout.activations.table import ActivationsTable
 
     return ActivationsTable(depth=options.depth, width=options.width, color=options.color)
 
 
-def _activations_json(options: RenderOptions) -> Formatter[ActivationReport | RanksReport]:
+def _activations_json(options: RenderOptions) -> Formatter[ActivationReport | RanksReport | FitReport]:
     from memlayout.activations.json_report import ActivationsJson
 
     return ActivationsJson()

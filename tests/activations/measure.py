@@ -179,3 +179,19 @@ def saved_bytes_seen_by_pack_hook(model: torch.nn.Module, args: tuple[Any, ...],
         alive = {id(ref()): size for ref, size in seen.values() if ref() is not None}
     del loss
     return sum(alive.values())
+
+
+def inference_peak(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """The peak of one forward as serving code runs it (eval mode, `torch.inference_mode`), counted by storages
+    alone as `storage_peak_step` counts a training step: the model's state and the inputs from the start, then
+    every storage an op returns until it is freed. torch's own context managers, not memlayout's step."""
+    model.eval()
+    counter = _LiveStorages()
+    for tensor in [*model.parameters(), *model.buffers(), *args, *kwargs.values()]:
+        if isinstance(tensor, torch.Tensor):
+            counter.add(tensor)
+    torch.manual_seed(0)
+    with counter, torch.inference_mode():
+        output = model(*args, **kwargs)
+    del output
+    return counter.peak

@@ -1,0 +1,624 @@
+"""What fits: the largest batch, or the longest sequence, whose step's peak fits a budget.
+
+The model is built once; each probe re-makes the `--input` specs at one size and
+traces the step again on fake (or meta) tensors, so a probe costs one trace and no
+memory. The search grows the size from the one given (doubling) until a probe
+does not fit, then bisects between the last size that fitted and the first that
+did not. The peak is assumed to grow with the size; the answer's size and the size
+after it are both traced, so the report shows the step between them.
+
+Which dimension is scaled, from the input specs alone:
+- batch: dim 0 of every input with at least one dimension;
+- seq: dim 1 of every integer input with at least two dimensions (token ids,
+  labels, an integer attention mask); `seq_dim=N` names another dimension, and then
+  dim N of every input with more than N dimensions is scaled, whatever its dtype.
+The scaled dimensions must all have the same size as given: they are one batch (or
+one sequence) seen by several inputs.
+
+The answer is given twice: with no checkpointing, and with the budget search's
+plan (the checkpoint plan `analyze(..., budget=...)` finds), which fits more. With
+ranks (`sharding`), each probe predicts the ranks (`analyze_ranks`) and the peak is
+the largest rank's; the inputs are one rank's batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from memlayout.activations.input_specs import INTEGRAL, InputSpec, parse_input_spec
+from memlayout.errors import MemlayoutError, NothingFitsError, UsageError
+
+if TYPE_CHECKING:
+    from memlayout.activations.analysis import ActivationReport
+    from memlayout.activations.plan import Plan
+    from memlayout.activations.ranks.facts import RanksPlan, RanksReport
+    from memlayout.activations.ranks.parallel import ShardingOptions
+    from memlayout.activations.search import PlanResult
+
+AXES = ("batch", "seq")
+MAX_SIZE = 1 << 24
+"""The search stops growing here: a model whose step fits this many samples or tokens fits more than anyone asks."""
+KEPT_TRACES = 3
+"""Traces of the plain step kept for the plan search and the report; older ones are traced again if needed."""
+RULE = (
+    "batch scales dim 0 of every --input with a dimension; seq scales dim 1 of every integer --input with two or "
+    "more (token ids, labels, masks), or with seq:N dim N of every --input that has it"
+)
+
+
+class ScaledDim(NamedTuple):
+    """One input dimension the search scales."""
+
+    input: str
+    """The input's spec as given (`input_ids=int64[4,128]<32000`)."""
+    dim: int
+
+
+@dataclass(frozen=True)
+class FitProbe:
+    """One traced size."""
+
+    size: int
+    with_plan: bool
+    """Traced through the budget search (the plan's peak), not the plain step."""
+    peak_bytes: int | None
+    """The peak (with a plan: the lowest the budget search reached); None when the step failed."""
+    fits: bool
+    failure: str | None = None
+    """Why the step failed at this size, in one line; None when it ran."""
+
+
+@dataclass(frozen=True)
+class FitAnswer:
+    """The largest size that fits, and what the size after it did."""
+
+    size: int
+    """0 when not even a size of 1 fits."""
+    peak_bytes: int | None
+    """The peak at `size` (with a plan: traced with it applied); None when size is 0."""
+    next_peak_bytes: int | None
+    """The peak at size + 1 (with a plan: the lowest the search reached); None when it was not traced or failed."""
+    next_failure: str | None = None
+    """Why size + 1 is not the answer when that is not memory: the step failed there, or the search's limit."""
+    plan: PlanResult | RanksPlan | None = None
+    """The budget search's plan at `size`; None for the answer without checkpointing."""
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """What `memlayout activations --fit` reports."""
+
+    axis: str
+    """batch or seq."""
+    dims: tuple[ScaledDim, ...]
+    given_size: int
+    budget_bytes: int
+    budget_from: str
+    """Where the budget came from: "--budget", or the target GPU's memory less its context."""
+    without_plan: FitAnswer
+    with_plan: FitAnswer | None
+    """None for a forward-only step, which has no backward to checkpoint."""
+    probes: tuple[FitProbe, ...]
+    limit: str | None
+    """A bound on the search other than memory (the model's positions, MAX_SIZE); None if none applied."""
+    report: ActivationReport | RanksReport
+    """The plain step (no plan) at the answer without checkpointing, or at size 1 when nothing fits without it."""
+
+    @property
+    def world_size(self) -> int | None:
+        from memlayout.activations.ranks.facts import RanksReport
+
+        return self.report.sharding.world_size if isinstance(self.report, RanksReport) else None
+
+
+def parse_axis(text: str) -> tuple[str, int | None]:
+    """`batch`, `seq` or `seq:N` -> (axis, named seq dim or None)."""
+    axis, _, dim = text.partition(":")
+    if axis not in AXES or (dim and (axis != "seq" or not dim.isdigit() or int(dim) < 1)):
+        raise UsageError(f"--fit {text!r} is not batch, seq or seq:N", RULE)
+    return axis, int(dim) if dim else None
+
+
+def scaled_dims(specs: Sequence[InputSpec], axis: str, seq_dim: int | None = None) -> tuple[tuple[ScaledDim, ...], int]:
+    """The dimensions the search scales, and their size as given (the rule: see the module's docstring).
+
+    Raises:
+        UsageError: no input has such a dimension, or the inputs disagree on its size.
+    """
+    if axis == "batch":
+        chosen = [(spec, 0) for spec in specs if len(spec.shape) >= 1]
+    elif seq_dim is None:
+        chosen = [(spec, 1) for spec in specs if spec.dtype in INTEGRAL and len(spec.shape) >= 2]
+    else:
+        chosen = [(spec, seq_dim) for spec in specs if len(spec.shape) > seq_dim]
+    what = f"seq:{seq_dim}" if axis == "seq" and seq_dim is not None else axis
+    if not chosen:
+        raise UsageError(f"--fit {what}: no --input has the dimension it scales", RULE)
+    sizes = {spec.shape[dim] for spec, dim in chosen}
+    if len(sizes) > 1:
+        shown = ", ".join(f"{spec.describe()} dim {dim}" for spec, dim in chosen)
+        raise UsageError(f"--fit {what}: the inputs disagree on its size ({shown})",
+                         "give every input the same batch (or sequence) size")
+    return tuple(ScaledDim(spec.describe(), dim) for spec, dim in chosen), sizes.pop()
+
+
+def specs_at(specs: Sequence[InputSpec], dims: Sequence[ScaledDim], size: int) -> list[InputSpec]:
+    """The specs with every scaled dimension set to `size`."""
+    by_input = {d.input: d.dim for d in dims}
+    out = []
+    for spec in specs:
+        dim = by_input.get(spec.describe())
+        if dim is not None:
+            shape = list(spec.shape)
+            shape[dim] = size
+            spec = dataclasses.replace(spec, shape=tuple(shape))
+        out.append(spec)
+    return out
+
+
+def largest_fitting(
+    probe: Callable[[int], FitProbe], start: int, *, known_fit: int = 0, anchor: tuple[int, int] | None = None,
+    budget: int, cap: int = MAX_SIZE,
+) -> int:
+    """The largest n in [1, cap] whose probe fits, or `known_fit` (0: none known) when none above it does.
+
+    A bracketing search: grow from `start` until a probe does not fit, then narrow the
+    bracket. Each next size comes from the straight line through the two probed peaks
+    nearest the budget (`anchor`, a size and peak known without a probe, stands in for
+    the second at first), since a step's peak grows nearly linearly with its batch;
+    when that fails to halve the bracket, the next size is its midpoint, so the search
+    never takes more probes than plain bisection after growth by doubling would, plus
+    two. The probe is assumed to fit at every size below one that fits.
+    """
+    peaks: dict[int, int] = {}
+    if anchor is not None:
+        peaks[anchor[0]] = anchor[1]
+    low, high = known_fit, None
+    size = min(max(start, known_fit + 1, 1), cap)
+    slow = 0
+    while True:
+        result = probe(size)
+        if result.peak_bytes is not None:
+            peaks[size] = result.peak_bytes
+        width = None if high is None else high - low
+        if result.fits:
+            low = size
+        else:
+            high = size
+        if high is not None and high - low <= 1:
+            return low
+        if high is None and low >= cap:
+            return low
+        guess = _crossing(peaks, low, high, budget)
+        if high is None:
+            grown = max(2 * low, low + 1)
+            size = min(cap, max(low + 1, min(guess, 16 * grown) if guess is not None else grown))
+            continue
+        slow = slow + 1 if width is not None and high - low > width // 2 else 0
+        if guess is None or slow >= 2:
+            size, slow = (low + high) // 2, 0
+        else:
+            size = min(max(guess, low + 1), high - 1)
+
+
+def _crossing(peaks: dict[int, int], low: int, high: int | None, budget: int) -> int | None:
+    """The size where the line through the two probed peaks nearest the budget reaches it (rounded down),
+    and one more when that is the size known to fit: the next probe checks it."""
+    below = sorted(n for n in peaks if n <= low)
+    above = sorted(n for n in peaks if high is not None and n >= high)
+    pair = (below[-1], above[0]) if below and above else tuple(below[-2:]) if len(below) >= 2 else None
+    if pair is None:
+        return None
+    (n1, p1), (n2, p2) = ((n, peaks[n]) for n in pair)
+    if p2 <= p1 or n2 == n1:
+        return None
+    guess = n1 + (budget - p1) * (n2 - n1) // (p2 - p1)
+    return guess + 1 if guess <= low else guess
+
+
+def budget_for_gpu_memory(total_bytes: int, capability: tuple[int, int] | None = None) -> tuple[int, str]:
+    """A GPU's memory less what the CUDA runtime holds outside the step: the context and cuBLAS's workspaces
+    (cuda_runtime.py's figures), and where the budget came from, in words."""
+    from memlayout.activations.cuda_runtime import cuda_runtime
+    from memlayout.format_bytes import human_bytes
+
+    runtime = cuda_runtime(capability)
+    held = runtime.context_bytes + runtime.workspace_reserved_bytes
+    return total_bytes - held, (f"{human_bytes(total_bytes)} less the CUDA context and cuBLAS workspaces, "
+                                f"{human_bytes(held)}")
+
+
+def budget_from_gpu(gpu: str | None) -> tuple[int, str]:
+    """The budget without --budget: the target GPU's memory (gpus.py's table) less the CUDA context and
+    cuBLAS workspaces (`budget_for_gpu_memory`).
+
+    Raises:
+        UsageError: no GPU named, or an unknown one.
+    """
+    if gpu is None:
+        raise UsageError("--fit needs a budget: give --budget SIZE, or --gpu NAME for that GPU's memory less the "
+                         "CUDA context and workspaces", "e.g. --gpu h100, or --budget 78GiB")
+    from memlayout.activations.gpus import gpu_spec
+
+    spec = gpu_spec(gpu)
+    budget, said = budget_for_gpu_memory(spec.total_memory, spec.capability)
+    return budget, f"--gpu {spec.key}: {said}"
+
+
+def fit(
+    target: Any,
+    inputs: Sequence[str | InputSpec],
+    *,
+    axis: str = "batch",
+    seq_dim: int | None = None,
+    budget: int | None = None,
+    gpu: str | None = None,
+    device: str = "cpu",
+    step: str = "train",
+    optimizer: str | None = None,
+    autocast: str | None = None,
+    dtype: str | None = None,
+    sharding: ShardingOptions | None = None,
+    with_plan: bool = True,
+    trust: bool = False,
+    main_module: str | None = None,
+) -> FitReport:
+    """The largest batch (or longest sequence) whose step's peak fits `budget`, with and without a plan.
+
+    Args:
+        target: An nn.Module or a TARGET string, as for `analyze`.
+        inputs: `--input` specs (strings or `InputSpec`s) at any size; the scaled dimension is
+            read off them (see the module's docstring) and the size given is where the search starts.
+        axis: batch or seq.
+        seq_dim: With axis seq, the dimension to scale in every input that has it; None: dim 1 of
+            the integer inputs.
+        budget: Bytes the peak must fit in (each rank's with `sharding`); None: from `gpu`.
+        gpu: The target GPU (a key of gpus.py): the step is traced for it, and its memory less the
+            CUDA context and cuBLAS workspaces is the budget when none is given.
+        device: The device the step is for (cpu, cuda or meta); the step is traced on fake tensors.
+        step: train or inference (forward only; then there is no plan to search).
+        optimizer: As for `analyze`.
+        autocast: As for `analyze` (not with `sharding`).
+        dtype: As for `analyze` (not with `sharding`).
+        sharding: Predict ranks (FSDP2, tensor parallel): the peak is the largest rank's.
+        with_plan: Also search the largest size the budget search's plan fits.
+        trust: Allow unpickling a module file.
+        main_module: With `trust`, the module for a script's `__main__.X` classes.
+
+    Returns:
+        A `FitReport`.
+
+    Raises:
+        NothingFitsError: not even a size of 1 fits.
+        UsageError: no input has the dimension, the budget is below the weights, or bad arguments.
+    """
+    from memlayout.activations.step import resolve_step
+
+    if axis not in AXES:
+        raise UsageError(f"unknown fit axis {axis!r}", RULE)
+    specs = [parse_input_spec(s) if isinstance(s, str) else s for s in inputs]
+    if not specs or not all(isinstance(s, InputSpec) for s in specs):
+        raise UsageError("--fit scales the inputs' sizes, so it needs them as --input specs",
+                         "give each input as --input DTYPE[SHAPE], e.g. --input 'int64[1,4096]<32000'")
+    dims, given = scaled_dims(specs, axis, seq_dim)
+    budget_from = "--budget"
+    if budget is None:
+        budget, budget_from = budget_from_gpu(gpu)
+    if budget <= 0:
+        raise UsageError(f"the budget {budget} is not positive")
+    optimizer = resolve_step(step, optimizer, None)
+    inference = step == "inference"
+    if sharding is not None:
+        if inference or autocast or dtype:
+            given_flag = "--step inference" if inference else "--autocast" if autocast else "--dtype"
+            raise UsageError(f"{given_flag} is not traced with --world-size yet")
+        probe: _Probe = _RanksProbe(target, specs, dims, sharding=sharding, optimizer=optimizer, budget=budget,
+                                    device=device, trust=trust, main_module=main_module)
+    else:
+        probe = _DeviceProbe(target, specs, dims, budget=budget, device=device, optimizer=optimizer,
+                             autocast=autocast, dtype=dtype, inference=inference, trust=trust, main_module=main_module,
+                             gpu=gpu)
+    cap, limit = MAX_SIZE, None
+    if axis == "seq":
+        positions = probe.position_limit()
+        if positions is not None:
+            cap, limit = positions[1], f"the model's {positions[0]} ({positions[1]})"
+    probes: list[FitProbe] = []
+    plain: dict[int, FitProbe] = {}
+    planned: dict[int, FitProbe] = {}
+
+    def probe_plain(size: int) -> FitProbe:
+        if size not in plain:
+            plain[size] = probe.plain(size)
+            probes.append(plain[size])
+        return plain[size]
+
+    first = probe.plain(given)  # a failure at the size given is the inputs' fault: it propagates
+    plain[given] = first
+    probes.append(first)
+    weights = probe.state_bytes()
+    if weights >= budget:
+        from memlayout.format_bytes import human_bytes
+
+        raise UsageError(
+            f"the budget {human_bytes(budget)} ({budget} bytes) is below the model's own state, "
+            f"{human_bytes(weights)} ({weights} bytes: parameters, buffers"
+            f"{', optimizer state' if optimizer != 'none' else ''}): no {axis} fits",
+            "raise --budget, or use lower precision (--dtype bf16)",
+        )
+    size = largest_fitting(probe_plain, given, anchor=(0, weights), budget=budget, cap=cap)
+    without = _answer(size, plain.get(size), plain.get(size + 1), cap, limit)
+    with_answer = None
+    if with_plan and not inference:
+        def probe_planned(n: int) -> FitProbe:
+            if n not in planned:
+                planned[n] = probe.planned(n)
+                probes.append(planned[n])
+            return planned[n]
+
+        # Above the plain answer only: every size up to it fits with the empty plan.
+        best = largest_fitting(probe_planned, size + 1, known_fit=size, budget=budget, cap=cap)
+        plan = probe.plan_at(best) if best else None
+        at = planned.get(best) or plain.get(best)
+        with_answer = dataclasses.replace(_answer(best, at, planned.get(best + 1), cap, limit), plan=plan)
+        if plan is not None:  # the peak of the plan reported, not of the lowest plan the search probed with
+            with_answer = dataclasses.replace(with_answer, peak_bytes=plan.peak_bytes)
+    if without.size == 0 and (with_answer is None or with_answer.size == 0):
+        lowest = [p.peak_bytes for p in probes if p.size == 1 and p.peak_bytes is not None]
+        raise NothingFitsError(axis, budget, min(lowest) if lowest else None)
+    return FitReport(
+        axis=axis, dims=dims, given_size=given, budget_bytes=budget, budget_from=budget_from, without_plan=without,
+        with_plan=with_answer, probes=tuple(probes), limit=limit if without.size == cap else None,
+        report=probe.report_at(max(without.size, 1)),
+    )
+
+
+def _answer(size: int, at: FitProbe | None, after: FitProbe | None, cap: int, limit: str | None) -> FitAnswer:
+    failure = after.failure if after is not None else None
+    if after is None and size >= cap:
+        failure = f"the search stops at {cap}: {limit}" if limit else f"the search stops at {cap}"
+    return FitAnswer(
+        size=size,
+        peak_bytes=at.peak_bytes if at is not None and size else None,
+        next_peak_bytes=after.peak_bytes if after is not None else None,
+        next_failure=failure,
+    )
+
+
+class _Probe:
+    """Traces the step at one size: the plain step, or through the budget search."""
+
+    def plain(self, size: int) -> FitProbe:
+        raise NotImplementedError
+
+    def planned(self, size: int) -> FitProbe:
+        raise NotImplementedError
+
+    def plan_at(self, size: int) -> PlanResult | RanksPlan | None:
+        raise NotImplementedError
+
+    def state_bytes(self) -> int:
+        raise NotImplementedError
+
+    def report_at(self, size: int) -> ActivationReport | RanksReport:
+        raise NotImplementedError
+
+    def position_limit(self) -> tuple[str, int] | None:
+        raise NotImplementedError
+
+
+class _DeviceProbe(_Probe):
+    """One device: the model built once (`prepare_step`), each size a trace of the same model."""
+
+    def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, budget: int, device: str,
+                 optimizer: str, autocast: str | None, dtype: str | None, inference: bool, trust: bool,
+                 main_module: str | None, gpu: str | None = None) -> None:
+        from memlayout.activations.analysis import prepare_step
+
+        self.specs, self.dims, self.budget = specs, dims, budget
+        self.optimizer, self.autocast, self.dtype, self.inference = optimizer, autocast, dtype, inference
+        self.step, self.notes, self.target_text, self.kind = prepare_step(
+            target, specs, kwargs=None, device=device, mode="meta" if device == "meta" else "fake", trust=trust,
+            optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
+            step_kind="inference" if inference else "train",
+        )
+        self.cuda = self.step.device.startswith("cuda")
+        self.size: int | None = None
+        self.traced: dict[int, Any] = {}
+        """size -> (trace, summary) of the plain step, for the report and the plan search."""
+        self.lowest_plan: Plan | None = None
+
+    def _at(self, size: int) -> None:
+        if self.size == size:
+            return
+        from memlayout.activations.step import torch_dtype
+
+        self.step.make_inputs(specs_at(self.specs, self.dims, size), None)
+        if self.dtype is not None:
+            self.step.cast_inputs(torch_dtype(self.dtype))
+        self.size = size
+
+    def _trace(self, size: int) -> Any:
+        from memlayout.activations.analysis import _step_failed
+        from memlayout.activations.summary import summarize
+
+        self._at(size)
+        if size not in self.traced:
+            try:
+                trace = self.step.trace()
+            except MemlayoutError:
+                raise
+            except Exception as exc:  # the model's forward refused this size
+                raise _step_failed(exc, self.step) from exc
+            self.traced[size] = (trace, summarize(trace, cuda=self.cuda))
+            while len(self.traced) > KEPT_TRACES:  # a 7B model's trace is tens of MB of records
+                del self.traced[next(iter(self.traced))]
+        return self.traced[size]
+
+    def plain(self, size: int) -> FitProbe:
+        try:
+            _, summary = self._trace(size)
+        except UsageError as exc:
+            if size == self.specs_size():
+                raise
+            return FitProbe(size, False, None, False, exc.one_line())
+        return FitProbe(size, False, summary.peak_bytes, summary.peak_bytes <= self.budget)
+
+    def specs_size(self) -> int:
+        return self.specs[[s.describe() for s in self.specs].index(self.dims[0].input)].shape[self.dims[0].dim]
+
+    def planned(self, size: int) -> FitProbe:
+        """The step with the lowest plan: what a size needs to fit with some plan. One trace a size.
+
+        Running the whole budget search at every size would trace up to a dozen plans each;
+        the plan that reaches the lowest peak is chosen once, at the first size probed (above
+        the plain answer, where the plain step does not fit), and the search's own plan is
+        found at the answer only (`plan_at`).
+        """
+        from memlayout.activations.summary import summarize
+
+        if self.lowest_plan is None:
+            try:
+                trace, summary = self._trace(size)
+            except UsageError as exc:
+                return FitProbe(size, True, None, False, exc.one_line())
+            if summary.peak_bytes <= self.budget:
+                return FitProbe(size, True, summary.peak_bytes, True)
+            chosen = self._lowest_plan(trace)
+            if chosen is None:
+                return FitProbe(size, True, summary.peak_bytes, False)
+            self.lowest_plan, peak = chosen
+            return FitProbe(size, True, peak, peak <= self.budget)
+        self._at(size)
+        try:
+            peak = summarize(self.step.trace(self.lowest_plan), cuda=self.cuda).peak_bytes
+        except Exception as exc:  # the plan's step failed at this size
+            return FitProbe(size, True, None, False, f"with the lowest plan, {type(exc).__name__}: {exc}")
+        return FitProbe(size, True, peak, peak <= self.budget)
+
+    def _lowest_plan(self, trace: Any) -> tuple[Plan, int] | None:
+        """Of the planner's lowest plan and its every-module-of-a-level plans, the one whose traced peak is lowest."""
+        from memlayout.activations.plan import Planner
+        from memlayout.activations.search import exclusions
+        from memlayout.activations.summary import module_facts, summarize
+
+        planner = Planner(trace, exclusions(module_facts(trace), trace, self.step.initial_modules))
+        best: tuple[Plan, int] | None = None
+        for chosen in [planner.lowest(), *planner.covers()]:
+            plan = planner.plan_of(chosen)
+            if plan.empty:
+                continue
+            try:
+                traced = self.step.trace(plan)
+            except Exception:  # a plan whose step fails is not a candidate (the budget search says why)
+                continue
+            if traced.rerun_state_differs:
+                continue
+            peak = summarize(traced, cuda=self.cuda).peak_bytes
+            if best is None or peak < best[1]:
+                best = (plan, peak)
+        return best
+
+    def plan_at(self, size: int) -> PlanResult | None:
+        """The budget search's plan at this size (the cheapest it finds that fits); the lowest plan if it finds none."""
+        from memlayout.activations.search import PlanResult, pitfalls, plan_for_budget
+        from memlayout.activations.summary import module_facts, summarize
+        from memlayout.errors import BudgetUnreachableError
+
+        trace, summary = self._trace(size)
+        modules = module_facts(trace)
+        try:
+            return plan_for_budget(self.step, trace, summary, modules, self.budget)
+        except BudgetUnreachableError:
+            if self.lowest_plan is None:
+                return None
+            traced = summarize(self.step.trace(self.lowest_plan), cuda=self.cuda)
+            return PlanResult(self.budget, self.lowest_plan, traced.peak_bytes, traced.allocator_peak_bytes,
+                              traced.peak_bytes, traced.recompute_flops, 1,
+                              pitfalls(self.lowest_plan, modules, self.step.model))
+
+    def state_bytes(self) -> int:
+        _, summary = self._trace(self.specs_size())
+        return int(summary.parameter_bytes + summary.buffer_bytes + summary.optimizer_bytes)
+
+    def report_at(self, size: int) -> ActivationReport:
+        from memlayout.activations.analysis import ActivationReport
+        from memlayout.activations.summary import module_facts
+
+        trace, summary = self._trace(size)
+        step = self.step
+        return ActivationReport(
+            target=self.target_text, target_kind=self.kind, model_class=type(step.model).__name__,
+            inputs=step.descriptions, device=step.device, mode=step.mode, loss=trace.loss, optimizer=self.optimizer,
+            summary=summary, modules=module_facts(trace), plan=None, notes=tuple(self.notes), trace=trace,
+            autocast=self.autocast, dtype=self.dtype, step="inference" if self.inference else "train",
+        )
+
+    def position_limit(self) -> tuple[str, int] | None:
+        from memlayout.activations.input_specs import position_limit
+
+        return position_limit(self.step.model)
+
+
+class _RanksProbe(_Probe):
+    """Ranks: each size predicted by `analyze_ranks` (it builds the sharded model afresh)."""
+
+    def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, sharding: ShardingOptions,
+                 optimizer: str, budget: int, device: str, trust: bool, main_module: str | None) -> None:
+        self.target, self.specs, self.dims, self.budget = target, specs, dims, budget
+        self.options: dict[str, Any] = {"sharding": sharding, "optimizer": optimizer, "device": device, "trust": trust,
+                        "main_module": main_module}
+        self.reports: dict[int, RanksReport] = {}
+        self.plans: dict[int, RanksPlan] = {}
+
+    def _report(self, size: int) -> RanksReport:
+        from memlayout.activations.ranks import analyze_ranks
+
+        if size not in self.reports:
+            self.reports[size] = analyze_ranks(self.target, specs_at(self.specs, self.dims, size), **self.options)
+        return self.reports[size]
+
+    def plain(self, size: int) -> FitProbe:
+        try:
+            peak = self._report(size).largest.peak_bytes
+        except UsageError as exc:
+            if size == self._given():
+                raise
+            return FitProbe(size, False, None, False, exc.one_line())
+        return FitProbe(size, False, peak, peak <= self.budget)
+
+    def _given(self) -> int:
+        return self.specs[[s.describe() for s in self.specs].index(self.dims[0].input)].shape[self.dims[0].dim]
+
+    def planned(self, size: int) -> FitProbe:
+        from memlayout.activations.ranks import analyze_ranks
+        from memlayout.errors import RanksBudgetUnreachableError
+
+        try:
+            report = analyze_ranks(self.target, specs_at(self.specs, self.dims, size), budget=self.budget,
+                                   **self.options)
+        except RanksBudgetUnreachableError as exc:
+            return FitProbe(size, True, exc.lowest.peak_bytes, False)
+        except UsageError as exc:
+            return FitProbe(size, True, None, False, exc.one_line())
+        assert report.plan is not None
+        self.plans[size] = report.plan
+        return FitProbe(size, True, report.plan.peak_bytes, True)
+
+    def plan_at(self, size: int) -> RanksPlan | None:
+        if size not in self.plans:
+            self.planned(size)
+        return self.plans.get(size)
+
+    def state_bytes(self) -> int:
+        rank = self._report(self._given()).largest
+        return int(rank.parameter_bytes + rank.buffer_bytes + rank.optimizer_bytes)
+
+    def report_at(self, size: int) -> RanksReport:
+        return self._report(size)
+
+    def position_limit(self) -> tuple[str, int] | None:
+        return None

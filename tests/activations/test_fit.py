@@ -1,0 +1,216 @@
+"""`--fit`: the largest batch (or sequence) whose peak fits a budget, checked against real CPU steps."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import jsonschema
+import pytest
+from typer.testing import CliRunner
+
+import memlayout.activations as act
+from memlayout.activations.fit import FitProbe, fit, largest_fitting, scaled_dims
+from memlayout.activations.input_specs import parse_input_spec
+from memlayout.cli.app import app
+from tests.activations import models
+from tests.activations.measure import inference_peak, storage_peak_step
+from tests.activations.sharded_models import BATCH_SPECS
+
+SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
+MIB = 2**20
+GPT2 = ["activations", "tests.activations.models:gpt2"]
+
+
+def real_peak(build: Callable[[], object], batch: int, length: int, plan: act.Plan | None = None) -> int:
+    """A real CPU training step (AdamW, steady state) at this size, counted by storages."""
+    model = build()
+    args, kwargs = models.token_inputs(batch, length, 500)
+    if plan is None or plan.empty:
+        return storage_peak_step(model, args, kwargs).peak_bytes  # type: ignore[arg-type]
+    with act.apply_plan(model, plan):  # type: ignore[arg-type]
+        return storage_peak_step(model, args, kwargs).peak_bytes  # type: ignore[arg-type]
+
+
+def test_the_batch_found_fits_a_real_step_and_one_more_does_not() -> None:
+    budget = 40 * MIB
+    report = fit(models.gpt2(), ["int64[4,64]<500", "labels=int64[4,64]<500"], budget=budget)
+    plain = report.without_plan
+    assert plain.size > 4
+    at, over = real_peak(models.gpt2, plain.size, 64), real_peak(models.gpt2, plain.size + 1, 64)
+    assert at <= budget < over, (plain.size, at, over)
+    # the step between them is several % of the peak: the answer is not decided by rounding
+    assert (over - at) / at > 0.03
+    assert plain.peak_bytes == at and plain.next_peak_bytes == over
+
+    planned = report.with_plan
+    assert planned is not None and planned.plan is not None
+    assert planned.size > plain.size and not planned.plan.plan.empty
+    plan = planned.plan.plan
+    at = real_peak(models.gpt2, planned.size, 64, plan)
+    over = real_peak(models.gpt2, planned.size + 1, 64, plan)
+    assert at <= budget < over, (planned.size, at, over)
+
+
+def test_the_sequence_found_fits_a_real_step_and_one_more_token_does_not() -> None:
+    budget = 8 * MIB
+    report = fit(models.llama(), ["int64[8,16]<500", "labels=int64[8,16]<500"], axis="seq", budget=budget)
+    assert [(d.input, d.dim) for d in report.dims] == [("int64[8,16]<500", 1), ("labels=int64[8,16]<500", 1)]
+    plain = report.without_plan
+    assert 16 < plain.size < 256
+    at, over = real_peak(models.llama, 8, plain.size), real_peak(models.llama, 8, plain.size + 1)
+    assert at <= budget < over, (plain.size, at, over)
+    planned = report.with_plan
+    assert planned is not None and planned.plan is not None and planned.size > plain.size
+    at = real_peak(models.llama, 8, planned.size, planned.plan.plan)
+    over = real_peak(models.llama, 8, planned.size + 1, planned.plan.plan)
+    assert at <= budget < over, (planned.size, at, over)
+
+
+def test_an_inference_batch_found_fits_a_real_forward_and_one_more_does_not() -> None:
+    budget = 12 * MIB
+    report = fit(models.gpt2(), ["int64[4,64]<500"], budget=budget, step="inference")
+    assert report.with_plan is None
+    size = report.without_plan.size
+
+    def forward(batch: int) -> int:
+        args, kwargs = models.token_inputs(batch, 64, 500, labels=False)
+        return inference_peak(models.gpt2(), args, kwargs)
+
+    assert forward(size) <= budget < forward(size + 1), size
+
+
+def test_a_sequence_is_capped_at_the_models_positions() -> None:
+    report = fit(models.gpt2(), ["int64[1,16]<500"], axis="seq", budget=1 << 40, with_plan=False)
+    assert report.without_plan.size == 128  # gpt2() is built with n_positions=128
+    assert report.limit is not None and "128" in report.limit
+
+
+@pytest.mark.parametrize("peak", [
+    lambda n: 1000 + 37 * n,                     # a training step's peak: nearly linear in the batch
+    lambda n: 1000 + 5 * n + n * n // 3,         # attention's scores: quadratic in the sequence
+    lambda n: 1000 + 64 * math.ceil(n / 8),      # kernels that pad the batch to a multiple of 8
+])
+def test_the_search_finds_the_largest_size_that_fits(peak: Callable[[int], int]) -> None:
+    for budget in range(1040, 60000, 997):
+        calls: list[int] = []
+
+        def probe(n: int, calls: list[int] = calls, budget: int = budget) -> FitProbe:
+            calls.append(n)
+            return FitProbe(n, False, peak(n), peak(n) <= budget)
+
+        truth = 0
+        while peak(truth + 1) <= budget:  # every peak here grows with n
+            truth += 1
+        found = largest_fitting(probe, 4, budget=budget, anchor=(0, 1000))
+        assert found == truth, (budget, found, truth)
+        assert len(calls) == len(set(calls))
+        assert len(calls) <= 2 * math.log2(max(truth, 2)) + 6, (budget, calls)
+
+
+def test_the_batch_rule_scales_dim_0_and_the_seq_rule_the_integer_inputs_dim_1() -> None:
+    specs = [parse_input_spec(s) for s in ("int64[4,128]<100", "mask=int64[4,128]<2", "pixels=float32[4,3,8,8]")]
+    dims, given = scaled_dims(specs, "batch")
+    assert [d.dim for d in dims] == [0, 0, 0] and given == 4
+    dims, given = scaled_dims(specs, "seq")
+    assert [(d.input, d.dim) for d in dims] == [("int64[4,128]<100", 1), ("mask=int64[4,128]<2", 1)] and given == 128
+    dims, given = scaled_dims(specs, "seq", 3)
+    assert [(d.input, d.dim) for d in dims] == [("pixels=float32[4,3,8,8]", 3)] and given == 8
+
+
+def test_fit_json_follows_the_schema() -> None:
+    result = CliRunner().invoke(app, [*GPT2, "--input", "int64[4,64]<500", "--input", "labels=int64[4,64]<500",
+                                      "--fit", "batch", "--budget", "40MiB", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    jsonschema.validate(report, SCHEMA)
+    fitted = report["fit"]
+    assert fitted["axis"] == "batch" and fitted["budget_bytes"] == 40 * MIB
+    assert fitted["with_plan"]["size"] > fitted["without_plan"]["size"]
+    assert fitted["with_plan"]["plan"]["peak_bytes"] <= 40 * MIB
+    # the report around it is the plain step at the batch that fits
+    assert report["inputs"][0] == f"int64[{fitted['without_plan']['size']},64]<500"
+    assert report["summary"]["peak_bytes"] == fitted["without_plan"]["peak_bytes"]
+
+
+def test_fit_table_gives_both_answers() -> None:
+    result = CliRunner().invoke(app, [*GPT2, "--input", "int64[4,64]<500", "--step", "inference", "--fit", "batch",
+                                      "--budget", "12MiB"])
+    assert result.exit_code == 0, result.stderr
+    assert "no plan     batch" in result.stdout and "a forward-only step has no backward" in result.stdout
+
+
+def _one_line_exit(args: list[str], code: int, message: str) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--inputs", "tests.activations.models:gpt2_inputs", "--fit", "batch", "--budget", "1GiB"],
+     "needs them as --input specs"),
+    (["--input", "int64[4,64]<500", "--fit", "batch"], "--fit needs a budget"),
+    (["--input", "int64[4,64]<500", "--fit", "batch", "--gpu", "h1000"], "unknown --gpu 'h1000'"),
+    (["--input", "int64[4,64]<500", "--fit", "width", "--budget", "1GiB"], "is not batch, seq or seq:N"),
+    (["--input", "int64[4,64]<500", "--fit", "batch", "--budget", "1GiB", "--real"], "--real does not apply"),
+    (["--input", "int64[4,64]<500", "--input", "labels=int64[2,64]<500", "--fit", "batch", "--budget", "1GiB"],
+     "the inputs disagree on its size"),
+    (["--input", "int64[4,64]<500", "--fit", "batch", "--budget", "100KiB"], "is below the model's own state"),
+    (["--input", "int64[4,64]<500", "--fit", "batch", "--budget", "1GiB", "--tp", "2"], "--tp needs --world-size"),
+])
+def test_bad_fit_input_is_one_line_and_exit_2(extra: list[str], message: str) -> None:
+    _one_line_exit([*GPT2, *extra], 2, message)
+
+
+def test_seq_without_an_integer_sequence_input_is_one_line_and_exit_2() -> None:
+    _one_line_exit(["activations", "tests.activations.models:flat_cnn", "--input", "float32[8,3,32,32]", "--fit",
+                    "seq", "--budget", "1GiB"], 2, "no --input has the dimension it scales")
+
+
+def test_a_budget_no_batch_of_one_fits_is_one_line_and_exit_1() -> None:
+    report = act.analyze(models.gpt2(), ["int64[1,64]<500", "labels=int64[1,64]<500"])
+    s = report.summary
+    budget = s.parameter_bytes + s.buffer_bytes + s.optimizer_bytes + 1024
+    _one_line_exit([*GPT2, "--input", "int64[1,64]<500", "--input", "labels=int64[1,64]<500", "--fit", "batch",
+                    "--budget", str(budget)], 1, "not even a batch of 1 fits")
+
+
+def test_with_ranks_the_batch_found_is_the_largest_whose_largest_rank_fits() -> None:
+    from memlayout.activations.ranks import analyze_ranks
+    from memlayout.activations.ranks.parallel import ShardingOptions
+
+    target, sharding = "tests.activations.sharded_models:llama_style", ShardingOptions(world_size=2)
+    specs = [parse_input_spec(s) for s in BATCH_SPECS]
+    one = analyze_ranks(target, specs, sharding=sharding).largest.peak_bytes
+    budget = 3 * one  # a few times one rank's peak at the batch given
+    report = fit(target, specs, budget=budget, sharding=sharding, with_plan=False)
+    assert report.world_size == 2
+    size = report.without_plan.size
+    assert size > specs[0].shape[0]
+
+    def largest_rank(batch: int) -> int:
+        batch_specs = [s.describe().replace(f"[{s.shape[0]},", f"[{batch},", 1) for s in specs]
+        return analyze_ranks(target, batch_specs, sharding=sharding).largest.peak_bytes
+
+    assert largest_rank(size) <= budget < largest_rank(size + 1)
+
+
+def test_a_gpus_budget_leaves_out_the_cuda_context_and_cublas_workspaces() -> None:
+    from memlayout.activations.cuda_runtime import cuda_runtime
+    from memlayout.activations.fit import budget_for_gpu_memory
+
+    budget, said = budget_for_gpu_memory(80 * 10**9, (9, 0))
+    runtime = cuda_runtime((9, 0))
+    assert budget == 80 * 10**9 - runtime.context_bytes - runtime.workspace_reserved_bytes
+    assert 0 < 80 * 10**9 - budget < 2**30 and "CUDA context" in said
+
+
+def test_without_a_budget_the_gpus_memory_less_its_runtime_is_the_budget() -> None:
+    from memlayout.activations.fit import budget_for_gpu_memory, budget_from_gpu
+    from memlayout.activations.gpus import gpu_spec
+
+    budget, said = budget_from_gpu("h100")
+    assert (budget, said.split(": ", 1)[1]) == budget_for_gpu_memory(gpu_spec("h100").total_memory, (9, 0))
+    assert said.startswith("--gpu h100")
