@@ -53,6 +53,9 @@ class ActivationReport:
     step: str = "train"
     """train (forward, loss, backward, the optimizer's step) or inference (forward only, under
     `torch.inference_mode`, the model in eval mode): see step.py's STEPS."""
+    cuda_capability: tuple[int, int] | None = None
+    """(major, minor) of the GPU a CUDA step was traced for (`--gpu`, the GPU present, or the
+    default assumed without one); it sizes cuBLAS's workspaces (cuda_runtime.py). None off CUDA."""
 
     @property
     def data_dependent(self) -> tuple[tuple[str, str, int], ...]:
@@ -208,7 +211,23 @@ def _analyze(
         optimizer_state_dtype=state_dtype(step.optimizer),
         predicted_peak_bytes=predicted,
         step=step_kind,
+        cuda_capability=_cuda_capability(step),
     )
+
+
+def _cuda_capability(step: StepWorld) -> tuple[int, int] | None:
+    """The target GPU's compute capability: the one traced for where none is present, else the present one's."""
+    if not step.device.startswith("cuda"):
+        return None
+    if step.fake_cuda is not None:
+        capability: tuple[int, int] = step.fake_cuda.gpu.capability
+        return capability
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(torch.device(step.device))
+    return (major, minor)
 
 
 def prepare_step(

@@ -53,11 +53,11 @@ def summary_dict(s: Summary) -> dict[str, Any]:
     }
 
 
-def cuda_runtime_dict() -> dict[str, Any]:
+def cuda_runtime_dict(capability: tuple[int, int] | None) -> dict[str, Any]:
     """`cuda_runtime`: the CUDA context and cuBLAS's workspaces, which no trace holds (cuda_runtime.py)."""
     from memlayout.activations.cuda_runtime import cuda_runtime
 
-    runtime = cuda_runtime()
+    runtime = cuda_runtime(capability)
     return {
         "context_bytes": runtime.context_bytes,
         "context_measured_on": runtime.context_measured_on,

@@ -55,7 +55,7 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
         ],
         "notes": list(report.notes),
         "predicted_peak_bytes": report.predicted_peak_bytes,
-        **({"cuda_runtime": cuda_runtime_dict()} if report.device.startswith("cuda") else {}),
+        **({"cuda_runtime": cuda_runtime_dict(report.cuda_capability)} if report.device.startswith("cuda") else {}),
         "step": report.step,
     }
 

@@ -55,7 +55,7 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
                      "" if s.reserved_peak_bytes is None else
                      f"{human_bytes(s.reserved_peak_bytes)} (the caching allocator's segments, over two steps)")
     if report.device.startswith("cuda"):
-        _cuda_runtime_rows(grid, s)
+        _cuda_runtime_rows(grid, s, report.cuda_capability)
     if report.predicted_peak_bytes is not None:
         grid.add_row("predicted", human_bytes(report.predicted_peak_bytes), "measured",
                      f"{human_bytes(s.peak_bytes)} (the peak, in the real step): "
@@ -121,11 +121,11 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     return buffer.getvalue()
 
 
-def _cuda_runtime_rows(grid: Any, s: Any) -> None:
+def _cuda_runtime_rows(grid: Any, s: Any, capability: tuple[int, int] | None) -> None:
     """The CUDA context and cuBLAS's workspaces: memory the step's process holds that no tensor of the step is."""
     from memlayout.activations.cuda_runtime import cuda_runtime
 
-    runtime = cuda_runtime()
+    runtime = cuda_runtime(capability)
     grid.add_row("CUDA context", human_bytes(runtime.context_bytes), "outside",
                  f"the allocator; measured on {runtime.context_measured_on}, and it varies with the driver")
     grid.add_row("cuBLAS workspaces", human_bytes(runtime.workspace_bytes), "from",
