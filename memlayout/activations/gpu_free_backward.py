@@ -143,11 +143,17 @@ def run_backward(holder: list[Any]) -> None:
             del node, outputs
 
 
+def _is_accumulate_grad(node: Any) -> bool:
+    # By the node's type, not `node.name()`: torch 2.11 refuses `name()` on a custom autograd.Function's
+    # node ("a legacy access pattern that is no longer supported"), seen on an H100's torch 2.11.0+cu130.
+    return type(node).__name__ == _ACCUMULATE_GRAD
+
+
 def _key(node: Any) -> tuple[Any, ...]:
     # A node's Python object is made afresh each time `next_functions` is read once the last one died,
     # so a node is known by what does not change: every AccumulateGrad reports the same sequence number,
     # and is known by its parameter instead.
-    if node.name().endswith(_ACCUMULATE_GRAD):
+    if _is_accumulate_grad(node):
         return (_ACCUMULATE_GRAD, id(node.variable))
     return (type(node).__name__, _torch.autograd_node_sequence_nr(node))
 
@@ -186,7 +192,7 @@ def _validated(grad: Any, expected: tuple[tuple[int, ...], Any]) -> Any:
 
 
 def _apply(node: Any, grads: list[Any]) -> tuple[Any, ...]:
-    if node.name().endswith(_ACCUMULATE_GRAD):
+    if _is_accumulate_grad(node):
         _accumulate(node.variable, grads[0])
         return ()
     if hasattr(node, "apply"):  # a custom autograd.Function's node

@@ -68,8 +68,10 @@ def test_llama_under_bf16_autocast_on_fake_cuda_predicts_what_it_predicted_on_th
                          autocast="bf16")
     on_h200 = _h200_row("llama-small 4x512", "autocast-bf16")
     assert report.summary.peak_bytes == pytest.approx(on_h200["memlayout_fake_cuda"]["peak_bytes"], rel=0.02)
-    # and it ran cuDNN's attention, as the H200 did (probe "sdpa": cudnn_generated_fort_native_sdpa_*)
-    assert any("cudnn x" in note for note in report.notes)
+    # and it ran cuDNN's attention, as the H200 did (probe "sdpa": cudnn_generated_fort_native_sdpa_*); with a
+    # GPU present torch itself picks the kernel on the fake CUDA tensors, and memlayout notes no choice of its own.
+    if not torch.cuda.is_available():
+        assert any("cudnn x" in note for note in report.notes)
 
 
 def test_the_cli_traces_for_a_named_gpu_and_says_which_attention_ran() -> None:
