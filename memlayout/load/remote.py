@@ -31,6 +31,7 @@ import orjson
 
 from memlayout.errors import CorruptCheckpointError, RemoteReadError, UnrecognizedFormatError
 from memlayout.format_bytes import human_bytes
+from memlayout.load import detect
 from memlayout.load.remote_hub import hub_headers, hub_target, hub_url_maker
 from memlayout.load.remote_location import RemoteLocation, RemoteOptions
 
@@ -101,15 +102,13 @@ def _load_file(url: str, files: RemoteFiles, options: RemoteOptions) -> LoadedSo
     head = files.read(url, 0, HEAD_BYTES)
     if not head:
         raise CorruptCheckpointError(f"{url} is empty", "the file holds no bytes; re-export it")
-    from memlayout.load.safetensors_file import looks_like_safetensors
-
-    if looks_like_safetensors(head):
+    if detect.looks_like_safetensors(head):
         return _load_safetensors(url, head, files, options)
-    if head.startswith(b"PK\x03\x04"):
+    if detect.is_zip(url, head):
         return _load_torch_zip(url, files, options)
     from memlayout.load.legacy import is_legacy_torch
 
-    if is_legacy_torch(head) or head[:1] == b"\x80":
+    if is_legacy_torch(url, head) or head[:1] == b"\x80":
         raise UnrecognizedFormatError(
             f"{url} is a legacy torch.save file or a bare pickle, which memlayout reads from local files only",
             "download it and inspect the local copy; its storages are not located without reading it all",
@@ -329,11 +328,9 @@ def _safetensors_shards(
 
 def _shard_header_end(url: str, head: bytes, files: RemoteFiles) -> int:
     """Where a shard's header ends, from its first bytes; the shard must be safetensors."""
-    from memlayout.load.safetensors_file import HEADER_LENGTH_BYTES, looks_like_safetensors
-
-    if not looks_like_safetensors(head[:HEAD_BYTES]):
+    if not detect.looks_like_safetensors(head[:HEAD_BYTES]):
         raise CorruptCheckpointError(f"{url} is no safetensors file, though the index names it as a shard")
-    return min(HEADER_LENGTH_BYTES + _header_length(url, head), files.size(url))
+    return min(detect.SAFETENSORS_HEADER_LENGTH_BYTES + _header_length(url, head), files.size(url))
 
 
 def _pickled_shards(

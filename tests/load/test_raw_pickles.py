@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from memlayout.load.legacy import OPENING_OPCODES
+from memlayout.load.detect import OPENING_OPCODES
 from tests.load.conftest import assert_one_line_error, run_cli
 
 PROTOCOLS = list(range(pickle.HIGHEST_PROTOCOL + 1))
