@@ -9,12 +9,9 @@ check in the loader's own module, run only then.
 
 from __future__ import annotations
 
+import functools
 import os
-import pickle
-import pickletools
 import struct
-
-from memlayout.io.zip_archive import central_directory_bytes
 
 ZIP_LOCAL_HEADER = b"PK\x03\x04"
 
@@ -42,13 +39,23 @@ TAR_MAGIC_AT = 257
 TAR_BLOCK = 512
 
 PICKLE_PROTO = 0x80
-# The opcodes `pickle.load` can read first: those that push onto an empty stack,
-# except the memo's (empty at first), a persistent id (torch.load's first
-# pickle.load is given no persistent_load) and NEXT_BUFFER (nor any buffers).
+PICKLE_HIGHEST_PROTOCOL = 5
+"""pickle.HIGHEST_PROTOCOL of every Python memlayout runs on (3.8 to now); a test holds it to pickle's."""
 _CANNOT_OPEN = frozenset(["GET", "BINGET", "LONG_BINGET", "PUT", "BINPUT", "LONG_BINPUT", "PERSID", "NEXT_BUFFER"])
-OPENING_OPCODES = frozenset(
-    ord(opcode.code) for opcode in pickletools.opcodes if not opcode.stack_before and opcode.name not in _CANNOT_OPEN
-)
+
+
+@functools.cache
+def opening_opcodes() -> frozenset[int]:
+    """The opcodes `pickle.load` can read first: those that push onto an empty stack,
+    except the memo's (empty at first), a persistent id (torch.load's first
+    pickle.load is given no persistent_load) and NEXT_BUFFER (nor any buffers)."""
+    # pickletools only once a file's bytes are asked about: `memlayout rules` loads this
+    # package too, and never reads a file.
+    import pickletools
+
+    return frozenset(
+        ord(op.code) for op in pickletools.opcodes if not op.stack_before and op.name not in _CANNOT_OPEN
+    )
 
 
 def is_zip(path: str, head: bytes) -> bool:
@@ -103,6 +110,8 @@ def is_pt2_zip(path: str, head: bytes) -> bool:
     a weights config or the older layout's exported program."""
     if not is_zip(path, head):
         return False
+    from memlayout.io.zip_archive import central_directory_bytes
+
     directory = central_directory_bytes(path)
     return (
         b"/archive_format" in directory
@@ -116,6 +125,8 @@ def is_torchscript_zip(path: str, head: bytes) -> bool:
     `<archive>/code/`, names torch.save never writes."""
     if not is_zip(path, head):
         return False
+    from memlayout.io.zip_archive import central_directory_bytes
+
     directory = central_directory_bytes(path)
     return b"/constants.pkl" in directory or b"/code/" in directory
 
@@ -144,9 +155,9 @@ def has_proto_signature(head: bytes) -> bool:
     Returns:
         True when they start with PROTO and a protocol number the unpickler accepts.
     """
-    return len(head) >= 2 and head[0] == PICKLE_PROTO and head[1] <= pickle.HIGHEST_PROTOCOL
+    return len(head) >= 2 and head[0] == PICKLE_PROTO and head[1] <= PICKLE_HIGHEST_PROTOCOL
 
 
 def opens_like_a_pickle(path: str, head: bytes) -> bool:
     """Whether `pickle.load` could start reading the file: its first byte is an opcode that opens a pickle."""
-    return bool(head) and head[0] in OPENING_OPCODES
+    return bool(head) and head[0] in opening_opcodes()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
-from memlayout.load import detect
+from memlayout.load import detect, load_path
 from memlayout.load.file_source import StorageSpans, file_source
 from memlayout.load.hf_ties import declared_ties
 from memlayout.load.records import (
@@ -203,8 +203,6 @@ def safetensors_shards_source(
 
 
 def _load_pickled_shards(directory: str, shards: list[str]) -> LoadedSource:
-    from memlayout.load import load_path
-
     return pickled_shards_source(directory, shards, lambda shard: load_path(os.path.join(directory, shard)))
 
 

@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
 from memlayout.format_bytes import counted
-from memlayout.load.detect import OPENING_OPCODES, has_proto_signature
+from memlayout.load.detect import has_proto_signature, opening_opcodes
 from memlayout.load.file_source import StorageSpans, pickled_source
 from memlayout.load.pickled_objects import PickledStorage
 from memlayout.load.records import LoadedSource, PickleGlobal
@@ -59,7 +59,7 @@ def is_legacy_torch(path: str, head: bytes) -> bool:
     Returns:
         True when the first pickle in them unpickles to the magic number.
     """
-    if not head or head[0] not in OPENING_OPCODES:
+    if not head or head[0] not in opening_opcodes():
         return False
     try:
         magic = unpickle(head, storage_records=False, what="the first pickle").root
@@ -91,7 +91,7 @@ def is_pickle(path: str, head: bytes) -> bool:
     """
     if has_proto_signature(head):
         return True
-    if not head or head[0] not in OPENING_OPCODES:
+    if not head or head[0] not in opening_opcodes():
         return False
     first = read_first_pickle(path)
     return first.complete or any(_names_a_module(found) for found in first.referenced)

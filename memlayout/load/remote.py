@@ -31,7 +31,11 @@ import orjson
 
 from memlayout.errors import CorruptCheckpointError, RemoteReadError, UnrecognizedFormatError
 from memlayout.format_bytes import human_bytes
+from memlayout.io.remote import RemoteFiles
+from memlayout.io.zip_archive import LOCAL_HEADER_SIZE, ZipReader, archive_prefix
 from memlayout.load import detect
+from memlayout.load.file_source import StorageSpans, file_source, pickled_source
+from memlayout.load.hf_ties import declared_ties
 from memlayout.load.remote_hub import hub_headers, hub_target, hub_url_maker
 from memlayout.load.remote_location import RemoteLocation, RemoteOptions
 
@@ -60,8 +64,6 @@ def load_remote(location: RemoteLocation, options: RemoteOptions) -> LoadedSourc
         RemoteReadError: the server, the network or the reply failed; one line with a hint.
         CorruptCheckpointError, UnrecognizedFormatError: as for a local file.
     """
-    from memlayout.io.remote import RemoteFiles
-
     headers: dict[str, str] = {}
     if location.protocol == "hf":
         url, listing = hub_target(location, options)
@@ -126,7 +128,6 @@ def _header_length(url: str, head: bytes) -> int:
 
 
 def _load_safetensors(url: str, head: bytes, files: RemoteFiles, options: RemoteOptions) -> LoadedSource:
-    from memlayout.load.file_source import file_source
     from memlayout.load.safetensors_file import (
         HEADER_LENGTH_BYTES,
         metadata_ties,
@@ -151,8 +152,6 @@ def _load_safetensors(url: str, head: bytes, files: RemoteFiles, options: Remote
 
 
 def _load_torch_zip(url: str, files: RemoteFiles, options: RemoteOptions) -> LoadedSource:
-    from memlayout.io.zip_archive import LOCAL_HEADER_SIZE, ZipReader, archive_prefix
-    from memlayout.load.file_source import StorageSpans, pickled_source
     from memlayout.load.restricted_pickle import unpickle
 
     size = files.size(url)
@@ -262,7 +261,6 @@ def _load_directory(
         SAFETENSORS_SINGLE,
         index_shards,
     )
-    from memlayout.load.hf_ties import declared_ties
 
     present = set(listing)
     config = None
@@ -372,7 +370,6 @@ def fetch_remote_config(location: RemoteLocation, options: RemoteOptions) -> tup
     Returns:
         (the config's URL, its bytes).
     """
-    from memlayout.io.remote import RemoteFiles
     from memlayout.load.hf_dir import CONFIG
 
     headers: dict[str, str] = {}
