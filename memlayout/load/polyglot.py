@@ -15,7 +15,6 @@ import os
 from collections.abc import Callable
 
 from memlayout.errors import MemlayoutError
-from memlayout.io.zip_archive import ZIP_ERRORS
 from memlayout.load.detect import looks_like_safetensors, opens_like_a_pickle
 
 FAMILY = {
@@ -41,6 +40,8 @@ def _is_zip(path: str, head: bytes) -> bool:
         if _ZIP_END not in handle.read():
             return False
     import zipfile
+
+    from memlayout.io.zip_archive import ZIP_ERRORS
 
     try:
         with zipfile.ZipFile(path) as archive:

@@ -15,7 +15,8 @@ from memlayout.load import FORMATS
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "fixtures" / "demo_checkpoint.pt"  # torch.save's zip format
 LEGACY = REPO / "fixtures" / "formats" / "legacy_state_dict.pt"
-LOADERS = sorted({fmt.module for fmt in FORMATS})
+ZIP_READER = "memlayout.io.zip_archive"
+LOADERS = sorted({fmt.module for fmt in FORMATS} | {ZIP_READER})
 
 
 def _safetensors_file(path: Path) -> Path:
@@ -46,14 +47,15 @@ def _loaders_imported(target: Path, cwd: Path) -> list[str]:
     ("name", "loader"),
     [
         ("safetensors", "memlayout.load.safetensors_file"),
-        ("torch-zip", "memlayout.load.torch_zip"),
+        ("torch-zip", "memlayout.load.torch_zip"),  # and the zip reader, below
         ("legacy", "memlayout.load.legacy"),
     ],
 )
 def test_inspect_imports_only_the_loader_of_the_files_format(tmp_path: Path, name: str, loader: str) -> None:
     target = {"safetensors": lambda: _safetensors_file(tmp_path / "w.safetensors"), "torch-zip": lambda: DEMO,
               "legacy": lambda: LEGACY}[name]()
-    assert _loaders_imported(target, tmp_path) == [loader]
+    expected = [ZIP_READER, loader] if name == "torch-zip" else [loader]
+    assert _loaders_imported(target, tmp_path) == expected
 
 
 def test_every_format_names_a_loader_function_and_confirm_that_exist() -> None:
