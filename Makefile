@@ -97,11 +97,13 @@ test-core: $(CORE_STAMP) $(STAMP)
 slow: $(STAMP)
 	MEMLAYOUT_SLOW=1 $(PY) -m pytest -q -m slow tests/activations
 
-# lint-imports checks the layer contract in pyproject.toml ([tool.importlinter]).
+# lint-imports checks the layer contract in pyproject.toml ([tool.importlinter]);
+# tools/import_rules.py what may be imported at the top of a module and what inside a function.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check memlayout tests benchmarks fixtures docs
+	$(VENV)/bin/ruff check memlayout tests benchmarks fixtures docs tools
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) tools/import_rules.py
 
 # The documentation site, from docs/ and mkdocs.yml into site/. --strict turns every
 # warning (a broken link, a page missing from the nav) into a failure. Rule pages,

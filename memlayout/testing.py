@@ -14,10 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from memlayout.pipeline.inspection import Report, run_inspection
+from memlayout.report.findings import findings_in_order
+from memlayout.severity import FailOn
+
 if TYPE_CHECKING:
-    from memlayout.pipeline.inspection import Report
     from memlayout.rules import Finding, RuleConfig
-    from memlayout.severity import FailOn
+
 
 def _codes(value: str | Iterable[str], where: str) -> tuple[str, ...]:
     from memlayout.pipeline.config import check_codes
@@ -27,8 +30,6 @@ def _codes(value: str | Iterable[str], where: str) -> tuple[str, ...]:
 
 
 def _finding_lines(findings: Iterable[Finding]) -> list[str]:
-    from memlayout.report.findings import findings_in_order
-
     lines = []
     for finding in findings_in_order(findings):
         lines.append(f"{finding.code} {finding.severity.value} {finding.name}: {finding.message}")
@@ -76,9 +77,6 @@ def assert_layout(
             hint: store it contiguous (`p.data = p.data.contiguous()`), or call `memlayout.flatten(model)`
     """
     __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
-    from memlayout.pipeline.inspection import run_inspection
-    from memlayout.severity import FailOn
-
     if fail_on not in [threshold.value for threshold in FailOn]:
         raise ValueError(f"fail_on must be one of {', '.join(t.value for t in FailOn)}, not {fail_on!r}")
     threshold = FailOn(fail_on)

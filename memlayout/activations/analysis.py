@@ -13,13 +13,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from memlayout.activations.assumptions import POLICIES
+from memlayout.activations.build import build_model, cast_model, place_fake_model, value_read, where
 from memlayout.activations.facts import Trace
+from memlayout.activations.input_specs import suggested_inputs
 from memlayout.activations.optimizer import check_optimizer, state_dtype
 from memlayout.activations.search import PlanResult, plan_for_budget
-from memlayout.activations.step import LOSS_FROM_SUM, resolve_step
+from memlayout.activations.step import LOSS_FROM_SUM, Autocast, resolve_step, torch_dtype
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
 from memlayout.activations.world import InputsArg, StepWorld, device_for_gpu
 from memlayout.errors import ActivationsError, MemlayoutError, UsageError
+from memlayout.format_bytes import human_bytes
 
 
 @dataclass(frozen=True)
@@ -128,8 +132,6 @@ def analyze(
     except MemlayoutError:
         raise
     except Exception as exc:
-        from memlayout.activations.build import where
-
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ActivationsError(f"the analysis stopped: {type(exc).__name__}: {text} (at {where(exc)})") from exc
 
@@ -251,8 +253,6 @@ def prepare_step(
     """
     import torch
 
-    from memlayout.activations.step import Autocast, torch_dtype
-
     if device == "meta":
         mode = "meta" if mode != "real" else mode
     check_optimizer(optimizer)
@@ -268,8 +268,6 @@ def prepare_step(
         step.model = step.adopt_model(target)
         target_text, kind = None, "module"
     else:
-        from memlayout.activations.build import build_model
-
         built = build_model(
             str(target), trust=trust, main_module=main_module, context=step.context, world=step.mode, device=step.device,
             adopt=step.adopt_model,
@@ -287,12 +285,8 @@ def prepare_step(
             with step.context():
                 step.model.to(step.device)
         else:
-            from memlayout.activations.build import place_fake_model
-
             notes.extend(place_fake_model(step.model, step.device, step.context))
     if cast_to is not None:
-        from memlayout.activations.build import cast_model
-
         cast_model(step.model, cast_to, step.mode, step.device, step.context)
     step.make_inputs(inputs, kwargs)
     if cast_to is not None:
@@ -310,8 +304,6 @@ def prepare_step(
 
 def _inputs_hint(model: Any) -> str:
     """How to give inputs: read off a Hugging Face model's config where it has one, else the general form."""
-    from memlayout.activations.input_specs import suggested_inputs
-
     suggested = suggested_inputs(model)
     if suggested:
         flags = " ".join(f"--input '{spec.describe()}'" for spec in suggested)
@@ -323,8 +315,6 @@ def _inputs_hint(model: Any) -> str:
 
 def _with_range(step: StepWorld, summary: Summary) -> Summary:
     """The summary with the peak's range over the assumptions' extremes (fake_step.ASSUMPTIONS)."""
-    from memlayout.activations.assumptions import POLICIES
-
     cuda = step.device.startswith("cuda")
     peaks = [summary.peak_bytes] + [
         summarize(step.trace(policy=policy), cuda=cuda).peak_bytes for policy in POLICIES if policy != "typical"
@@ -333,8 +323,6 @@ def _with_range(step: StepWorld, summary: Summary) -> Summary:
 
 
 def _step_failed(exc: Exception, step: StepWorld) -> UsageError:
-    from memlayout.activations.build import value_read, where
-
     read = value_read(exc)
     if read is not None:
         return UsageError(f"the step reads a value that {step.mode} tensors do not have: {read.describe()}; "
@@ -349,7 +337,6 @@ def _step_failed(exc: Exception, step: StepWorld) -> UsageError:
 def _why_no_value(exc: BaseException, step: StepWorld) -> str:
     """Why the value read is not there: the weights decide it, or the inputs do but it was not kept."""
     from memlayout.activations.fake_step import VALUE_BYTES, ValueFromInputsError
-    from memlayout.format_bytes import human_bytes
 
     if not step.keeps_values:
         where = "" if step.mode == "meta" else f" for {step.device}"

@@ -15,15 +15,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from memlayout.activations import gpu_free_backward
+from memlayout.activations.gpu_free_backward import cuda_needs_it
 from memlayout.activations.gpus import DEFAULT_GPU, GpuSpec, gpu_spec
+from memlayout.activations.sdpa_backend import SdpaRouting
 
 
 class FakeCudaRuntime:
     """Entered around a fake CUDA step: attention for `gpu`, and backward without a device where needed."""
 
     def __init__(self, gpu: GpuSpec, *, assumed: bool, backward_in_python: bool) -> None:
-        from memlayout.activations.sdpa_backend import SdpaRouting
-
         self.gpu = gpu
         self.assumed = assumed
         """No `--gpu` was given and no GPU is present: `gpu` is DEFAULT_GPU."""
@@ -32,8 +33,6 @@ class FakeCudaRuntime:
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
-        from memlayout.activations import gpu_free_backward
-
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.routing.mode())
             if self.backward_in_python:
@@ -61,8 +60,6 @@ def fake_cuda_for(gpu: str | None) -> FakeCudaRuntime | None:
         UsageError: `gpu` names no known GPU.
     """
     import torch
-
-    from memlayout.activations.gpu_free_backward import cuda_needs_it
 
     spec = gpu_spec(gpu) if gpu is not None else None
     present = torch.cuda.is_available()

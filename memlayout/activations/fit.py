@@ -28,15 +28,29 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from memlayout.activations.input_specs import INTEGRAL, InputSpec, parse_input_spec
-from memlayout.errors import MemlayoutError, NothingFitsError, UsageError
+from memlayout.activations.analysis import ActivationReport, _step_failed, prepare_step
+from memlayout.activations.cuda_runtime import cuda_runtime
+from memlayout.activations.gpus import gpu_spec
+from memlayout.activations.input_specs import INTEGRAL, InputSpec, parse_input_spec, position_limit
+from memlayout.activations.plan import Planner
+from memlayout.activations.ranks import analyze_ranks
+from memlayout.activations.ranks.facts import RanksReport
+from memlayout.activations.search import PlanResult, exclusions, pitfalls, plan_for_budget
+from memlayout.activations.step import resolve_step, torch_dtype
+from memlayout.activations.summary import module_facts, summarize
+from memlayout.errors import (
+    BudgetUnreachableError,
+    MemlayoutError,
+    NothingFitsError,
+    RanksBudgetUnreachableError,
+    UsageError,
+)
+from memlayout.format_bytes import human_bytes
 
 if TYPE_CHECKING:
-    from memlayout.activations.analysis import ActivationReport
     from memlayout.activations.plan import Plan
-    from memlayout.activations.ranks.facts import RanksPlan, RanksReport
+    from memlayout.activations.ranks.facts import RanksPlan
     from memlayout.activations.ranks.parallel import ShardingOptions
-    from memlayout.activations.search import PlanResult
 
 AXES = ("batch", "seq")
 MAX_SIZE = 1 << 24
@@ -109,8 +123,6 @@ class FitReport:
 
     @property
     def world_size(self) -> int | None:
-        from memlayout.activations.ranks.facts import RanksReport
-
         return self.report.sharding.world_size if isinstance(self.report, RanksReport) else None
 
 
@@ -222,9 +234,6 @@ def _crossing(peaks: dict[int, int], low: int, high: int | None, budget: int) ->
 def budget_for_gpu_memory(total_bytes: int, capability: tuple[int, int] | None = None) -> tuple[int, str]:
     """A GPU's memory less what the CUDA runtime holds outside the step: the context and cuBLAS's workspaces
     (cuda_runtime.py's figures), and where the budget came from, in words."""
-    from memlayout.activations.cuda_runtime import cuda_runtime
-    from memlayout.format_bytes import human_bytes
-
     runtime = cuda_runtime(capability)
     held = runtime.context_bytes + runtime.workspace_reserved_bytes
     return total_bytes - held, (f"{human_bytes(total_bytes)} less the CUDA context and cuBLAS workspaces, "
@@ -241,8 +250,6 @@ def budget_from_gpu(gpu: str | None) -> tuple[int, str]:
     if gpu is None:
         raise UsageError("--fit needs a budget: give --budget SIZE, or --gpu NAME for that GPU's memory less the "
                          "CUDA context and workspaces", "e.g. --gpu h100, or --budget 78GiB")
-    from memlayout.activations.gpus import gpu_spec
-
     spec = gpu_spec(gpu)
     budget, said = budget_for_gpu_memory(spec.total_memory, spec.capability)
     return budget, f"--gpu {spec.key}: {said}"
@@ -295,8 +302,6 @@ def fit(
         NothingFitsError: not even a size of 1 fits.
         UsageError: no input has the dimension, the budget is below the weights, or bad arguments.
     """
-    from memlayout.activations.step import resolve_step
-
     if axis not in AXES:
         raise UsageError(f"unknown fit axis {axis!r}", RULE)
     specs = [parse_input_spec(s) if isinstance(s, str) else s for s in inputs]
@@ -341,8 +346,6 @@ def fit(
     probes.append(first)
     weights = probe.state_bytes()
     if weights >= budget:
-        from memlayout.format_bytes import human_bytes
-
         raise UsageError(
             f"the budget {human_bytes(budget)} ({budget} bytes) is below the model's own state, "
             f"{human_bytes(weights)} ({weights} bytes: parameters, buffers"
@@ -416,8 +419,6 @@ class _DeviceProbe(_Probe):
     def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, budget: int, device: str,
                  optimizer: str, autocast: str | None, dtype: str | None, inference: bool, trust: bool,
                  main_module: str | None, gpu: str | None = None) -> None:
-        from memlayout.activations.analysis import prepare_step
-
         self.specs, self.dims, self.budget = specs, dims, budget
         self.optimizer, self.autocast, self.dtype, self.inference = optimizer, autocast, dtype, inference
         self.step, self.notes, self.target_text, self.kind = prepare_step(
@@ -434,17 +435,12 @@ class _DeviceProbe(_Probe):
     def _at(self, size: int) -> None:
         if self.size == size:
             return
-        from memlayout.activations.step import torch_dtype
-
         self.step.make_inputs(specs_at(self.specs, self.dims, size), None)
         if self.dtype is not None:
             self.step.cast_inputs(torch_dtype(self.dtype))
         self.size = size
 
     def _trace(self, size: int) -> Any:
-        from memlayout.activations.analysis import _step_failed
-        from memlayout.activations.summary import summarize
-
         self._at(size)
         if size not in self.traced:
             try:
@@ -478,8 +474,6 @@ class _DeviceProbe(_Probe):
         the plain answer, where the plain step does not fit), and the search's own plan is
         found at the answer only (`plan_at`).
         """
-        from memlayout.activations.summary import summarize
-
         if self.lowest_plan is None:
             try:
                 trace, summary = self._trace(size)
@@ -501,10 +495,6 @@ class _DeviceProbe(_Probe):
 
     def _lowest_plan(self, trace: Any) -> tuple[Plan, int] | None:
         """Of the planner's lowest plan and its every-module-of-a-level plans, the one whose traced peak is lowest."""
-        from memlayout.activations.plan import Planner
-        from memlayout.activations.search import exclusions
-        from memlayout.activations.summary import module_facts, summarize
-
         planner = Planner(trace, exclusions(module_facts(trace), trace, self.step.initial_modules))
         best: tuple[Plan, int] | None = None
         for chosen in [planner.lowest(), *planner.covers()]:
@@ -524,10 +514,6 @@ class _DeviceProbe(_Probe):
 
     def plan_at(self, size: int) -> PlanResult | None:
         """The budget search's plan at this size (the cheapest it finds that fits); the lowest plan if it finds none."""
-        from memlayout.activations.search import PlanResult, pitfalls, plan_for_budget
-        from memlayout.activations.summary import module_facts, summarize
-        from memlayout.errors import BudgetUnreachableError
-
         trace, summary = self._trace(size)
         modules = module_facts(trace)
         try:
@@ -545,9 +531,6 @@ class _DeviceProbe(_Probe):
         return int(summary.parameter_bytes + summary.buffer_bytes + summary.optimizer_bytes)
 
     def report_at(self, size: int) -> ActivationReport:
-        from memlayout.activations.analysis import ActivationReport
-        from memlayout.activations.summary import module_facts
-
         trace, summary = self._trace(size)
         step = self.step
         return ActivationReport(
@@ -558,8 +541,6 @@ class _DeviceProbe(_Probe):
         )
 
     def position_limit(self) -> tuple[str, int] | None:
-        from memlayout.activations.input_specs import position_limit
-
         return position_limit(self.step.model)
 
 
@@ -575,8 +556,6 @@ class _RanksProbe(_Probe):
         self.plans: dict[int, RanksPlan] = {}
 
     def _report(self, size: int) -> RanksReport:
-        from memlayout.activations.ranks import analyze_ranks
-
         if size not in self.reports:
             self.reports[size] = analyze_ranks(self.target, specs_at(self.specs, self.dims, size), **self.options)
         return self.reports[size]
@@ -594,9 +573,6 @@ class _RanksProbe(_Probe):
         return self.specs[[s.describe() for s in self.specs].index(self.dims[0].input)].shape[self.dims[0].dim]
 
     def planned(self, size: int) -> FitProbe:
-        from memlayout.activations.ranks import analyze_ranks
-        from memlayout.errors import RanksBudgetUnreachableError
-
         try:
             report = analyze_ranks(self.target, specs_at(self.specs, self.dims, size), budget=self.budget,
                                    **self.options)

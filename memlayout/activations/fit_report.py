@@ -10,6 +10,8 @@ import textwrap
 from typing import Any
 
 from memlayout.activations.fit import FitAnswer, FitReport
+from memlayout.activations.json_parts import plan_dict
+from memlayout.activations.ranks.report import _plan_dict as ranks_plan_dict
 from memlayout.activations.search import PlanResult
 from memlayout.format_bytes import human_bytes
 
@@ -47,11 +49,7 @@ def fit_dict(report: FitReport) -> dict[str, Any]:
 
 def _plan_dict(plan: Any) -> dict[str, Any]:
     if isinstance(plan, PlanResult):
-        from memlayout.activations.json_parts import plan_dict
-
         return plan_dict(plan)
-    from memlayout.activations.ranks.report import _plan_dict as ranks_plan_dict
-
     return ranks_plan_dict(plan)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
 from memlayout.activations.fit import FitReport
+from memlayout.activations.fit_report import fit_dict
 from memlayout.activations.json_parts import cuda_runtime_dict, head, plan_dict, summary_dict
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.ranks.report import ranks_report_dict
@@ -66,8 +67,6 @@ class ActivationsJson(Formatter["ActivationReport | RanksReport | FitReport"]):
 
     def render(self, report: ActivationReport | RanksReport | FitReport) -> str:
         if isinstance(report, FitReport):
-            from memlayout.activations.fit_report import fit_dict
-
             inner = report.report
             data = ranks_report_dict(inner) if isinstance(inner, RanksReport) else report_dict(inner)
             data["fit"] = fit_dict(report)

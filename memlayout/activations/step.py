@@ -13,6 +13,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple
 
+from memlayout import _torch
+from memlayout.activations import gpu_free_backward
+from memlayout.activations.optimizer import DEFAULT_OPTIMIZER
 from memlayout.core.object_tree import tree_leaves
 from memlayout.errors import UsageError
 
@@ -70,8 +73,6 @@ def resolve_step(step: str, optimizer: str | None, budget: int | None) -> str:
     Raises:
         UsageError: an unknown step, or an optimizer or a checkpoint budget with an inference step.
     """
-    from memlayout.activations.optimizer import DEFAULT_OPTIMIZER
-
     if step not in STEPS:
         raise UsageError(f"unknown --step {step!r}", "use train or inference")
     if step == "train":
@@ -98,8 +99,6 @@ class Autocast(NamedTuple):
 
         if self.device_type == "cuda" and not torch.cuda.is_available():
             # Fake CUDA tensors on a machine without a GPU: torch.autocast would switch itself off.
-            from memlayout import _torch
-
             return _torch.cuda_autocast_without_device(torch_dtype(self.dtype))  # type: ignore[no-any-return]
         return torch.autocast(self.device_type, dtype=torch_dtype(self.dtype))
 
@@ -155,8 +154,6 @@ def run_step(
         del output
     notify("backward")
     detached = loss.detach()
-    from memlayout.activations import gpu_free_backward
-
     if gpu_free_backward.wanted():
         # Handed over, so that the graph's nodes die as backward runs them (see gpu_free_backward.py).
         holder = [loss]

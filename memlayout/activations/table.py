@@ -8,7 +8,9 @@ from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
+from memlayout.activations.cuda_runtime import cuda_runtime
 from memlayout.activations.fit import FitReport
+from memlayout.activations.fit_report import render_fit_table
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.ranks.report import render_ranks_table
 from memlayout.format_bytes import human_bytes
@@ -123,8 +125,6 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
 
 def _cuda_runtime_rows(grid: Any, s: Any, capability: tuple[int, int] | None) -> None:
     """The CUDA context and cuBLAS's workspaces: memory the step's process holds that no tensor of the step is."""
-    from memlayout.activations.cuda_runtime import cuda_runtime
-
     runtime = cuda_runtime(capability)
     grid.add_row("CUDA context", human_bytes(runtime.context_bytes), "outside",
                  f"the allocator; measured on {runtime.context_measured_on}, and it varies with the driver")
@@ -179,8 +179,6 @@ class ActivationsTable(Formatter["ActivationReport | RanksReport | FitReport"]):
 
     def render(self, report: ActivationReport | RanksReport | FitReport) -> str:
         if isinstance(report, FitReport):
-            from memlayout.activations.fit_report import render_fit_table
-
             return render_fit_table(report, width=self.width)
         if isinstance(report, RanksReport):
             return render_ranks_table(report, width=self.width, color=self.color)

@@ -30,6 +30,9 @@ from memlayout.errors import (
     UnsafeContentError,
     UsageError,
 )
+from memlayout.load import detect_format, load_path
+from memlayout.load.main_module import classes_from_main, pickle_module_resolving_main
+from memlayout.load.remote_location import RemoteOptions, remote_location
 
 if TYPE_CHECKING:
     from memlayout.load.records import PickleGlobal
@@ -83,7 +86,6 @@ def classify(target: str) -> TargetKind:
         return TargetKind("pickled-module", target)
     if looks_like_spec(target):
         return TargetKind("import-spec", target)
-    from memlayout.load.remote_location import remote_location
 
     if remote_location(target) is not None:
         return TargetKind("hf-config", target)
@@ -138,7 +140,6 @@ def model_source(target: str, *, trust: bool, main_module: str | None = None) ->
         name = getattr(model_class, "__name__", "the model")
         return ModelSource(kind, f"building {name} from {config_path}", lambda: _build_hf(model_class, config, trust),
                            values_free=True)
-    from memlayout.load.main_module import classes_from_main
 
     from_main = classes_from_main(_check_pickled_module(target))
     _refuse_untrusted_pickle(target, trust, from_main)
@@ -220,7 +221,6 @@ def _remote_hf_class(target: str, *, trust: bool) -> tuple[Any, Any]:
     import tempfile
 
     from memlayout.load.remote import fetch_remote_config
-    from memlayout.load.remote_location import RemoteOptions, remote_location
 
     location = remote_location(target)
     assert location is not None  # classify said so
@@ -257,8 +257,6 @@ def _build_hf(model_class: Any, config: Any, trust: bool) -> Any:
 def _refuse_weights_directory(path: str) -> None:
     # A directory of weights (DCP, safetensors shards) is named as what it is,
     # rather than only as a directory that lacks a config.
-    from memlayout.load import detect_format
-
     try:
         found = detect_format(path)
     except MemlayoutError:
@@ -280,8 +278,6 @@ def _check_pickled_module(path: str) -> list[PickleGlobal]:
     Raises:
         UsageError, UnrecognizedFormatError, CorruptCheckpointError: one line naming the format.
     """
-    from memlayout.load import detect_format, load_path
-
     try:
         found = detect_format(path)
     except UnrecognizedFormatError as exc:
@@ -323,7 +319,6 @@ def _load_pickled_module(path: str, main_module: str | None) -> Any:
 
     import torch
 
-    from memlayout.load.main_module import pickle_module_resolving_main
 
     pickle_module = pickle_module_resolving_main(main_module) if main_module is not None else pickle
     try:

@@ -14,7 +14,10 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 from memlayout import _torch
+from memlayout.activations.apply import apply_plan
 from memlayout.activations.facts import Trace
+from memlayout.activations.fake_cuda import fake_cuda_for
+from memlayout.activations.gpus import gpu_spec
 from memlayout.activations.input_specs import InputSpec, parse_input_spec
 from memlayout.activations.optimizer import build_optimizer
 from memlayout.activations.plan import Plan
@@ -38,8 +41,6 @@ def device_for_gpu(device: str, mode: str, gpu: str | None) -> str:
     """
     if gpu is None:
         return device
-    from memlayout.activations.gpus import gpu_spec
-
     gpu_spec(gpu)  # an unknown name is the first thing to say
     if mode == "real":
         raise UsageError("--gpu names a GPU to trace for, and --real measures the one present",
@@ -79,8 +80,6 @@ class StepWorld:
             self.fake_mode = _torch.FakeTensorMode(allow_non_fake_inputs=True)
             self.step_mode = FakeStepMode(self.fake_mode, keep_values=self.keeps_values)
             if device.startswith("cuda"):
-                from memlayout.activations.fake_cuda import fake_cuda_for
-
                 self.fake_cuda = fake_cuda_for(gpu)
         self.model: Any = None
         self.initial_modules: frozenset[tuple[str, str]] | None = None
@@ -256,7 +255,6 @@ class StepWorld:
             self.optimizer.zero_grad(set_to_none=True)
 
     def trace(self, plan: Plan | None = None, policy: str = "typical") -> Trace:
-        from memlayout.activations.apply import apply_plan
         from memlayout.activations.trace import trace_step
 
         for parameter in self.model.parameters():

@@ -11,6 +11,7 @@ import typer
 from memlayout import _torch
 from memlayout.activations.optimizer import DEFAULT_OPTIMIZER
 from memlayout.activations.optimizer import HELP as OPTIMIZER_HELP
+from memlayout.activations.sizes import parse_size
 from memlayout.activations.step import STEP_HELP
 from memlayout.cli.formats import (
     Command,
@@ -28,7 +29,12 @@ from memlayout.cli.options import (
     TrustOption,
     device_option,
 )
-from memlayout.errors import UsageError
+from memlayout.errors import (
+    BudgetUnreachableError,
+    NothingFitsError,
+    RanksBudgetUnreachableError,
+    UsageError,
+)
 from memlayout.output.writer import write_output
 
 BUDGET_UNREACHABLE = 1
@@ -137,8 +143,6 @@ def activations_command(
     # not about memory, and stdout/stderr belong to the report and its one-line errors.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from memlayout.activations.analysis import analyze
-    from memlayout.activations.sizes import parse_size
-    from memlayout.errors import BudgetUnreachableError
 
     if inputs and input_specs:
         raise UsageError("give --inputs or --input, not both")
@@ -157,7 +161,6 @@ def activations_command(
     if world_size is not None:
         from memlayout.activations.ranks import analyze_ranks
         from memlayout.activations.ranks.parallel import ShardingOptions
-        from memlayout.errors import RanksBudgetUnreachableError
 
         if step != "train":
             raise UsageError("--step inference is not traced with --world-size yet",
@@ -212,7 +215,6 @@ def _fit(
 ) -> int:
     """`--fit`: the largest batch (or sequence) that fits, rendered as the command's other reports are."""
     from memlayout.activations.fit import fit, parse_axis
-    from memlayout.errors import NothingFitsError
 
     axis, seq_dim = parse_axis(fit_axis)
     if real:

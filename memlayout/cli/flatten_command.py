@@ -9,7 +9,7 @@ import typer
 
 from memlayout.cli.errors import USAGE_OR_LOAD_ERROR
 from memlayout.cli.options import DebugOption, TrustOption, device_option
-from memlayout.errors import UsageError
+from memlayout.errors import MemlayoutError, UsageError
 from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
@@ -25,7 +25,6 @@ def _check_each(paths: list[str], options: "FlattenOptions", debug: bool) -> int
     Returns the exit code: 2 when no path could be checked, 1 when any would change
     or failed, 0 when every one is already flat.
     """
-    from memlayout.errors import MemlayoutError
     from memlayout.flatten.files import flatten_path
     from memlayout.flatten.summary import render_check
 

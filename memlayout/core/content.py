@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from memlayout.core.facts import TensorFact
-from memlayout.core.strides import element_span
+from memlayout.core.strides import element_span, has_internal_overlap
 from memlayout.dtypes import dtype_info
 from memlayout.load.records import StorageReader
 
@@ -222,7 +222,6 @@ class ContentReader:
         # overlap are counted over the memory they cover, each element once.
         import numpy as np
 
-        from memlayout.core.strides import has_internal_overlap
 
         kept = [(size, step) for size, step in zip(tensor.shape, tensor.stride, strict=True) if step != 0]
         shape, stride = tuple(size for size, _ in kept), tuple(step for _, step in kept)

@@ -12,10 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from memlayout.core.content import content_reader
+from memlayout.core.facts import TensorFact
 from memlayout.diff.changes import Change, ChangeKind, DiffReport
-from memlayout.diff.names import NameMap
+from memlayout.diff.names import NameMap, matching_keys, suggest_strip_prefixes
 from memlayout.load.records import DeclaredTie, LoadedSource
-from memlayout.pipeline.inspection import Report
+from memlayout.load.remote_location import RemoteOptions
+from memlayout.pipeline.batch import without_ignored_findings
+from memlayout.pipeline.inspection import Report, inspect_source, load_target
 from memlayout.rules import RuleConfig
 
 
@@ -61,13 +65,8 @@ def run_diff(
         >>> [c.kind.value for c in run_diff(a, {"w": a["w"].half()}).changes]
         ['dtype', 'storage-bytes']
     """
-    from memlayout.core.content import content_reader
-    from memlayout.core.facts import TensorFact
     from memlayout.diff.compare import ValueComparer, compare_reports
     from memlayout.diff.values import ValueComparison, comparable, compare_values
-    from memlayout.load.remote_location import RemoteOptions
-    from memlayout.pipeline.batch import without_ignored_findings
-    from memlayout.pipeline.inspection import inspect_source, load_target
 
     options = options or DiffOptions()
     config = replace(options.rules, deep=options.deep)
@@ -107,8 +106,6 @@ def run_diff(
 def _name_hint(a: Report, b: Report, names: NameMap) -> str | None:
     """What to pass when few names match: the --strip-prefix that lines them up, or that none does."""
     import shlex
-
-    from memlayout.diff.names import matching_keys, suggest_strip_prefixes
 
     a_names = [n for t in a.facts.tensors for n in t.names]
     b_names = [n for t in b.facts.tensors for n in t.names]

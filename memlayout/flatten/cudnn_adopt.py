@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from memlayout import _torch
 from memlayout.core.cudnn_layout import RnnGeometry, layout_of
 from memlayout.core.facts import Facts
+from memlayout.flatten.apply import modules_of, walk_tensors
 from memlayout.flatten.plan import FlatBuffer, FlatPlan, Placement, ViewKey
 
 if TYPE_CHECKING:
@@ -53,7 +54,6 @@ def _owner(obj: Any, weights: list[torch.Tensor]) -> Any:
     # The live RNN whose _flat_weights are exactly these tensor objects, if any.
     import torch
 
-    from memlayout.flatten.apply import modules_of
 
     ids = [id(w) for w in weights]
     for module in modules_of(obj):
@@ -87,7 +87,6 @@ def adopt_cudnn_layouts(
     """
     import torch
 
-    from memlayout.flatten.apply import walk_tensors
 
     objects: dict[tuple[int, tuple[int, ...]], list[torch.Tensor]] = {}
     seen: set[int] = set()

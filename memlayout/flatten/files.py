@@ -15,7 +15,9 @@ from dataclasses import dataclass, replace
 from memlayout import _torch
 from memlayout.core.fact_builder import build_facts
 from memlayout.core.facts import Facts
+from memlayout.core.flatten_support import flatten_route
 from memlayout.errors import FlattenError, UnsafeContentError, UsageError
+from memlayout.flatten.live import resolve_device
 from memlayout.flatten.options import FlattenOptions, Progress
 from memlayout.flatten.plan import FlatPlan, plan_flatten
 from memlayout.flatten.writers import FlattenJob, FlattenWriter, converter_for, registry, writer_for
@@ -25,6 +27,9 @@ from memlayout.flatten.writers.safetensors_dir import (
     converted_name,
     index_metadata,
 )
+from memlayout.io.atomic_write import atomic_directory, resolve_target
+from memlayout.load import load_path
+from memlayout.load.main_module import classes_from_main
 from memlayout.load.records import DeclaredTie, PickleGlobal
 
 
@@ -102,8 +107,6 @@ def refuse_unflattenable(facts: Facts, options: FlattenOptions) -> None:
         FlattenError: flatten does not rewrite this format (and what to do instead).
         UnsafeContentError: rewriting it needs real objects and --trust was not given.
     """
-    from memlayout.core.flatten_support import flatten_route
-
     route = flatten_route(facts.source)
     where = facts.source.path or "the source"
     if route.refusal:
@@ -122,8 +125,6 @@ def _require_importable(where: str, pickle_globals: tuple[PickleGlobal, ...]) ->
     # names. One that cannot be imported fails the write; --check says so too,
     # rather than promising a change the write cannot make.
     import importlib
-
-    from memlayout.load.main_module import classes_from_main
 
     from_main = classes_from_main(pickle_globals)
     if from_main:
@@ -150,8 +151,6 @@ def _require_importable(where: str, pickle_globals: tuple[PickleGlobal, ...]) ->
 
 def _device_choice(device: str) -> tuple[str | None, str]:
     """(the device every tensor moves to, or None to keep each one's; why), for the plan and the summary."""
-    from memlayout.flatten.live import resolve_device
-
     resolved = resolve_device(device)
     if resolved is None:
         return None, "kept: OUT records each tensor's device as IN does; --device moves them"
@@ -196,8 +195,6 @@ def _result(
 
 
 def _unverified_reason(out: str | None, verified: bool) -> str:
-    from memlayout.io.atomic_write import resolve_target
-
     if verified or out is None:
         return ""
     return "OUT is a device or pipe, which cannot be re-read" if resolve_target(out).is_stream else "--no-verify"
@@ -240,8 +237,6 @@ def _flatten_file(
     declared: tuple[DeclaredTie, ...] = (),
 ) -> FlattenResult:
     """Flatten (or, with `options.to`, convert) one source; `declared` adds the ties its folder's config declares."""
-    from memlayout.load import load_path
-
     planning = time.perf_counter()
     source = load_path(path)
     try:
@@ -310,7 +305,6 @@ def _flatten_hf_dir(path: str, options: FlattenOptions, progress: Progress | Non
     """
     import shutil
 
-    from memlayout.io.atomic_write import atomic_directory
     from memlayout.load.hf_dir import weight_files
 
     files, _ = weight_files(path)
@@ -344,7 +338,6 @@ def _convert_hf_dir(path: str, options: FlattenOptions, progress: Progress | Non
     """
     import shutil
 
-    from memlayout.io.atomic_write import atomic_directory
     from memlayout.load.hf_dir import BIN_INDEX, SAFETENSORS_INDEX, config_ties, weight_files
     from memlayout.load.safetensors_file import read_header
 
@@ -386,8 +379,6 @@ def _convert_hf_dir(path: str, options: FlattenOptions, progress: Progress | Non
 
 def _names_in(path: str, files: list[str]) -> dict[str, list[str]]:
     """The tensor names each weight file stores (read as metadata, nothing executed)."""
-    from memlayout.load import load_path
-
     names = {}
     for name in files:
         with load_path(os.path.join(path, name)) as source:

@@ -19,7 +19,7 @@ from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
 from memlayout.flatten.handle import FlatGroup, FlatHandle
 from memlayout.flatten.options import KEEP
 from memlayout.flatten.plan import DEFAULT_ALIGN, FlatPlan, is_identity, plan_flatten
-from memlayout.load.live import storage_key
+from memlayout.load.live import load_live, storage_key
 
 if TYPE_CHECKING:
     import torch
@@ -62,8 +62,6 @@ def resolve_device(device: str | None) -> str | None:
 
 def live_facts(obj: Any) -> Facts:
     """Facts of a live object, as `memlayout.inspect` sees it."""
-    from memlayout.load.live import load_live
-
     return build_facts(load_live(obj))
 
 

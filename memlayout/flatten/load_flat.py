@@ -16,6 +16,7 @@ from memlayout.core.strides import MemoryFormat
 from memlayout.errors import FlattenError, UsageError
 from memlayout.flatten.apply import torch_dtype
 from memlayout.flatten.handle import FlatHandle
+from memlayout.flatten.live import flatten_object, resolve_device
 from memlayout.flatten.plan import dense_strides
 from memlayout.load.safetensors_file import MEMLAYOUT_ALIASES_KEY as ALIASES_KEY
 from memlayout.load.safetensors_file import read_header
@@ -139,7 +140,6 @@ def load_flat_checkpoint(model: Any, path: str, device: str | None = None) -> Fl
     """
     import torch
 
-    from memlayout.flatten.live import flatten_object, resolve_device
 
     target = resolve_device(device) or "cpu"
     with open(path, "rb") as handle:

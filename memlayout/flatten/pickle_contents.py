@@ -11,6 +11,9 @@ import os
 from typing import Any
 
 from memlayout.errors import FlattenError
+from memlayout.io.zip_archive import ZipReader, archive_prefix
+from memlayout.load.pickle_walk import is_module_state
+from memlayout.load.pickled_objects import InertObject, PickledTensor
 from memlayout.load.records import LoadedSource
 
 
@@ -37,8 +40,6 @@ def _pickled_root(path: str, fmt: str) -> Any:
     from memlayout.load.restricted_pickle import unpickle
 
     if fmt == "torch-zip":
-        from memlayout.io.zip_archive import ZipReader, archive_prefix
-
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             archive = ZipReader(fd, os.fstat(fd).st_size, 0, path)
@@ -61,9 +62,6 @@ def _pickled_root(path: str, fmt: str) -> Any:
 
 
 def _walk_contents(obj: Any, path: str, found: list[str], seen: set[int]) -> None:
-    from memlayout.load.pickle_walk import is_module_state
-    from memlayout.load.pickled_objects import InertObject, PickledTensor
-
     if type(obj) is PickledTensor or id(obj) in seen:
         return
     where = path or "(root)"

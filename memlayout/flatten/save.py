@@ -17,9 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from memlayout.core.fact_builder import build_facts
 from memlayout.errors import FlattenError
+from memlayout.flatten.apply import host_bytes, pread_into
 from memlayout.flatten.plan import FlatPlan, Placement
+from memlayout.flatten.torch_tree import location_tagging_pickle
 from memlayout.io.atomic_write import atomic_file, fsync_path
 from memlayout.load.records import LoadedSource
+from memlayout.load.torch_zip import load_torch_zip
 
 if TYPE_CHECKING:
     import torch
@@ -39,8 +42,6 @@ def save_torch(obj: Any, path: str, locations: dict[int, str] | None = None) -> 
     import torch
 
     if locations:
-        from memlayout.flatten.torch_tree import location_tagging_pickle
-
         torch.save(obj, path, pickle_module=location_tagging_pickle(locations))
     else:
         torch.save(obj, path)
@@ -59,7 +60,6 @@ def compare_bytes(path: str, file_offset: int, buffer: torch.Tensor) -> bool:
     """
     import torch
 
-    from memlayout.flatten.apply import host_bytes, pread_into
 
     chunk = torch.empty(min(COMPARE_CHUNK_BYTES, max(buffer.numel(), 1)), dtype=torch.uint8)
     fd = os.open(path, os.O_RDONLY)
@@ -100,8 +100,6 @@ def check_layout(
         FlattenError: any name's layout or the sharing differs from the plan, a
             name is missing, or a buffer has the wrong size or records another device.
     """
-    from memlayout.load.torch_zip import load_torch_zip
-
     with (load or load_torch_zip)(path) as source:
         facts = build_facts(source)
         expected = _expected_by_name(plan)

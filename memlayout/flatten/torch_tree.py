@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memlayout import _torch
-from memlayout.errors import CorruptCheckpointError, UnsafeContentError, UsageError
+from memlayout.errors import CorruptCheckpointError, FlattenError, UnsafeContentError, UsageError
 from memlayout.io.zip_archive import ZipReader
 
 if TYPE_CHECKING:
@@ -208,8 +208,6 @@ def pickle_records(root: Any, locations: dict[int, str] | None = None) -> Pickle
     Raises:
         FlattenError: torch refuses to save the tree (two dtypes viewing one storage).
     """
-    from memlayout.errors import FlattenError
-
     recorder = _Recorder()
     module = location_tagging_pickle(locations) if locations else pickle
     try:

@@ -1,11 +1,14 @@
 """Loaders: every source memlayout reads, reduced to `LoadedSource` records.
 
 Formats are detected by content, never by extension. Each format is one entry of
-`FORMATS`: a cheap `detect` on the path and its first bytes, and a `load`.
+`FORMATS`, data: a cheap `detect` on the path and its first bytes (`load.detect`,
+which imports no loader), and the module and function that load it. Reading a
+file imports its own loader and no other.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -17,6 +20,7 @@ from memlayout.errors import (
     UnrecognizedFormatError,
     UsageError,
 )
+from memlayout.load import detect
 from memlayout.load.records import LoadedSource
 from memlayout.load.remote_location import RemoteOptions, remote_location
 
@@ -24,138 +28,47 @@ HEAD_BYTES = 64
 
 
 class Format(NamedTuple):
-    """One readable format."""
+    """One readable format, described as data: its loader's module is imported only to read it."""
 
     name: str
+    module: str
+    """The loader's module, e.g. "memlayout.load.torch_zip"."""
+    load: str
+    """The function of `module` that reads it: path -> `LoadedSource`, executing nothing from the file."""
     detect: Callable[[str, bytes], bool]
-    """(path, first bytes or b"" for a directory) -> whether this format reads it."""
-    load: Callable[[str], LoadedSource]
-    """path -> what the file holds, read without executing anything from it."""
-
-
-def _is_torch_zip(path: str, head: bytes) -> bool:
-    return head.startswith(b"PK\x03\x04")
-
-
-def _load_torch_zip(path: str) -> LoadedSource:
-    from memlayout.load.torch_zip import load_torch_zip
-
-    return load_torch_zip(path)
-
-
-def _is_safetensors(path: str, head: bytes) -> bool:
-    from memlayout.load.safetensors_file import looks_like_safetensors
-
-    return looks_like_safetensors(head)
-
-
-def _load_safetensors(path: str) -> LoadedSource:
-    from memlayout.load.safetensors_file import load_safetensors
-
-    return load_safetensors(path)
-
-
-def _is_hf_dir(path: str, head: bytes) -> bool:
-    if head:  # a file: no need to import the directory format's module to say no
-        return False
-    from memlayout.load.hf_dir import is_hf_dir
-
-    return is_hf_dir(path)
-
-
-def _load_hf_dir(path: str) -> LoadedSource:
-    from memlayout.load.hf_dir import load_hf_dir
-
-    return load_hf_dir(path)
-
-
-def _is_legacy(path: str, head: bytes) -> bool:
-    from memlayout.load.legacy import is_legacy_torch
-
-    return is_legacy_torch(head)
-
-
-def _load_legacy(path: str) -> LoadedSource:
-    from memlayout.load.legacy import load_legacy
-
-    return load_legacy(path)
-
-
-def _is_legacy_tar(path: str, head: bytes) -> bool:
-    from memlayout.load.legacy_tar import is_legacy_tar
-
-    return is_legacy_tar(path, head)
-
-
-def _load_legacy_tar(path: str) -> LoadedSource:
-    from memlayout.load.legacy_tar import load_legacy_tar
-
-    return load_legacy_tar(path)
-
-
-def _is_bare_pickle(path: str, head: bytes) -> bool:
-    from memlayout.load.legacy import is_pickle
-
-    return is_pickle(path, head)
-
-
-def _load_bare_pickle(path: str) -> LoadedSource:
-    from memlayout.load.legacy import load_bare_pickle
-
-    return load_bare_pickle(path)
-
-
-def _is_torchscript(path: str, head: bytes) -> bool:
-    from memlayout.load.torchscript import is_torchscript_zip
-
-    return _is_torch_zip(path, head) and is_torchscript_zip(path)
-
-
-def _load_torchscript(path: str) -> LoadedSource:
-    from memlayout.load.torchscript import load_torchscript
-
-    return load_torchscript(path)
-
-
-def _is_dcp_dir(path: str, head: bytes) -> bool:
-    if head:  # a file: no need to import the directory format's module to say no
-        return False
-    from memlayout.load.dcp import is_dcp_dir
-
-    return is_dcp_dir(path)
-
-
-def _load_dcp_dir(path: str) -> LoadedSource:
-    from memlayout.load.dcp import load_dcp
-
-    return load_dcp(path)
-
-
-def _is_pt2(path: str, head: bytes) -> bool:
-    from memlayout.load.pt2 import is_pt2_zip
-
-    return _is_torch_zip(path, head) and is_pt2_zip(path)
-
-
-def _load_pt2(path: str) -> LoadedSource:
-    from memlayout.load.pt2 import load_pt2
-
-    return load_pt2(path)
+    """(path, first bytes or b"" for a directory) -> whether this may be the format (`memlayout.load.detect`)."""
+    confirm: str | None = None
+    """A function of `module`, (path, head) -> bool, run only when `detect` says yes: where the first
+    bytes match but only the loader can tell (a pickle's first object, a tar's first member)."""
 
 
 # Order matters where formats nest: a TorchScript archive is also a zip. The tar
 # check reads one 512-byte block, so it runs after the cheaper zip checks.
 FORMATS: list[Format] = [
-    Format("safetensors", _is_safetensors, _load_safetensors),
-    Format("dcp", _is_dcp_dir, _load_dcp_dir),
-    Format("hf-dir", _is_hf_dir, _load_hf_dir),
-    Format("torch-export", _is_pt2, _load_pt2),
-    Format("torchscript", _is_torchscript, _load_torchscript),
-    Format("torch-zip", _is_torch_zip, _load_torch_zip),
-    Format("torch-legacy-tar", _is_legacy_tar, _load_legacy_tar),
-    Format("torch-legacy", _is_legacy, _load_legacy),
-    Format("pickle", _is_bare_pickle, _load_bare_pickle),
+    Format("safetensors", "memlayout.load.safetensors_file", "load_safetensors", detect.is_safetensors),
+    Format("dcp", "memlayout.load.dcp", "load_dcp", detect.is_dcp_dir),
+    Format("hf-dir", "memlayout.load.hf_dir", "load_hf_dir", detect.is_hf_dir),
+    Format("torch-export", "memlayout.load.pt2", "load_pt2", detect.is_pt2_zip),
+    Format("torchscript", "memlayout.load.torchscript", "load_torchscript", detect.is_torchscript_zip),
+    Format("torch-zip", "memlayout.load.torch_zip", "load_torch_zip", detect.is_zip),
+    Format("torch-legacy-tar", "memlayout.load.legacy_tar", "load_legacy_tar", detect.has_tar_magic,
+           confirm="is_legacy_tar"),
+    Format("torch-legacy", "memlayout.load.legacy", "load_legacy", detect.opens_like_a_pickle,
+           confirm="is_legacy_torch"),
+    Format("pickle", "memlayout.load.legacy", "load_bare_pickle", detect.opens_like_a_pickle, confirm="is_pickle"),
 ]
+
+
+def _function(fmt: Format, name: str) -> Callable[..., Any]:
+    """A function of the format's loader module, importing that module (and no other loader) on first use."""
+    found: Callable[..., Any] = getattr(importlib.import_module(fmt.module), name)
+    return found
+
+
+def _recognizes(fmt: Format, path: str, head: bytes) -> bool:
+    if not fmt.detect(path, head):
+        return False
+    return fmt.confirm is None or bool(_function(fmt, fmt.confirm)(path, head))
 
 
 def _read_head(path: str) -> bytes:
@@ -175,7 +88,7 @@ def _detected(path: str) -> tuple[Format, bytes]:
         if not head:
             raise CorruptCheckpointError(f"{path} is empty", "the file holds no bytes; re-export it")
     for fmt in FORMATS:
-        if fmt.detect(path, head):
+        if _recognizes(fmt, path, head):
             return fmt, head
     if not head:
         raise UnrecognizedFormatError(f"{path} is a directory with no model memlayout can read")
@@ -243,7 +156,7 @@ def load_path(path: str, remote: RemoteOptions | None = None) -> LoadedSource:
         raise SourceNotFoundError(f"{path}: no such file or directory")
     fmt, head = _detected(path)
     try:
-        source = fmt.load(path)
+        source: LoadedSource = _function(fmt, fmt.load)(path)
     except RecursionError:
         # Walking a pickle's object tree recurses once per level; a file can
         # nest 100,000 lists in a few hundred bytes. No model nests that deep.

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError
 from memlayout.format_bytes import counted
+from memlayout.load.detect import DCP_DATA_SUFFIX, DCP_METADATA_FILE
 from memlayout.load.pickled_objects import InertObject
 from memlayout.load.records import (
     LoadedSource,
@@ -29,8 +30,8 @@ from memlayout.load.records import (
 )
 from memlayout.load.restricted_pickle import unpickle
 
-METADATA_FILE = ".metadata"
-DATA_SUFFIX = ".distcp"
+METADATA_FILE = DCP_METADATA_FILE
+DATA_SUFFIX = DCP_DATA_SUFFIX
 UNKNOWN_DEVICE = "unknown"
 _NOTE_LIMIT = 10
 # What a genuine .metadata pickle references: DCP's own dataclasses and the paths
@@ -52,23 +53,6 @@ class DcpTensor(NamedTuple):
     dtype: str
     shape: tuple[int, ...]
     chunks: tuple[DcpChunk, ...]
-
-
-def is_dcp_dir(path: str) -> bool:
-    """Whether a directory looks like a torch.distributed.checkpoint save.
-
-    Args:
-        path: A directory.
-
-    Returns:
-        True when it holds `.metadata` or any `*.distcp` file.
-    """
-    if os.path.isfile(os.path.join(path, METADATA_FILE)):
-        return True
-    try:
-        return any(name.endswith(DATA_SUFFIX) for name in os.listdir(path))
-    except OSError:
-        return False
 
 
 def _state(obj: Any) -> dict[str, Any]:

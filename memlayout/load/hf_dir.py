@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
+from memlayout.load import detect, load_path
 from memlayout.load.file_source import StorageSpans, file_source
 from memlayout.load.hf_ties import declared_ties
 from memlayout.load.records import (
@@ -35,11 +36,11 @@ from memlayout.load.safetensors_file import (
 )
 
 CONFIG = "config.json"
-SAFETENSORS_INDEX = "model.safetensors.index.json"
-SAFETENSORS_SINGLE = "model.safetensors"
-BIN_INDEX = "pytorch_model.bin.index.json"
-BIN_SINGLE = "pytorch_model.bin"
-WEIGHT_FILES = (SAFETENSORS_INDEX, SAFETENSORS_SINGLE, BIN_INDEX, BIN_SINGLE)
+SAFETENSORS_INDEX = detect.HF_SAFETENSORS_INDEX
+SAFETENSORS_SINGLE = detect.HF_SAFETENSORS_SINGLE
+BIN_INDEX = detect.HF_BIN_INDEX
+BIN_SINGLE = detect.HF_BIN_SINGLE
+WEIGHT_FILES = detect.HF_WEIGHT_FILES
 
 def is_hf_dir(path: str) -> bool:
     """Whether a directory holds Hugging Face weights by their standard file names.
@@ -50,7 +51,7 @@ def is_hf_dir(path: str) -> bool:
     Returns:
         True when one of the standard weight files or index files is present.
     """
-    return any(os.path.isfile(os.path.join(path, name)) for name in WEIGHT_FILES)
+    return detect.is_hf_dir(path, b"")
 
 
 def _read_json(path: str, what: str) -> Any:
@@ -202,8 +203,6 @@ def safetensors_shards_source(
 
 
 def _load_pickled_shards(directory: str, shards: list[str]) -> LoadedSource:
-    from memlayout.load import load_path
-
     return pickled_shards_source(directory, shards, lambda shard: load_path(os.path.join(directory, shard)))
 
 

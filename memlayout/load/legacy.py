@@ -23,20 +23,20 @@ from __future__ import annotations
 
 import io
 import os
-import pickle
-import pickletools
 import struct
 from collections.abc import Iterable
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO
 
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
 from memlayout.format_bytes import counted
+from memlayout.load.detect import has_proto_signature, opening_opcodes
 from memlayout.load.file_source import StorageSpans, pickled_source
 from memlayout.load.pickled_objects import PickledStorage
 from memlayout.load.records import LoadedSource, PickleGlobal
 from memlayout.load.restricted_pickle import (
     RestrictedUnpickler,
     TextPersistentIdError,
+    read_first_pickle,
     run_unpickler,
     unpickle,
 )
@@ -44,32 +44,7 @@ from memlayout.load.restricted_pickle import (
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
 _COUNT = struct.Struct("<q")
-_PROTO = 0x80
-# The opcodes `pickle.load` can read first: those that push onto an empty stack,
-# except the memo's (empty at first), a persistent id (torch.load's first
-# pickle.load is given no persistent_load) and NEXT_BUFFER (nor any buffers).
-_CANNOT_OPEN = frozenset(["GET", "BINGET", "LONG_BINGET", "PUT", "BINPUT", "LONG_BINPUT", "PERSID", "NEXT_BUFFER"])
-OPENING_OPCODES = frozenset(
-    ord(opcode.code) for opcode in pickletools.opcodes if not opcode.stack_before and opcode.name not in _CANNOT_OPEN
-)
-
-
-def has_proto_signature(head: bytes) -> bool:
-    """Whether the bytes open with the PROTO opcode of a protocol pickle.load reads (0-5).
-
-    `pickle.dump` writes PROTO from protocol 2 on; protocols 0 and 1 open with any
-    other opcode, and the unpickler accepts PROTO 0 and 1 too.
-
-    Args:
-        head: The file's first bytes.
-
-    Returns:
-        True when they start with PROTO and a protocol number the unpickler accepts.
-    """
-    return len(head) >= 2 and head[0] == _PROTO and head[1] <= pickle.HIGHEST_PROTOCOL
-
-
-def is_legacy_torch(head: bytes) -> bool:
+def is_legacy_torch(path: str, head: bytes) -> bool:
     """Whether the bytes open a legacy torch.save file: a pickled magic number first.
 
     torch's legacy writer pickles the magic number with the protocol it was given
@@ -78,51 +53,19 @@ def is_legacy_torch(head: bytes) -> bool:
     inside a frame from 4 on. Every spelling is under 30 bytes.
 
     Args:
+        path: The file (unused: the first bytes tell; every format check takes both).
         head: The file's first bytes.
 
     Returns:
         True when the first pickle in them unpickles to the magic number.
     """
-    if not head or head[0] not in OPENING_OPCODES:
+    if not head or head[0] not in opening_opcodes():
         return False
     try:
         magic = unpickle(head, storage_records=False, what="the first pickle").root
     except CorruptCheckpointError:
         return False
     return type(magic) is int and magic == MAGIC_NUMBER
-
-
-class FirstPickle(NamedTuple):
-    """What the restricted unpickler made of the pickle that opens a file."""
-
-    complete: bool
-    """It read one whole pickle, up to its STOP."""
-    referenced: list[PickleGlobal]
-    """The globals it resolved, up to where it stopped."""
-
-
-def read_first_pickle(path: str) -> FirstPickle:
-    """Read the file from byte 0 as `pickle.load` does, executing nothing.
-
-    `torch.load(weights_only=False)` hands a file that is neither a zip nor a tar
-    archive to `pickle.load` before it checks the magic number, and `pickle.load`
-    takes the first byte as an opcode, whatever it is: a protocol 0 or 1 pickle
-    opens with `(`, `c`, `]`, `}` or any other opcode, not PROTO. Every global it
-    resolves along the way is imported, and called by REDUCE, there and then.
-
-    Args:
-        path: The file.
-
-    Returns:
-        Whether a whole pickle was read, and the globals resolved on the way.
-    """
-    with open(path, "rb") as handle:
-        unpickler = RestrictedUnpickler(handle, False)
-        try:
-            run_unpickler(unpickler, path)
-        except CorruptCheckpointError:
-            return FirstPickle(False, list(unpickler.referenced.values()))
-    return FirstPickle(True, list(unpickler.referenced.values()))
 
 
 def _names_a_module(found: PickleGlobal) -> bool:
@@ -148,7 +91,7 @@ def is_pickle(path: str, head: bytes) -> bool:
     """
     if has_proto_signature(head):
         return True
-    if not head or head[0] not in OPENING_OPCODES:
+    if not head or head[0] not in opening_opcodes():
         return False
     first = read_first_pickle(path)
     return first.complete or any(_names_a_module(found) for found in first.referenced)

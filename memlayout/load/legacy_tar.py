@@ -33,6 +33,7 @@ from typing import Any
 
 from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError
+from memlayout.load.detect import has_tar_magic
 from memlayout.load.file_source import StorageSpans, pickled_source
 from memlayout.load.legacy import merge_globals, refuse_big_endian
 from memlayout.load.pickled_objects import PickledStorage, PickledTensor, StorageDtype
@@ -42,9 +43,6 @@ from memlayout.load.restricted_pickle import RestrictedUnpickler, run_unpickler
 # The order torch.save wrote them; torch.load reads all but sys_info.
 _MEMBERS = ("sys_info", "pickle", "tensors", "storages")
 _REQUIRED = ("storages", "tensors", "pickle")
-_BLOCK = 512
-_TAR_MAGIC = b"ustar"
-_TAR_MAGIC_AT = 257
 _COUNT = struct.Struct("<q")
 _NDIM = struct.Struct("<i4x")
 _INT64 = 8
@@ -81,17 +79,13 @@ def is_legacy_tar(path: str, head: bytes) -> bool:
         torch.save writes, so a torch tar cut short is still recognized (and then
         reported as damaged) while other tar archives are not.
     """
-    if not head:
+    if not has_tar_magic(path, head):
         return False
     try:
-        with open(path, "rb") as handle:
-            if handle.read(_BLOCK)[_TAR_MAGIC_AT : _TAR_MAGIC_AT + len(_TAR_MAGIC)] != _TAR_MAGIC:
-                return False
-            handle.seek(0)
-            # tarfile resolves PAX extended headers, which Python's tarfile wrote
-            # before each member whose modification time was fractional.
-            with tarfile.open(fileobj=handle, mode="r:") as tar:
-                first = tar.next()
+        # tarfile resolves PAX extended headers, which Python's tarfile wrote
+        # before each member whose modification time was fractional.
+        with open(path, "rb") as handle, tarfile.open(fileobj=handle, mode="r:") as tar:
+            first = tar.next()
     except _TAR_ERRORS:
         return False
     return first is not None and first.name in _MEMBERS

@@ -91,8 +91,6 @@ class _Collector:
 
     def _local_piece(self, name: str, tensor: Any, fsdp: bool) -> Any:
         """The local piece of a DTensor, recorded with where it sits in the whole tensor."""
-        from memlayout import _torch
-
         local = tensor.to_local().detach()
         mesh = tensor.device_mesh
         self.mesh_size = max(self.mesh_size, mesh.size())

@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 
 from memlayout.errors import MemlayoutError
+from memlayout.load.detect import looks_like_safetensors, opens_like_a_pickle
 
 FAMILY = {
     "torch-zip": "zip", "torchscript": "zip", "torch-export": "zip",
@@ -52,9 +53,11 @@ def _is_zip(path: str, head: bytes) -> bool:
 def _is_pickle(path: str, head: bytes) -> bool:
     # pickle.load starts at byte 0 with whatever opcode is there (PROTO only from
     # protocol 2 on); the restricted unpickler must read one whole pickle, executing nothing.
-    from memlayout.load.legacy import OPENING_OPCODES, read_first_pickle
+    if not opens_like_a_pickle(path, head):
+        return False  # most files: no need to import the unpickler to say no
+    from memlayout.load.restricted_pickle import read_first_pickle
 
-    return bool(head) and head[0] in OPENING_OPCODES and read_first_pickle(path).complete
+    return read_first_pickle(path).complete
 
 
 def _is_tar(path: str, head: bytes) -> bool:
@@ -69,10 +72,10 @@ def _is_tar(path: str, head: bytes) -> bool:
 
 
 def _is_safetensors(path: str, head: bytes) -> bool:
-    from memlayout.load.safetensors_file import looks_like_safetensors, read_header
-
     if not looks_like_safetensors(head):
-        return False
+        return False  # most files: no need to import the safetensors loader to say no
+    from memlayout.load.safetensors_file import read_header
+
     try:
         read_header(path)
     except (MemlayoutError, OSError, ValueError):

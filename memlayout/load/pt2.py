@@ -38,7 +38,8 @@ from typing import Any
 
 from memlayout.dtypes import dtype_info
 from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
-from memlayout.io.zip_archive import ZipReader, central_directory_bytes, read_recompressed_archive
+from memlayout.io.zip_archive import ZipReader, read_recompressed_archive
+from memlayout.load.detect import PT2_OLDER_PROGRAM, PT2_WEIGHTS_CONFIG
 from memlayout.load.file_source import StorageSpans, file_source
 from memlayout.load.pickled_tree import tensor_records
 from memlayout.load.records import (
@@ -51,11 +52,11 @@ from memlayout.load.records import (
 from memlayout.load.restricted_pickle import UnpickleResult, unpickle
 from memlayout.load.torch_zip import read_torch_zip
 
-WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
+WEIGHTS_CONFIG = PT2_WEIGHTS_CONFIG
 CONSTANTS_CONFIG = "data/constants/model_constants_config.json"
 # The older layout's members, at the zip's root. torch.export.load reads the
 # `.json` names of torch 2.1 into the same slots as the `.pt` ones.
-OLDER_PROGRAM = "serialized_exported_program.json"
+OLDER_PROGRAM = PT2_OLDER_PROGRAM
 OLDER_STATE_DICT = ("serialized_state_dict.pt", "serialized_state_dict.json")
 OLDER_CONSTANTS = ("serialized_constants.pt", "serialized_constants.json")
 OLDER_EXAMPLE_INPUTS = "serialized_example_inputs.pt"
@@ -66,24 +67,6 @@ SCALAR_TYPES: dict[int, str] = {
     28: "uint16", 29: "float8_e4m3fn", 30: "float8_e5m2", 31: "float8_e4m3fnuz",
     32: "float8_e5m2fnuz", 33: "float8_e8m0fnu", 34: "uint32", 35: "uint64",
 }
-
-
-def is_pt2_zip(path: str) -> bool:
-    """Whether a zip is a torch.export archive.
-
-    Args:
-        path: A file that starts like a zip.
-
-    Returns:
-        True when the directory lists `<archive>/archive_format`, a weights config
-        or the older layout's exported program.
-    """
-    directory = central_directory_bytes(path)
-    return (
-        b"/archive_format" in directory
-        or WEIGHTS_CONFIG.encode() in directory
-        or OLDER_PROGRAM.encode() in directory
-    )
 
 
 def _int(value: Any, what: str) -> int:

@@ -31,6 +31,11 @@ import orjson
 
 from memlayout.errors import CorruptCheckpointError, RemoteReadError, UnrecognizedFormatError
 from memlayout.format_bytes import human_bytes
+from memlayout.io.remote import RemoteFiles
+from memlayout.io.zip_archive import LOCAL_HEADER_SIZE, ZipReader, archive_prefix
+from memlayout.load import detect
+from memlayout.load.file_source import StorageSpans, file_source, pickled_source
+from memlayout.load.hf_ties import declared_ties
 from memlayout.load.remote_hub import hub_headers, hub_target, hub_url_maker
 from memlayout.load.remote_location import RemoteLocation, RemoteOptions
 
@@ -59,8 +64,6 @@ def load_remote(location: RemoteLocation, options: RemoteOptions) -> LoadedSourc
         RemoteReadError: the server, the network or the reply failed; one line with a hint.
         CorruptCheckpointError, UnrecognizedFormatError: as for a local file.
     """
-    from memlayout.io.remote import RemoteFiles
-
     headers: dict[str, str] = {}
     if location.protocol == "hf":
         url, listing = hub_target(location, options)
@@ -101,15 +104,13 @@ def _load_file(url: str, files: RemoteFiles, options: RemoteOptions) -> LoadedSo
     head = files.read(url, 0, HEAD_BYTES)
     if not head:
         raise CorruptCheckpointError(f"{url} is empty", "the file holds no bytes; re-export it")
-    from memlayout.load.safetensors_file import looks_like_safetensors
-
-    if looks_like_safetensors(head):
+    if detect.looks_like_safetensors(head):
         return _load_safetensors(url, head, files, options)
-    if head.startswith(b"PK\x03\x04"):
+    if detect.is_zip(url, head):
         return _load_torch_zip(url, files, options)
     from memlayout.load.legacy import is_legacy_torch
 
-    if is_legacy_torch(head) or head[:1] == b"\x80":
+    if is_legacy_torch(url, head) or head[:1] == b"\x80":
         raise UnrecognizedFormatError(
             f"{url} is a legacy torch.save file or a bare pickle, which memlayout reads from local files only",
             "download it and inspect the local copy; its storages are not located without reading it all",
@@ -127,7 +128,6 @@ def _header_length(url: str, head: bytes) -> int:
 
 
 def _load_safetensors(url: str, head: bytes, files: RemoteFiles, options: RemoteOptions) -> LoadedSource:
-    from memlayout.load.file_source import file_source
     from memlayout.load.safetensors_file import (
         HEADER_LENGTH_BYTES,
         metadata_ties,
@@ -152,8 +152,6 @@ def _load_safetensors(url: str, head: bytes, files: RemoteFiles, options: Remote
 
 
 def _load_torch_zip(url: str, files: RemoteFiles, options: RemoteOptions) -> LoadedSource:
-    from memlayout.io.zip_archive import LOCAL_HEADER_SIZE, ZipReader, archive_prefix
-    from memlayout.load.file_source import StorageSpans, pickled_source
     from memlayout.load.restricted_pickle import unpickle
 
     size = files.size(url)
@@ -263,7 +261,6 @@ def _load_directory(
         SAFETENSORS_SINGLE,
         index_shards,
     )
-    from memlayout.load.hf_ties import declared_ties
 
     present = set(listing)
     config = None
@@ -329,11 +326,9 @@ def _safetensors_shards(
 
 def _shard_header_end(url: str, head: bytes, files: RemoteFiles) -> int:
     """Where a shard's header ends, from its first bytes; the shard must be safetensors."""
-    from memlayout.load.safetensors_file import HEADER_LENGTH_BYTES, looks_like_safetensors
-
-    if not looks_like_safetensors(head[:HEAD_BYTES]):
+    if not detect.looks_like_safetensors(head[:HEAD_BYTES]):
         raise CorruptCheckpointError(f"{url} is no safetensors file, though the index names it as a shard")
-    return min(HEADER_LENGTH_BYTES + _header_length(url, head), files.size(url))
+    return min(detect.SAFETENSORS_HEADER_LENGTH_BYTES + _header_length(url, head), files.size(url))
 
 
 def _pickled_shards(
@@ -375,7 +370,6 @@ def fetch_remote_config(location: RemoteLocation, options: RemoteOptions) -> tup
     Returns:
         (the config's URL, its bytes).
     """
-    from memlayout.io.remote import RemoteFiles
     from memlayout.load.hf_dir import CONFIG
 
     headers: dict[str, str] = {}

@@ -10,6 +10,7 @@ import posixpath
 from typing import Any
 
 from memlayout.errors import RemoteReadError
+from memlayout.io.remote import AUTH_HINT
 from memlayout.load.remote_location import RemoteLocation, RemoteOptions
 
 
@@ -54,7 +55,6 @@ def hub_listing(location: RemoteLocation, options: RemoteOptions) -> list[str]:
         RevisionNotFoundError,
     )
 
-    from memlayout.io.remote import AUTH_HINT
 
     what = f"{location.repo}@{location.revision}"
     try:

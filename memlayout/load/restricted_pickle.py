@@ -18,7 +18,7 @@ import struct
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from memlayout.dtypes import DTYPES, STORAGE_CLASS_DTYPES, dtype_info
 from memlayout.errors import CorruptCheckpointError
@@ -330,3 +330,36 @@ def unpickle(data: bytes | memoryview, storage_records: bool = True, what: str =
     unpickler = RestrictedUnpickler(io.BytesIO(data), storage_records)
     root = run_unpickler(unpickler, what)
     return UnpickleResult(root, list(unpickler.referenced.values()), unpickler.made_placeholders)
+
+
+class FirstPickle(NamedTuple):
+    """What the restricted unpickler made of the pickle that opens a file."""
+
+    complete: bool
+    """It read one whole pickle, up to its STOP."""
+    referenced: list[PickleGlobal]
+    """The globals it resolved, up to where it stopped."""
+
+
+def read_first_pickle(path: str) -> FirstPickle:
+    """Read the file from byte 0 as `pickle.load` does, executing nothing.
+
+    `torch.load(weights_only=False)` hands a file that is neither a zip nor a tar
+    archive to `pickle.load` before it checks the magic number, and `pickle.load`
+    takes the first byte as an opcode, whatever it is: a protocol 0 or 1 pickle
+    opens with `(`, `c`, `]`, `}` or any other opcode, not PROTO. Every global it
+    resolves along the way is imported, and called by REDUCE, there and then.
+
+    Args:
+        path: The file.
+
+    Returns:
+        Whether a whole pickle was read, and the globals resolved on the way.
+    """
+    with open(path, "rb") as handle:
+        unpickler = RestrictedUnpickler(handle, False)
+        try:
+            run_unpickler(unpickler, path)
+        except CorruptCheckpointError:
+            return FirstPickle(False, list(unpickler.referenced.values()))
+    return FirstPickle(True, list(unpickler.referenced.values()))

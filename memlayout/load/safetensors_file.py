@@ -35,6 +35,10 @@ import orjson
 
 from memlayout.dtypes import SAFETENSORS_DTYPES, dtype_info
 from memlayout.errors import CorruptCheckpointError
+from memlayout.load.detect import (
+    SAFETENSORS_HEADER_LENGTH_BYTES,
+    SAFETENSORS_MAX_HEADER_BYTES,
+)
 from memlayout.load.file_source import StorageSpans, file_source
 from memlayout.load.records import (
     DeclaredTie,
@@ -44,10 +48,8 @@ from memlayout.load.records import (
     TensorRecord,
 )
 
-HEADER_LENGTH_BYTES = 8
-# safetensors refuses headers over 100 MB (MAX_HEADER_SIZE in the Rust crate); a
-# bigger length is a damaged file, and reading it would be a memory bomb.
-MAX_HEADER_BYTES = 100_000_000
+HEADER_LENGTH_BYTES = SAFETENSORS_HEADER_LENGTH_BYTES
+MAX_HEADER_BYTES = SAFETENSORS_MAX_HEADER_BYTES
 METADATA_KEY = "__metadata__"
 MEMLAYOUT_ALIASES_KEY = "memlayout.aliases"
 
@@ -76,26 +78,6 @@ class SafetensorsHeader(NamedTuple):
     metadata: dict[str, str]
     data_start: int
     """Absolute file offset of the data section (8 + header length)."""
-
-
-def looks_like_safetensors(head: bytes) -> bool:
-    """Whether the first bytes are a safetensors header start: a length, then `{`.
-
-    Args:
-        head: The file's first bytes (at least 9 to match).
-
-    Returns:
-        True when byte 8 opens a JSON object and the length is plausible.
-    """
-    if len(head) < HEADER_LENGTH_BYTES + 2 or head[HEADER_LENGTH_BYTES : HEADER_LENGTH_BYTES + 1] != b"{":
-        return False
-    # A JSON object's next byte opens a key, closes it, or is whitespace; and the
-    # length must be one safetensors accepts. Random bytes pass both with odds
-    # around 1e-13, so noise stays "unrecognized" instead of "damaged safetensors".
-    if head[HEADER_LENGTH_BYTES + 1 : HEADER_LENGTH_BYTES + 2] not in (b'"', b"}", b" ", b"\n", b"\r", b"\t"):
-        return False
-    length: int = struct.unpack("<Q", head[:HEADER_LENGTH_BYTES])[0]
-    return 2 <= length <= MAX_HEADER_BYTES
 
 
 def _fail(path: str, problem: str) -> CorruptCheckpointError:

@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 from memlayout.errors import CorruptCheckpointError
-from memlayout.io.zip_archive import ZipReader, archive_prefix, central_directory_bytes
+from memlayout.io.zip_archive import ZipReader, archive_prefix
 from memlayout.load.file_source import StorageSpans, pickled_source
 from memlayout.load.pickled_objects import InertObject, PickledTensor
 from memlayout.load.records import LoadedSource, PickleGlobal
@@ -74,20 +74,6 @@ class TorchScriptUnpickler(RestrictedUnpickler):
         """
         found = super().find_class(module, name)
         return _TORCHSCRIPT_GLOBALS.get((module, name), found)
-
-
-def is_torchscript_zip(path: str) -> bool:
-    """Whether a zip holds a TorchScript archive (a `code/` folder beside data.pkl).
-
-    Args:
-        path: A file that starts like a zip.
-
-    Returns:
-        True when the directory lists `<archive>/constants.pkl` or `<archive>/code/`;
-        torch.save never writes either name.
-    """
-    directory = central_directory_bytes(path)
-    return b"/constants.pkl" in directory or b"/code/" in directory
 
 
 def _unpickle(path: str, data: bytes, what: str) -> tuple[Any, TorchScriptUnpickler]:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from math import prod
 
 from memlayout.core.flatten_support import flatten_hint
+from memlayout.core.shards import is_sharded, padding_over_ranks, ranks_of
 from memlayout.format_bytes import human_bytes
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, rule
 from memlayout.severity import Severity
@@ -122,8 +123,6 @@ with open("example.py", "w") as f:  # the root wrapped too, after the blocks
     ),
 )
 def whole_on_every_rank(ctx: RuleContext) -> Iterator[Finding]:
-    from memlayout.core.shards import is_sharded, ranks_of
-
     facts = ctx.facts
     if facts.world_size < 2 or not any(s.fsdp and is_sharded(s.placements) for s in facts.shards):
         return
@@ -204,8 +203,6 @@ with open("example.py", "w") as f:  # shard dimension 1, which 2 ranks divide
     ),
 )
 def shard_padding(ctx: RuleContext) -> Iterator[Finding]:
-    from memlayout.core.shards import padding_over_ranks
-
     ranks = ctx.facts.ranks
     for shard in ctx.facts.shards:
         if ranks:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -89,7 +91,7 @@ def test_an_empty_output_folder_is_used_and_new_files_follow_the_umask(tmp_path:
     assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o777 & ~mask
 
 
-def test_flatten_of_a_file_into_an_existing_folder_is_one_line_and_touches_nothing(
+def test_a_file_into_an_existing_folder_is_one_line_touches_nothing_and_its_hint_works(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = tmp_path / "model.pt"
@@ -99,8 +101,19 @@ def test_flatten_of_a_file_into_an_existing_folder_is_one_line_and_touches_nothi
     (out / "notes.txt").write_text("mine")
     assert main(["flatten", str(source), "-o", str(out), "--device", "cpu"]) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "folder" in error and "unexpected" not in error
+    assert error.startswith("memlayout: error:") and error.count("\n") == 1
+    assert "existing folder" in error and "unexpected" not in error and "Traceback" not in error
     assert listing(out) == ["notes.txt"]
+
+    # Follow the hint: the -o it suggests is a file inside that folder.
+    suggested = re.search(r"e\.g\. (-o .+)\)$", error.strip())
+    assert suggested is not None
+    assert main(["flatten", str(source), *shlex.split(suggested.group(1)), "--device", "cpu"]) == 0
+    assert listing(out) == ["model.pt", "notes.txt"]
+    flat = torch.load(out / "model.pt", weights_only=True)
+    original = torch.load(source, weights_only=True)
+    assert flat.keys() == original.keys()
+    assert all(torch.equal(flat[k], original[k]) for k in original)
 
 
 def test_in_place_keeps_the_mode_and_owner(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from memlayout.load.legacy import OPENING_OPCODES
+from memlayout.load.detect import opening_opcodes
 from tests.load.conftest import assert_one_line_error, run_cli
 
 PROTOCOLS = list(range(pickle.HIGHEST_PROTOCOL + 1))
@@ -140,7 +140,7 @@ def test_no_byte_left_out_of_the_opening_opcodes_can_open_a_pickle() -> None:
     # What memlayout never tries as a pickle, pickle.load refuses at its first byte,
     # whatever follows: a memo read or write, a persistent id, or no opcode at all.
     loaded = []
-    for code in sorted(set(range(256)) - OPENING_OPCODES):
+    for code in sorted(set(range(256)) - opening_opcodes()):
         for tail in (b"0\n.", b"\x00\x00\x00\x00.", b"N."):
             try:
                 pickle.Unpickler(io.BytesIO(bytes([code]) + tail)).load()

@@ -2,6 +2,10 @@
 finding of each severity, and each format checked by its own consumer's rules (the
 SARIF 2.1.0 schema, an XML parser, the workflow-command grammar, Markdown tables).
 
+What a format does with a report is tested on reports built in memory (tests/report/fakes.py);
+the golden files, one end-to-end run per format, and what depends on where a file is stay on
+real checkpoints.
+
 `sarif-schema-2.1.0.json` is the OASIS SARIF 2.1.0 (errata 01) schema, vendored
 unchanged from the oasis-tcs/sarif-spec repository (`sarif-2.1/schema/`).
 """
@@ -22,10 +26,11 @@ import memlayout
 from memlayout.cli.app import app
 from memlayout.cli.formats import Command, OutputFormat, formats_for
 from memlayout.output.interface import Formatter
-from memlayout.pipeline.batch import BatchReport, PathReport
+from memlayout.pipeline.batch import BatchReport
 from memlayout.report.rule_docs import explain_markdown, explain_text
 from memlayout.rules import RULES
 from tests import models
+from tests.report import fakes
 from tests.report.rendering import inspect_formatter, render
 
 HERE = Path(__file__).resolve().parent
@@ -68,7 +73,7 @@ def demo(repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_every_format_has_exactly_one_reporter() -> None:
-    batch = BatchReport((PathReport("x.pt", report=memlayout.inspect(models.partial_overlap_state())),))
+    batch = fakes.batch(("x.pt", fakes.one_of_each_report("x.pt")))
     for fmt in formats_for(Command.INSPECT):
         reporter = inspect_formatter(fmt)
         assert isinstance(reporter, Formatter)
@@ -112,18 +117,35 @@ def test_golden_files(case: str, fmt: OutputFormat, request: pytest.FixtureReque
     assert text == golden.read_text(), "rerun with --overwrite if the change is intended"
 
 
-def test_one_of_each_has_one_finding_per_severity(one_of_each: str) -> None:
-    report = memlayout.inspect(one_of_each)
+def test_one_of_each_has_one_finding_per_severity_as_its_fake_does(one_of_each: str) -> None:
+    # The fake is what inspect makes of the checkpoint, less what no format prints the same way
+    # twice (addresses, hint wording): the format tests on the fake test what users get.
+    report, fake = memlayout.inspect(one_of_each), fakes.one_of_each_report()
     assert sorted((f.severity.value, f.code) for f in report.findings) == [
         ("error", "ML101"), ("info", "ML203"), ("warning", "ML201"),
     ]
+    assert [(f.code, f.severity, f.tensors, f.message, f.storage) for f in report.findings] == [
+        (f.code, f.severity, f.tensors, f.message, f.storage) for f in fake.findings
+    ]
+    assert [t._replace(data_address=None, pinned=None, shared_memory=None) for t in report.facts.tensors] == list(
+        fake.facts.tensors
+    )
+    assert [s._replace(key="", base_address=None) for s in report.facts.storages] == [
+        s._replace(key="") for s in fake.facts.storages
+    ]
+    assert report.facts.alias_groups == fake.facts.alias_groups and report.summary == fake.summary
 
 
-def test_sarif_validates_and_carries_the_registry(repo_root: Path, one_of_each: str) -> None:
-    # Both fixtures are in one call: one run, results in two artifacts.
-    demo = str(repo_root / "fixtures" / "demo_checkpoint.pt")
-    result = runner.invoke(app, ["inspect", demo, one_of_each, "--format", "sarif"])
-    log = validate_sarif(result.stdout)
+def test_sarif_validates_and_carries_the_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two paths in one call: one run, results in two artifacts. An artifact is a file
+    # that exists, named as given when relative, as a file:// URI when absolute.
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    (tmp_path / "work" / "one_of_each.pt").write_bytes(b"")
+    demo = str(tmp_path / "demo_checkpoint.pt")
+    Path(demo).write_bytes(b"")
+    two = fakes.batch((demo, fakes.one_of_each_report(demo)), ("one_of_each.pt", fakes.one_of_each_report()))
+    log = validate_sarif(inspect_formatter(OutputFormat.SARIF).render(two))
     (run,) = log["runs"]  # type: ignore[index]
     rules = run["tool"]["driver"]["rules"]
     assert [r["id"] for r in rules] == sorted(RULES)
@@ -156,7 +178,7 @@ def test_sarif_fingerprints_do_not_depend_on_where_the_file_is(tmp_path: Path, m
 
 
 def test_sarif_of_a_live_object_has_a_logical_location() -> None:
-    text = render(memlayout.inspect(models.partial_overlap_state()), OutputFormat.SARIF)
+    text = render(fakes.one_of_each_report(path=None), OutputFormat.SARIF)
     result = validate_sarif(text)["runs"][0]["results"][0]  # type: ignore[index]
     assert result["locations"] == [{"logicalLocations": [{"fullyQualifiedName": "(object)", "kind": "module"}]}]
 
@@ -183,8 +205,10 @@ def test_junit_select_limits_the_cases(one_of_each: str) -> None:
     ]
 
 
-def test_github_commands_follow_severity(one_of_each: str) -> None:
-    out = runner.invoke(app, ["inspect", one_of_each, "-f", "github"]).stdout
+def test_github_commands_follow_severity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "one_of_each.pt").write_bytes(b"")  # a file that exists is named by file=
+    out = inspect_formatter(OutputFormat.GITHUB).render(fakes.batch(("one_of_each.pt", fakes.one_of_each_report())))
     lines = out.splitlines()
     assert lines[0].startswith("::error file=one_of_each.pt,title=ML101 partial-overlap::")
     assert lines[1].startswith("::warning file=one_of_each.pt,title=ML201 non-contiguous::")
@@ -192,8 +216,8 @@ def test_github_commands_follow_severity(one_of_each: str) -> None:
     assert lines[3] == "memlayout: 1 path(s), 0 failed to load; findings: 1 error, 1 warning, 1 info"
 
 
-def test_markdown_groups_findings_by_severity(one_of_each: str) -> None:
-    out = runner.invoke(app, ["inspect", one_of_each, "-f", "markdown"]).stdout
+def test_markdown_groups_findings_by_severity() -> None:
+    out = inspect_formatter(OutputFormat.MARKDOWN).render(fakes.batch(("one_of_each.pt", fakes.one_of_each_report())))
     assert out.splitlines()[0] == (
         "**memlayout fails** (`--fail-on warning`): 1 error, 1 warning, 1 info in `one_of_each.pt`"
     )
@@ -206,9 +230,7 @@ HOSTILE = "evil|name`[x](http://a.b)<script>%0A,:\x01\nnext"
 
 def hostile_batch() -> BatchReport:
     """A checkpoint whose tensor name tries to break each format's syntax."""
-    base = torch.arange(64, dtype=torch.float32)
-    report = memlayout.inspect({HOSTILE: base[0:40], "plain": base[20:64]})
-    return BatchReport((PathReport("dir,with:odd%chars.pt", report=report),))
+    return fakes.batch(("dir,with:odd%chars.pt", fakes.one_of_each_report(left=HOSTILE, path=None)))
 
 
 def test_a_hostile_tensor_name_cannot_break_any_format() -> None:
@@ -220,7 +242,7 @@ def test_a_hostile_tensor_name_cannot_break_any_format() -> None:
     assert "evil|name" in "".join(junit.itertext())
     github = inspect_formatter(OutputFormat.GITHUB).render(batch).splitlines()
     # One command per finding: the name's newline and "%0A" stay inside the message.
-    assert len(github) == 2 and github[0].startswith("::error title=ML101 partial-overlap::")
+    assert len(github) == 4 and github[0].startswith("::error title=ML101 partial-overlap::")
     assert "%250A" in github[0] and "\x01" in github[0]
     markdown = inspect_formatter(OutputFormat.MARKDOWN).render(batch)
     row = next(line for line in markdown.splitlines() if line.startswith("| ML101"))
@@ -235,15 +257,11 @@ def test_github_property_values_are_escaped() -> None:
 
 
 def test_every_format_says_which_rules_did_not_run_and_why() -> None:
-    import dataclasses
-
     from memlayout.rules import SkippedRule
 
     reason = "the source records no tensor bytes"
-    report = dataclasses.replace(
-        memlayout.inspect(models.partial_overlap_state()), skipped=(SkippedRule("ML102", "duplicate-weights", reason),)
-    )
-    batch = BatchReport((PathReport("x.pt", report=report),))
+    batch = fakes.batch(("x.pt", fakes.one_of_each_report("x.pt")),
+                        skipped=(SkippedRule("ML102", "duplicate-weights", reason),))
     junit = ET.fromstring(inspect_formatter(OutputFormat.JUNIT).render(batch))
     case = next(c for c in junit.iter("testcase") if c.get("name") == "ML102 duplicate-weights")
     assert case.find("skipped").get("message") == reason  # type: ignore[union-attr]

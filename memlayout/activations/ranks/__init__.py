@@ -28,11 +28,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from memlayout.activations.analysis import analyze
+from memlayout.activations.build import build_model
 from memlayout.activations.optimizer import DEFAULT_OPTIMIZER, check_optimizer
 from memlayout.activations.ranks.facts import RankLayout, RankPeak, RanksReport
 from memlayout.activations.ranks.layouts import rank_layouts, rank_ranges, traced_layouts
 from memlayout.activations.ranks.parallel import Sharding, ShardingOptions, resolve_sharding
 from memlayout.activations.ranks.rank_step import StepInputs, meta_copy, trace_rank
+from memlayout.activations.step import Autocast, torch_dtype
+from memlayout.activations.target import classify
 from memlayout.errors import UsageError
 
 # ----------------------------------------------------------------------------------------------
@@ -44,9 +48,6 @@ def _target_builder(target: Any, trust: bool, main_module: str | None) -> tuple[
 
     if isinstance(target, torch.nn.Module):
         return (lambda: meta_copy(target)), None, "module"
-    from memlayout.activations.build import build_model
-    from memlayout.activations.target import classify
-
     kind = classify(str(target)).kind
 
     def build() -> Any:
@@ -105,8 +106,6 @@ def analyze_ranks(
         ...                        sharding=ShardingOptions(world_size=64))
         >>> report.summary.peak_bytes  # the largest rank's
     """
-    from memlayout.activations.step import Autocast, torch_dtype
-
     check_optimizer(optimizer)
     if autocast is not None and autocast not in ("bf16", "fp16"):
         raise UsageError(f"unknown --autocast {autocast!r}", "use bf16 or fp16")
@@ -154,8 +153,6 @@ def analyze_ranks(
     from memlayout.activations.ranks.plan import plan_ranks
 
     def single_device() -> Any:
-        from memlayout.activations.analysis import analyze
-
         return analyze(target, inputs, kwargs=kwargs, optimizer=optimizer, device=device, trust=trust,
                        main_module=main_module, autocast=autocast, dtype=dtype)
 

@@ -26,8 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from memlayout.activations.plan import Plan, Planner, SequentialSegments
 from memlayout.activations.ranks.facts import RankPeak, RanksPlan, RanksReport
 from memlayout.activations.ranks.parallel import Sharding
+from memlayout.activations.search import exclusions, pitfalls
 from memlayout.errors import RanksBudgetUnreachableError, UsageError
 
 MAX_CHECKS = 6
@@ -64,9 +66,6 @@ def plan_ranks(
     Raises:
         RanksBudgetUnreachableError: nothing tried fits; it carries the lowest plan.
     """
-    from memlayout.activations.plan import Plan, Planner, SequentialSegments
-    from memlayout.activations.search import exclusions, pitfalls
-
     if budget < 0:
         raise UsageError(f"the budget {budget} is negative")
     baseline = report.sharding

@@ -13,10 +13,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from memlayout import _torch
+from memlayout.activations.kernels import forward_flops
+from memlayout.activations.optimizer import build_optimizer, state_dtype
 from memlayout.activations.ranks.facts import RankPeak
 from memlayout.activations.ranks.parallel import Sharding, run_code
-from memlayout.activations.step import Autocast
+from memlayout.activations.step import Autocast, pick_loss, run_step
 from memlayout.activations.summary import PeakAt
+from memlayout.activations.world import StepWorld
 from memlayout.errors import MemlayoutError, RankStepError, UsageError
 
 
@@ -24,8 +28,6 @@ from memlayout.errors import MemlayoutError, RankStepError, UsageError
 def fake_world(world_size: int, rank: int) -> Iterator[None]:
     """This process plays `rank` of `world_size` under torch's fake process group, then leaves it."""
     import torch.distributed as dist
-
-    from memlayout import _torch
 
     if dist.is_initialized():
         raise UsageError(
@@ -95,9 +97,6 @@ class _ForwardFlops:
 
     def __init__(self) -> None:
         from torch.distributed.tensor import DTensor
-
-        from memlayout import _torch
-        from memlayout.activations.kernels import forward_flops
 
         counter = self
 
@@ -175,8 +174,6 @@ def trace_rank(
     autocast: Autocast | None = None,
 ) -> RankTrace:
     """Trace one steady-state step of `rank` with `sharding` applied (forward and loss under `autocast`)."""
-    from memlayout.activations.optimizer import state_dtype
-
     warned: list[str] = []
     with fake_world(sharding.world_size, rank), _torch_quieted(warned):
         step = _sharded_step(build, sharding, step_inputs, device)
@@ -200,8 +197,6 @@ def trace_rank(
 def _sharded_step(build: Callable[[], Any], sharding: Sharding, step_inputs: StepInputs, device: str) -> Any:
     """The model built on the meta device, sharded by the sharding's code, then made fake on `device`; its inputs."""
     import torch
-
-    from memlayout.activations.world import StepWorld
 
     model = build()
     run_code(sharding.code(), model, torch.device(device).type)
@@ -229,10 +224,6 @@ def _tracked_step(step: Any, optimizer: str) -> tuple[Any, str, int]:
     in it, as a mixed-precision training loop does every step.
     """
     from contextlib import nullcontext
-
-    from memlayout import _torch
-    from memlayout.activations.optimizer import build_optimizer
-    from memlayout.activations.step import pick_loss, run_step
 
     counter = _ForwardFlops()
     with step.context(default_device=False):

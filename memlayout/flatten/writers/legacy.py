@@ -24,7 +24,7 @@ from memlayout.flatten.plan import FlatPlan, describe_changes
 from memlayout.flatten.save import verify_torch_file, write_torch
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
 from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree
-from memlayout.load.legacy import has_proto_signature
+from memlayout.load.detect import has_proto_signature
 from memlayout.load.records import LoadedSource
 from memlayout.load.weights_only_allowlist import WEIGHTS_ONLY_PROTOCOLS, weights_only_allows
 
