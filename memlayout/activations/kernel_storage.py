@@ -133,7 +133,7 @@ def learned_kernel_memory(func: Any, args: Any, kwargs: Any, *, keeps_size: Any 
     batched = tuple(t.dim() > 0 and int(t.shape[0]) == batch and not (keeps_size is not None and keeps_size(t))
                     for t in tensors)
     # oneDNN on or off changes the kernel (and its scratch) behind the same op: it is part of the key.
-    signature = (str(func), bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled),
+    signature = (str(func), bool(torch.backends.mkldnn.enabled),
                  *(_described(t, shrinks) for t, shrinks in zip(tensors, batched, strict=True)),
                  _scalars(args, kwargs))
     rule = _learn(signature, func, _torch.tree_map(_metadata_only, (args, kwargs)), batched)
