@@ -55,8 +55,9 @@ def needs_rerun(record: dict[str, Any] | None) -> bool:
     """A record that is missing, or not ok with its prediction within 2% and its plan verified."""
     if record is None:
         return True
+    # "not run": a sweep without the plan stages (--no-plans) judges the unplanned prediction alone
     return not (record["status"] == "ok" and record.get("within_2pct") and
-                record["plan"] in ("verified", "unreachable-verified"))
+                record["plan"] in ("verified", "unreachable-verified", "not run"))
 
 
 @dataclass

@@ -101,7 +101,28 @@ def test_a_check_that_runs_gives_the_full_record() -> None:
     assert record["plan"] in ("verified", "unreachable-verified"), record
 
 
+def test_a_check_without_plans_is_judged_by_the_allocator_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks.zoo.check import PLANS_VARIABLE
+
+    monkeypatch.setenv(PLANS_VARIABLE, "0")  # the spawned child reads it, as run.py --no-plans sets it
+    record = finish(run.start_child(architecture("tiny", tiny)), timeout=120)
+    assert record["status"] == "ok", record["reason"]
+    assert record["plan"] == "not run"
+    assert record["measured_by"] == "allocator events"
+    assert record["measured_peak_bytes"] >= record["storage_counter_peak_bytes"] > 0
+    assert record["within_2pct"], record
+
+
+def test_a_large_sweep_writes_files_of_its_own() -> None:
+    assert run.results_paths("small", plans=True) == (run.RESULTS, run.SWEEP)
+    records, sweep = run.results_paths("large", plans=False)
+    assert records.name == "activations_zoo_large_peaks.json"
+    assert sweep.name == "activations_zoo_large_peaks_sweep.json"
+
+
 @pytest.mark.parametrize(("record", "rerun"), [
+    ({"status": "ok", "within_2pct": True, "plan": "not run"}, False),
+    ({"status": "ok", "within_2pct": False, "plan": "not run"}, True),
     (None, True),
     ({"status": "ok", "within_2pct": True, "plan": "verified"}, False),
     ({"status": "ok", "within_2pct": True, "plan": "unreachable-verified"}, False),
