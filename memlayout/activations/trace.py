@@ -137,8 +137,9 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._check_inputs(func, args, kwargs)
         out = func(*args, **kwargs)
         sizes = corrected_output_nbytes(func, args, kwargs) if self.correct_kernels else None
-        learned = learned_kernel_memory(func, args, kwargs, keeps_size=self._is_state) if self.correct_kernels else None
-        if learned is not None:
+        # Scratch is invisible to real tensors too (--real): only the output sizes are the fake kernel's to correct.
+        learned = learned_kernel_memory(func, args, kwargs, keeps_size=self._is_state)
+        if learned is not None and self.correct_kernels:
             sizes = {**learned.corrected_sizes(out), **(sizes or {})}
         flat = out if isinstance(out, (tuple, list)) else (out,)
         for position, value in enumerate(flat):
