@@ -15,7 +15,11 @@ import torch
 
 import memlayout.activations as act
 from tests.activations import edge_models, models
-from tests.activations.measure import allocator_peak_step, memtracker_step, saved_bytes_seen_by_pack_hook
+from tests.activations.measure import (
+    allocator_peak_step,
+    memtracker_step,
+    saved_bytes_seen_by_pack_hook,
+)
 
 CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
     "gpt2": (lambda: models.gpt2(), lambda: models.token_inputs(4, 32, 500)),
