@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -183,7 +184,7 @@ def main(argv: list[str]) -> int:
         print(f"{name}: {len(calls)} distinct calls", file=sys.stderr)
     differing = {op: entry for op, entry in sorted(found.items())
                  if entry["max_extra_storage_bytes"] > 0 or entry["max_scratch_bytes"] > SCRATCH_FLOOR}
-    result = {"command": "python -m benchmarks.kernel_storage_probe " + " ".join(argv), "torch": torch.__version__,
+    result = {"command": shlex.join(["python", "-m", "benchmarks.kernel_storage_probe", *argv]), "torch": torch.__version__,
               "probed": probed, "ops_seen": len(found), "seconds": round(time.perf_counter() - started, 1),
               "scratch_floor_bytes": SCRATCH_FLOOR, "differing": differing}
     from memlayout.io.atomic_write import write_text

@@ -8,13 +8,15 @@ output's storage beyond its shape nor a kernel's scratch.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 import memlayout.activations as act
-from memlayout.activations.kernel_storage import learned_kernel_memory, measure_kernel
+from memlayout.activations.kernel_storage import LEARNED_OPS, learned_kernel_memory, measure_kernel
 from tests.activations.measure import allocator_peak_step, storage_peak_step
 
 
@@ -136,3 +138,10 @@ def test_allocator_events_agree_with_the_storage_counter_where_no_kernel_has_scr
     outputs_only = storage_peak_step(build(), args, {}).peak_bytes
     # a few 4-byte scalars the optimizer's step makes outside any op's outputs
     assert 0 <= allocator - outputs_only <= 64
+
+
+def test_the_learned_ops_are_the_ones_the_probe_found() -> None:
+    """LEARNED_OPS is the probe's measurement (benchmarks/kernel_storage_probe.py), not a list kept by hand."""
+    probe = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "kernel_storage_probe.json"
+    found = json.loads(probe.read_text())["differing"]
+    assert sorted(LEARNED_OPS) == sorted(found)
