@@ -238,8 +238,10 @@ def two_sizes() -> list[str]:
                      f"{sum(1 for r in runnable if r.get('storage_counter_peak_bytes') and abs(r['storage_counter_peak_bytes'] - r['measured_peak_bytes']) <= 0.02 * r['measured_peak_bytes'])} "
                      f"of {len(runnable)} within 2% of the allocator's peak.")
         if run:
+            stopped = (f"; stopped at its time limit with {len(run['not_checked'])} of the sample not checked"
+                       if run.get("not_checked") else "")
             lines.append(f"  `{run['command']}`, started {run['started']}, {run['wall_seconds'] / 60:.1f} min"
-                         f"{commit(run)}.")
+                         f"{commit(run)}{stopped}.")
         for rerun in sweep.get("reruns", []):
             lines.append(f"  Re-run since: `{rerun['command']}` ({rerun['architectures']} architectures, started "
                          f"{rerun['started']}{commit(rerun)}).")

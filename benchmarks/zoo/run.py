@@ -175,6 +175,9 @@ def _schedule(pending: list[tuple[int, Any]], running: list[tuple[int, Child]], 
     """Keep `options.jobs` children running until every architecture has its record."""
     total = len(pending)
     while pending or running:
+        if options.stop_after is not None and time.perf_counter() - options.started > options.stop_after and pending:
+            options.not_checked = [entry.name for _, entry in pending]
+            pending.clear()  # the checks running finish; no new one starts
         while pending and len(running) < max(1, options.jobs):
             index, entry = pending.pop(0)
             running.append((index, start_child(entry)))
@@ -205,6 +208,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-plans", action="store_true", help="check the unplanned prediction only")
     parser.add_argument("--sample", type=int, help="a seeded random sample of this many of the selected")
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
+    parser.add_argument("--stop-after", type=float,
+                        help="start no new check after this many seconds; the record says which were not checked")
     parser.add_argument("--list", action="store_true", help="list the architectures and exit")
     parser.add_argument("--command", default="python -m benchmarks.zoo.run",
                         help="how the sweep was started, for the docs")
@@ -241,6 +246,7 @@ def main(argv: list[str]) -> int:
     order = {entry.name: index for index, entry in enumerate(catalog)}
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     started = time.perf_counter()
+    options.started, options.not_checked = started, []
     pending = list(enumerate(selected))
     running: list[tuple[int, Child]] = []
     try:
@@ -256,6 +262,8 @@ def main(argv: list[str]) -> int:
            "size": options.size, "plans": not options.no_plans}
     if options.sample is not None:
         run["sample"] = {"size": options.sample, "seed": options.seed}
+    if options.not_checked:
+        run["not_checked"] = options.not_checked
     if full or (options.sample is not None and options.rerun is None):
         sweep = {"full_sweep": run, "reruns": []}
     else:
