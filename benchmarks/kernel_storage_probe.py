@@ -154,11 +154,20 @@ def mse_patches() -> tuple[Any, tuple[Any, ...]]:
     return Patches(), (torch.randn(16, 48, 192),)
 
 
+def lstm_lm() -> tuple[Any, tuple[Any, ...]]:
+    """tests/activations/models.py's LSTM language model: oneDNN's LSTM forward and backward."""
+    from tests.activations import models
+
+    args, _ = models.token_inputs(4, 32, 500, labels=False)
+    return models.lstm_lm(), tuple(args)
+
+
 def main(argv: list[str]) -> int:
     import torch
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_storage_probe", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", action="append", default=[], help="a zoo architecture (repeatable)")
+    parser.add_argument("--add", action="store_true", help="add to the results file rather than replace it")
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
     from benchmarks.zoo.catalog import by_name
@@ -167,7 +176,7 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     found: dict[str, dict[str, Any]] = {}
     probed: list[str] = []
-    local = {"small ResNet": small_resnet, "mse_loss on patches": mse_patches}
+    local = {"small ResNet": small_resnet, "mse_loss on patches": mse_patches, "LSTM language model": lstm_lm}
     for name in options.arch or [*local, *DEFAULT_ARCHITECTURES]:
         try:
             if name in local:
@@ -184,7 +193,17 @@ def main(argv: list[str]) -> int:
         print(f"{name}: {len(calls)} distinct calls", file=sys.stderr)
     differing = {op: entry for op, entry in sorted(found.items())
                  if entry["max_extra_storage_bytes"] > 0 or entry["max_scratch_bytes"] > SCRATCH_FLOOR}
-    result = {"command": shlex.join(["python", "-m", "benchmarks.kernel_storage_probe", *argv]), "torch": torch.__version__,
+    command = shlex.join(["python", "-m", "benchmarks.kernel_storage_probe", *argv])
+    if options.add and RESULTS.exists():
+        # --add: these models' findings join the earlier runs' (each op keeps the largest bytes seen)
+        earlier = json.loads(RESULTS.read_text())
+        for op, entry in earlier["differing"].items():
+            if op not in differing or entry["max_scratch_bytes"] > differing[op]["max_scratch_bytes"]:
+                differing[op] = entry
+        differing = dict(sorted(differing.items()))
+        probed = [*earlier["probed"], *(name for name in probed if name not in earlier["probed"])]
+        command = f"{earlier['command']}; then {command}"
+    result = {"command": command, "torch": torch.__version__,
               "probed": probed, "ops_seen": len(found), "seconds": round(time.perf_counter() - started, 1),
               "scratch_floor_bytes": SCRATCH_FLOOR, "differing": differing}
     from memlayout.io.atomic_write import write_text

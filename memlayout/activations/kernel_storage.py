@@ -49,12 +49,21 @@ LEARNED_OPS = (
     "aten.convolution_backward.default",
     "aten.embedding_dense_backward.default",
     "aten.gelu_backward.default",
+    "aten.mkldnn_rnn_layer.default",
+    "aten.mkldnn_rnn_layer_backward.default",
+    "aten.mm.default",
     "aten.mse_loss.default",
     "aten.native_batch_norm_backward.default",
     "aten.native_layer_norm.default",
     "aten.native_layer_norm_backward.default",
 )
 """The ops whose real CPU kernel allocates what its fake kernel does not show (see the module's doc)."""
+
+SHAPE_TIED_OPS = ("aten.mkldnn_rnn_layer.default", "aten.mkldnn_rnn_layer_backward.default")
+"""Ops whose arguments are tied by sizes the shapes do not show (oneDNN's LSTM backward reads a workspace laid out
+for the forward's sequence length): a smaller batch would hand the kernel a workspace of the wrong layout (it
+crashes), so these run at their own size, on zeros, up to EXACT_BYTES of arguments."""
+EXACT_BYTES = 64 << 20
 
 SIZES = (1, 2, 3)
 """Batch sizes the real kernel runs at: two to fit the rule, the third to check it."""
@@ -139,6 +148,8 @@ def learned_kernel_memory(func: Any, args: Any, kwargs: Any, *, keeps_size: Any 
     tensors = list(_tensors((args, kwargs)))
     if not tensors or tensors[0].dim() == 0 or tensors[0].device != torch.device("cpu"):
         return None
+    if str(func) in SHAPE_TIED_OPS:
+        return _at_own_size(func, args, kwargs, tensors)
     batch = int(tensors[0].shape[0])
     batched = tuple(t.dim() > 0 and int(t.shape[0]) == batch and not (keeps_size is not None and keeps_size(t))
                     for t in tensors)
@@ -155,6 +166,48 @@ def learned_kernel_memory(func: Any, args: Any, kwargs: Any, *, keeps_size: Any 
                   for a, b in zip(per_element[:-1], constant[:-1], strict=True))
     scratch = max(0, round((per_element[-1] or 0.0) * numel + (constant[-1] or 0.0)))
     return KernelMemory(output_storage_bytes=sizes, scratch_bytes=scratch)
+
+
+_EXACT: dict[Any, KernelMemory | None] = {}
+"""What SHAPE_TIED_OPS allocate, by their arguments' full metadata."""
+
+
+def _at_own_size(func: Any, args: Any, kwargs: Any, tensors: list[Any]) -> KernelMemory | None:
+    if sum(t.untyped_storage().nbytes() for t in tensors) > EXACT_BYTES:
+        return None
+    if str(func) == "aten.mkldnn_rnn_layer_backward.default":
+        args, kwargs = _with_lstm_workspace(func, args, kwargs)
+    if any(t.numel() == 0 for t in _tensors((args, kwargs))):
+        return None
+    import torch
+
+    signature = (str(func), bool(torch.backends.mkldnn.enabled), *(_described(t, False) for t in tensors),
+                 tuple(tuple(int(s) for s in t.stride()) for t in tensors), _scalars(args, kwargs))
+    if signature not in _EXACT:
+        try:
+            _EXACT[signature] = measure_kernel(func, args, kwargs)
+        except Exception:  # the kernel refuses zeros: keep the fake figures
+            _EXACT[signature] = None
+    return _EXACT[signature]
+
+
+def _with_lstm_workspace(func: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """The backward's arguments with the workspace its forward kept: a fake forward leaves it empty (kernels.py
+    sizes it for the trace), and oneDNN's backward reads it whole (on an empty one it crashes)."""
+    import torch
+
+    from memlayout.activations.kernels import onednn_lstm_workspace_bytes
+
+    names = [argument.name for argument in _torch.op_schema(func).arguments]
+    values = dict(zip(names, args, strict=False)) | dict(kwargs)
+    workspace, source = values.get("workspace"), values["input"]
+    if not isinstance(workspace, torch.Tensor) or workspace.numel() or source.dtype != torch.float32:
+        return args, kwargs
+    nbytes = onednn_lstm_workspace_bytes(int(source.shape[0]), int(source.shape[1]), int(source.shape[-1]),
+                                         int(values["hidden_size"]))
+    with _torch.disable_dispatch_modes(), _torch.unset_fake_temporarily():
+        values["workspace"] = torch.zeros((nbytes,), dtype=workspace.dtype)
+    return tuple(values[name] for name in names[:len(args)]), {k: values[k] for k in kwargs}
 
 
 Rule = tuple[tuple[float | None, ...], tuple[float | None, ...]]
