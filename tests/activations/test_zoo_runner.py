@@ -170,3 +170,14 @@ def test_the_catalog_lists_every_model_class_of_the_registries_once() -> None:
             assert (classes[0] if isinstance(classes, tuple) else classes) in names, registry
     assert set(DIFFUSERS) <= set(names)
     assert {f"torch.nn.{name}" for name in TORCH_MODELS} <= set(names)
+
+
+def test_the_real_hint_is_found_past_the_cut_a_record_makes() -> None:
+    """IBertForMaskedLM's message names a long path, and the record's 400-character cut fell inside "pass --real";
+    the sweep then failed a step a user would have run with --real."""
+    from benchmarks.zoo.check import REAL_HINT, memlayout_error
+    from memlayout.errors import UsageError
+
+    error = UsageError("the step reads a value at " + "/long/path" * 60, hint=f"{REAL_HINT} to run it")
+    assert REAL_HINT not in memlayout_error(error)
+    assert REAL_HINT in memlayout_error(error, limit=None)
