@@ -59,10 +59,13 @@ LEARNED_OPS = (
 )
 """The ops whose real CPU kernel allocates what its fake kernel does not show (see the module's doc)."""
 
-SHAPE_TIED_OPS = ("aten.mkldnn_rnn_layer.default", "aten.mkldnn_rnn_layer_backward.default")
-"""Ops whose arguments are tied by sizes the shapes do not show (oneDNN's LSTM backward reads a workspace laid out
-for the forward's sequence length): a smaller batch would hand the kernel a workspace of the wrong layout (it
-crashes), so these run at their own size, on zeros, up to EXACT_BYTES of arguments."""
+SHAPE_TIED_OPS = ("aten.mkldnn_rnn_layer.default", "aten.mkldnn_rnn_layer_backward.default",
+                  "aten._ctc_loss_backward.Tensor")
+"""Ops whose arguments are tied by sizes the first dimension does not show (oneDNN's LSTM backward reads a
+workspace laid out for the forward's sequence length; the CTC loss's log-probabilities are time-major, [T, N, C],
+beside per-sample [N] lengths): a smaller batch would hand the kernel arguments it indexes out of bounds (it
+crashes: UniSpeechSatForCTC and ParakeetForCTC did), so these run at their own size, on zeros, up to EXACT_BYTES
+of arguments."""
 EXACT_BYTES = 64 << 20
 
 SIZES = (1, 2, 3)
