@@ -26,63 +26,39 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from memlayout.activations.analysis import ActivationReport, _step_failed, prepare_step
+from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.cuda_runtime import cuda_runtime
+from memlayout.activations.fit_probes import (
+    DeviceProbe,
+    FitProbe,
+    Probe,
+    RanksProbe,
+    ScaledDim,
+)
 from memlayout.activations.gpus import gpu_spec
-from memlayout.activations.input_specs import INTEGRAL, InputSpec, parse_input_spec, position_limit
-from memlayout.activations.plan import Planner
-from memlayout.activations.ranks import analyze_ranks
+from memlayout.activations.input_specs import INTEGRAL, InputSpec, parse_input_spec
 from memlayout.activations.ranks.facts import RanksReport
-from memlayout.activations.search import PlanResult, exclusions, pitfalls, plan_for_budget
-from memlayout.activations.step import resolve_step, torch_dtype
-from memlayout.activations.summary import module_facts, summarize
+from memlayout.activations.search import PlanResult
+from memlayout.activations.step import resolve_step
 from memlayout.errors import (
-    BudgetUnreachableError,
-    MemlayoutError,
     NothingFitsError,
-    RanksBudgetUnreachableError,
     UsageError,
 )
 from memlayout.format_bytes import human_bytes
 
 if TYPE_CHECKING:
-    from memlayout.activations.plan import Plan
     from memlayout.activations.ranks.facts import RanksPlan
     from memlayout.activations.ranks.parallel import ShardingOptions
 
 AXES = ("batch", "seq")
 MAX_SIZE = 1 << 24
 """The search stops growing here: a model whose step fits this many samples or tokens fits more than anyone asks."""
-KEPT_TRACES = 3
-"""Traces of the plain step kept for the plan search and the report; older ones are traced again if needed."""
 RULE = (
     "batch scales dim 0 of every --input with a dimension; seq scales dim 1 of every integer --input with two or "
     "more (token ids, labels, masks), or with seq:N dim N of every --input that has it"
 )
-
-
-class ScaledDim(NamedTuple):
-    """One input dimension the search scales."""
-
-    input: str
-    """The input's spec as given (`input_ids=int64[4,128]<32000`)."""
-    dim: int
-
-
-@dataclass(frozen=True)
-class FitProbe:
-    """One traced size."""
-
-    size: int
-    with_plan: bool
-    """Traced through the budget search (the plan's peak), not the plain step."""
-    peak_bytes: int | None
-    """The peak (with a plan: the lowest the budget search reached); None when the step failed."""
-    fits: bool
-    failure: str | None = None
-    """Why the step failed at this size, in one line; None when it ran."""
 
 
 @dataclass(frozen=True)
@@ -155,20 +131,6 @@ def scaled_dims(specs: Sequence[InputSpec], axis: str, seq_dim: int | None = Non
         raise UsageError(f"--fit {what}: the inputs disagree on its size ({shown})",
                          "give every input the same batch (or sequence) size")
     return tuple(ScaledDim(spec.describe(), dim) for spec, dim in chosen), sizes.pop()
-
-
-def specs_at(specs: Sequence[InputSpec], dims: Sequence[ScaledDim], size: int) -> list[InputSpec]:
-    """The specs with every scaled dimension set to `size`."""
-    by_input = {d.input: d.dim for d in dims}
-    out = []
-    for spec in specs:
-        dim = by_input.get(spec.describe())
-        if dim is not None:
-            shape = list(spec.shape)
-            shape[dim] = size
-            spec = dataclasses.replace(spec, shape=tuple(shape))
-        out.append(spec)
-    return out
 
 
 def largest_fitting(
@@ -320,10 +282,10 @@ def fit(
         if inference or autocast or dtype:
             given_flag = "--step inference" if inference else "--autocast" if autocast else "--dtype"
             raise UsageError(f"{given_flag} is not traced with --world-size yet")
-        probe: _Probe = _RanksProbe(target, specs, dims, sharding=sharding, optimizer=optimizer, budget=budget,
+        probe: Probe = RanksProbe(target, specs, dims, sharding=sharding, optimizer=optimizer, budget=budget,
                                     device=device, trust=trust, main_module=main_module)
     else:
-        probe = _DeviceProbe(target, specs, dims, budget=budget, device=device, optimizer=optimizer,
+        probe = DeviceProbe(target, specs, dims, budget=budget, device=device, optimizer=optimizer,
                              autocast=autocast, dtype=dtype, inference=inference, trust=trust, main_module=main_module,
                              gpu=gpu)
     cap, limit = MAX_SIZE, None
@@ -389,212 +351,3 @@ def _answer(size: int, at: FitProbe | None, after: FitProbe | None, cap: int, li
         next_peak_bytes=after.peak_bytes if after is not None else None,
         next_failure=failure,
     )
-
-
-class _Probe:
-    """Traces the step at one size: the plain step, or through the budget search."""
-
-    def plain(self, size: int) -> FitProbe:
-        raise NotImplementedError
-
-    def planned(self, size: int) -> FitProbe:
-        raise NotImplementedError
-
-    def plan_at(self, size: int) -> PlanResult | RanksPlan | None:
-        raise NotImplementedError
-
-    def state_bytes(self) -> int:
-        raise NotImplementedError
-
-    def report_at(self, size: int) -> ActivationReport | RanksReport:
-        raise NotImplementedError
-
-    def position_limit(self) -> tuple[str, int] | None:
-        raise NotImplementedError
-
-
-class _DeviceProbe(_Probe):
-    """One device: the model built once (`prepare_step`), each size a trace of the same model."""
-
-    def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, budget: int, device: str,
-                 optimizer: str, autocast: str | None, dtype: str | None, inference: bool, trust: bool,
-                 main_module: str | None, gpu: str | None = None) -> None:
-        self.specs, self.dims, self.budget = specs, dims, budget
-        self.optimizer, self.autocast, self.dtype, self.inference = optimizer, autocast, dtype, inference
-        self.step, self.notes, self.target_text, self.kind = prepare_step(
-            target, specs, kwargs=None, device=device, mode="meta" if device == "meta" else "fake", trust=trust,
-            optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-            step_kind="inference" if inference else "train",
-        )
-        self.cuda = self.step.device.startswith("cuda")
-        self.size: int | None = None
-        self.traced: dict[int, Any] = {}
-        """size -> (trace, summary) of the plain step, for the report and the plan search."""
-        self.lowest_plan: Plan | None = None
-
-    def _at(self, size: int) -> None:
-        if self.size == size:
-            return
-        self.step.make_inputs(specs_at(self.specs, self.dims, size), None)
-        if self.dtype is not None:
-            self.step.cast_inputs(torch_dtype(self.dtype))
-        self.size = size
-
-    def _trace(self, size: int) -> Any:
-        self._at(size)
-        if size not in self.traced:
-            try:
-                trace = self.step.trace()
-            except MemlayoutError:
-                raise
-            except Exception as exc:  # the model's forward refused this size
-                raise _step_failed(exc, self.step) from exc
-            self.traced[size] = (trace, summarize(trace, cuda=self.cuda))
-            while len(self.traced) > KEPT_TRACES:  # a 7B model's trace is tens of MB of records
-                del self.traced[next(iter(self.traced))]
-        return self.traced[size]
-
-    def plain(self, size: int) -> FitProbe:
-        try:
-            _, summary = self._trace(size)
-        except UsageError as exc:
-            if size == self.specs_size():
-                raise
-            return FitProbe(size, False, None, False, exc.one_line())
-        return FitProbe(size, False, summary.peak_bytes, summary.peak_bytes <= self.budget)
-
-    def specs_size(self) -> int:
-        return self.specs[[s.describe() for s in self.specs].index(self.dims[0].input)].shape[self.dims[0].dim]
-
-    def planned(self, size: int) -> FitProbe:
-        """The step with the lowest plan: what a size needs to fit with some plan. One trace a size.
-
-        Running the whole budget search at every size would trace up to a dozen plans each;
-        the plan that reaches the lowest peak is chosen once, at the first size probed (above
-        the plain answer, where the plain step does not fit), and the search's own plan is
-        found at the answer only (`plan_at`).
-        """
-        if self.lowest_plan is None:
-            try:
-                trace, summary = self._trace(size)
-            except UsageError as exc:
-                return FitProbe(size, True, None, False, exc.one_line())
-            if summary.peak_bytes <= self.budget:
-                return FitProbe(size, True, summary.peak_bytes, True)
-            chosen = self._lowest_plan(trace)
-            if chosen is None:
-                return FitProbe(size, True, summary.peak_bytes, False)
-            self.lowest_plan, peak = chosen
-            return FitProbe(size, True, peak, peak <= self.budget)
-        self._at(size)
-        try:
-            peak = summarize(self.step.trace(self.lowest_plan), cuda=self.cuda).peak_bytes
-        except Exception as exc:  # the plan's step failed at this size
-            return FitProbe(size, True, None, False, f"with the lowest plan, {type(exc).__name__}: {exc}")
-        return FitProbe(size, True, peak, peak <= self.budget)
-
-    def _lowest_plan(self, trace: Any) -> tuple[Plan, int] | None:
-        """Of the planner's lowest plan and its every-module-of-a-level plans, the one whose traced peak is lowest."""
-        planner = Planner(trace, exclusions(module_facts(trace), trace, self.step.initial_modules))
-        best: tuple[Plan, int] | None = None
-        for chosen in [planner.lowest(), *planner.covers()]:
-            plan = planner.plan_of(chosen)
-            if plan.empty:
-                continue
-            try:
-                traced = self.step.trace(plan)
-            except Exception:  # a plan whose step fails is not a candidate (the budget search says why)
-                continue
-            if traced.rerun_state_differs:
-                continue
-            peak = summarize(traced, cuda=self.cuda).peak_bytes
-            if best is None or peak < best[1]:
-                best = (plan, peak)
-        return best
-
-    def plan_at(self, size: int) -> PlanResult | None:
-        """The budget search's plan at this size (the cheapest it finds that fits); the lowest plan if it finds none."""
-        trace, summary = self._trace(size)
-        modules = module_facts(trace)
-        try:
-            return plan_for_budget(self.step, trace, summary, modules, self.budget)
-        except BudgetUnreachableError:
-            if self.lowest_plan is None:
-                return None
-            traced = summarize(self.step.trace(self.lowest_plan), cuda=self.cuda)
-            return PlanResult(self.budget, self.lowest_plan, traced.peak_bytes, traced.allocator_peak_bytes,
-                              traced.peak_bytes, traced.recompute_flops, 1,
-                              pitfalls(self.lowest_plan, modules, self.step.model))
-
-    def state_bytes(self) -> int:
-        _, summary = self._trace(self.specs_size())
-        return int(summary.parameter_bytes + summary.buffer_bytes + summary.optimizer_bytes)
-
-    def report_at(self, size: int) -> ActivationReport:
-        trace, summary = self._trace(size)
-        step = self.step
-        return ActivationReport(
-            target=self.target_text, target_kind=self.kind, model_class=type(step.model).__name__,
-            inputs=step.descriptions, device=step.device, mode=step.mode, loss=trace.loss, optimizer=self.optimizer,
-            summary=summary, modules=module_facts(trace), plan=None, notes=tuple(self.notes), trace=trace,
-            autocast=self.autocast, dtype=self.dtype, step="inference" if self.inference else "train",
-        )
-
-    def position_limit(self) -> tuple[str, int] | None:
-        return position_limit(self.step.model)
-
-
-class _RanksProbe(_Probe):
-    """Ranks: each size predicted by `analyze_ranks` (it builds the sharded model afresh)."""
-
-    def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, sharding: ShardingOptions,
-                 optimizer: str, budget: int, device: str, trust: bool, main_module: str | None) -> None:
-        self.target, self.specs, self.dims, self.budget = target, specs, dims, budget
-        self.options: dict[str, Any] = {"sharding": sharding, "optimizer": optimizer, "device": device, "trust": trust,
-                        "main_module": main_module}
-        self.reports: dict[int, RanksReport] = {}
-        self.plans: dict[int, RanksPlan] = {}
-
-    def _report(self, size: int) -> RanksReport:
-        if size not in self.reports:
-            self.reports[size] = analyze_ranks(self.target, specs_at(self.specs, self.dims, size), **self.options)
-        return self.reports[size]
-
-    def plain(self, size: int) -> FitProbe:
-        try:
-            peak = self._report(size).largest.peak_bytes
-        except UsageError as exc:
-            if size == self._given():
-                raise
-            return FitProbe(size, False, None, False, exc.one_line())
-        return FitProbe(size, False, peak, peak <= self.budget)
-
-    def _given(self) -> int:
-        return self.specs[[s.describe() for s in self.specs].index(self.dims[0].input)].shape[self.dims[0].dim]
-
-    def planned(self, size: int) -> FitProbe:
-        try:
-            report = analyze_ranks(self.target, specs_at(self.specs, self.dims, size), budget=self.budget,
-                                   **self.options)
-        except RanksBudgetUnreachableError as exc:
-            return FitProbe(size, True, exc.lowest.peak_bytes, False)
-        except UsageError as exc:
-            return FitProbe(size, True, None, False, exc.one_line())
-        assert report.plan is not None
-        self.plans[size] = report.plan
-        return FitProbe(size, True, report.plan.peak_bytes, True)
-
-    def plan_at(self, size: int) -> RanksPlan | None:
-        if size not in self.plans:
-            self.planned(size)
-        return self.plans.get(size)
-
-    def state_bytes(self) -> int:
-        rank = self._report(self._given()).largest
-        return int(rank.parameter_bytes + rank.buffer_bytes + rank.optimizer_bytes)
-
-    def report_at(self, size: int) -> RanksReport:
-        return self._report(size)
-
-    def position_limit(self) -> tuple[str, int] | None:
-        return None
