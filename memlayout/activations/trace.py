@@ -20,7 +20,7 @@ Around the dispatch mode:
 # Over 450 lines on purpose: almost all of it is StepTracer, one dispatch mode whose
 # hooks (ops, module entry and exit, saved tensors, recomputation) share one set of
 # records; the pieces with a job of their own already live in trace_records.py,
-# module_state.py, kernels.py and kernel_storage.py.
+# module_state.py and kernels.py.
 
 from __future__ import annotations
 

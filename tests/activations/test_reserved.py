@@ -140,8 +140,6 @@ def test_cublas_workspace_sizes_follow_torch_defaults_and_settings() -> None:
 
 
 @pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="--device cuda needs a CUDA build of torch")
-@pytest.mark.xfail(not torch.cuda.is_available(), strict=False,
-                   reason="--device cuda without a GPU waits for the fake-CUDA path (issue 27, section 2)")
 def test_device_cuda_reports_reserved_on_the_command_line() -> None:
     from tests.activations.test_cli import SCHEMA as CLI_SCHEMA
     from tests.activations.test_cli import run
