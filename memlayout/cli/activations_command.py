@@ -4,7 +4,7 @@
 
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -184,10 +184,7 @@ def activations_command(
         except RanksBudgetUnreachableError as exc:
             print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
             return BUDGET_UNREACHABLE
-        render_ranks = RenderOptions(color=terminal_color(output_format, output), depth=depth)
-        make_ranks = supported(to_format(output_format).activations, output_format, Command.ACTIVATIONS)
-        write_output(make_ranks(render_ranks).render_pieces(ranks), output)
-        return 0
+        return _write_report(ranks, output_format, output, depth)
     given = [flag for flag, value in distributed.items() if value]
     if given:
         raise UsageError(f"{given[0]} needs --world-size N", "e.g. --world-size 8 --fsdp")
@@ -200,10 +197,7 @@ def activations_command(
     except BudgetUnreachableError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
         return BUDGET_UNREACHABLE
-    render = RenderOptions(color=terminal_color(output_format, output), depth=depth)
-    formatter = supported(to_format(output_format).activations, output_format, Command.ACTIVATIONS)(render)
-    write_output(formatter.render_pieces(report), output)
-    return 0
+    return _write_report(report, output_format, output, depth)
 
 
 def _fit(
@@ -249,6 +243,11 @@ def _fit(
     except NothingFitsError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
         return BUDGET_UNREACHABLE
+    return _write_report(report, output_format, output, depth)
+
+
+def _write_report(report: Any, output_format: OutputFormat, output: str | None, depth: int) -> int:
+    """Render any activations report (one device, ranks, --fit) in --format and write it to --output."""
     render = RenderOptions(color=terminal_color(output_format, output), depth=depth)
     formatter = supported(to_format(output_format).activations, output_format, Command.ACTIVATIONS)(render)
     write_output(formatter.render_pieces(report), output)
