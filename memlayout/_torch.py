@@ -330,6 +330,14 @@ def unset_fake_temporarily() -> Any:
     return unset()
 
 
+def disable_dispatch_modes() -> Any:
+    """`torch.utils._python_dispatch._disable_current_modes()`: a context with every dispatch mode off (a tracer's,
+    a fake step's, the fake mode's), so that an op runs on the real kernel alone (kernel_storage.py)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
 def tree_flatten(tree: Any) -> tuple[list[Any], Any]:
     """`torch.utils._pytree.tree_flatten`: the leaves of an op's (args, kwargs), and how to rebuild them."""
     from torch.utils._pytree import tree_flatten as flatten

@@ -652,3 +652,21 @@ def test_cuda_autocast_applies_cudas_policy_to_fake_cuda_tensors_without_a_devic
 def test_torchs_sdpa_choice_names_a_backend() -> None:
     q = torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.float16)
     assert _torch.fused_sdp_choice(q, q, q, None, 0.0, True, False) in (0, 1, 2, 3)
+
+
+def test_disabling_dispatch_modes_runs_the_real_kernel_under_a_fake_mode() -> None:
+    seen: list[str] = []
+
+    class Recorder(_torch.TorchDispatchMode):  # type: ignore[misc]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with _torch.FakeTensorMode(), Recorder():
+        with _torch.disable_dispatch_modes(), _torch.unset_fake_temporarily():
+            real = torch.ones(3) * 2
+        fake = torch.ones(3)
+    assert not isinstance(real, _torch.FakeTensor) and real.sum().item() == 6, changed(
+        "torch.utils._python_dispatch._disable_current_modes", "an op inside it ran under a mode")
+    assert isinstance(fake, _torch.FakeTensor) and seen == ["aten.ones.default"], changed(
+        "torch.utils._python_dispatch._disable_current_modes", f"the modes saw {seen}")

@@ -4,22 +4,23 @@
 runs each architecture this way, in a fresh process with a timeout).
 
 The record:
-- the real CPU training step, its peak counted by live storages with no hooks attached
-  (count_storages), and PyTorch's MemTracker figure for the same step beside it. MemTracker's
-  module tracker hooks every module's inputs, and those hooks hold the inputs' autograd
-  nodes in a reference cycle (torch/autograd/graph.py, register_multi_grad_hook, mode
-  "all"), so a part of the graph the loss never reaches stays alive until the garbage
-  collector runs: with MemTracker attached the step keeps memory the user's step frees.
-  The CPU allocator's own count (torch.profiler, profile_memory) agrees with the storage
-  counter (LlavaForConditionalGeneration: 2,779,600 B against 2,779,592 counted, and
-  2,903,640 B with MemTracker attached against MemTracker's 2,903,624);
+- the real CPU training step, its peak by the CPU allocator's own events (torch.profiler with
+  profile_memory=True, summed in order, plus what was live before the step:
+  tests/activations/measure.py's allocator_peak_step). Those events see kernel scratch and
+  buffers an op frees inside itself, which no op output shows. Beside it, the figures of two
+  counters of op outputs: the live storages with no hooks attached (storage_peak_step), and
+  PyTorch's MemTracker. MemTracker's module tracker hooks every module's inputs, and those
+  hooks hold the inputs' autograd nodes in a reference cycle (torch/autograd/graph.py,
+  register_multi_grad_hook, mode "all"), so a part of the graph the loss never reaches stays
+  alive until the garbage collector runs: with MemTracker attached the step keeps memory the
+  user's step frees;
 - memlayout's prediction for the same model, inputs and optimizer, on fake tensors;
 - a plan for a budget of BUDGET_SHARE x the measured peak, applied for real with
   torch.utils.checkpoint: verified when the measured peak fits the budget and the
   loss and every gradient are bitwise equal to the unplanned step's (same seed).
-  A planned step is measured by counting live storages (count_storages), since
-  MemTracker's hooks change what a checkpointed step keeps; MemTracker's figure
-  is recorded beside it;
+  A planned step is measured by the allocator's events too (MemTracker's hooks change
+  what a checkpointed step keeps); MemTracker's figure is recorded beside it.
+  With MEMLAYOUT_ZOO_PLANS=0 (run.py --no-plans) the plan stages are skipped;
 - where memlayout answers that the budget cannot be met, the lowest peak it states
   is checked for real: its own lowest plan, and every set of the model's top-level
   modules checkpointed (top_level_modules), each measured for real. The statement is
@@ -49,6 +50,7 @@ UNREACHABLE_SECONDS = 120.0
 """Time for the real plans that check an unreachable budget; the record says how many of them ran."""
 REAL_HINT = "pass --real"
 """The hint memlayout gives when a step reads a value its fake tensors do not have; the sweep follows it."""
+PLANS_VARIABLE = "MEMLAYOUT_ZOO_PLANS"
 CHECK_SECONDS = 200.0
 """...and they stop when the whole check has run this long, within run.py's 300 s timeout."""
 
@@ -92,19 +94,36 @@ def measure(built: Built, autocast: str | None = None) -> Measured:
 
 
 def count_storages(built: Built, autocast: str | None = None) -> Measured:
-    """The same step counted by live storages alone, with no module hooks.
-
-    The measure of every step: MemTracker's module hooks keep tensors alive that the
-    step without them frees (a graph branch the loss never reaches; a checkpointed
-    module's recomputed forward: CpmAnt with ten modules checkpointed measures
-    4,556,388 bytes with MemTracker attached, 4,458,084 without), so it measures a
-    step that is not the one a user runs. Each record has both figures.
-    """
+    """The same step counted by live storages alone, with no module hooks: op outputs only."""
     from tests.activations.measure import storage_peak_step
 
     seed_other_generators()
     real = storage_peak_step(built.model, built.args, built.kwargs, optimizer=OPTIMIZER, autocast=_autocast(autocast))
     return Measured(real.peak_bytes, real.loss, real.grads)
+
+
+def allocator_events(built: Built, autocast: str | None = None) -> Measured:
+    """The same step, its peak by the CPU allocator's own events, with no module hooks.
+
+    The measure of every step. MemTracker's module hooks keep tensors alive that the
+    step without them frees (a graph branch the loss never reaches; a checkpointed
+    module's recomputed forward: CpmAnt with ten modules checkpointed measures
+    4,556,388 bytes with MemTracker attached, 4,458,084 without), so it measures a
+    step that is not the one a user runs; and both it and the storage counter count
+    op outputs only, so neither sees kernel scratch. Each record has all three figures.
+    """
+    from tests.activations.measure import allocator_peak_step
+
+    seed_other_generators()
+    real = allocator_peak_step(built.model, built.args, built.kwargs, optimizer=OPTIMIZER, autocast=_autocast(autocast))
+    return Measured(real.peak_bytes, real.loss, real.grads)
+
+
+def plans_wanted() -> bool:
+    """False under MEMLAYOUT_ZOO_PLANS=0: the sweep then checks the unplanned prediction only."""
+    import os
+
+    return os.environ.get(PLANS_VARIABLE, "1") != "0"
 
 
 def same_step(a: Measured, b: Measured) -> str | None:
@@ -132,13 +151,13 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def memlayout_error(exc: BaseException) -> str:
+def memlayout_error(exc: BaseException, limit: int | None = 400) -> str:
     """What `memlayout activations` would print for this error: a MemlayoutError's one line, anything else
     as the CLI's "unexpected ..." (a bug: the figures count these)."""
     from memlayout.errors import MemlayoutError
 
     if isinstance(exc, MemlayoutError):
-        return f"memlayout: error: {exc.one_line()}"[:400]
+        return f"memlayout: error: {exc.one_line()}"[:limit]
     return f"unexpected {one_line(exc)}"
 
 
@@ -213,6 +232,9 @@ def run_check(arch: Architecture, autocast: str | None = None) -> dict[str, Any]
     }
     if autocast is not None:
         record["autocast"] = autocast
+    from benchmarks.zoo.tiny import SIZE
+
+    record["sweep_size"] = SIZE
     record["_started"] = started
     try:
         _check(arch, record)
@@ -246,14 +268,19 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
     record["parameters"] = sum(p.numel() for p in built.model.parameters())
     stage("real step")
     try:
-        tracked = measure(built, record.get("autocast"))
-        plain = count_storages(arch.build(), record.get("autocast"))
+        # Without the plan stages the sweep is about the unplanned peak alone: MemTracker's figure is skipped.
+        tracked = measure(built, record.get("autocast")) if plans_wanted() else None
+        counted = count_storages(arch.build(), record.get("autocast"))
+        plain = allocator_events(arch.build(), record.get("autocast"))
     except Exception as exc:
         record.update(status="unsupported", reason=f"the real CPU step fails on the sweep's inputs: {one_line(exc)}")
         return
     record["measured_peak_bytes"] = plain.peak_bytes
-    record["memtracker_peak_bytes"] = tracked.peak_bytes
-    if (differs := same_step(plain, tracked)) is not None:
+    record["measured_by"] = "allocator events"
+    record["storage_counter_peak_bytes"] = counted.peak_bytes
+    if tracked is not None:
+        record["memtracker_peak_bytes"] = tracked.peak_bytes
+    if (differs := same_step(plain, tracked if tracked is not None else counted)) is not None:
         record["reproducible"] = False
         record["reason"] = f"two unplanned real steps are not bitwise equal: {differs}"
     stage("prediction")
@@ -262,7 +289,8 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
                              autocast=record.get("autocast"))
     except Exception as exc:
         message = memlayout_error(exc)
-        if REAL_HINT not in message:
+        # the hint ends a long line: look for it before memlayout_error cuts the line to 400 characters
+        if REAL_HINT not in memlayout_error(exc, limit=None):
             record.update(status="failed", reason=f"no prediction: {message}")
             return
         # memlayout says the step reads a value of its weights and names --real: a user would follow
@@ -278,7 +306,9 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
     predicted = report.summary.peak_bytes
     record["predicted_peak_bytes"] = predicted
     record["ratio"] = round(predicted / plain.peak_bytes, 4)
-    record["memtracker_ratio"] = round(predicted / tracked.peak_bytes, 4)
+    if tracked is not None:
+        record["memtracker_ratio"] = round(predicted / tracked.peak_bytes, 4)
+    record["storage_counter_ratio"] = round(predicted / counted.peak_bytes, 4)
     record["optimizer_bytes"] = report.summary.optimizer_bytes
     if report.fallbacks:
         record["fallbacks"] = {op: count for op, count in report.fallbacks}
@@ -297,7 +327,10 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
     if not record["within_2pct"]:
         record["reason"] = (f"{record['reason']}; " if record.get("mode") else "") + (f"predicted {mib(predicted)} against {mib(plain.peak_bytes)} measured "
                             f"({record['ratio']:.3f}x)")
-    _check_plan(arch, plain, record)
+    if plans_wanted():
+        _check_plan(arch, plain, record)
+    else:
+        record["plan"] = "not run"
 
 
 def _check_plan(arch: Architecture, plain: Measured, record: dict[str, Any]) -> None:
@@ -323,7 +356,7 @@ def _check_plan(arch: Architecture, plain: Measured, record: dict[str, Any]) -> 
     stage("plan applied for real")
     try:
         with act.apply_plan(built.model, planned.plan.plan):
-            applied = count_storages(built, record.get("autocast"))
+            applied = allocator_events(built, record.get("autocast"))
         observed = arch.build()
         with act.apply_plan(observed.model, planned.plan.plan):
             record["plan_memtracker_peak_bytes"] = measure(observed, record.get("autocast")).peak_bytes
@@ -363,7 +396,7 @@ def _check_unreachable(arch: Architecture, plain: Measured, budget: int, unreach
         built = arch.build()
         try:
             with act.apply_plan(built.model, plan):
-                measured = count_storages(built, record.get("autocast"))
+                measured = allocator_events(built, record.get("autocast"))
         except Exception as exc:
             refused.append(f"{label}: {one_line(exc)}")
             continue

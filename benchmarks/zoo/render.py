@@ -146,7 +146,9 @@ def render(records: list[dict[str, Any]], sweep: dict[str, Any]) -> str:
         f"- Architectures: **{found.architectures}** "
         f"({', '.join(f'{count} {status}' for status, count in sorted(found.by_status.items()))}).",
         f"- Predicted within 2% of the measured peak: **{found.within_2pct} of {found.supported}** supported "
-        f"architectures (**{100 * found.within_share:.1f}%**).",
+        f"architectures (**{100 * found.within_share:.1f}%**)"
+        + (", measured by the storage counter (op outputs only: no kernel scratch; the allocator's events judge "
+           "the sweeps at two sizes below)." if not any(r.get("measured_by") for r in records) else "."),
         f"- Plans: **{found.plans_checked} of {found.supported}** verified or unreachable-verified "
         f"({', '.join(f'{count} {plan}' for plan, count in sorted(found.by_plan.items()))}).",
         f"- Tracebacks or \"unexpected ...\" errors: **{found.tracebacks}**.",
@@ -188,6 +190,7 @@ def render(records: list[dict[str, Any]], sweep: dict[str, Any]) -> str:
             f"{mib(record['predicted_peak_bytes'])} | {mib(record['measured_peak_bytes'])} | {ratio} | "
             f"{record['plan']} | {cell(record['reason'])} |"
         )
+    lines += two_sizes()
     lines += ["", "## Config values set by hand", "",
               "Where the generic shrink cannot guess (mostly fields whose default is None that the modeling code "
               "reads as a number), `benchmarks/zoo/tiny.py` sets these:", ""]
@@ -200,6 +203,57 @@ def render(records: list[dict[str, Any]], sweep: dict[str, Any]) -> str:
         lines.append(f"| {cell(record['architecture'])} | {cell(record['source'])} | "
                      f"{cell(record.get('size', '-'))} | {cell(record.get('inputs', '-'))} |")
     return "\n".join(lines) + "\n"
+
+
+SIZED = {size: RESULTS.with_name(f"activations_zoo_{size}_peaks.json") for size in ("small", "large")}
+"""The sweeps at two sizes without the plan stages (run.py --size, --no-plans), judged by the allocator's events."""
+
+
+def two_sizes() -> list[str]:
+    """The section on the sweeps at two sizes, where their results exist."""
+    found = {size: json.loads(path.read_text()) for size, path in SIZED.items() if path.exists()}
+    if not found:
+        return []
+    lines = ["", "## At two sizes, judged by the CPU allocator's events", "",
+             "The unplanned step only (`--no-plans`), its peak by the CPU allocator's own events: torch.profiler "
+             "with `profile_memory=True`, allocations and frees summed in order, plus what was live before the "
+             "step (`tests/activations/measure.py`'s `allocator_peak_step`). Those see what op-output counters "
+             "miss: a kernel's scratch, and an output's storage beyond its shape "
+             "(`memlayout/activations/kernel_storage.py`). `small` is tiny.py's width 32, 2 layers, 4 heads of 8; "
+             "`large` its width 256, 4 layers, 8 heads of 32, FFN 512 (diffusers' and torch.nn's configs do not "
+             "scale). A timeout counts as a failure; \"runnable\" is every architecture that builds and runs a "
+             "real step.", ""]
+    for size, records in found.items():
+        sweep_path = SIZED[size].with_name(f"activations_zoo_{size}_peaks_sweep.json")
+        sweep = json.loads(sweep_path.read_text()) if sweep_path.exists() else {}
+        runnable = [r for r in records if r["status"] != "unsupported"]
+        within = [r for r in runnable if r.get("within_2pct")]
+        ratios = sorted((r["ratio"], r["architecture"]) for r in runnable if r.get("ratio") is not None)
+        worst = [f"{name} {ratio:.3f}" for ratio, name in (ratios[:2] + ratios[-2:])] if ratios else []
+        run = sweep.get("full_sweep", {})
+        share = f"{100 * len(within) / len(runnable):.1f}%" if runnable else "-"
+        lines.append(f"- **{size}**: {len(records)} architectures, {len(runnable)} runnable, **{len(within)} of "
+                     f"{len(runnable)} within 2%** ({share}); lowest and highest ratios: "
+                     f"{', '.join(dict.fromkeys(worst)) or '-'}; the storage counter alone would give "
+                     f"{sum(1 for r in runnable if r.get('storage_counter_peak_bytes') and abs(r['storage_counter_peak_bytes'] - r['measured_peak_bytes']) <= 0.02 * r['measured_peak_bytes'])} "
+                     f"of {len(runnable)} within 2% of the allocator's peak.")
+        if run:
+            stopped = (f"; stopped at its time limit with {len(run['not_checked'])} of the sample not checked"
+                       if run.get("not_checked") else "")
+            lines.append(f"  `{run['command']}`, started {run['started']}, {run['wall_seconds'] / 60:.1f} min"
+                         f"{commit(run)}{stopped}.")
+        for rerun in sweep.get("reruns", []):
+            lines.append(f"  Re-run since: `{rerun['command']}` ({rerun['architectures']} architectures, started "
+                         f"{rerun['started']}{commit(rerun)}).")
+    lines += ["", "| architecture | size | status | predicted | allocator | storage counter | ratio | reason |",
+              "|---|---|---|---:|---:|---:|---:|---|"]
+    for size, records in found.items():
+        for record in records:
+            ratio = "-" if record.get("ratio") is None else f"{record['ratio']:.3f}"
+            lines.append(f"| {cell(record['architecture'])} | {size} | {record['status']} | "
+                         f"{mib(record['predicted_peak_bytes'])} | {mib(record['measured_peak_bytes'])} | "
+                         f"{mib(record.get('storage_counter_peak_bytes'))} | {ratio} | {cell(record['reason'])} |")
+    return lines
 
 
 def current() -> str:

@@ -5,10 +5,14 @@ Usage:
     python -m benchmarks.zoo.run --arch LlamaForCausalLM --arch BertForMaskedLM
     python -m benchmarks.zoo.run --rerun failed       # the records not ok within 2% (or missing)
     python -m benchmarks.zoo.run --family causal-lm --jobs 2 --timeout 300
+    python -m benchmarks.zoo.run --size large --no-plans --sample 80 --seed 0
 
 Records land in benchmarks/results/activations_zoo.json after every
 architecture (a partial run keeps the other records), the sweep's time in
 activations_zoo_sweep.json, and docs/activations-zoo.md is written from both.
+A sweep at another size (--size large, tiny.py's SIZES) or without the plan
+stages (--no-plans) writes activations_zoo_<size>[_peaks].json and
+activations_zoo_<size>[_peaks]_sweep.json instead, and leaves the page alone.
 """
 
 from __future__ import annotations
@@ -33,18 +37,27 @@ STAGE = "zoo-stage: "
 UNSUPPORTED_STAGES = ("build", "real step")
 
 
-def load_records() -> dict[str, dict[str, Any]]:
-    if not RESULTS.exists():
+def results_paths(size: str, plans: bool) -> tuple[Path, Path]:
+    """Where a sweep's records and its run go: the default sweep's files, or files of their own."""
+    if size == "small" and plans:
+        return RESULTS, SWEEP
+    stem = f"activations_zoo_{size}" + ("" if plans else "_peaks")
+    return RESULTS.with_name(f"{stem}.json"), RESULTS.with_name(f"{stem}_sweep.json")
+
+
+def load_records(path: Path = RESULTS) -> dict[str, dict[str, Any]]:
+    if not path.exists():
         return {}
-    return {record["architecture"]: record for record in json.loads(RESULTS.read_text())}
+    return {record["architecture"]: record for record in json.loads(path.read_text())}
 
 
 def needs_rerun(record: dict[str, Any] | None) -> bool:
     """A record that is missing, or not ok with its prediction within 2% and its plan verified."""
     if record is None:
         return True
+    # "not run": a sweep without the plan stages (--no-plans) judges the unplanned prediction alone
     return not (record["status"] == "ok" and record.get("within_2pct") and
-                record["plan"] in ("verified", "unreachable-verified"))
+                record["plan"] in ("verified", "unreachable-verified", "not run"))
 
 
 @dataclass
@@ -162,6 +175,9 @@ def _schedule(pending: list[tuple[int, Any]], running: list[tuple[int, Child]], 
     """Keep `options.jobs` children running until every architecture has its record."""
     total = len(pending)
     while pending or running:
+        if options.stop_after is not None and time.perf_counter() - options.started > options.stop_after and pending:
+            options.not_checked = [entry.name for _, entry in pending]
+            pending.clear()  # the checks running finish; no new one starts
         while pending and len(running) < max(1, options.jobs):
             index, entry = pending.pop(0)
             running.append((index, start_child(entry)))
@@ -172,7 +188,7 @@ def _schedule(pending: list[tuple[int, Any]], running: list[tuple[int, Child]], 
             running.remove((index, child))
             records[child.entry.name] = record
             kept = sorted((r for n, r in records.items() if n in order), key=lambda r: order[r["architecture"]])
-            write_json(RESULTS, kept)
+            write_json(options.results, kept)
             ratio = f"{record['ratio']:.3f}x" if record.get("ratio") is not None else "-"
             print(f"[{index + 1}/{total}] {child.entry.name}: {record['status']}, {ratio}, "
                   f"plan {record['plan']}, {record['seconds']} s {record['reason'][:150]}", flush=True)
@@ -187,17 +203,31 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rerun", choices=("failed",), help="only the records not ok within 2%%, or missing")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per architecture (default 300)")
     parser.add_argument("--jobs", type=int, default=1, help="architectures run at once (default 1)")
+    parser.add_argument("--size", choices=("small", "large"), default="small",
+                        help="the tiny configs' size (benchmarks/zoo/tiny.py SIZES; default small)")
+    parser.add_argument("--no-plans", action="store_true", help="check the unplanned prediction only")
+    parser.add_argument("--sample", type=int, help="a seeded random sample of this many of the selected")
+    parser.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
+    parser.add_argument("--stop-after", type=float,
+                        help="start no new check after this many seconds; the record says which were not checked")
     parser.add_argument("--list", action="store_true", help="list the architectures and exit")
     parser.add_argument("--command", default="python -m benchmarks.zoo.run",
                         help="how the sweep was started, for the docs")
     options = parser.parse_args(argv)
+    from benchmarks.zoo.check import PLANS_VARIABLE
+    from benchmarks.zoo.tiny import SIZE_VARIABLE
+
+    # The spawned checks read both when they import tiny.py and decide on the plan stages.
+    os.environ[SIZE_VARIABLE] = options.size
+    os.environ[PLANS_VARIABLE] = "0" if options.no_plans else "1"
+    options.results, sweep_path = results_paths(options.size, not options.no_plans)
 
     catalog = architectures()
     if options.list:
         for entry in catalog:
             print(f"{entry.family:22s} {entry.name:50s} {entry.source}")
         return 0
-    records = load_records()
+    records = load_records(options.results)
     unknown = sorted(set(options.arch) - {entry.name for entry in catalog})
     if unknown:
         print(f"not in the catalog: {', '.join(unknown)} (see --list)", file=sys.stderr)
@@ -207,10 +237,16 @@ def main(argv: list[str]) -> int:
         if ((not options.arch and not options.family) or entry.name in options.arch or entry.family in options.family)
         and (options.rerun is None or needs_rerun(records.get(entry.name)))
     ]
-    full = not options.arch and not options.family and options.rerun is None
+    if options.sample is not None and options.sample < len(selected):
+        import random
+
+        # In the sample's own random order: a sweep stopped early has still checked a random sample.
+        selected = random.Random(options.seed).sample(selected, options.sample)
+    full = not options.arch and not options.family and options.rerun is None and options.sample is None
     order = {entry.name: index for index, entry in enumerate(catalog)}
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     started = time.perf_counter()
+    options.started, options.not_checked = started, []
     pending = list(enumerate(selected))
     running: list[tuple[int, Child]] = []
     try:
@@ -220,19 +256,25 @@ def main(argv: list[str]) -> int:
             child.process.kill()
     wall = round(time.perf_counter() - started, 1)
 
-    sweep = json.loads(SWEEP.read_text()) if SWEEP.exists() else {}
+    sweep = json.loads(sweep_path.read_text()) if sweep_path.exists() else {}
     run = {"started": started_at, "wall_seconds": wall, "architectures": len(selected), "jobs": options.jobs,
-           "timeout_seconds": options.timeout, "command": options.command, "versions": versions()}
-    if full:
+           "timeout_seconds": options.timeout, "command": options.command, "versions": versions(),
+           "size": options.size, "plans": not options.no_plans}
+    if options.sample is not None:
+        run["sample"] = {"size": options.sample, "seed": options.seed}
+    if options.not_checked:
+        run["not_checked"] = options.not_checked
+    if full or (options.sample is not None and options.rerun is None):
         sweep = {"full_sweep": run, "reruns": []}
     else:
         sweep.setdefault("reruns", []).append({**run, "selected": [entry.name for entry in selected][:50]})
-    write_json(SWEEP, sweep)
+    write_json(sweep_path, sweep)
 
-    from benchmarks.zoo.render import write_docs
+    if options.results == RESULTS:
+        from benchmarks.zoo.render import write_docs
 
-    write_docs()
-    print(f"{len(selected)} architectures in {wall} s; results in {RESULTS.relative_to(ROOT)}")
+        write_docs()
+    print(f"{len(selected)} architectures in {wall} s; results in {options.results.relative_to(ROOT)}")
     return 0
 
 

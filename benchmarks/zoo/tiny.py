@@ -9,17 +9,29 @@ architectures whose config ties sizes together in a way the names do not say.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
+SIZE_VARIABLE = "MEMLAYOUT_ZOO_SIZE"
+"""`small` (the default) or `large`: the sweep runs every architecture at one of two sizes. run.py's
+--size sets it for the checks it spawns, which read it when they import this module."""
+SIZES: dict[str, dict[str, int]] = {
+    "small": {"WIDTH": 32, "HEADS": 4, "KV_HEADS": 2, "HEAD_DIM": 8, "FFN": 64, "MOE_FFN": 32, "LAYERS": 2},
+    # Where kernel scratch and storage rounding are a smaller share of the peak, and terms that vanish at
+    # width 32 (a head of 8, two layers) do not.
+    "large": {"WIDTH": 256, "HEADS": 8, "KV_HEADS": 4, "HEAD_DIM": 32, "FFN": 512, "MOE_FFN": 128, "LAYERS": 4},
+}
+SIZE = os.environ.get(SIZE_VARIABLE, "small")
+_SIZE = SIZES[SIZE]
 VOCAB = 99
-WIDTH = 32
-HEADS = 4
-KV_HEADS = 2
-HEAD_DIM = 8
-FFN = 64
-MOE_FFN = 32
-LAYERS = 2
+WIDTH = _SIZE["WIDTH"]
+HEADS = _SIZE["HEADS"]
+KV_HEADS = _SIZE["KV_HEADS"]
+HEAD_DIM = _SIZE["HEAD_DIM"]
+FFN = _SIZE["FFN"]
+MOE_FFN = _SIZE["MOE_FFN"]
+LAYERS = _SIZE["LAYERS"]
 EXPERTS = 4
 IMAGE = 32
 PATCH = 8
@@ -162,10 +174,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gemma3n_text": {"num_kv_shared_layers": 0},
     "gemma4_assistant": {"text_config": {"hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0}},
     "gemma4_unified_assistant": {"num_kv_shared_layers": 0},
-    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "num_layers": 2},
+    "gpt_neo": {"attention_types": [[["global", "local"], LAYERS // 2]], "num_layers": LAYERS},
     "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
     "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_hidden_layers": 2},
-    "mamba2": {"hidden_size": 32, "num_heads": 8, "head_dim": 8, "n_groups": 1},
+    "mamba2": {"hidden_size": WIDTH, "num_heads": 8, "head_dim": WIDTH // 4, "n_groups": 1},  # heads x head = 2 x width
     "qwen4_exp": {"text_config": QSA},
     "qwen2_vl": MROPE, "qwen2_5_vl": MROPE, "glm4v": MROPE, "glm4v_moe": MROPE, "glm46v": MROPE, "glm_ocr": MROPE,
     "qwen4_exp_text": QSA,

@@ -43,6 +43,7 @@ from memlayout.activations.facts import (
     StorageLife,
     Trace,
 )
+from memlayout.activations.kernel_storage import learned_kernel_memory
 from memlayout.activations.kernels import (
     corrected_output_nbytes,
     draws_random_numbers,
@@ -141,6 +142,10 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._check_inputs(func, args, kwargs)
         out = func(*args, **kwargs)
         sizes = corrected_output_nbytes(func, args, kwargs) if self.correct_kernels else None
+        # Scratch is invisible to real tensors too (--real): only the output sizes are the fake kernel's to correct.
+        learned = learned_kernel_memory(func, args, kwargs, keeps_size=self._is_state)
+        if learned is not None and self.correct_kernels:
+            sizes = {**learned.corrected_sizes(out), **(sizes or {})}
         flat = out if isinstance(out, (tuple, list)) else (out,)
         for position, value in enumerate(flat):
             if isinstance(value, torch.Tensor):
@@ -148,9 +153,22 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
                 self.storage_of(value, kind, None if sizes is None else sizes.get(position))
                 if phase is Phase.FORWARD and self.stack:
                     self.pending.append((weakref.ref(value), self.stack[-1].id))
+        if learned is not None and learned.scratch_bytes:
+            self._scratch(learned.scratch_bytes)
         if phase is Phase.FORWARD or (phase is Phase.LOSS and self.stack) or self._recomputing():
             self._count_flops(func, args, kwargs, out)
         return out
+
+    def _scratch(self, nbytes: int) -> None:
+        """A kernel's scratch (kernel_storage.py): allocated after its outputs, freed before the op returns."""
+        self.seq += 1
+        record = StorageRecord(nbytes, nbytes, StorageKind.STEP, self.seq, self._current_call(), self.phase)
+        self.storages.append(record)
+        self._release(record)
+
+    def _is_state(self, tensor: torch.Tensor) -> bool:
+        """A parameter or buffer: its size does not follow the batch (kernel_storage.py shrinks the rest)."""
+        return self.index.get(tensor.untyped_storage()) in self.parameter_storages
 
     def _recomputing(self) -> bool:
         return self.phase is Phase.RECOMPUTE or (self.phase is Phase.BACKWARD and bool(self.stack))

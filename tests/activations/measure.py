@@ -1,5 +1,10 @@
-"""Measuring a real step, independently of memlayout's tracer: PyTorch's MemTracker, a bare storage counter
-and a pack hook.
+"""Measuring a real step, independently of memlayout's tracer: the CPU allocator's own events, PyTorch's
+MemTracker, a bare storage counter and a pack hook.
+
+`allocator_peak_step` is the reference: torch.profiler with `profile_memory=True` records every
+allocation and free the CPU allocator makes, kernel scratch included, which MemTracker and the
+storage counter never see (they count op outputs only: oneDNN's convolution backward takes
+scratch no output shows, and `F.mse_loss` frees an element-wise buffer inside the op).
 
 These are the references the predictions are checked against (tests and
 benchmarks/bench_activations.py).
@@ -157,6 +162,59 @@ def storage_peak_step(
             stepper.step()
     grads = _take_gradients(model)
     return RealStep(peak_bytes=counter.peak, loss=loss, grads=grads)
+
+
+def state_bytes(tensors: list[Any]) -> int:
+    """Bytes of the distinct storages among these values (tensors; anything else is skipped)."""
+    seen: dict[tuple[int, int], int] = {}
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided:
+            storage = tensor.untyped_storage()
+            seen[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()
+    return sum(seen.values())
+
+
+def allocator_peak(events: Any) -> int:
+    """The highest running sum of the CPU allocator's allocations and frees, in the order they happened.
+
+    `events` are a profile's raw kineto events: the "[memory]" ones carry the bytes allocated (positive) or
+    freed (negative). Frees of what was allocated before the profile began make the sum dip below zero; the
+    peak is measured from where the profile started, so they only lower what follows, as they should.
+    """
+    import torch.profiler
+
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events
+                    if e.name() == "[memory]" and e.device_type() == torch.profiler.DeviceType.CPU)
+    live = peak = 0
+    for _, nbytes in memory:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def allocator_peak_step(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], seed: int = 0, optimizer: str = "adamw",
+    autocast: Autocast | None = None,
+) -> RealStep:
+    """The same steady-state step as `memtracker_step`, its peak by the CPU allocator's own events.
+
+    What was live before the step (parameters, buffers, inputs, the optimizer's state) is counted once by
+    storage, and the profile's allocations and frees are summed in order on top of it.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    stepper = _warm_up(model, args, kwargs, seed, optimizer, autocast)
+    state = [*model.parameters(), *model.buffers(), *args, *kwargs.values()]
+    if stepper is not None:
+        state += [v for s in stepper.state.values() for v in s.values()]
+    before = state_bytes(state)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
+        loss, _ = run_step(model, args, kwargs, autocast=autocast)
+        if stepper is not None:
+            stepper.step()
+    peak = before + allocator_peak(profiled.profiler.kineto_results.events())
+    grads = _take_gradients(model)
+    return RealStep(peak_bytes=peak, loss=loss, grads=grads)
 
 
 def saved_bytes_seen_by_pack_hook(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:

@@ -15,7 +15,11 @@ import torch
 
 import memlayout.activations as act
 from tests.activations import edge_models, models
-from tests.activations.measure import memtracker_step, saved_bytes_seen_by_pack_hook
+from tests.activations.measure import (
+    allocator_peak_step,
+    memtracker_step,
+    saved_bytes_seen_by_pack_hook,
+)
 
 CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
     "gpt2": (lambda: models.gpt2(), lambda: models.token_inputs(4, 32, 500)),
@@ -27,11 +31,12 @@ CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_fake_prediction_matches_memtracker_on_a_real_step(case: str) -> None:
+def test_fake_prediction_matches_the_allocator_events_of_a_real_step(case: str) -> None:
+    """Judged by the CPU allocator's own events, which see kernel scratch (the CNN's oneDNN convolutions)."""
     build, make_inputs = CASES[case]
     args, kwargs = make_inputs()
     report = act.analyze(build(), list(args), kwargs=kwargs)
-    real = memtracker_step(build(), args, kwargs)
+    real = allocator_peak_step(build(), args, kwargs)
     assert report.mode == "fake"
     assert abs(report.summary.peak_bytes - real.peak_bytes) <= 0.02 * real.peak_bytes, (
         report.summary.peak_bytes, real.peak_bytes)

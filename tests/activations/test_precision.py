@@ -2,7 +2,7 @@
 
 `--autocast bf16` traces forward and loss under torch.autocast("cpu", bfloat16), with
 CPU's own op lists; `--dtype bf16` casts the model first, as pure-bf16 training
-does. Each prediction is held to MemTracker's peak of the same real step, as the
+does. Each prediction is held to the CPU allocator's events of the same real step (profiler), as the
 float32 predictions are (test_accuracy.py), within 2%.
 """
 
@@ -19,7 +19,7 @@ import memlayout.activations as act
 from memlayout.activations.step import Autocast
 from memlayout.cli.app import app
 from tests.activations import models
-from tests.activations.measure import memtracker_step
+from tests.activations.measure import allocator_peak_step
 
 CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
     "gpt2": (lambda: models.gpt2(), lambda: models.token_inputs(4, 32, 500)),
@@ -37,7 +37,7 @@ def test_autocast_bf16_prediction_matches_the_real_cpu_step(case: str) -> None:
     build, make_inputs = CASES[case]
     args, kwargs = make_inputs()
     report = act.analyze(build(), list(args), kwargs=kwargs, autocast="bf16")
-    real = memtracker_step(build(), args, kwargs, autocast=Autocast("cpu", "bf16"))
+    real = allocator_peak_step(build(), args, kwargs, autocast=Autocast("cpu", "bf16"))
     assert report.autocast == "bf16"
     assert within_2_percent(report.summary.peak_bytes, real.peak_bytes), (report.summary.peak_bytes, real.peak_bytes)
     # autocast changed the step: the float32 prediction of the same model is another figure.
@@ -54,7 +54,7 @@ def test_pure_bf16_prediction_matches_the_real_cpu_step(case: str) -> None:
         return value.to(torch.bfloat16) if value.is_floating_point() else value
 
     args, kwargs = tuple(bf16(a) for a in args), {k: bf16(v) for k, v in kwargs.items()}
-    real = memtracker_step(build().to(torch.bfloat16), args, kwargs)
+    real = allocator_peak_step(build().to(torch.bfloat16), args, kwargs)
     assert report.dtype == "bf16"
     assert report.summary.parameter_bytes == sum(p.numel() * 2 for p in build().parameters())
     assert within_2_percent(report.summary.peak_bytes, real.peak_bytes), (report.summary.peak_bytes, real.peak_bytes)

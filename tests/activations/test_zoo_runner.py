@@ -101,7 +101,28 @@ def test_a_check_that_runs_gives_the_full_record() -> None:
     assert record["plan"] in ("verified", "unreachable-verified"), record
 
 
+def test_a_check_without_plans_is_judged_by_the_allocator_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks.zoo.check import PLANS_VARIABLE
+
+    monkeypatch.setenv(PLANS_VARIABLE, "0")  # the spawned child reads it, as run.py --no-plans sets it
+    record = finish(run.start_child(architecture("tiny", tiny)), timeout=120)
+    assert record["status"] == "ok", record["reason"]
+    assert record["plan"] == "not run"
+    assert record["measured_by"] == "allocator events"
+    assert record["measured_peak_bytes"] >= record["storage_counter_peak_bytes"] > 0
+    assert record["within_2pct"], record
+
+
+def test_a_large_sweep_writes_files_of_its_own() -> None:
+    assert run.results_paths("small", plans=True) == (run.RESULTS, run.SWEEP)
+    records, sweep = run.results_paths("large", plans=False)
+    assert records.name == "activations_zoo_large_peaks.json"
+    assert sweep.name == "activations_zoo_large_peaks_sweep.json"
+
+
 @pytest.mark.parametrize(("record", "rerun"), [
+    ({"status": "ok", "within_2pct": True, "plan": "not run"}, False),
+    ({"status": "ok", "within_2pct": False, "plan": "not run"}, True),
     (None, True),
     ({"status": "ok", "within_2pct": True, "plan": "verified"}, False),
     ({"status": "ok", "within_2pct": True, "plan": "unreachable-verified"}, False),
@@ -149,3 +170,14 @@ def test_the_catalog_lists_every_model_class_of_the_registries_once() -> None:
             assert (classes[0] if isinstance(classes, tuple) else classes) in names, registry
     assert set(DIFFUSERS) <= set(names)
     assert {f"torch.nn.{name}" for name in TORCH_MODELS} <= set(names)
+
+
+def test_the_real_hint_is_found_past_the_cut_a_record_makes() -> None:
+    """IBertForMaskedLM's message names a long path, and the record's 400-character cut fell inside "pass --real";
+    the sweep then failed a step a user would have run with --real."""
+    from benchmarks.zoo.check import REAL_HINT, memlayout_error
+    from memlayout.errors import UsageError
+
+    error = UsageError("the step reads a value at " + "/long/path" * 60, hint=f"{REAL_HINT} to run it")
+    assert REAL_HINT not in memlayout_error(error)
+    assert REAL_HINT in memlayout_error(error, limit=None)

@@ -1,0 +1,351 @@
+"""Where a real CPU kernel's memory differs from its fake kernel's: output storage and scratch.
+
+A fake (meta) kernel gives every output the storage its shape needs. Two things
+the CPU allocator sees are not that:
+
+- **Output storage larger than the shape.** `aten.mse_loss` on the CPU returns a
+  0-d tensor whose storage is the whole element-wise buffer it reduced (a
+  [64, 48, 192] float32 input gives a 4-byte loss holding 2,359,296 bytes).
+- **Scratch.** A kernel allocates memory that no output shows and frees it before
+  it returns: `mse_loss` a second buffer of the input's size, oneDNN's convolution
+  backward a workspace (671,744 bytes on a small ResNet, 512 once oneDNN is off).
+
+Which ops do this is found by measurement, not guessed: `benchmarks/kernel_storage_probe.py`
+runs every aten op of real training steps (the zoo sweep's architectures, a ResNet,
+models ending in `mse_loss`) once under the allocator's events and lists those
+whose real output storage or scratch differs from the fake kernel's. Those ops are
+`LEARNED_OPS`.
+
+How much is learned here, at trace time, from the real kernel: it runs on zeros
+of the arguments' dtype, layout and strides (as fake_step.py's fallbacks do, zeros
+cost no memory until written) at two small batch sizes, under torch.profiler with
+`profile_memory=True`; the output storage and the scratch (the allocator's peak
+inside the op above the outputs' new storages) are fitted linear in the input's
+number of elements, the fit is checked at a third size, and applied at the op's
+own size. That is an assumption: that the op's size rule is linear in its batch
+(true of an element-wise buffer and of a per-sample workspace; a fit that misses
+the third size is not applied, and the op keeps the fake kernel's figures). The
+learned rule is cached per op, dtype, layout, device and the arguments' shapes
+less their batch dimension (a convolution's workspace follows its channels and
+kernel, not only its input's size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from memlayout import _torch
+from memlayout.activations.kernels import onednn_lstm_workspace_bytes
+
+LEARNED_OPS = (
+    # as torch prints the overload; the ops benchmarks/kernel_storage_probe.py found (its results file
+    # benchmarks/results/kernel_storage_probe.json lists the bytes it saw, and a test keeps the two equal)
+    "aten._ctc_loss_backward.Tensor",
+    "aten._log_softmax_backward_data.default",
+    "aten._safe_softmax.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
+    "aten.convolution.default",
+    "aten.convolution_backward.default",
+    "aten.embedding_dense_backward.default",
+    "aten.gelu_backward.default",
+    "aten.mkldnn_rnn_layer.default",
+    "aten.mkldnn_rnn_layer_backward.default",
+    "aten.mm.default",
+    "aten.mse_loss.default",
+    "aten.native_batch_norm_backward.default",
+    "aten.native_layer_norm.default",
+    "aten.native_layer_norm_backward.default",
+)
+"""The ops whose real CPU kernel allocates what its fake kernel does not show (see the module's doc)."""
+
+SHAPE_TIED_OPS = ("aten.mkldnn_rnn_layer.default", "aten.mkldnn_rnn_layer_backward.default",
+                  "aten._ctc_loss_backward.Tensor")
+"""Ops whose arguments are tied by sizes the first dimension does not show (oneDNN's LSTM backward reads a
+workspace laid out for the forward's sequence length; the CTC loss's log-probabilities are time-major, [T, N, C],
+beside per-sample [N] lengths): a smaller batch would hand the kernel arguments it indexes out of bounds (it
+crashes: UniSpeechSatForCTC and ParakeetForCTC did), so these run at their own size, on zeros, up to EXACT_BYTES
+of arguments."""
+EXACT_BYTES = 64 << 20
+
+SIZES = (1, 2, 3)
+"""Batch sizes the real kernel runs at: two to fit the rule, the third to check it."""
+
+
+@dataclass(frozen=True)
+class KernelMemory:
+    """What the real kernel allocates at one call, beyond what its fake kernel shows."""
+
+    output_storage_bytes: tuple[int | None, ...]
+    """Per output position, the real output's storage bytes (None for an output that is not a tensor)."""
+    scratch_bytes: int
+    """The allocator's peak inside the op above the storages of its new outputs: freed before it returns."""
+
+    def corrected_sizes(self, out: Any) -> dict[int, int]:
+        """Output position -> the real storage's bytes, where they differ from the (fake) output's own."""
+        import torch
+
+        flat = out if isinstance(out, (tuple, list)) else (out,)
+        return {position: real for position, (value, real) in enumerate(zip(flat, self.output_storage_bytes,
+                                                                             strict=False))
+                if real is not None and isinstance(value, torch.Tensor) and value.layout == torch.strided
+                and value.untyped_storage().nbytes() != real}
+
+
+def measure_kernel(func: Any, args: Any, kwargs: Any) -> KernelMemory:
+    """Run the real kernel once on zeros of the arguments' metadata and read the allocator's events.
+
+    Args:
+        func: an aten op overload.
+        args, kwargs: its arguments; tensors (real or fake) give only their shape, dtype, strides and device.
+
+    Returns:
+        The real outputs' storage bytes and the kernel's scratch.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with _torch.disable_dispatch_modes(), _torch.unset_fake_temporarily():
+        real_args, real_kwargs = _torch.tree_map(_zeros_like_metadata, (args, kwargs))
+        inputs = {t.untyped_storage().data_ptr() for t in _tensors((real_args, real_kwargs))}
+        # Once first, unmeasured: oneDNN builds and caches its primitive on the first call of a kind, and a
+        # training step's kernels have run in an earlier step (the steady state is what is measured).
+        func(*real_args, **real_kwargs)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
+            out = func(*real_args, **real_kwargs)
+        events = profiled.profiler.kineto_results.events()
+    live = peak = 0
+    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events
+                            if e.name() == "[memory]" and e.device_type() == torch.profiler.DeviceType.CPU):
+        live += nbytes
+        peak = max(peak, live)
+    flat = out if isinstance(out, (tuple, list)) else (out,)
+    sizes: list[int | None] = []
+    new_storages: dict[int, int] = {}
+    for value in flat:
+        if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+            storage = value.untyped_storage()
+            sizes.append(storage.nbytes())
+            if storage.data_ptr() not in inputs:
+                new_storages[storage.data_ptr()] = storage.nbytes()
+        else:
+            sizes.append(None)
+    return KernelMemory(output_storage_bytes=tuple(sizes), scratch_bytes=max(0, peak - sum(new_storages.values())))
+
+
+def learned_kernel_memory(func: Any, args: Any, kwargs: Any, *, keeps_size: Any = None) -> KernelMemory | None:
+    """The real kernel's output storage and scratch at this call, learned from small real runs; None where the op
+    is not one of LEARNED_OPS, or its size rule could not be learned (the fake kernel's figures stand).
+
+    Args:
+        func: an aten op overload.
+        args, kwargs: its arguments, fake or real.
+        keeps_size: a predicate on a tensor argument that must keep its size when the batch shrinks (a weight
+            whose first dimension happens to equal the batch); by default every tensor with the batch size as its
+            first dimension shrinks.
+    """
+    if str(func) not in LEARNED_OPS:
+        return None
+    import torch
+
+    tensors = list(_tensors((args, kwargs)))
+    if not tensors or tensors[0].dim() == 0 or tensors[0].device != torch.device("cpu"):
+        return None
+    if str(func) in SHAPE_TIED_OPS:
+        return _at_own_size(func, args, kwargs, tensors)
+    batch = int(tensors[0].shape[0])
+    batched = tuple(t.dim() > 0 and int(t.shape[0]) == batch and not (keeps_size is not None and keeps_size(t))
+                    for t in tensors)
+    # oneDNN on or off changes the kernel (and its scratch) behind the same op: it is part of the key.
+    signature = (str(func), bool(torch.backends.mkldnn.enabled),
+                 *(_described(t, shrinks) for t, shrinks in zip(tensors, batched, strict=True)),
+                 _scalars(args, kwargs))
+    rule = _learn(signature, func, _torch.tree_map(_metadata_only, (args, kwargs)), batched)
+    if rule is None:
+        return None
+    numel = sum(t.numel() for t, shrinks in zip(tensors, batched, strict=True) if shrinks)
+    per_element, constant = rule
+    sizes = tuple(None if a is None or b is None else max(0, round(a * numel + b))
+                  for a, b in zip(per_element[:-1], constant[:-1], strict=True))
+    scratch = max(0, round((per_element[-1] or 0.0) * numel + (constant[-1] or 0.0)))
+    return KernelMemory(output_storage_bytes=sizes, scratch_bytes=scratch)
+
+
+_EXACT: dict[Any, KernelMemory | None] = {}
+"""What SHAPE_TIED_OPS allocate, by their arguments' full metadata."""
+
+
+def _at_own_size(func: Any, args: Any, kwargs: Any, tensors: list[Any]) -> KernelMemory | None:
+    if sum(t.untyped_storage().nbytes() for t in tensors) > EXACT_BYTES:
+        return None
+    if str(func) == "aten.mkldnn_rnn_layer_backward.default":
+        args, kwargs = _with_lstm_workspace(func, args, kwargs)
+    if any(t.numel() == 0 for t in _tensors((args, kwargs))):
+        return None
+    import torch
+
+    signature = (str(func), bool(torch.backends.mkldnn.enabled), *(_described(t, False) for t in tensors),
+                 tuple(tuple(int(s) for s in t.stride()) for t in tensors), _scalars(args, kwargs))
+    if signature not in _EXACT:
+        try:
+            _EXACT[signature] = measure_kernel(func, args, kwargs)
+        except Exception:  # the kernel refuses zeros: keep the fake figures
+            _EXACT[signature] = None
+    return _EXACT[signature]
+
+
+def _with_lstm_workspace(func: Any, args: Any, kwargs: Any) -> tuple[Any, Any]:
+    """The backward's arguments with the workspace its forward kept: a fake forward leaves it empty (kernels.py
+    sizes it for the trace), and oneDNN's backward reads it whole (on an empty one it crashes)."""
+    import torch
+
+    names = [argument.name for argument in _torch.op_schema(func).arguments]
+    values = dict(zip(names, args, strict=False)) | dict(kwargs)
+    workspace, source = values.get("workspace"), values["input"]
+    if not isinstance(workspace, torch.Tensor) or workspace.numel() or source.dtype != torch.float32:
+        return args, kwargs
+    nbytes = onednn_lstm_workspace_bytes(int(source.shape[0]), int(source.shape[1]), int(source.shape[-1]),
+                                         int(values["hidden_size"]))
+    with _torch.disable_dispatch_modes(), _torch.unset_fake_temporarily():
+        values["workspace"] = torch.zeros((nbytes,), dtype=workspace.dtype)
+    return tuple(values[name] for name in names[:len(args)]), {k: values[k] for k in kwargs}
+
+
+Rule = tuple[tuple[float | None, ...], tuple[float | None, ...]]
+"""Per output position and then scratch: bytes per batched input element, and the constant."""
+
+
+_RULES: dict[Any, Rule | None] = {}
+"""Learned rules by signature: each op's real kernel runs once per process for each kind of call."""
+
+
+def _learn(signature: Any, func: Any, metadata: Any, batched: tuple[bool, ...]) -> Rule | None:
+    """Fit the op's storage and scratch linear in its batched inputs' elements; None when the third size misses."""
+    if signature in _RULES:
+        return _RULES[signature]
+    rule: Rule | None = None
+    try:
+        points = [(numel, measure_kernel(func, *shrunk)) for numel, shrunk in
+                  (_shrunk(metadata, batched, size) for size in SIZES)]
+        rule = _fit(points)
+    except Exception:  # the kernel refuses a smaller batch (an argument tied to it): keep the fake figures
+        rule = None
+    _RULES[signature] = rule
+    return rule
+
+
+def _fit(points: list[tuple[int, KernelMemory]]) -> Rule | None:
+    (n1, m1), (n2, m2), (n3, m3) = points
+    if n2 == n1:
+        return None
+    first = (*m1.output_storage_bytes, m1.scratch_bytes)
+    second = (*m2.output_storage_bytes, m2.scratch_bytes)
+    third = (*m3.output_storage_bytes, m3.scratch_bytes)
+    if not len(first) == len(second) == len(third):
+        return None
+    slopes: list[float | None] = []
+    constants: list[float | None] = []
+    for y1, y2, y3 in zip(first, second, third, strict=True):
+        if y1 is None or y2 is None or y3 is None:
+            slopes.append(None)
+            constants.append(None)
+            continue
+        slope = (y2 - y1) / (n2 - n1)
+        constant = y1 - slope * n1
+        # The check: the rule must give the third size's bytes, to a cache line.
+        if abs(slope * n3 + constant - y3) > 64:
+            return None
+        slopes.append(slope)
+        constants.append(constant)
+    return tuple(slopes), tuple(constants)
+
+
+class _Metadata:
+    __slots__ = ("device", "dtype", "offset", "shape", "stride")
+
+    def __init__(self, tensor: Any) -> None:
+        self.shape = tuple(int(s) for s in tensor.shape)
+        self.stride = tuple(int(s) for s in tensor.stride())
+        self.offset = int(tensor.storage_offset())
+        self.dtype = tensor.dtype
+        self.device = tensor.device
+
+
+def _metadata_only(value: Any) -> Any:
+    import torch
+
+    return _Metadata(value) if isinstance(value, torch.Tensor) and value.layout == torch.strided else value
+
+
+def _shrunk(metadata: Any, batched: tuple[bool, ...], size: int) -> tuple[int, tuple[Any, Any]]:
+    """The arguments' metadata with the batch dimension set to `size`, and the batched tensors' elements."""
+    leaves, spec = _torch.tree_flatten(metadata)
+    tensors = iter(batched)
+    numel = 0
+    out: list[Any] = []
+    for leaf in leaves:
+        if not isinstance(leaf, _Metadata):
+            out.append(leaf)
+            continue
+        made = _Metadata.__new__(_Metadata)
+        made.dtype, made.device, made.offset = leaf.dtype, leaf.device, 0
+        made.shape = (size, *leaf.shape[1:]) if next(tensors) else leaf.shape
+        made.stride = _contiguous_like(made.shape, leaf.stride)
+        if made.shape is not leaf.shape:
+            elements = 1
+            for dim in made.shape:
+                elements *= dim
+            numel += elements
+        out.append(made)
+    args, kwargs = _torch.tree_unflatten(out, spec)
+    return numel, (args, kwargs)
+
+
+def _contiguous_like(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    """Dense strides for `shape` in the dimension order of `stride` (channels-last stays channels-last)."""
+    order = sorted(range(len(shape)), key=lambda dim: (stride[dim], -dim))
+    dense = [0] * len(shape)
+    step = 1
+    for dim in order:
+        dense[dim] = step
+        step *= max(shape[dim], 1)
+    return tuple(dense)
+
+
+def _zeros_like_metadata(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, _Metadata):
+        span = 1 + sum((s - 1) * st for s, st in zip(value.shape, value.stride, strict=True)) if all(value.shape) else 0
+        base = torch.zeros((value.offset + span,), dtype=value.dtype, device=value.device)
+        return base.as_strided(value.shape, value.stride, value.offset)
+    if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+        return _zeros_like_metadata(_Metadata(value))
+    return value
+
+
+def _tensors(values: Any) -> Any:
+    import torch
+
+    leaves, _ = _torch.tree_flatten(values)
+    return (leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided)
+
+
+def _described(tensor: Any, shrinks: bool) -> Any:
+    shape = tuple(int(s) for s in tensor.shape)
+    return (shrinks, shape[1:] if shrinks else shape, tensor.dtype, tensor.layout, str(tensor.device),
+            tensor.is_contiguous(), tensor.is_contiguous(memory_format=_channels_last(tensor)))
+
+
+def _channels_last(tensor: Any) -> Any:
+    import torch
+
+    return torch.channels_last if tensor.dim() == 4 else torch.contiguous_format
+
+
+def _scalars(args: Any, kwargs: Any) -> Any:
+    import torch
+
+    leaves, spec = _torch.tree_flatten((args, kwargs))
+    return str(spec), tuple(None if isinstance(v, torch.Tensor) else repr(v) for v in leaves)

@@ -1,0 +1,147 @@
+"""A real CPU kernel's output storage and scratch (issue 27, section 5), against the CPU allocator's own events.
+
+Every reference here is torch.profiler with profile_memory=True (measure.py's
+allocator_peak_step, kernel_storage.measure_kernel), never memlayout's own reading:
+MemTracker and a storage counter count op outputs only, and see neither an
+output's storage beyond its shape nor a kernel's scratch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import memlayout.activations as act
+from memlayout.activations.kernel_storage import LEARNED_OPS, learned_kernel_memory, measure_kernel
+from tests.activations.measure import allocator_peak_step, storage_peak_step
+
+
+def within_2_percent(predicted: int, measured: int) -> bool:
+    return abs(predicted - measured) <= 0.02 * measured
+
+
+class MaskedPatches(nn.Module):
+    """An image cut into 8 x 8 patches, encoded and decoded, ending in mse_loss against the patches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encode = nn.Linear(192, 64)
+        self.decode = nn.Linear(64, 192)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        patches = images.unfold(2, 8, 8).unfold(3, 8, 8).permute(0, 2, 3, 1, 4, 5).reshape(images.shape[0], -1, 192)
+        return nn.functional.mse_loss(self.decode(torch.relu(self.encode(patches))), patches)
+
+
+class BareMse(nn.Module):
+    """One scale per feature, then mse_loss: the loss's buffers are most of the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(192))
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.mse_loss(x * self.scale, target)
+
+
+class SmallResNet(nn.Module):
+    """A stem and two residual blocks of 3 x 3 convolutions with batch norm, pooled into a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Conv2d(32, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+                          nn.Conv2d(32, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32))
+            for _ in range(2))
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = torch.relu(x + block(x))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+def check_against_allocator(build: Any, args: tuple[Any, ...]) -> tuple[int, int, int]:
+    torch.manual_seed(0)
+    predicted = act.analyze(build(), list(args), optimizer="adamw").summary.peak_bytes
+    torch.manual_seed(0)
+    allocator = allocator_peak_step(build(), args, {}).peak_bytes
+    torch.manual_seed(0)
+    outputs_only = storage_peak_step(build(), args, {}).peak_bytes
+    return predicted, allocator, outputs_only
+
+
+def test_mse_loss_on_image_patches_is_within_2_percent_of_the_allocator_events() -> None:
+    predicted, allocator, outputs_only = check_against_allocator(MaskedPatches, (torch.randn(16, 3, 64, 64),))
+    assert outputs_only < 0.98 * allocator  # the loss's buffers are what output counters miss
+    assert within_2_percent(predicted, allocator), (predicted, allocator)
+
+
+def test_bare_mse_loss_is_within_2_percent_of_the_allocator_events() -> None:
+    predicted, allocator, outputs_only = check_against_allocator(
+        BareMse, (torch.randn(64, 48, 192), torch.randn(64, 48, 192)))
+    assert outputs_only < 0.9 * allocator
+    assert within_2_percent(predicted, allocator), (predicted, allocator)
+
+
+def test_small_resnet_with_onednn_scratch_is_within_2_percent_of_the_allocator_events() -> None:
+    args = (torch.randn(8, 3, 32, 32),)
+    predicted, allocator, outputs_only = check_against_allocator(SmallResNet, args)
+    assert torch.backends.mkldnn.enabled
+    assert outputs_only < allocator
+    assert within_2_percent(predicted, allocator), (predicted, allocator)
+
+
+def test_convolution_backward_scratch_follows_onednn_on_and_off() -> None:
+    grad = torch.randn(8, 32, 32, 32)
+    source = torch.randn(8, 32, 32, 32)
+    weight = torch.randn(32, 32, 3, 3)
+    call = (grad, source, weight, [0], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
+    op = torch.ops.aten.convolution_backward.default
+    with_onednn = learned_kernel_memory(op, call, {})
+    with torch.backends.mkldnn.flags(enabled=False):
+        without = learned_kernel_memory(op, call, {})
+        real_without = measure_kernel(op, call, {})
+    real_with = measure_kernel(op, call, {})
+    assert with_onednn is not None and without is not None
+    assert with_onednn.scratch_bytes == real_with.scratch_bytes
+    assert without.scratch_bytes == real_without.scratch_bytes
+    # the two kernels differ (oneDNN's workspace against the slow path's column buffers): the flag is in the key
+    assert real_with.scratch_bytes != real_without.scratch_bytes
+
+
+def test_mse_loss_rule_learned_at_small_batches_gives_the_real_kernel_at_a_large_one() -> None:
+    x, target = torch.randn(64, 48, 192), torch.randn(64, 48, 192)
+    op = torch.ops.aten.mse_loss.default
+    learned = learned_kernel_memory(op, (x, target, 1), {})
+    real = measure_kernel(op, (x, target, 1), {})
+    assert real.output_storage_bytes == (x.numel() * 4,)  # a 0-d loss holding the element-wise buffer
+    assert learned is not None
+    assert learned.output_storage_bytes == real.output_storage_bytes
+    assert abs(learned.scratch_bytes - real.scratch_bytes) <= 64
+
+
+def test_allocator_events_agree_with_the_storage_counter_where_no_kernel_has_scratch() -> None:
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64))
+
+    args = (torch.randn(32, 64),)
+    torch.manual_seed(0)
+    allocator = allocator_peak_step(build(), args, {}).peak_bytes
+    torch.manual_seed(0)
+    outputs_only = storage_peak_step(build(), args, {}).peak_bytes
+    # a few 4-byte scalars the optimizer's step makes outside any op's outputs
+    assert 0 <= allocator - outputs_only <= 64
+
+
+def test_the_learned_ops_are_the_ones_the_probe_found() -> None:
+    """LEARNED_OPS is the probe's measurement (benchmarks/kernel_storage_probe.py), not a list kept by hand."""
+    probe = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "kernel_storage_probe.json"
+    found = json.loads(probe.read_text())["differing"]
+    assert sorted(LEARNED_OPS) == sorted(found)
