@@ -91,8 +91,14 @@ def _rules_table() -> str:
     return rules_table_markdown(_rules(), page_links=True)
 
 
-PAGES_OF_THEIR_OWN = {"will_it_fit", "activations_zoo", "activations_zoo_sweep"}
-"""Results files another page renders whole (will-it-fit.md, activations-zoo.md), not harness runs."""
+PAGES_OF_THEIR_OWN = {
+    "will_it_fit", "activations_zoo", "activations_zoo_sweep",
+    "activations_zoo_small_peaks", "activations_zoo_small_peaks_sweep",
+    "activations_zoo_large_peaks", "activations_zoo_large_peaks_sweep",
+    "kernel_storage_probe",
+}
+"""Results files another page renders whole or names (will-it-fit.md, activations-zoo.md, activations.md), not
+harness runs."""
 
 
 def _benchmark_results() -> str:
