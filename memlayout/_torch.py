@@ -15,12 +15,19 @@ nothing, and the commands that read files run without torch installed;
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
-from typing import TYPE_CHECKING, Any
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from memlayout.errors import TorchNotInstalledError
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -336,6 +343,61 @@ def disable_dispatch_modes() -> Any:
     from torch.utils._python_dispatch import _disable_current_modes
 
     return _disable_current_modes()
+
+
+def cpu_allocator_events(run: Callable[[], T]) -> tuple[T, list[tuple[int, int]]]:
+    """Run `run` once under `torch.profiler.profile(profile_memory=True)` and read `profiler.kineto_results`.
+
+    Returns:
+        What `run` returned, and the CPU allocator's events while it ran, in order: (start in ns, bytes),
+        positive for an allocation and negative for a free (kernel_storage.py).
+
+    kineto writes lines of its own to the process's standard error, past Python: on torch 2.14.1+cu130
+    "USDT: ... profiler_start" and "profiler_stop" on every profile, and "ERROR: ... gpuGetDeviceCount failed
+    with code 35" once where the CUDA build finds no GPU; 2.13.0+cpu writes none. They are not memlayout's
+    to print (a command with nothing to say would say them), so file descriptor 2 points at an unlinked
+    temporary file while the profile runs, and whatever else was written there is passed on afterwards.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with _kineto_lines_kept_off_stderr():
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
+            result = run()
+    cpu = torch.profiler.DeviceType.CPU
+    events = sorted((e.start_ns(), e.nbytes()) for e in profiled.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.device_type() == cpu)
+    return result, events
+
+
+# kineto's log lines: a level, a timestamp, process:thread, the source file and line, as libkineto's Logger writes
+_KINETO_LINE = re.compile(rb"^[A-Z]+:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ \w+\.(?:cpp|h):\d+\] ")
+
+
+@contextlib.contextmanager
+def _kineto_lines_kept_off_stderr() -> Iterator[None]:
+    """Standard error's file descriptor on an unlinked temporary file; its lines, less kineto's, written back."""
+    import tempfile
+
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no standard error at all: nothing to keep clean
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = b"".join(line for line in captured if not _KINETO_LINE.match(line))
+            with contextlib.suppress(OSError):  # a closed pipe takes nothing, as it would have taken nothing then
+                while kept:
+                    kept = kept[os.write(2, kept):]
 
 
 def tree_flatten(tree: Any) -> tuple[list[Any], Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import pickle
 import sys
 import zipfile
@@ -670,3 +671,39 @@ def test_disabling_dispatch_modes_runs_the_real_kernel_under_a_fake_mode() -> No
         "torch.utils._python_dispatch._disable_current_modes", "an op inside it ran under a mode")
     assert isinstance(fake, _torch.FakeTensor) and seen == ["aten.ones.default"], changed(
         "torch.utils._python_dispatch._disable_current_modes", f"the modes saw {seen}")
+
+
+def test_cpu_allocator_events_are_the_kernels_allocations_and_frees_in_order() -> None:
+    x, y = torch.zeros(64, 48, 192), torch.zeros(64, 48, 192)
+    loss, events = _torch.cpu_allocator_events(lambda: F.mse_loss(x, y))
+    allocated = [nbytes for _, nbytes in events if nbytes > 0]
+    # the CPU kernel's element-wise buffer is the 0-d loss's storage; it is allocated inside the profile
+    assert loss.untyped_storage().nbytes() in allocated, changed(
+        "torch.profiler kineto_results", f"no allocation of the loss's storage among {allocated}")
+    assert [start for start, _ in events] == sorted(start for start, _ in events)
+
+
+def test_cpu_allocator_events_keep_kinetos_lines_off_stderr_and_pass_others_on(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    def run() -> int:
+        os.write(2, b"a line of the user's own\n")
+        return 7
+
+    result, _ = _torch.cpu_allocator_events(run)
+    _, err = capfd.readouterr()
+    assert result == 7
+    # torch 2.14.1+cu130 writes "USDT: ... profiler_start" here, and with no GPU "gpuGetDeviceCount failed"
+    assert err == "a line of the user's own\n", changed("kineto's log lines", f"standard error read {err!r}")
+
+
+@pytest.mark.cuda_build
+def test_kineto_writes_its_own_lines_to_stderr_on_the_cuda_build(capfd: pytest.CaptureFixture[str]) -> None:
+    # why cpu_allocator_events keeps them off: a bare profile on the CUDA build writes them past Python
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+        torch.zeros(8)
+    _, err = capfd.readouterr()
+    lines = err.splitlines()
+    assert lines and all(_torch._KINETO_LINE.match(line.encode()) for line in lines), (
+        f"kineto's stderr on torch {torch.__version__} changed: {err!r}")

@@ -104,7 +104,6 @@ def measure_kernel(func: Any, args: Any, kwargs: Any) -> KernelMemory:
         The real outputs' storage bytes and the kernel's scratch.
     """
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     with _torch.disable_dispatch_modes(), _torch.unset_fake_temporarily():
         real_args, real_kwargs = _torch.tree_map(_zeros_like_metadata, (args, kwargs))
@@ -112,12 +111,9 @@ def measure_kernel(func: Any, args: Any, kwargs: Any) -> KernelMemory:
         # Once first, unmeasured: oneDNN builds and caches its primitive on the first call of a kind, and a
         # training step's kernels have run in an earlier step (the steady state is what is measured).
         func(*real_args, **real_kwargs)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
-            out = func(*real_args, **real_kwargs)
-        events = profiled.profiler.kineto_results.events()
+        out, events = _torch.cpu_allocator_events(lambda: func(*real_args, **real_kwargs))
     live = peak = 0
-    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events
-                            if e.name() == "[memory]" and e.device_type() == torch.profiler.DeviceType.CPU):
+    for _, nbytes in events:
         live += nbytes
         peak = max(peak, live)
     flat = out if isinstance(out, (tuple, list)) else (out,)
