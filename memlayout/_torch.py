@@ -361,9 +361,8 @@ def cpu_allocator_events(run: Callable[[], T]) -> tuple[T, list[tuple[int, int]]
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with _kineto_lines_kept_off_stderr():
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
-            result = run()
+    with _kineto_lines_kept_off_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
+        result = run()
     cpu = torch.profiler.DeviceType.CPU
     events = sorted((e.start_ns(), e.nbytes()) for e in profiled.profiler.kineto_results.events()
                     if e.name() == "[memory]" and e.device_type() == cpu)
