@@ -352,9 +352,9 @@ def cpu_allocator_events(run: Callable[[], T]) -> tuple[T, list[tuple[int, int]]
         What `run` returned, and the CPU allocator's events while it ran, in order: (start in ns, bytes),
         positive for an allocation and negative for a free (kernel_storage.py).
 
-    kineto writes lines of its own to the process's standard error, past Python: on torch 2.14.1+cu130
-    "USDT: ... profiler_start" and "profiler_stop" on every profile, and "ERROR: ... gpuGetDeviceCount failed
-    with code 35" once where the CUDA build finds no GPU; 2.13.0+cpu writes none. They are not memlayout's
+    kineto writes lines of its own to the process's standard error, past Python: "USDT: ... profiler_start"
+    and "profiler_stop" on every profile (torch 2.13.0+cpu and 2.14.1+cu130 alike), and on the CUDA build with
+    no GPU "ERROR: ... gpuGetDeviceCount failed with code 35" once. They are not memlayout's
     to print (a command with nothing to say would say them), so file descriptor 2 points at an unlinked
     temporary file while the profile runs, and whatever else was written there is passed on afterwards.
     """

@@ -692,12 +692,11 @@ def test_cpu_allocator_events_keep_kinetos_lines_off_stderr_and_pass_others_on(
     result, _ = _torch.cpu_allocator_events(run)
     _, err = capfd.readouterr()
     assert result == 7
-    # torch 2.14.1+cu130 writes "USDT: ... profiler_start" here, and with no GPU "gpuGetDeviceCount failed"
+    # kineto writes "USDT: ... profiler_start" here, and the CUDA build with no GPU "gpuGetDeviceCount failed"
     assert err == "a line of the user's own\n", changed("kineto's log lines", f"standard error read {err!r}")
 
 
-@pytest.mark.cuda_build
-def test_kineto_writes_its_own_lines_to_stderr_on_the_cuda_build(capfd: pytest.CaptureFixture[str]) -> None:
+def test_kineto_writes_its_own_lines_to_stderr(capfd: pytest.CaptureFixture[str]) -> None:
     # why cpu_allocator_events keeps them off: a bare profile on the CUDA build writes them past Python
     from torch.profiler import ProfilerActivity, profile
 
