@@ -1,5 +1,8 @@
 """The plan holds for real: applied to a real model, the measured peak fits the budget,
-and the loss and every gradient are bitwise equal to the step without the plan."""
+and the loss and every gradient are bitwise equal to the step without the plan.
+
+The peaks are the CPU allocator's own (measure.allocator_peak_step): memlayout predicts kernel scratch and
+the generator state torch.utils.checkpoint keeps, which no op-output counter sees."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import memlayout.activations as act
 from memlayout.activations.plan import Plan, Planner, SequentialSegments
 from memlayout.errors import UsageError
 from tests.activations import models
-from tests.activations.measure import memtracker_step, storage_peak_step
+from tests.activations.measure import allocator_peak_step
 
 CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any], float, str]] = {
     # model, inputs, budget as a share of the unplanned peak, optimizer
@@ -28,7 +31,7 @@ CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any], float, str]] = {
 def test_applied_plan_fits_the_budget_and_changes_no_bit(case: str) -> None:
     build, make_inputs, share, optimizer = CASES[case]
     args, kwargs = make_inputs()
-    plain = memtracker_step(build(), args, kwargs, optimizer=optimizer)
+    plain = allocator_peak_step(build(), args, kwargs, optimizer=optimizer)
     budget = int(plain.peak_bytes * share)
     report = act.analyze(build(), list(args), kwargs=kwargs, budget=budget, optimizer=optimizer)
     assert report.plan is not None and not report.plan.plan.empty
@@ -36,13 +39,9 @@ def test_applied_plan_fits_the_budget_and_changes_no_bit(case: str) -> None:
 
     model = build()
     with act.apply_plan(model, report.plan.plan):
-        planned = memtracker_step(model, args, kwargs, optimizer=optimizer)
+        planned = allocator_peak_step(model, args, kwargs, optimizer=optimizer)
     assert planned.peak_bytes <= budget, (planned.peak_bytes, budget, report.plan.plan)
     assert abs(planned.peak_bytes - report.plan.peak_bytes) <= 0.02 * planned.peak_bytes
-    model = build()
-    with act.apply_plan(model, report.plan.plan):
-        counted = storage_peak_step(model, args, kwargs, optimizer=optimizer).peak_bytes
-    assert abs(counted - report.plan.peak_bytes) <= 0.02 * counted, (counted, report.plan.peak_bytes)
     assert torch.equal(planned.loss, plain.loss)
     assert planned.grads.keys() == plain.grads.keys()
     for name, grad in plain.grads.items():
