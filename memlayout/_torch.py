@@ -329,6 +329,13 @@ def cpu_flash_attention_op() -> Any:
     return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
+def cpu_flash_attention_backward_op() -> Any:
+    """`aten._scaled_dot_product_flash_attention_for_cpu_backward`, its backward; None where torch has none."""
+    import torch
+
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+
+
 def unset_fake_temporarily() -> Any:
     """`torch._subclasses.fake_tensor.unset_fake_temporarily()`: a context in which the active FakeTensorMode is
     off, so that ops make real tensors (a fake step's small real values and fallback kernels)."""

@@ -28,13 +28,16 @@ _PAGE = 4096
 
 @functools.cache
 def _flops() -> dict[Any, Any]:
-    from torch.utils.flop_counter import flop_registry, sdpa_flop
+    from torch.utils.flop_counter import flop_registry, sdpa_backward_flop, sdpa_flop
 
     formulas: dict[Any, Any] = dict(flop_registry)
-    flash = _torch.cpu_flash_attention_op()
+    flash, flash_backward = _torch.cpu_flash_attention_op(), _torch.cpu_flash_attention_backward_op()
+    # CPU's fused attention is not in the registry; its FLOPs are those of any SDPA (the backward's arguments
+    # begin grad_out, query, key, value, as the registered backward formula reads them).
     if flash is not None:
-        # CPU's fused attention is not in the registry; its FLOPs are those of any SDPA.
         formulas[flash] = sdpa_flop
+    if flash_backward is not None:
+        formulas[flash_backward] = sdpa_backward_flop
     return formulas
 
 

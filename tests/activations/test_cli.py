@@ -44,13 +44,14 @@ def test_json_report_with_a_plan_follows_its_schema(tmp_path: Path) -> None:
     code, out, _ = run([*GPT2, "--format", "json"])
     peak = json.loads(out)["summary"]["peak_bytes"]
     target = tmp_path / "report.json"
-    code, out, err = run([*GPT2, "--format", "json", "--budget", str(int(peak * 0.8)), "-o", str(target)])
+    # 0.85: the lowest peak a plan reaches is 0.802x, once each checkpointed call's generator state counts
+    code, out, err = run([*GPT2, "--format", "json", "--budget", str(int(peak * 0.85)), "-o", str(target)])
     assert code == 0, err
     assert out == ""
     report = json.loads(target.read_text())
     jsonschema.validate(report, SCHEMA)
     plan = report["plan"]
-    assert plan["budget_bytes"] == int(peak * 0.8)
+    assert plan["budget_bytes"] == int(peak * 0.85)
     assert plan["peak_bytes"] <= plan["budget_bytes"]
     assert plan["checkpoint"] or plan["sequential"]
     assert plan["recompute_flops"] > 0 or all("act" in p or "drop" in p for p in plan["checkpoint"])

@@ -145,3 +145,26 @@ def test_the_learned_ops_are_the_ones_the_probe_found() -> None:
     probe = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "kernel_storage_probe.json"
     found = json.loads(probe.read_text())["differing"]
     assert sorted(LEARNED_OPS) == sorted(found)
+
+
+def test_an_attention_too_costly_to_run_is_not_learned_and_a_short_one_is() -> None:
+    from torch.utils.flop_counter import sdpa_flop
+
+    from memlayout.activations.kernel_storage import LEARN_FLOPS, SIZES
+
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    heads, dim = 32, 64
+    # 2,048 tokens of a 1.1B Llama: one sequence costs 34 GFLOP; learning it ran the real kernel for seconds
+    long_sequence = torch.zeros(4, heads, 2048, dim)
+    shape = (max(SIZES), heads, 2048, dim)
+    assert sdpa_flop(shape, shape, shape) > LEARN_FLOPS
+    assert learned_kernel_memory(flash, (long_sequence,) * 3, {}) is None
+    short_shape = (max(SIZES), heads, 64, dim)
+    assert sdpa_flop(short_shape, short_shape, short_shape) <= LEARN_FLOPS
+    short = torch.zeros(4, heads, 64, dim)
+    learned = learned_kernel_memory(flash, (short,) * 3, {})
+    assert learned is not None
+    # what was learned at batches 1-3 is what the real kernel allocates at batch 4
+    real = measure_kernel(flash, (short,) * 3, {})
+    assert learned.output_storage_bytes == real.output_storage_bytes
+    assert abs(learned.scratch_bytes - real.scratch_bytes) <= 64

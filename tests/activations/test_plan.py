@@ -22,8 +22,6 @@ CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any], float, str]] = {
     # model, inputs, budget as a share of the unplanned peak, optimizer
     "gpt2": (lambda: models.gpt2(), lambda: models.token_inputs(4, 32, 500), 0.7, "adamw"),
     "flat-cnn": (lambda: models.flat_cnn(), lambda: models.image_inputs(8, 32), 0.8, "sgd"),
-    # AdamW's state (1.7 MiB) would leave the LSTM nothing to save at 0.95 of the peak
-    "lstm-lm": (lambda: models.lstm_lm(), lambda: models.token_inputs(4, 48, 500, labels=False), 0.95, "none"),
 }
 
 
@@ -98,7 +96,7 @@ def _every_block_checkpointed_for_real() -> tuple[int, int, tuple[Any, ...]]:
     estimated_lowest = planner.estimate(planner.lowest())
     model = models.residual_stack()
     with act.apply_plan(model, Plan(checkpoint=tuple(str(block) for block in range(8)))):
-        every_block = memtracker_step(model, args, {}).peak_bytes
+        every_block = allocator_peak_step(model, args, {}).peak_bytes
     return estimated_lowest, every_block, args
 
 
@@ -106,13 +104,13 @@ def test_a_budget_only_every_block_together_reaches_gets_a_plan() -> None:
     estimated_lowest, every_block, args = _every_block_checkpointed_for_real()
     # The case: adding one block at a time, the estimate stops above what all blocks reach for real.
     assert every_block < estimated_lowest
-    plain = memtracker_step(models.residual_stack(), args, {})
+    plain = allocator_peak_step(models.residual_stack(), args, {})
     report = act.analyze(models.residual_stack(), list(args), budget=every_block)
     assert report.plan is not None and report.plan.peak_bytes <= every_block
 
     model = models.residual_stack()
     with act.apply_plan(model, report.plan.plan):
-        planned = memtracker_step(model, args, {})
+        planned = allocator_peak_step(model, args, {})
     assert planned.peak_bytes <= every_block, (planned.peak_bytes, report.plan.plan)
     assert torch.equal(planned.loss, plain.loss)
     for name, grad in plain.grads.items():
@@ -123,7 +121,7 @@ def test_a_budget_only_every_block_together_reaches_gets_a_plan() -> None:
         model = models.residual_stack()
         fewer = Plan(checkpoint=tuple(p for p in report.plan.plan.checkpoint if p != dropped))
         with act.apply_plan(model, fewer):
-            assert memtracker_step(model, args, {}).peak_bytes > every_block, dropped
+            assert allocator_peak_step(model, args, {}).peak_bytes > every_block, dropped
 
 
 def test_the_lowest_peak_named_is_no_higher_than_a_plan_measured_for_real() -> None:
@@ -172,7 +170,7 @@ def test_apply_plan_refuses_a_plan_for_another_model(plan: dict[str, Any], messa
 def _assert_plan_holds(model: torch.nn.Module, args: tuple[Any, ...], plan: Any, budget: int, plain: Any) -> None:
     """The plan applied for real: under the budget, within 2% of its trace, and the step bit for bit unchanged."""
     with act.apply_plan(model, plan.plan):
-        planned = storage_peak_step(model, args, {})
+        planned = allocator_peak_step(model, args, {})
     assert planned.peak_bytes <= budget
     assert abs(planned.peak_bytes - plan.peak_bytes) <= 0.02 * planned.peak_bytes
     assert torch.equal(planned.loss, plain.loss)
@@ -185,7 +183,7 @@ def test_a_module_run_in_cycles_mostly_under_no_grad_is_still_a_candidate() -> N
     from tests.activations import edge_models
 
     args = (torch.randn(1024, 64, generator=torch.Generator().manual_seed(0)),)
-    plain = storage_peak_step(edge_models.reasoner(), args, {})
+    plain = allocator_peak_step(edge_models.reasoner(), args, {})
     budget = int(plain.peak_bytes * 0.7)
     report = act.analyze(edge_models.reasoner(), list(args), budget=budget)
     assert report.plan is not None and report.plan.peak_bytes <= budget
@@ -202,10 +200,27 @@ def test_an_encoder_backward_never_reaches_is_checkpointed_to_free_its_graph() -
 
     generator = torch.Generator().manual_seed(0)
     args = (torch.randn(512, 64, generator=generator), torch.randn(64, 64, generator=generator))
-    plain = storage_peak_step(edge_models.unread_encoding(), args, {})
+    plain = allocator_peak_step(edge_models.unread_encoding(), args, {})
     budget = int(plain.peak_bytes * 0.7)
     report = act.analyze(edge_models.unread_encoding(), list(args), budget=budget)
     assert report.plan is not None and report.plan.peak_bytes <= budget
     assert all(path.startswith("encoder") for path in report.plan.plan.checkpoint), report.plan.plan
     assert report.plan.recompute_flops == 0  # nothing reruns: backward never asks
     _assert_plan_holds(edge_models.unread_encoding(), args, report.plan, budget, plain)
+
+
+def test_an_lstm_whose_peak_is_its_backward_scratch_gets_an_unreachable_budget_that_holds_for_real() -> None:
+    """oneDNN's LSTM backward takes scratch at the step's peak (kernel_storage.py), after the saved activations
+    that checkpointing would drop: no plan lowers that peak by much, and memlayout says so, with a lowest peak
+    that a real plan confirms. (By op outputs alone, a plan reached 0.95x of this step's peak.)"""
+    args, kwargs = models.token_inputs(4, 48, 500, labels=False)
+    plain = allocator_peak_step(models.lstm_lm(), args, kwargs, optimizer="none")
+    budget = int(plain.peak_bytes * 0.95)
+    with pytest.raises(act.BudgetUnreachableError) as caught:
+        act.analyze(models.lstm_lm(), list(args), kwargs=kwargs, budget=budget, optimizer="none")
+    lowest = caught.value.lowest
+    model = models.lstm_lm()
+    with act.apply_plan(model, lowest.plan):
+        real = allocator_peak_step(model, args, kwargs, optimizer="none")
+    assert real.peak_bytes > budget
+    assert abs(real.peak_bytes - lowest.peak_bytes) <= 0.02 * real.peak_bytes, (real.peak_bytes, lowest.peak_bytes)
