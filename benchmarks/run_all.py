@@ -20,6 +20,24 @@ QUICK_ENV = "MEMLAYOUT_BENCH_QUICK"
 # Ours first (cheap to skim), then whatever else lives here: bench_flatten.py
 # belongs to the flatten work and runs if present.
 ORDER = ["bench_startup.py", "bench_inspect.py", "bench_deep.py"]
+NEEDS_CUDA_BUILD = {"bench_cuda_prediction.py"}
+"""Scripts that trace fake CUDA tensors, which need torch's CUDA build (no GPU): `make bench`'s own venv has
+the CPU wheel, so these run with the newest `.venv-torch-<version>` the Makefile's torch matrix built, where
+there is one, and otherwise with this interpreter, where they say what they need and exit 0."""
+
+
+def torch_venv_version(python: Path) -> tuple[int, ...]:
+    version = python.parent.parent.name.removeprefix(".venv-torch-")
+    return tuple(int(part) if part.isdigit() else -1 for part in version.split("."))
+
+
+def interpreter(script: Path) -> str:
+    """The Python that runs `script`: this one, or for a script that needs the CUDA build the torch matrix's newest."""
+    if script.name in NEEDS_CUDA_BUILD:
+        built = sorted(HERE.parent.glob(".venv-torch-*/bin/python"), key=torch_venv_version)
+        if built:
+            return str(built[-1])
+    return sys.executable
 
 
 def scripts() -> list[Path]:
@@ -39,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         args = ["--quick"] if quick and "--quick" in script.read_text() else []
         print(f"\n=== {script.name} {' '.join(args)}", flush=True)
         start = time.perf_counter()
-        result = subprocess.run([sys.executable, str(script), *args], env=env, check=False)
+        python = interpreter(script)
+        if python != sys.executable:
+            print(f"=== with {python}", flush=True)
+        result = subprocess.run([python, str(script), *args], env=env, check=False)
         print(f"=== {script.name}: exit {result.returncode} in {time.perf_counter() - start:.0f} s", flush=True)
         if result.returncode != 0:
             failed.append(script.name)
