@@ -3,10 +3,10 @@
 The goal (issue 27): `--fit` on Llama-7B at 4,096 tokens for an H100 takes under
 60 s and 2 GiB of RSS on this machine. The model is the Llama-architecture 7B
 config in benchmarks/configs/llama-7b, in pure bf16 (`--dtype bf16`) with AdamW,
-the step users run to train it on one GPU. The budget is the H100's 80 GB less
-1 GiB for the CUDA context and cuBLAS workspace, given explicitly (`--budget`):
-the budget from `--gpu h100`, with the context and workspace stated, comes from
-the GPU modules, which this build does not have yet.
+the step users run to train it on one GPU, traced for an H100 (`--gpu h100`): the
+budget is the H100's memory less the CUDA context and cuBLAS workspaces
+(`fit.budget_from_gpu`). Tracing for a GPU needs a torch built with CUDA (no GPU
+needed): run it with such a torch (the 2.14.1+cu130 of the torch matrix).
 
 The peer, in the same run: one plain prediction of the same model and inputs
 (`memlayout activations` without --fit), so the ratio is the price of the search
@@ -14,7 +14,7 @@ in predictions; the count of probes (fake traces of the step at one size) is
 printed beside it. Each runs in a child process of its own, which reports its
 own peak RSS (VmHWM). `--quick` uses 2 layers of the same width.
 
-Usage: python benchmarks/bench_fit.py [--quick]
+Usage: python benchmarks/bench_fit.py [--quick]   (with a CUDA build of torch)
 """
 
 from __future__ import annotations
@@ -34,10 +34,7 @@ sys.path.insert(0, str(ROOT))
 from harness import Row, print_table, quick_requested, write_results  # noqa: E402
 
 GIB = 2**30
-H100_BYTES = 80 * 10**9
-CONTEXT_BYTES = GIB
-"""The CUDA context and cuBLAS workspace, stated as one figure until the GPU modules give them."""
-BUDGET = H100_BYTES - CONTEXT_BYTES
+GPU = "h100"
 LENGTH = 4096
 CONFIG = ROOT / "benchmarks" / "configs" / "llama-7b"
 INPUTS = [f"int64[1,{LENGTH}]<32000", f"labels=int64[1,{LENGTH}]<32000"]
@@ -52,14 +49,31 @@ def _target(layers: int, directory: str) -> str:
     return directory
 
 
+traces = [0]
+"""Traces of the step (StepWorld.trace, the warm-up step not included), counted in the child."""
+
+
+def _count_traces() -> None:
+    from memlayout.activations.world import StepWorld
+
+    original = StepWorld.trace
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        traces[0] += 1
+        return original(self, *args, **kwargs)
+
+    StepWorld.trace = counted  # type: ignore[method-assign]
+
+
 def child_fit(layers: int) -> dict[str, Any]:
     import tempfile
 
     start, cpu = time.perf_counter(), time.process_time()
+    _count_traces()
     from memlayout.activations.fit import fit
 
     with tempfile.TemporaryDirectory() as directory:
-        report = fit(_target(layers, directory), INPUTS, budget=BUDGET, dtype="bf16")
+        report = fit(_target(layers, directory), INPUTS, gpu=GPU, dtype="bf16")
     planned = report.with_plan
     assert planned is not None
     return {
@@ -68,6 +82,7 @@ def child_fit(layers: int) -> dict[str, Any]:
         "with_plan": planned.size, "with_plan_peak_bytes": planned.peak_bytes,
         "with_plan_next_peak_bytes": planned.next_peak_bytes,
         "plan_checkpoints": len(planned.plan.plan.checkpoint) if planned.plan is not None else 0,  # type: ignore[union-attr]
+        "budget_bytes": report.budget_bytes, "traces": traces[0],
         "probes": len(report.probes), "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
     }
 
@@ -76,11 +91,12 @@ def child_predict(layers: int) -> dict[str, Any]:
     import tempfile
 
     start, cpu = time.perf_counter(), time.process_time()
+    _count_traces()
     import memlayout.activations as act
 
     with tempfile.TemporaryDirectory() as directory:
-        report = act.analyze(_target(layers, directory), INPUTS, dtype="bf16")
-    return {"peak_bytes": report.summary.peak_bytes, "seconds": time.perf_counter() - start,
+        report = act.analyze(_target(layers, directory), INPUTS, dtype="bf16", gpu=GPU)
+    return {"peak_bytes": report.summary.peak_bytes, "traces": traces[0], "seconds": time.perf_counter() - start,
             "cpu_seconds": time.process_time() - cpu}
 
 
@@ -116,7 +132,7 @@ def main(argv: list[str]) -> int:
         return 0
     quick = quick_requested(argv)
     layers = 2 if quick else 32
-    label = f"Llama {layers} layers x 4096, bf16 + AdamW, 1x{LENGTH} tokens, budget 80 GB - 1 GiB"
+    label = f"Llama {layers} layers x 4096, bf16 + AdamW, 1x{LENGTH} tokens, --gpu {GPU}"
     peer = in_child("predict", layers)
     ours = in_child("fit", layers)
     limit = 60.0
@@ -125,19 +141,19 @@ def main(argv: list[str]) -> int:
             "< 1.00x", ours["seconds"] < limit),
         Row(f"{label}: --fit CPU time", f"{ours['cpu_seconds']:.1f} s",
             f"one plain prediction {peer['cpu_seconds']:.1f} s", ours["cpu_seconds"] / peer["cpu_seconds"],
-            f"(info: {ours['probes']} probes)", True),
+            f"(info: {ours['probes']} probes, {ours['traces']} traces against {peer['traces']})", True),
         Row(f"{label}: --fit peak RSS", f"{ours['max_rss_bytes'] / 2**20:.1f} MiB", "limit 2048.0 MiB",
             ours["max_rss_bytes"] / (2 * GIB), "< 1.00x", ours["max_rss_bytes"] < 2 * GIB),
         Row(f"{label}: batch, no plan", str(ours["without_plan"]),
             f"peak {gb(ours['without_plan_peak_bytes'] or 0)}; one more {gb(ours['without_plan_next_peak_bytes'] or 0)}",
-            (ours["without_plan_peak_bytes"] or 0) / BUDGET, "(info: <= 1.00x of the budget)", True),
+            (ours["without_plan_peak_bytes"] or 0) / ours["budget_bytes"], "(info: <= 1.00x of the budget)", True),
         Row(f"{label}: batch, with the plan", str(ours["with_plan"]),
             f"peak {gb(ours['with_plan_peak_bytes'] or 0)}; one more {gb(ours['with_plan_next_peak_bytes'] or 0)}",
-            (ours["with_plan_peak_bytes"] or 0) / BUDGET, f"(info: {ours['plan_checkpoints']} modules checkpointed)",
+            (ours["with_plan_peak_bytes"] or 0) / ours["budget_bytes"], f"(info: {ours['plan_checkpoints']} modules checkpointed)",
             True),
     ]
     print_table("memlayout activations --fit: the search's cost against one prediction, and the goals", rows)
-    write_results("bench_fit", rows, {"layers": layers, "budget_bytes": BUDGET, "fit": ours, "predict": peer}, quick)
+    write_results("bench_fit", rows, {"layers": layers, "gpu": GPU, "budget_bytes": ours["budget_bytes"], "fit": ours, "predict": peer}, quick)
     return 0
 
 

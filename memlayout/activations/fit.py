@@ -324,8 +324,10 @@ def fit(
                 probes.append(planned[n])
             return planned[n]
 
-        # Above the plain answer only: every size up to it fits with the empty plan.
-        best = largest_fitting(probe_planned, size + 1, known_fit=size, budget=budget, cap=cap)
+        # Above the plain answer only: every size up to it fits with the empty plan. A plan leaves the
+        # model's state as it is, so the state at size 0 anchors the line with the plan as it does without:
+        # the second planned probe aims at the crossing rather than doubling (one trace fewer, measured).
+        best = largest_fitting(probe_planned, size + 1, known_fit=size, anchor=(0, weights), budget=budget, cap=cap)
         plan = probe.plan_at(best) if best else None
         at = planned.get(best) or plain.get(best)
         with_answer = dataclasses.replace(_answer(best, at, planned.get(best + 1), cap, limit), plan=plan)

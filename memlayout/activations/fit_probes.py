@@ -177,10 +177,12 @@ class DeviceProbe(Probe):
         """Of the planner's lowest plan and its every-module-of-a-level plans, the one whose traced peak is lowest."""
         planner = Planner(trace, exclusions(module_facts(trace), trace, self.step.initial_modules))
         best: tuple[Plan, int] | None = None
+        seen: set[Plan] = set()
         for chosen in [planner.lowest(), *planner.covers()]:
             plan = planner.plan_of(chosen)
-            if plan.empty:
+            if plan.empty or plan in seen:  # the lowest plan can be a whole level's: one trace is enough
                 continue
+            seen.add(plan)
             try:
                 traced = self.step.trace(plan)
             except Exception:  # a plan whose step fails is not a candidate (the budget search says why)

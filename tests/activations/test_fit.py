@@ -214,3 +214,32 @@ def test_without_a_budget_the_gpus_memory_less_its_runtime_is_the_budget() -> No
     budget, said = budget_from_gpu("h100")
     assert (budget, said.split(": ", 1)[1]) == budget_for_gpu_memory(gpu_spec("h100").total_memory, (9, 0))
     assert said.startswith("--gpu h100")
+
+
+@pytest.mark.parametrize("peak", [
+    lambda n: 1000 + 37 * n,                     # nearly linear, as a planned step's peak is
+    lambda n: 1000 + 37 * n + 4000 * (n > 40),   # a jump (a kernel that switches algorithm at a size)
+    lambda n: 1000 + 5 * n + n * n // 3,         # quadratic
+])
+def test_the_search_above_a_known_fit_finds_what_brute_force_finds(peak: Callable[[int], int]) -> None:
+    # As fit() searches with a plan: from one above the plain answer, which is known to fit, with the
+    # model's state at size 0 as the anchor of the line.
+    for budget in range(1400, 40000, 613):
+        known = 0
+        while peak(known + 1) <= budget and known < 8:
+            known += 1
+        calls: list[int] = []
+
+        def probe(n: int, calls: list[int] = calls, budget: int = budget) -> FitProbe:
+            calls.append(n)
+            return FitProbe(n, True, peak(n), peak(n) <= budget)
+
+        truth = known
+        while peak(truth + 1) <= budget:  # every peak here grows with n
+            truth += 1
+        found = largest_fitting(probe, known + 1, known_fit=known, anchor=(0, 1000), budget=budget)
+        assert found == truth, (budget, found, truth)
+        assert len(calls) == len(set(calls)) and min(calls) > known
+        if truth > known:
+            assert truth in calls and truth + 1 in calls  # the answer and the size after it were both probed
+        assert len(calls) <= 2 * math.log2(max(truth, 2)) + 6, (budget, calls)
