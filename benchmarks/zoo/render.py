@@ -243,7 +243,10 @@ def two_sizes() -> list[str]:
             lines.append(f"  `{run['command']}`, started {run['started']}, {run['wall_seconds'] / 60:.1f} min"
                          f"{commit(run)}{stopped}.")
         for rerun in sweep.get("reruns", []):
-            lines.append(f"  Re-run since: `{rerun['command']}` ({rerun['architectures']} architectures, started "
+            unchecked = len(rerun.get("not_checked", []))
+            checked = (f"{rerun['architectures'] - unchecked} of {rerun['architectures']} architectures checked "
+                       "before its time limit" if unchecked else f"{rerun['architectures']} architectures")
+            lines.append(f"  Re-run since: `{rerun['command']}` ({checked}, started "
                          f"{rerun['started']}{commit(rerun)}).")
     lines += ["", "| architecture | size | status | predicted | allocator | storage counter | ratio | reason |",
               "|---|---|---|---:|---:|---:|---:|---|"]
