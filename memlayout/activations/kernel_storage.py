@@ -223,18 +223,16 @@ _RULES: dict[Any, Rule | None] = {}
 
 
 def _learn(signature: Any, func: Any, metadata: Any, batched: tuple[bool, ...]) -> Rule | None:
-    """Fit the op's storage and scratch linear in its batched inputs' elements; None when the third size misses."""
+    """Fit the op's storage and scratch linear in its batched inputs' elements; None when the third size misses
+    or the runs would cost over LEARN_FLOPS."""
     if signature in _RULES:
         return _RULES[signature]
     rule: Rule | None = None
     try:
         shrunk_calls = [_shrunk(metadata, batched, size) for size in SIZES]
         largest_args, largest_kwargs = _torch.tree_map(_shape_only, shrunk_calls[-1][1])
-        if forward_flops(func, largest_args, largest_kwargs, None) > LEARN_FLOPS:
-            _RULES[signature] = None
-            return None
-        points = [(numel, measure_kernel(func, *shrunk)) for numel, shrunk in shrunk_calls]
-        rule = _fit(points)
+        if forward_flops(func, largest_args, largest_kwargs, None) <= LEARN_FLOPS:
+            rule = _fit([(numel, measure_kernel(func, *shrunk)) for numel, shrunk in shrunk_calls])
     except Exception:  # the kernel refuses a smaller batch (an argument tied to it): keep the fake figures
         rule = None
     _RULES[signature] = rule

@@ -20,7 +20,7 @@ Around the dispatch mode:
 # Over 450 lines on purpose: almost all of it is StepTracer, one dispatch mode whose
 # hooks (ops, module entry and exit, saved tensors, recomputation) share one set of
 # records; the pieces with a job of their own already live in trace_records.py,
-# module_state.py and kernels.py.
+# module_state.py, kernels.py and kernel_storage.py.
 
 from __future__ import annotations
 
@@ -135,8 +135,6 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         dispatch mode sees it; the CPU allocator does (5 checkpointed calls of a T5 plan: 25,280 bytes over the
         trace). Host memory: a step on the CPU holds it, a step on a GPU does not (trace_step asks only for CPU).
         """
-        import torch
-
         original = torch.get_rng_state
 
         def get_rng_state() -> torch.Tensor:
