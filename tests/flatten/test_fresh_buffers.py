@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import sys
 
 import pytest
@@ -13,9 +15,18 @@ from memlayout.flatten.plan import FlatBuffer, FlatPlan
 from memlayout.flatten.populate import populate
 
 
-def _resident_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * 4096
+def _resident_pages(address: int, length: int) -> int:
+    """How many of the range's pages the kernel has mapped in, by mincore(2).
+
+    Asked of the buffer's own pages, not the process's RSS: other threads, the
+    garbage collector and malloc's reuse of resident heap all move RSS too.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+    pages = (ctypes.c_ubyte * (length // mmap.PAGESIZE))()
+    if libc.mincore(address, length, pages) != 0:
+        raise OSError(ctypes.get_errno(), "mincore")
+    return sum(page & 1 for page in pages)
 
 
 def test_populate_keeps_the_bytes_of_an_unaligned_slice() -> None:
@@ -35,12 +46,21 @@ def test_populate_accepts_buffers_smaller_than_a_page() -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux-only")
 def test_populate_maps_a_fresh_buffer_before_anything_writes_it() -> None:
-    before = _resident_bytes()
-    fresh = torch.empty(64 << 20, dtype=torch.uint8)
-    populate(fresh)
-    if not populate_module._supported:
-        pytest.skip("this kernel predates MADV_POPULATE_WRITE (Linux 5.14)")
-    assert _resident_bytes() - before >= 60 << 20
+    # A private anonymous mapping nothing has touched: none of its pages exist yet,
+    # whatever malloc and the rest of the test run have done before.
+    length = 64 << 20
+    region = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    fresh = torch.frombuffer(region, dtype=torch.uint8)
+    address = fresh.data_ptr()
+    try:
+        assert _resident_pages(address, length) == 0
+        populate(fresh)
+        if not populate_module._supported:
+            pytest.skip("this kernel predates MADV_POPULATE_WRITE (Linux 5.14)")
+        assert _resident_pages(address, length) == length // mmap.PAGESIZE
+    finally:
+        del fresh
+        region.close()
 
 
 def test_allocate_still_zeroes_padding_when_pages_come_from_a_reused_heap() -> None:
