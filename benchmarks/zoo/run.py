@@ -4,6 +4,7 @@ Usage:
     python -m benchmarks.zoo.run                      # every architecture
     python -m benchmarks.zoo.run --arch LlamaForCausalLM --arch BertForMaskedLM
     python -m benchmarks.zoo.run --rerun failed       # the records not ok within 2% (or missing)
+    python -m benchmarks.zoo.run --rerun missing --sample 500 --stop-after 3000  # the unchecked, in random order
     python -m benchmarks.zoo.run --family causal-lm --jobs 2 --timeout 300
     python -m benchmarks.zoo.run --size large --no-plans --sample 80 --seed 0
 
@@ -58,6 +59,27 @@ def needs_rerun(record: dict[str, Any] | None) -> bool:
     # "not run": a sweep without the plan stages (--no-plans) judges the unplanned prediction alone
     return not (record["status"] == "ok" and record.get("within_2pct") and
                 record["plan"] in ("verified", "unreachable-verified", "not run"))
+
+
+def select(catalog: list[Any], records: dict[str, dict[str, Any]], arch: list[str], family: list[str],
+           rerun: str | None, sample: int | None, seed: int) -> list[Any]:
+    """The catalog's entries a sweep runs, in the order it runs them.
+
+    rerun "failed" takes the records `needs_rerun` names, "missing" only those never
+    checked. A sample comes in its own random order, even when it takes them all:
+    a sweep stopped early has still checked a random sample.
+    """
+    selected = [
+        entry for entry in catalog
+        if ((not arch and not family) or entry.name in arch or entry.family in family)
+        and (rerun is None
+             or (records.get(entry.name) is None if rerun == "missing" else needs_rerun(records.get(entry.name))))
+    ]
+    if sample is not None:
+        import random
+
+        selected = random.Random(seed).sample(selected, min(sample, len(selected)))
+    return selected
 
 
 @dataclass
@@ -200,7 +222,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.zoo.run", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", action="append", default=[], help="an architecture to run (repeatable)")
     parser.add_argument("--family", action="append", default=[], help="every architecture of a family (with --arch: either)")
-    parser.add_argument("--rerun", choices=("failed",), help="only the records not ok within 2%%, or missing")
+    parser.add_argument("--rerun", choices=("failed", "missing"),
+                        help="failed: only the records not ok within 2%%, or missing; missing: only those never checked")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per architecture (default 300)")
     parser.add_argument("--jobs", type=int, default=1, help="architectures run at once (default 1)")
     parser.add_argument("--size", choices=("small", "large"), default="small",
@@ -232,16 +255,7 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"not in the catalog: {', '.join(unknown)} (see --list)", file=sys.stderr)
         return 2
-    selected = [
-        entry for entry in catalog
-        if ((not options.arch and not options.family) or entry.name in options.arch or entry.family in options.family)
-        and (options.rerun is None or needs_rerun(records.get(entry.name)))
-    ]
-    if options.sample is not None and options.sample < len(selected):
-        import random
-
-        # In the sample's own random order: a sweep stopped early has still checked a random sample.
-        selected = random.Random(options.seed).sample(selected, options.sample)
+    selected = select(catalog, records, options.arch, options.family, options.rerun, options.sample, options.seed)
     full = not options.arch and not options.family and options.rerun is None and options.sample is None
     order = {entry.name: index for index, entry in enumerate(catalog)}
     started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

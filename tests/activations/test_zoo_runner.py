@@ -134,6 +134,26 @@ def test_rerun_failed_selects_the_records_not_ok_within_2_percent(record: Any, r
     assert run.needs_rerun(record) is rerun
 
 
+def test_rerun_missing_takes_only_the_never_checked_and_a_sample_shuffles_them_all() -> None:
+    class Entry:
+        def __init__(self, name: str) -> None:
+            self.name, self.family = name, "f"
+
+    catalog = [Entry(name) for name in "abcdefgh"]
+    records = {"a": {"status": "ok", "within_2pct": True, "plan": "not run"},
+               "b": {"status": "ok", "within_2pct": False, "plan": "not run"},
+               "c": {"status": "unsupported", "within_2pct": None, "plan": "none"}}
+    missing = [entry.name for entry in run.select(catalog, records, [], [], "missing", None, 0)]
+    assert missing == list("defgh")
+    failed = [entry.name for entry in run.select(catalog, records, [], [], "failed", None, 0)]
+    assert failed == list("bcdefgh")
+    shuffled = [entry.name for entry in run.select(catalog, records, [], [], "missing", 500, 3)]
+    assert sorted(shuffled) == list("defgh")
+    assert shuffled == [entry.name for entry in run.select(catalog, records, [], [], "missing", 500, 3)]
+    assert any(shuffled != [entry.name for entry in run.select(catalog, records, [], [], "missing", 500, seed)]
+               for seed in range(4, 10))
+
+
 def test_figures_count_what_the_goals_name() -> None:
     def record(status: str, within: bool | None, plan: str, reason: str = "") -> dict[str, Any]:
         return {"architecture": f"a{status}{within}{plan}{reason}", "family": "f", "status": status,
