@@ -316,6 +316,8 @@ def fit(
         )
     size = largest_fitting(probe_plain, given, anchor=(0, weights), budget=budget, cap=cap)
     without = _answer(size, plain.get(size), plain.get(size + 1), cap, limit)
+    # Taken now: the planned search traces other sizes, and a probe keeps only its latest traces.
+    report = probe.report_at(max(size, 1))
     with_answer = None
     if with_plan and not inference:
         def probe_planned(n: int) -> FitProbe:
@@ -338,8 +340,7 @@ def fit(
         raise NothingFitsError(axis, budget, min(lowest) if lowest else None)
     return FitReport(
         axis=axis, dims=dims, given_size=given, budget_bytes=budget, budget_from=budget_from, without_plan=without,
-        with_plan=with_answer, probes=tuple(probes), limit=limit if without.size == cap else None,
-        report=probe.report_at(max(without.size, 1)),
+        with_plan=with_answer, probes=tuple(probes), limit=limit if without.size == cap else None, report=report,
     )
 
 
