@@ -108,6 +108,32 @@ def _written(func: Any, args: Any, kwargs: Any) -> list[Any]:
     return [t for t in leaves if isinstance(t, torch.Tensor)]
 
 
+def _op_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors among an op's arguments, in pytree's order, without pytree's cost on every op.
+
+    An aten schema nests tensors one level at most (Tensor, Tensor?, Tensor[], Tensor?[]);
+    anything deeper, or a dict, goes through pytree.
+    """
+    found: list[torch.Tensor] = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    found.append(item)
+                elif isinstance(item, (list, tuple, dict)):
+                    return _pytree_tensors((args, kwargs))
+        elif isinstance(value, dict):
+            return _pytree_tensors((args, kwargs))
+    return found
+
+
+def _pytree_tensors(tree: Any) -> list[torch.Tensor]:
+    leaves, _ = _torch.tree_flatten(tree)
+    return [t for t in leaves if isinstance(t, torch.Tensor)]
+
+
 def _nbytes(value: Any) -> int:
     leaves, _ = _torch.tree_flatten(value)
     return sum(t.untyped_storage().nbytes() for t in leaves if isinstance(t, torch.Tensor) and t.layout == torch.strided)
@@ -147,8 +173,7 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        leaves, _ = _torch.tree_flatten((args, kwargs))
-        tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+        tensors = _op_tensors(args, kwargs)
         fakes = [t for t in tensors if isinstance(t, _torch.FakeTensor)]
         if self.keep_values and not fakes:
             return self._with_values(func, args, kwargs)

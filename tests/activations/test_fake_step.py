@@ -176,3 +176,21 @@ def test_a_loss_whose_kernel_needs_the_inputs_lengths_runs_on_them() -> None:
     labels[2:, 9:] = 0
     report = assert_predicted(edge_models.CTCRecognizer, (frames, mask, labels), {})
     assert dict(report.fallbacks) == {"aten._ctc_loss.Tensor": 1}  # its backward kernel takes the shapes it made
+
+
+@pytest.mark.parametrize("arguments", [
+    ((torch.ones(2), 3, [torch.zeros(1), None], (1, 2)), {"out": torch.ones(3)}),  # Tensor, Tensor?[], int[], out=
+    ((torch.ones(2), [[torch.zeros(1)], torch.ones(1)]), {}),  # deeper than any aten schema: pytree's turn
+    ((torch.ones(2),), {"extra": {"inner": torch.zeros(2)}, "alpha": 2}),  # a dict in kwargs
+    ((), {}),
+])
+def test_the_tensors_of_an_ops_arguments_are_pytrees_in_pytrees_order(arguments: tuple[Any, dict[str, Any]]) -> None:
+    from torch.utils._pytree import tree_flatten
+
+    from memlayout.activations.fake_step import _op_tensors
+
+    args, kwargs = arguments
+    leaves, _ = tree_flatten((args, kwargs))
+    expected = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    found = _op_tensors(args, kwargs)
+    assert len(found) == len(expected) and all(a is b for a, b in zip(found, expected, strict=True))
