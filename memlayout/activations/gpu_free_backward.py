@@ -181,6 +181,28 @@ def _dependencies(root: Any) -> dict[Any, int]:
     return counts
 
 
+def leaves_reached(root: Any) -> list[Any]:
+    """The leaf tensors (parameters, inputs that require grad) whose gradient backward from `root` accumulates.
+
+    The graph's AccumulateGrad nodes, walked as `_dependencies` walks it: the set of tensors a
+    backward would give a gradient, found without running one. A custom Function whose backward
+    returns None for an input is still counted: the walk sees the edge, not the value.
+    """
+    found: list[Any] = []
+    seen = {_key(root)}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if _is_accumulate_grad(node):
+            found.append(node.variable)
+        for child, _ in _edges(node):
+            if child is None or _key(child) in seen:
+                continue
+            seen.add(_key(child))
+            stack.append(child)
+    return found
+
+
 def _validated(grad: Any, expected: tuple[tuple[int, ...], Any]) -> Any:
     """The gradient as the receiving node expects it: summed to its input's shape, in its input's dtype."""
     shape, dtype = expected

@@ -116,6 +116,31 @@ def torch_dtype(name: str) -> Any:
     return known[name]
 
 
+def give_first_gradients(model: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                         autocast: Autocast | None = None) -> None:
+    """Forward and loss, then a zero gradient on every leaf backward would reach: what a first step's backward
+    leaves for `optimizer.step()`, which makes state for the parameters that have a gradient.
+
+    Backward itself is not run: it is the step's longest phase (about half a Llama-7B step on fake
+    CUDA tensors), and which leaves get a gradient follows from the graph alone
+    (`gpu_free_backward.leaves_reached`). A leaf that already has a gradient keeps it, as
+    backward would accumulate into it.
+    """
+    import torch
+
+    with autocast.context() if autocast is not None else nullcontext():
+        output = model(*args, **kwargs)
+        loss, _ = pick_loss(output)
+        del output
+    root = loss.grad_fn
+    del loss
+    if root is None:
+        return
+    for leaf in gpu_free_backward.leaves_reached(root):
+        if leaf.grad is None:
+            leaf.grad = torch.zeros_like(leaf, memory_format=torch.preserve_format)
+
+
 def run_step(
     model: Any,
     args: tuple[Any, ...],

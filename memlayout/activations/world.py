@@ -21,7 +21,7 @@ from memlayout.activations.gpus import gpu_spec
 from memlayout.activations.input_specs import InputSpec, parse_input_spec
 from memlayout.activations.optimizer import build_optimizer
 from memlayout.activations.plan import Plan
-from memlayout.activations.step import Autocast, run_step
+from memlayout.activations.step import Autocast, give_first_gradients, run_step
 from memlayout.errors import UsageError
 
 MODES = ("fake", "meta", "real")
@@ -240,16 +240,22 @@ class StepWorld:
     def add_optimizer(self, name: str) -> None:
         """Build the optimizer and give it the state it has from the second step of training on.
 
-        The first step runs untraced (forward, backward, `optimizer.step()`), so that only the
-        parameters that get a gradient have state, as in training. Its `step()` runs without
-        the default-device context: torch keeps an optimizer's step counts on the CPU.
+        The first step runs untraced, so that only the parameters that get a gradient have state,
+        as in training. On fake or meta tensors it is forward, then a zero gradient for each
+        parameter the loss's graph reaches (`give_first_gradients`: backward is not needed to
+        know which), then `optimizer.step()`; on real tensors, a whole step, which also warms
+        the kernels' caches as a first step does. Its `step()` runs without the default-device
+        context: torch keeps an optimizer's step counts on the CPU.
         """
         with self.context():
             self.optimizer = build_optimizer(self.model, name, device=self.device)
         if self.optimizer is None:
             return
         with self.step_context():
-            run_step(self.model, self.args, self.kwargs, autocast=self.autocast)
+            if self.mode == "real":
+                run_step(self.model, self.args, self.kwargs, autocast=self.autocast)
+            else:
+                give_first_gradients(self.model, self.args, self.kwargs, autocast=self.autocast)
         with self.step_context(default_device=False):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)

@@ -13,6 +13,7 @@ from torch import nn
 
 import memlayout.activations as act
 from memlayout.activations import gpu_free_backward
+from memlayout.activations.step import give_first_gradients
 from tests.activations import models
 
 
@@ -123,3 +124,50 @@ def test_on_a_gpu_the_loop_frees_memory_as_torchs_engine_does() -> None:
         backward_peak(loop)
     engine, by_loop = backward_peak(False), backward_peak(True)
     assert by_loop == pytest.approx(engine, rel=0.02)
+
+
+class _PartlyUsed(nn.Module):
+    """A used, an unused, a frozen and a shared parameter, and an embedding's: what a first backward touches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.used = nn.Linear(4, 4)
+        self.unused = nn.Linear(4, 4)
+        self.frozen = nn.Linear(4, 4)
+        self.frozen.requires_grad_(False)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        return self.head(self.frozen(self.used(self.embed(ids))) * extra).sum()
+
+
+def test_the_leaves_reached_are_those_torchs_backward_gives_a_gradient() -> None:
+    model = _PartlyUsed()
+    ids, extra = torch.tensor([[1, 2, 3]]), torch.ones(4, requires_grad=True)
+    loss = model(ids, extra)
+    reached = {id(leaf) for leaf in gpu_free_backward.leaves_reached(loss.grad_fn)}
+    loss.backward()
+    given = {id(t) for t in [*model.parameters(), extra] if t.grad is not None}
+    assert reached == given
+    assert id(extra) in given and id(model.unused.weight) not in given and id(model.frozen.weight) not in given
+
+
+def test_a_first_step_without_backward_gives_the_optimizer_the_state_a_real_first_step_does() -> None:
+    def state_shapes(first_step: str) -> list[tuple[str, tuple[int, ...]]]:
+        torch.manual_seed(0)
+        model = _PartlyUsed()
+        optimizer = torch.optim.AdamW(model.parameters())
+        ids, extra = torch.tensor([[1, 2, 3]]), torch.ones(4)
+        if first_step == "backward":
+            model(ids, extra).backward()
+        else:
+            give_first_gradients(model, (ids, extra), {})
+        optimizer.step()
+        names = {id(p): n for n, p in model.named_parameters()}
+        return sorted((names[id(p)], tuple(v.shape)) for p, state in optimizer.state.items()
+                      for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+
+    assert state_shapes("walk") == state_shapes("backward")
+    assert any(name.startswith("used.") for name, _ in state_shapes("walk"))
