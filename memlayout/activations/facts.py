@@ -129,3 +129,6 @@ class Trace:
     """(module path, what differs) for each module whose rerun in backward started from other attributes than
     any of its calls in forward did (a tensor forward left on `self`, a counter): the rerun is no replay."""
     """(op, calls) for each op whose fake kernel refused and whose real kernel stood in (see fake_step.py)."""
+    rng_state_bytes: int = 0
+    """The generator state `torch.utils.checkpoint` keeps for each checkpointed call, where this step's device
+    holds it: `torch.get_rng_state()`'s bytes on the CPU, 0 on a GPU (host memory). See trace.py."""

@@ -87,6 +87,7 @@ class _Gap:
     """...until this one."""
     freed: int
     kept_inputs: int
+    """What checkpoint holds over the gap instead: the call's inputs, and the generator's state on the CPU."""
     rerun_overhead: int
     reruns: bool = True
     """False for a call backward never reaches: checkpoint frees its saved storages and nothing reruns."""
@@ -210,7 +211,9 @@ class Planner:
             and (trace.storages[i].died or 0) <= backward_start
         )
         growth = int(self.curve[start : end + 1].max() - self.curve[start]) if end >= start else 0
-        return (_Gap(end, backward_start, max(freed, 0), kept_inputs, max(growth - max(freed, 0), 0)),)
+        # checkpoint keeps the generator's state from forward to the rerun, whose fork takes one more.
+        rng = trace.rng_state_bytes
+        return (_Gap(end, backward_start, max(freed, 0), kept_inputs + rng, max(growth - max(freed, 0), 0) + rng),)
 
     def _unreached_gaps(self, first: ModuleCall, last: ModuleCall) -> tuple[_Gap, ...]:
         """The effect of checkpointing calls that backward never reaches, though autograd saved for them.
@@ -245,6 +248,7 @@ class Planner:
         freed: dict[int, int] = {}
         for i, died in dies.items():
             freed[died] = freed.get(died, 0) + storages[i].nbytes
+        kept_inputs += trace.rng_state_bytes  # the generator's state, kept with the inputs
         return tuple(
             _Gap(last.end, died, nbytes, kept_inputs if died == until else 0, 0, reruns=False)
             for died, nbytes in sorted(freed.items())

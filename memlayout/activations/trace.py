@@ -89,6 +89,8 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.state_changes: dict[str, str] = {}
         self.entry_states: dict[str, list[dict[str, Any]]] = {}
         self.rerun_state_differs: dict[str, str] = {}
+        self.rng_state_bytes = 0
+        """The bytes of one `torch.get_rng_state()` when the step holds them (`recording_rng_states`); else 0."""
 
     # storages -------------------------------------------------------------
     def storage_of(self, tensor: torch.Tensor, kind: StorageKind, nbytes: int | None = None) -> int | None:
@@ -136,6 +138,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         trace). Host memory: a step on the CPU holds it, a step on a GPU does not (trace_step asks only for CPU).
         """
         original = torch.get_rng_state
+        self.rng_state_bytes = original().untyped_storage().nbytes()
 
         def get_rng_state() -> torch.Tensor:
             state = original()
@@ -429,7 +432,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             storages=storages, calls=calls, modules=modules, events=self.seq, forward_end=self.forward_end,
             loss=loss, recompute_flops=self.recompute_flops, device=device, mode=mode, notes=notes,
             state_changes=tuple(self.state_changes.items()),
-            rerun_state_differs=tuple(self.rerun_state_differs.items()),
+            rerun_state_differs=tuple(self.rerun_state_differs.items()), rng_state_bytes=self.rng_state_bytes,
         )
 
     def _propagate_backward_starts(self) -> None:

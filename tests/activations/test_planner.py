@@ -60,3 +60,22 @@ def test_search_finds_the_cheapest_plan_of_its_estimate(
 def test_lowest_is_below_every_single_option(planner: Planner) -> None:
     lowest = planner.estimate(planner.lowest())
     assert all(lowest <= planner.estimate([row]) for row in range(len(planner.options)))
+
+
+def test_the_estimate_counts_the_generator_state_checkpoint_keeps_on_the_cpu(planner: Planner) -> None:
+    import dataclasses
+
+    trace = planner.trace
+    assert trace.rng_state_bytes == torch.get_rng_state().untyped_storage().nbytes() > 0
+    meta = act.analyze(mlp_stack(), ["float32[512,64]"], device="meta")
+    assert meta.trace is not None and meta.trace.rng_state_bytes == 0  # not the device's memory off the CPU
+    without = Planner(dataclasses.replace(trace, rng_state_bytes=0))
+    rows = [row for row, option in enumerate(planner.options) if option.segments is None][:2]
+    assert len(rows) == 2
+    # two checkpointed blocks: two states kept over forward; the peak moves by at least one, at most both
+    grown = planner.estimate(rows) - without.estimate(rows)
+    assert trace.rng_state_bytes <= grown <= 2 * trace.rng_state_bytes, grown
+    # and a plan the budget search traced agrees with its estimate to the byte
+    report = act.analyze(mlp_stack(), ["float32[512,64]"], budget=int(planner.baseline_peak * 0.85))
+    assert report.plan is not None and not report.plan.plan.empty
+    assert report.plan.estimated_peak_bytes == report.plan.peak_bytes
