@@ -168,3 +168,22 @@ def test_an_attention_too_costly_to_run_is_not_learned_and_a_short_one_is() -> N
     real = measure_kernel(flash, (short,) * 3, {})
     assert learned.output_storage_bytes == real.output_storage_bytes
     assert abs(learned.scratch_bytes - real.scratch_bytes) <= 64
+
+
+def test_a_convolution_is_learned_at_any_batch_though_onednn_takes_another_path_at_batch_1() -> None:
+    op = torch.ops.aten.convolution.default
+
+    def call(batch: int) -> tuple[Any, ...]:
+        return (torch.randn(batch, 32, 16, 16), torch.randn(32, 32, 3, 3), None, [1, 1], [1, 1], [1, 1], False,
+                [0, 0], 1)
+
+    real = {batch: measure_kernel(op, call(batch), {}) for batch in (1, 2, 3, 6)}
+    # batch 1 is off the line the others lie on: a fit through it would miss
+    per_sample = real[3].scratch_bytes - real[2].scratch_bytes
+    assert real[6].scratch_bytes == real[2].scratch_bytes + 4 * per_sample
+    assert real[1].scratch_bytes != real[2].scratch_bytes - per_sample
+    for batch in (1, 6):
+        learned = learned_kernel_memory(op, call(batch), {})
+        assert learned is not None, batch
+        assert learned.output_storage_bytes == real[batch].output_storage_bytes
+        assert abs(learned.scratch_bytes - real[batch].scratch_bytes) <= 64, (batch, learned, real[batch])
