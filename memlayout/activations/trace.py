@@ -43,6 +43,7 @@ from memlayout.activations.facts import (
     StorageLife,
     Trace,
 )
+from memlayout.activations.grad_accumulation import Accumulations
 from memlayout.activations.kernel_storage import learned_kernel_memory
 from memlayout.activations.kernels import (
     corrected_output_nbytes,
@@ -89,6 +90,8 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.state_changes: dict[str, str] = {}
         self.entry_states: dict[str, list[dict[str, Any]]] = {}
         self.rerun_state_differs: dict[str, str] = {}
+        self.accumulations = Accumulations()
+        """The engine's gradient sums, summed in place where the user's step would (grad_accumulation.py)."""
         self.rng_state_bytes = 0
         """The bytes of one `torch.get_rng_state()` when the step holds them (`recording_rng_states`); else 0."""
 
@@ -126,6 +129,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         if record.died is None:
             self.seq += 1
             record.died = self.seq
+            self.accumulations.released(record, self.seq)
 
     @contextmanager
     def recording_rng_states(self) -> Iterator[None]:
@@ -162,8 +166,11 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         phase = self.phase
+        summing = False
         if phase is Phase.BACKWARD:
-            self._attribute_backward_op()
+            node: Any = _torch.current_autograd_node()
+            self._attribute_backward_op(node)
+            summing = not self.stack and self.accumulations.is_sum(func, node, args, kwargs)
         elif phase in (Phase.FORWARD, Phase.LOSS) and self.stack:
             self._check_inputs(func, args, kwargs)
         out = func(*args, **kwargs)
@@ -176,9 +183,13 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         for position, value in enumerate(flat):
             if isinstance(value, torch.Tensor):
                 kind = StorageKind.STEP
-                self.storage_of(value, kind, None if sizes is None else sizes.get(position))
+                index = self.storage_of(value, kind, None if sizes is None else sizes.get(position))
                 if phase is Phase.FORWARD and self.stack:
                     self.pending.append((weakref.ref(value), self.stack[-1].id))
+                if summing and index is not None:
+                    first = self.index.get(args[0].untyped_storage())
+                    if first is not None and first != index:
+                        self.accumulations.summed(self.storages[first], self.storages[index])
         if learned is not None and learned.scratch_bytes:
             self._scratch(learned.scratch_bytes)
         if phase is Phase.FORWARD or (phase is Phase.LOSS and self.stack) or self._recomputing():
@@ -199,10 +210,9 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _recomputing(self) -> bool:
         return self.phase is Phase.RECOMPUTE or (self.phase is Phase.BACKWARD and bool(self.stack))
 
-    def _attribute_backward_op(self) -> None:
+    def _attribute_backward_op(self, node: Any) -> None:
         if self.stack:  # a checkpointed module's children rerun under their own hooks
             return
-        node: Any = _torch.current_autograd_node()
         call = node.metadata.get(NODE_KEY) if node is not None else None
         if call is not None:
             self.backward_call = call

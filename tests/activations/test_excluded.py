@@ -19,7 +19,7 @@ import memlayout.activations as act
 from memlayout.activations.plan import Plan
 from memlayout.cli.app import app
 from tests.activations import edge_models
-from tests.activations.measure import memtracker_step, storage_peak_step
+from tests.activations.measure import allocator_peak_step, memtracker_step, storage_peak_step
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
 
@@ -40,8 +40,9 @@ def assert_plan_holds(build: Callable[[], torch.nn.Module], args: tuple[Any, ...
     with act.apply_plan(model, report.plan.plan):
         planned = memtracker_step(model, args, {})
     model = build()
-    with act.apply_plan(model, report.plan.plan):
-        counted = storage_peak_step(model, args, {})
+    with act.apply_plan(model, report.plan.plan):  # by the allocator: the storage counter is a dispatch mode, and
+        counted = allocator_peak_step(model, args, {})  # under one autograd sums gradients out of place
+
     assert counted.peak_bytes <= budget, (counted.peak_bytes, budget, report.plan.plan)
     assert abs(counted.peak_bytes - report.plan.peak_bytes) <= 0.02 * counted.peak_bytes
     assert torch.equal(planned.loss, plain.loss)
@@ -68,8 +69,13 @@ def test_state_in_the_module_is_seen_in_forward_and_excluded_up_front() -> None:
 
 
 def test_a_checkpoint_error_excludes_the_module_and_the_search_goes_on() -> None:
-    """State outside the model cannot be seen in forward: the plan's own trace raises, and the search goes on."""
-    report = assert_plan_holds(edge_models.encoder_decoder_global, sequences(), 0.9)
+    """State outside the model cannot be seen in forward: the plan's own trace raises, and the search goes on.
+
+    The windows take their length from the parity of one global count, so two of them checkpointed together
+    rerun with the parities they had (and pass); which plan the search tries first decides whether it meets
+    the error. At 0.96x of the peak it tries decoder.0.window alone (0.9x did, until the estimate counted the
+    generator's state and tried the encoder first)."""
+    report = assert_plan_holds(edge_models.encoder_decoder_global, sequences(), 0.96)
     assert report.plan is not None
     reasons = dict(report.plan.excluded)
     failing = [path for path, reason in reasons.items() if "CheckpointError" in reason]
