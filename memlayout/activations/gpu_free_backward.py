@@ -36,8 +36,10 @@ node is `BackwardCFunction.apply`). What it keeps from engine.cpp, because memor
 depends on it:
 - order: a ready node runs when every node that feeds it has run, the highest
   `sequence_nr` first (forward's last op first; AccumulateGrad first of all);
-- gradients for one input are summed out of place (`InputBuffer::accumulate` does so
-  for tensor subclasses, and fake tensors are one), then checked against the node's
+- gradients for one input are summed as a step with no dispatch mode sums them
+  (`InputBuffer::accumulate`): into the first in place when it is dense, not a view, and
+  held by its slot alone, else out of place (grad_accumulation.py has why the traced
+  step on the CPU needs the same), then checked against the node's
   input metadata: reduced to its shape and cast to its dtype (`validate_outputs`);
 - a node's saved tensors are freed once it has run: the loop holds the only
   reference to a node it has taken from the graph (run_step hands over the loss), so
@@ -129,7 +131,14 @@ def run_backward(holder: list[Any]) -> None:
                 slots = buffers[key][1]
                 if grad is not None:
                     grad = _validated(grad, _torch.autograd_node_inputs(child)[position])
-                    slots[position] = grad if slots[position] is None else slots[position] + grad
+                    first = slots[position]
+                    if first is None:
+                        slots[position] = grad
+                    elif _summable_in_place(first, grad):
+                        first.add_(grad)
+                    else:
+                        slots[position] = first + grad
+                    del first
                 del grad
                 waiting[key] -= 1
                 if waiting[key] == 0:
@@ -179,6 +188,24 @@ def _dependencies(root: Any) -> dict[Any, int]:
                 seen.add(key)
                 stack.append(child)
     return counts
+
+
+_HELD_BY_ITS_SLOT_ALONE = 4
+"""`sys.getrefcount` of a gradient in `_summable_in_place` when only its slot holds it: the slot, the loop's
+`first`, the parameter, and getrefcount's own argument."""
+
+
+def _summable_in_place(first: Any, second: Any) -> bool:
+    """torch's `can_accumulate_inplace` (input_buffer.cpp) for the first gradient: dense, not a view (a view keeps
+    its base, so its storage is held twice), and held by nothing but its slot (another slot holding the same
+    tensor, as a node that hands one gradient to two inputs leaves it, makes the sum out of place)."""
+    import sys
+
+    import torch
+
+    return (not first._is_view() and first.shape == second.shape and first.dtype == second.dtype
+            and (first.is_contiguous() or first.is_contiguous(memory_format=torch.channels_last))
+            and sys.getrefcount(first) <= _HELD_BY_ITS_SLOT_ALONE)
 
 
 def leaves_reached(root: Any) -> list[Any]:
