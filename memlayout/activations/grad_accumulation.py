@@ -8,9 +8,10 @@ otherwise out of place, `old + new`, which allocates the sum. `at::isTensorSubcl
 is true of every tensor while any Python dispatch mode is active, and fake tensors are
 subclasses: a traced step always takes the out-of-place branch, and allocates sums the
 user's step does not. On a real CPU step of transformers' MambaForCausalLM (the zoo's
-small size, whose selective scan sums a 1 MiB gradient for each of its views), the CPU
-allocator's peak is 11,141,896 bytes with no mode and 12,174,088 bytes under a
-pass-through TorchDispatchMode; the trace had followed the second.
+small size, whose selective scan sums a 1 MiB gradient for each of its slices), the
+step peaks at 11,423,328 bytes by the CPU allocator's events with no mode active (what
+was live before the step included) and at 12,455,520 bytes under a pass-through
+TorchDispatchMode; the trace had followed the second.
 
 How the trace tells the engine's sum from a backward formula's own `add`: a post-hook on
 each node marks the moment its apply has returned; the `aten.add.Tensor` calls dispatched
