@@ -26,11 +26,10 @@ sums stay out of place, as before this module.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from memlayout.activations.trace_records import StorageRecord
+if TYPE_CHECKING:
+    from memlayout.activations.trace_records import StorageRecord
 
 HANDING_ON_KEY = "memlayout.handing_on"
 """A node's metadata key: the marker its post-hook sets while the engine hands its outputs on."""
@@ -47,6 +46,8 @@ class Accumulations:
 
     def is_sum(self, func: Any, node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Whether this op is the engine summing two gradients, into a first one that `add_` could take."""
+        import torch
+
         marker = self._watch(node) if node is not None else None
         if marker is not self.handing_on:
             self.handing_on = None

@@ -121,8 +121,18 @@ def measure_kernel(func: Any, args: Any, kwargs: Any) -> KernelMemory:
         # training step's kernels have run in an earlier step (the steady state is what is measured).
         func(*real_args, **real_kwargs)
         out, events = _torch.cpu_allocator_events(lambda: func(*real_args, **real_kwargs))
+    # A free counts only against an allocation of its size in this run: the CPU allocator reports a free by the
+    # size it last recorded for the address while profiling (c10/core/CPUAllocator.cpp), which can be a stale
+    # size from an earlier profile when the block itself was allocated outside one.
+    open_sizes: dict[int, int] = {}
     live = peak = 0
     for _, nbytes in events:
+        if nbytes > 0:
+            open_sizes[nbytes] = open_sizes.get(nbytes, 0) + 1
+        elif open_sizes.get(-nbytes, 0) > 0:
+            open_sizes[-nbytes] -= 1
+        else:
+            continue
         live += nbytes
         peak = max(peak, live)
     flat = out if isinstance(out, (tuple, list)) else (out,)

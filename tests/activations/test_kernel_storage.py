@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
@@ -187,3 +188,32 @@ def test_a_convolution_is_learned_at_any_batch_though_onednn_takes_another_path_
         assert learned is not None, batch
         assert learned.output_storage_bytes == real[batch].output_storage_bytes
         assert abs(learned.scratch_bytes - real[batch].scratch_bytes) <= 64, (batch, learned, real[batch])
+
+
+def test_a_free_torch_reports_with_a_stale_size_does_not_lower_the_judges_peak() -> None:
+    """torch's CPU allocator reports a free by the size it last recorded for the address while profiling
+    (c10/core/CPUAllocator.cpp): a block allocated outside any profile, at an address an earlier profile saw,
+    is reported freed with the earlier size. The judge counts a free only against an allocation in its own
+    profile."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tests.activations.measure import allocator_peak
+
+    for trial in range(200):
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+            earlier = torch.empty(1024 + trial)
+        address = earlier.data_ptr()
+        del earlier
+        unprofiled = torch.empty(512)
+        if unprofiled.data_ptr() == address:
+            break
+        del unprofiled
+    else:
+        pytest.skip("malloc never gave the address back")
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled:
+        del unprofiled
+        kept = torch.empty(1000)
+    events = profiled.profiler.kineto_results.events()
+    sizes = [e.nbytes() for e in events if e.name() == "[memory]"]
+    assert sizes == [-4 * (1024 + trial), 4000]  # the stale size, then the allocation
+    assert allocator_peak(events) == kept.untyped_storage().nbytes()
