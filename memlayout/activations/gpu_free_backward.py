@@ -66,6 +66,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from memlayout import _torch
+from memlayout.activations.grad_accumulation import can_take_the_sum
 
 _ACCUMULATE_GRAD = "AccumulateGrad"
 _TASK_IDS = itertools.count(1 << 40)
@@ -196,16 +197,12 @@ _HELD_BY_ITS_SLOT_ALONE = 4
 
 
 def _summable_in_place(first: Any, second: Any) -> bool:
-    """torch's `can_accumulate_inplace` (input_buffer.cpp) for the first gradient: dense, not a view (a view keeps
-    its base, so its storage is held twice), and held by nothing but its slot (another slot holding the same
-    tensor, as a node that hands one gradient to two inputs leaves it, makes the sum out of place)."""
+    """torch's `can_accumulate_inplace` (input_buffer.cpp) for the first gradient: what grad_accumulation.py
+    asks of the tensors, and held by nothing but its slot (another slot holding the same tensor, as a node that
+    hands one gradient to two inputs leaves it, makes the sum out of place)."""
     import sys
 
-    import torch
-
-    return (not first._is_view() and first.shape == second.shape and first.dtype == second.dtype
-            and (first.is_contiguous() or first.is_contiguous(memory_format=torch.channels_last))
-            and sys.getrefcount(first) <= _HELD_BY_ITS_SLOT_ALONE)
+    return sys.getrefcount(first) <= _HELD_BY_ITS_SLOT_ALONE and can_take_the_sum(first, second)
 
 
 def leaves_reached(root: Any) -> list[Any]:

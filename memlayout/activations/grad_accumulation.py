@@ -35,6 +35,21 @@ HANDING_ON_KEY = "memlayout.handing_on"
 """A node's metadata key: the marker its post-hook sets while the engine hands its outputs on."""
 
 
+def can_take_the_sum(first: Any, second: Any) -> bool:
+    """Whether `first.add_(second)` is what torch's engine would do, as far as the tensors themselves say
+    (`can_accumulate_inplace`: dense, not a view, same shape, dtype and device); who else holds `first` is
+    the caller's to judge.
+
+    A view keeps its base, and so its storage holds two references: never in place (a tied weight's gradient
+    through `weight.T` is one).
+    """
+    import torch
+
+    return (not first._is_view() and first.layout == torch.strided and first.shape == second.shape
+            and first.dtype == second.dtype and first.device == second.device
+            and (first.is_contiguous() or first.is_contiguous(memory_format=torch.channels_last)))
+
+
 class Accumulations:
     """The engine's gradient sums seen by one trace, and the one that may have been in place."""
 
@@ -54,12 +69,7 @@ class Accumulations:
         if self.handing_on is None or func is not torch.ops.aten.add.Tensor or kwargs or len(args) != 2:
             return False
         first, second = args
-        # A view keeps its base, and so its storage holds two references: never in place (a tied weight's
-        # gradient through `weight.T` is one).
-        return (isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and not first._is_view()
-                and first.layout == torch.strided and first.shape == second.shape
-                and first.dtype == second.dtype and first.device == second.device
-                and (first.is_contiguous() or first.is_contiguous(memory_format=torch.channels_last)))
+        return isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and can_take_the_sum(first, second)
 
     def summed(self, first: StorageRecord, total: StorageRecord) -> None:
         """The sum of an `is_sum` op was recorded: it may take `first`'s place if `first` dies next."""
