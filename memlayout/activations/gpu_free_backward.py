@@ -173,9 +173,8 @@ def _edges(node: Any) -> tuple[tuple[Any, int], ...]:
     return edges
 
 
-def _dependencies(root: Any) -> dict[Any, int]:
-    """For each node below the root, how many edges lead into it (engine.cpp's compute_dependencies)."""
-    counts: dict[Any, int] = {}
+def _graph_edges(root: Any) -> Iterator[tuple[Any, Any, bool]]:
+    """Every edge below the root, once each, as (child, its key, whether the walk reaches the child first here)."""
     seen = {_key(root)}
     stack = [root]
     while stack:
@@ -184,10 +183,18 @@ def _dependencies(root: Any) -> dict[Any, int]:
             if child is None:
                 continue
             key = _key(child)
-            counts[key] = counts.get(key, 0) + 1
-            if key not in seen:
+            first = key not in seen
+            if first:
                 seen.add(key)
                 stack.append(child)
+            yield child, key, first
+
+
+def _dependencies(root: Any) -> dict[Any, int]:
+    """For each node below the root, how many edges lead into it (engine.cpp's compute_dependencies)."""
+    counts: dict[Any, int] = {}
+    for _, key, _ in _graph_edges(root):
+        counts[key] = counts.get(key, 0) + 1
     return counts
 
 
@@ -208,23 +215,12 @@ def _summable_in_place(first: Any, second: Any) -> bool:
 def leaves_reached(root: Any) -> list[Any]:
     """The leaf tensors (parameters, inputs that require grad) whose gradient backward from `root` accumulates.
 
-    The graph's AccumulateGrad nodes, walked as `_dependencies` walks it: the set of tensors a
+    The graph's AccumulateGrad nodes, walked as `_dependencies` walks it (`_graph_edges`): the set of tensors a
     backward would give a gradient, found without running one. A custom Function whose backward
     returns None for an input is still counted: the walk sees the edge, not the value.
     """
-    found: list[Any] = []
-    seen = {_key(root)}
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        if _is_accumulate_grad(node):
-            found.append(node.variable)
-        for child, _ in _edges(node):
-            if child is None or _key(child) in seen:
-                continue
-            seen.add(_key(child))
-            stack.append(child)
-    return found
+    nodes = [root, *(child for child, _, first in _graph_edges(root) if first)]
+    return [node.variable for node in nodes if _is_accumulate_grad(node)]
 
 
 def _validated(grad: Any, expected: tuple[tuple[int, ...], Any]) -> Any:
