@@ -59,6 +59,7 @@ backward inside backward (reentrant checkpoint) calls torch's engine and fails a
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 from collections.abc import Iterator
@@ -112,23 +113,28 @@ def run_backward(holder: list[Any]) -> None:
     seed = torch.ones_like(loss, memory_format=torch.preserve_format)
     del loss
     waiting = _dependencies(root)
-    buffers: dict[Any, tuple[Any, list[Any]]] = {}
-    ready: list[tuple[int, int, Any, list[Any]]] = [(-_torch.autograd_node_sequence_nr(root), 0, root, [seed])]
+    buffers: dict[Any, tuple[Any, list[Any], list[Any]]] = {}
+    """node's key -> (the node, the gradients it has received, the nodes kept alive until it runs)."""
+    ready: list[tuple[int, int, Any, list[Any], list[Any]]] = [
+        (-_torch.autograd_node_sequence_nr(root), 0, root, [seed], [])]
+    keep_parents = _custom_nodes_die_with_their_parent()
     # `seed` stays to the end: torch.autograd.backward holds the gradients it starts from until it returns.
     del root
     pushed = 1
     with torch.no_grad(), _torch.as_one_graph_task(next(_TASK_IDS)):
         while ready:
-            _, _, node, grads = heapq.heappop(ready)
+            _, _, node, grads, parents = heapq.heappop(ready)
             with _torch.running_autograd_node(node):
                 outputs = _apply(node, grads)
-            del grads
+            del grads, parents
             for (child, position), grad in zip(_edges(node), outputs, strict=False):
                 if child is None:
                     continue
                 key = _key(child)
                 if key not in buffers:
-                    buffers[key] = (child, [None] * len(_torch.autograd_node_inputs(child)))
+                    buffers[key] = (child, [None] * len(_torch.autograd_node_inputs(child)), [])
+                if keep_parents and _is_custom_function(child):
+                    buffers[key][2].append(node)
                 slots = buffers[key][1]
                 if grad is not None:
                     grad = _validated(grad, _torch.autograd_node_inputs(child)[position])
@@ -144,10 +150,10 @@ def run_backward(holder: list[Any]) -> None:
                 waiting[key] -= 1
                 if waiting[key] == 0:
                     del waiting[key]
-                    taken, inputs = buffers.pop(key)
-                    heapq.heappush(ready, (-_torch.autograd_node_sequence_nr(taken), pushed, taken, inputs))
+                    taken, inputs, held = buffers.pop(key)
+                    heapq.heappush(ready, (-_torch.autograd_node_sequence_nr(taken), pushed, taken, inputs, held))
                     pushed += 1
-                    del taken, inputs
+                    del taken, inputs, held
                 del child, slots
             # The node's last reference: with it go the tensors it saved (torch's release_variables()).
             del node, outputs
@@ -157,6 +163,44 @@ def _is_accumulate_grad(node: Any) -> bool:
     # By the node's type, not `node.name()`: torch 2.11 refuses `name()` on a custom autograd.Function's
     # node ("a legacy access pattern that is no longer supported"), seen on an H100's torch 2.11.0+cu130.
     return type(node).__name__ == _ACCUMULATE_GRAD
+
+
+def _is_custom_function(node: Any) -> bool:
+    return hasattr(node, "apply")  # a custom autograd.Function's node (BackwardCFunction)
+
+
+@functools.cache
+def _custom_nodes_die_with_their_parent() -> bool:
+    """Whether this torch frees a custom Function's node when the node that points at it dies, though Python
+    still holds the node's object.
+
+    torch 2.11 does: the object holds its node weakly, and the GPU machines' 2.11.0+cu130 raised "Attribute
+    '_input_metadata' is invalid for this instance of _C._FunctionBase" in this loop, which lets each node die once
+    it has run. 2.13 and 2.14 keep the node while its object lives. Where it dies, the loop keeps a custom
+    Function's parents until it has run, and with them what they saved: memory read high there, never a failure.
+    """
+    import torch
+
+    class _Identity(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, tensor: Any) -> Any:
+            return tensor.clone()
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return grad
+
+    # Outside the step's modes: a tracer must not count the probe's tensors (it runs once per process).
+    with _torch.disable_dispatch_modes(), torch.enable_grad():
+        leaf = torch.zeros(1, device="cpu", requires_grad=True)
+        output = _Identity.apply(leaf) * 2  # type: ignore[no-untyped-call]
+        child = output.grad_fn.next_functions[0][0]
+        del output
+        try:
+            _torch.autograd_node_inputs(child)
+        except RuntimeError:
+            return True
+        return False
 
 
 def _key(node: Any) -> tuple[Any, ...]:
@@ -237,7 +281,7 @@ def _apply(node: Any, grads: list[Any]) -> tuple[Any, ...]:
     if _is_accumulate_grad(node):
         _accumulate(node.variable, grads[0])
         return ()
-    if hasattr(node, "apply"):  # a custom autograd.Function's node
+    if _is_custom_function(node):
         return _apply_python_function(node, grads)
     outputs = node(*grads)
     return outputs if isinstance(outputs, tuple) else (outputs,)

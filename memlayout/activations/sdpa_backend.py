@@ -15,7 +15,11 @@ What is followed, from sdp_utils.cpp (torch 2.14's checks; `choose_backend` name
 each one):
 - priority: flash, memory-efficient, math, cuDNN (`torch._C._get_sdp_priority_order`);
   cuDNN goes first on sm 9.0, 10.0 and 10.3 with cuDNN newer than 9.15
-  (`check_prefer_cudnn_attention`), unless TORCH_CUDNN_SDPA_DEPRIORITIZED=1;
+  (`check_prefer_cudnn_attention`), unless TORCH_CUDNN_SDPA_DEPRIORITIZED=1. torch does
+  that once per process, at the first attention call on such a GPU, by writing cuDNN,
+  flash, memory-efficient, math into the process's order (`priority_order`), so on a
+  Hopper machine the order torch reports afterwards is that one, not the user's; it
+  is read as the default again before the target GPU's own preference is applied;
 - each backend's switch (`torch.backends.cuda.enable_*_sdp`), and determinism for cuDNN;
 - flash: no mask, head sizes equal and at most 256, sm 8.0 to 12.1, fp16 or bf16,
   causal only with as many queries as keys, grouped-query heads allowed, and no
@@ -48,6 +52,8 @@ MATH = "math"
 _TORCH_ORDER = {0: MATH, 1: FLASH, 2: EFFICIENT, 3: CUDNN}
 """torch's SDPBackend values (torch.nn.attention.SDPBackend) -> the names here."""
 DEFAULT_ORDER = (FLASH, EFFICIENT, MATH, CUDNN)
+CUDNN_FIRST_ORDER = (CUDNN, FLASH, EFFICIENT, MATH)
+"""The order `priority_order` writes into the process, once, where the GPU prefers cuDNN (sdp_utils.cpp)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,8 @@ class Switches:
     cudnn_version: int
     order: tuple[str, ...]
     cudnn_deprioritized: bool
+    present_prefers_cudnn: bool = False
+    """This machine's GPU prefers cuDNN: torch may have written CUDNN_FIRST_ORDER as the order itself."""
 
 
 def current_switches() -> Switches:
@@ -88,23 +96,35 @@ def current_switches() -> Switches:
                  CUDNN: backends.cudnn_sdp_enabled, MATH: backends.math_sdp_enabled}
     enabled = {name for name, switch in switch_of.items() if switch()}  # type: ignore[no-untyped-call]
     cudnn_version: Any = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
+    cudnn_version = int(cudnn_version or 0)
+    deprioritized = os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "") in ("1", "ON", "on", "true", "TRUE", "y", "YES")
+    present_prefers_cudnn = (bool(torch.cuda.is_available())
+                             and _prefers_cudnn(torch.cuda.get_device_capability(), cudnn_version, deprioritized))
     return Switches(
         enabled=frozenset(enabled),
         deterministic=torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled(),
-        cudnn_version=int(cudnn_version or 0),
+        cudnn_version=cudnn_version,
         order=tuple(_TORCH_ORDER[b] for b in _torch.sdp_priority_order() if b in _TORCH_ORDER),
-        cudnn_deprioritized=os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "") in ("1", "ON", "on", "true", "TRUE", "y", "YES"),
+        cudnn_deprioritized=deprioritized,
+        present_prefers_cudnn=present_prefers_cudnn,
     )
+
+
+def _prefers_cudnn(capability: tuple[int, int], cudnn_version: int, deprioritized: bool) -> bool:
+    """sdp_utils.cpp's `check_prefer_cudnn_attention` for a GPU of this capability."""
+    major, minor = capability
+    return not deprioritized and cudnn_version > 91500 and major in (9, 10) and minor in (0, 3)
 
 
 def priority(gpu: GpuSpec, switches: Switches) -> tuple[str, ...]:
     """The order backends are tried in on `gpu` (sdp_utils.cpp `priority_order`, `check_prefer_cudnn_attention`)."""
-    major, minor = gpu.capability
-    prefers_cudnn = (not switches.cudnn_deprioritized and switches.cudnn_version > 91500
-                     and major in (9, 10) and minor in (0, 3))
-    if prefers_cudnn and switches.order == DEFAULT_ORDER:
-        return (CUDNN, *(b for b in switches.order if b != CUDNN))
-    return switches.order
+    order = switches.order
+    if switches.present_prefers_cudnn and order == CUDNN_FIRST_ORDER:
+        # torch wrote this order itself at this machine's first attention call; the target GPU decides afresh.
+        order = DEFAULT_ORDER
+    if order == DEFAULT_ORDER and _prefers_cudnn(gpu.capability, switches.cudnn_version, switches.cudnn_deprioritized):
+        return CUDNN_FIRST_ORDER
+    return order
 
 
 def choose_backend(gpu: GpuSpec, call: AttentionCall, switches: Switches) -> str:

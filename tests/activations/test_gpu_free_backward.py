@@ -63,6 +63,17 @@ def test_the_loop_gives_the_gradients_torchs_engine_gives() -> None:
         torch.testing.assert_close(got, want)
 
 
+def test_on_the_tested_torch_a_custom_functions_node_outlives_its_parent_while_python_holds_it() -> None:
+    # torch 2.11 (the GPU machines' image) frees it; on 2.13 and 2.14 the loop needs to keep nothing alive.
+    assert gpu_free_backward._custom_nodes_die_with_their_parent() is False
+
+
+def test_where_torch_frees_a_custom_functions_node_early_the_loop_keeps_its_parents_and_still_agrees(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_free_backward, "_custom_nodes_die_with_their_parent", lambda: True)
+    test_the_loop_gives_the_gradients_torchs_engine_gives()
+
+
 def test_the_loop_runs_the_hooks_of_parameters() -> None:
     model = nn.Linear(3, 3)
     seen: list[str] = []

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,8 +42,65 @@ def _family(kernels: list[str]) -> str:
     return sb.MATH
 
 
-def test_the_default_priority_is_torchs() -> None:
-    assert sb.current_switches().order == sb.DEFAULT_ORDER
+def test_the_order_torch_reports_is_its_default_or_the_one_it_writes_on_a_gpu_that_prefers_cudnn() -> None:
+    switches = sb.current_switches()
+    if switches.present_prefers_cudnn:  # after this process's first attention call torch reports the cuDNN-first order
+        assert switches.order in (sb.DEFAULT_ORDER, sb.CUDNN_FIRST_ORDER)
+    else:
+        assert switches.order == sb.DEFAULT_ORDER
+
+
+def _after_torch_wrote_its_order(cudnn_version: int) -> sb.Switches:
+    """The switches on a Hopper machine once torch's first attention call wrote cuDNN first into the process."""
+    return dataclasses.replace(_switches(cudnn_version), order=sb.CUDNN_FIRST_ORDER, present_prefers_cudnn=True)
+
+
+def test_on_a_hopper_machine_the_target_gpu_still_decides_after_torch_wrote_its_own_order() -> None:
+    # Seen on an H100 (torch 2.11): once torch had run attention there, `--gpu a100-80gb` chose cuDNN, which torch
+    # does not put first on an A100 (sdp_utils.cpp `priority_order` writes its cuDNN-first order into the process).
+    switches = _after_torch_wrote_its_order(91900)
+    call = _call((2, 8, 512, 64), "bfloat16", causal=True)
+    assert sb.choose_backend(gpu_spec("a100-80gb"), call, switches) == sb.FLASH
+    assert sb.choose_backend(gpu_spec("h100"), call, switches) == sb.CUDNN
+    assert sb.priority(gpu_spec("a100-80gb"), switches) == sb.DEFAULT_ORDER
+
+
+def test_an_order_the_user_set_is_kept_for_every_target() -> None:
+    call = _call((2, 8, 512, 64), "bfloat16", causal=True)
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.CUDNN_ATTENTION,
+                                         torch.nn.attention.SDPBackend.FLASH_ATTENTION,
+                                         torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
+                                         torch.nn.attention.SDPBackend.MATH], set_priority=True):
+        switches = sb.current_switches()
+    if switches.present_prefers_cudnn:
+        pytest.skip("on this GPU torch writes the same order itself: the user's choice cannot be told from it")
+    assert switches.order == sb.CUDNN_FIRST_ORDER
+    assert sb.choose_backend(gpu_spec("a100-80gb"), call, dataclasses.replace(switches, cudnn_version=91900)) \
+        == sb.CUDNN
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
+                                         torch.nn.attention.SDPBackend.FLASH_ATTENTION], set_priority=True):
+        switches = dataclasses.replace(sb.current_switches(), cudnn_version=91900)
+    assert sb.choose_backend(gpu_spec("h100"), call, switches) == sb.EFFICIENT
+    assert sb.current_switches().order == sb.DEFAULT_ORDER  # and torch put its own back
+
+
+@pytest.mark.gpu
+def test_torch_writes_cudnn_first_at_its_first_attention_call_where_the_gpu_prefers_it() -> None:
+    # In a fresh process: torch decides once per process (`priority_order_init_`).
+    script = (
+        "import json, torch\n"
+        "from memlayout.activations import sdpa_backend as sb\n"
+        "before = sb.current_switches()\n"
+        "q = torch.randn(1, 2, 128, 64, device='cuda', dtype=torch.bfloat16)\n"
+        "torch.nn.functional.scaled_dot_product_attention(q, q, q)\n"
+        "after = sb.current_switches()\n"
+        "print(json.dumps([before.order, after.order, after.present_prefers_cudnn]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    before, after, prefers = json.loads(result.stdout.strip().splitlines()[-1])
+    assert tuple(before) == sb.DEFAULT_ORDER
+    assert tuple(after) == (sb.CUDNN_FIRST_ORDER if prefers else sb.DEFAULT_ORDER)
 
 
 def test_the_choice_on_an_h200_is_the_kernel_the_h200_ran() -> None:
