@@ -19,6 +19,7 @@ from memlayout.activations.facts import Trace
 from memlayout.activations.fake_cuda import fake_cuda_for
 from memlayout.activations.gpus import gpu_spec
 from memlayout.activations.input_specs import InputSpec, parse_input_spec
+from memlayout.activations.module_conversions import unchanged_conversions_skip_the_swap
 from memlayout.activations.optimizer import build_optimizer
 from memlayout.activations.plan import Plan
 from memlayout.activations.step import Autocast, give_first_gradients, run_step
@@ -115,6 +116,8 @@ class StepWorld:
         stack.enter_context(self.context(default_device=default_device))
         if self.step_mode is not None:
             stack.enter_context(self.step_mode)
+        if self.fake_mode is not None:
+            stack.enter_context(unchanged_conversions_skip_the_swap())
         if self.fake_cuda is not None:
             stack.enter_context(self.fake_cuda())
         return stack
