@@ -300,6 +300,10 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         with _torch.unset_fake_temporarily():  # real tensors from here on: the fake mode would take them over
             if dim is None or not shape:  # argmax over the flattened tensor: one index into all of it
                 chosen = self._spread((1, 1), source.numel()).reshape(shape)
+            elif func is not torch.ops.aten.topk.default:
+                # argmax and max(dim) pick one index per row, in a dimension they drop (or keep at size 1):
+                # an index into the source's dimension `dim`, not into the indices' own.
+                chosen = self._spread((indices.numel(), 1), int(source.shape[dim])).reshape(shape)
             else:
                 dim = dim % len(shape)
                 moved = shape[:dim] + shape[dim + 1 :] + (shape[dim],)
