@@ -7,7 +7,10 @@ import json
 from pathlib import Path
 
 import jsonschema
+import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 import memlayout.activations as act
 from memlayout.activations.json_report import report_dict
@@ -89,3 +92,41 @@ def test_layer_drop_assumes_every_layer_runs_and_each_real_draw_is_in_the_range(
     draws = {memtracker_step(edge_models.LayerDropStack(), (x,), {}, seed=seed).peak_bytes for seed in range(6)}
     assert len(draws) > 1  # the case: the step's memory is drawn anew
     assert all(s.peak_bytes_min <= peak <= s.peak_bytes_max for peak in draws), (s.peak_bytes_min, draws)
+
+
+class _TopOneRouter(nn.Module):
+    """Top-1 routing as Switch Transformers writes it: `argmax` (or `max`) over the experts' dimension of
+    [batch, tokens, experts] probabilities, then `one_hot`, which refuses an index of no expert."""
+
+    def __init__(self, reduce: str, width: int = 32, hidden: int = 128, experts: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.reduce, self.experts_count = reduce, experts
+        self.router = nn.Linear(width, experts, bias=False)
+        self.experts = nn.ModuleList(
+            [nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width)) for _ in range(experts)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = self.router(x).softmax(-1)
+        index = probs.argmax(dim=-1) if self.reduce == "argmax" else probs.max(dim=-1).indices
+        mask = F.one_hot(index, self.experts_count)
+        out = torch.zeros_like(x)
+        for number, expert in enumerate(self.experts):
+            token = mask[..., number].bool()
+            out[token] = expert(x[token]) * probs[..., number][token, None]
+        return out.square().mean()
+
+
+@pytest.mark.parametrize("reduce", ["argmax", "max"])
+def test_top_one_routing_picks_an_expert_for_every_token_and_the_real_step_is_in_the_range(reduce: str) -> None:
+    # 32 tokens a row over 4 experts: the assumed indices once ran to 31 (the tokens' dimension), and one_hot
+    # refused them ("Class values must be smaller than num_classes"), as SwitchTransformers did at the large size.
+    x = torch.randn(4, 32, 32, generator=torch.Generator().manual_seed(0))
+    report = act.analyze(_TopOneRouter(reduce), [x])
+    real = memtracker_step(_TopOneRouter(reduce), (x,), {})
+    s = report.summary
+    assert s.peak_bytes_min is not None and s.peak_bytes_max is not None
+    assert s.peak_bytes_min <= real.peak_bytes <= s.peak_bytes_max, (s.peak_bytes_min, real.peak_bytes,
+                                                                        s.peak_bytes_max)
+    assert [kind for _, kind, _ in report.data_dependent] == ["routing"]
