@@ -20,7 +20,7 @@ still fails, with torch's message.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -32,7 +32,7 @@ def unchanged_conversions_skip_the_swap() -> Iterator[None]:
     """Within it, `torch.utils.swap_tensors` of two views of the same memory does nothing."""
     import torch.utils
 
-    original = torch.utils.swap_tensors
+    original: Callable[[Any, Any], None] = torch.utils.swap_tensors
 
     def swap_tensors(first: Any, second: Any) -> None:
         if not _same_view(first, second):
