@@ -141,7 +141,10 @@ def run_backward(holder: list[Any]) -> None:
                     first = slots[position]
                     if first is None:
                         slots[position] = grad
-                    elif _summable_in_place(first, grad):
+                    elif _references(first) <= _held_by_its_slot_alone() and can_take_the_sum(first, grad):
+                        # torch's `can_accumulate_inplace` (input_buffer.cpp): what grad_accumulation.py asks of the
+                        # tensors, and held by its slot alone (a node that hands one gradient to two inputs leaves
+                        # it in two slots, and the sum is then out of place).
                         first.add_(grad)
                     else:
                         slots[position] = first + grad
@@ -242,18 +245,20 @@ def _dependencies(root: Any) -> dict[Any, int]:
     return counts
 
 
-_HELD_BY_ITS_SLOT_ALONE = 4
-"""`sys.getrefcount` of a gradient in `_summable_in_place` when only its slot holds it: the slot, the loop's
-`first`, the parameter, and getrefcount's own argument."""
-
-
-def _summable_in_place(first: Any, second: Any) -> bool:
-    """torch's `can_accumulate_inplace` (input_buffer.cpp) for the first gradient: what grad_accumulation.py
-    asks of the tensors, and held by nothing but its slot (another slot holding the same tensor, as a node that
-    hands one gradient to two inputs leaves it, makes the sum out of place)."""
+def _references(first: Any) -> int:
     import sys
 
-    return sys.getrefcount(first) <= _HELD_BY_ITS_SLOT_ALONE and can_take_the_sum(first, second)
+    return sys.getrefcount(first)
+
+
+@functools.cache
+def _held_by_its_slot_alone() -> int:
+    """What `_references` reads, called as the loop calls it, of an object that only its slot holds: the slot, the
+    caller's `first`, the parameter, and what this Python's `sys.getrefcount` adds for its argument (4 on CPython
+    3.11); measured here, as Python versions count such references differently."""
+    slots = [object()]
+    first = slots[0]
+    return _references(first)
 
 
 def leaves_reached(root: Any) -> list[Any]:
