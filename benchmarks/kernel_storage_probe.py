@@ -6,7 +6,11 @@ runs once more on zeros under the allocator's events
 (memlayout.activations.kernel_storage.measure_kernel) and once under FakeTensorMode.
 An op is listed when its real output storage differs from the fake output's, or
 when the allocator's peak inside it exceeds its new outputs (scratch).
-memlayout/activations/kernel_storage.py's LEARNED_OPS come from this list.
+memlayout/activations/kernel_storage.py's LEARNED_OPS come from this list. Apart
+(`layout_differing`), the ops whose real output lies in memory in another order
+than the fake output (layer norm's backward on a transposed input: the real
+kernel's gradient is contiguous, the fake one follows the input), which changes
+what later ops copy; kernel_storage.py's LAYOUT_OPS come from that list.
 
 Usage:
     python -m benchmarks.kernel_storage_probe                    # the default set below
@@ -73,8 +77,8 @@ def ops_of_step(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> di
     return seen
 
 
-def fake_storage_bytes(func: Any, args: Any, kwargs: Any) -> tuple[int | None, ...]:
-    """The fake kernel's output storages for the same call."""
+def fake_outputs(func: Any, args: Any, kwargs: Any) -> tuple[tuple[int | None, ...], tuple[Any, ...]]:
+    """The fake kernel's output storages and layouts (`dimension_order`) for the same call."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -84,12 +88,16 @@ def fake_storage_bytes(func: Any, args: Any, kwargs: Any) -> tuple[int | None, .
             if isinstance(v, torch.Tensor) else v, (args, kwargs))
         out = func(*fake[0], **fake[1])
     del mode
-    flat = out if isinstance(out, (tuple, list)) else (out,)
-    return tuple(v.untyped_storage().nbytes() if isinstance(v, torch.Tensor) and v.layout == torch.strided else None
-                 for v in flat)
+    from memlayout.activations.kernel_storage import dimension_order
+
+    flat = [v if isinstance(v, torch.Tensor) and v.layout == torch.strided else None
+            for v in (out if isinstance(out, (tuple, list)) else (out,))]
+    return (tuple(None if v is None else v.untyped_storage().nbytes() for v in flat),
+            tuple(None if v is None else dimension_order(tuple(v.shape), tuple(v.stride())) for v in flat))
 
 
-def probe(calls: dict[Any, tuple[Any, Any, Any]], found: dict[str, dict[str, Any]], source: str) -> None:
+def probe(calls: dict[Any, tuple[Any, Any, Any]], found: dict[str, dict[str, Any]], source: str,
+          layouts: dict[str, dict[str, Any]]) -> None:
     import torch
 
     from memlayout.activations.kernel_storage import measure_kernel
@@ -100,9 +108,18 @@ def probe(calls: dict[Any, tuple[Any, Any, Any]], found: dict[str, dict[str, Any
             (args, kwargs))
         try:
             real = measure_kernel(func, *real_args)
-            fake = fake_storage_bytes(func, args, kwargs)
+            fake, fake_orders = fake_outputs(func, args, kwargs)
         except Exception:
             continue
+        if any(r is not None and f is not None and r != f for r, f in zip(real.output_orders, fake_orders,
+                                                                          strict=False)):
+            layout = layouts.setdefault(str(func), {"calls": 0, "sources": [], "example": ""})
+            layout["calls"] += 1
+            if source not in layout["sources"]:
+                layout["sources"].append(source)
+            layout["example"] = layout["example"] or (
+                f"inputs {[(tuple(v.shape), tuple(v.stride())) for v in torch.utils._pytree.tree_flatten(args)[0] if isinstance(v, torch.Tensor)]}: "
+                f"real output strides {real.output_strides}, fake orders {fake_orders}, real orders {real.output_orders}")
         extra_storage = sum((r or 0) - (f or 0) for r, f in zip(real.output_storage_bytes, fake, strict=False))
         entry = found.setdefault(str(func), {"calls": 0, "max_extra_storage_bytes": 0, "max_scratch_bytes": 0,
                                              "sources": [], "example": ""})
@@ -175,6 +192,7 @@ def main(argv: list[str]) -> int:
     entries = by_name()
     started = time.perf_counter()
     found: dict[str, dict[str, Any]] = {}
+    layouts: dict[str, dict[str, Any]] = {}
     probed: list[str] = []
     local = {"small ResNet": small_resnet, "mse_loss on patches": mse_patches, "LSTM language model": lstm_lm}
     for name in options.arch or [*local, *DEFAULT_ARCHITECTURES]:
@@ -188,7 +206,7 @@ def main(argv: list[str]) -> int:
         except Exception as exc:
             print(f"{name}: not probed ({type(exc).__name__}: {str(exc)[:100]})", file=sys.stderr)
             continue
-        probe(calls, found, name)
+        probe(calls, found, name, layouts)
         probed.append(name)
         print(f"{name}: {len(calls)} distinct calls", file=sys.stderr)
     differing = {op: entry for op, entry in sorted(found.items())
@@ -201,17 +219,22 @@ def main(argv: list[str]) -> int:
             if op not in differing or entry["max_scratch_bytes"] > differing[op]["max_scratch_bytes"]:
                 differing[op] = entry
         differing = dict(sorted(differing.items()))
+        for op, entry in earlier.get("layout_differing", {}).items():
+            layouts.setdefault(op, entry)
         probed = [*earlier["probed"], *(name for name in probed if name not in earlier["probed"])]
         command = f"{earlier['command']}; then {command}"
     result = {"command": command, "torch": torch.__version__,
               "probed": probed, "ops_seen": len(found), "seconds": round(time.perf_counter() - started, 1),
-              "scratch_floor_bytes": SCRATCH_FLOOR, "differing": differing}
+              "scratch_floor_bytes": SCRATCH_FLOOR, "differing": differing,
+              "layout_differing": dict(sorted(layouts.items()))}
     from memlayout.io.atomic_write import write_text
 
     write_text(str(RESULTS), json.dumps(result, indent=1) + "\n")
     for op, entry in differing.items():
         print(f"{op}: extra storage up to {entry['max_extra_storage_bytes']}, scratch up to "
               f"{entry['max_scratch_bytes']} ({entry['example']})")
+    for op, entry in sorted(layouts.items()):
+        print(f"{op}: the real output's layout differs from the fake's ({entry['example']})")
     return 0
 
 

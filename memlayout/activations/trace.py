@@ -178,6 +178,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         # Scratch is invisible to real tensors too (--real): only the output sizes are the fake kernel's to correct.
         learned = learned_kernel_memory(func, args, kwargs, keeps_size=self._is_state)
         if learned is not None and self.correct_kernels:
+            out = learned.relaid(out)
             sizes = {**learned.corrected_sizes(out), **(sizes or {})}
         flat = out if isinstance(out, (tuple, list)) else (out,)
         for position, value in enumerate(flat):

@@ -69,6 +69,30 @@ def memory_format(shape: tuple[int, ...], stride: tuple[int, ...]) -> MemoryForm
     return MemoryFormat.STRIDED
 
 
+def dimension_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    """The dimensions of more than one element, from the outermost to the innermost in memory (a dimension of one
+    element has no place in a layout: its stride means nothing); among equal strides, the earlier dimension first."""
+    return tuple(sorted((dim for dim, size in enumerate(shape) if size != 1), key=lambda dim: (-stride[dim], dim)))
+
+
+def dense_strides_in_order(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of a dense tensor of `shape` whose dimensions lie in memory in `order`, outermost first; a
+    dimension absent from `order` (of one element) takes the stride of the next dimension inward."""
+    strides = [0] * len(shape)
+    step = 1
+    for dim in reversed(order):
+        strides[dim] = step
+        step *= max(shape[dim], 1)
+    placed = set(order)
+    inward = 1
+    for dim in reversed(range(len(shape))):
+        if dim in placed:
+            inward = strides[dim] * max(shape[dim], 1)
+        else:
+            strides[dim] = inward
+    return tuple(strides)
+
+
 def element_span(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> tuple[int, int]:
     """First element and one past the last element the view can touch; (offset, offset) if empty.
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from memlayout.core.cudnn_layout import CudnnLayout, layout_of, local_name, rnn_layout_problem
 from memlayout.core.facts import FLAT_BUFFER_ALIGNMENT, Facts, TensorFact
 from memlayout.core.flat_groups import flat_group_key, with_device
-from memlayout.core.strides import MemoryFormat, memory_format
+from memlayout.core.strides import MemoryFormat, dense_strides_in_order, memory_format
 from memlayout.errors import FlattenError, UsageError
 from memlayout.format_bytes import counted
 from memlayout.load.records import ModuleRecord, TensorKind
@@ -127,12 +127,7 @@ def dense_strides(shape: tuple[int, ...], fmt: MemoryFormat) -> tuple[int, ...]:
         order = (1, 4, 3, 2, 0)
     else:
         order = tuple(reversed(range(len(shape))))
-    strides = [0] * len(shape)
-    step = 1
-    for dim in order:
-        strides[dim] = step
-        step *= max(shape[dim], 1)
-    return tuple(strides)
+    return dense_strides_in_order(shape, tuple(reversed(order)))
 
 
 def _round_up(value: int, multiple: int) -> int:
