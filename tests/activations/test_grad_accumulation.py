@@ -97,3 +97,27 @@ def test_the_gpu_free_backward_sums_as_torchs_engine_does(build: Any, spec: str)
     cpu = act.analyze(build(), [spec], optimizer="none").summary.peak_bytes
     cuda = act.analyze(build(), [spec], optimizer="none", device="cuda").summary.peak_bytes
     assert cuda == cpu
+
+
+class GathersScores(nn.Module):
+    """Gathers from a score matrix, as DeBERTa's and SEW-D's disentangled attention do: `gather_backward` fills a
+    fresh zero tensor with `scatter_add_`, in place only with no dispatch mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scores = nn.Linear(64, 512)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.scores(x)
+        index = torch.arange(x.shape[1]).expand(x.shape[0], x.shape[1])[..., None].expand(-1, -1, 128)
+        return torch.gather(scores, -1, index).square().sum()
+
+
+def test_a_backward_formula_fills_its_zeros_in_place_without_a_mode_and_memlayout_follows() -> None:
+    x = torch.randn(16, 24, 64)
+    under_a_mode = _real_peak(GathersScores(), (x,), under_a_mode=True)
+    real = _real_peak(GathersScores(), (x,), under_a_mode=False)
+    assert under_a_mode - real == 16 * 24 * 512 * 4  # the formula's second result, on torch itself
+    torch.manual_seed(0)
+    predicted = act.analyze(GathersScores(), [x], optimizer="none").summary.peak_bytes
+    assert predicted == real
