@@ -88,7 +88,7 @@ def fake_outputs(func: Any, args: Any, kwargs: Any) -> tuple[tuple[int | None, .
             if isinstance(v, torch.Tensor) else v, (args, kwargs))
         out = func(*fake[0], **fake[1])
     del mode
-    from memlayout.activations.kernel_storage import dimension_order
+    from memlayout.core.strides import dimension_order
 
     flat = [v if isinstance(v, torch.Tensor) and v.layout == torch.strided else None
             for v in (out if isinstance(out, (tuple, list)) else (out,))]

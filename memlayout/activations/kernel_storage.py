@@ -38,6 +38,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlayout import _torch
+from memlayout.activations.kernel_calls import (
+    described,
+    metadata_only,
+    scalars,
+    shape_only,
+    shrunk,
+    strided_tensors,
+    zeros_like_metadata,
+)
 from memlayout.activations.kernels import forward_flops, onednn_lstm_workspace_bytes
 from memlayout.core.strides import dense_strides_in_order, dimension_order
 
@@ -69,12 +78,10 @@ LAYOUT_OPS = (
     "aten._log_softmax_backward_data.default",
     "aten.native_layer_norm_backward.default",
 )
-"""The ops whose real CPU output is laid out unlike the fake kernel's. Layer norm's backward on a transposed input
-(a convolution's channels normalized as Data2VecAudio does) returns a contiguous gradient on the CPU, where the
-fake kernel follows the input's layout; the convolution's backward then copies the real gradient into a contiguous
-one, 818,688 bytes of scratch on Data2VecAudio's second convolution, and not the fake one. Log-softmax's backward
-does the same with a time-major gradient (a CTC loss's). The real layout is learned as the storage is, and the
-fake output is given it."""
+"""Ops whose real CPU output is laid out unlike the fake's: layer norm's backward on a transposed input (Data2VecAudio's
+convolution channels) and log-softmax's on a time-major gradient (a CTC loss's) return contiguous gradients where the
+fake kernels follow the input, and a convolution's backward then copies the real one (818,688 bytes of scratch on
+Data2VecAudio's second convolution). The real layout is learned as the storage is, and given to the fake output."""
 
 SHAPE_TIED_OPS = ("aten.mkldnn_rnn_layer.default", "aten.mkldnn_rnn_layer_backward.default",
                   "aten._ctc_loss_backward.Tensor")
@@ -107,8 +114,7 @@ class KernelMemory:
     scratch_bytes: int
     """The allocator's peak inside the op above the storages of its new outputs: freed before it returns."""
     output_strides: tuple[tuple[int, ...] | None, ...] = ()
-    """Per output position, the real output's strides where they were measured at this call's own shape (empty for
-    a rule fitted at smaller batches; `output_orders` holds what carries over)."""
+    """Per output position, the real output's strides, where measured at this call's own shape."""
     output_orders: tuple[tuple[int, ...] | None, ...] = ()
     """Per output position, the real output's dimensions from the outermost to the innermost in memory."""
 
@@ -160,8 +166,8 @@ def measure_kernel(func: Any, args: Any, kwargs: Any) -> KernelMemory:
     import torch
 
     with _torch.disable_dispatch_modes(), _torch.unset_fake_temporarily():
-        real_args, real_kwargs = _torch.tree_map(_zeros_like_metadata, (args, kwargs))
-        inputs = {t.untyped_storage().data_ptr() for t in _tensors((real_args, real_kwargs))}
+        real_args, real_kwargs = _torch.tree_map(zeros_like_metadata, (args, kwargs))
+        inputs = {t.untyped_storage().data_ptr() for t in strided_tensors((real_args, real_kwargs))}
         # Once first, unmeasured: oneDNN builds and caches its primitive on the first call of a kind, and a
         # training step's kernels have run in an earlier step (the steady state is what is measured).
         func(*real_args, **real_kwargs)
@@ -215,7 +221,7 @@ def learned_kernel_memory(func: Any, args: Any, kwargs: Any, *, keeps_size: Any 
         return None
     import torch
 
-    tensors = list(_tensors((args, kwargs)))
+    tensors = list(strided_tensors((args, kwargs)))
     if not tensors or tensors[0].dim() == 0 or tensors[0].device != torch.device("cpu"):
         return None
     if str(func) in SHAPE_TIED_OPS:
@@ -225,17 +231,17 @@ def learned_kernel_memory(func: Any, args: Any, kwargs: Any, *, keeps_size: Any 
                     for t in tensors)
     # oneDNN on or off changes the kernel (and its scratch) behind the same op: it is part of the key.
     signature = (str(func), bool(torch.backends.mkldnn.enabled),
-                 *(_described(t, shrinks) for t, shrinks in zip(tensors, batched, strict=True)),
-                 _scalars(args, kwargs))
+                 *(described(t, shrinks) for t, shrinks in zip(tensors, batched, strict=True)),
+                 scalars(args, kwargs))
     if batch < SIZES[0]:
-        return _measured_at(batch, signature, func, _torch.tree_map(_metadata_only, (args, kwargs)), batched)
-    metadata = _torch.tree_map(_metadata_only, (args, kwargs))
+        return _measured_at(batch, signature, func, _torch.tree_map(metadata_only, (args, kwargs)), batched)
+    metadata = _torch.tree_map(metadata_only, (args, kwargs))
     rule = _learn(signature, func, metadata, batched)
     if rule is None:
         # The fit missed its check (oneDNN's convolution backward on [4, 32, 1599]: 1,285,936, 1,388,208 and
         # 1,625,088 bytes of scratch at batches 2, 3 and 4) or the kernel refused a smaller batch: the call itself,
         # where it is small and cheap enough to run.
-        shapes, shape_kwargs = _torch.tree_map(_shape_only, metadata)
+        shapes, shape_kwargs = _torch.tree_map(shape_only, metadata)
         if forward_flops(func, shapes, shape_kwargs, None) > LEARN_FLOPS:
             return None
         return _at_own_size(func, args, kwargs, tensors)
@@ -256,12 +262,12 @@ def _at_own_size(func: Any, args: Any, kwargs: Any, tensors: list[Any]) -> Kerne
         return None
     if str(func) == "aten.mkldnn_rnn_layer_backward.default":
         args, kwargs = _with_lstm_workspace(func, args, kwargs)
-    if any(t.numel() == 0 for t in _tensors((args, kwargs))):
+    if any(t.numel() == 0 for t in strided_tensors((args, kwargs))):
         return None
     import torch
 
-    signature = (str(func), bool(torch.backends.mkldnn.enabled), *(_described(t, False) for t in tensors),
-                 tuple(tuple(int(s) for s in t.stride()) for t in tensors), _scalars(args, kwargs))
+    signature = (str(func), bool(torch.backends.mkldnn.enabled), *(described(t, False) for t in tensors),
+                 tuple(tuple(int(s) for s in t.stride()) for t in tensors), scalars(args, kwargs))
     if signature not in _EXACT:
         try:
             _EXACT[signature] = measure_kernel(func, args, kwargs)
@@ -306,8 +312,8 @@ def _measured_at(batch: int, signature: Any, func: Any, metadata: Any, batched: 
     if key not in _EXACT:
         memory = None
         try:
-            _, call = _shrunk(metadata, batched, batch)
-            shapes, shape_kwargs = _torch.tree_map(_shape_only, call)
+            _, call = shrunk(metadata, batched, batch)
+            shapes, shape_kwargs = _torch.tree_map(shape_only, call)
             if batch > 0 and forward_flops(func, shapes, shape_kwargs, None) <= LEARN_FLOPS:
                 memory = measure_kernel(func, *call)
         except Exception:  # the kernel refuses zeros: keep the fake figures
@@ -323,8 +329,8 @@ def _learn(signature: Any, func: Any, metadata: Any, batched: tuple[bool, ...]) 
         return _RULES[signature]
     rule: Rule | None = None
     try:
-        shrunk_calls = [_shrunk(metadata, batched, size) for size in SIZES]
-        largest_args, largest_kwargs = _torch.tree_map(_shape_only, shrunk_calls[-1][1])
+        shrunk_calls = [shrunk(metadata, batched, size) for size in SIZES]
+        largest_args, largest_kwargs = _torch.tree_map(shape_only, shrunk_calls[-1][1])
         if forward_flops(func, largest_args, largest_kwargs, None) <= LEARN_FLOPS:
             points = [(numel, measure_kernel(func, *shrunk)) for numel, shrunk in shrunk_calls]
             rule = _fit(points)
@@ -360,93 +366,3 @@ def _fit(points: list[tuple[int, KernelMemory]]) -> Rule | None:
         slopes.append(slope)
         constants.append(constant)
     return tuple(slopes), tuple(constants)
-
-
-class _Metadata:
-    __slots__ = ("device", "dtype", "offset", "shape", "stride")
-
-    def __init__(self, tensor: Any) -> None:
-        self.shape = tuple(int(s) for s in tensor.shape)
-        self.stride = tuple(int(s) for s in tensor.stride())
-        self.offset = int(tensor.storage_offset())
-        self.dtype = tensor.dtype
-        self.device = tensor.device
-
-
-def _metadata_only(value: Any) -> Any:
-    import torch
-
-    return _Metadata(value) if isinstance(value, torch.Tensor) and value.layout == torch.strided else value
-
-
-def _shrunk(metadata: Any, batched: tuple[bool, ...], size: int) -> tuple[int, tuple[Any, Any]]:
-    """The arguments' metadata with the batch dimension set to `size`, and the batched tensors' elements."""
-    leaves, spec = _torch.tree_flatten(metadata)
-    tensors = iter(batched)
-    numel = 0
-    out: list[Any] = []
-    for leaf in leaves:
-        if not isinstance(leaf, _Metadata):
-            out.append(leaf)
-            continue
-        made = _Metadata.__new__(_Metadata)
-        made.dtype, made.device, made.offset = leaf.dtype, leaf.device, 0
-        made.shape = (size, *leaf.shape[1:]) if next(tensors) else leaf.shape
-        made.stride = _contiguous_like(made.shape, leaf.stride)
-        if made.shape is not leaf.shape:
-            elements = 1
-            for dim in made.shape:
-                elements *= dim
-            numel += elements
-        out.append(made)
-    args, kwargs = _torch.tree_unflatten(out, spec)
-    return numel, (args, kwargs)
-
-
-def _shape_only(value: Any) -> Any:
-    """A tensor's metadata as its shape, which torch's flop formulas read (they take shapes for tensors)."""
-    return tuple(value.shape) if isinstance(value, _Metadata) else value
-
-
-def _contiguous_like(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
-    """Dense strides for `shape` in the dimension order of `stride` (channels-last stays channels-last)."""
-    order = tuple(sorted(range(len(shape)), key=lambda dim: (-stride[dim], dim)))
-    return dense_strides_in_order(shape, order)
-
-
-def _zeros_like_metadata(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, _Metadata):
-        span = 1 + sum((s - 1) * st for s, st in zip(value.shape, value.stride, strict=True)) if all(value.shape) else 0
-        base = torch.zeros((value.offset + span,), dtype=value.dtype, device=value.device)
-        return base.as_strided(value.shape, value.stride, value.offset)
-    if isinstance(value, torch.Tensor) and value.layout == torch.strided:
-        return _zeros_like_metadata(_Metadata(value))
-    return value
-
-
-def _tensors(values: Any) -> Any:
-    import torch
-
-    leaves, _ = _torch.tree_flatten(values)
-    return (leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.layout == torch.strided)
-
-
-def _described(tensor: Any, shrinks: bool) -> Any:
-    shape = tuple(int(s) for s in tensor.shape)
-    return (shrinks, shape[1:] if shrinks else shape, tensor.dtype, tensor.layout, str(tensor.device),
-            tensor.is_contiguous(), tensor.is_contiguous(memory_format=_channels_last(tensor)))
-
-
-def _channels_last(tensor: Any) -> Any:
-    import torch
-
-    return torch.channels_last if tensor.dim() == 4 else torch.contiguous_format
-
-
-def _scalars(args: Any, kwargs: Any) -> Any:
-    import torch
-
-    leaves, spec = _torch.tree_flatten((args, kwargs))
-    return str(spec), tuple(None if isinstance(v, torch.Tensor) else repr(v) for v in leaves)
