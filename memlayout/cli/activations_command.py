@@ -4,7 +4,7 @@
 
 import os
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -36,6 +36,9 @@ from memlayout.errors import (
     UsageError,
 )
 from memlayout.output.writer import write_output
+
+if TYPE_CHECKING:
+    from memlayout.activations.ranks.parallel import ShardingOptions
 
 BUDGET_UNREACHABLE = 1
 
@@ -147,20 +150,20 @@ def activations_command(
     if inputs and input_specs:
         raise UsageError("give --inputs or --input, not both")
     budget_bytes = parse_size(budget) if budget is not None else None
+    if fit_axis is not None and allow_offload:
+        raise UsageError("--fit does not search offload plans yet", "leave --allow-offload out")
+    sharding = _sharding_options(
+        world_size, fsdp=fsdp, fsdp_modules=fsdp_modules, no_reshard_after_forward=no_reshard_after_forward,
+        param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp, allow_offload=allow_offload,
+    )
     if fit_axis is not None:
         return _fit(target, inputs, input_specs, fit_axis, budget_bytes, device=device, gpu=gpu, real=real, step=step,
-                    optimizer=optimizer, autocast=autocast, dtype=dtype, world_size=world_size, fsdp=fsdp,
-                    fsdp_modules=fsdp_modules, no_reshard_after_forward=no_reshard_after_forward,
-                    param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp, allow_offload=allow_offload,
-                    trust=trust, main_module=main_module, output_format=output_format, output=output, depth=depth)
-    distributed = {"--fsdp": fsdp, "--fsdp-modules": fsdp_modules, "--no-reshard-after-forward":
-                   no_reshard_after_forward, "--param-dtype": param_dtype, "--reduce-dtype": reduce_dtype,
-                   "--tp": tp != 1, "--allow-offload": allow_offload}
-    if gpu is not None and world_size is not None:
+                    optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
+                    main_module=main_module, output_format=output_format, output=output, depth=depth)
+    if gpu is not None and sharding is not None:
         raise UsageError("--gpu is not traced with --world-size yet", "drop --gpu; --device cuda traces ranks")
-    if world_size is not None:
+    if sharding is not None:
         from memlayout.activations.ranks import analyze_ranks
-        from memlayout.activations.ranks.parallel import ShardingOptions
 
         if step != "train":
             raise UsageError("--step inference is not traced with --world-size yet",
@@ -170,24 +173,16 @@ def activations_command(
                 f"--world-size predicts ranks on fake tensors; {'--real' if real else '--device meta'} does not apply",
                 "measure real ranks under torchrun (FSDPMemTracker), and predict for --device cpu or cuda",
             )
-        options = ShardingOptions(
-            world_size=world_size, fsdp=fsdp, fsdp_modules=tuple(fsdp_modules or ()),
-            reshard_after_forward=not no_reshard_after_forward, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-            tp=tp,
-        )
         try:
             ranks = analyze_ranks(
-                target, inputs if inputs else list(input_specs or []), sharding=options, optimizer=optimizer or DEFAULT_OPTIMIZER,
-                budget=budget_bytes, allow_offload=allow_offload, device=device, trust=trust,
-                main_module=main_module, autocast=autocast, dtype=dtype,
+                target, inputs if inputs else list(input_specs or []), sharding=sharding,
+                optimizer=optimizer or DEFAULT_OPTIMIZER, budget=budget_bytes, allow_offload=allow_offload,
+                device=device, trust=trust, main_module=main_module, autocast=autocast, dtype=dtype,
             )
         except RanksBudgetUnreachableError as exc:
             print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
             return BUDGET_UNREACHABLE
         return _write_report(ranks, output_format, output, depth)
-    given = [flag for flag, value in distributed.items() if value]
-    if given:
-        raise UsageError(f"{given[0]} needs --world-size N", "e.g. --world-size 8 --fsdp")
     try:
         report = analyze(
             target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
@@ -203,9 +198,8 @@ def activations_command(
 def _fit(
     target: str, inputs: str | None, input_specs: list[str] | None, fit_axis: str, budget_bytes: int | None, *,
     device: str, gpu: str | None, real: bool, step: str, optimizer: str | None, autocast: str | None, dtype: str | None,
-    world_size: int | None, fsdp: bool, fsdp_modules: list[str] | None, no_reshard_after_forward: bool,
-    param_dtype: str | None, reduce_dtype: str | None, tp: int, allow_offload: bool, trust: bool,
-    main_module: str | None, output_format: OutputFormat, output: str | None, depth: int,
+    sharding: "ShardingOptions | None", trust: bool, main_module: str | None, output_format: OutputFormat,
+    output: str | None, depth: int,
 ) -> int:
     """`--fit`: the largest batch (or sequence) that fits, rendered as the command's other reports are."""
     from memlayout.activations.fit import fit, parse_axis
@@ -217,23 +211,6 @@ def _fit(
     if inputs:
         raise UsageError("--fit scales the inputs' sizes, so it needs them as --input specs, not --inputs",
                          "give each input as --input DTYPE[SHAPE], e.g. --input 'int64[1,4096]<32000'")
-    if allow_offload:
-        raise UsageError("--fit does not search offload plans yet", "leave --allow-offload out")
-    sharding = None
-    if world_size is not None:
-        from memlayout.activations.ranks.parallel import ShardingOptions
-
-        sharding = ShardingOptions(
-            world_size=world_size, fsdp=fsdp, fsdp_modules=tuple(fsdp_modules or ()),
-            reshard_after_forward=not no_reshard_after_forward, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-            tp=tp,
-        )
-    else:
-        given = [flag for flag, value in {"--fsdp": fsdp, "--fsdp-modules": fsdp_modules, "--no-reshard-after-forward":
-                 no_reshard_after_forward, "--param-dtype": param_dtype, "--reduce-dtype": reduce_dtype,
-                 "--tp": tp != 1}.items() if value]
-        if given:
-            raise UsageError(f"{given[0]} needs --world-size N", "e.g. --world-size 8 --fsdp")
     try:
         report = fit(
             target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget_bytes, device=device, gpu=gpu,
@@ -244,6 +221,30 @@ def _fit(
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
         return BUDGET_UNREACHABLE
     return _write_report(report, output_format, output, depth)
+
+
+def _sharding_options(
+    world_size: int | None, *, fsdp: bool, fsdp_modules: list[str] | None, no_reshard_after_forward: bool,
+    param_dtype: str | None, reduce_dtype: str | None, tp: int, allow_offload: bool,
+) -> "ShardingOptions | None":
+    """--world-size and the flags that shape its ranks, as one ShardingOptions; None without --world-size.
+
+    A rank flag without --world-size is refused rather than ignored: the user asked for ranks.
+    """
+    if world_size is None:
+        rank_flags = {"--fsdp": fsdp, "--fsdp-modules": fsdp_modules, "--no-reshard-after-forward":
+                      no_reshard_after_forward, "--param-dtype": param_dtype, "--reduce-dtype": reduce_dtype,
+                      "--tp": tp != 1, "--allow-offload": allow_offload}
+        given = [flag for flag, value in rank_flags.items() if value]
+        if given:
+            raise UsageError(f"{given[0]} needs --world-size N", "e.g. --world-size 8 --fsdp")
+        return None
+    from memlayout.activations.ranks.parallel import ShardingOptions
+
+    return ShardingOptions(
+        world_size=world_size, fsdp=fsdp, fsdp_modules=tuple(fsdp_modules or ()),
+        reshard_after_forward=not no_reshard_after_forward, param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp,
+    )
 
 
 def _write_report(report: Any, output_format: OutputFormat, output: str | None, depth: int) -> int:
