@@ -21,12 +21,14 @@ from memlayout.cli.options import (
     DiffFailOnOption,
     DiffFormatOption,
     DiffTieOption,
+    DownloadOption,
     HtmlOption,
     IgnoreOption,
     IsolatedOption,
     MinDuplicateBytesOption,
     OutputOption,
     SelectOption,
+    TimeoutOption,
     settings_with_flags,
 )
 from memlayout.cli.progress import progress_callback
@@ -62,11 +64,19 @@ def diff_command(
     min_duplicate_bytes: MinDuplicateBytesOption = None,
     config: ConfigOption = None,
     isolated: IsolatedOption = False,
+    timeout: TimeoutOption = 30,
+    download: DownloadOption = False,
     debug: DebugOption = False,
 ) -> int:
     """Compare checkpoint A with B: tensors added and removed, dtype/shape/stride/device changes, lost ties, bytes."""
     from memlayout.diff import DiffOptions, run_diff
     from memlayout.diff.names import NameMap, parse_renames
+    from memlayout.load.remote_location import RemoteOptions, remote_location
+
+    if remote_location(a) is not None or remote_location(b) is not None:
+        from memlayout.io.remote import start_importing_transport
+
+        start_importing_transport()
 
     prefixes = tuple(strip_prefix or ())
     if any(not p for p in prefixes):
@@ -83,6 +93,7 @@ def diff_command(
         ignore=settings.ignore,
         rules=settings.rule_config(deep),
         per_tensor_ignores=settings.per_tensor_ignores,
+        remote=RemoteOptions(timeout_s=timeout, download=download),
     )
     with progress_callback(enabled=deep) as progress:
         diff = run_diff(a, b, options, progress=progress)

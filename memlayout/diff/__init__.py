@@ -38,6 +38,9 @@ class DiffOptions:
     are by B's names; its `deep` is this object's own, which says more for a diff."""
     per_tensor_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """(glob, codes) pairs: a finding all of whose tensors match a glob listing its code is dropped."""
+    remote: RemoteOptions = field(default_factory=RemoteOptions)
+    """How a URL or Hub model on either side is read (--timeout, --download); its `fetch_contents`
+    follows `deep`."""
 
 
 def run_diff(
@@ -72,7 +75,7 @@ def run_diff(
     config = replace(options.rules, deep=options.deep)
     # Both sides stay open until the values are compared; nothing is executed from either.
     # A URL or Hub model on either side is read by range; its tensor bytes only for --deep.
-    remote = RemoteOptions(fetch_contents=options.deep)
+    remote = options.remote._replace(fetch_contents=options.deep)
     with load_target(a, remote) as source_a, load_target(b, remote) as source_b:
         # --tie names B's tensors; A's own declarations come from A.
         # per-tensor-ignores drop findings on both sides, as inspect drops them.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -91,3 +92,21 @@ def test_a_slow_server_times_out_within_the_bound(nginx: Server, served_file: Pa
 def test_nothing_listening_is_one_line() -> None:
     line = one_line_failure(memlayout("inspect", f"http://127.0.0.1:{free_port()}/model.safetensors"))
     assert "cannot connect" in line
+
+
+def test_diff_follows_the_download_hint_as_inspect_does(nginx: Server, served_file: Path) -> None:
+    # The refusal's hint names --download; diff reads URLs too, so the hint must work there.
+    url = f"{nginx.url}/norange/errors.safetensors"
+    line = one_line_failure(memlayout("diff", url, str(served_file)))
+    assert "--download" in line
+    run = memlayout("diff", "--download", "--format", "json", url, str(served_file))
+    assert run.code == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["a"]["summary"]["tensors"] == 2 and report["changes"] == []
+
+
+def test_diff_times_out_within_the_bound(nginx: Server, served_file: Path) -> None:
+    started = time.monotonic()
+    line = one_line_failure(memlayout("diff", "--timeout", "1", str(served_file), f"{nginx.url}/slow/errors.safetensors"))
+    assert "no complete reply within 1 s" in line and "--timeout SECONDS" in line
+    assert time.monotonic() - started < 30
