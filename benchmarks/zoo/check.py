@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.zoo.catalog import Architecture, Built, NoInputs, by_name
+from benchmarks.zoo.render import range_miss
 
 OPTIMIZER = "adamw"
 """The step measured and predicted: forward, backward and AdamW's step, its state there from the start."""
@@ -320,11 +321,8 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
         record["peak_bytes_min"], record["peak_bytes_max"] = low, high
         record["measured_in_range"] = low <= plain.peak_bytes <= high
         if not record["measured_in_range"]:
-            # in bytes: a range and a peak a few bytes apart read the same in MiB
-            side = f"{plain.peak_bytes - high:,} B above" if plain.peak_bytes > high else f"{low - plain.peak_bytes:,} B below"
-            record["reason"] = "; ".join(part for part in (
-                record["reason"], f"the measured peak {plain.peak_bytes:,} B is {side} the predicted range "
-                f"{low:,} to {high:,} B") if part)
+            record["reason"] = "; ".join(part for part in (record["reason"], range_miss(plain.peak_bytes, low, high))
+                                         if part)
     record["within_2pct"] = abs(predicted - plain.peak_bytes) <= TOLERANCE * plain.peak_bytes
     if not record["within_2pct"]:
         record["reason"] = (f"{record['reason']}; " if record.get("mode") else "") + (f"predicted {mib(predicted)} against {mib(plain.peak_bytes)} measured "

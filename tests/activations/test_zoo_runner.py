@@ -171,6 +171,18 @@ def test_figures_count_what_the_goals_name() -> None:
     assert found.within_share == 0.5
 
 
+def test_a_range_miss_is_stated_in_the_bytes_it_misses_by() -> None:
+    # an older record said it in MiB, where a peak 8 B above a one-value range read as inside it
+    record = {"reason": "followed the hint --real: x; the measured peak 3.05 MiB is outside the predicted range "
+              "3.05 MiB to 3.05 MiB", "measured_peak_bytes": 3197656, "peak_bytes_min": 3197648,
+              "peak_bytes_max": 3197648, "measured_in_range": False}
+    assert render.reason(record) == ("followed the hint --real: x; the measured peak 3,197,656 B is 8 B above the "
+                                     "predicted range 3,197,648 to 3,197,648 B")
+    below = dict(record, measured_peak_bytes=3197000, peak_bytes_max=3197700, reason="")
+    assert render.reason(below) == ""  # a record that states no range miss is not given one
+    assert render.reason(dict(record, measured_in_range=True)) == record["reason"]
+
+
 def test_the_docs_page_is_what_the_results_give() -> None:
     if not render.RESULTS.exists():
         pytest.fail(f"{render.RESULTS} is missing: run make zoo")
