@@ -1,8 +1,8 @@
 """Find the aten ops whose real CPU kernel allocates what the fake kernel does not show.
 
-For every aten op a real training step runs (the zoo sweep's architectures, a small
-ResNet, models ending in mse_loss), each distinct call (op, shapes, strides, dtype)
-runs once more on zeros under the allocator's events
+For every aten op a real training step, and a forward under `torch.inference_mode`,
+runs (the zoo sweep's architectures, a small ResNet, models ending in mse_loss), each
+distinct call (op, shapes, strides, dtype) runs once more on zeros under the allocator's events
 (memlayout.activations.kernel_storage.measure_kernel) and once under FakeTensorMode.
 An op is listed when its real output storage differs from the fake output's, or
 when the allocator's peak inside it exceeds its new outputs (scratch).
@@ -44,7 +44,9 @@ SCRATCH_FLOOR = 4096
 
 
 def ops_of_step(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[Any, tuple[Any, Any, Any]]:
-    """Every distinct aten call of one real training step: signature -> (op, args, kwargs)."""
+    """Every distinct aten call of one real training step, then of one forward as `--step inference` runs it (eval
+    mode, `torch.inference_mode`, where some ops reach a dispatch mode whole: the CPU's LSTM as aten.lstm.input):
+    signature -> (op, args, kwargs)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -74,6 +76,9 @@ def ops_of_step(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> di
     torch.manual_seed(0)
     with Recorder():
         run_step(model, args, kwargs)
+    model.eval()
+    with Recorder(), torch.inference_mode():
+        model(*args, **kwargs)
     return seen
 
 

@@ -52,16 +52,29 @@ from memlayout.core.strides import dense_strides_in_order, dimension_order
 
 LEARNED_OPS = (
     # as torch prints the overload; the ops benchmarks/kernel_storage_probe.py found (its results file
-    # benchmarks/results/kernel_storage_probe.json lists the bytes it saw, and a test keeps the two equal)
+    # benchmarks/results/kernel_storage_probe.json lists the bytes it saw, and a test keeps the two equal).
+    # Composite ops (conv2d, layer_norm, lstm.input, scaled_dot_product_attention, ...) reach the trace whole
+    # only under torch.inference_mode (`--step inference`), where the Autograd keys that would decompose them
+    # first are off: the fake kernel shows their outputs alone, the real one also allocates what their parts do.
     "aten._ctc_loss_backward.Tensor",
     "aten._log_softmax_backward_data.default",
     "aten._safe_softmax.default",
     "aten._scaled_dot_product_flash_attention_for_cpu.default",
     "aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
+    "aten.batch_norm.default",
+    "aten.conv1d.default",
+    "aten.conv2d.default",
     "aten.convolution.default",
     "aten.convolution_backward.default",
+    "aten.cross_entropy_loss.default",
     "aten.embedding_dense_backward.default",
     "aten.gelu_backward.default",
+    "aten.group_norm.default",
+    "aten.gru.input",
+    "aten.layer_norm.default",
+    "aten.lstm.input",
+    "aten.matmul.default",
+    "aten.max_pool2d.default",
     "aten.mkldnn_rnn_layer.default",
     "aten.mkldnn_rnn_layer_backward.default",
     "aten.mm.default",
@@ -70,6 +83,8 @@ LEARNED_OPS = (
     "aten.native_batch_norm_backward.default",
     "aten.native_layer_norm.default",
     "aten.native_layer_norm_backward.default",
+    "aten.rnn_tanh.input",
+    "aten.scaled_dot_product_attention.default",
 )
 """The ops whose real CPU kernel allocates what its fake kernel does not show (see the module's doc)."""
 
@@ -84,10 +99,11 @@ fake kernels follow the input, and a convolution's backward then copies the real
 Data2VecAudio's second convolution). The real layout is learned as the storage is, and given to the fake output."""
 
 SHAPE_TIED_OPS = ("aten.mkldnn_rnn_layer.default", "aten.mkldnn_rnn_layer_backward.default",
-                  "aten._ctc_loss_backward.Tensor")
+                  "aten._ctc_loss_backward.Tensor", "aten.lstm.input", "aten.gru.input", "aten.rnn_tanh.input")
 """Ops whose arguments are tied by sizes the first dimension does not show (oneDNN's LSTM backward reads a
 workspace laid out for the forward's sequence length; the CTC loss's log-probabilities are time-major, [T, N, C],
-beside per-sample [N] lengths): a smaller batch would hand the kernel arguments it indexes out of bounds (it
+beside per-sample [N] lengths; a whole RNN, as `--step inference` meets it under `torch.inference_mode`, takes its
+hidden state batch-second, [layers, N, H], whatever its input's layout): a smaller batch would hand the kernel arguments it indexes out of bounds (it
 crashes: UniSpeechSatForCTC and ParakeetForCTC did), so these run at their own size, on zeros, up to EXACT_BYTES
 of arguments."""
 EXACT_BYTES = 64 << 20

@@ -253,6 +253,26 @@ def saved_bytes_seen_by_pack_hook(model: torch.nn.Module, args: tuple[Any, ...],
     return sum(alive.values())
 
 
+def allocator_inference_peak(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """The peak of one forward as serving code runs it (eval mode, `torch.inference_mode`), by the CPU allocator's
+    own events as `allocator_peak_step` takes a training step's: the model's state and the inputs counted once by
+    storage, the profile's allocations and frees summed in order on top. A kernel's scratch counts here, as it
+    does in the process's memory; a storage counter sees only what ops return. A first forward runs unprofiled, so
+    that one-time allocations (oneDNN's primitive caches) are not taken for the step's."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model.eval()
+    before = state_bytes([*model.parameters(), *model.buffers(), *args, *kwargs.values()])
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        model(*args, **kwargs)
+    torch.manual_seed(0)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled, torch.inference_mode():
+        output = model(*args, **kwargs)
+        del output
+    return before + allocator_peak(profiled.profiler.kineto_results.events())
+
+
 def inference_peak(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
     """The peak of one forward as serving code runs it (eval mode, `torch.inference_mode`), counted by storages
     alone as `storage_peak_step` counts a training step: the model's state and the inputs from the start, then

@@ -1,0 +1,124 @@
+"""`--step inference` over the zoo's architectures: the prediction against a real forward's allocator events.
+
+For each architecture of the zoo catalog (benchmarks/zoo/catalog.py, the models of
+transformers' and diffusers' registries built from tiny configs), in a fresh process
+with a timeout:
+- the real forward as serving code runs it (eval mode, `torch.inference_mode`), its peak
+  by the CPU allocator's own events (tests/activations/measure.py's
+  allocator_inference_peak), a first forward run unprofiled;
+- memlayout's prediction, `analyze(..., step="inference")`, on fake tensors.
+
+A record is within 2% when the two peaks are. Prints each ratio and the share within
+2%, and writes benchmarks/results/inference_sweep.json.
+
+Usage:
+    python -m benchmarks.inference_sweep --sample 60 --seed 5 --jobs 2
+    python -m benchmarks.inference_sweep --arch LlamaForCausalLM --arch 'torch.nn.LSTM (3 layers, dropout)'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "inference_sweep.json"
+TOLERANCE = 0.02
+
+
+def check_one(name: str) -> dict[str, Any]:
+    """One architecture's record: built, measured for real, predicted."""
+    import torch
+
+    import memlayout.activations as act
+    from benchmarks.zoo.catalog import by_name
+    from benchmarks.zoo.check import memlayout_error, one_line, seed_other_generators
+    from tests.activations.measure import allocator_inference_peak
+
+    torch.set_num_threads(1)  # the sweep shares the machine; one thread also keeps the kernels' order fixed
+    arch = by_name()[name]
+    record: dict[str, Any] = {"architecture": name, "family": arch.family, "status": "ok"}
+    try:
+        built = arch.build()
+    except Exception as exc:
+        return record | {"status": "unsupported", "reason": f"does not build: {one_line(exc)}"[:300]}
+    try:
+        seed_other_generators()
+        measured = allocator_inference_peak(built.model, tuple(built.args), dict(built.kwargs))
+    except Exception as exc:
+        return record | {"status": "unsupported", "reason": f"the real forward fails: {one_line(exc)}"[:300]}
+    built = arch.build()
+    try:
+        predicted = act.analyze(built.model, list(built.args), kwargs=built.kwargs, step="inference").summary.peak_bytes
+    except Exception as exc:
+        return record | {"status": "failed", "measured_peak_bytes": measured,
+                         "reason": f"no prediction: {memlayout_error(exc)}"[:300]}
+    return record | {"measured_peak_bytes": measured, "predicted_peak_bytes": predicted,
+                     "ratio": round(predicted / measured, 4),
+                     "within_2pct": abs(predicted - measured) <= TOLERANCE * measured}
+
+
+def run_child(name: str, timeout: float) -> dict[str, Any]:
+    """`check_one` in a fresh process: one architecture's crash or hang ends its record only."""
+    started = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", "benchmarks.inference_sweep", "--one", name], cwd=ROOT,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        record = {"architecture": name, "status": "failed", "reason": f"stopped at the {timeout:g} s timeout"}
+    else:
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        record = json.loads(lines[-1]) if done.returncode == 0 and lines else {
+            "architecture": name, "status": "failed",
+            "reason": f"the check exited {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1]}"[:300]}
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    return record
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.inference_sweep", description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", action="append", default=[], help="an architecture of the catalog (repeatable)")
+    parser.add_argument("--sample", type=int, help="this many architectures of the catalog, drawn at random")
+    parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for one architecture")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.one:
+        print(json.dumps(check_one(options.one)))
+        return 0
+    from benchmarks.zoo.catalog import by_name
+
+    names = options.arch or sorted(by_name())
+    if options.sample is not None and not options.arch:
+        names = sorted(random.Random(options.seed).sample(names, min(options.sample, len(names))))
+    started = time.perf_counter()
+    with ThreadPoolExecutor(options.jobs) as pool:
+        records = list(pool.map(lambda name: run_child(name, options.timeout), names))
+    import torch
+
+    runnable = [r for r in records if r["status"] != "unsupported"]
+    within = [r for r in runnable if r.get("within_2pct")]
+    for record in records:
+        ratio = f"{record['ratio']:.4f}" if "ratio" in record else "-"
+        print(f"{record['architecture']}: {record['status']}, predicted/measured {ratio} {record.get('reason', '')}")
+    print(f"within 2% of the allocator's peak: {len(within)} of {len(runnable)} runnable ({len(records)} drawn)")
+    result = {"command": shlex.join(["python", "-m", "benchmarks.inference_sweep", *argv]), "torch": torch.__version__,
+              "wall_seconds": round(time.perf_counter() - started, 1), "architectures": len(records),
+              "runnable": len(runnable), "within_2pct": len(within), "records": records}
+    from memlayout.io.atomic_write import write_text
+
+    write_text(str(RESULTS), json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
