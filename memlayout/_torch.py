@@ -319,6 +319,14 @@ def op_schema(op: Any) -> Any:
     return op._schema
 
 
+def is_composite(op: Any) -> bool:
+    """Whether an aten op overload is CompositeImplicitAutograd: a function of other ops, which the Autograd keys
+    split into its parts before a dispatch mode sees it, except under `torch.inference_mode` (kernel_storage.py)."""
+    import torch
+
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"))
+
+
 def device_copy_ops() -> frozenset[Any]:
     """The aten ops that copy a tensor to a device: `aten._to_copy` (`.to()`) and `aten.copy_`."""
     import torch

@@ -66,6 +66,16 @@ def _contiguous_like(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[i
     return dense_strides_in_order(shape, order)
 
 
+def meta_like_metadata(value: Any) -> Any:
+    """A tensor's metadata as a meta tensor of its shape, strides and dtype (for counting an op's FLOPs); others as
+    they are."""
+    import torch
+
+    if isinstance(value, Metadata):
+        return torch.empty_strided(value.shape, value.stride, dtype=value.dtype, device="meta")
+    return value
+
+
 def zeros_like_metadata(value: Any) -> Any:
     import torch
 

@@ -40,6 +40,7 @@ from typing import Any
 from memlayout import _torch
 from memlayout.activations.kernel_calls import (
     described,
+    meta_like_metadata,
     metadata_only,
     scalars,
     shape_only,
@@ -257,8 +258,7 @@ def learned_kernel_memory(func: Any, args: Any, kwargs: Any, *, keeps_size: Any 
         # The fit missed its check (oneDNN's convolution backward on [4, 32, 1599]: 1,285,936, 1,388,208 and
         # 1,625,088 bytes of scratch at batches 2, 3 and 4) or the kernel refused a smaller batch: the call itself,
         # where it is small and cheap enough to run.
-        shapes, shape_kwargs = _torch.tree_map(shape_only, metadata)
-        if forward_flops(func, shapes, shape_kwargs, None) > LEARN_FLOPS:
+        if call_flops(func, metadata) > LEARN_FLOPS:
             return None
         return _at_own_size(func, args, kwargs, tensors)
     numel = sum(t.numel() for t, shrinks in zip(tensors, batched, strict=True) if shrinks)
@@ -321,6 +321,29 @@ _ORDERS: dict[Any, tuple[tuple[int, ...] | None, ...]] = {}
 assumed not to change with the batch (the runs at each of SIZES agree, or none is kept)."""
 
 
+def call_flops(func: Any, metadata: Any) -> int:
+    """FLOPs of one call, from its arguments' metadata: torch's flop formula for the op; for a composite op, which
+    reaches the trace whole only under torch.inference_mode (`aten.conv2d`, `aten.scaled_dot_product_attention`),
+    the sum over its parts, as torch's FlopCounterMode counts them on meta tensors. A composite whose parts do not
+    run on meta counts as too costly to learn: its cost is unknown, and attention through the math path at a long
+    sequence would take seconds and gigabytes."""
+    shapes, shape_kwargs = _torch.tree_map(shape_only, metadata)
+    flops = forward_flops(func, shapes, shape_kwargs, None)
+    if flops or not _torch.is_composite(func):
+        return flops
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with _torch.disable_dispatch_modes(), torch.inference_mode(False):
+            meta_args, meta_kwargs = _torch.tree_map(meta_like_metadata, metadata)
+            with FlopCounterMode(display=False) as counter:
+                func(*meta_args, **meta_kwargs)
+    except Exception:
+        return LEARN_FLOPS + 1
+    return int(counter.get_total_flops())
+
+
 def _measured_at(batch: int, signature: Any, func: Any, metadata: Any, batched: tuple[bool, ...]) -> KernelMemory | None:
     """The real kernel's memory at this (small) batch, measured once per signature; None when it would cost over
     LEARN_FLOPS or the kernel refuses zeros."""
@@ -329,8 +352,7 @@ def _measured_at(batch: int, signature: Any, func: Any, metadata: Any, batched: 
         memory = None
         try:
             _, call = shrunk(metadata, batched, batch)
-            shapes, shape_kwargs = _torch.tree_map(shape_only, call)
-            if batch > 0 and forward_flops(func, shapes, shape_kwargs, None) <= LEARN_FLOPS:
+            if batch > 0 and call_flops(func, call) <= LEARN_FLOPS:
                 memory = measure_kernel(func, *call)
         except Exception:  # the kernel refuses zeros: keep the fake figures
             memory = None
@@ -346,8 +368,7 @@ def _learn(signature: Any, func: Any, metadata: Any, batched: tuple[bool, ...]) 
     rule: Rule | None = None
     try:
         shrunk_calls = [shrunk(metadata, batched, size) for size in SIZES]
-        largest_args, largest_kwargs = _torch.tree_map(shape_only, shrunk_calls[-1][1])
-        if forward_flops(func, largest_args, largest_kwargs, None) <= LEARN_FLOPS:
+        if call_flops(func, shrunk_calls[-1][1]) <= LEARN_FLOPS:
             points = [(numel, measure_kernel(func, *shrunk)) for numel, shrunk in shrunk_calls]
             rule = _fit(points)
             if rule is not None and len({memory.output_orders for _, memory in points}) == 1:

@@ -172,6 +172,29 @@ def test_an_attention_too_costly_to_run_is_not_learned_and_a_short_one_is() -> N
     assert abs(learned.scratch_bytes - real.scratch_bytes) <= 64
 
 
+def test_a_composite_attention_is_costed_by_its_parts_before_it_is_run() -> None:
+    # under inference_mode SDPA reaches the trace whole, an op torch's flop formulas do not list; with a mask on
+    # the CPU it runs the math path, whose [4, 32, 2048, 2048] score would take 2 GiB and seconds to learn
+    from torch.utils.flop_counter import sdpa_flop
+
+    from memlayout.activations.kernel_calls import metadata_only
+    from memlayout.activations.kernel_storage import LEARN_FLOPS, call_flops
+
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    heads, dim = 32, 64
+    long_sequence, long_mask = torch.zeros(4, heads, 2048, dim), torch.zeros(4, 1, 2048, 2048)
+    shape = (4, heads, 2048, dim)
+    counted = call_flops(sdpa, _torch.tree_map(metadata_only, ((long_sequence,) * 3 + (long_mask,), {})))
+    assert counted >= sdpa_flop(shape, shape, shape) > LEARN_FLOPS
+    with torch.inference_mode():
+        assert learned_kernel_memory(sdpa, (long_sequence,) * 3 + (long_mask,), {}) is None
+        short, short_mask = torch.zeros(4, heads, 64, dim), torch.zeros(4, 1, 64, 64)
+        learned = learned_kernel_memory(sdpa, (short,) * 3 + (short_mask,), {})
+        assert learned is not None and learned.scratch_bytes > 0
+        real = measure_kernel(sdpa, (short,) * 3 + (short_mask,), {})
+    assert abs(learned.scratch_bytes - real.scratch_bytes) <= 64
+
+
 def test_a_convolution_is_learned_at_any_batch_though_onednn_takes_another_path_at_batch_1() -> None:
     op = torch.ops.aten.convolution.default
 
