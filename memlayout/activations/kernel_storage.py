@@ -59,9 +59,11 @@ LEARNED_OPS = (
     # first are off: the fake kernel shows their outputs alone, the real one also allocates what their parts do.
     "aten._ctc_loss_backward.Tensor",
     "aten._log_softmax_backward_data.default",
+    "aten._native_multi_head_attention.default",
     "aten._safe_softmax.default",
     "aten._scaled_dot_product_flash_attention_for_cpu.default",
     "aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
+    "aten._transformer_encoder_layer_fwd.default",
     "aten.batch_norm.default",
     "aten.conv1d.default",
     "aten.conv2d.default",

@@ -13,7 +13,13 @@ FLOPs come from `torch.utils.flop_counter`'s registry (matmuls, convolutions,
 attention; element-wise ops count 0, as FlopCounterMode counts them).
 
 Whether a seeded op draws random numbers is read off its schema here too: a
-dropout probability of 0, or `train=False`, means it draws none.
+dropout probability of 0, or `train=False`, means it draws none. Such a dropout
+returns its input tensor itself from ATen's kernel (`_dropout_impl` in
+Dropout.cpp), and a copy from torch's Python decomposition (`dropout` in
+torch/_decomp/decompositions.py, `input.clone()`), which fake tensors run: the
+op reaches the trace whole only under `torch.inference_mode` (`--step
+inference`, where the model is in eval mode), and there the copy would be a
+storage the real forward never has.
 """
 
 from __future__ import annotations
@@ -109,6 +115,17 @@ def forward_flops(func: Any, args: Any, kwargs: Any, out: Any) -> int:
         return int(formula(*args, **kwargs, out_val=out))
     except Exception:  # a formula that does not fit an unusual call counts nothing rather than failing the trace
         return 0
+
+
+_DROPOUTS = frozenset({"dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"})
+
+
+def returns_its_input(func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether the real kernel returns its first argument itself where the fake one copies it: a dropout that
+    draws nothing (see the module's doc)."""
+    packet = func.overloadpacket
+    return (getattr(packet, "__name__", "") in _DROPOUTS and func._overloadname == "default"
+            and not draws_random_numbers(func, args, kwargs))
 
 
 def draws_random_numbers(func: Any, args: Any, kwargs: Any) -> bool:

@@ -49,6 +49,7 @@ from memlayout.activations.kernels import (
     corrected_output_nbytes,
     draws_random_numbers,
     forward_flops,
+    returns_its_input,
 )
 from memlayout.activations.module_state import (
     module_attributes,
@@ -173,7 +174,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             summing = not self.stack and self.accumulations.is_sum(func, node, args, kwargs)
         elif phase in (Phase.FORWARD, Phase.LOSS) and self.stack:
             self._check_inputs(func, args, kwargs)
-        out = func(*args, **kwargs)
+        out = args[0] if returns_its_input(func, args, kwargs) else func(*args, **kwargs)
         sizes = corrected_output_nbytes(func, args, kwargs) if self.correct_kernels else None
         # Scratch is invisible to real tensors too (--real): only the output sizes are the fake kernel's to correct.
         learned = learned_kernel_memory(func, args, kwargs, keeps_size=self._is_state)
