@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     with ThreadPoolExecutor(options.jobs) as pool:
         records = list(pool.map(lambda name: run_child(name, options.timeout), names))
-    import torch
+    from benchmarks.zoo.run import versions
 
     runnable = [r for r in records if r["status"] != "unsupported"]
     within = [r for r in runnable if r.get("within_2pct")]
@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
         ratio = f"{record['ratio']:.4f}" if "ratio" in record else "-"
         print(f"{record['architecture']}: {record['status']}, predicted/measured {ratio} {record.get('reason', '')}")
     print(f"within 2% of the allocator's peak: {len(within)} of {len(runnable)} runnable ({len(records)} drawn)")
-    result = {"command": shlex.join(["python", "-m", "benchmarks.inference_sweep", *argv]), "torch": torch.__version__,
+    result = {"command": shlex.join(["python", "-m", "benchmarks.inference_sweep", *argv]), "versions": versions(),
               "wall_seconds": round(time.perf_counter() - started, 1), "architectures": len(records),
               "runnable": len(runnable), "within_2pct": len(within), "records": records}
     from memlayout.io.atomic_write import write_text
