@@ -15,11 +15,11 @@ attention; element-wise ops count 0, as FlopCounterMode counts them).
 Whether a seeded op draws random numbers is read off its schema here too: a
 dropout probability of 0, or `train=False`, means it draws none. Such a dropout
 returns its input tensor itself from ATen's kernel (`_dropout_impl` in
-Dropout.cpp), and a copy from torch's Python decomposition (`dropout` in
-torch/_decomp/decompositions.py, `input.clone()`), which fake tensors run: the
-op reaches the trace whole only under `torch.inference_mode` (`--step
-inference`, where the model is in eval mode), and there the copy would be a
-storage the real forward never has.
+Dropout.cpp); torch's Python decomposition, which fake tensors run, returned a
+copy before torch 2.14 (`dropout` in torch/_decomp/decompositions.py,
+`input.clone()`) and returns the input from 2.14. The op reaches the trace whole
+only under `torch.inference_mode` (`--step inference`, where the model is in eval
+mode), and there the copy would be a storage the real forward never has.
 """
 
 from __future__ import annotations
