@@ -58,6 +58,8 @@ FUNCTION_LEVEL_TARGETS_ALLOWED: dict[str, str] = {
     "memlayout.load.restricted_pickle": "the unpickler: only for a file whose first byte opens a pickle",
     "memlayout.load.polyglot": "read only after a file loaded, to name the other formats it is valid as",
     "memlayout.load.remote": "remote reads, only for a URL or a Hub id",
+    "memlayout.io.remote": "the HTTP transport's front (asyncio, about 50 ms): only for a URL or a Hub id; "
+                           "cli.options, which every command loads, starts it from there",
     "memlayout.load.import_spec": "runs the user's code: only for a `pkg.module:callable` target",
     "memlayout.load.live": "live objects, only when given one: import_spec is loaded for every path "
                            "(batch asks looks_like_spec of each), and must not bring it",

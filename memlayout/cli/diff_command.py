@@ -29,6 +29,7 @@ from memlayout.cli.options import (
     OutputOption,
     SelectOption,
     TimeoutOption,
+    remote_reading,
     settings_with_flags,
 )
 from memlayout.cli.progress import progress_callback
@@ -71,13 +72,8 @@ def diff_command(
     """Compare checkpoint A with B: tensors added and removed, dtype/shape/stride/device changes, lost ties, bytes."""
     from memlayout.diff import DiffOptions, run_diff
     from memlayout.diff.names import NameMap, parse_renames
-    from memlayout.load.remote_location import RemoteOptions, remote_location
 
-    if remote_location(a) is not None or remote_location(b) is not None:
-        from memlayout.io.remote import start_importing_transport
-
-        start_importing_transport()
-
+    remote = remote_reading([a, b], timeout, download)
     prefixes = tuple(strip_prefix or ())
     if any(not p for p in prefixes):
         raise UsageError("--strip-prefix needs a non-empty PREFIX", "e.g. --strip-prefix module.")
@@ -93,7 +89,7 @@ def diff_command(
         ignore=settings.ignore,
         rules=settings.rule_config(deep),
         per_tensor_ignores=settings.per_tensor_ignores,
-        remote=RemoteOptions(timeout_s=timeout, download=download),
+        remote=remote,
     )
     with progress_callback(enabled=deep) as progress:
         diff = run_diff(a, b, options, progress=progress)

@@ -32,6 +32,7 @@ from memlayout.cli.options import (
     OutputOption,
     SelectOption,
     TimeoutOption,
+    remote_reading,
     settings_with_flags,
 )
 from memlayout.cli.progress import progress_callback
@@ -141,12 +142,7 @@ def inspect_command(
                 "inspect takes no --trust: it never runs code from the file, so there is nothing to allow",
                 "drop --trust; only `memlayout flatten` of a pickled module needs it",
             )
-        from memlayout.load.remote_location import RemoteOptions, remote_location
-
-        if any(remote_location(path) is not None for path in paths):
-            from memlayout.io.remote import start_importing_transport
-
-            start_importing_transport()
+        remote = remote_reading(paths, timeout, download)
         from memlayout.pipeline.baseline import apply_baseline_flags
         from memlayout.pipeline.batch import inspect_paths
 
@@ -159,7 +155,7 @@ def inspect_command(
             batch = inspect_paths(
                 paths, config=settings.rule_config(deep), select=settings.select, ignore=settings.ignore,
                 fail_on=settings.fail_on, per_tensor_ignores=settings.per_tensor_ignores, progress=progress,
-                debug=debug, exchange=ranks, remote=RemoteOptions(timeout_s=timeout, download=download),
+                debug=debug, exchange=ranks, remote=remote,
             )
         if report_load_errors(batch):
             return USAGE_OR_LOAD_ERROR

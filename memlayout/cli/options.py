@@ -15,6 +15,7 @@ import typer
 
 from memlayout.cli.formats import Command, OutputFormat, formats_for, to_format
 from memlayout.errors import UsageError
+from memlayout.load.remote_location import RemoteOptions, remote_location
 from memlayout.severity import FailOn
 
 if TYPE_CHECKING:
@@ -73,6 +74,19 @@ DownloadOption = Annotated[
     typer.Option("--download", help="For URLs whose server ignores HTTP Range requests: download the whole file "
                  "instead of refusing."),
 ]
+
+
+def remote_reading(targets: list[str], timeout: int, download: bool) -> RemoteOptions:
+    """--timeout and --download as the loaders take them. Where a target is a URL or a Hub model, fsspec's HTTP
+    transport starts importing in the background first (`start_importing_transport`), as the command's own
+    imports go on."""
+    if any(remote_location(target) is not None for target in targets):
+        from memlayout.io.remote import start_importing_transport
+
+        start_importing_transport()
+    return RemoteOptions(timeout_s=timeout, download=download)
+
+
 HtmlOption = Annotated[
     str | None,
     typer.Option("--html", help="Also write the self-contained HTML storage map (--format html) to FILE.",
