@@ -106,9 +106,9 @@ SHAPE_TIED_OPS = ("aten.mkldnn_rnn_layer.default", "aten.mkldnn_rnn_layer_backwa
 """Ops whose arguments are tied by sizes the first dimension does not show (oneDNN's LSTM backward reads a
 workspace laid out for the forward's sequence length; the CTC loss's log-probabilities are time-major, [T, N, C],
 beside per-sample [N] lengths; a whole RNN, as `--step inference` meets it under `torch.inference_mode`, takes its
-hidden state batch-second, [layers, N, H], whatever its input's layout): a smaller batch would hand the kernel arguments it indexes out of bounds (it
-crashes: UniSpeechSatForCTC and ParakeetForCTC did), so these run at their own size, on zeros, up to EXACT_BYTES
-of arguments."""
+hidden state batch-second, [layers, N, H], whatever its input's layout): a smaller batch would hand the kernel
+arguments it indexes out of bounds (it crashes: UniSpeechSatForCTC and ParakeetForCTC did), so these run at their
+own size, on zeros, up to EXACT_BYTES of arguments."""
 EXACT_BYTES = 64 << 20
 
 SIZES = (2, 3, 4)
