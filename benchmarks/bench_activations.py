@@ -91,7 +91,7 @@ def child_llama_memtracker(layers: int, length: int) -> dict[str, Any]:
     from torch.distributed._tools.mem_tracker import MemTracker
     from transformers import LlamaForCausalLM
 
-    from memlayout.activations.step import run_step
+    from memlayout.activations.step.run import run_step
 
     with FakeTensorMode():
         model = LlamaForCausalLM(llama_config(layers)).train()

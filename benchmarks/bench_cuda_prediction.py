@@ -56,7 +56,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 def cuda_build_missing() -> str | None:
     """Why this torch cannot trace fake CUDA tensors, in memlayout's own words and hint; None where it can."""
-    from memlayout.activations.world import StepWorld
+    from memlayout.activations.trace.world import StepWorld
     from memlayout.errors import UsageError
 
     try:

@@ -54,7 +54,7 @@ traces = [0]
 
 
 def _count_traces() -> None:
-    from memlayout.activations.world import StepWorld
+    from memlayout.activations.trace.world import StepWorld
 
     original = StepWorld.trace
 
@@ -70,7 +70,7 @@ def child_fit(layers: int) -> dict[str, Any]:
 
     start, cpu = time.perf_counter(), time.process_time()
     _count_traces()
-    from memlayout.activations.fit import fit
+    from memlayout.activations.fit.size_search import fit
 
     with tempfile.TemporaryDirectory() as directory:
         report = fit(_target(layers, directory), INPUTS, gpu=GPU, dtype="bf16")

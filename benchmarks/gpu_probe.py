@@ -158,7 +158,7 @@ def real_step(build: Callable[[], Any], kwargs: dict[str, Any], precision: str,
     """Two AdamW steps on CUDA; the second's peaks, as memlayout's steady state counts them."""
     import torch
 
-    from memlayout.activations.step import run_step
+    from memlayout.activations.step.run import run_step
 
     with torch.device("cuda"):  # a 1B model initialises in seconds on the GPU, minutes on the CPU
         model = build()

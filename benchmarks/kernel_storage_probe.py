@@ -3,10 +3,10 @@
 For every aten op a real training step, and a forward under `torch.inference_mode`,
 runs (the zoo sweep's architectures, a small ResNet, models ending in mse_loss), each
 distinct call (op, shapes, strides, dtype) runs once more on zeros under the allocator's events
-(memlayout.activations.kernel_storage.measure_kernel) and once under FakeTensorMode.
+(memlayout.activations.trace.kernel_storage.measure_kernel) and once under FakeTensorMode.
 An op is listed when its real output storage differs from the fake output's, or
 when the allocator's peak inside it exceeds its new outputs (scratch).
-memlayout/activations/kernel_storage.py's LEARNED_OPS come from this list. Apart
+memlayout/activations/trace/kernel_storage.py's LEARNED_OPS come from this list. Apart
 (`layout_differing`), the ops whose real output lies in memory in another order
 than the fake output (layer norm's backward on a transposed input: the real
 kernel's gradient is contiguous, the fake one follows the input), which changes
@@ -50,7 +50,7 @@ def ops_of_step(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> di
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from memlayout.activations.step import run_step
+    from memlayout.activations.step.run import run_step
 
     seen: dict[Any, tuple[Any, Any, Any]] = {}
 
@@ -105,7 +105,7 @@ def probe(calls: dict[Any, tuple[Any, Any, Any]], found: dict[str, dict[str, Any
           layouts: dict[str, dict[str, Any]]) -> None:
     import torch
 
-    from memlayout.activations.kernel_storage import measure_kernel
+    from memlayout.activations.trace.kernel_storage import measure_kernel
 
     for func, args, kwargs in calls.values():
         real_args = torch.utils._pytree.tree_map(

@@ -200,7 +200,7 @@ def _weights_only_default_globals() -> frozenset[str]:
 
 
 _PYTHON_ENGINE_NODE: list[Any] = []
-"""The node memlayout's own backward (activations/gpu_free_backward.py) is running, innermost last."""
+"""The node memlayout's own backward (activations/step/gpu_free_backward.py) is running, innermost last."""
 
 
 def current_autograd_node() -> Any:

@@ -107,7 +107,7 @@ def test_page_python_example_runs(page: str, block: str, tmp_path: Path, monkeyp
     exec(compile(block, page, "exec"), {})
 
 
-@pytest.mark.parametrize("module", ["memlayout", "memlayout.testing", "memlayout.activations.apply"])
+@pytest.mark.parametrize("module", ["memlayout", "memlayout.testing", "memlayout.activations.plans.apply"])
 def test_the_examples_in_the_api_reference_run(module: str) -> None:
     # The Python API page renders these docstrings, examples included.
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)

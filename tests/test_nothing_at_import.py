@@ -49,8 +49,8 @@ sys.addaudithook(watch)
 
 # Modules whose job needs a library at import: a class statement needs its base.
 NEEDS_TORCH_AT_IMPORT = {
-    "memlayout.activations.trace": "StepTracer subclasses torch's TorchDispatchMode",
-    "memlayout.activations.fake_step": "FakeStepMode subclasses torch's TorchDispatchMode",
+    "memlayout.activations.trace.tracer": "StepTracer subclasses torch's TorchDispatchMode",
+    "memlayout.activations.trace.fake_step": "FakeStepMode subclasses torch's TorchDispatchMode",
 }
 
 

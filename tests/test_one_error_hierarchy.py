@@ -22,7 +22,7 @@ SIGNALS_THAT_NEVER_LEAVE = {
     # CorruptCheckpointError; it must be a pickle.UnpicklingError for the pickle machinery.
     ("load/restricted_pickle.py", "TextPersistentIdError"),
     # Raised from torch's dispatch inside a fake step and found in the cause chain by the analysis.
-    ("activations/fake_step.py", "ValueFromInputsError"),
+    ("activations/trace/fake_step.py", "ValueFromInputsError"),
     # Private: restarts the plan search with more modules excluded.
     ("activations/search.py", "_Excluded"),
     # Private: tells typer's coercion apart from memlayout's own.

@@ -591,7 +591,7 @@ def test_weights_have_changed_tells_a_replaced_parameter_from_a_swapped_data() -
     assert _torch.rnn_weights_replaced(lstm), changed(api, "a new Parameter no longer counts as a change")
 
 
-# --- memlayout's own backward loop and fake CUDA (activations/gpu_free_backward.py, sdpa_backend.py) ----------
+# --- memlayout's own backward loop and fake CUDA (activations/step/gpu_free_backward.py, sdpa_backend.py) ----------
 
 
 def test_a_nodes_sequence_number_and_inputs_are_what_the_engine_orders_and_checks_by() -> None:

@@ -80,7 +80,7 @@ def seed_other_generators() -> None:
 
 def _autocast(name: str | None) -> Any:
     """torch.autocast on the CPU in `name` (bf16, fp16) around forward and loss, as `--autocast` traces it; None."""
-    from memlayout.activations.step import Autocast
+    from memlayout.activations.step.run import Autocast
 
     return Autocast("cpu", name) if name is not None else None
 

@@ -236,7 +236,7 @@ def two_sizes() -> list[str]:
              "with `profile_memory=True`, allocations and frees summed in order, plus what was live before the "
              "step (`tests/activations/measure.py`'s `allocator_peak_step`). Those see what op-output counters "
              "miss: a kernel's scratch, and an output's storage beyond its shape "
-             "(`memlayout/activations/kernel_storage.py`). `small` is tiny.py's width 32, 2 layers, 4 heads of 8; "
+             "(`memlayout/activations/trace/kernel_storage.py`). `small` is tiny.py's width 32, 2 layers, 4 heads of 8; "
              "`large` its width 256, 4 layers, 8 heads of 32, FFN 512 (diffusers' and torch.nn's configs do not "
              "scale). A timeout counts as a failure; \"runnable\" is every architecture that builds and runs a "
              "real step.", ""]

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from memlayout.activations.sizes import parse_size
 
 if TYPE_CHECKING:
-    from memlayout.activations.allocator_replay import allocator_peaks
     from memlayout.activations.analysis import ActivationReport, analyze
-    from memlayout.activations.apply import AppliedPlan, apply_plan
-    from memlayout.activations.plan import Plan, SequentialSegments
+    from memlayout.activations.device.allocator_replay import allocator_peaks
+    from memlayout.activations.plans.apply import AppliedPlan, apply_plan
+    from memlayout.activations.plans.plan import Plan, SequentialSegments
     from memlayout.activations.ranks import analyze_ranks
     from memlayout.activations.ranks.facts import RanksReport
     from memlayout.activations.ranks.parallel import ShardingOptions
@@ -37,14 +37,14 @@ _LAZY = {
     "ActivationReport": "memlayout.activations.analysis",
     "BudgetUnreachableError": "memlayout.errors",
     "PlanResult": "memlayout.activations.search",
-    "apply_plan": "memlayout.activations.apply",
-    "AppliedPlan": "memlayout.activations.apply",
-    "Plan": "memlayout.activations.plan",
-    "SequentialSegments": "memlayout.activations.plan",
+    "apply_plan": "memlayout.activations.plans.apply",
+    "AppliedPlan": "memlayout.activations.plans.apply",
+    "Plan": "memlayout.activations.plans.plan",
+    "SequentialSegments": "memlayout.activations.plans.plan",
     "analyze_ranks": "memlayout.activations.ranks",
     "ShardingOptions": "memlayout.activations.ranks.parallel",
     "RanksReport": "memlayout.activations.ranks.facts",
-    "allocator_peaks": "memlayout.activations.allocator_replay",
+    "allocator_peaks": "memlayout.activations.device.allocator_replay",
 }
 
 

@@ -14,14 +14,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlayout.activations.assumptions import POLICIES
-from memlayout.activations.build import build_model, cast_model, place_fake_model, value_read, where
 from memlayout.activations.facts import Trace
-from memlayout.activations.input_specs import suggested_inputs
-from memlayout.activations.optimizer import check_optimizer, state_dtype
+from memlayout.activations.model.build import (
+    build_model,
+    cast_model,
+    place_fake_model,
+    value_read,
+    where,
+)
+from memlayout.activations.model.input_specs import suggested_inputs
 from memlayout.activations.search import PlanResult, plan_for_budget
-from memlayout.activations.step import LOSS_FROM_SUM, Autocast, resolve_step, torch_dtype
+from memlayout.activations.step.optimizer import check_optimizer, state_dtype
+from memlayout.activations.step.run import LOSS_FROM_SUM, Autocast, resolve_step, torch_dtype
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
-from memlayout.activations.world import InputsArg, StepWorld, device_for_gpu
+from memlayout.activations.trace.world import InputsArg, StepWorld, device_for_gpu
 from memlayout.errors import ActivationsError, MemlayoutError, UsageError
 from memlayout.format_bytes import human_bytes
 
@@ -56,10 +62,10 @@ class ActivationReport:
     read against the measured `summary.peak_bytes`; None otherwise (or if that run failed)."""
     step: str = "train"
     """train (forward, loss, backward, the optimizer's step) or inference (forward only, under
-    `torch.inference_mode`, the model in eval mode): see step.py's STEPS."""
+    `torch.inference_mode`, the model in eval mode): see step/run.py's STEPS."""
     cuda_capability: tuple[int, int] | None = None
     """(major, minor) of the GPU a CUDA step was traced for (`--gpu`, the GPU present, or the
-    default assumed without one); it sizes cuBLAS's workspaces (cuda_runtime.py). None off CUDA."""
+    default assumed without one); it sizes cuBLAS's workspaces (device/cuda_runtime.py). None off CUDA."""
 
     @property
     def data_dependent(self) -> tuple[tuple[str, str, int], ...]:
@@ -102,7 +108,7 @@ def analyze(
         mode: fake (default, no memory), meta, or real (runs the step on `device`).
         trust: Allow unpickling a module file.
         optimizer: adamw (the default for a training step), adam, sgd (momentum 0.9) or none: the
-            optimizer whose state and `step()` the peak includes (see optimizer.py). An inference
+            optimizer whose state and `step()` the peak includes (see step/optimizer.py). An inference
             step has none.
         autocast: bf16 or fp16: forward and loss under `torch.autocast` for the device's
             type, with that device's op lists (CPU's differ from CUDA's); None for none.
@@ -111,7 +117,7 @@ def analyze(
             parameters' dtype (torch's optimizers keep no float32 copy). None keeps the model's.
         main_module: With `trust`, the module that defines the classes a pickled module
             saved from a script names as `__main__.X`.
-        gpu: The GPU to trace for (a key of activations/gpus.py: h100, a100-80gb, ...); implies
+        gpu: The GPU to trace for (a key of activations/device/gpus.py: h100, a100-80gb, ...); implies
             device="cuda". Where no GPU is present and none is named, an H100 is assumed.
         step: train (forward, loss, backward, the optimizer's step) or inference (forward only,
             under `torch.inference_mode`, the model in eval mode; no budget, no optimizer).
@@ -336,7 +342,7 @@ def _step_failed(exc: Exception, step: StepWorld) -> UsageError:
 
 def _why_no_value(exc: BaseException, step: StepWorld) -> str:
     """Why the value read is not there: the weights decide it, or the inputs do but it was not kept."""
-    from memlayout.activations.fake_step import VALUE_BYTES, ValueFromInputsError
+    from memlayout.activations.trace.fake_step import VALUE_BYTES, ValueFromInputsError
 
     if not step.keeps_values:
         where = "" if step.mode == "meta" else f" for {step.device}"

@@ -1,4 +1,4 @@
-"""What a fake step assumes where shapes follow values the weights decide (fake_step.py applies them).
+"""What a fake step assumes where shapes follow values the weights decide (trace/fake_step.py applies them).
 
 Torch-free, so that reporters can name them without importing torch.
 """

@@ -112,7 +112,7 @@ class Trace:
     forward_end: int
     """The last event before backward began."""
     loss: str
-    """How the loss was picked (see step.py)."""
+    """How the loss was picked (see step/run.py)."""
     recompute_flops: int
     device: str
     mode: str
@@ -128,7 +128,7 @@ class Trace:
     rerun_state_differs: tuple[tuple[str, str], ...] = ()
     """(module path, what differs) for each module whose rerun in backward started from other attributes than
     any of its calls in forward did (a tensor forward left on `self`, a counter): the rerun is no replay."""
-    """(op, calls) for each op whose fake kernel refused and whose real kernel stood in (see fake_step.py)."""
+    """(op, calls) for each op whose fake kernel refused and whose real kernel stood in (see trace/fake_step.py)."""
     rng_state_bytes: int = 0
     """The generator state `torch.utils.checkpoint` keeps for each checkpointed call, where this step's device
-    holds it: `torch.get_rng_state()`'s bytes on the CPU, 0 on a GPU (host memory). See trace.py."""
+    holds it: `torch.get_rng_state()`'s bytes on the CPU, 0 on a GPU (host memory). See trace/tracer.py."""

@@ -1,6 +1,6 @@
 """The search for a checkpoint plan that fits a budget, each candidate checked by tracing it again.
 
-The planner (plan.py) estimates; this module traces its candidates in the step's world,
+The planner (plans/plan.py) estimates; this module traces its candidates in the step's world,
 excludes the modules whose rerun fails or is no replay, and names the pitfalls that apply
 to the plan found. analysis.py calls `plan_for_budget`; the ranks' search (ranks/plan.py)
 shares `exclusions` and `pitfalls`.
@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlayout.activations.facts import Trace
-from memlayout.activations.plan import Plan, Planner
+from memlayout.activations.plans.plan import Plan, Planner
 from memlayout.activations.summary import ModuleFacts, Summary, summarize
-from memlayout.activations.world import StepWorld
+from memlayout.activations.trace.world import StepWorld
 from memlayout.errors import BudgetUnreachableError, MemlayoutError, UsageError
 
 MAX_CHECKS = 6

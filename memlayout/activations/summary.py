@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memlayout.activations.allocator_replay import allocator_peaks
+from memlayout.activations.device.allocator_replay import allocator_peaks
 from memlayout.activations.facts import ModuleCall, Phase, StorageKind, Trace
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class Summary:
     """Peak of live tensor bytes (parameters, gradients, optimizer state, saved activations, temporaries, inputs)."""
     allocator_peak_bytes: int | None
     """The peak of the CUDA caching allocator's blocks (`max_memory_allocated()`): each request rounded to 512
-    bytes, and a large block's rest of 1 MiB or less kept with it (cuda_allocator.py); CUDA only."""
+    bytes, and a large block's rest of 1 MiB or less kept with it (device/cuda_allocator.py); CUDA only."""
     activation_bytes: int
     """Saved for backward and alive when backward begins, each storage once, model state excluded."""
     parameter_bytes: int
@@ -52,7 +52,7 @@ class Summary:
     peak_bytes_max: int | None = None
     reserved_peak_bytes: int | None = None
     """The peak of the allocator's segments (`max_memory_reserved()`) over two steps from a fresh allocator
-    (allocator_replay.py); CUDA only. The CUDA context and cuBLAS's workspaces are not in it (cuda_runtime.py)."""
+    (device/allocator_replay.py); CUDA only. The CUDA context and cuBLAS's workspaces are not in it (device/cuda_runtime.py)."""
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from memlayout import _torch
-from memlayout.activations.optimizer import DEFAULT_OPTIMIZER
-from memlayout.activations.optimizer import HELP as OPTIMIZER_HELP
 from memlayout.activations.sizes import parse_size
-from memlayout.activations.step import STEP_HELP
+from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER
+from memlayout.activations.step.optimizer import HELP as OPTIMIZER_HELP
+from memlayout.activations.step.run import STEP_HELP
 from memlayout.cli.formats import (
     Command,
     OutputFormat,
@@ -202,7 +202,7 @@ def _fit(
     output: str | None, depth: int,
 ) -> int:
     """`--fit`: the largest batch (or sequence) that fits, rendered as the command's other reports are."""
-    from memlayout.activations.fit import fit, parse_axis
+    from memlayout.activations.fit.size_search import fit, parse_axis
 
     axis, seq_dim = parse_axis(fit_axis)
     if real:

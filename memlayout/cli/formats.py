@@ -32,7 +32,7 @@ else:  # pragma: no cover - Python 3.10
 
 if TYPE_CHECKING:
     from memlayout.activations.analysis import ActivationReport
-    from memlayout.activations.fit import FitReport
+    from memlayout.activations.fit.size_search import FitReport
     from memlayout.activations.ranks.facts import RanksReport
     from memlayout.diff.changes import DiffReport
     from memlayout.output.interface import Formatter
@@ -241,12 +241,12 @@ def _diff_html(options: RenderOptions) -> Formatter[DiffReport]:
 
 
 def _activations_table(options: RenderOptions) -> Formatter[ActivationReport | RanksReport | FitReport]:
-    from memlayout.activations.table import ActivationsTable
+    from memlayout.activations.report.table import ActivationsTable
 
     return ActivationsTable(depth=options.depth, width=options.width, color=options.color)
 
 
 def _activations_json(options: RenderOptions) -> Formatter[ActivationReport | RanksReport | FitReport]:
-    from memlayout.activations.json_report import ActivationsJson
+    from memlayout.activations.report.json_report import ActivationsJson
 
     return ActivationsJson()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memlayout.activations.cuda_allocator import (
+from memlayout.activations.device.cuda_allocator import (
     FREE,
     SMALL_SIZE,
     AllocatorPeaks,

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memlayout.activations.step import Autocast, pick_loss, run_step
+from memlayout.activations.step.run import Autocast, pick_loss, run_step
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from memlayout.activations.step import Autocast, run_step
+from memlayout.activations.step.run import Autocast, run_step
 from tests.activations import models
 
 

@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 import memlayout.activations as act
-from memlayout.activations.input_specs import parse_input_spec
+from memlayout.activations.model.input_specs import parse_input_spec
 from memlayout.cli.app import app
 from memlayout.errors import UsageError
 from tests.activations import edge_models

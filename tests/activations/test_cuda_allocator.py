@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from memlayout.activations.cuda_allocator import (
+from memlayout.activations.device.cuda_allocator import (
     FREE,
     CachingAllocator,
     replay,
@@ -164,7 +164,7 @@ def test_the_h200_step_replayed_from_nothing_predicts_its_peaks(h200_history: Hi
 def test_the_docstring_examples_run() -> None:
     import doctest
 
-    from memlayout.activations import cuda_allocator
+    from memlayout.activations.device import cuda_allocator
 
     result = doctest.testmod(cuda_allocator)
     assert result.attempted and not result.failed

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import memlayout.activations as act
-from memlayout.activations.json_report import report_dict
-from memlayout.activations.table import render_table
+from memlayout.activations.report.json_report import report_dict
+from memlayout.activations.report.table import render_table
 from tests.activations import edge_models
 from tests.activations.measure import memtracker_step
 

@@ -16,7 +16,7 @@ from torch.utils.checkpoint import CheckpointError
 from typer.testing import CliRunner
 
 import memlayout.activations as act
-from memlayout.activations.plan import Plan
+from memlayout.activations.plans.plan import Plan
 from memlayout.cli.app import app
 from tests.activations import edge_models
 from tests.activations.measure import allocator_peak_step, memtracker_step, storage_peak_step

@@ -86,6 +86,6 @@ def test_the_cli_traces_for_a_named_gpu_and_says_which_attention_ran() -> None:
     note = next(n for n in report["notes"] if n.startswith("traced for"))
     assert "NVIDIA A100-SXM4-80GB (sm 8.0" in note and "flash x" in note
     # cuBLAS sizes its workspace by the GPU's capability (CublasHandlePool.cpp): the A100's, not Hopper's 32 MiB.
-    from memlayout.activations.cuda_runtime import chosen_workspace_size
+    from memlayout.activations.device.cuda_runtime import chosen_workspace_size
 
     assert report["cuda_runtime"]["cublas_workspace_bytes"] == chosen_workspace_size((8, 0), {}) < 32 << 20

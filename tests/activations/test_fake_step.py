@@ -14,8 +14,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from typer.testing import CliRunner
 
 import memlayout.activations as act
-from memlayout.activations.json_report import report_dict
-from memlayout.activations.table import render_table
+from memlayout.activations.report.json_report import report_dict
+from memlayout.activations.report.table import render_table
 from memlayout.cli.app import app
 from tests.activations import edge_models
 from tests.activations.measure import memtracker_step
@@ -187,7 +187,7 @@ def test_a_loss_whose_kernel_needs_the_inputs_lengths_runs_on_them() -> None:
 def test_the_tensors_of_an_ops_arguments_are_pytrees_in_pytrees_order(arguments: tuple[Any, dict[str, Any]]) -> None:
     from torch.utils._pytree import tree_flatten
 
-    from memlayout.activations.fake_step import _op_tensors
+    from memlayout.activations.trace.fake_step import _op_tensors
 
     args, kwargs = arguments
     leaves, _ = tree_flatten((args, kwargs))

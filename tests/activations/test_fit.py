@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 import memlayout.activations as act
-from memlayout.activations.fit import FitProbe, fit, largest_fitting, scaled_dims
-from memlayout.activations.input_specs import parse_input_spec
+from memlayout.activations.fit.size_search import FitProbe, fit, largest_fitting, scaled_dims
+from memlayout.activations.model.input_specs import parse_input_spec
 from memlayout.cli.app import app
 from tests.activations import models
 from tests.activations.measure import inference_peak, storage_peak_step
@@ -198,8 +198,8 @@ def test_with_ranks_the_batch_found_is_the_largest_whose_largest_rank_fits() -> 
 
 
 def test_a_gpus_budget_leaves_out_the_cuda_context_and_cublas_workspaces() -> None:
-    from memlayout.activations.cuda_runtime import cuda_runtime
-    from memlayout.activations.fit import budget_for_gpu_memory
+    from memlayout.activations.device.cuda_runtime import cuda_runtime
+    from memlayout.activations.fit.size_search import budget_for_gpu_memory
 
     budget, said = budget_for_gpu_memory(80 * 10**9, (9, 0))
     runtime = cuda_runtime((9, 0))
@@ -208,8 +208,8 @@ def test_a_gpus_budget_leaves_out_the_cuda_context_and_cublas_workspaces() -> No
 
 
 def test_without_a_budget_the_gpus_memory_less_its_runtime_is_the_budget() -> None:
-    from memlayout.activations.fit import budget_for_gpu_memory, budget_from_gpu
-    from memlayout.activations.gpus import gpu_spec
+    from memlayout.activations.device.gpus import gpu_spec
+    from memlayout.activations.fit.size_search import budget_for_gpu_memory, budget_from_gpu
 
     budget, said = budget_from_gpu("h100")
     assert (budget, said.split(": ", 1)[1]) == budget_for_gpu_memory(gpu_spec("h100").total_memory, (9, 0))

@@ -10,7 +10,7 @@ import pytest
 
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.facts import Trace
-from memlayout.activations.plan import Plan, SequentialSegments
+from memlayout.activations.plans.plan import Plan, SequentialSegments
 from memlayout.activations.search import PlanResult
 from memlayout.activations.summary import ModuleFacts, PeakAt, Summary
 from memlayout.cli.formats import (

@@ -16,7 +16,7 @@ pytestmark = [
 
 def real_cuda_peak(model: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> int:
     """A steady-state step with AdamW (torch's default foreach kernels on CUDA), as memlayout's default traces it."""
-    from memlayout.activations.step import run_step
+    from memlayout.activations.step.run import run_step
 
     model = model.cuda()
     args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)

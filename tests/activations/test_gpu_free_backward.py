@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 import memlayout.activations as act
-from memlayout.activations import gpu_free_backward
-from memlayout.activations.step import give_first_gradients
+from memlayout.activations.step import gpu_free_backward
+from memlayout.activations.step.run import give_first_gradients
 from tests.activations import models
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memlayout.activations.gpus import GPUS, gpu_spec, spec_for_device_name
+from memlayout.activations.device.gpus import GPUS, gpu_spec, spec_for_device_name
 from memlayout.errors import UsageError
 
 PROBES = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu").glob("probe-*.json"))
@@ -58,7 +58,7 @@ def test_an_unknown_gpu_is_one_line_listing_the_known_ones() -> None:
 
 
 def test_gpu_implies_a_cuda_step_and_refuses_another_device() -> None:
-    from memlayout.activations.world import device_for_gpu
+    from memlayout.activations.trace.world import device_for_gpu
 
     assert device_for_gpu("cpu", "fake", "a10g") == "cuda"
     assert device_for_gpu("cuda:1", "fake", "a10g") == "cuda:1"

@@ -14,7 +14,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 import memlayout.activations as act
-from memlayout.activations.step import LOSS_NONE
+from memlayout.activations.step.run import LOSS_NONE
 from memlayout.cli.app import app
 from tests.activations import models
 from tests.activations.measure import allocator_inference_peak
@@ -72,7 +72,7 @@ def test_inference_prediction_matches_a_real_forward_under_inference_mode(case: 
 
 
 def test_an_eval_dropout_is_its_input_in_aten_and_a_copy_in_the_decomposition_before_torch_2_14() -> None:
-    # what memlayout.activations.kernels.returns_its_input says of torch; under inference_mode the op reaches
+    # what memlayout.activations.trace.kernels.returns_its_input says of torch; under inference_mode the op reaches
     # a dispatch mode whole, so whichever of the two runs decides the storage
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.torch_version import TorchVersion

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memlayout.activations.input_specs import InputSpec, parse_input_spec
+from memlayout.activations.model.input_specs import InputSpec, parse_input_spec
 from memlayout.activations.sizes import parse_size
 from memlayout.errors import UsageError
 

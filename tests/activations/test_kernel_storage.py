@@ -18,7 +18,11 @@ from torch import nn
 
 import memlayout.activations as act
 from memlayout import _torch
-from memlayout.activations.kernel_storage import LEARNED_OPS, learned_kernel_memory, measure_kernel
+from memlayout.activations.trace.kernel_storage import (
+    LEARNED_OPS,
+    learned_kernel_memory,
+    measure_kernel,
+)
 from tests.activations.measure import allocator_peak_step, storage_peak_step
 
 
@@ -152,7 +156,7 @@ def test_the_learned_ops_are_the_ones_the_probe_found() -> None:
 def test_an_attention_too_costly_to_run_is_not_learned_and_a_short_one_is() -> None:
     from torch.utils.flop_counter import sdpa_flop
 
-    from memlayout.activations.kernel_storage import LEARN_FLOPS, SIZES
+    from memlayout.activations.trace.kernel_storage import LEARN_FLOPS, SIZES
 
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
     heads, dim = 32, 64
@@ -177,8 +181,8 @@ def test_a_composite_attention_is_costed_by_its_parts_before_it_is_run() -> None
     # the CPU it runs the math path, whose [4, 32, 2048, 2048] score would take 2 GiB and seconds to learn
     from torch.utils.flop_counter import sdpa_flop
 
-    from memlayout.activations.kernel_calls import metadata_only
-    from memlayout.activations.kernel_storage import LEARN_FLOPS, call_flops
+    from memlayout.activations.trace.kernel_calls import metadata_only
+    from memlayout.activations.trace.kernel_storage import LEARN_FLOPS, call_flops
 
     sdpa = torch.ops.aten.scaled_dot_product_attention.default
     heads, dim = 32, 64
@@ -243,7 +247,7 @@ def test_a_free_torch_reports_with_a_stale_size_does_not_lower_the_judges_peak()
 
 
 def test_the_layout_ops_are_the_ones_the_probe_found() -> None:
-    from memlayout.activations.kernel_storage import LAYOUT_OPS
+    from memlayout.activations.trace.kernel_storage import LAYOUT_OPS
 
     probe = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "kernel_storage_probe.json"
     assert sorted(LAYOUT_OPS) == sorted(json.loads(probe.read_text())["layout_differing"])
@@ -295,7 +299,7 @@ def test_where_the_fit_misses_its_check_the_call_is_measured_at_its_own_size(mon
     # On this project's machine oneDNN's convolution backward on [4, 32, 1599] took other paths at batches 2, 3 and
     # 4 (1,285,936, 1,388,208 and 1,625,088 bytes of scratch): no linear rule. Which shapes do that depends on the
     # CPU, so the miss is made here.
-    from memlayout.activations import kernel_storage
+    from memlayout.activations.trace import kernel_storage
 
     monkeypatch.setattr(kernel_storage, "_fit", lambda points: None)
     monkeypatch.setattr(kernel_storage, "_RULES", {})

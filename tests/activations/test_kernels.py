@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memlayout.activations.kernels import corrected_output_nbytes, onednn_lstm_workspace_bytes
+from memlayout.activations.trace.kernels import corrected_output_nbytes, onednn_lstm_workspace_bytes
 
 MKLDNN_RNN = getattr(torch.ops.aten, "mkldnn_rnn_layer", None)
 

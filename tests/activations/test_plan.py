@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import memlayout.activations as act
-from memlayout.activations.plan import Plan, Planner, SequentialSegments
+from memlayout.activations.plans.plan import Plan, Planner, SequentialSegments
 from memlayout.errors import UsageError
 from tests.activations import models
 from tests.activations.measure import allocator_peak_step

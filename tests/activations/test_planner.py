@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import memlayout.activations as act
-from memlayout.activations.plan import Planner
+from memlayout.activations.plans.plan import Planner
 
 
 def mlp_stack() -> torch.nn.Sequential:

@@ -16,7 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 import memlayout.activations as act
-from memlayout.activations.step import Autocast
+from memlayout.activations.step.run import Autocast
 from memlayout.cli.app import app
 from tests.activations import models
 from tests.activations.measure import allocator_peak_step

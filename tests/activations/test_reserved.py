@@ -11,10 +11,10 @@ import jsonschema
 import pytest
 import torch
 
-from memlayout.activations.allocator_replay import allocator_peaks, step_events
 from memlayout.activations.analysis import ActivationReport
-from memlayout.activations.cuda_allocator import FREE, round_size
-from memlayout.activations.cuda_runtime import (
+from memlayout.activations.device.allocator_replay import allocator_peaks, step_events
+from memlayout.activations.device.cuda_allocator import FREE, round_size
+from memlayout.activations.device.cuda_runtime import (
     CUBLAS_WORKSPACE_DEFAULT,
     CUBLAS_WORKSPACE_HOPPER,
     CUBLASLT_WORKSPACE_DEFAULT,

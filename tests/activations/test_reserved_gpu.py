@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import memlayout.activations as act
-from memlayout.activations.cuda_runtime import cuda_runtime
+from memlayout.activations.device.cuda_runtime import cuda_runtime
 from tests.activations.real_reserved import CASES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from memlayout import _torch
-from memlayout.activations import sdpa_backend as sb
-from memlayout.activations.gpus import gpu_spec, spec_for_device_name
+from memlayout.activations.device import sdpa_backend as sb
+from memlayout.activations.device.gpus import gpu_spec, spec_for_device_name
 
 PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu" / "probe-h200.json"
 
@@ -89,7 +89,7 @@ def test_torch_writes_cudnn_first_at_its_first_attention_call_where_the_gpu_pref
     # In a fresh process: torch decides once per process (`priority_order_init_`).
     script = (
         "import json, torch\n"
-        "from memlayout.activations import sdpa_backend as sb\n"
+        "from memlayout.activations.device import sdpa_backend as sb\n"
         "before = sb.current_switches()\n"
         "q = torch.randn(1, 2, 128, 64, device='cuda', dtype=torch.bfloat16)\n"
         "torch.nn.functional.scaled_dot_product_attention(q, q, q)\n"

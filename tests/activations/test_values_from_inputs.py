@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import memlayout.activations as act
-from memlayout.activations import fake_step
+from memlayout.activations.trace import fake_step
 from memlayout.errors import UsageError
 from tests.activations.measure import memtracker_step
 

@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import torch
 
-from memlayout.activations.step import output_tensors
+from memlayout.activations.step.run import output_tensors
 from memlayout.core.object_tree import tree_leaves
 from memlayout.flatten.apply import modules_of, walk_tensors
 

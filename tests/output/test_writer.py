@@ -71,7 +71,7 @@ def test_every_command_writes_its_file_through_the_one_writer(
 
 
 def test_activations_writes_its_file_through_the_one_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from memlayout.activations.json_report import ActivationsJson
+    from memlayout.activations.report.json_report import ActivationsJson
 
     out = tmp_path / "activations.json"
     monkeypatch.setattr(ActivationsJson, "render_pieces", pieces_then_a_failure)

@@ -29,14 +29,14 @@ from dataclasses import replace
 from typing import Any
 
 from memlayout.activations.analysis import analyze
-from memlayout.activations.build import build_model
-from memlayout.activations.optimizer import DEFAULT_OPTIMIZER, check_optimizer
+from memlayout.activations.model.build import build_model
+from memlayout.activations.model.target import classify
 from memlayout.activations.ranks.facts import RankLayout, RankPeak, RanksReport
 from memlayout.activations.ranks.layouts import rank_layouts, rank_ranges, traced_layouts
 from memlayout.activations.ranks.parallel import Sharding, ShardingOptions, resolve_sharding
 from memlayout.activations.ranks.rank_step import StepInputs, meta_copy, trace_rank
-from memlayout.activations.step import Autocast, torch_dtype
-from memlayout.activations.target import classify
+from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER, check_optimizer
+from memlayout.activations.step.run import Autocast, torch_dtype
 from memlayout.errors import UsageError
 
 # ----------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """What `memlayout activations --world-size N` finds: each rank's peak, the plan, the whole report.
 
-Plain frozen data, read by the planner (plan.py) and the reporters
-(report.py); the tracing that makes it is rank_step.py.
+Plain frozen data, read by the planner (plan.py) and the reporter
+(report/ranks.py); the tracing that makes it is rank_step.py.
 """
 
 from __future__ import annotations

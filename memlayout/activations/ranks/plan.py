@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from memlayout.activations.plan import Plan, Planner, SequentialSegments
+from memlayout.activations.plans.plan import Plan, Planner, SequentialSegments
 from memlayout.activations.ranks.facts import RankPeak, RanksPlan, RanksReport
 from memlayout.activations.ranks.parallel import Sharding
 from memlayout.activations.search import exclusions, pitfalls

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from memlayout import _torch
-from memlayout.activations.kernels import forward_flops
-from memlayout.activations.optimizer import build_optimizer, state_dtype
 from memlayout.activations.ranks.facts import RankPeak
 from memlayout.activations.ranks.parallel import Sharding, run_code
-from memlayout.activations.step import Autocast, pick_loss, run_step
+from memlayout.activations.step.optimizer import build_optimizer, state_dtype
+from memlayout.activations.step.run import Autocast, pick_loss, run_step
 from memlayout.activations.summary import PeakAt
-from memlayout.activations.world import StepWorld
+from memlayout.activations.trace.kernels import forward_flops
+from memlayout.activations.trace.world import StepWorld
 from memlayout.errors import MemlayoutError, RankStepError, UsageError
 
 

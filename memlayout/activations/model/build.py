@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlayout import _torch
-from memlayout.activations.target import ModelSource, TargetKind, checked_model, model_source
+from memlayout.activations.model.target import ModelSource, TargetKind, checked_model, model_source
 from memlayout.errors import MemlayoutError, UsageError
 
 _GLOSS = {

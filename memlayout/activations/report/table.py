@@ -8,11 +8,11 @@ from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
-from memlayout.activations.cuda_runtime import cuda_runtime
-from memlayout.activations.fit import FitReport
-from memlayout.activations.fit_report import render_fit_table
+from memlayout.activations.device.cuda_runtime import cuda_runtime
+from memlayout.activations.fit.size_search import FitReport
 from memlayout.activations.ranks.facts import RanksReport
-from memlayout.activations.ranks.report import render_ranks_table
+from memlayout.activations.report.fit import render_fit_table
+from memlayout.activations.report.ranks import render_ranks_table
 from memlayout.format_bytes import human_bytes
 from memlayout.output.interface import Formatter
 

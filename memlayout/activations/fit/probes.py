@@ -1,6 +1,6 @@
 """`--fit`'s probes: the step traced at one size, plain or through the budget search, on one device or per rank.
 
-fit.py searches over sizes; a probe is what one size costs: re-make the `--input`
+size_search.py searches over sizes; a probe is what one size costs: re-make the `--input`
 specs at that size (`specs_at`) and trace the step again on the model built once.
 """
 
@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from memlayout.activations.analysis import ActivationReport, _step_failed, prepare_step
-from memlayout.activations.input_specs import InputSpec, position_limit
-from memlayout.activations.plan import Planner
+from memlayout.activations.model.input_specs import InputSpec, position_limit
+from memlayout.activations.plans.plan import Planner
 from memlayout.activations.ranks import analyze_ranks
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.search import PlanResult, exclusions, pitfalls, plan_for_budget
-from memlayout.activations.step import torch_dtype
+from memlayout.activations.step.run import torch_dtype
 from memlayout.activations.summary import module_facts, summarize
 from memlayout.errors import (
     BudgetUnreachableError,
@@ -27,7 +27,7 @@ from memlayout.errors import (
 )
 
 if TYPE_CHECKING:
-    from memlayout.activations.plan import Plan
+    from memlayout.activations.plans.plan import Plan
     from memlayout.activations.ranks.facts import RanksPlan
     from memlayout.activations.ranks.parallel import ShardingOptions
 

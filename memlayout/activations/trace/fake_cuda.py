@@ -3,11 +3,11 @@
 Three things differ from a plain FakeTensorMode step on CUDA tensors when this
 machine has no GPU (or `--gpu` names another one than it has):
 - attention: torch would choose its kernel from this machine's GPU (none: math);
-  sdpa_backend.py chooses for the target instead;
-- autocast: `torch.autocast("cuda")` switches itself off without a device; step.py
+  device/sdpa_backend.py chooses for the target instead;
+- autocast: `torch.autocast("cuda")` switches itself off without a device; step/run.py
   enables CUDA's policy anyway (`_torch.cuda_autocast_without_device`);
 - backward: torch's engine stops before the first node without a device;
-  gpu_free_backward.py runs it (why, with citations, is written there).
+  step/gpu_free_backward.py runs it (why, with citations, is written there).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from memlayout.activations import gpu_free_backward
-from memlayout.activations.gpu_free_backward import cuda_needs_it
-from memlayout.activations.gpus import DEFAULT_GPU, GpuSpec, gpu_spec
-from memlayout.activations.sdpa_backend import SdpaRouting
+from memlayout.activations.device.gpus import DEFAULT_GPU, GpuSpec, gpu_spec
+from memlayout.activations.device.sdpa_backend import SdpaRouting
+from memlayout.activations.step import gpu_free_backward
+from memlayout.activations.step.gpu_free_backward import cuda_needs_it
 
 
 class FakeCudaRuntime:

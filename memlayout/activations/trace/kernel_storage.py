@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlayout import _torch
-from memlayout.activations.kernel_calls import (
+from memlayout.activations.trace.kernel_calls import (
     described,
     meta_like_metadata,
     metadata_only,
@@ -48,7 +48,7 @@ from memlayout.activations.kernel_calls import (
     strided_tensors,
     zeros_like_metadata,
 )
-from memlayout.activations.kernels import forward_flops, onednn_lstm_workspace_bytes
+from memlayout.activations.trace.kernels import forward_flops, onednn_lstm_workspace_bytes
 from memlayout.core.strides import dense_strides_in_order, dimension_order
 
 LEARNED_OPS = (

@@ -11,9 +11,9 @@ import io
 import textwrap
 from typing import Any
 
-from memlayout.activations.json_parts import head, summary_dict
 from memlayout.activations.ranks.facts import RankPeak, RanksPlan, RanksReport
 from memlayout.activations.ranks.parallel import Sharding
+from memlayout.activations.report.json_parts import head, summary_dict
 from memlayout.format_bytes import counted, human_bytes
 
 

@@ -20,7 +20,7 @@ order a model built on the device allocates it in.
 
 from __future__ import annotations
 
-from memlayout.activations.cuda_allocator import FREE, AllocatorPeaks, Event, replay
+from memlayout.activations.device.cuda_allocator import FREE, AllocatorPeaks, Event, replay
 from memlayout.activations.facts import Phase, StorageKind, Trace
 
 STEPS = 2

@@ -29,19 +29,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memlayout.activations.analysis import ActivationReport
-from memlayout.activations.cuda_runtime import cuda_runtime
-from memlayout.activations.fit_probes import (
+from memlayout.activations.device.cuda_runtime import cuda_runtime
+from memlayout.activations.device.gpus import gpu_spec
+from memlayout.activations.fit.probes import (
     DeviceProbe,
     FitProbe,
     Probe,
     RanksProbe,
     ScaledDim,
 )
-from memlayout.activations.gpus import gpu_spec
-from memlayout.activations.input_specs import INTEGRAL, InputSpec, parse_input_spec
+from memlayout.activations.model.input_specs import INTEGRAL, InputSpec, parse_input_spec
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.search import PlanResult
-from memlayout.activations.step import resolve_step
+from memlayout.activations.step.run import resolve_step
 from memlayout.errors import (
     NothingFitsError,
     UsageError,
@@ -195,7 +195,7 @@ def _crossing(peaks: dict[int, int], low: int, high: int | None, budget: int) ->
 
 def budget_for_gpu_memory(total_bytes: int, capability: tuple[int, int] | None = None) -> tuple[int, str]:
     """A GPU's memory less what the CUDA runtime holds outside the step: the context and cuBLAS's workspaces
-    (cuda_runtime.py's figures), and where the budget came from, in words."""
+    (device/cuda_runtime.py's figures), and where the budget came from, in words."""
     runtime = cuda_runtime(capability)
     held = runtime.context_bytes + runtime.workspace_reserved_bytes
     return total_bytes - held, (f"{human_bytes(total_bytes)} less the CUDA context and cuBLAS workspaces, "
@@ -203,7 +203,7 @@ def budget_for_gpu_memory(total_bytes: int, capability: tuple[int, int] | None =
 
 
 def budget_from_gpu(gpu: str | None) -> tuple[int, str]:
-    """The budget without --budget: the target GPU's memory (gpus.py's table) less the CUDA context and
+    """The budget without --budget: the target GPU's memory (device/gpus.py's table) less the CUDA context and
     cuBLAS workspaces (`budget_for_gpu_memory`).
 
     Raises:
@@ -245,7 +245,7 @@ def fit(
         seq_dim: With axis seq, the dimension to scale in every input that has it; None: dim 1 of
             the integer inputs.
         budget: Bytes the peak must fit in (each rank's with `sharding`); None: from `gpu`.
-        gpu: The target GPU (a key of gpus.py): the step is traced for it, and its memory less the
+        gpu: The target GPU (a key of device/gpus.py): the step is traced for it, and its memory less the
             CUDA context and cuBLAS workspaces is the budget when none is given.
         device: The device the step is for (cpu, cuda or meta); the step is traced on fake tensors.
         step: train or inference (forward only; then there is no plan to search).

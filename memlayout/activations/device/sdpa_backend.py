@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlayout import _torch
-from memlayout.activations.gpus import GpuSpec
+from memlayout.activations.device.gpus import GpuSpec
 
 FLASH = "flash"
 EFFICIENT = "efficient"

@@ -1,7 +1,7 @@
 """A module's plain Python state (counters, flags, the lengths of caches), snapshotted and compared.
 
 What a checkpointed module's rerun reads from `self` besides tensors: the tracer
-(trace.py) snapshots it around forward and around each rerun, to tell a replay
+(tracer.py) snapshots it around forward and around each rerun, to tell a replay
 from another computation.
 """
 

@@ -38,10 +38,7 @@ real step peaked the same with and without a mode here, so it is not modelled.)
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from memlayout.activations.trace_records import StorageRecord
+from typing import Any, Protocol
 
 FORMULA_OPS = {"GatherBackward0": "aten.scatter_add.default", "CummaxBackward0": "aten.scatter_add.default",
                "CumminBackward0": "aten.scatter_add.default"}
@@ -67,13 +64,20 @@ def can_take_the_sum(first: Any, second: Any) -> bool:
             and (first.is_contiguous() or first.is_contiguous(memory_format=torch.channels_last)))
 
 
+class BornRecord(Protocol):
+    """What a sum's bookkeeping reads of a tracer's storage record (trace/records.py's StorageRecord): the
+    event that allocated it. A protocol, so that the step never imports the trace that runs it."""
+
+    born: int
+
+
 class Accumulations:
     """The engine's gradient sums seen by one trace, and the one that may have been in place."""
 
     def __init__(self) -> None:
         self.handing_on: object | None = None
         """The marker of the node whose outputs the engine is handing on now; None inside an apply."""
-        self.pending: tuple[StorageRecord, StorageRecord] | None = None
+        self.pending: tuple[BornRecord, BornRecord] | None = None
         """(the first gradient, the sum) of the last sum, until the next event."""
 
     def is_sum(self, func: Any, node: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -92,11 +96,11 @@ class Accumulations:
         first, second = args
         return isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and can_take_the_sum(first, second)
 
-    def summed(self, first: StorageRecord, total: StorageRecord) -> None:
+    def summed(self, first: BornRecord, total: BornRecord) -> None:
         """The sum of an `is_sum` op was recorded: it may take `first`'s place if `first` dies next."""
         self.pending = (first, total)
 
-    def released(self, record: StorageRecord, event: int) -> None:
+    def released(self, record: BornRecord, event: int) -> None:
         """`record` died at `event`: if it is the first gradient of the last sum and nothing happened between,
         the sum was written into it."""
         pending, self.pending = self.pending, None

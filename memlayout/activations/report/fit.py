@@ -9,9 +9,9 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from memlayout.activations.fit import FitAnswer, FitReport
-from memlayout.activations.json_parts import plan_dict
-from memlayout.activations.ranks.report import _plan_dict as ranks_plan_dict
+from memlayout.activations.fit.size_search import FitAnswer, FitReport
+from memlayout.activations.report.json_parts import plan_dict
+from memlayout.activations.report.ranks import _plan_dict as ranks_plan_dict
 from memlayout.activations.search import PlanResult
 from memlayout.format_bytes import human_bytes
 

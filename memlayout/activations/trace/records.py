@@ -1,6 +1,6 @@
 """The tracer's mutable records: one per storage and one per module call, frozen into facts when the step ends.
 
-StepTracer (trace.py) fills them while the step runs; `StepTracer.freeze` turns them into
+StepTracer (tracer.py) fills them while the step runs; `StepTracer.freeze` turns them into
 the frozen `StorageLife` and `ModuleCall` of facts.py.
 """
 

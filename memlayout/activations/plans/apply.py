@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from memlayout.activations import rerun
-from memlayout.activations.plan import Plan
+from memlayout.activations.plans import rerun
+from memlayout.activations.plans.plan import Plan
 from memlayout.errors import UsageError
 
 _MISSING = object()

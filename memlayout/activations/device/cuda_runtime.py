@@ -33,7 +33,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from memlayout.activations.cuda_allocator import round_size, segment_size
+from memlayout.activations.device.cuda_allocator import round_size, segment_size
 
 CONTEXT_BYTES_MEASURED = 552_402_944
 """The driver's used memory after `torch.cuda.init()` on the one GPU measured (see the module's docstring)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memlayout.activations.cuda_runtime import cuda_runtime
+from memlayout.activations.device.cuda_runtime import cuda_runtime
 from memlayout.activations.summary import Summary
 from memlayout.version import __version__
 
@@ -55,7 +55,7 @@ def summary_dict(s: Summary) -> dict[str, Any]:
 
 
 def cuda_runtime_dict(capability: tuple[int, int] | None) -> dict[str, Any]:
-    """`cuda_runtime`: the CUDA context and cuBLAS's workspaces, which no trace holds (cuda_runtime.py)."""
+    """`cuda_runtime`: the CUDA context and cuBLAS's workspaces, which no trace holds (device/cuda_runtime.py)."""
     runtime = cuda_runtime(capability)
     return {
         "context_bytes": runtime.context_bytes,

@@ -14,8 +14,8 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple
 
 from memlayout import _torch
-from memlayout.activations import gpu_free_backward
-from memlayout.activations.optimizer import DEFAULT_OPTIMIZER
+from memlayout.activations.step import gpu_free_backward
+from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER
 from memlayout.core.object_tree import tree_leaves
 from memlayout.errors import UsageError
 

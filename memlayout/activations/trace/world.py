@@ -14,15 +14,15 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 from memlayout import _torch
-from memlayout.activations.apply import apply_plan
+from memlayout.activations.device.gpus import gpu_spec
 from memlayout.activations.facts import Trace
-from memlayout.activations.fake_cuda import fake_cuda_for
-from memlayout.activations.gpus import gpu_spec
-from memlayout.activations.input_specs import InputSpec, parse_input_spec
-from memlayout.activations.module_conversions import unchanged_conversions_skip_the_swap
-from memlayout.activations.optimizer import build_optimizer
-from memlayout.activations.plan import Plan
-from memlayout.activations.step import Autocast, give_first_gradients, run_step
+from memlayout.activations.model.input_specs import InputSpec, parse_input_spec
+from memlayout.activations.plans.apply import apply_plan
+from memlayout.activations.plans.plan import Plan
+from memlayout.activations.step.optimizer import build_optimizer
+from memlayout.activations.step.run import Autocast, give_first_gradients, run_step
+from memlayout.activations.trace.fake_cuda import fake_cuda_for
+from memlayout.activations.trace.module_conversions import unchanged_conversions_skip_the_swap
 from memlayout.errors import UsageError
 
 MODES = ("fake", "meta", "real")
@@ -76,7 +76,7 @@ class StepWorld:
         self.fake_cuda: Any = None
         """Makes a fake CUDA step run as on the target GPU where none is present (fake_cuda.py), or None."""
         if mode == "fake":
-            from memlayout.activations.fake_step import FakeStepMode
+            from memlayout.activations.trace.fake_step import FakeStepMode
 
             self.fake_mode = _torch.FakeTensorMode(allow_non_fake_inputs=True)
             self.step_mode = FakeStepMode(self.fake_mode, keep_values=self.keeps_values)
@@ -184,7 +184,7 @@ class StepWorld:
         self.descriptions = tuple(descriptions)
 
     def _keeps_input(self, nbytes: int) -> bool:
-        from memlayout.activations.fake_step import INPUT_BYTES
+        from memlayout.activations.trace.fake_step import INPUT_BYTES
 
         return self.keeps_values and nbytes <= INPUT_BYTES
 
@@ -264,7 +264,7 @@ class StepWorld:
             self.optimizer.zero_grad(set_to_none=True)
 
     def trace(self, plan: Plan | None = None, policy: str = "typical") -> Trace:
-        from memlayout.activations.trace import trace_step
+        from memlayout.activations.trace.tracer import trace_step
 
         for parameter in self.model.parameters():
             parameter.grad = None

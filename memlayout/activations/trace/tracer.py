@@ -19,7 +19,7 @@ Around the dispatch mode:
 
 # Over 450 lines on purpose: almost all of it is StepTracer, one dispatch mode whose
 # hooks (ops, module entry and exit, saved tensors, recomputation) share one set of
-# records; the pieces with a job of their own already live in trace_records.py,
+# records; the pieces with a job of their own already live in records.py,
 # module_state.py, kernels.py and kernel_storage.py.
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memlayout import _torch
-from memlayout.activations import rerun
 from memlayout.activations.facts import (
     ModuleCall,
     ModuleInfo,
@@ -43,23 +42,24 @@ from memlayout.activations.facts import (
     StorageLife,
     Trace,
 )
-from memlayout.activations.grad_accumulation import Accumulations
-from memlayout.activations.kernel_storage import learned_kernel_memory
-from memlayout.activations.kernels import (
+from memlayout.activations.plans import rerun
+from memlayout.activations.step.grad_accumulation import Accumulations
+from memlayout.activations.step.optimizer import state_tensors
+from memlayout.activations.step.run import Autocast, output_tensors, run_step
+from memlayout.activations.trace.kernel_storage import learned_kernel_memory
+from memlayout.activations.trace.kernels import (
     corrected_output_nbytes,
     draws_random_numbers,
     forward_flops,
     returns_its_input,
 )
-from memlayout.activations.module_state import (
+from memlayout.activations.trace.module_state import (
     module_attributes,
     python_state,
     shown_value,
     state_changes,
 )
-from memlayout.activations.optimizer import state_tensors
-from memlayout.activations.step import Autocast, output_tensors, run_step
-from memlayout.activations.trace_records import CallRecord, StorageRecord
+from memlayout.activations.trace.records import CallRecord, StorageRecord
 
 NODE_KEY = "memlayout.call"
 _MOVE_OPS = _torch.device_copy_ops()
@@ -92,7 +92,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.entry_states: dict[str, list[dict[str, Any]]] = {}
         self.rerun_state_differs: dict[str, str] = {}
         self.accumulations = Accumulations()
-        """The engine's gradient sums, summed in place where the user's step would (grad_accumulation.py)."""
+        """The engine's gradient sums, summed in place where the user's step would (step/grad_accumulation.py)."""
         self.rng_state_bytes = 0
         """The bytes of one `torch.get_rng_state()` when the step holds them (`recording_rng_states`); else 0."""
 
@@ -338,7 +338,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.pending.clear()
 
     def _rerun(self, module: Any, entering: bool) -> None:
-        """A checkpointed module's own forward starts or ends (apply.py tells us)."""
+        """A checkpointed module's own forward starts or ends (plans/apply.py tells us)."""
         if self.phase not in (Phase.BACKWARD, Phase.RECOMPUTE):
             return
         if entering:
@@ -487,9 +487,9 @@ def trace_step(
         mode: "fake", "meta" or "real"; kernel corrections apply to fake and meta.
         notes: Carried into the trace.
         on_loss: Receives the detached loss.
-        optimizer: Steps after backward; its state counts from the start (see optimizer.py).
+        optimizer: Steps after backward; its state counts from the start (see step/optimizer.py).
         autocast: Mixed precision around forward and loss.
-        inference: Forward only, under `torch.inference_mode` (see step.py); the model's
+        inference: Forward only, under `torch.inference_mode` (see step/run.py); the model's
             output stays alive to the end, as the caller's would.
     """
     tracer = StepTracer(model, correct_kernels=mode != "real", optimizer=optimizer)

@@ -67,7 +67,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from memlayout import _torch
-from memlayout.activations.grad_accumulation import can_take_the_sum
+from memlayout.activations.step.grad_accumulation import can_take_the_sum
 
 _ACCUMULATE_GRAD = "AccumulateGrad"
 _TASK_IDS = itertools.count(1 << 40)

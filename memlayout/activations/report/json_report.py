@@ -11,11 +11,11 @@ from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
-from memlayout.activations.fit import FitReport
-from memlayout.activations.fit_report import fit_dict
-from memlayout.activations.json_parts import cuda_runtime_dict, head, plan_dict, summary_dict
+from memlayout.activations.fit.size_search import FitReport
 from memlayout.activations.ranks.facts import RanksReport
-from memlayout.activations.ranks.report import ranks_report_dict
+from memlayout.activations.report.fit import fit_dict
+from memlayout.activations.report.json_parts import cuda_runtime_dict, head, plan_dict, summary_dict
+from memlayout.activations.report.ranks import ranks_report_dict
 from memlayout.output.interface import Formatter
 
 
