@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from memlayout.io.remote import RemoteTransport
 
 HF_SCHEME = "hf://"
 DEFAULT_REVISION = "main"
@@ -37,6 +40,8 @@ class RemoteOptions(NamedTuple):
     """Download a file whole when its server ignores Range requests (otherwise refuse)."""
     fetch_contents: bool = False
     """Fetch tensor bytes by range for the rules that read them (--deep); otherwise they are skipped."""
+    transport: RemoteTransport | None = None
+    """The run's shared HTTP session and pool (`memlayout.io.remote`); None: each source opens and closes its own."""
 
 
 class RemoteLocation(NamedTuple):
