@@ -99,6 +99,14 @@ def status_error(url: str, status: int, reason: str) -> RemoteReadError:
     return RemoteReadError(f"{url}: the server answered HTTP {status} {reason}".rstrip())
 
 
+def html_page_error(url: str) -> RemoteReadError:
+    """A URL that answers with a web page (a folder's listing, a login page) names no checkpoint file."""
+    return RemoteReadError(
+        f"{url}: the server answered with an HTML page (a folder listing?), not a checkpoint",
+        "give the URL of the checkpoint file, of the model folder's config.json, or of the folder ending in /",
+    )
+
+
 class HttpTransport:
     """One aiohttp session and its event loop, for every HTTP(S) read of a run; `close` ends both.
 
@@ -311,6 +319,8 @@ class HttpTransport:
                         raise status_error(url, status, response.reason or "")
                     if range_value is not None and status == 200:
                         response.close()  # the body is the whole file: never read it
+                        if response.content_type == "text/html":
+                            raise html_page_error(url)
                         if whole_is_refusal:
                             raise RangeNotSupportedError(url, response.content_length)
                         return Reply(status, response.headers, b"", str(response.url))

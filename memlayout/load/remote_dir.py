@@ -1,7 +1,8 @@
 """Model folders behind URLs and on the Hub: config.json with single or sharded weights, read in few rounds.
 
-A folder is named by a Hub repository (its listing gives every file and size), or
-by the URL of its index. Weights are looked for as `from_pretrained` looks: the safetensors index,
+A folder is named by a Hub repository (its listing gives every file and size), by
+the URL of its index, by the URL of its config.json, or by its own URL ending in
+`/`. Weights are looked for as `from_pretrained` looks: the safetensors index,
 `model.safetensors`, the `.bin` index, `pytorch_model.bin`. Each request is sent
 as soon as what it depends on is known:
 1. config.json with the index, or with the single file's first bytes (and a
@@ -45,9 +46,11 @@ HEADER_SPARE_BYTES = 48
 
 
 def folder_of(url: str) -> str | None:
-    """The model folder a URL names (ending in /): the folder of its index."""
+    """The model folder a URL names (ending in /): itself when it ends in /, the folder of its index or config.json."""
+    if url.endswith("/"):
+        return url
     name = posixpath.basename(url.split("?", 1)[0])
-    if name.endswith(".index.json"):
+    if name == CONFIG or name.endswith(".index.json"):
         return url[: len(url) - len(name)]
     return None
 
@@ -97,6 +100,7 @@ def load_folder(
         )
     if isinstance(config, dict):
         source.declared_ties += declared_ties(config, [t.name for t in source.tensors])
+        source.model_config = config
     elif config is None:
         source.notes.append(f"{given} has no {CONFIG}: no tie intent is known")
     return source

@@ -1,7 +1,8 @@
 """One remote file, recognized by its first bytes: safetensors, or a torch.save zip (`remote_zip`).
 
 The formats that are code (TorchScript, torch.export) or that need the whole file
-(legacy torch.save, tar, bare pickles) are refused with a hint to download them.
+(legacy torch.save, tar, bare pickles) are refused with a hint to download them,
+and a web page where a checkpoint was expected (a folder's listing) says so.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def load_file(url: str, files: RemoteFiles, options: RemoteOptions) -> LoadedSou
             f"{url} is a legacy torch.save file or a bare pickle, which memlayout reads from local files only",
             "download it and inspect the local copy; its storages are not located without reading it all",
         )
+    if head.lstrip()[:15].lower() in (b"<!doctype html>", b"<!doctype html ") or head.lstrip()[:5].lower() == b"<html":
+        from memlayout.io.http_transport import html_page_error
+
+        raise html_page_error(url)
     raise UnrecognizedFormatError(f"{url} is not a checkpoint format memlayout reads remotely")
 
 

@@ -58,8 +58,9 @@ class HubRepository:
             )
         self.location = location
         path = location.path_in_repo
-        self.is_folder = not path
-        self.folder = ""
+        # A folder: the repository, a path ending in /, or a folder's config.json (its folder is the model).
+        self.is_folder = not path or path.endswith("/") or posixpath.basename(path) == "config.json"
+        self.folder = posixpath.dirname(path.rstrip("/")) if path.endswith("config.json") else path.strip("/")
 
     def url_of(self, path: str) -> str:
         """The `resolve` URL of a file of the repository."""

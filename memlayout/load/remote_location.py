@@ -2,7 +2,8 @@
 
 Three spellings are remote:
 - a URL with a scheme: `https://host/model.safetensors`, `http://...`, and any
-  scheme an installed fsspec filesystem reads (`s3://bucket/key`, `gs://...`);
+  scheme an installed fsspec filesystem reads (`s3://bucket/key`, `gs://...`); a
+  URL ending in `/`, `config.json` or `.index.json` names a model folder;
 - `hf://ORG/NAME[@REVISION][/PATH]`: a Hugging Face Hub repository, or one file
   of it, at a branch, tag or commit (`main` by default);
 - a bare Hub id, `ORG/NAME` or `NAME`, but only when nothing of that name exists
