@@ -87,6 +87,16 @@ def paths_to_inspect(paths: list[str] | None, paths_from: str | None, shard: str
     return take_shard(targets, parse_shard(shard) if shard is not None else None)
 
 
+def refuse_with_streaming(*, html: str | None, baseline: str | None, write_baseline: str | None) -> None:
+    """--format jsonl writes each path as it finishes; what needs every path at once is refused, with the way out."""
+    for flag, value in (("--html", html), ("--baseline", baseline), ("--write-baseline", write_baseline)):
+        if value is not None:
+            raise UsageError(
+                f"--format jsonl writes each path as it finishes, and {flag} needs the whole run at once",
+                f"use --format json with {flag}, or run {flag} separately",
+            )
+
+
 def inspect_command(
     paths: Annotated[
         list[str] | None,
@@ -180,6 +190,11 @@ def inspect_command(
             min_duplicate_bytes=min_duplicate_bytes, min_bloat_bytes=min_bloat_bytes,
             fragmented_min_storages=fragmented_min_storages, min_shard_padding_bytes=min_shard_padding_bytes,
         )
+        if output_format is OutputFormat.JSONL:
+            from memlayout.cli.inspect_stream import stream_json_lines
+
+            refuse_with_streaming(html=html, baseline=baseline, write_baseline=write_baseline)
+            return stream_json_lines(targets, settings, deep, remote, jobs, output, debug)
         with progress_callback(enabled=deep and len(targets) == 1) as progress, \
                 paths_progress(len(targets)) as bar:
             batch = inspect_paths(

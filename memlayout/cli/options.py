@@ -82,7 +82,7 @@ JobsOption = Annotated[
 ShardOption = Annotated[
     str | None,
     typer.Option("--shard", help="Inspect every N-th path from the K-th (K from 1), to split a list across "
-                 "machines.", metavar="K/N"),
+                 "machines; their --format jsonl outputs concatenate.", metavar="K/N"),
 ]
 DownloadOption = Annotated[
     bool,
