@@ -11,7 +11,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
 
 Progress = Callable[[str, int, int], None]
 
@@ -41,7 +45,6 @@ def stage_progress(
     from rich.progress import (
         BarColumn,
         DownloadColumn,
-        TaskID,
         TextColumn,
         TimeRemainingColumn,
         TransferSpeedColumn,
@@ -77,7 +80,7 @@ def progress_callback(enabled: bool) -> Iterator[Progress | None]:
 class PathsProgress:
     """One bar for a many-path inspect: paths done of all, failures counted; error lines printed above it."""
 
-    def __init__(self, stream: TextIO, display: object | None = None, task: object | None = None) -> None:
+    def __init__(self, stream: TextIO, display: RichProgress | None = None, task: TaskID | None = None) -> None:
         self.stream = stream
         self.display = display
         self.task = task
@@ -86,13 +89,13 @@ class PathsProgress:
     def advance(self, done: int, failed: int) -> None:
         """`done` more paths finished, `failed` of them unread."""
         self.failed += failed
-        if self.display is not None:
-            self.display.update(self.task, advance=done, failed=self.failed)  # type: ignore[attr-defined]
+        if self.display is not None and self.task is not None:
+            self.display.update(self.task, advance=done, failed=self.failed)
 
     def say(self, line: str) -> None:
         """A line on stderr (a path's error), above the bar when one is drawn."""
         if self.display is not None:
-            self.display.console.print(line, markup=False, highlight=False, soft_wrap=True)  # type: ignore[attr-defined]
+            self.display.console.print(line, markup=False, highlight=False, soft_wrap=True)
         else:
             print(line, file=self.stream, flush=True)
 
