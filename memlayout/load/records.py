@@ -206,6 +206,9 @@ class LoadedSource:
     """This process's rank in the default process group (0 without one)."""
     world_size: int = 1
     """Ranks in the default process group, or the largest device mesh of a DTensor (1 without either)."""
+    model_config: dict[str, Any] | None = None
+    """A remote model folder's config.json as fetched, for what asks it again (diff's ties restored on
+    load); None elsewhere (a local folder's is read from disk)."""
 
     def close(self) -> None:
         """Release the files and maps behind `reader`; safe to call more than once."""

@@ -18,13 +18,15 @@ to a whole batch, and its outcome is part of the batch's report, so both live he
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from memlayout.errors import MemlayoutError, UnrecognizedFormatError
-from memlayout.load.remote_location import RemoteOptions
+from memlayout.load.remote_location import RemoteOptions, remote_location
 from memlayout.pipeline.inspection import Report, run_inspection, summarize
+from memlayout.pipeline.many_paths import in_flight
 from memlayout.rules import (
     RULES,
     Finding,
@@ -152,10 +154,23 @@ class BatchReport:
         return counts
 
     def exit_code(self) -> int:
-        """The worst over all paths: 2 when no path could be inspected, 1 when any path fails."""
-        if not self.paths or all(p.failed for p in self.paths):
-            return EXIT_USAGE_OR_LOAD_ERROR
-        return EXIT_FAILED if any(p.fails(self.fail_on) for p in self.paths) else EXIT_CLEAN
+        """The worst over all paths: 2 when a path could not be inspected, 1 when a finding fails one."""
+        return exit_status(
+            len(self.paths), len(self.failures), sum(1 for p in self.paths if p.report is not None and p.fails(self.fail_on))
+        )
+
+
+def exit_status(paths: int, failed: int, failing: int) -> int:
+    """The exit code of an inspection of `paths` paths, of which `failed` could not be read and `failing` have a
+    finding at or above --fail-on: the one rule, for a batch held whole and for one streamed (--format jsonl).
+
+    A path that could not be read is a load error (exit 2) whatever the others found:
+    an audit that did not read everything has not passed, and --fail-on (about
+    findings) does not hide it. The other paths are still reported.
+    """
+    if paths == 0 or failed:
+        return EXIT_USAGE_OR_LOAD_ERROR
+    return EXIT_FAILED if failing else EXIT_CLEAN
 
 
 def without_findings(report: Report, dropped: Iterable[Finding]) -> Report:
@@ -218,6 +233,7 @@ class _Walk:
     exchange: RankExchange | None = None
     remote: RemoteOptions | None = None
     walked: set[str] = field(default_factory=set)
+    walking: threading.Lock = field(default_factory=threading.Lock)
 
     def inspect(self, path: str, given: bool) -> Iterator[PathReport]:
         """`path`'s report, its error, or (for a folder that is no model) the reports of its checkpoints.
@@ -263,9 +279,10 @@ class _Walk:
 
     def _walk(self, folder: str) -> Iterator[PathReport]:
         real = os.path.realpath(folder)
-        if real in self.walked:
-            return
-        self.walked.add(real)
+        with self.walking:  # paths in flight together may walk folders at once
+            if real in self.walked:
+                return
+            self.walked.add(real)
         for member in _directory_members(folder):
             yield from self.inspect(member, given=False)
 
@@ -281,6 +298,8 @@ def inspect_paths(
     debug: bool = False,
     exchange: RankExchange | None = None,
     remote: RemoteOptions | None = None,
+    jobs: int = 1,
+    done: Callable[[list[PathReport]], None] | None = None,
 ) -> BatchReport:
     """Inspect each path; a path that fails to load is recorded, and the others still run.
 
@@ -297,6 +316,8 @@ def inspect_paths(
         debug: Re-raise the first error instead of recording it (for --debug).
         exchange: Under torchrun, how the ranks share the facts of the models import specs build.
         remote: How URLs and Hub models are read (timeout, full downloads).
+        jobs: Paths inspected at once (`iter_path_reports`); the report keeps the paths' order.
+        done: Called with each given path's reports as it finishes (a progress bar).
 
     Returns:
         The `BatchReport`, one `PathReport` per path (a folder of checkpoints gives one per file).
@@ -305,14 +326,74 @@ def inspect_paths(
         >>> from memlayout.pipeline.batch import inspect_paths
         >>> batch = inspect_paths(["fixtures/demo_checkpoint.pt", "missing.pt"])  # doctest: +SKIP
         >>> [p.failed for p in batch.paths], batch.exit_code()  # doctest: +SKIP
-        ([False, True], 1)
+        ([False, True], 2)
     """
     config = config or RuleConfig()
     select, ignore = tuple(select), tuple(ignore)
-    ignores = tuple((glob, tuple(codes)) for glob, codes in per_tensor_ignores)
-    walk = _Walk(config, select, ignore, progress, debug, ignores, exchange, remote)
     given = tuple(paths)
-    reports = [report for path in given for report in walk.inspect(path, given=True)]
+    by_path: dict[int, list[PathReport]] = {}
+    for index, reports in iter_path_reports(
+        given, config, select, ignore, per_tensor_ignores, progress, debug, exchange, remote, jobs
+    ):
+        by_path[index] = reports
+        if done is not None:
+            done(reports)
+    reports = [report for index in range(len(given)) for report in by_path[index]]
     return BatchReport(
         tuple(reports), fail_on=FailOn(fail_on), rules=selected_rules(select, ignore), deep=config.deep, given=given
     )
+
+
+def iter_path_reports(
+    paths: Iterable[str],
+    config: RuleConfig | None = None,
+    select: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    per_tensor_ignores: Iterable[tuple[str, Iterable[str]]] = (),
+    progress: Callable[[str, int, int], None] | None = None,
+    debug: bool = False,
+    exchange: RankExchange | None = None,
+    remote: RemoteOptions | None = None,
+    jobs: int = 1,
+) -> Iterator[tuple[int, list[PathReport]]]:
+    """Each given path's reports (one, or a folder's several) as soon as it is done, with its index among `paths`.
+
+    With `jobs` above 1 that many paths are inspected at once, in threads, and
+    every remote read of the run shares one HTTP session and connection pool
+    (`memlayout.io.remote.RemoteTransport`), closed when the iteration ends; the
+    descriptors and memory held stay flat in the number of paths. Under torchrun
+    (an `exchange`) paths go one at a time, as the ranks must agree on each.
+
+    Args:
+        paths: As for `inspect_paths`; read lazily, so a long list need not be held.
+        jobs: Paths in flight at once.
+        (the others): As for `inspect_paths`.
+
+    Yields:
+        (index of the given path, its reports) in the order the paths finish.
+    """
+    config = config or RuleConfig()
+    ignores = tuple((glob, tuple(codes)) for glob, codes in per_tensor_ignores)
+    transport = None
+    if remote is not None and remote.transport is None:
+        from memlayout.io.remote import RemoteTransport, connections_for
+
+        transport = RemoteTransport(remote.timeout_s, connections_for(jobs))
+        remote = remote._replace(transport=transport)
+    walk = _Walk(config, tuple(select), tuple(ignore), progress, debug, ignores, exchange, remote)
+    # Local files and import specs go one at a time whatever `jobs` says: reading them is
+    # CPU work that threads would not speed up under the GIL, a --deep scan of each maps
+    # its file, and a spec runs the user's code, which need not be thread-safe.
+    local = threading.Lock()
+
+    def work(path: str) -> list[PathReport]:
+        if remote_location(path) is not None:
+            return list(walk.inspect(path, given=True))
+        with local:
+            return list(walk.inspect(path, given=True))
+
+    try:
+        yield from in_flight(paths, work, 1 if exchange is not None else jobs)
+    finally:
+        if transport is not None:
+            transport.close()
