@@ -141,6 +141,8 @@ class SourceFact:
     """Why the tensors' bytes cannot be read, when they cannot."""
     also_valid_as: tuple[str, ...] = ()
     """Other container formats the file is also valid as (a polyglot)."""
+    files: tuple[str, ...] = ()
+    """For a directory: the files its loader read, relative to `path`."""
 
 
 @dataclass(frozen=True)

@@ -237,4 +237,6 @@ def load_dcp(path: str) -> LoadedSource:
             "(dcp.load copies each tensor into the caller's own tensors)"
         ),
         content_unreadable="torch.distributed.checkpoint is read as metadata only",
+        # Every .distcp file is the checkpoint's, named in .metadata or left by an earlier save.
+        files=(METADATA_FILE, *sorted({*needed, *(n for n in os.listdir(path) if n.endswith(DATA_SUFFIX))})),
     )

@@ -206,6 +206,9 @@ class LoadedSource:
     """This process's rank in the default process group (0 without one)."""
     world_size: int = 1
     """Ranks in the default process group, or the largest device mesh of a DTensor (1 without either)."""
+    files: tuple[str, ...] = ()
+    """For a directory: the files the loader read (weights, index, metadata), relative to `path`.
+    A folder walk inspects the directory's other files on their own."""
 
     def close(self) -> None:
         """Release the files and maps behind `reader`; safe to call more than once."""
