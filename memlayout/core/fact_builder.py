@@ -300,6 +300,7 @@ def build_facts(source: LoadedSource) -> Facts:
             content_unreadable=source.content_unreadable,
             also_valid_as=source.also_valid_as,
             files=source.files,
+            chunks=tuple(source.chunks),
         ),
         tensors=tensors,
         storages=storage_facts,

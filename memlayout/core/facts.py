@@ -17,6 +17,7 @@ from typing import NamedTuple
 from memlayout.core.strides import ByteSet, MemoryFormat, Relation
 from memlayout.dtypes import dtype_info
 from memlayout.load.records import (
+    ChunkRecord,
     DeclaredTie,
     ModuleRecord,
     PickleGlobal,
@@ -143,6 +144,8 @@ class SourceFact:
     """Other container formats the file is also valid as (a polyglot)."""
     files: tuple[str, ...] = ()
     """For a directory: the files its loader read, relative to `path`."""
+    chunks: tuple[ChunkRecord, ...] = ()
+    """The pieces the checkpoint stores each tensor in (DCP); empty for other sources."""
 
 
 @dataclass(frozen=True)
