@@ -105,3 +105,16 @@ def test_a_file_cut_inside_an_array_is_one_error(tmp_path: Path) -> None:
 
     with pytest.raises(CorruptCheckpointError, match="ends inside a joblib array of 8,000 bytes"):
         load_path(str(path))
+
+
+def test_the_hint_of_a_pickled_model_is_followed(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    path = tmp_path / "model.joblib"
+    joblib.dump(torch.nn.Linear(4, 2), path)
+    (finding,) = [f for f in run_inspection(str(path)).findings if f.code == "ML601"]
+    assert "re-save its data in a format that is no pickle (safetensors" in finding.hint
+    model = joblib.load(path)  # the hint: only a file you trust, as this one
+    save_file(model.state_dict(), str(tmp_path / "model.safetensors"))
+    assert "ML601" not in {f.code for f in run_inspection(str(tmp_path / "model.safetensors")).findings}
