@@ -299,6 +299,8 @@ def build_facts(source: LoadedSource) -> Facts:
             layout_unrecorded=source.layout_unrecorded,
             content_unreadable=source.content_unreadable,
             also_valid_as=source.also_valid_as,
+            files=source.files,
+            chunks=tuple(source.chunks),
         ),
         tensors=tensors,
         storages=storage_facts,

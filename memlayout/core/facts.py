@@ -17,6 +17,7 @@ from typing import NamedTuple
 from memlayout.core.strides import ByteSet, MemoryFormat, Relation
 from memlayout.dtypes import dtype_info
 from memlayout.load.records import (
+    ChunkRecord,
     DeclaredTie,
     ModuleRecord,
     PickleGlobal,
@@ -141,6 +142,10 @@ class SourceFact:
     """Why the tensors' bytes cannot be read, when they cannot."""
     also_valid_as: tuple[str, ...] = ()
     """Other container formats the file is also valid as (a polyglot)."""
+    files: tuple[str, ...] = ()
+    """For a directory: the files its loader read, relative to `path`."""
+    chunks: tuple[ChunkRecord, ...] = ()
+    """The pieces the checkpoint stores each tensor in (DCP); empty for other sources."""
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,17 @@ FORMAT_SUPPORT: dict[str, FormatSupport] = {
             "`dcp.load(model.state_dict(), checkpoint_id=DIR)` keeps the flat buffers"
         ),
     ),
+    "npy": FormatSupport(
+        "",
+        refusal="an .npy file is a numpy array, not a torch checkpoint: it has one array and no layout to flatten",
+        alternative="load it with numpy.load and save `torch.from_numpy(array)` with torch.save if torch needs it",
+    ),
+    "npz": FormatSupport(
+        "",
+        refusal="an .npz file holds numpy arrays, not a torch checkpoint",
+        alternative="load it with numpy.load and save `{name: torch.from_numpy(array)}` with torch.save, then "
+        "flatten that file",
+    ),
     "pickle": FormatSupport(
         "",
         refusal="a bare pickle is not a torch.save file, and its tensor bytes are not located without unpickling it",

@@ -311,6 +311,9 @@ def load_hf_dir(path: str) -> LoadedSource:
     """
     files, pickled = weight_files(path)
     source = _load_pickled_shards(path, files) if pickled else _load_safetensors_shards(path, files)
+    # The index of the kind weight_files chose was read whenever it exists.
+    index = BIN_INDEX if pickled else SAFETENSORS_INDEX
+    source.files = tuple(sorted({*files, CONFIG, *([index] if os.path.isfile(os.path.join(path, index)) else [])}))
     config_path = os.path.join(path, CONFIG)
     if os.path.isfile(config_path):
         try:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from memlayout.errors import MemlayoutError, UnrecognizedFormatError
 from memlayout.load.remote_location import RemoteOptions, remote_location
+from memlayout.pipeline.folder_walk import folder_members
 from memlayout.pipeline.inspection import Report, run_inspection, summarize
 from memlayout.pipeline.many_paths import in_flight
 from memlayout.rules import (
@@ -42,10 +43,6 @@ if TYPE_CHECKING:  # the exchange is only for ranks under a launcher; a file ins
 EXIT_CLEAN = 0
 EXIT_FAILED = 1
 EXIT_USAGE_OR_LOAD_ERROR = 2
-
-# What a directory that is no model by itself is searched for, as pre-commit's hook
-# matches files. Each file found is still recognized by content, not by this list.
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pt2")
 
 
 @dataclass(frozen=True)
@@ -202,18 +199,6 @@ def selected_rules(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> tu
     return tuple(code for code in sorted(RULES) if is_selected(code, select, ignore))
 
 
-def _directory_members(directory: str) -> list[str]:
-    # Sorted, hidden entries skipped (as ruff and black walk a tree), so the order of
-    # a combined report does not depend on the filesystem.
-    found: list[str] = []
-    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-        if entry.name.startswith("."):
-            continue
-        if entry.is_dir() or entry.name.lower().endswith(CHECKPOINT_SUFFIXES):
-            found.append(entry.path)
-    return found
-
-
 def _share_failure(exchange: RankExchange | None, error: str) -> None:
     """Under torchrun, a rank that failed on a path still takes its part in the ranks' sharing."""
     if exchange is not None:
@@ -276,14 +261,18 @@ class _Walk:
             )
         else:
             yield PathReport(path, report=without_ignored_findings(report, self.per_tensor_ignores))
+            if os.path.isdir(path):
+                # A model folder's other files (a pickle beside the weights, a
+                # training checkpoint's optimizer.pt) are audited on their own.
+                yield from self._walk(path, taken=report.facts.source.files)
 
-    def _walk(self, folder: str) -> Iterator[PathReport]:
+    def _walk(self, folder: str, taken: tuple[str, ...] = ()) -> Iterator[PathReport]:
         real = os.path.realpath(folder)
         with self.walking:  # paths in flight together may walk folders at once
             if real in self.walked:
                 return
             self.walked.add(real)
-        for member in _directory_members(folder):
+        for member in folder_members(folder, taken):
             yield from self.inspect(member, given=False)
 
 
