@@ -15,8 +15,20 @@ import torch
 from tests.activations import models
 from tests.activations.measure import allocator_peak_step
 
+
+def wide_llama() -> torch.nn.Module:
+    """A Llama whose MLP dwarfs its activations: a 4-bit matmul's dequantized weight (256 x 2048 float32, 2 MiB)
+    is the largest thing its forward allocates."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=256, intermediate_size=2048, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=64, max_position_embeddings=64)
+    return LlamaForCausalLM(config).train()
+
+
 BUILDERS: dict[str, Callable[[], torch.nn.Module]] = {
-    "llama": models.llama, "gpt2": models.gpt2, "bert": models.bert,
+    "llama": models.llama, "gpt2": models.gpt2, "bert": models.bert, "wide-llama": wide_llama,
 }
 
 
@@ -65,10 +77,10 @@ def quantized_weights(model: torch.nn.Module) -> list[torch.Tensor]:
     return [module.weight for module in model.modules() if isinstance(module, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt))]
 
 
-def real_peak(model: torch.nn.Module, batch: int = 4, length: int = 32) -> int:
+def real_peak(model: torch.nn.Module, batch: int = 4, length: int = 32, vocab: int = 500) -> int:
     """A real steady-state AdamW step of the model, by the CPU allocator's events, its quantization state counted
     as the model's (it lives beside the weights from the start)."""
-    args, kwargs = models.token_inputs(batch, length, 500)
+    args, kwargs = models.token_inputs(batch, length, vocab)
     return allocator_peak_step(model, args, kwargs, other_state=tuple(quantization_state(model))).peak_bytes
 
 

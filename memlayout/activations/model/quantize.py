@@ -33,6 +33,16 @@ from typing import Any
 from memlayout.errors import UsageError
 
 METHODS = ("nf4", "fp4", "int8")
+
+LIBRARY_OPS_WITH_SCRATCH = (
+    "bitsandbytes.gemm_4bit.default",
+    "bitsandbytes.gemv_4bit.default",
+)
+"""bitsandbytes' ops whose real CPU kernel allocates what their fake kernel does not show: the 4-bit matmul
+dequantizes the whole weight into a temporary of the input's dtype, multiplies, and frees it before it returns
+(`_gemm_4bit_default_impl`; a 256 x 2048 layer: 2 MiB of float32 inside the op). The trace learns it from the
+real kernel as it learns aten's (trace/kernel_storage.py); without it a quantized Llama's forward with wide MLPs
+read 0.40 of the allocator's peak."""
 INSTALL = "pip install 'memlayout[lora]'"
 
 
