@@ -57,3 +57,46 @@ def test_a_4bit_weight_moved_to_fake_tensors_keeps_its_class_and_state() -> None
         t.untyped_storage().nbytes() for t in attribute_tensors(weight))
     with mode:  # bitsandbytes' own dequantization runs on it, as peft's DoRA runs it
         assert bnb.functional.dequantize_4bit(moved.data, moved.quant_state).shape == (64, 32)
+
+
+def _mappings_of(path: str) -> list[tuple[int, int, int]]:
+    """(start, end, resident bytes) of each mapping of the file in this process, from /proc/self/smaps."""
+    found: list[list[int]] = []
+    current: list[int] | None = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        parts = line.split()
+        if "-" in parts[0] and len(parts) >= 5 and ":" in parts[3]:  # a mapping's header line
+            current = None
+            if len(parts) >= 6 and parts[5] == path:
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                current = [start, end, 0]
+                found.append(current)
+        elif current is not None and parts[0] == "Rss:":
+            current[2] = int(parts[1]) * 1024
+    return [(start, end, rss) for start, end, rss in found]
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+def test_a_4bit_model_loaded_on_the_cpu_keeps_its_whole_checkpoint_mapped(tmp_path: Path) -> None:
+    """What docs/activations.md says: the unquantized weights (embeddings, norms, the head) are views into the
+    memory-mapped safetensors file, so the whole file, the float weights of every quantized layer included, stays
+    mapped and mostly resident until the model is freed. The prediction counts the model's own tensors only."""
+    import gc
+
+    import bitsandbytes as bnb
+
+    directory = lora_models.saved("llama", tmp_path)
+    checkpoint = str((directory / "model.safetensors").resolve())
+    model = lora_models.quantized_from(directory)
+    mappings = _mappings_of(checkpoint)
+    assert len(mappings) == 1, mappings
+    start, end, resident = mappings[0]
+    size = Path(checkpoint).stat().st_size
+    assert end - start >= size  # the whole file, not the unquantized weights alone
+    unquantized = [p for p in model.parameters() if not isinstance(p, bnb.nn.Params4bit)]
+    assert unquantized and all(start <= p.data_ptr() < end for p in unquantized)
+    held = sum(p.numel() * p.element_size() for p in unquantized)
+    assert resident > 1.5 * held, (resident, held)  # the quantized layers' float weights were read, and stay
+    del model, unquantized
+    gc.collect()
+    assert _mappings_of(checkpoint) == []  # the weights alone kept it
