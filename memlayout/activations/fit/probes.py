@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from memlayout.activations.analysis import ActivationReport, _step_failed, prepare_step
+from memlayout.activations.model.adapt import Adaptation
+from memlayout.activations.model.adapters import parameter_split
 from memlayout.activations.model.input_specs import InputSpec, position_limit
 from memlayout.activations.plans.plan import Planner
 from memlayout.activations.ranks import analyze_ranks
@@ -98,13 +100,13 @@ class DeviceProbe(Probe):
 
     def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, budget: int, device: str,
                  optimizer: str, autocast: str | None, dtype: str | None, inference: bool, trust: bool,
-                 main_module: str | None, gpu: str | None = None) -> None:
+                 main_module: str | None, gpu: str | None = None, adaptation: Adaptation | None = None) -> None:
         self.specs, self.dims, self.budget = specs, dims, budget
         self.optimizer, self.autocast, self.dtype, self.inference = optimizer, autocast, dtype, inference
         self.step, self.notes, self.target_text, self.kind = prepare_step(
             target, specs, kwargs=None, device=device, mode="meta" if device == "meta" else "fake", trust=trust,
             optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-            step_kind="inference" if inference else "train",
+            step_kind="inference" if inference else "train", adaptation=adaptation,
         )
         self.cuda = self.step.device.startswith("cuda")
         self.size: int | None = None
@@ -230,6 +232,7 @@ class DeviceProbe(Probe):
             inputs=step.descriptions, device=step.device, mode=step.mode, loss=trace.loss, optimizer=self.optimizer,
             summary=summary, modules=module_facts(trace), plan=None, notes=tuple(self.notes), trace=trace,
             autocast=self.autocast, dtype=self.dtype, step="inference" if self.inference else "train",
+            parameters=parameter_split(step.model), adapted=step.adapted,
         )
 
     def position_limit(self) -> tuple[str, int] | None:
