@@ -42,14 +42,19 @@ class FormatSupport(NamedTuple):
     pads: bool = True
     """Whether OUT can hold padding between tensors, so flatten can align each one.
     A safetensors data section allows no gaps: flatten orders its tensors but cannot pad them."""
+    one_storage_per_file: bool = False
+    """Whether each file OUT writes is one storage whatever its dtypes: a safetensors
+    file has one data section, which loading maps as one block of bytes."""
 
 
 _PICKLE_TRUST = "re-saving it needs the real objects, and unpickling them runs code from the file"
 
 FORMAT_SUPPORT: dict[str, FormatSupport] = {
     "torch-zip": FormatSupport("a torch.save zip", Trust.IF_UNSAFE_GLOBALS),
-    "safetensors": FormatSupport("a safetensors file", pads=False),
-    "hf-safetensors": FormatSupport("a Hugging Face directory (each safetensors file flattened)", pads=False),
+    "safetensors": FormatSupport("a safetensors file", pads=False, one_storage_per_file=True),
+    "hf-safetensors": FormatSupport(
+        "a Hugging Face directory (each safetensors file flattened)", pads=False, one_storage_per_file=True
+    ),
     "hf-pytorch": FormatSupport("a Hugging Face directory (each torch.save file flattened)", Trust.IF_UNSAFE_GLOBALS),
     "live-module": FormatSupport("a torch.save state dict"),
     "state-dict": FormatSupport("a torch.save state dict"),
