@@ -35,7 +35,7 @@ def render_check(result: FlattenResult) -> str:
         lines = [f"{result.source}: would change ({result.format}):"]
         lines += [f"  {change}" for change in result.changes]
         # The count ML204 quotes ("flatten would use N"), so the two can be read side by side.
-        lines.append(f"  storages {result.storages_before} -> {result.storages_after}")
+        lines.append(f"  storages  {result.storages_before} -> {result.storages_after}")
     lines += [f"  note: {note}" for note in result.notes]
     return "\n".join(lines) + "\n"
 

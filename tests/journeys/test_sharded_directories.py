@@ -73,7 +73,7 @@ def _storages_after_check(path: Path) -> tuple[int, int]:
         assert done.returncode == 0, done.stdout + done.stderr
         return int(flat[1]), int(flat[1])
     assert done.returncode == 1, done.stdout + done.stderr
-    counted = re.search(r"^  storages (\d+) -> (\d+)$", done.stdout, re.M)
+    counted = re.search(r"^  storages  (\d+) -> (\d+)$", done.stdout, re.M)
     assert counted, done.stdout
     return int(counted[1]), int(counted[2])
 
