@@ -2,7 +2,8 @@
 
 issue 26, defect 6: the hint said "put the model's code on PYTHONPATH", which cannot
 help, since the pickle asks `__main__`. The refusal now says the file was saved from
-a script, and its hint (save the state dict in that script) works when followed.
+a script, and its hint (`--main-module`, followed in tests/journeys, or the state
+dict saved in that script) works when followed.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ def test_a_script_s_module_is_refused_with_a_hint_that_works(tmp_path: Path, mon
     refused = CliRunner().invoke(app, ["flatten", str(tmp_path / "tied.pt"), "-o", str(tmp_path / "out.pt"), "--trust"])
     assert refused.exit_code == 2 and len(refused.stderr.splitlines()) == 1
     assert "__main__.Tied" in refused.stderr and "saved from a script" in refused.stderr
-    assert "PYTHONPATH" not in refused.stderr
+    # The script's folder on PYTHONPATH alone cannot help; --main-module names the module to look in.
+    assert "put the model's code on PYTHONPATH" not in refused.stderr
+    assert "pass --main-module MODULE, the module on PYTHONPATH that defines Tied" in refused.stderr
     assert "torch.save(model.state_dict(), ...) and flatten that, which needs no --trust" in refused.stderr
     assert not (tmp_path / "out.pt").exists()
     # The hint, followed: the state dict the script saved flattens without --trust, tie kept.

@@ -21,6 +21,7 @@ from memlayout.core.facts import Facts
 from memlayout.errors import FlattenError
 from memlayout.flatten.options import FlattenOptions, Progress
 from memlayout.flatten.plan import FlatPlan, describe_changes
+from memlayout.load.main_module import classes_from_main, objects_from_main
 from memlayout.load.records import LoadedSource
 
 
@@ -40,6 +41,12 @@ class FlattenJob:
     options: FlattenOptions
     progress: Progress | None = None
     """Told the bytes copied and verified so far, for a progress display."""
+
+    def objects_from_main(self) -> dict[int, str]:
+        """What IN's pickle names `__main__.Name`, as `--main-module` defines it, by identity; empty without it."""
+        if self.options.main_module is None:
+            return {}
+        return objects_from_main(self.options.main_module, classes_from_main(self.source.pickle_globals))
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from memlayout.flatten.apply import (
     walk_tensors,
 )
 from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
+from memlayout.flatten.options import FlattenOptions
 from memlayout.flatten.plan import FlatBuffer, Slot
 from memlayout.flatten.save import check_layout, verify_torch_file, write_torch
 from memlayout.flatten.torch_tree import pickle_records, rebuild_tree
@@ -59,6 +60,7 @@ from memlayout.io.zip_archive import (
     new_serialization_id,
     torch_archive_name,
 )
+from memlayout.load.main_module import classes_from_main, pickle_module_resolving_main
 from memlayout.load.records import LoadedSource
 
 if TYPE_CHECKING:
@@ -88,7 +90,7 @@ class TorchZipWriter(FlattenWriter):
             # Where each storage's bytes lie is what the loader already found.
             reader: Any = job.source.reader
             spans = RecordSpans(reader.starts, reader.sizes, reader.checksums)
-            tree, stand_ins = rebuild_tree(archive, prefix, job.options.trust, job.path)
+            tree, stand_ins = rebuild_tree(archive, prefix, job.options.trust, job.path, job.options.main_module)
             if job.options.keeps_devices or all(flat.device == "cpu" for flat in job.plan.buffers):
                 buffers = _unfilled_buffers(job)
                 rebind(tree, job.plan, views_of(job.plan, buffers), stand_ins.key_of)
@@ -137,7 +139,7 @@ def _stream(
     stages: dict[str, float], locations: dict[int, str] | None = None,
 ) -> Written:
     started = time.perf_counter()
-    pickled = pickle_records(tree, locations)
+    pickled = pickle_records(tree, locations, job.objects_from_main())
     buffer_index = {_torch.storage_id(buffer.untyped_storage()): index for index, buffer in enumerate(buffers)}
     records = [OutRecord(name, (Data(payload),)) for name, payload in pickled.small]
     for key, storage in pickled.storages:
@@ -173,8 +175,8 @@ def _stream(
             flushing = threading.Thread(target=_flush, args=(output.fd,), daemon=True)
             flushing.start()
             verifier.finish(written)
-            check_layout(output.path, job.plan, names)
-            _torch_reads(output.path, job.options.trust, tree)
+            check_layout(output.path, job.plan, names, from_main=classes_from_main(job.source.pickle_globals))
+            _torch_reads(output.path, job.options, tree)
             flushing.join()
             stages["verify"] = time.perf_counter() - started
             verified = True
@@ -245,12 +247,16 @@ def _dense_bytes(source: int, record_start: int, slot: Slot) -> bytes:
     return bytes(dense.numpy().tobytes())
 
 
-def _torch_reads(path: str, trust: bool, tree: Any) -> None:
+def _torch_reads(path: str, options: FlattenOptions, tree: Any) -> None:
     """torch.load(OUT, mmap=True) opens OUT and finds the tensors of the tree that was pickled."""
     import torch
 
+    # A script's classes are looked up where --main-module defines them, as IN's were.
+    resolving = {} if options.main_module is None else {
+        "pickle_module": pickle_module_resolving_main(options.main_module)
+    }
     try:
-        loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=not trust)
+        loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=not options.trust, **resolving)
     except Exception as exc:
         raise FlattenError(f"verification failed: torch.load cannot read OUT: {str(exc).splitlines()[0]}") from exc
 
@@ -269,8 +275,12 @@ def _through_memory(job: FlattenJob, tree: Any, stand_ins: Any, spans: RecordSpa
     rebind(tree, job.plan, views_of(job.plan, buffers), stand_ins.key_of)
     # On CUDA, cuDNN lays out each RNN itself and its buffer is what gets saved.
     plan, buffers, _ = adopt_cudnn_layouts(tree, job.plan, buffers, job.facts)
-    verify = (lambda temporary: verify_torch_file(temporary, plan, buffers, names)) if job.options.verify else None
-    return Written(copied, write_torch(tree, job.out, verify))
+    from_main = classes_from_main(job.source.pickle_globals)
+    verify = (
+        (lambda temporary: verify_torch_file(temporary, plan, buffers, names, from_main=from_main))
+        if job.options.verify else None
+    )
+    return Written(copied, write_torch(tree, job.out, verify, from_main=job.objects_from_main()))
 
 
 WRITER = TorchZipWriter()
