@@ -59,8 +59,8 @@ class FlattenResult:
     verified: bool
     unverified_reason: str = ""
     """Why OUT was not re-read, when it was not."""
-    verification: str = ""
-    """What verification compared, when it ran."""
+    verification: tuple[str, ...] = ()
+    """What verification proved, one clause per kind of change (`memlayout.flatten.verification`), when it ran."""
     stages: tuple[tuple[str, float], ...] = ()
     """Seconds per stage ("plan", "copy", "verify", "fsync", ...), in order."""
 
@@ -177,7 +177,7 @@ def _devices_written(plan: FlatPlan, facts: Facts) -> str:
 def _result(
     path: str, out: str | None, fmt: str, facts: Facts, after: LayoutAfter, notes: tuple[str, ...],
     device: tuple[str | None, str], copied: int, seconds: float, changes: list[str], verified: bool,
-    verification: str = "", stages: tuple[tuple[str, float], ...] = (),
+    verification: tuple[str, ...] = (), stages: tuple[tuple[str, float], ...] = (),
 ) -> FlattenResult:
     return FlattenResult(
         source=path,
@@ -197,7 +197,7 @@ def _result(
         notes=notes,
         verified=verified,
         unverified_reason=_unverified_reason(out, verified),
-        verification=verification if verified else "",
+        verification=verification if verified else (),
         stages=stages,
     )
 
@@ -427,7 +427,8 @@ def _merge_results(
         notes=tuple(dict.fromkeys((*notes, *(note for r in results for note in r.notes)))),
         verified=all(r.verified for r in results),
         unverified_reason=next((r.unverified_reason for r in results if r.unverified_reason), ""),
-        verification=next((r.verification for r in results if r.verification), ""),
+        # Each file was checked as its own kind of change asked; the directory's check is all of them.
+        verification=tuple(dict.fromkeys(clause for r in results for clause in r.verification)),
     )
 
 

@@ -22,6 +22,7 @@ from memlayout.core.facts import Facts
 from memlayout.errors import UnsafeContentError, UsageError
 from memlayout.flatten.plan import FlatPlan, describe_changes
 from memlayout.flatten.save import verify_torch_file, write_torch
+from memlayout.flatten.verification import BUFFERS_WRITTEN, LAYOUT, MAIN_NAMES
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
 from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree
 from memlayout.load.detect import has_proto_signature
@@ -133,7 +134,8 @@ class LegacyWriter(FlattenWriter):
         written = write_torch(
             tree, job.out, verify if job.options.verify else None, done.locations, job.objects_from_main()
         )
-        return Written(done.bytes_copied, written)
+        from_main = (MAIN_NAMES,) if classes_from_main(job.source.pickle_globals) else ()
+        return Written(done.bytes_copied, written, (BUFFERS_WRITTEN, LAYOUT, *from_main))
 
 
 WRITER = LegacyWriter()

@@ -39,9 +39,17 @@ from memlayout.flatten.apply import (
 )
 from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
 from memlayout.flatten.options import FlattenOptions
-from memlayout.flatten.plan import FlatBuffer, Slot
+from memlayout.flatten.plan import FlatBuffer, FlatPlan, Slot
 from memlayout.flatten.save import check_layout, verify_torch_file, write_torch
 from memlayout.flatten.torch_tree import pickle_records, rebuild_tree
+from memlayout.flatten.verification import (
+    BUFFERS_WRITTEN,
+    COPIED_BY_CRC,
+    LAYOUT,
+    MAIN_NAMES,
+    RESTRIDED_VALUES,
+    ZIP_LAYOUT,
+)
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
 from memlayout.flatten.writers.torch_zip_out import (
     Data,
@@ -68,7 +76,6 @@ if TYPE_CHECKING:
 
 FILE_FORMAT_VERSION = b"3\n"
 """The `version` record torch's writer closes a torch.save archive with (kProducedFileFormatVersion)."""
-STREAMED_CHECKS = "read back: every record's CRC-32 matches IN's bytes; layout, sharing and torch.load agree"
 
 
 class TorchZipWriter(FlattenWriter):
@@ -175,14 +182,56 @@ def _stream(
             flushing = threading.Thread(target=_flush, args=(output.fd,), daemon=True)
             flushing.start()
             verifier.finish(written)
-            check_layout(output.path, job.plan, names, from_main=classes_from_main(job.source.pickle_globals))
+            from_main = classes_from_main(job.source.pickle_globals)
+            offsets, _ = check_layout(output.path, job.plan, names, from_main=from_main)
+            restrided = _restrided_values_equal(output.fd, offsets, job.plan, source, spans)
             _torch_reads(output.path, job.options, tree)
             flushing.join()
             stages["verify"] = time.perf_counter() - started
             verified = True
         closing = time.perf_counter()
     stages["fsync"] = time.perf_counter() - closing
-    return Written(written.bytes_moved, verified, STREAMED_CHECKS if verified else "", stages)
+    if not verified:
+        return Written(written.bytes_moved, False, (), stages)
+    checks = (
+        COPIED_BY_CRC, *((RESTRIDED_VALUES,) if restrided else ()), ZIP_LAYOUT, *((MAIN_NAMES,) if from_main else ())
+    )
+    return Written(written.bytes_moved, True, checks, stages)
+
+
+def _restrided_values_equal(
+    out: int, offsets: dict[int, int], plan: FlatPlan, source: int, spans: RecordSpans
+) -> int:
+    """Read back every tensor made dense and compare its values with IN's view, bit for bit; how many there were.
+
+    A re-strided tensor's record holds bytes built in memory, so its CRC-32 proves
+    only that OUT holds what was built; this proves what was built is IN's values.
+
+    Raises:
+        FlattenError: a value differs.
+    """
+    import torch
+
+    count = 0
+    for index, flat in enumerate(plan.buffers):
+        for slot in flat.slots:
+            if not slot.dense or slot.nbytes == 0:
+                continue
+            view = slot.views[0]
+            _, offset, shape, stride, dtype = view.source
+            written = torch.frombuffer(bytearray(os.pread(out, slot.nbytes, offsets[index] + slot.start)), dtype=torch.uint8)
+            read = torch.frombuffer(
+                bytearray(os.pread(source, slot.source_nbytes, spans.starts[slot.source_storage] + slot.source_start)),
+                dtype=torch.uint8,
+            )
+            after = torch.empty(0, dtype=torch_dtype(dtype)).set_(written.untyped_storage(), 0, view.shape, view.stride)
+            before = torch.empty(0, dtype=torch_dtype(dtype)).set_(
+                read.untyped_storage(), offset - slot.source_start // view.itemsize, shape, stride
+            )
+            if not torch.equal(as_bits(after), as_bits(before)):
+                raise FlattenError(f"verification failed: {', '.join(view.names)} read back with other values than IN's")
+            count += 1
+    return count
 
 
 def _flush(fd: int) -> None:
@@ -280,7 +329,8 @@ def _through_memory(job: FlattenJob, tree: Any, stand_ins: Any, spans: RecordSpa
         (lambda temporary: verify_torch_file(temporary, plan, buffers, names, from_main=from_main))
         if job.options.verify else None
     )
-    return Written(copied, write_torch(tree, job.out, verify, from_main=job.objects_from_main()))
+    verified = write_torch(tree, job.out, verify, from_main=job.objects_from_main())
+    return Written(copied, verified, (BUFFERS_WRITTEN, LAYOUT, *((MAIN_NAMES,) if from_main else ())))
 
 
 WRITER = TorchZipWriter()
