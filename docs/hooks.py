@@ -8,6 +8,7 @@ benchmarks/results/*.json. mkdocs loads this file through `hooks:` in mkdocs.yml
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -168,6 +169,21 @@ MARKERS: dict[str, Callable[[], str]] = {
     "<!-- memlayout:will-it-fit -->": _will_it_fit,
     "<!-- memlayout:synopsis activations -->": lambda: _synopsis("activations"),
 }
+
+
+ROOT_RELATIVE = re.compile(r'((?:href|src)=")/(?!/)')
+"""A link mkdocs writes from the site's root ("/flatten.html")."""
+
+
+def on_post_template(output_content: str, template_name: str, config: MkDocsConfig) -> str:
+    # mkdocs renders 404.html with links from "/" (a server may show it at any path,
+    # and no site_url says where the site lives), so opened from disk every link and
+    # the stylesheet pointed at the filesystem's root. The page sits at the site's
+    # root: relative to it, each link names the file, as every other page's do.
+    if template_name != "404.html":
+        return output_content
+    output_content = ROOT_RELATIVE.sub(r"\1", output_content)
+    return output_content.replace('"base": "/"', '"base": "."')
 
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
