@@ -53,18 +53,21 @@ def storages_after_flatten(facts: Facts, tensors: Iterable[TensorFact]) -> int:
     """
     support = FORMAT_SUPPORT.get(facts.source.format)
     per_file = support is not None and support.one_storage_per_file
+    file_of = {storage.id: storage.file for storage in facts.storages if storage.file}
+    if per_file:
+        return len({file_of.get(tensor.storage, "") for tensor in tensors})
     # flat_group_key reads only these fields, so it is asked once per distinct
     # combination rather than once per tensor of a 100,000-tensor checkpoint.
-    seen: set[tuple[object, ...]] = set()
-    buffers: set[tuple[object, ...]] = set()
-    for tensor in tensors:
-        file = facts.storage(tensor.storage).file
-        fields = (file,) if per_file else (
-            file, tensor.section, tensor.kind, tensor.device, tensor.dtype, tensor.requires_grad
-        )
-        if fields not in seen:
-            seen.add(fields)
-            buffers.add((file,) if per_file else (file, *flat_group_key(tensor)))
+    representatives: dict[tuple[object, ...], TensorFact] = {}
+    if file_of:
+        for tensor in tensors:
+            representatives.setdefault((file_of.get(tensor.storage, ""), tensor.section, tensor.kind,
+                                        tensor.device, tensor.dtype, tensor.requires_grad), tensor)
+    else:
+        for tensor in tensors:
+            representatives.setdefault(("", tensor.section, tensor.kind, tensor.device, tensor.dtype,
+                                        tensor.requires_grad), tensor)
+    buffers = {(fields[0], *flat_group_key(tensor)) for fields, tensor in representatives.items()}
     return len(buffers)
 
 
