@@ -12,7 +12,6 @@ never imports them, and needs no such option.
 from __future__ import annotations
 
 import importlib
-import pickle
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -84,6 +83,10 @@ def pickle_module_resolving_main(module_name: str) -> Any:
     Raises:
         SourceNotFoundError: `module_name` cannot be imported.
     """
+    # Here, not at the top: core's flatten hints ask `classes_from_main` of every source on
+    # inspect's path, and pickle (about 9 ms) is needed only to unpickle.
+    import pickle
+
     _import(module_name)
 
     class Unpickler(pickle.Unpickler):
