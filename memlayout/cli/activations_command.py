@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from memlayout.activations.ranks.parallel import ShardingOptions
 
 BUDGET_UNREACHABLE = 1
+CUDA_WHEELS = "https://download.pytorch.org/whl/cu130"
+"""The index of torch's CUDA wheels, as memlayout/activations/trace/world.py's refusal names it (a test holds the
+two equal): --gpu's help cannot import that module, which loads the tracer, on every start."""
 
 
 def activations_command(
@@ -72,8 +75,10 @@ def activations_command(
     gpu: Annotated[
         str | None,
         typer.Option("--gpu", help="Trace for this GPU (implies --device cuda): its capability decides the attention "
-                     "kernel, as torch decides it; no GPU is needed here. h100, h100-pcie, h200, b200, a100-80gb, "
-                     "a100-40gb, l40s, l4, a10g, 4090, 3090, t4, v100.", metavar="NAME"),
+                     "kernel, as torch decides it. No GPU is needed here, but torch's CUDA build is (a CPU build "
+                     f"refuses it): pip install torch --index-url {CUDA_WHEELS} (on Linux, plain pip install torch "
+                     "is one). h100, h100-pcie, h200, b200, a100-80gb, a100-40gb, l40s, l4, a10g, 4090, 3090, t4, "
+                     "v100.", metavar="NAME"),
     ] = None,
     real: Annotated[bool, typer.Option("--real", help="Run the step for real on --device (uses the memory), as a check.")] = False,
     depth: Annotated[int, typer.Option("--depth", help="Module depth the table shows.", min=0)] = 3,

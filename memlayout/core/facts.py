@@ -107,6 +107,9 @@ class StorageFact(NamedTuple):
     """Unused bytes that are not padding: what saving writes for nothing."""
     base_address: int | None
     has_data: bool
+    file: str = ""
+    """The weight file of a model directory that holds it; "" for a source of one file.
+    flatten rewrites each file on its own, so no flat buffer spans two."""
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,8 @@ class StorageRecord(NamedTuple):
     (legacy torch.save, TorchScript, torch.export), which its allocator aligns."""
     has_data: bool = True
     """False for meta tensors and metadata-only sources: nothing can be read."""
+    file: str = ""
+    """The weight file of a model directory that holds it; "" for a source of one file."""
 
 
 class TensorRecord(NamedTuple):
