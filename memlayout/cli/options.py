@@ -66,8 +66,23 @@ DiffDeepOption = Annotated[
 ]
 TimeoutOption = Annotated[
     int,
-    typer.Option("--timeout", help="For URLs and Hub models: give up on a request after SECONDS.", min=1,
-                 metavar="SECONDS"),
+    typer.Option("--timeout", help="For URLs and Hub models: give up on a request, its redirects and retries "
+                 "included, after SECONDS.", min=1, metavar="SECONDS"),
+]
+PathsFromOption = Annotated[
+    str | None,
+    typer.Option("--paths-from", help="Also inspect the paths FILE lists, one a line (- reads stdin; blank lines "
+                 "and # comments are skipped).", metavar="FILE"),
+]
+JobsOption = Annotated[
+    int,
+    typer.Option("--jobs", "-j", help="Paths read at once; their remote reads share one connection pool. Local "
+                 "files are read one at a time.", min=1, metavar="N"),
+]
+ShardOption = Annotated[
+    str | None,
+    typer.Option("--shard", help="Inspect every N-th path from the K-th (K from 1), to split a list across "
+                 "machines; their --format jsonl outputs concatenate.", metavar="K/N"),
 ]
 DownloadOption = Annotated[
     bool,

@@ -19,6 +19,8 @@ from memlayout.activations.analysis import (
     target_gpu,
 )
 from memlayout.activations.budget import Budget, BudgetSpec, card_budget, resolve_budget
+from memlayout.activations.model.adapt import Adaptation
+from memlayout.activations.model.adapters import parameter_split
 from memlayout.activations.model.input_specs import InputSpec, position_limit
 from memlayout.activations.ranks import analyze_ranks
 from memlayout.activations.ranks.facts import RanksReport
@@ -124,13 +126,14 @@ class DeviceProbe(Probe):
 
     def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *,
                  budget: BudgetSpec | None, device: str, optimizer: str, autocast: str | None, dtype: str | None,
-                 inference: bool, trust: bool, main_module: str | None, gpu: str | None = None) -> None:
+                 inference: bool, trust: bool, main_module: str | None, gpu: str | None = None,
+                 adaptation: Adaptation | None = None) -> None:
         self.specs, self.dims = specs, dims
         self.optimizer, self.autocast, self.dtype, self.inference = optimizer, autocast, dtype, inference
         self.step, self.notes, self.target_text, self.kind = prepare_step(
             target, specs, kwargs=None, device=device, mode="meta" if device == "meta" else "fake", trust=trust,
             optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-            step_kind="inference" if inference else "train",
+            step_kind="inference" if inference else "train", adaptation=adaptation,
         )
         self.cuda = self.step.device.startswith("cuda")
         self.budget = self._budget(budget)
@@ -223,6 +226,7 @@ class DeviceProbe(Probe):
             summary=summary, modules=module_facts(trace), plan=None, notes=tuple(self.notes), trace=trace,
             autocast=self.autocast, dtype=self.dtype, step="inference" if self.inference else "train",
             roofline=roofline_text(step),
+            parameters=parameter_split(step.model), adapted=step.adapted,
         )
 
     def position_limit(self) -> tuple[str, int] | None:

@@ -43,6 +43,8 @@ from memlayout.activations.fit.probes import (
     RanksProbe,
     ScaledDim,
 )
+from memlayout.activations.model.adapt import Adaptation
+from memlayout.activations.model.adapters import LoraOptions
 from memlayout.activations.model.input_specs import INTEGRAL, InputSpec, parse_input_spec
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.search import PlanResult
@@ -225,6 +227,8 @@ def fit(
     with_plan: bool = True,
     trust: bool = False,
     main_module: str | None = None,
+    lora: LoraOptions | int | None = None,
+    quantize: str | None = None,
 ) -> FitReport:
     """The largest batch (or longest sequence) whose step's peak fits `budget`, with and without a plan.
 
@@ -249,6 +253,8 @@ def fit(
         with_plan: Also search the largest size the budget search's plan fits.
         trust: Allow unpickling a module file.
         main_module: With `trust`, the module for a script's `__main__.X` classes.
+        lora: As for `analyze`: peft's LoRA adapters, only they train.
+        quantize: As for `analyze`: the base quantized with bitsandbytes.
 
     Returns:
         A `FitReport`.
@@ -270,7 +276,10 @@ def fit(
         budget = BudgetSpec(fraction=budget)
     optimizer = resolve_step(step, optimizer, None)
     inference = step == "inference"
+    adaptation = Adaptation(lora=LoraOptions(lora) if isinstance(lora, int) else lora, quantize=quantize)
     if sharding is not None:
+        if not adaptation.empty:
+            raise UsageError(f"{'--quantize' if quantize else '--lora'} is not traced with --world-size yet")
         if inference or autocast or dtype:
             given_flag = "--step inference" if inference else "--autocast" if autocast else "--dtype"
             raise UsageError(f"{given_flag} is not traced with --world-size yet")
@@ -279,7 +288,7 @@ def fit(
     else:
         probe = DeviceProbe(target, specs, dims, budget=budget, device=device, optimizer=optimizer,
                              autocast=autocast, dtype=dtype, inference=inference, trust=trust, main_module=main_module,
-                             gpu=gpu)
+                             gpu=gpu, adaptation=adaptation)
     limit_bytes = probe.budget.bytes
     cap, limit = MAX_SIZE, None
     if axis == "seq":

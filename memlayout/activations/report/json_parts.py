@@ -12,6 +12,7 @@ from memlayout.activations.summary import Summary
 from memlayout.version import __version__
 
 if TYPE_CHECKING:
+    from memlayout.activations.analysis import ActivationReport
     from memlayout.activations.search import PlanResult
 
 SCHEMA_VERSION = 1
@@ -86,4 +87,25 @@ def plan_dict(plan: PlanResult) -> dict[str, Any]:
         "cut_short": plan.cut_short,
         "pitfalls": list(plan.pitfalls),
         "excluded": [{"module": path, "reason": reason} for path, reason in plan.excluded],
+    }
+
+
+def adaptation_dict(report: ActivationReport) -> dict[str, Any]:
+    """`parameters` (trainable against frozen), `lora` and `quantization`: what --lora and --quantize made."""
+    split, adapted = report.parameters, report.adapted
+    lora = adapted.lora if adapted is not None else None
+    quantized = adapted.quantized if adapted is not None else None
+    return {
+        "parameters": None if split is None else {
+            "trainable_count": split.trainable_count, "trainable_bytes": split.trainable_bytes,
+            "frozen_count": split.frozen_count, "frozen_bytes": split.frozen_bytes,
+            "quantization_state_bytes": split.quantization_state_bytes,
+        },
+        "lora": None if lora is None else {
+            "rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout, "targets": list(lora.targets),
+            "dora": lora.dora, "adapted_modules": lora.adapted_modules,
+        },
+        "quantization": None if quantized is None else {
+            "method": quantized.method, "layers": quantized.layers, "kept": list(quantized.kept),
+        },
     }

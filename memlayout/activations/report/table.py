@@ -68,6 +68,7 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
                      f"{_difference(report.predicted_peak_bytes, s.peak_bytes)}")
     grid.add_row("activations", human_bytes(s.activation_bytes), "saved for backward", "each storage once, model state excluded")
     grid.add_row("parameters", human_bytes(s.parameter_bytes), "gradients", human_bytes(s.gradient_bytes))
+    _adapter_rows(grid, report)
     grid.add_row("inputs", human_bytes(s.input_bytes), "forward", flops_text(s.forward_flops))
     optimizer = "none (forward and backward only)" if report.optimizer == "none" else report.optimizer
     if report.step == "inference":
@@ -125,6 +126,26 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     console = text_console(buffer, width, color, color_system="standard")
     console.print(Group(*parts_out))
     return buffer.getvalue()
+
+
+def _adapter_rows(grid: Any, report: ActivationReport) -> None:
+    """Trainable against frozen parameters, where some are frozen; what --quantize and --lora made."""
+    split, adapted = report.parameters, report.adapted
+    if split is not None and split.frozen_count:
+        state = (f", of which the quantization state {human_bytes(split.quantization_state_bytes)}"
+                 if split.quantization_state_bytes else "")
+        grid.add_row("trainable", f"{human_bytes(split.trainable_bytes)}", "frozen",
+                     f"{human_bytes(split.frozen_bytes)} ({split.trainable_count:,} parameters train, "
+                     f"{split.frozen_count:,} stored frozen{state})")
+    if adapted is not None and adapted.quantized is not None:
+        q = adapted.quantized
+        kept = f"; kept whole: {', '.join(q.kept)}" if q.kept else ""
+        grid.add_row("quantized", q.method, "layers", f"{q.layers} linear layers in bitsandbytes' layers{kept}")
+    if adapted is not None and adapted.lora is not None:
+        lora = adapted.lora
+        grid.add_row("DoRA" if lora.dora else "LoRA", f"rank {lora.rank}", "on",
+                     f"{', '.join(lora.targets)} ({lora.adapted_modules} layers; alpha {lora.alpha:g}, "
+                     f"dropout {lora.dropout:g})")
 
 
 def _cuda_runtime_rows(grid: Any, s: Any, capability: tuple[int, int] | None) -> None:

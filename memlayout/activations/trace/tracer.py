@@ -43,6 +43,7 @@ from memlayout.activations.facts import (
     StorageLife,
     Trace,
 )
+from memlayout.activations.model.parameter_class import attribute_tensors
 from memlayout.activations.plans import rerun
 from memlayout.activations.step.grad_accumulation import Accumulations
 from memlayout.activations.step.optimizer import state_tensors
@@ -397,9 +398,11 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         """Count the model's parameters, buffers, existing gradients, the optimizer's state and the inputs,
         before the step."""
         for parameter in self.model.parameters():
-            index = self.storage_of(parameter, StorageKind.PARAMETER)
-            if index is not None:
-                self.parameter_storages.add(index)
+            # A quantized weight's state (bitsandbytes' absmax and code) is part of the weight, frozen with it.
+            for tensor in (parameter, *attribute_tensors(parameter)):
+                index = self.storage_of(tensor, StorageKind.PARAMETER)
+                if index is not None:
+                    self.parameter_storages.add(index)
             if parameter.grad is not None:
                 self.storage_of(parameter.grad, StorageKind.GRADIENT)
         for buffer in self.model.buffers():

@@ -92,6 +92,8 @@ class StepWorld:
         """Mixed precision around forward and loss (`--autocast`)."""
         self.inference = False
         """Forward only, under `torch.inference_mode` (`--step inference`)."""
+        self.adapted: Any = None
+        """What `--quantize` and `--lora` did to the model (model/adapt.py's Adapted), or None."""
         self.args: tuple[Any, ...] = ()
         self.kwargs: dict[str, Any] = {}
         self.descriptions: tuple[str, ...] = ()
