@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memlayout.activations.facts import ModuleCall, StorageKind, Trace
+from memlayout.activations.plans.lowest import lowest_options
 from memlayout.activations.summary import live_curve, subtree_calls
 from memlayout.errors import UsageError
 
@@ -112,27 +113,6 @@ class Option:
         """Two options on one module, or on a module and one inside it, do not go together."""
         a, b = self.path, other.path
         return a == b or a == "" or b == "" or a.startswith(b + ".") or b.startswith(a + ".")
-
-
-LOWEST_BEAM = 4
-"""Plans kept at each round of the search for the lowest peak (`Planner.lowest`)."""
-LEXIMAX_DEPTH = 8
-"""How many of the highest intervals `_leximax` compares."""
-
-
-def _leximax(values: np.ndarray) -> tuple[int, ...]:
-    """The highest interval values in descending order: a plan is lower than another when this is smaller."""
-    return tuple(int(v) for v in _leximax_rows(values[None, :])[0])
-
-
-def _leximax_rows(values: np.ndarray) -> np.ndarray:
-    """`_leximax` of each row of a matrix, as a matrix."""
-    import numpy as np
-
-    width = values.shape[1]
-    depth = min(LEXIMAX_DEPTH, width)
-    top = np.partition(values, width - depth, axis=1)[:, width - depth:]
-    return -np.sort(-top, axis=1)
 
 
 def _paths_order(trace: Trace) -> dict[str, int]:
@@ -346,61 +326,16 @@ class Planner:
         return min(pruned, key=lambda rows: (sum(self._costs[r] for r in rows), len(rows), sorted(rows)))
 
     def lowest(self) -> list[int]:
-        """The lowest estimated peak this planner reaches: a beam search (`LOWEST_BEAM` wide) over moves.
-
-        A move counts as lower when it lowers the highest intervals of the live curve taken in
-        order (the peak, then the next highest, ...: `_leximax`), not the peak alone. In a
-        two-block GPT-2 the peak sits in the second block while the first is planned, so a move
-        in the first block leaves the peak where it was, and a walk that asks each move to lower
-        the peak stops at a whole block checkpointed (3.59 MB estimated), where moves inside both
-        blocks reach 3.20 MB. Each round scores every move from each plan kept at once (a move
-        adds an option and drops the chosen ones it conflicts with).
-        """
+        """The options of the lowest estimated peak this planner reaches (a beam search: plans/lowest.py)."""
         import numpy as np
 
         count = len(self.options)
-        start = self._interval_max.copy()
-        best_rows: list[int] = []
-        best_key = _leximax(start)
-        if not count:
-            return best_rows
-        conflicts = self._conflict_matrix()
-        beam: list[tuple[list[int], np.ndarray, tuple[int, ...]]] = [([], start, best_key)]
-        seen: set[frozenset[int]] = {frozenset()}
-        while beam:
-            grown: list[tuple[tuple[int, ...], float, list[int], np.ndarray]] = []
-            for chosen, values, key in beam:
-                moved = values[None, :] + self._rows
-                if chosen:
-                    moved -= conflicts[:, chosen].astype(np.int64) @ self._rows[chosen]
-                keys = _leximax_rows(moved)
-                for row in range(count):
-                    if row in chosen:
-                        continue
-                    rows = [other for other in chosen if not conflicts[row, other]] + [row]
-                    found = frozenset(rows)
-                    if found in seen:
-                        continue
-                    seen.add(found)
-                    row_key = tuple(int(v) for v in keys[row])
-                    if row_key < key:
-                        grown.append((row_key, float(self._costs[rows].sum()), rows, moved[row]))
-            grown.sort(key=lambda item: (item[0], item[1], sorted(item[2])))
-            beam = [(rows, values, key) for key, _, rows, values in grown[:LOWEST_BEAM]]
-            if grown and grown[0][0] < best_key:
-                best_key, best_rows = grown[0][0], grown[0][2]
-        return self._prune(best_rows, best_key[0])
-
-    def _conflict_matrix(self) -> np.ndarray:
-        """conflicts[a, b]: options a and b do not go together (one module, or one inside the other)."""
-        import numpy as np
-
-        count = len(self.options)
-        matrix = np.zeros((count, count), dtype=bool)
+        conflicts = np.zeros((count, count), dtype=bool)
         for a in range(count):
             for b in range(a, count):
-                matrix[a, b] = matrix[b, a] = self.options[a].conflicts_with(self.options[b])
-        return matrix
+                conflicts[a, b] = conflicts[b, a] = self.options[a].conflicts_with(self.options[b])
+        rows, peak = lowest_options(self._interval_max, self._rows, self._costs, conflicts)
+        return self._prune(rows, peak)
 
     def covers(self) -> list[list[int]]:
         """Plans that checkpoint every module of one level: the shallowest modules, and the deepest.
