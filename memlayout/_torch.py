@@ -334,6 +334,15 @@ def cuda_autocast_off_unsaid() -> Iterator[None]:
         yield
 
 
+def parameter_of_class(cls: type, data: Any, requires_grad: bool) -> Any:
+    """`data` as an instance of the Parameter subclass `cls` sharing its storage (`Tensor._make_subclass`, which
+    `nn.Parameter.__new__` calls): a subclass whose `__new__` takes other arguments (bitsandbytes' Params4bit)
+    cannot be rebuilt by calling it."""
+    import torch
+
+    return torch.Tensor._make_subclass(cls, data, requires_grad)
+
+
 def op_schema(op: Any) -> Any:
     """An aten op overload's schema (`OpOverload._schema`): its arguments, their names, defaults and aliasing."""
     return op._schema

@@ -28,6 +28,7 @@ from memlayout.cli.options import (
     OutputOption,
     TrustOption,
     device_option,
+    probability,
 )
 from memlayout.errors import (
     BudgetUnreachableError,
@@ -155,7 +156,7 @@ def activations_command(
     ] = None,
     lora_dropout: Annotated[
         float | None, typer.Option("--lora-dropout", help="The adapters' dropout, instead of peft's default (0.0).",
-                                   metavar="P")
+                                   metavar="P", parser=probability)
     ] = None,
     dora: Annotated[bool, typer.Option("--dora", help="DoRA: LoRA with a learned magnitude per output (peft's "
                                        "use_dora); the rank is --lora's, or peft's default.")] = False,

@@ -185,6 +185,21 @@ def device_option(*supported: str, help: str) -> Any:
     return typer.Option("--device", parser=device_parser(*supported), metavar=f"[{'|'.join(supported)}]", help=help)
 
 
+def probability(value: Any) -> float:
+    """A probability from 0 to 1, as torch's Dropout takes one: "0.05", "5%"; the error names the range.
+
+    A ValueError, which the option's parser words as an invalid value.
+    """
+    text = str(value).strip()
+    try:
+        number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a probability: give one from 0 to 1, e.g. 0.05") from None
+    if not 0 <= number <= 1:
+        raise ValueError(f"{value!r} is not from 0 to 1")
+    return number
+
+
 def split_codes(values: list[str] | None) -> list[str]:
     """`--select ML1,ML201 --select ML5` -> ["ML1", "ML201", "ML5"], upper-cased."""
     return [code.strip().upper() for value in values or [] for code in value.split(",") if code.strip()]

@@ -65,7 +65,7 @@ def moved_parameter(source: Any, moved: Any, move_tensor: Callable[[Any], Any]) 
     if isinstance(moved, _torch.FakeTensor):
         moved.__class__ = _fake_class(cls)
     else:
-        moved = torch.Tensor._make_subclass(cls, moved.detach(), source.requires_grad)
+        moved = _torch.parameter_of_class(cls, moved.detach(), source.requires_grad)
     memo: dict[int, Any] = {}
     for name, value in _own_attributes(source).items():
         moved.__dict__[name] = _moved_value(value, move_tensor, memo)
