@@ -133,7 +133,7 @@ PAGES_OF_THEIR_OWN = {
     "will_it_fit", "activations_zoo", "activations_zoo_sweep",
     "activations_zoo_small_peaks", "activations_zoo_small_peaks_sweep",
     "activations_zoo_large_peaks", "activations_zoo_large_peaks_sweep",
-    "kernel_storage_probe", "inference_sweep",
+    "kernel_storage_probe", "inference_sweep", "fit_decisions",
 }
 """Results files another page renders whole or names (will-it-fit.md, activations-zoo.md, activations.md), not
 harness runs."""
@@ -162,11 +162,20 @@ def _will_it_fit() -> str:
     return table_markdown()
 
 
+def _fit_decisions() -> str:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.fit_decisions import table_markdown
+
+    return table_markdown()
+
+
 # A page names a table it wants by an HTML comment, which stays invisible on GitHub.
 MARKERS: dict[str, Callable[[], str]] = {
     "<!-- memlayout:rules-table -->": _rules_table,
     "<!-- memlayout:benchmark-results -->": _benchmark_results,
     "<!-- memlayout:will-it-fit -->": _will_it_fit,
+    "<!-- memlayout:fit-decisions -->": _fit_decisions,
     "<!-- memlayout:synopsis activations -->": lambda: _synopsis("activations"),
 }
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlayout.activations.assumptions import POLICIES
+from memlayout.activations.budget import Budget, BudgetSpec, resolve_budget
+from memlayout.activations.device.gpus import GpuSpec, spec_for_device_name
 from memlayout.activations.facts import Trace
 from memlayout.activations.model.adapt import Adaptation, Adapted, adapt_model
 from memlayout.activations.model.adapters import LoraOptions, ParameterSplit, parameter_split
@@ -69,6 +71,8 @@ class ActivationReport:
     cuda_capability: tuple[int, int] | None = None
     """(major, minor) of the GPU a CUDA step was traced for (`--gpu`, the GPU present, or the
     default assumed without one); it sizes cuBLAS's workspaces (device/cuda_runtime.py). None off CUDA."""
+    roofline: str | None = None
+    """Whose peak rates priced each op's time (device/roofline.py), in words; None where not priced."""
     parameters: ParameterSplit | None = None
     """The parameters that train against those frozen (LoRA's adapters against its base)."""
     adapted: Adapted | None = None
@@ -90,7 +94,7 @@ def analyze(
     inputs: InputsArg = None,
     *,
     kwargs: Mapping[str, Any] | None = None,
-    budget: int | None = None,
+    budget: int | float | BudgetSpec | None = None,
     device: str = "cpu",
     mode: str = "fake",
     trust: bool = False,
@@ -112,7 +116,10 @@ def analyze(
             (`"int64[4,128]<50257"`, `"labels=int64[4,128]<50257"`); or a
             `pkg.mod:make_inputs` spec returning a tuple or a dict.
         kwargs: Keyword inputs (tensors).
-        budget: Bytes the step's peak must fit in; adds a checkpoint plan.
+        budget: What the step must fit in; adds a checkpoint plan. Bytes (an int), or a share of the
+            target GPU's memory (a float in (0, 1], as torch reports it: `total_memory`). On the CPU the
+            live tensors' peak is compared with it; on CUDA the caching allocator's reserved peak plus
+            the CUDA context and workspaces (budget.py).
         device: The device the step is for: cpu, cuda or meta.
         mode: fake (default, no memory), meta, or real (runs the step on `device`).
         trust: Allow unpickling a module file.
@@ -161,7 +168,7 @@ def _analyze(
     inputs: InputsArg,
     *,
     kwargs: Mapping[str, Any] | None,
-    budget: int | None,
+    budget: int | float | BudgetSpec | None,
     device: str,
     mode: str,
     trust: bool,
@@ -202,7 +209,8 @@ def _analyze(
     if baseline.assumptions:
         summary = _with_range(step, summary)
     modules = module_facts(baseline)
-    plan = plan_for_budget(step, baseline, summary, modules, budget) if budget is not None else None
+    resolved = step_budget(step, budget)
+    plan = plan_for_budget(step, baseline, summary, modules, resolved) if resolved is not None else None
     predicted = None
     if step.mode == "real":
         # --real is a check of the prediction, so it makes the prediction too: the same
@@ -237,9 +245,38 @@ def _analyze(
         predicted_peak_bytes=predicted,
         step=step_kind,
         cuda_capability=_cuda_capability(step),
+        roofline=roofline_text(step),
         parameters=parameter_split(step.model),
         adapted=step.adapted,
     )
+
+
+def roofline_text(step: StepWorld) -> str:
+    """The roofline that priced the step's ops, in words: "NVIDIA H100 80GB HBM3 (NVIDIA's datasheet, dense)"."""
+    roofline = step.roofline
+    return f"{roofline.device} ({roofline.source})"
+
+
+def step_budget(step: StepWorld, budget: int | float | BudgetSpec | None) -> Budget | None:
+    """The budget for this step's target: bytes, or a share of its GPU's memory; on CUDA compared with the
+    reserved peak plus the CUDA runtime (budget.py)."""
+    if isinstance(budget, float):
+        budget = BudgetSpec(fraction=budget)
+    return resolve_budget(budget, cuda=step.device.startswith("cuda"), gpu=target_gpu(step))
+
+
+def target_gpu(step: StepWorld) -> GpuSpec | None:
+    """The GPU a CUDA step is for: the one traced for where none is present, else the present one's row."""
+    if not step.device.startswith("cuda"):
+        return None
+    if step.fake_cuda is not None:
+        gpu: GpuSpec = step.fake_cuda.gpu
+        return gpu
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return spec_for_device_name(torch.cuda.get_device_name(torch.device(step.device)))
 
 
 def _cuda_capability(step: StepWorld) -> tuple[int, int] | None:

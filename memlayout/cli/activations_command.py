@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from memlayout import _torch
-from memlayout.activations.sizes import parse_size
+from memlayout.activations.budget import parse_budget
 from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER
 from memlayout.activations.step.optimizer import HELP as OPTIMIZER_HELP
 from memlayout.activations.step.run import STEP_HELP
@@ -39,6 +39,7 @@ from memlayout.errors import (
 from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
+    from memlayout.activations.budget import BudgetSpec
     from memlayout.activations.model.adapt import Adaptation
     from memlayout.activations.ranks.parallel import ShardingOptions
 
@@ -65,8 +66,11 @@ def activations_command(
                      metavar="SPEC"),
     ] = None,
     budget: Annotated[
-        str | None, typer.Option("--budget", help="Plan checkpoints so the peak fits (with --world-size, each rank's; "
-                                      "resharding and offload too): bytes, 8GiB, 512MiB.", metavar="SIZE")
+        str | None, typer.Option("--budget", help="Plan checkpoints so the step fits (with --world-size, each rank's "
+                                 "peak; resharding and offload too): bytes (8GiB, 512MiB), or a share of the GPU's "
+                                 "memory as torch reports it (0.9, 90%; with --gpu or --device cuda). For a GPU the "
+                                 "caching allocator's reserved peak plus the CUDA context and workspaces must fit; "
+                                 "on the CPU the peak of live tensors.", metavar="SIZE|SHARE")
     ] = None,
     output_format: ActivationsFormatOption = OutputFormat.TABLE,
     output: OutputOption = None,
@@ -177,7 +181,7 @@ def activations_command(
 
     if inputs and input_specs:
         raise UsageError("give --inputs or --input, not both")
-    budget_bytes = parse_size(budget) if budget is not None else None
+    budget_spec = parse_budget(budget) if budget is not None else None
     if fit_axis is not None and allow_offload:
         raise UsageError("--fit does not search offload plans yet", "leave --allow-offload out")
     sharding = _sharding_options(
@@ -189,7 +193,7 @@ def activations_command(
         raise UsageError(f"{'--quantize' if quantize else '--lora'} is not traced with --world-size yet",
                          "predict one device without --world-size")
     if fit_axis is not None:
-        return _fit(target, inputs, input_specs, fit_axis, budget_bytes, device=device, gpu=gpu, real=real, step=step,
+        return _fit(target, inputs, input_specs, fit_axis, budget_spec, device=device, gpu=gpu, real=real, step=step,
                     optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
                     main_module=main_module, output_format=output_format, output=output, depth=depth,
                     adaptation=adaptation)
@@ -198,6 +202,9 @@ def activations_command(
     if sharding is not None:
         from memlayout.activations.ranks import analyze_ranks
 
+        if budget_spec is not None and budget_spec.bytes is None:
+            raise UsageError("--budget with --world-size is each rank's peak, as a size",
+                             "give it in bytes, e.g. --budget 78GiB")
         if step != "train":
             raise UsageError("--step inference is not traced with --world-size yet",
                              "predict one device's forward without --world-size")
@@ -209,7 +216,8 @@ def activations_command(
         try:
             ranks = analyze_ranks(
                 target, inputs if inputs else list(input_specs or []), sharding=sharding,
-                optimizer=optimizer or DEFAULT_OPTIMIZER, budget=budget_bytes, allow_offload=allow_offload,
+                optimizer=optimizer or DEFAULT_OPTIMIZER, budget=budget_spec.bytes if budget_spec else None,
+                allow_offload=allow_offload,
                 device=device, trust=trust, main_module=main_module, autocast=autocast, dtype=dtype,
             )
         except RanksBudgetUnreachableError as exc:
@@ -218,7 +226,7 @@ def activations_command(
         return _write_report(ranks, output_format, output, depth)
     try:
         report = analyze(
-            target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
+            target, inputs if inputs else list(input_specs or []), budget=budget_spec, device=device,
             mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
             autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu, step=step,
             **_adaptation_arguments(adaptation),
@@ -230,7 +238,7 @@ def activations_command(
 
 
 def _fit(
-    target: str, inputs: str | None, input_specs: list[str] | None, fit_axis: str, budget_bytes: int | None, *,
+    target: str, inputs: str | None, input_specs: list[str] | None, fit_axis: str, budget: "BudgetSpec | None", *,
     device: str, gpu: str | None, real: bool, step: str, optimizer: str | None, autocast: str | None, dtype: str | None,
     sharding: "ShardingOptions | None", trust: bool, main_module: str | None, output_format: OutputFormat,
     output: str | None, depth: int, adaptation: "Adaptation | None" = None,
@@ -247,7 +255,7 @@ def _fit(
                          "give each input as --input DTYPE[SHAPE], e.g. --input 'int64[1,4096]<32000'")
     try:
         report = fit(
-            target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget_bytes, device=device, gpu=gpu,
+            target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget, device=device, gpu=gpu,
             step=step, optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
             main_module=main_module, **_adaptation_arguments(adaptation),
         )

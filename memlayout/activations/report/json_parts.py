@@ -61,11 +61,13 @@ def cuda_runtime_dict(capability: tuple[int, int] | None) -> dict[str, Any]:
     return {
         "context_bytes": runtime.context_bytes,
         "context_measured_on": runtime.context_measured_on,
+        "outside_allocator_bytes": runtime.outside_allocator_bytes,
         "cublas_workspace_bytes": runtime.cublas_workspace_bytes,
         "cublas_handles": runtime.cublas_handles,
         "cublaslt_workspace_bytes": runtime.cublaslt_workspace_bytes,
         "workspace_bytes": runtime.workspace_bytes,
         "workspace_reserved_bytes": runtime.workspace_reserved_bytes,
+        "beside_step_bytes": runtime.beside_step_bytes,
     }
 
 
@@ -78,7 +80,11 @@ def plan_dict(plan: PlanResult) -> dict[str, Any]:
         "allocator_peak_bytes": plan.allocator_peak_bytes,
         "estimated_peak_bytes": plan.estimated_peak_bytes,
         "recompute_flops": plan.recompute_flops,
+        "recompute_seconds": plan.recompute_seconds,
+        "compared": plan.compared,
+        "compared_bytes": plan.judged_bytes,
         "checks": plan.checks,
+        "cut_short": plan.cut_short,
         "pitfalls": list(plan.pitfalls),
         "excluded": [{"module": path, "reason": reason} for path, reason in plan.excluded],
     }
