@@ -218,3 +218,16 @@ def test_a_4bit_matmul_counts_the_weight_it_dequantizes_inside(step: str, folder
         predicted = act.analyze(str(directory), ["int64[1,8]<64", "labels=int64[1,8]<64"], quantize="nf4", lora=16)
     assert within(predicted.summary.peak_bytes, measured, 0.02), (predicted.summary.peak_bytes, measured)
 
+
+def test_the_docs_give_the_lora_sweeps_figures() -> None:
+    """docs/activations.md quotes benchmarks/results/lora_sweep.json: the counts within 2%, the worst, the command."""
+    root = Path(__file__).resolve().parents[2]
+    sweep = json.loads((root / "benchmarks" / "results" / "lora_sweep.json").read_text())
+    docs = " ".join((root / "docs" / "activations.md").read_text().split())
+    for kind in ("lora", "dora"):
+        counts = sweep[kind]
+        assert f"{counts['within_2pct']} of {counts['runnable']}" in docs, f"{kind}: rerun the sweep or mend the docs"
+    ratios = [r[kind]["ratio"] for r in sweep["records"] for kind in ("lora", "dora") if "ratio" in r.get(kind, {})]
+    worst = max(ratios, key=lambda ratio: abs(ratio - 1))
+    assert f"{worst:.4f}" in docs, worst
+    assert sweep["command"] in docs
