@@ -6,7 +6,7 @@ fake tensors; these are the real steps they are judged against, built without me
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,11 +77,19 @@ def quantized_weights(model: torch.nn.Module) -> list[torch.Tensor]:
     return [module.weight for module in model.modules() if isinstance(module, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt))]
 
 
-def real_peak(model: torch.nn.Module, batch: int = 4, length: int = 32, vocab: int = 500) -> int:
+def real_peak(model: torch.nn.Module, batch: int = 4, length: int = 32, vocab: int = 500,
+              plan: Mapping[str, Any] | None = None) -> int:
     """A real steady-state AdamW step of the model, by the CPU allocator's events, its quantization state counted
-    as the model's (it lives beside the weights from the start)."""
+    as the model's (it lives beside the weights from the start); with `plan` (a report's plan object), under
+    memlayout's apply_plan as a user runs it."""
     args, kwargs = models.token_inputs(batch, length, vocab)
-    return allocator_peak_step(model, args, kwargs, other_state=tuple(quantization_state(model))).peak_bytes
+    state = tuple(quantization_state(model))
+    if plan is None:
+        return allocator_peak_step(model, args, kwargs, other_state=state).peak_bytes
+    from memlayout.activations import apply_plan
+
+    with apply_plan(model, plan):
+        return allocator_peak_step(model, args, kwargs, other_state=state).peak_bytes
 
 
 def storage_bytes(tensors: list[torch.Tensor]) -> int:

@@ -199,25 +199,6 @@ def test_qlora_traces_for_a_gpu_on_the_cuda_build_without_one(folder: Path) -> N
     }
 
 
-def test_the_batch_fit_finds_with_lora_fits_a_real_peft_step_and_one_more_does_not(folder: Path) -> None:
-    from memlayout.activations.fit.size_search import fit
-
-    directory = str(lora_models.saved("llama", folder))
-    budget = 4 * 2**20
-    report = fit(directory, INPUTS, axis="batch", budget=budget, lora=16, with_plan=False)
-    size = report.without_plan.size
-    assert size >= 2, size
-
-    def predicted(batch: int) -> int:
-        inputs = [f"int64[{batch},32]<500", f"labels=int64[{batch},32]<500"]
-        return act.analyze(directory, inputs, lora=16).summary.peak_bytes
-
-    assert predicted(size) <= budget < predicted(size + 1)
-    at, over = (lora_models.real_peak(lora_models.with_lora(models.llama(), r=16), batch=batch)
-                for batch in (size, size + 1))
-    assert at <= budget < over, (size, at, over)
-
-
 @pytest.mark.parametrize("step", ["train", "inference"])
 def test_a_4bit_matmul_counts_the_weight_it_dequantizes_inside(step: str, folder: Path) -> None:
     """bitsandbytes' CPU matmul dequantizes the whole weight into a float32 temporary and frees it before returning;
@@ -236,3 +217,17 @@ def test_a_4bit_matmul_counts_the_weight_it_dequantizes_inside(step: str, folder
         measured = lora_models.real_peak(lora_models.with_lora(real, r=16), batch=1, length=8, vocab=64)
         predicted = act.analyze(str(directory), ["int64[1,8]<64", "labels=int64[1,8]<64"], quantize="nf4", lora=16)
     assert within(predicted.summary.peak_bytes, measured, 0.02), (predicted.summary.peak_bytes, measured)
+
+
+def test_the_docs_give_the_lora_sweeps_figures() -> None:
+    """docs/activations.md quotes benchmarks/results/lora_sweep.json: the counts within 2%, the worst, the command."""
+    root = Path(__file__).resolve().parents[2]
+    sweep = json.loads((root / "benchmarks" / "results" / "lora_sweep.json").read_text())
+    docs = " ".join((root / "docs" / "activations.md").read_text().split())
+    for kind in ("lora", "dora"):
+        counts = sweep[kind]
+        assert f"{counts['within_2pct']} of {counts['runnable']}" in docs, f"{kind}: rerun the sweep or mend the docs"
+    ratios = [r[kind]["ratio"] for r in sweep["records"] for kind in ("lora", "dora") if "ratio" in r.get(kind, {})]
+    worst = max(ratios, key=lambda ratio: abs(ratio - 1))
+    assert f"{worst:.4f}" in docs, worst
+    assert sweep["command"] in docs
