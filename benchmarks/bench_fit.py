@@ -1,7 +1,7 @@
 """`memlayout activations --fit`: the largest batch of Llama-7B at 4k tokens that fits an H100, and its cost.
 
-The goal (issue 27): `--fit` on Llama-7B at 4,096 tokens for an H100 takes under
-60 s and 2 GiB of RSS on this machine. The model is the Llama-architecture 7B
+The goals: `--fit` on Llama-7B at 4,096 tokens for an H100 takes under 60 s and
+2 GiB of RSS on this machine, and under 3x the CPU time of one plain prediction. The model is the Llama-architecture 7B
 config in benchmarks/configs/llama-7b, in pure bf16 (`--dtype bf16`) with AdamW,
 the step users run to train it on one GPU, traced for an H100 (`--gpu h100`): the
 budget is the H100's memory as torch reports it, against the caching allocator's
@@ -142,7 +142,8 @@ def main(argv: list[str]) -> int:
             "< 1.00x", ours["seconds"] < limit),
         Row(f"{label}: --fit CPU time", f"{ours['cpu_seconds']:.1f} s",
             f"one plain prediction {peer['cpu_seconds']:.1f} s", ours["cpu_seconds"] / peer["cpu_seconds"],
-            f"(info: {ours['probes']} probes, {ours['traces']} traces against {peer['traces']})", True),
+            f"< 3.00x ({ours['probes']} probes, {ours['traces']} traces against {peer['traces']})",
+            ours["cpu_seconds"] < 3 * peer["cpu_seconds"]),
         Row(f"{label}: --fit peak RSS", f"{ours['max_rss_bytes'] / 2**20:.1f} MiB", "limit 2048.0 MiB",
             ours["max_rss_bytes"] / (2 * GIB), "< 1.00x", ours["max_rss_bytes"] < 2 * GIB),
         Row(f"{label}: batch, no plan", str(ours["without_plan"]),

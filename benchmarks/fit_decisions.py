@@ -51,7 +51,9 @@ def inputs(model: str, batch: int) -> list[str]:
 
 def command(model: str, target: str, precision: str, batch: int, *extra: str) -> list[str]:
     where = ["--gpu", target] if target != "cpu" else ["--device", "cpu"]
-    return [sys.executable, "-m", "memlayout", "activations", str(MODELS[model][1]), *inputs(model, batch), *where,
+    # From the repository's root (run's cwd), so the commands shown work from any clone.
+    config = MODELS[model][1].relative_to(ROOT)
+    return [sys.executable, "-m", "memlayout", "activations", str(config), *inputs(model, batch), *where,
             *PRECISIONS[precision], "--format", "json", *extra]
 
 

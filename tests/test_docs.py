@@ -202,6 +202,26 @@ def test_the_activations_synopsis_is_generated_from_the_cli() -> None:
     assert options == set(re.findall(r"\[(--[a-z][a-z0-9-]+)", synopsis))
 
 
+def test_the_fit_decisions_page_quotes_its_results_and_every_decision_held() -> None:
+    """docs/will-it-fit.md's GPU answers come from benchmarks/fit_decisions.py's results: each row names its GPU
+    and its command, and each was checked as a user acts on it (--budget at s found a plan, at s + 1 none)."""
+    import json
+
+    marker = "<!-- memlayout:fit-decisions -->"
+    assert marker in (DOCS / "will-it-fit.md").read_text()
+    records = json.loads((ROOT / "benchmarks" / "results" / "fit_decisions.json").read_text())["records"]
+    table = HOOKS.MARKERS[marker]()
+    assert records
+    for record in records:
+        assert record.get("decision_holds") is True, record["fit_command"]
+        assert f"`{record['fit_command']}`" in table
+        target = record["target"]
+        assert target == "cpu" or f"--gpu {target}" in record["fit_command"]
+        row = next(line for line in table.splitlines() if line.startswith("|") and f"| {target} | "
+                   f"{record['precision']} | {record['without_plan']} | {record['with_plan']} |" in line)
+        assert f"{record['compared_bytes'] / 2**30:.2f} / {record['budget_bytes'] / 2**30:.2f} GiB" in row
+
+
 def test_results_shown_to_users_read_as_written_for_them() -> None:
     """Benchmark labels end up in the site's tables: no "(the issue's)" from the tracker."""
     texts = [p.read_text() for p in (ROOT / "benchmarks" / "results").glob("*.json")]
