@@ -133,6 +133,13 @@ def activations_command(
         bool, typer.Option("--allow-offload", help="Let a --budget plan offload parameters, gradients and optimizer "
                            "state to the CPU (FSDP2's CPUOffloadPolicy).")
     ] = False,
+    model_class: Annotated[
+        str | None,
+        typer.Option("--model-class", help="The transformers class a config builds (T5ForConditionalGeneration, or "
+                     "AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModel, ...). Without it: the config's "
+                     "architectures, else the model type's first head with a loss (sequence-to-sequence first for "
+                     "an encoder-decoder), else the base model.", metavar="NAME"),
+    ] = None,
     trust: TrustOption = False,
     main_module: MainModuleOption = None,
     debug: DebugOption = False,
@@ -159,7 +166,8 @@ def activations_command(
     if fit_axis is not None:
         return _fit(target, inputs, input_specs, fit_axis, budget_bytes, device=device, gpu=gpu, real=real, step=step,
                     optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
-                    main_module=main_module, output_format=output_format, output=output, depth=depth)
+                    main_module=main_module, model_class=model_class, output_format=output_format, output=output,
+                    depth=depth)
     if gpu is not None and sharding is not None:
         raise UsageError("--gpu is not traced with --world-size yet", "drop --gpu; --device cuda traces ranks")
     if sharding is not None:
@@ -178,6 +186,7 @@ def activations_command(
                 target, inputs if inputs else list(input_specs or []), sharding=sharding,
                 optimizer=optimizer or DEFAULT_OPTIMIZER, budget=budget_bytes, allow_offload=allow_offload,
                 device=device, trust=trust, main_module=main_module, autocast=autocast, dtype=dtype,
+                model_class=model_class,
             )
         except RanksBudgetUnreachableError as exc:
             print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
@@ -187,7 +196,7 @@ def activations_command(
         report = analyze(
             target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
             mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
-            autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu, step=step,
+            autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu, step=step, model_class=model_class,
         )
     except BudgetUnreachableError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
@@ -198,8 +207,8 @@ def activations_command(
 def _fit(
     target: str, inputs: str | None, input_specs: list[str] | None, fit_axis: str, budget_bytes: int | None, *,
     device: str, gpu: str | None, real: bool, step: str, optimizer: str | None, autocast: str | None, dtype: str | None,
-    sharding: "ShardingOptions | None", trust: bool, main_module: str | None, output_format: OutputFormat,
-    output: str | None, depth: int,
+    sharding: "ShardingOptions | None", trust: bool, main_module: str | None, model_class: str | None,
+    output_format: OutputFormat, output: str | None, depth: int,
 ) -> int:
     """`--fit`: the largest batch (or sequence) that fits, rendered as the command's other reports are."""
     from memlayout.activations.fit.size_search import fit, parse_axis
@@ -215,7 +224,7 @@ def _fit(
         report = fit(
             target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget_bytes, device=device, gpu=gpu,
             step=step, optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
-            main_module=main_module,
+            main_module=main_module, model_class=model_class,
         )
     except NothingFitsError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)

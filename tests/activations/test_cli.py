@@ -126,6 +126,7 @@ def test_real_run_on_cpu_agrees_with_the_fake_one() -> None:
         (["activations", "no_such_module_xyz:build", "--input", "float32[2]"], "cannot import"),
         (["activations", "/no/such/file.pt", "--input", "float32[2]"], "does not exist"),
         ([*GPT2[:2]], "no inputs"),
+        ([*GPT2[:2], "--model-class", "GPT2Model"], "--model-class chooses the class a Hugging Face config builds"),
         ([*GPT2, "--input", "float32[2,x]"], "not an input spec"),
         ([*GPT2, "--budget", "lots"], "is not a size"),
         ([*GPT2, "--format", "xml"], "Invalid value for '--format' / '-f': 'xml' is not one of 'table', 'json'."),

@@ -98,13 +98,13 @@ class DeviceProbe(Probe):
 
     def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, budget: int, device: str,
                  optimizer: str, autocast: str | None, dtype: str | None, inference: bool, trust: bool,
-                 main_module: str | None, gpu: str | None = None) -> None:
+                 main_module: str | None, gpu: str | None = None, model_class: str | None = None) -> None:
         self.specs, self.dims, self.budget = specs, dims, budget
         self.optimizer, self.autocast, self.dtype, self.inference = optimizer, autocast, dtype, inference
-        self.step, self.notes, self.target_text, self.kind = prepare_step(
+        self.step, self.notes, self.target_text, self.kind, self.class_chosen_by = prepare_step(
             target, specs, kwargs=None, device=device, mode="meta" if device == "meta" else "fake", trust=trust,
             optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-            step_kind="inference" if inference else "train",
+            step_kind="inference" if inference else "train", model_class=model_class,
         )
         self.cuda = self.step.device.startswith("cuda")
         self.size: int | None = None
@@ -230,6 +230,7 @@ class DeviceProbe(Probe):
             inputs=step.descriptions, device=step.device, mode=step.mode, loss=trace.loss, optimizer=self.optimizer,
             summary=summary, modules=module_facts(trace), plan=None, notes=tuple(self.notes), trace=trace,
             autocast=self.autocast, dtype=self.dtype, step="inference" if self.inference else "train",
+            class_chosen_by=self.class_chosen_by,
         )
 
     def position_limit(self) -> tuple[str, int] | None:
@@ -240,10 +241,11 @@ class RanksProbe(Probe):
     """Ranks: each size predicted by `analyze_ranks` (it builds the sharded model afresh)."""
 
     def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, sharding: ShardingOptions,
-                 optimizer: str, budget: int, device: str, trust: bool, main_module: str | None) -> None:
+                 optimizer: str, budget: int, device: str, trust: bool, main_module: str | None,
+                 model_class: str | None = None) -> None:
         self.target, self.specs, self.dims, self.budget = target, specs, dims, budget
         self.options: dict[str, Any] = {"sharding": sharding, "optimizer": optimizer, "device": device, "trust": trust,
-                        "main_module": main_module}
+                        "main_module": main_module, "model_class": model_class}
         self.reports: dict[int, RanksReport] = {}
         self.plans: dict[int, RanksPlan] = {}
 

@@ -234,6 +234,7 @@ def fit(
     with_plan: bool = True,
     trust: bool = False,
     main_module: str | None = None,
+    model_class: str | None = None,
 ) -> FitReport:
     """The largest batch (or longest sequence) whose step's peak fits `budget`, with and without a plan.
 
@@ -256,6 +257,7 @@ def fit(
         with_plan: Also search the largest size the budget search's plan fits.
         trust: Allow unpickling a module file.
         main_module: With `trust`, the module for a script's `__main__.X` classes.
+        model_class: As for `analyze`.
 
     Returns:
         A `FitReport`.
@@ -283,11 +285,11 @@ def fit(
             given_flag = "--step inference" if inference else "--autocast" if autocast else "--dtype"
             raise UsageError(f"{given_flag} is not traced with --world-size yet")
         probe: Probe = RanksProbe(target, specs, dims, sharding=sharding, optimizer=optimizer, budget=budget,
-                                    device=device, trust=trust, main_module=main_module)
+                                    device=device, trust=trust, main_module=main_module, model_class=model_class)
     else:
         probe = DeviceProbe(target, specs, dims, budget=budget, device=device, optimizer=optimizer,
                              autocast=autocast, dtype=dtype, inference=inference, trust=trust, main_module=main_module,
-                             gpu=gpu)
+                             gpu=gpu, model_class=model_class)
     cap, limit = MAX_SIZE, None
     if axis == "seq":
         positions = probe.position_limit()

@@ -12,6 +12,7 @@ from memlayout.activations.device.cuda_runtime import cuda_runtime
 from memlayout.activations.fit.size_search import FitReport
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.report.fit import render_fit_table
+from memlayout.activations.report.json_parts import model_text
 from memlayout.activations.report.ranks import render_ranks_table
 from memlayout.format_bytes import human_bytes
 from memlayout.output.interface import Formatter
@@ -82,7 +83,8 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     subtitle = (f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss} | "
                 f"optimizer: {report.optimizer}{precision}{step}")
     parts_out: list[Any] = [
-        Panel(Group(grid, Text.assemble(("live at the peak", "bold"), f"  {live}")), title=title, subtitle=subtitle,
+        Panel(Group(Text.assemble(("model", "bold"), f"  {model_text(report.model_class, report.class_chosen_by)}"),
+                    grid, Text.assemble(("live at the peak", "bold"), f"  {live}")), title=title, subtitle=subtitle,
               title_align="left", expand=False)
     ]
 
