@@ -24,10 +24,13 @@ from memlayout.cli.formats import (
 from memlayout.cli.options import (
     ActivationsFormatOption,
     DebugOption,
+    DownloadOption,
     MainModuleOption,
     OutputOption,
+    TimeoutOption,
     TrustOption,
     device_option,
+    remote_reading,
 )
 from memlayout.errors import (
     BudgetUnreachableError,
@@ -39,6 +42,7 @@ from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
     from memlayout.activations.ranks.parallel import ShardingOptions
+    from memlayout.load.remote_location import RemoteOptions
 
 BUDGET_UNREACHABLE = 1
 
@@ -133,6 +137,13 @@ def activations_command(
         bool, typer.Option("--allow-offload", help="Let a --budget plan offload parameters, gradients and optimizer "
                            "state to the CPU (FSDP2's CPUOffloadPolicy).")
     ] = False,
+    weights: Annotated[
+        bool,
+        typer.Option("--weights", help="Without tracing a step: the weights in each dtype (float32, float16/bf16, "
+                     "int8, int4) and the fixed costs of training them with --optimizer (weights, gradients, "
+                     "optimizer state), exact from the model built on the meta device or from a checkpoint's headers "
+                     "(safetensors, .bin, sharded, local or remote). What a run without --input prints."),
+    ] = False,
     model_class: Annotated[
         str | None,
         typer.Option("--model-class", help="The transformers class a config builds (T5ForConditionalGeneration, or "
@@ -140,6 +151,8 @@ def activations_command(
                      "architectures, else the model type's first head with a loss (sequence-to-sequence first for "
                      "an encoder-decoder), else the base model.", metavar="NAME"),
     ] = None,
+    timeout: TimeoutOption = 30,
+    download: DownloadOption = False,
     trust: TrustOption = False,
     main_module: MainModuleOption = None,
     debug: DebugOption = False,
@@ -156,6 +169,22 @@ def activations_command(
 
     if inputs and input_specs:
         raise UsageError("give --inputs or --input, not both")
+    step_flags = {"--input": bool(input_specs), "--inputs": bool(inputs), "--budget": budget is not None,
+                  "--fit": fit_axis is not None, "--world-size": world_size is not None, "--real": real,
+                  "--step": step != "train", "--autocast": autocast is not None, "--dtype": dtype is not None,
+                  "--device": device != "cpu", "--gpu": gpu is not None}
+    if weights or not any(step_flags.values()):
+        given = next((flag for flag, value in step_flags.items() if value), None)
+        if given is not None:
+            raise UsageError(f"--weights answers without tracing a step, and {given} is for a step",
+                             f"drop --weights to trace the step, or drop {given}")
+        _sharding_options(  # a rank flag without --world-size is refused here too
+            world_size, fsdp=fsdp, fsdp_modules=fsdp_modules, no_reshard_after_forward=no_reshard_after_forward,
+            param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp, allow_offload=allow_offload,
+        )
+        return _weights_only(target, optimizer=optimizer, trust=trust, main_module=main_module, model_class=model_class,
+                             remote=remote_reading([target], timeout, download), output_format=output_format,
+                             output=output)
     budget_bytes = parse_size(budget) if budget is not None else None
     if fit_axis is not None and allow_offload:
         raise UsageError("--fit does not search offload plans yet", "leave --allow-offload out")
@@ -202,6 +231,18 @@ def activations_command(
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
         return BUDGET_UNREACHABLE
     return _write_report(report, output_format, output, depth)
+
+
+def _weights_only(
+    target: str, *, optimizer: str | None, trust: bool, main_module: str | None, model_class: str | None,
+    remote: "RemoteOptions", output_format: OutputFormat, output: str | None,
+) -> int:
+    """`--weights`, or no inputs: the weights in each dtype and the fixed costs of training, no step traced."""
+    from memlayout.activations.weights import weights_report
+
+    report = weights_report(target, optimizer=optimizer or DEFAULT_OPTIMIZER, trust=trust, main_module=main_module,
+                            model_class=model_class, remote=remote)
+    return _write_report(report, output_format, output, 0)
 
 
 def _fit(

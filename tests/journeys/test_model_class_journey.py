@@ -9,6 +9,7 @@ report says which class and why, and `--model-class` chooses another.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import jsonschema
@@ -89,6 +90,24 @@ def test_a_model_class_for_another_type_is_one_line_naming_what_fits(t5_config: 
     code, out, err = run(["activations", str(t5_config), *INPUTS, "--model-class", named, "--format", "json"])
     assert code == 0, err  # the first class the hint names builds, and takes the labels
     assert json.loads(out)["target"]["class"] == named
+
+
+def test_without_inputs_the_weights_report_names_the_class_and_its_suggestion_runs(t5_config: Path) -> None:
+    """No --input: the weights report, which says the class and ends with a command whose inputs carry labels."""
+    code, out, err = run(["activations", str(t5_config), "--format", "json"])
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["target"]["class"] == "T5ForConditionalGeneration"
+    assert "names no architectures" in report["target"]["class_chosen_by"]
+    code, out, err = run(["activations", str(t5_config)])
+    assert code == 0, err
+    command = shlex.split(out.rstrip("\n").splitlines()[-1])
+    assert command == shlex.split(report["next_command"])
+    assert command[:3] == ["memlayout", "activations", str(t5_config)]
+    assert any(flag.startswith("labels=") for flag in command)
+    code, out, err = run([*command[1:], "--optimizer", "none", "--format", "json"])
+    assert code == 0, err
+    assert json.loads(out)["loss"] == "output.loss"
 
 
 def test_the_fit_report_says_the_class_too(t5_config: Path) -> None:

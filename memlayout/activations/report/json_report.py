@@ -16,6 +16,8 @@ from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.report.fit import fit_dict
 from memlayout.activations.report.json_parts import cuda_runtime_dict, head, plan_dict, summary_dict
 from memlayout.activations.report.ranks import ranks_report_dict
+from memlayout.activations.report.weights import weights_report_dict
+from memlayout.activations.weights import WeightsReport
 from memlayout.output.interface import Formatter
 
 
@@ -62,11 +64,14 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
     }
 
 
-class ActivationsJson(Formatter["ActivationReport | RanksReport | FitReport"]):
+class ActivationsJson(Formatter["ActivationReport | RanksReport | FitReport | WeightsReport"]):
     """Every module, the summary and the plan (schema 1); across ranks, each rank and the sharding too; with
-    --fit, the step at the size that fits and the `fit` object."""
+    --fit, the step at the size that fits and the `fit` object; without inputs, the weights report
+    (`weights_schema_v1.json`)."""
 
-    def render(self, report: ActivationReport | RanksReport | FitReport) -> str:
+    def render(self, report: ActivationReport | RanksReport | FitReport | WeightsReport) -> str:
+        if isinstance(report, WeightsReport):
+            return json.dumps(weights_report_dict(report), indent=2) + "\n"
         if isinstance(report, FitReport):
             inner = report.report
             data = ranks_report_dict(inner) if isinstance(inner, RanksReport) else report_dict(inner)
