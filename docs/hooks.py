@@ -125,10 +125,19 @@ def _will_it_fit() -> str:
 
 
 # A page names a table it wants by an HTML comment, which stays invisible on GitHub.
+def _weights_vs_accelerate() -> str:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.weights_table import table_markdown
+
+    return table_markdown()
+
+
 MARKERS: dict[str, Callable[[], str]] = {
     "<!-- memlayout:rules-table -->": _rules_table,
     "<!-- memlayout:benchmark-results -->": _benchmark_results,
     "<!-- memlayout:will-it-fit -->": _will_it_fit,
+    "<!-- memlayout:weights-vs-accelerate -->": _weights_vs_accelerate,
 }
 
 
