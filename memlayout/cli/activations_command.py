@@ -160,6 +160,7 @@ def activations_command(
     """Activation memory of one training step, and a checkpoint plan that fits --budget.
 
     With --world-size N --fsdp, each rank's peak under FSDP2 (and --tp), and a plan that fits the largest rank.
+    Without --input (or with --weights), no step: the weights in each dtype and the fixed costs of training them.
     """
     _torch.require("memlayout activations")
     # transformers logs config remarks while building a model from its config; they are
