@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from memlayout import _torch
-from memlayout.activations.sizes import parse_size
+from memlayout.activations.budget import parse_budget
 from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER
 from memlayout.activations.step.optimizer import HELP as OPTIMIZER_HELP
 from memlayout.activations.step.run import STEP_HELP
@@ -30,6 +30,7 @@ from memlayout.cli.options import (
     TimeoutOption,
     TrustOption,
     device_option,
+    probability,
     remote_reading,
 )
 from memlayout.errors import (
@@ -41,10 +42,16 @@ from memlayout.errors import (
 from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
+    from memlayout.activations.budget import BudgetSpec
+    from memlayout.activations.model.adapt import Adaptation
     from memlayout.activations.ranks.parallel import ShardingOptions
     from memlayout.load.remote_location import RemoteOptions
 
 BUDGET_UNREACHABLE = 1
+ADAPTER_FLAGS = ("--lora", "--lora-targets", "--lora-dropout", "--dora", "--quantize")
+CUDA_WHEELS = "https://download.pytorch.org/whl/cu130"
+"""The index of torch's CUDA wheels, as memlayout/activations/trace/world.py's refusal names it (a test holds the
+two equal): --gpu's help cannot import that module, which loads the tracer, on every start."""
 
 
 def activations_command(
@@ -64,8 +71,11 @@ def activations_command(
                      metavar="SPEC"),
     ] = None,
     budget: Annotated[
-        str | None, typer.Option("--budget", help="Plan checkpoints so the peak fits (with --world-size, each rank's; "
-                                      "resharding and offload too): bytes, 8GiB, 512MiB.", metavar="SIZE")
+        str | None, typer.Option("--budget", help="Plan checkpoints so the step fits (with --world-size, each rank's "
+                                 "peak; resharding and offload too): bytes (8GiB, 512MiB), or a share of the GPU's "
+                                 "memory as torch reports it (0.9, 90%; with --gpu or --device cuda). For a GPU the "
+                                 "caching allocator's reserved peak plus the CUDA context and workspaces must fit; "
+                                 "on the CPU the peak of live tensors.", metavar="SIZE|SHARE")
     ] = None,
     output_format: ActivationsFormatOption = OutputFormat.TABLE,
     output: OutputOption = None,
@@ -75,8 +85,10 @@ def activations_command(
     gpu: Annotated[
         str | None,
         typer.Option("--gpu", help="Trace for this GPU (implies --device cuda): its capability decides the attention "
-                     "kernel, as torch decides it; no GPU is needed here. h100, h100-pcie, h200, b200, a100-80gb, "
-                     "a100-40gb, l40s, l4, a10g, 4090, 3090, t4, v100.", metavar="NAME"),
+                     "kernel, as torch decides it. No GPU is needed here, but torch's CUDA build is (a CPU build "
+                     f"refuses it): pip install torch --index-url {CUDA_WHEELS} (on Linux, plain pip install torch "
+                     "is one). h100, h100-pcie, h200, b200, a100-80gb, a100-40gb, l40s, l4, a10g, 4090, 3090, t4, "
+                     "v100.", metavar="NAME"),
     ] = None,
     real: Annotated[bool, typer.Option("--real", help="Run the step for real on --device (uses the memory), as a check.")] = False,
     depth: Annotated[int, typer.Option("--depth", help="Module depth the table shows.", min=0)] = 3,
@@ -151,6 +163,27 @@ def activations_command(
                      "architectures, else the model type's first head with a loss (sequence-to-sequence first for "
                      "an encoder-decoder), else the base model.", metavar="NAME"),
     ] = None,
+    lora: Annotated[
+        int | None, typer.Option("--lora", help="Add peft's LoRA adapters of this rank before tracing: only they "
+                                 "train, and the optimizer keeps state for them only. Every other setting is "
+                                 "peft's LoraConfig default, its target modules for the model type included. "
+                                 "Needs the lora extra.", min=1, metavar="R")
+    ] = None,
+    lora_targets: Annotated[
+        str | None, typer.Option("--lora-targets", help="The modules to adapt, by name (q_proj,v_proj), or "
+                                 "all-linear; instead of peft's default for the model type.", metavar="A,B,...")
+    ] = None,
+    lora_dropout: Annotated[
+        float | None, typer.Option("--lora-dropout", help="The adapters' dropout, instead of peft's default (0.0).",
+                                   metavar="P", parser=probability)
+    ] = None,
+    dora: Annotated[bool, typer.Option("--dora", help="DoRA: LoRA with a learned magnitude per output (peft's "
+                                       "use_dora); the rank is --lora's, or peft's default.")] = False,
+    quantize: Annotated[
+        str | None, typer.Option("--quantize", help="Build the base with bitsandbytes' 4-bit (nf4, fp4) or 8-bit "
+                                 "(int8) layers, as transformers' BitsAndBytesConfig does; with --lora, QLoRA. "
+                                 "Needs a transformers model and the lora extra.", metavar="nf4|fp4|int8")
+    ] = None,
     timeout: TimeoutOption = 30,
     download: DownloadOption = False,
     trust: TrustOption = False,
@@ -173,9 +206,15 @@ def activations_command(
     step_flags = {"--input": bool(input_specs), "--inputs": bool(inputs), "--budget": budget is not None,
                   "--fit": fit_axis is not None, "--world-size": world_size is not None, "--real": real,
                   "--step": step != "train", "--autocast": autocast is not None, "--dtype": dtype is not None,
-                  "--device": device != "cpu", "--gpu": gpu is not None}
+                  "--device": device != "cpu", "--gpu": gpu is not None, "--lora": lora is not None,
+                  "--lora-targets": lora_targets is not None, "--lora-dropout": lora_dropout is not None,
+                  "--dora": dora, "--quantize": quantize is not None}
     if weights or not any(step_flags.values()):
         given = next((flag for flag, value in step_flags.items() if value), None)
+        if given in ADAPTER_FLAGS:
+            # The fixed costs --weights gives are a full fine-tune's: every parameter trains.
+            raise UsageError(f"--weights counts every parameter as trainable, and {given} adapts the model",
+                             f"give --input to trace the step with {given}: its report splits trainable and frozen")
         if given is not None:
             raise UsageError(f"--weights answers without tracing a step, and {given} is for a step",
                              f"drop --weights to trace the step, or drop {given}")
@@ -186,23 +225,30 @@ def activations_command(
         return _weights_only(target, optimizer=optimizer, trust=trust, main_module=main_module, model_class=model_class,
                              remote=remote_reading([target], timeout, download), output_format=output_format,
                              output=output)
-    budget_bytes = parse_size(budget) if budget is not None else None
+    budget_spec = parse_budget(budget) if budget is not None else None
     if fit_axis is not None and allow_offload:
         raise UsageError("--fit does not search offload plans yet", "leave --allow-offload out")
     sharding = _sharding_options(
         world_size, fsdp=fsdp, fsdp_modules=fsdp_modules, no_reshard_after_forward=no_reshard_after_forward,
         param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp, allow_offload=allow_offload,
     )
+    adaptation = _adaptation(lora, lora_targets, lora_dropout, dora, quantize)
+    if adaptation is not None and sharding is not None:
+        raise UsageError(f"{'--quantize' if quantize else '--lora'} is not traced with --world-size yet",
+                         "predict one device without --world-size")
     if fit_axis is not None:
-        return _fit(target, inputs, input_specs, fit_axis, budget_bytes, device=device, gpu=gpu, real=real, step=step,
+        return _fit(target, inputs, input_specs, fit_axis, budget_spec, device=device, gpu=gpu, real=real, step=step,
                     optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
-                    main_module=main_module, model_class=model_class, output_format=output_format, output=output,
-                    depth=depth)
+                    main_module=main_module, output_format=output_format, output=output, depth=depth,
+                    model_class=model_class, adaptation=adaptation)
     if gpu is not None and sharding is not None:
         raise UsageError("--gpu is not traced with --world-size yet", "drop --gpu; --device cuda traces ranks")
     if sharding is not None:
         from memlayout.activations.ranks import analyze_ranks
 
+        if budget_spec is not None and budget_spec.bytes is None:
+            raise UsageError("--budget with --world-size is each rank's peak, as a size",
+                             "give it in bytes, e.g. --budget 78GiB")
         if step != "train":
             raise UsageError("--step inference is not traced with --world-size yet",
                              "predict one device's forward without --world-size")
@@ -214,7 +260,8 @@ def activations_command(
         try:
             ranks = analyze_ranks(
                 target, inputs if inputs else list(input_specs or []), sharding=sharding,
-                optimizer=optimizer or DEFAULT_OPTIMIZER, budget=budget_bytes, allow_offload=allow_offload,
+                optimizer=optimizer or DEFAULT_OPTIMIZER, budget=budget_spec.bytes if budget_spec else None,
+                allow_offload=allow_offload,
                 device=device, trust=trust, main_module=main_module, autocast=autocast, dtype=dtype,
                 model_class=model_class,
             )
@@ -224,9 +271,10 @@ def activations_command(
         return _write_report(ranks, output_format, output, depth)
     try:
         report = analyze(
-            target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
+            target, inputs if inputs else list(input_specs or []), budget=budget_spec, device=device,
             mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
             autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu, step=step, model_class=model_class,
+            **_adaptation_arguments(adaptation),
         )
     except BudgetUnreachableError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
@@ -247,10 +295,11 @@ def _weights_only(
 
 
 def _fit(
-    target: str, inputs: str | None, input_specs: list[str] | None, fit_axis: str, budget_bytes: int | None, *,
+    target: str, inputs: str | None, input_specs: list[str] | None, fit_axis: str, budget: "BudgetSpec | None", *,
     device: str, gpu: str | None, real: bool, step: str, optimizer: str | None, autocast: str | None, dtype: str | None,
     sharding: "ShardingOptions | None", trust: bool, main_module: str | None, model_class: str | None,
-    output_format: OutputFormat, output: str | None, depth: int,
+    output_format: OutputFormat,
+    output: str | None, depth: int, adaptation: "Adaptation | None" = None,
 ) -> int:
     """`--fit`: the largest batch (or sequence) that fits, rendered as the command's other reports are."""
     from memlayout.activations.fit.size_search import fit, parse_axis
@@ -264,14 +313,41 @@ def _fit(
                          "give each input as --input DTYPE[SHAPE], e.g. --input 'int64[1,4096]<32000'")
     try:
         report = fit(
-            target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget_bytes, device=device, gpu=gpu,
+            target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget, device=device, gpu=gpu,
             step=step, optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
-            main_module=main_module, model_class=model_class,
+            main_module=main_module, model_class=model_class, **_adaptation_arguments(adaptation),
         )
     except NothingFitsError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
         return BUDGET_UNREACHABLE
     return _write_report(report, output_format, output, depth)
+
+
+def _adaptation(lora: int | None, targets: str | None, dropout: float | None, dora: bool,
+                quantize: str | None) -> "Adaptation | None":
+    """--quantize, --lora and the flags that shape its adapters, as one Adaptation; None without either.
+
+    A LoRA flag without --lora (or --dora) is refused rather than ignored.
+    """
+    from memlayout.activations.model.adapt import Adaptation
+    from memlayout.activations.model.adapters import LoraOptions
+
+    if lora is None and not dora:
+        given = [flag for flag, value in (("--lora-targets", targets), ("--lora-dropout", dropout)) if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} shapes LoRA adapters, and --lora R asks for them", "e.g. --lora 16")
+        return Adaptation(quantize=quantize) if quantize is not None else None
+    names = tuple(name.strip() for name in targets.split(",") if name.strip()) if targets is not None else None
+    if names is not None and not names:
+        raise UsageError("--lora-targets names no module", "e.g. --lora-targets q_proj,v_proj, or all-linear")
+    return Adaptation(lora=LoraOptions(rank=lora, targets=names, dropout=dropout, dora=dora), quantize=quantize)
+
+
+def _adaptation_arguments(adaptation: "Adaptation | None") -> dict[str, Any]:
+    """analyze's and fit's `lora` and `quantize` keywords."""
+    if adaptation is None:
+        return {}
+    return {"lora": adaptation.lora, "quantize": adaptation.quantize}
 
 
 def _sharding_options(
