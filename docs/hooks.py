@@ -170,11 +170,29 @@ def _fit_decisions() -> str:
     return table_markdown()
 
 
+def _weights_vs_accelerate() -> str:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.weights_table import table_markdown
+
+    return table_markdown()
+
+
+def _anchors() -> str:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.anchors_table import table_markdown
+
+    return table_markdown()
+
+
 # A page names a table it wants by an HTML comment, which stays invisible on GitHub.
 MARKERS: dict[str, Callable[[], str]] = {
     "<!-- memlayout:rules-table -->": _rules_table,
     "<!-- memlayout:benchmark-results -->": _benchmark_results,
     "<!-- memlayout:will-it-fit -->": _will_it_fit,
+    "<!-- memlayout:weights-vs-accelerate -->": _weights_vs_accelerate,
+    "<!-- memlayout:anchors -->": _anchors,
     "<!-- memlayout:fit-decisions -->": _fit_decisions,
     "<!-- memlayout:synopsis activations -->": lambda: _synopsis("activations"),
 }

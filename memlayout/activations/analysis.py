@@ -36,6 +36,9 @@ from memlayout.activations.trace.world import InputsArg, StepWorld, device_for_g
 from memlayout.errors import ActivationsError, MemlayoutError, UsageError
 from memlayout.format_bytes import human_bytes
 
+LIVE_MODULE = "the module given"
+"""`class_chosen_by` of a model passed to `analyze` as an nn.Module."""
+
 
 @dataclass(frozen=True)
 class ActivationReport:
@@ -71,6 +74,9 @@ class ActivationReport:
     cuda_capability: tuple[int, int] | None = None
     """(major, minor) of the GPU a CUDA step was traced for (`--gpu`, the GPU present, or the
     default assumed without one); it sizes cuBLAS's workspaces (device/cuda_runtime.py). None off CUDA."""
+    class_chosen_by: str = ""
+    """Why the model is a `model_class`: a config's architectures, `--model-class`, the model type's head
+    with a loss (model/hf_class.py), the factory that returned it, the file it was pickled in."""
     roofline: str | None = None
     """Whose peak rates priced each op's time (device/roofline.py), in words; None where not priced."""
     parameters: ParameterSplit | None = None
@@ -104,6 +110,7 @@ def analyze(
     main_module: str | None = None,
     gpu: str | None = None,
     step: str = "train",
+    model_class: str | None = None,
     lora: LoraOptions | int | None = None,
     quantize: str | None = None,
 ) -> ActivationReport:
@@ -137,6 +144,9 @@ def analyze(
             device="cuda". Where no GPU is present and none is named, an H100 is assumed.
         step: train (forward, loss, backward, the optimizer's step) or inference (forward only,
             under `torch.inference_mode`, the model in eval mode; no budget, no optimizer).
+        model_class: The transformers class a config builds (`T5ForConditionalGeneration`, or an auto
+            class such as `AutoModelForSeq2SeqLM`); None: the config's architectures, else the model
+            type's first head with a loss (model/hf_class.py).
         lora: LoRA adapters by peft before tracing: a rank, or `LoraOptions` (targets, dropout, DoRA); every
             setting not given is `peft.LoraConfig()`'s default. Only the adapters train (model/adapters.py).
         quantize: nf4, fp4 or int8: the base quantized with bitsandbytes as transformers'
@@ -155,7 +165,7 @@ def analyze(
         adaptation = Adaptation(lora=LoraOptions(lora) if isinstance(lora, int) else lora, quantize=quantize)
         return _analyze(target, inputs, kwargs=kwargs, budget=budget, device=device, mode=mode, trust=trust,
                         optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-                        step_kind=step, adaptation=adaptation)
+                        step_kind=step, model_class=model_class, adaptation=adaptation)
     except MemlayoutError:
         raise
     except Exception as exc:
@@ -178,11 +188,13 @@ def _analyze(
     main_module: str | None = None,
     gpu: str | None = None,
     step_kind: str = "train",
+    model_class: str | None = None,
     adaptation: Adaptation | None = None,
 ) -> ActivationReport:
-    step, notes, target_text, kind = prepare_step(
+    step, notes, target_text, kind, chosen_by = prepare_step(
         target, inputs, kwargs=kwargs, device=device, mode=mode, trust=trust, optimizer=optimizer, autocast=autocast,
-        dtype=dtype, main_module=main_module, gpu=gpu, step_kind=step_kind, adaptation=adaptation,
+        dtype=dtype, main_module=main_module, gpu=gpu, step_kind=step_kind, model_class=model_class,
+        adaptation=adaptation,
     )
     try:
         baseline = step.trace()
@@ -221,7 +233,7 @@ def _analyze(
             adaptation = adaptation or Adaptation()
             predicted = analyze(target, inputs, kwargs=kwargs, device=device, trust=trust, optimizer=optimizer,
                                 autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-                                step=step_kind, lora=adaptation.lora,
+                                step=step_kind, model_class=model_class, lora=adaptation.lora,
                                 quantize=adaptation.quantize).summary.peak_bytes
         except MemlayoutError as exc:
             notes.append(f"no prediction to compare with: on fake tensors, {exc.one_line()}")
@@ -245,6 +257,7 @@ def _analyze(
         predicted_peak_bytes=predicted,
         step=step_kind,
         cuda_capability=_cuda_capability(step),
+        class_chosen_by=chosen_by,
         roofline=roofline_text(step),
         parameters=parameter_split(step.model),
         adapted=step.adapted,
@@ -308,11 +321,13 @@ def prepare_step(
     main_module: str | None = None,
     gpu: str | None = None,
     step_kind: str = "train",
+    model_class: str | None = None,
     adaptation: Adaptation | None = None,
-) -> tuple[StepWorld, list[str], str | None, str]:
+) -> tuple[StepWorld, list[str], str | None, str, str]:
     """The model built in its tensor world, its inputs made, its optimizer's state given: ready to trace.
 
-    Returns the step, the notes so far, the target as text (None for a live module) and its kind.
+    Returns the step, the notes so far, the target as text (None for a live module), its kind, and why
+    the model is of its class (`ActivationReport.class_chosen_by`).
     """
     import torch
 
@@ -329,15 +344,15 @@ def prepare_step(
     notes: list[str] = []
     if isinstance(target, torch.nn.Module):
         step.model = step.adopt_model(target)
-        target_text, kind = None, "module"
+        target_text, kind, chosen_by = None, "module", LIVE_MODULE
     else:
         built = build_model(
             str(target), trust=trust, main_module=main_module, context=step.context, world=step.mode, device=step.device,
-            adopt=step.adopt_model,
+            adopt=step.adopt_model, model_class=model_class,
         )
         step.model = built.model
         notes.extend(built.notes)
-        target_text, kind = str(target), built.kind.kind
+        target_text, kind, chosen_by = str(target), built.kind.kind, built.class_chosen_by
     if step.device not in ("cpu", "meta"):
         if step.mode == "real":
             with step.context():
@@ -368,7 +383,7 @@ def prepare_step(
         raise
     except Exception as exc:  # the model's own forward or backward failed on these inputs
         raise _step_failed(exc, step) from exc
-    return step, notes, target_text, kind
+    return step, notes, target_text, kind, chosen_by
 
 
 def _inputs_hint(model: Any) -> str:
@@ -398,7 +413,7 @@ def _step_failed(exc: Exception, step: StepWorld) -> UsageError:
                           f"{_why_no_value(exc, step)}", "pass --real to run the step for real (it takes the memory)")
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return UsageError(
-        f"the step failed: {type(exc).__name__}: {text} (at {where(exc)})",
+        f"the step failed on {type(step.model).__name__}: {type(exc).__name__}: {text} (at {where(exc)})",
         "check the inputs' shapes and dtypes against the model's forward (--debug shows the traceback)",
     )
 

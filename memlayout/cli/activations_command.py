@@ -24,11 +24,14 @@ from memlayout.cli.formats import (
 from memlayout.cli.options import (
     ActivationsFormatOption,
     DebugOption,
+    DownloadOption,
     MainModuleOption,
     OutputOption,
+    TimeoutOption,
     TrustOption,
     device_option,
     probability,
+    remote_reading,
 )
 from memlayout.errors import (
     BudgetUnreachableError,
@@ -42,8 +45,10 @@ if TYPE_CHECKING:
     from memlayout.activations.budget import BudgetSpec
     from memlayout.activations.model.adapt import Adaptation
     from memlayout.activations.ranks.parallel import ShardingOptions
+    from memlayout.load.remote_location import RemoteOptions
 
 BUDGET_UNREACHABLE = 1
+ADAPTER_FLAGS = ("--lora", "--lora-targets", "--lora-dropout", "--dora", "--quantize")
 CUDA_WHEELS = "https://download.pytorch.org/whl/cu130"
 """The index of torch's CUDA wheels, as memlayout/activations/trace/world.py's refusal names it (a test holds the
 two equal): --gpu's help cannot import that module, which loads the tracer, on every start."""
@@ -144,6 +149,20 @@ def activations_command(
         bool, typer.Option("--allow-offload", help="Let a --budget plan offload parameters, gradients and optimizer "
                            "state to the CPU (FSDP2's CPUOffloadPolicy).")
     ] = False,
+    weights: Annotated[
+        bool,
+        typer.Option("--weights", help="Without tracing a step: the weights in each dtype (float32, float16/bf16, "
+                     "int8, int4) and the fixed costs of training them with --optimizer (weights, gradients, "
+                     "optimizer state), exact from the model built on the meta device or from a checkpoint's headers "
+                     "(safetensors, .bin, sharded, local or remote). What a run without --input prints."),
+    ] = False,
+    model_class: Annotated[
+        str | None,
+        typer.Option("--model-class", help="The transformers class a config builds (T5ForConditionalGeneration, or "
+                     "AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModel, ...). Without it: the config's "
+                     "architectures, else the model type's first head with a loss (sequence-to-sequence first for "
+                     "an encoder-decoder), else the base model.", metavar="NAME"),
+    ] = None,
     lora: Annotated[
         int | None, typer.Option("--lora", help="Add peft's LoRA adapters of this rank before tracing: only they "
                                  "train, and the optimizer keeps state for them only. Every other setting is "
@@ -165,6 +184,8 @@ def activations_command(
                                  "(int8) layers, as transformers' BitsAndBytesConfig does; with --lora, QLoRA. "
                                  "Needs a transformers model and the lora extra.", metavar="nf4|fp4|int8")
     ] = None,
+    timeout: TimeoutOption = 30,
+    download: DownloadOption = False,
     trust: TrustOption = False,
     main_module: MainModuleOption = None,
     debug: DebugOption = False,
@@ -172,6 +193,7 @@ def activations_command(
     """Activation memory of one training step, and a checkpoint plan that fits --budget.
 
     With --world-size N --fsdp, each rank's peak under FSDP2 (and --tp), and a plan that fits the largest rank.
+    Without --input (or with --weights), no step: the weights in each dtype and the fixed costs of training them.
     """
     _torch.require("memlayout activations")
     # transformers logs config remarks while building a model from its config; they are
@@ -181,6 +203,28 @@ def activations_command(
 
     if inputs and input_specs:
         raise UsageError("give --inputs or --input, not both")
+    step_flags = {"--input": bool(input_specs), "--inputs": bool(inputs), "--budget": budget is not None,
+                  "--fit": fit_axis is not None, "--world-size": world_size is not None, "--real": real,
+                  "--step": step != "train", "--autocast": autocast is not None, "--dtype": dtype is not None,
+                  "--device": device != "cpu", "--gpu": gpu is not None, "--lora": lora is not None,
+                  "--lora-targets": lora_targets is not None, "--lora-dropout": lora_dropout is not None,
+                  "--dora": dora, "--quantize": quantize is not None}
+    if weights or not any(step_flags.values()):
+        given = next((flag for flag, value in step_flags.items() if value), None)
+        if given in ADAPTER_FLAGS:
+            # The fixed costs --weights gives are a full fine-tune's: every parameter trains.
+            raise UsageError(f"--weights counts every parameter as trainable, and {given} adapts the model",
+                             f"give --input to trace the step with {given}: its report splits trainable and frozen")
+        if given is not None:
+            raise UsageError(f"--weights answers without tracing a step, and {given} is for a step",
+                             f"drop --weights to trace the step, or drop {given}")
+        _sharding_options(  # a rank flag without --world-size is refused here too
+            world_size, fsdp=fsdp, fsdp_modules=fsdp_modules, no_reshard_after_forward=no_reshard_after_forward,
+            param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp, allow_offload=allow_offload,
+        )
+        return _weights_only(target, optimizer=optimizer, trust=trust, main_module=main_module, model_class=model_class,
+                             remote=remote_reading([target], timeout, download), output_format=output_format,
+                             output=output)
     budget_spec = parse_budget(budget) if budget is not None else None
     if fit_axis is not None and allow_offload:
         raise UsageError("--fit does not search offload plans yet", "leave --allow-offload out")
@@ -196,7 +240,7 @@ def activations_command(
         return _fit(target, inputs, input_specs, fit_axis, budget_spec, device=device, gpu=gpu, real=real, step=step,
                     optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
                     main_module=main_module, output_format=output_format, output=output, depth=depth,
-                    adaptation=adaptation)
+                    model_class=model_class, adaptation=adaptation)
     if gpu is not None and sharding is not None:
         raise UsageError("--gpu is not traced with --world-size yet", "drop --gpu; --device cuda traces ranks")
     if sharding is not None:
@@ -219,6 +263,7 @@ def activations_command(
                 optimizer=optimizer or DEFAULT_OPTIMIZER, budget=budget_spec.bytes if budget_spec else None,
                 allow_offload=allow_offload,
                 device=device, trust=trust, main_module=main_module, autocast=autocast, dtype=dtype,
+                model_class=model_class,
             )
         except RanksBudgetUnreachableError as exc:
             print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
@@ -228,7 +273,7 @@ def activations_command(
         report = analyze(
             target, inputs if inputs else list(input_specs or []), budget=budget_spec, device=device,
             mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
-            autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu, step=step,
+            autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu, step=step, model_class=model_class,
             **_adaptation_arguments(adaptation),
         )
     except BudgetUnreachableError as exc:
@@ -237,10 +282,23 @@ def activations_command(
     return _write_report(report, output_format, output, depth)
 
 
+def _weights_only(
+    target: str, *, optimizer: str | None, trust: bool, main_module: str | None, model_class: str | None,
+    remote: "RemoteOptions", output_format: OutputFormat, output: str | None,
+) -> int:
+    """`--weights`, or no inputs: the weights in each dtype and the fixed costs of training, no step traced."""
+    from memlayout.activations.weights import weights_report
+
+    report = weights_report(target, optimizer=optimizer or DEFAULT_OPTIMIZER, trust=trust, main_module=main_module,
+                            model_class=model_class, remote=remote)
+    return _write_report(report, output_format, output, 0)
+
+
 def _fit(
     target: str, inputs: str | None, input_specs: list[str] | None, fit_axis: str, budget: "BudgetSpec | None", *,
     device: str, gpu: str | None, real: bool, step: str, optimizer: str | None, autocast: str | None, dtype: str | None,
-    sharding: "ShardingOptions | None", trust: bool, main_module: str | None, output_format: OutputFormat,
+    sharding: "ShardingOptions | None", trust: bool, main_module: str | None, model_class: str | None,
+    output_format: OutputFormat,
     output: str | None, depth: int, adaptation: "Adaptation | None" = None,
 ) -> int:
     """`--fit`: the largest batch (or sequence) that fits, rendered as the command's other reports are."""
@@ -257,7 +315,7 @@ def _fit(
         report = fit(
             target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget, device=device, gpu=gpu,
             step=step, optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
-            main_module=main_module, **_adaptation_arguments(adaptation),
+            main_module=main_module, model_class=model_class, **_adaptation_arguments(adaptation),
         )
     except NothingFitsError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)

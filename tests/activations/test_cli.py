@@ -125,7 +125,10 @@ def test_real_run_on_cpu_agrees_with_the_fake_one() -> None:
     [
         (["activations", "no_such_module_xyz:build", "--input", "float32[2]"], "cannot import"),
         (["activations", "/no/such/file.pt", "--input", "float32[2]"], "does not exist"),
-        ([*GPT2[:2]], "no inputs"),
+        ([*GPT2[:2], "--budget", "1GiB"], "no inputs"),
+        ([*GPT2, "--weights"], "--weights answers without tracing a step, and --input is for a step"),
+        ([*GPT2[:2], "--weights", "--budget", "1GiB"], "--budget is for a step"),
+        ([*GPT2[:2], "--model-class", "GPT2Model"], "--model-class chooses the class a Hugging Face config builds"),
         ([*GPT2, "--input", "float32[2,x]"], "not an input spec"),
         ([*GPT2, "--budget", "lots"], "is not a size"),
         ([*GPT2, "--format", "xml"], "Invalid value for '--format' / '-f': 'xml' is not one of 'table', 'json'."),
@@ -182,11 +185,13 @@ def test_meta_device_traces_and_says_what_it_cannot_see() -> None:
     assert any("meta tensors have no device" in note for note in report["notes"])
 
 
-def _suggested_flags(err: str) -> list[str]:
-    import re
+def _suggested_flags(out: str) -> list[str]:
+    """The flags of the command the weights report prints for tracing a step."""
     import shlex
 
-    return shlex.split(" ".join(re.findall(r"--input '[^']+'", err)))
+    command = out.rstrip("\n").splitlines()[-1].strip()
+    assert command.startswith("memlayout activations "), out
+    return [flag for flag in shlex.split(command)[3:]]
 
 
 @pytest.mark.parametrize(
@@ -201,13 +206,13 @@ def _suggested_flags(err: str) -> list[str]:
 def test_a_config_without_inputs_suggests_inputs_read_from_it_and_they_run(
     tmp_path: Path, build: Any, expected: list[str]
 ) -> None:
-    """A text model's config suggests token ids below its vocabulary and within its positions, never an
-    image input; following the suggestion runs the step."""
+    """Without inputs, the weights report ends with the command that traces a step: token ids below the
+    vocabulary and within the positions, never an image input. Following it runs the step."""
     build().config.save_pretrained(tmp_path)
     code, out, err = run(["activations", str(tmp_path / "config.json")])
-    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
-    assert "224" not in err and "float32" not in err
-    flags = _suggested_flags(err)
+    assert code == 0 and err == "", err
+    assert "224" not in out and "float32[" not in out
+    flags = _suggested_flags(out)
     assert flags == expected
     code, out, err = run(["activations", str(tmp_path / "config.json"), *flags, "--optimizer", "none"])
     assert code == 0, err
@@ -219,9 +224,9 @@ def test_a_vision_config_without_inputs_suggests_pixel_values_of_its_size(tmp_pa
     config = transformers.ViTConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2,
                                     intermediate_size=64, image_size=32, patch_size=8, num_channels=3)
     config.save_pretrained(tmp_path)
-    code, _, err = run(["activations", str(tmp_path)])
-    assert code == 2
-    flags = _suggested_flags(err)
+    code, out, err = run(["activations", str(tmp_path)])
+    assert code == 0, err
+    flags = _suggested_flags(out)
     assert flags == ["--input", "pixel_values=float32[4,3,32,32]"]
     code, out, err = run(["activations", str(tmp_path), *flags, "--optimizer", "none"])
     assert code == 0 and "peak" in out, err

@@ -141,6 +141,22 @@ def test_a_lora_flag_without_lora_is_refused_and_the_hint_works(folder: Path) ->
     assert code == 0, err
 
 
+@pytest.mark.parametrize("adapt", [["--lora", "16"], ["--dora"], ["--quantize", "nf4", "--lora", "16"]])
+def test_weights_with_an_adapter_flag_is_one_line_and_its_hint_traces_the_split(adapt: list[str],
+                                                                                 folder: Path) -> None:
+    """--weights' training figure counts every parameter as trainable, which LoRA's is not: refused, and the hint
+    (give --input) gives the step's report, trainable against frozen."""
+    directory = str(lora_models.saved("llama", folder))
+    for args in ([directory, "--weights", *adapt], [directory, *adapt, "--weights"]):
+        code, out, err = run(args)
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert "--weights counts every parameter as trainable" in err and "give --input" in err, err
+    code, out, err = run([directory, *adapt, *FLAGS, "--format", "json"])
+    assert code == 0, err
+    parameters = json.loads(out)["parameters"]
+    assert 0 < parameters["trainable_bytes"] < parameters["frozen_bytes"]
+
+
 def test_a_model_peft_has_no_default_targets_for_is_told_to_name_them() -> None:
     spec, inputs = "tests.activations.models:residual_stack", ["--input", "float32[4,256]"]
     code, _, err = run([spec, *inputs, "--lora", "8"])

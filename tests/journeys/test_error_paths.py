@@ -50,7 +50,8 @@ WRONG_FORMAT: dict[str, Callable[[Path], Path]] = {
     "inspect": write_text,
     "diff": write_text,
     "flatten": write_text,
-    # A checkpoint is the wrong format for activations, which needs a model to run.
+    # A checkpoint is the wrong format for activations' step, which needs a model to run (without --input,
+    # activations counts a checkpoint's weights: test_activations_weights_of_a_file_that_is_no_checkpoint_...).
     "activations": write_safetensors,
     # explain takes a rule code and rules takes nothing: a checkpoint is wrong for both.
     "explain": write_state_dict,
@@ -81,7 +82,7 @@ def command_line(command: str, path: Path, good: Path) -> list[str]:
     if command == "flatten":
         return ["flatten", str(path), "-o", "flat.pt"]
     if command == "activations":
-        return ["activations", str(path), "-o", "activations.json", "--format", "json"]
+        return ["activations", str(path), "--input", "float32[2]", "-o", "activations.json", "--format", "json"]
     if command == "explain":
         return ["explain", str(path)]
     assert command == "rules"
@@ -172,6 +173,22 @@ def test_activations_with_trust_on_a_file_that_is_no_module_is_one_line(
     # The hint of the refusal above says "pass --trust"; a user who does must still get one line.
     path = write(tmp_path / "input.pt")
     before = files_under(tmp_path)
-    done = run_memlayout(["activations", str(path), "--trust", "-o", "activations.json"], tmp_path)
+    done = run_memlayout(["activations", str(path), "--input", "float32[2]", "--trust", "-o", "activations.json"],
+                         tmp_path)
     assert_one_clean_error_line(done)
     assert files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["text", *INPUTS[1:]])
+def test_activations_weights_of_a_file_that_is_no_checkpoint_is_one_line(kind: str, tmp_path: Path) -> None:
+    """Without --input, activations counts the weights: of a checkpoint's headers too, so only what is no
+    checkpoint (a text file, an empty file, an empty folder, nothing) is refused, in one line."""
+    path = write_text(tmp_path / "x") if kind == "text" else make_input(kind, "activations", tmp_path)
+    before = files_under(tmp_path)
+    done = run_memlayout(["activations", str(path), "-o", "weights.json", "--format", "json"], tmp_path)
+    assert_one_clean_error_line(done)
+    assert files_under(tmp_path) == before
+    if kind == "text":  # a checkpoint beside it is read
+        done = run_memlayout(["activations", str(write_safetensors(tmp_path / "x")), "--format", "json"], tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert '"report": "activations-weights"' in done.stdout

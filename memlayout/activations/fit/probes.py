@@ -127,13 +127,14 @@ class DeviceProbe(Probe):
     def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *,
                  budget: BudgetSpec | None, device: str, optimizer: str, autocast: str | None, dtype: str | None,
                  inference: bool, trust: bool, main_module: str | None, gpu: str | None = None,
-                 adaptation: Adaptation | None = None) -> None:
+                 adaptation: Adaptation | None = None, model_class: str | None = None) -> None:
         self.specs, self.dims = specs, dims
         self.optimizer, self.autocast, self.dtype, self.inference = optimizer, autocast, dtype, inference
-        self.step, self.notes, self.target_text, self.kind = prepare_step(
+        self.step, self.notes, self.target_text, self.kind, self.class_chosen_by = prepare_step(
             target, specs, kwargs=None, device=device, mode="meta" if device == "meta" else "fake", trust=trust,
             optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-            step_kind="inference" if inference else "train", adaptation=adaptation,
+            step_kind="inference" if inference else "train", model_class=model_class,
+            adaptation=adaptation,
         )
         self.cuda = self.step.device.startswith("cuda")
         self.budget = self._budget(budget)
@@ -225,6 +226,7 @@ class DeviceProbe(Probe):
             inputs=step.descriptions, device=step.device, mode=step.mode, loss=trace.loss, optimizer=self.optimizer,
             summary=summary, modules=module_facts(trace), plan=None, notes=tuple(self.notes), trace=trace,
             autocast=self.autocast, dtype=self.dtype, step="inference" if self.inference else "train",
+            class_chosen_by=self.class_chosen_by,
             roofline=roofline_text(step),
             parameters=parameter_split(step.model), adapted=step.adapted,
         )
@@ -237,7 +239,8 @@ class RanksProbe(Probe):
     """Ranks: each size predicted by `analyze_ranks` (it builds the sharded model afresh)."""
 
     def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, sharding: ShardingOptions,
-                 optimizer: str, budget: BudgetSpec | None, device: str, trust: bool, main_module: str | None) -> None:
+                 optimizer: str, budget: BudgetSpec | None, device: str, trust: bool, main_module: str | None,
+                 model_class: str | None = None) -> None:
         if budget is None or budget.bytes is None:
             raise UsageError("--fit with --world-size needs --budget as a size: each rank's peak is compared with it",
                              "e.g. --budget 78GiB")
@@ -245,7 +248,7 @@ class RanksProbe(Probe):
         self.budget = Budget(budget.bytes, f"--budget {budget.describe()}")
         self.target, self.specs, self.dims = target, specs, dims
         self.options: dict[str, Any] = {"sharding": sharding, "optimizer": optimizer, "device": device, "trust": trust,
-                        "main_module": main_module}
+                        "main_module": main_module, "model_class": model_class}
         self.reports: dict[int, RanksReport] = {}
         self.plans: dict[int, RanksPlan] = {}
 

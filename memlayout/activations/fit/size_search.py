@@ -227,6 +227,7 @@ def fit(
     with_plan: bool = True,
     trust: bool = False,
     main_module: str | None = None,
+    model_class: str | None = None,
     lora: LoraOptions | int | None = None,
     quantize: str | None = None,
 ) -> FitReport:
@@ -253,6 +254,7 @@ def fit(
         with_plan: Also search the largest size the budget search's plan fits.
         trust: Allow unpickling a module file.
         main_module: With `trust`, the module for a script's `__main__.X` classes.
+        model_class: As for `analyze`.
         lora: As for `analyze`: peft's LoRA adapters, only they train.
         quantize: As for `analyze`: the base quantized with bitsandbytes.
 
@@ -284,11 +286,11 @@ def fit(
             given_flag = "--step inference" if inference else "--autocast" if autocast else "--dtype"
             raise UsageError(f"{given_flag} is not traced with --world-size yet")
         probe: Probe = RanksProbe(target, specs, dims, sharding=sharding, optimizer=optimizer, budget=budget,
-                                    device=device, trust=trust, main_module=main_module)
+                                    device=device, trust=trust, main_module=main_module, model_class=model_class)
     else:
         probe = DeviceProbe(target, specs, dims, budget=budget, device=device, optimizer=optimizer,
                              autocast=autocast, dtype=dtype, inference=inference, trust=trust, main_module=main_module,
-                             gpu=gpu, adaptation=adaptation)
+                             gpu=gpu, adaptation=adaptation, model_class=model_class)
     limit_bytes = probe.budget.bytes
     cap, limit = MAX_SIZE, None
     if axis == "seq":

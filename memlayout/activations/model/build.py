@@ -49,6 +49,8 @@ class Built:
     model: Any
     kind: TargetKind
     notes: tuple[str, ...]
+    class_chosen_by: str = ""
+    """Why the model is of its class (`ModelSource.class_chosen_by`)."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,7 @@ def build_model(
     world: str,
     device: str,
     adopt: Callable[[Any], Any],
+    model_class: str | None = None,
 ) -> Built:
     """Build TARGET's model in the step's tensor world.
 
@@ -223,17 +226,19 @@ def build_model(
         world: "fake", "meta" or "real".
         device: The step's device.
         adopt: Copies a model built elsewhere into the world.
+        model_class: `--model-class`: the transformers class a config builds (model/hf_class.py).
 
     Raises:
         UsageError: building failed; a value read names the op and the line.
     """
-    source = model_source(target, trust=trust, main_module=main_module)
+    source = model_source(target, trust=trust, main_module=main_module, model_class=model_class)
+    chosen_by = source.class_chosen_by
     if source.prebuilt:
-        return Built(adopt(checked_model(source.build(), target)), source.kind, ())
+        return Built(adopt(checked_model(source.build(), target)), source.kind, (), chosen_by)
     try:
         with context():
             model = source.build()
-        return Built(checked_model(model, target), source.kind, ())
+        return Built(checked_model(model, target), source.kind, (), chosen_by)
     except MemlayoutError:
         raise
     except Exception as exc:
@@ -267,7 +272,7 @@ def build_model(
         f"the model was built with real tensors and meta parameters (each made meta as it was registered, so its "
         f"initialisers ran on no memory), then made {world}: on {world} tensors alone, building needs {cause}"
     )
-    return Built(model, source.kind, (note,))
+    return Built(model, source.kind, (note,), chosen_by)
 
 
 def _failed(source: ModelSource, exc: BaseException) -> UsageError:

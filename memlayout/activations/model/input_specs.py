@@ -93,9 +93,10 @@ def suggested_inputs(model: Any) -> tuple[InputSpec, ...]:
     """Inputs for a Hugging Face model, read off its config; () when it has no config or none fits.
 
     A text model (its config has `vocab_size`) gets token ids below the vocabulary,
-    and `labels` too when it is a language model, so the step has a real loss. A
-    vision model (`image_size` and `num_channels`) gets `pixel_values`. An image input
-    is never suggested for a text model, nor the other way round.
+    and `labels` too when it is a language model (causal, masked or sequence to
+    sequence), so the step has a real loss. A vision model (`image_size` and
+    `num_channels`) gets `pixel_values`. An image input is never suggested for a text
+    model, nor the other way round.
     """
     config = getattr(model, "config", None)
     if config is None:
@@ -107,7 +108,10 @@ def suggested_inputs(model: Any) -> tuple[InputSpec, ...]:
         length = min(SUGGESTED_LENGTH, limit[1]) if limit is not None else SUGGESTED_LENGTH
         shape = (SUGGESTED_BATCH, length)
         specs = [InputSpec("input_ids", "int64", shape, vocab)]
-        if type(model).__name__.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM")):
+        name = type(model).__name__
+        # A sequence-to-sequence LM (T5ForConditionalGeneration) makes its decoder's inputs from the labels.
+        seq2seq = bool(getattr(config, "is_encoder_decoder", False)) and name.endswith("ForConditionalGeneration")
+        if name.endswith(("ForCausalLM", "LMHeadModel", "ForMaskedLM")) or seq2seq:
             specs.append(InputSpec("labels", "int64", shape, vocab))
         return tuple(specs)
     if isinstance(image_size, int) and isinstance(channels, int):

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memlayout.activations.model.hf_class import ChosenClass, choose_class
 from memlayout.errors import (
     CorruptCheckpointError,
     MemlayoutError,
@@ -106,13 +107,19 @@ class ModelSource:
     False for an unpickled module, whose tensors come from the file."""
     prebuilt: bool = False
     """The spec names a model built when its module was imported: it is copied, never changed."""
+    class_chosen_by: str = ""
+    """Why the model is of the class it is, as reports say it (see hf_class.py for a config)."""
 
 
-def model_source(target: str, *, trust: bool, main_module: str | None = None) -> ModelSource:
+def model_source(
+    target: str, *, trust: bool, main_module: str | None = None, model_class: str | None = None
+) -> ModelSource:
     """Check TARGET and say how its model is built: the spec is imported, the config read, trust checked.
 
     `main_module` is the module that defines the classes a pickled module's file
     names as `__main__.X` (it was saved from a script); only with `trust`.
+    `model_class` (`--model-class`) is the transformers class a config builds,
+    instead of the one hf_class.py's rule chooses; only for a config.
 
     Raises:
         SourceNotFoundError, UsageError, UnsafeContentError: one line for the CLI.
@@ -123,23 +130,28 @@ def model_source(target: str, *, trust: bool, main_module: str | None = None) ->
     if main_module is not None and kind.kind != "pickled-module":
         raise UsageError(f"--main-module applies to a pickled module file, and {target} is none",
                          "drop --main-module")
+    if model_class is not None and kind.kind != "hf-config":
+        raise UsageError(f"--model-class chooses the class a Hugging Face config builds, and {target} is none",
+                         "drop --model-class; the factory or the file decides the class")
     if kind.kind == "import-spec":
         from memlayout.load.import_spec import spec_object
 
         named = spec_object(target)
         if isinstance(named, torch.nn.Module) or not callable(named):
-            return ModelSource(kind, f"importing {target}", lambda: named, values_free=False, prebuilt=True)
+            return ModelSource(kind, f"importing {target}", lambda: named, values_free=False, prebuilt=True,
+                               class_chosen_by=f"named by {target}")
         _check_needs_no_arguments(target, named)
-        return ModelSource(kind, f"calling {target}", named, values_free=True)
+        return ModelSource(kind, f"calling {target}", named, values_free=True,
+                           class_chosen_by=f"returned by {target}")
     if kind.kind == "hf-config":
         config_path = kind.path or target
         if not os.path.exists(config_path):
-            model_class, config = _remote_hf_class(config_path, trust=trust)
+            chosen, config = _remote_hf_class(config_path, trust=trust, model_class=model_class)
         else:
-            model_class, config = _hf_class(config_path, trust=trust)
-        name = getattr(model_class, "__name__", "the model")
-        return ModelSource(kind, f"building {name} from {config_path}", lambda: _build_hf(model_class, config, trust),
-                           values_free=True)
+            chosen, config = _hf_class(config_path, trust=trust, model_class=model_class)
+        name = getattr(chosen.cls, "__name__", "the model")
+        return ModelSource(kind, f"building {name} from {config_path}", lambda: _build_hf(chosen.cls, config, trust),
+                           values_free=True, class_chosen_by=chosen.chosen_by)
 
     from_main = classes_from_main(_check_pickled_module(target))
     _refuse_untrusted_pickle(target, trust, from_main)
@@ -150,7 +162,7 @@ def model_source(target: str, *, trust: bool, main_module: str | None = None) ->
             f"pass --main-module MODULE, the module on PYTHONPATH that defines {_listed(from_main)}",
         )
     return ModelSource(kind, f"unpickling {target}", lambda: _load_pickled_module(target, main_module),
-                       values_free=False)
+                       values_free=False, class_chosen_by=f"pickled in {target}")
 
 
 def checked_model(model: Any, target: str) -> Any:
@@ -189,8 +201,12 @@ def _check_needs_no_arguments(spec: str, factory: Callable[..., Any]) -> None:
         )
 
 
-def _hf_class(config_path: str, *, trust: bool) -> tuple[Any, Any]:
-    """The transformers class the config names (None: the auto classes choose) and the config."""
+def _hf_class(config_path: str, *, trust: bool, model_class: str | None = None,
+              shown_as: str | None = None) -> tuple[ChosenClass, Any]:
+    """The transformers class the config builds (hf_class.py's rule) and the config.
+
+    `shown_as` names the config in messages, where `config_path` is a local copy of a remote one.
+    """
     try:
         import transformers
     except ImportError:
@@ -212,11 +228,10 @@ def _hf_class(config_path: str, *, trust: bool) -> tuple[Any, Any]:
         config = transformers.AutoConfig.from_pretrained(config_path, trust_remote_code=trust)
     except Exception as exc:
         raise UsageError(f"transformers cannot read {config_path}: {exc}") from None
-    candidates = [getattr(transformers, name, None) for name in (getattr(config, "architectures", None) or [])]
-    return next((c for c in candidates if c is not None), None), config
+    return choose_class(config, model_class, os.path.basename(shown_as or config_path)), config
 
 
-def _remote_hf_class(target: str, *, trust: bool) -> tuple[Any, Any]:
+def _remote_hf_class(target: str, *, trust: bool, model_class: str | None = None) -> tuple[ChosenClass, Any]:
     """`_hf_class` of a remote config.json, fetched alone into a temporary folder."""
     import tempfile
 
@@ -236,7 +251,7 @@ def _remote_hf_class(target: str, *, trust: bool) -> tuple[Any, Any]:
         with open(path, "wb") as handle:
             handle.write(text)
         try:
-            return _hf_class(path, trust=False)
+            return _hf_class(path, trust=False, model_class=model_class, shown_as=url)
         except (UsageError, UnsafeContentError) as exc:
             raise type(exc)(exc.message.replace(path, url), exc.hint) from None
 
@@ -246,6 +261,7 @@ def _build_hf(model_class: Any, config: Any, trust: bool) -> Any:
 
     if model_class is not None:
         return model_class._from_config(config)
+    # No class in transformers: the config's auto_map names its own code, which the auto classes run.
     for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
         try:
             return auto.from_config(config, trust_remote_code=trust)  # type: ignore[no-untyped-call]

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from memlayout.activations.analysis import analyze
+from memlayout.activations.analysis import LIVE_MODULE, analyze
 from memlayout.activations.model.build import build_model
 from memlayout.activations.model.target import classify
 from memlayout.activations.ranks.facts import RankLayout, RankPeak, RanksReport
@@ -43,17 +43,22 @@ from memlayout.errors import UsageError
 # The report
 
 
-def _target_builder(target: Any, trust: bool, main_module: str | None) -> tuple[Callable[[], Any], str | None, str]:
+def _target_builder(
+    target: Any, trust: bool, main_module: str | None, model_class: str | None, chosen_by: dict[str, str]
+) -> tuple[Callable[[], Any], str | None, str]:
+    """Builds the model on the meta device; each build records why it is of its class in `chosen_by["class"]`."""
     import torch
 
     if isinstance(target, torch.nn.Module):
+        chosen_by["class"] = LIVE_MODULE
         return (lambda: meta_copy(target)), None, "module"
     kind = classify(str(target)).kind
 
     def build() -> Any:
         # On the meta device: FSDP2 and DTensor shard a model there, before it becomes fake (see above).
         built = build_model(str(target), trust=trust, main_module=main_module, context=lambda: torch.device("meta"), world="meta",
-                            device="meta", adopt=meta_copy)
+                            device="meta", adopt=meta_copy, model_class=model_class)
+        chosen_by["class"] = built.class_chosen_by
         return built.model
 
     return build, str(target), kind
@@ -73,6 +78,7 @@ def analyze_ranks(
     main_module: str | None = None,
     autocast: str | None = None,
     dtype: str | None = None,
+    model_class: str | None = None,
 ) -> RanksReport:
     """Predict each rank's peak over a training step under FSDP2 (and tensor parallel), in this process.
 
@@ -93,6 +99,7 @@ def analyze_ranks(
         dtype: bf16, fp16 or fp32: the model's floating parameters and buffers (and floating inputs) cast
             before tensor parallel and `fully_shard`, as pure low-precision training does; each shard and the
             optimizer's state are then in it. The sharding code the report prints casts first too.
+        model_class: The transformers class a config builds, as for `analyze`.
 
     Returns:
         A `RanksReport`: one `RankPeak` per distinct rank layout traced, the largest first.
@@ -112,7 +119,8 @@ def analyze_ranks(
     if dtype is not None:
         sharding = replace(sharding, model_dtype=str(torch_dtype(dtype)).removeprefix("torch."))
     mixed = Autocast("cuda" if device.startswith("cuda") else "cpu", autocast) if autocast is not None else None
-    build, target_text, kind = _target_builder(target, trust, main_module)
+    chosen_by: dict[str, str] = {}
+    build, target_text, kind = _target_builder(target, trust, main_module, model_class, chosen_by)
     model = build()
     resolved = resolve_sharding(model, sharding)
     layouts = rank_layouts(model, resolved)
@@ -147,6 +155,7 @@ def analyze_ranks(
         target=target_text, target_kind=kind, model_class=model_class, inputs=described["inputs"], device=device,
         loss=described["loss"], optimizer=optimizer, sharding=resolved, ranks=peaks, layouts=len(layouts),
         notes=tuple(notes), autocast=autocast, dtype=dtype, optimizer_state_dtype=described["state_dtype"],
+        class_chosen_by=chosen_by["class"],
     )
     if budget is None:
         return report
@@ -154,7 +163,7 @@ def analyze_ranks(
 
     def single_device() -> Any:
         return analyze(target, inputs, kwargs=kwargs, optimizer=optimizer, device=device, trust=trust,
-                       main_module=main_module, autocast=autocast, dtype=dtype)
+                       main_module=main_module, autocast=autocast, dtype=dtype, model_class=model_class)
 
     # Plans are searched on the largest rank alone (rank 0 holds the largest shards, and the
     # ranks' steps differ only by their shards); the plan found is then traced on every layout.

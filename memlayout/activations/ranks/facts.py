@@ -110,6 +110,8 @@ class RanksReport:
     optimizer_state_dtype: str | None = None
     """The dtype of the optimizer's state as torch made it on the traced rank (bfloat16, float32, ...), None
     without state: torch's optimizers keep it in their parameters' dtype, so a sharded bf16 model's is bf16."""
+    class_chosen_by: str = ""
+    """Why the model is a `model_class` (as `ActivationReport.class_chosen_by`)."""
 
     @property
     def largest(self) -> RankPeak:

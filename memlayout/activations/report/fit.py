@@ -10,7 +10,7 @@ import textwrap
 from typing import Any
 
 from memlayout.activations.fit.size_search import FitAnswer, FitReport
-from memlayout.activations.report.json_parts import plan_dict
+from memlayout.activations.report.json_parts import model_text, plan_dict
 from memlayout.activations.report.ranks import _plan_dict as ranks_plan_dict
 from memlayout.activations.search import PlanResult
 from memlayout.format_bytes import human_bytes
@@ -73,6 +73,7 @@ def render_fit_table(report: FitReport, *, width: int = 120) -> str:
     ranks = f", each of {report.world_size} ranks" if report.world_size else ""
     lines = [
         f"memlayout activations --fit {axis}: {report.report.target or report.report.model_class}",
+        f"  model       {model_text(report.report.model_class, report.report.class_chosen_by)}",
         f"  budget      {human_bytes(report.budget_bytes)} ({report.budget_from}){ranks}",
         f"  compared    {report.compared}",
         f"  scaled      {'; '.join(f'{d.input} dim {d.dim}' for d in report.dims)} (given {report.given_size})",

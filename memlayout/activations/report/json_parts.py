@@ -19,19 +19,24 @@ SCHEMA_VERSION = 1
 
 
 def head(*, target: str | None, kind: str, model_class: str, inputs: tuple[str, ...], device: str, mode: str,
-         loss: str, optimizer: str) -> dict[str, Any]:
+         loss: str, optimizer: str, class_chosen_by: str) -> dict[str, Any]:
     """The keys before `summary`: what was traced, and how."""
     return {
         "schema": SCHEMA_VERSION,
         "report": "activations",
         "tool": {"name": "memlayout", "version": __version__},
-        "target": {"spec": target, "kind": kind, "class": model_class},
+        "target": {"spec": target, "kind": kind, "class": model_class, "class_chosen_by": class_chosen_by},
         "inputs": list(inputs),
         "device": device,
         "mode": mode,
         "loss": loss,
         "optimizer": optimizer,
     }
+
+
+def model_text(model_class: str, chosen_by: str) -> str:
+    """The class built and why, as the tables say it: "T5ForConditionalGeneration (architectures in config.json)"."""
+    return f"{model_class} ({chosen_by})" if chosen_by else model_class
 
 
 def summary_dict(s: Summary) -> dict[str, Any]:

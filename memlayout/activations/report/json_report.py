@@ -22,6 +22,8 @@ from memlayout.activations.report.json_parts import (
     summary_dict,
 )
 from memlayout.activations.report.ranks import ranks_report_dict
+from memlayout.activations.report.weights import weights_report_dict
+from memlayout.activations.weights import WeightsReport
 from memlayout.output.interface import Formatter
 
 
@@ -31,7 +33,8 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
     plan = report.plan
     return {
         **head(target=report.target, kind=report.target_kind, model_class=report.model_class, inputs=report.inputs,
-               device=report.device, mode=report.mode, loss=report.loss, optimizer=report.optimizer),
+               device=report.device, mode=report.mode, loss=report.loss, optimizer=report.optimizer,
+               class_chosen_by=report.class_chosen_by),
         "autocast": report.autocast,
         "dtype": report.dtype,
         "optimizer_state_dtype": report.optimizer_state_dtype,
@@ -68,11 +71,14 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
     }
 
 
-class ActivationsJson(Formatter["ActivationReport | RanksReport | FitReport"]):
+class ActivationsJson(Formatter["ActivationReport | RanksReport | FitReport | WeightsReport"]):
     """Every module, the summary and the plan (schema 1); across ranks, each rank and the sharding too; with
-    --fit, the step at the size that fits and the `fit` object."""
+    --fit, the step at the size that fits and the `fit` object; without inputs, the weights report
+    (`weights_schema_v1.json`)."""
 
-    def render(self, report: ActivationReport | RanksReport | FitReport) -> str:
+    def render(self, report: ActivationReport | RanksReport | FitReport | WeightsReport) -> str:
+        if isinstance(report, WeightsReport):
+            return json.dumps(weights_report_dict(report), indent=2) + "\n"
         if isinstance(report, FitReport):
             inner = report.report
             data = ranks_report_dict(inner) if isinstance(inner, RanksReport) else report_dict(inner)

@@ -13,7 +13,7 @@ from typing import Any
 
 from memlayout.activations.ranks.facts import RankPeak, RanksPlan, RanksReport
 from memlayout.activations.ranks.parallel import Sharding
-from memlayout.activations.report.json_parts import head, summary_dict
+from memlayout.activations.report.json_parts import head, model_text, summary_dict
 from memlayout.format_bytes import counted, human_bytes
 
 
@@ -76,7 +76,8 @@ def ranks_report_dict(report: RanksReport) -> dict[str, Any]:
     """The report as plain JSON-ready data (activations schema 1, with `distributed` and `ranks`)."""
     return {
         **head(target=report.target, kind=report.target_kind, model_class=report.model_class, inputs=report.inputs,
-               device=report.device, mode="fake", loss=report.loss, optimizer=report.optimizer),
+               device=report.device, mode="fake", loss=report.loss, optimizer=report.optimizer,
+               class_chosen_by=report.class_chosen_by),
         "autocast": report.autocast,
         "dtype": report.dtype,
         "optimizer_state_dtype": report.optimizer_state_dtype,
@@ -180,6 +181,7 @@ def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = F
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
+    grid.add_row("model", model_text(report.model_class, report.class_chosen_by))
     grid.add_row("peak per rank", f"{human_bytes(largest.peak_bytes)} ({largest.peak_bytes:,} bytes) on the largest "
                                   f"rank, {largest.rank}, at {_where(largest)}")
     for line in _sharding_lines(report.sharding):

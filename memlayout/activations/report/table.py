@@ -12,7 +12,10 @@ from memlayout.activations.device.cuda_runtime import cuda_runtime
 from memlayout.activations.fit.size_search import FitReport
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.report.fit import render_fit_table, seconds_text
+from memlayout.activations.report.json_parts import model_text
 from memlayout.activations.report.ranks import render_ranks_table
+from memlayout.activations.report.weights import render_weights_table
+from memlayout.activations.weights import WeightsReport
 from memlayout.format_bytes import human_bytes
 from memlayout.output.interface import Formatter
 
@@ -87,7 +90,8 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     subtitle = (f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss} | "
                 f"optimizer: {report.optimizer}{precision}{step}")
     parts_out: list[Any] = [
-        Panel(Group(grid, Text.assemble(("live at the peak", "bold"), f"  {live}")), title=title, subtitle=subtitle,
+        Panel(Group(Text.assemble(("model", "bold"), f"  {model_text(report.model_class, report.class_chosen_by)}"),
+                    grid, Text.assemble(("live at the peak", "bold"), f"  {live}")), title=title, subtitle=subtitle,
               title_align="left", expand=False)
     ]
 
@@ -204,15 +208,18 @@ def _plan_text(report: ActivationReport, width: int) -> Any:
     return Text("\n".join(lines))
 
 
-class ActivationsTable(Formatter["ActivationReport | RanksReport | FitReport"]):
-    """The terminal report, modules down to `depth`; across ranks, each rank's breakdown and the sharding code."""
+class ActivationsTable(Formatter["ActivationReport | RanksReport | FitReport | WeightsReport"]):
+    """The terminal report, modules down to `depth`; across ranks, each rank's breakdown and the sharding code;
+    without inputs, the weights in each dtype."""
 
     def __init__(self, depth: int = DEFAULT_DEPTH, width: int = 120, color: bool = False) -> None:
         self.depth = depth
         self.width = width
         self.color = color
 
-    def render(self, report: ActivationReport | RanksReport | FitReport) -> str:
+    def render(self, report: ActivationReport | RanksReport | FitReport | WeightsReport) -> str:
+        if isinstance(report, WeightsReport):
+            return render_weights_table(report, width=self.width, color=self.color)
         if isinstance(report, FitReport):
             return render_fit_table(report, width=self.width)
         if isinstance(report, RanksReport):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memlayout import _torch
 from memlayout.errors import UsageError
 
 OPTIMIZERS = ("adamw", "adam", "sgd", "none")
@@ -107,3 +108,32 @@ def state_dtype(optimizer: Any) -> str | None:
     if not found:
         return None
     return found.pop() if len(found) == 1 else "mixed"
+
+
+def state_bytes_after_a_step(parameters: list[Any], name: str) -> list[int]:
+    """Bytes of the state torch's optimizer `name` keeps for each of these parameters from its first step on.
+
+    The parameters are given gradients and the optimizer steps once, so the state is
+    what `torch.optim` makes (AdamW: `exp_avg` and `exp_avg_sq` like each parameter, and
+    a float32 `step` scalar), each distinct storage once. On meta parameters nothing is
+    allocated but the step counters (4 bytes each, on the CPU, as torch keeps them
+    unless the optimizer is fused or capturable).
+
+    Returns:
+        One figure per parameter, in order; 0 for one that does not require grad.
+    """
+    import torch
+
+    trainable = [p for p in parameters if p.requires_grad]
+    for parameter in trainable:
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer = build_optimizer(torch.nn.ParameterList(trainable), name, device="cpu")
+    if optimizer is None:
+        return [0] * len(parameters)
+    optimizer.step()
+
+    def held(parameter: Any) -> int:
+        tensors = [v for v in optimizer.state.get(parameter, {}).values() if isinstance(v, torch.Tensor)]
+        return sum({_torch.storage_id(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors}.values())
+
+    return [held(p) if p.requires_grad else 0 for p in parameters]
