@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -380,9 +380,11 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.forward_end = self.seq
         self.phase = phase
 
-    def register_state(self, args: Iterable[Any], kwargs: Mapping[str, Any]) -> None:
-        """Count the model's parameters, buffers, existing gradients, the optimizer's state and the inputs,
-        before the step."""
+    def register_state(self, args: Iterable[Any], kwargs: Mapping[str, Any], kept: Iterable[Any] = ()) -> None:
+        """Count the model's parameters, buffers, existing gradients, the optimizer's state, the inputs and the
+        communication buffers `kept` outside the model (DDP's buckets), before the step."""
+        for tensor in kept:
+            self.storage_of(tensor, StorageKind.COMMUNICATION)
         for parameter in self.model.parameters():
             index = self.storage_of(parameter, StorageKind.PARAMETER)
             if index is not None:
@@ -411,7 +413,9 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         storages = tuple(
             StorageLife(
                 nbytes=s.nbytes,
-                kind=StorageKind.GRADIENT if i in gradients else StorageKind.OPTIMIZER if i in optimizer_state else s.kind,
+                # A gradient that is a view of a communication buffer (DDP's gradient_as_bucket_view) is the buffer.
+                kind=StorageKind.GRADIENT if i in gradients and s.kind is not StorageKind.COMMUNICATION
+                else StorageKind.OPTIMIZER if i in optimizer_state else s.kind,
                 born=s.born,
                 died=s.died,
                 call=s.call,
@@ -476,6 +480,7 @@ def trace_step(
     optimizer: Any = None,
     autocast: Autocast | None = None,
     inference: bool = False,
+    kept: Sequence[Any] = (),
 ) -> Trace:
     """Run one step of `model` on the inputs under the tracer and return its facts.
 
@@ -491,6 +496,8 @@ def trace_step(
         autocast: Mixed precision around forward and loss.
         inference: Forward only, under `torch.inference_mode` (see step/run.py); the model's
             output stays alive to the end, as the caller's would.
+        kept: Communication buffers kept outside the model from one step to the next (DDP's
+            gradient buckets): counted from the start, as the parameters are.
     """
     tracer = StepTracer(model, correct_kernels=mode != "real", optimizer=optimizer)
     with ExitStack() as stack:
@@ -501,7 +508,7 @@ def trace_step(
                     module.register_forward_hook(tracer._post_hook, with_kwargs=True, always_call=True)
                 )
         stack.enter_context(rerun.listening(tracer._rerun))
-        tracer.register_state(args, kwargs)
+        tracer.register_state(args, kwargs, kept)
         if device == "cpu":
             stack.enter_context(tracer.recording_rng_states())
         stack.enter_context(tracer)

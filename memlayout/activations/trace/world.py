@@ -263,7 +263,8 @@ class StepWorld:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 
-    def trace(self, plan: Plan | None = None, policy: str = "typical") -> Trace:
+    def trace(self, plan: Plan | None = None, policy: str = "typical", kept: Sequence[Any] = ()) -> Trace:
+        """One step traced, with `plan` applied; `kept`: communication buffers kept outside the model (tracer.py)."""
         from memlayout.activations.trace.tracer import trace_step
 
         for parameter in self.model.parameters():
@@ -280,7 +281,7 @@ class StepWorld:
                 self.step_mode.policy = policy
             trace = trace_step(
                 self.model, self.args, self.kwargs, device=self.device, mode=self.mode, notes=notes,
-                optimizer=self.optimizer, autocast=self.autocast, inference=self.inference,
+                optimizer=self.optimizer, autocast=self.autocast, inference=self.inference, kept=kept,
             )
         for parameter in self.model.parameters():
             parameter.grad = None
