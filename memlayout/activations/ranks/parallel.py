@@ -15,12 +15,12 @@ code its figures were measured with.
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
+from memlayout.activations.ranks.module_lists import python_list
 from memlayout.errors import UsageError
 
 COLWISE = "colwise"
@@ -322,7 +322,7 @@ def _tensor_parallel_lines(sharding: Sharding) -> list[str]:
 
     lines: list[str] = []
     for plan, members in by_plan.items():
-        lines.append(f"    for path in {_list(members, '    ')}:")
+        lines.append(f"    for path in {python_list(members, '    ')}:")
         lines.append('        parallelize_module(model.get_submodule(path), mesh["tp"], {')
         lines += plan_lines(plan, "            ")
         lines.append("        })")
@@ -331,40 +331,6 @@ def _tensor_parallel_lines(sharding: Sharding) -> list[str]:
         lines += plan_lines(outside, "        ")
         lines.append("    })")
     return lines
-
-
-def _runs(paths: Sequence[str]) -> list[str]:
-    """Python expressions for the paths, a run of `prefix.0` ... `prefix.N` as one list comprehension's star."""
-    parts: list[str] = []
-    index = 0
-    while index < len(paths):
-        prefix, _, last = paths[index].rpartition(".")
-        end = index
-        if last.isdigit():
-            while (end + 1 < len(paths) and paths[end + 1].rpartition(".")[0] == prefix
-                   and paths[end + 1].rpartition(".")[2] == str(int(last) + end + 1 - index)):
-                end += 1
-        if end - index >= 2:
-            start, stop = int(last), int(last) + end - index + 1
-            span = f"range({stop})" if start == 0 else f"range({start}, {stop})"
-            parts.append(f"*(f{prefix + '.{i}'!r} for i in {span})")
-        else:
-            parts.extend(repr(p) for p in paths[index:end + 1])
-        index = end + 1
-    return parts
-
-
-def _list(paths: Sequence[str], indent: str) -> str:
-    """A list of module paths as Python, consecutive blocks folded (`*(f"model.layers.{i}" for i in range(32))`)."""
-    parts = _runs(paths)
-    if len(parts) == 1 and parts[0].startswith("*("):
-        return "[" + parts[0][2:-1] + "]"  # one run: a list comprehension
-    text = "[" + ", ".join(parts) + "]"
-    if len(text) + len(indent) <= 100:
-        return text
-    body = textwrap.fill(", ".join(parts), 96 - len(indent), initial_indent=indent + "    ",
-                         subsequent_indent=indent + "    ", break_long_words=False, break_on_hyphens=False)
-    return "[\n" + body + ",\n" + indent + "]"
 
 
 def _code(sharding: Sharding) -> str:
@@ -398,7 +364,7 @@ def _code(sharding: Sharding) -> str:
     if sharding.checkpoint or sharding.sequential:
         lines.append("    # Activation checkpointing: these forwards rerun in backward instead of keeping activations.")
     if sharding.checkpoint:
-        lines.append(f"    for path in {_list(sharding.checkpoint, '    ')}:")
+        lines.append(f"    for path in {python_list(sharding.checkpoint, '    ')}:")
         lines.append("        module = model.get_submodule(path)")
         lines.append("        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)")
     for path, segments in sharding.sequential:
@@ -419,7 +385,7 @@ def _code(sharding: Sharding) -> str:
     for value in (True, False):
         paths = [p for p, r in resharded.items() if r is value]
         if paths:
-            lines.append(f"    for path in {_list(paths, '    ')}:")
+            lines.append(f"    for path in {python_list(paths, '    ')}:")
             lines.append(f"        fully_shard(model.get_submodule(path), reshard_after_forward={value}, **policy)")
     lines.append(f"    fully_shard(model, reshard_after_forward={root_reshard}, **policy)")
     lines.append("    return model")
