@@ -479,8 +479,15 @@ def ddp_first_bucket_bytes() -> int:
     """The first bucket's cap when `bucket_cap_mb` is not given, in bytes (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`)."""
     import torch.distributed as dist
 
-    cap: int = dist._DEFAULT_FIRST_BUCKET_BYTES
+    cap: int = dist._DEFAULT_FIRST_BUCKET_BYTES  # type: ignore[attr-defined]
     return cap
+
+
+def ddp_rebuild_buckets(module: Any) -> bool:
+    """`DistributedDataParallel.reducer._rebuild_buckets()`: free the Reducer's buckets and make them again in the
+    order the last backward made the gradients ready, once; what DDP's forward does first from the second step on
+    (and its join hook calls directly). True when it rebuilt them; from then on DDP's forward does not."""
+    return bool(module.reducer._rebuild_buckets())
 
 
 @contextlib.contextmanager
@@ -495,12 +502,12 @@ def ddp_parameter_check_skipped() -> Iterator[None]:
     """
     from torch.nn.parallel import distributed
 
-    checked = distributed._verify_param_shape_across_processes
-    distributed._verify_param_shape_across_processes = lambda *args, **kwargs: None
+    checked = distributed._verify_param_shape_across_processes  # type: ignore[attr-defined]
+    distributed._verify_param_shape_across_processes = lambda *args, **kwargs: None  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        distributed._verify_param_shape_across_processes = checked
+        distributed._verify_param_shape_across_processes = checked  # type: ignore[attr-defined]
 
 
 # --- classes from torch's private modules ---------------------------------------------
