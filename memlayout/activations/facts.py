@@ -90,6 +90,9 @@ class ModuleCall:
     mutates_buffers: bool
     mutates_inputs: bool = False
     """Writes in place into a tensor it received: a rerun would start from the changed values."""
+    seconds: float = 0.0
+    """The roofline time of the ops run directly in this call, on the target (device/roofline.py): each op's FLOPs
+    or the bytes it moves, whichever binds; 0 where the trace was not priced."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,8 @@ class Trace:
     """(module path, what differs) for each module whose rerun in backward started from other attributes than
     any of its calls in forward did (a tensor forward left on `self`, a counter): the rerun is no replay."""
     """(op, calls) for each op whose fake kernel refused and whose real kernel stood in (see trace/fake_step.py)."""
+    recompute_seconds: float = 0.0
+    """The roofline time of the ops rerun during backward, on the target (0 when not priced)."""
     rng_state_bytes: int = 0
     """The generator state `torch.utils.checkpoint` keeps for each checkpointed call, where this step's device
     holds it: `torch.get_rng_state()`'s bytes on the CPU, 0 on a GPU (host memory). See trace/tracer.py."""
