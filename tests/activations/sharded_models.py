@@ -184,3 +184,11 @@ def wide_cnn() -> nn.Module:
     from tests.activations.models import flat_cnn
 
     return flat_cnn(channels=64)
+
+
+def bert() -> nn.Module:
+    """transformers' BertForMaskedLM from a config (2 layers, width 64, vocab 1000), seeded: its decoder's weight is
+    the word embeddings' (one parameter, one bucket slot), and its dropout draws a mask on every rank."""
+    from tests.activations.models import bert as build
+
+    return build(vocab=VOCAB)

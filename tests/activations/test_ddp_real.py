@@ -27,6 +27,7 @@ CASES = {
     # name: (builder, the batch's builder, the same batch as --input specs, bucket_cap_mb)
     "llama": ("tests.activations.sharded_models:transformers_llama", TOKENS, SHORT_TOKEN_SPECS, 0.1),
     "gpt2": ("tests.activations.sharded_models:gpt2", TOKENS, SHORT_TOKEN_SPECS, 0.1),
+    "bert": ("tests.activations.sharded_models:bert", TOKENS, SHORT_TOKEN_SPECS, 0.1),
     "cnn": ("tests.activations.sharded_models:wide_cnn", IMAGES, IMAGE_SPECS, 0.25),
 }
 PLANNED = ("tests.activations.sharded_models:transformers_llama", "tests.activations.sharded_models:token_step_batch",
