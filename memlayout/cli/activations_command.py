@@ -206,13 +206,16 @@ def activations_command(
     if adaptation is not None and sharding is not None:
         raise UsageError(f"{'--quantize' if quantize else '--lora'} is not traced with --world-size yet",
                          "predict one device without --world-size")
+    # Before --fit, which would otherwise search the ranks with no word of the card.
+    if gpu is not None and sharding is not None:
+        raise UsageError("--gpu is not traced with --world-size yet",
+                         "drop --gpu; --ddp's ranks are traced for the CPU (the same buckets)" if sharding.ddp else
+                         "drop --gpu; --device cuda traces ranks")
     if fit_axis is not None:
         return _fit(target, inputs, input_specs, fit_axis, budget_spec, device=device, gpu=gpu, real=real, step=step,
                     optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
                     main_module=main_module, output_format=output_format, output=output, depth=depth,
                     adaptation=adaptation)
-    if gpu is not None and sharding is not None:
-        raise UsageError("--gpu is not traced with --world-size yet", "drop --gpu; --device cuda traces ranks")
     if sharding is not None:
         from memlayout.activations.ranks import analyze_ranks
 

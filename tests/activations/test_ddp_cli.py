@@ -148,6 +148,11 @@ ERRORS = [
      [CONV, *IMAGES, "--world-size", "2", "--ddp"]),
     ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--bucket-cap-mb", "0"], "--bucket-cap-mb 0 is not a bucket size",
      [CONV, *IMAGES, "--world-size", "2", "--ddp", "--bucket-cap-mb", "0.5"]),
+    ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--gpu", "h100"], "--gpu is not traced with --world-size yet",
+     [CONV, *IMAGES, "--world-size", "2", "--ddp"]),
+    ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--gpu", "h100", "--fit", "batch", "--budget", "4MiB"],
+     "--gpu is not traced with --world-size yet",
+     [CONV, *IMAGES, "--world-size", "2", "--ddp", "--fit", "batch", "--budget", "4MiB"]),
     ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--device", "meta"], "--world-size predicts ranks on fake tensors",
      [CONV, *IMAGES, "--world-size", "2", "--ddp", "--device", "cpu"]),
 ]
