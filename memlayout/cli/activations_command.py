@@ -28,6 +28,7 @@ from memlayout.cli.options import (
     OutputOption,
     TrustOption,
     device_option,
+    mebibytes,
     probability,
 )
 from memlayout.errors import (
@@ -145,7 +146,7 @@ def activations_command(
                            "its gradients and DDP's gradient buckets (the bucket layout is reported).")
     ] = False,
     bucket_cap_mb: Annotated[
-        float | None, typer.Option("--bucket-cap-mb", help="DDP's bucket_cap_mb: the size gradient buckets close "
+        float | None, typer.Option("--bucket-cap-mb", parser=mebibytes, help="DDP's bucket_cap_mb: the size gradient buckets close "
                                    "at, in MiB (DDP's default: 25, the first bucket 1).", metavar="MIB")
     ] = None,
     gradient_as_bucket_view: Annotated[

@@ -148,6 +148,8 @@ ERRORS = [
      [CONV, *IMAGES, "--world-size", "2", "--ddp"]),
     ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--bucket-cap-mb", "0"], "--bucket-cap-mb 0 is not a bucket size",
      [CONV, *IMAGES, "--world-size", "2", "--ddp", "--bucket-cap-mb", "0.5"]),
+    ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--bucket-cap-mb", "nan"], "Invalid value for '--bucket-cap-mb'",
+     [CONV, *IMAGES, "--world-size", "2", "--ddp", "--bucket-cap-mb", "0.5"]),
     ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--gpu", "h100"], "--gpu is not traced with --world-size yet",
      [CONV, *IMAGES, "--world-size", "2", "--ddp"]),
     ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--gpu", "h100", "--fit", "batch", "--budget", "4MiB"],
