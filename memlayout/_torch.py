@@ -492,6 +492,53 @@ def dtensor_global_offset(tensor: Any) -> tuple[int, ...]:
     return tuple(int(o) for o in offset)
 
 
+# --- DistributedDataParallel ------------------------------------------------------------
+
+
+def ddp_default_bucket_cap_mb() -> int:
+    """The bucket size DDP uses when `bucket_cap_mb` is not given, in MiB
+    (`torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB`)."""
+    from torch.nn.parallel import distributed
+
+    cap: int = distributed._DEFAULT_BUCKET_CAP_MB
+    return cap
+
+
+def ddp_first_bucket_bytes() -> int:
+    """The first bucket's cap when `bucket_cap_mb` is not given, in bytes (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`)."""
+    import torch.distributed as dist
+
+    cap: int = dist._DEFAULT_FIRST_BUCKET_BYTES  # type: ignore[attr-defined]
+    return cap
+
+
+def ddp_rebuild_buckets(module: Any) -> bool:
+    """`DistributedDataParallel.reducer._rebuild_buckets()`: free the Reducer's buckets and make them again in the
+    order the last backward made the gradients ready, once; what DDP's forward does first from the second step on
+    (and its join hook calls directly). True when it rebuilt them; from then on DDP's forward does not."""
+    return bool(module.reducer._rebuild_buckets())
+
+
+@contextlib.contextmanager
+def ddp_parameter_check_skipped() -> Iterator[None]:
+    """DistributedDataParallel built without its check that every rank's parameters have the same shapes
+    (`torch.nn.parallel.distributed._verify_param_shape_across_processes`, on while it is entered).
+
+    The check writes each parameter's shape and strides into a tensor it allreduces; under
+    FakeTensorMode that tensor has no data to write (the Reducer's buckets must be built in
+    the mode, so DDP is), and under the fake process group there are no other ranks to compare.
+    It allocates nothing that outlives DDP's constructor.
+    """
+    from torch.nn.parallel import distributed
+
+    checked = distributed._verify_param_shape_across_processes  # type: ignore[attr-defined]
+    distributed._verify_param_shape_across_processes = lambda *args, **kwargs: None  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        distributed._verify_param_shape_across_processes = checked  # type: ignore[attr-defined]
+
+
 # --- classes from torch's private modules ---------------------------------------------
 # Attributes of this module, imported on first use (PEP 562): `_torch.FakeTensorMode`.
 

@@ -133,11 +133,17 @@ class RanksBudgetUnreachableError(MemlayoutError):
         self.budget_bytes = budget
         self.lowest = lowest
         """The lowest plan found: an `activations.ranks.plan.RanksPlan` (typed Any: this base layer imports no layer)."""
+        ddp = lowest.sharding.ddp
+        if ddp is not None:  # every DDP rank holds the whole model: more ranks and offload lower nothing
+            hint = "raise --budget, shrink each rank's batch, " + (
+                "" if ddp.gradient_as_bucket_view else "keep the gradients in DDP's buckets (--gradient-as-bucket-view), "
+            ) + "or shard the model instead (--fsdp)"
+        else:
+            hint = "raise --budget, add ranks (--world-size), shrink each rank's batch" + (
+                "" if lowest.offload or lowest.sharding.offload else ", or allow CPU offload (--allow-offload)")
         super().__init__(
             f"no plan fits the largest rank in {human_bytes(budget)} ({budget} bytes): the lowest peak reached is "
-            f"{human_bytes(lowest.peak_bytes)} ({lowest.peak_bytes} bytes), with {tried}",
-            "raise --budget, add ranks (--world-size), shrink each rank's batch"
-            + ("" if lowest.offload or lowest.sharding.offload else ", or allow CPU offload (--allow-offload)"),
+            f"{human_bytes(lowest.peak_bytes)} ({lowest.peak_bytes} bytes), with {tried}", hint,
         )
 
 

@@ -412,6 +412,73 @@ def test_the_fake_process_group_plays_one_rank_of_many() -> None:
         dist.destroy_process_group()
 
 
+def test_ddps_default_bucket_caps_are_the_ones_it_builds_with() -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not dist.is_available():
+        pytest.skip("this torch is built without torch.distributed")
+    dist.init_process_group("fake", store=_torch.FakeStore(), rank=0, world_size=2)
+    try:
+        config = DistributedDataParallel(torch.nn.Linear(2, 2))._bucket_config
+    finally:
+        dist.destroy_process_group()
+    assert _torch.ddp_default_bucket_cap_mb() * 2**20 == config.bucket_bytes_cap, changed(
+        "torch.nn.parallel.distributed._DEFAULT_BUCKET_CAP_MB", "DDP builds its buckets with another cap")
+    assert _torch.ddp_first_bucket_bytes() == config.first_bucket_bytes_cap, changed(
+        "torch.distributed._DEFAULT_FIRST_BUCKET_BYTES", "DDP's first bucket has another cap")
+
+
+def test_ddp_builds_on_fake_tensors_with_its_parameter_check_skipped() -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not dist.is_available():
+        pytest.skip("this torch is built without torch.distributed")
+    api = "torch.nn.parallel.distributed._verify_param_shape_across_processes"
+    dist.init_process_group("fake", store=_torch.FakeStore(), rank=0, world_size=2)
+    try:
+        with _torch.FakeTensorMode() as mode:
+            model = torch.nn.Linear(4, 4)
+            # Without the skip, the check writes shapes into a fake tensor, which has no data: DDP refuses.
+            with pytest.raises(RuntimeError):
+                DistributedDataParallel(model)
+            with _torch.ddp_parameter_check_skipped():
+                wrapped = DistributedDataParallel(model)
+        assert wrapped.module is model and mode is not None
+    finally:
+        dist.destroy_process_group()
+    from torch.nn.parallel import distributed
+
+    assert distributed._verify_param_shape_across_processes.__name__ == "_verify_param_shape_across_processes", changed(
+        api, "the check is not put back")
+
+
+def test_ddp_rebuilds_its_buckets_once_after_a_backward() -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not dist.is_available():
+        pytest.skip("this torch is built without torch.distributed")
+    api = "DistributedDataParallel.reducer._rebuild_buckets"
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        wrapped = DistributedDataParallel(model, bucket_cap_mb=1e-5)  # 10 bytes: a bucket closes at its first weight
+        assert not _torch.ddp_rebuild_buckets(wrapped), changed(api, "it rebuilt before any backward")
+        wrapped(torch.ones(3, 4)).sum().backward()
+        assert _torch.ddp_rebuild_buckets(wrapped), changed(api, "it did not rebuild after the first backward")
+        assert not _torch.ddp_rebuild_buckets(wrapped), changed(api, "it rebuilt twice")
+        model.zero_grad()
+        wrapped(torch.ones(3, 4)).sum().backward()
+        logged = wrapped._get_ddp_logging_data()
+        # Backward's order: the last layer's bias (8 bytes, under the cap) and weight, then the first layer's two.
+        assert logged["has_rebuilt_buckets"] and logged["rebuilt_bucket_sizes"] == "40, 16, 64", changed(
+            api, f"DDP did not keep the buckets rebuilt by hand: {logged['rebuilt_bucket_sizes']}")
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_dtensor_pieces_offset_follows_its_placements() -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor

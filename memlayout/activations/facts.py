@@ -22,6 +22,8 @@ class StorageKind(str, enum.Enum):
     """A parameter's `.grad` at the end of the step."""
     OPTIMIZER = "optimizer"
     """The optimizer's state (AdamW's moments, its step counts): kept from one step to the next."""
+    COMMUNICATION = "communication"
+    """A buffer a data-parallel wrapper keeps between steps to reduce gradients in (DDP's buckets)."""
     STEP = "step"
     """Created during the step: activations and temporaries."""
     OTHER = "other"

@@ -44,7 +44,8 @@ class Summary:
     """The optimizer's state (0 without one)."""
     peak_at: PeakAt
     at_peak: dict[str, int]
-    """What is live at the peak: parameters, buffers, inputs, gradients, optimizer_state, saved_activations, other."""
+    """What is live at the peak: parameters, buffers, inputs, gradients, optimizer_state, saved_activations, other;
+    and communication where the step keeps buffers to reduce gradients in (DDP's buckets)."""
     forward_flops: int
     recompute_flops: int
     peak_bytes_min: int | None = None
@@ -126,7 +127,8 @@ def summarize(trace: Trace, cuda: bool = False) -> Summary:
     )
     for index in alive_at(trace, peak_event):
         storage = trace.storages[index]
-        breakdown[_category(storage.kind, storage.saved)] += storage.nbytes
+        category = _category(storage.kind, storage.saved)
+        breakdown[category] = breakdown.get(category, 0) + storage.nbytes  # "communication" only where there is some
 
     def total(kind: StorageKind) -> int:
         return sum(s.nbytes for s in trace.storages if s.kind is kind)
@@ -161,6 +163,8 @@ def _category(kind: StorageKind, saved: bool) -> str:
         return "gradients"
     if kind is StorageKind.OPTIMIZER:
         return "optimizer_state"
+    if kind is StorageKind.COMMUNICATION:
+        return "communication"
     return "saved_activations" if saved else "other"
 
 

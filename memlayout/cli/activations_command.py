@@ -30,6 +30,7 @@ from memlayout.cli.options import (
     TimeoutOption,
     TrustOption,
     device_option,
+    mebibytes,
     probability,
     remote_reading,
 )
@@ -117,8 +118,8 @@ def activations_command(
     ] = None,
     world_size: Annotated[
         int | None,
-        typer.Option("--world-size", help="Predict each rank of N (with --fsdp) in this process, on fake tensors under "
-                     "a fake process group; the inputs are one rank's batch.", min=1, metavar="N"),
+        typer.Option("--world-size", help="Predict each rank of N (with --fsdp or --ddp) in this process, on fake "
+                     "tensors under a fake process group; the inputs are one rank's batch.", min=1, metavar="N"),
     ] = None,
     fsdp: Annotated[
         bool, typer.Option("--fsdp", help="Shard with FSDP2: fully_shard on each block of the model's main "
@@ -145,6 +146,18 @@ def activations_command(
         int, typer.Option("--tp", help="Tensor parallel over K of the ranks, inside FSDP2: attention and MLP "
                           "projections split column-wise and row-wise.", min=1, metavar="K")
     ] = 1,
+    ddp: Annotated[
+        bool, typer.Option("--ddp", help="Replicate with DistributedDataParallel: every rank holds the whole model, "
+                           "its gradients and DDP's gradient buckets (the bucket layout is reported).")
+    ] = False,
+    bucket_cap_mb: Annotated[
+        float | None, typer.Option("--bucket-cap-mb", parser=mebibytes, help="DDP's bucket_cap_mb: the size gradient buckets close "
+                                   "at, in MiB (DDP's default: 25, the first bucket 1).", metavar="MIB")
+    ] = None,
+    gradient_as_bucket_view: Annotated[
+        bool, typer.Option("--gradient-as-bucket-view", help="DDP's gradient_as_bucket_view: each .grad is a view "
+                           "of its bucket instead of a copy beside it (DDP's default: off).")
+    ] = False,
     allow_offload: Annotated[
         bool, typer.Option("--allow-offload", help="Let a --budget plan offload parameters, gradients and optimizer "
                            "state to the CPU (FSDP2's CPUOffloadPolicy).")
@@ -192,7 +205,8 @@ def activations_command(
 ) -> int:
     """Activation memory of one training step, and a checkpoint plan that fits --budget.
 
-    With --world-size N --fsdp, each rank's peak under FSDP2 (and --tp), and a plan that fits the largest rank.
+    With --world-size N --fsdp, each rank's peak under FSDP2 (and --tp), and a plan that fits the largest rank;
+    with --world-size N --ddp, each rank's peak under DistributedDataParallel, with its gradient buckets.
     Without --input (or with --weights), no step: the weights in each dtype and the fixed costs of training them.
     """
     _torch.require("memlayout activations")
@@ -230,19 +244,23 @@ def activations_command(
         raise UsageError("--fit does not search offload plans yet", "leave --allow-offload out")
     sharding = _sharding_options(
         world_size, fsdp=fsdp, fsdp_modules=fsdp_modules, no_reshard_after_forward=no_reshard_after_forward,
-        param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp, allow_offload=allow_offload,
+        param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp, allow_offload=allow_offload, ddp=ddp,
+        bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
     )
     adaptation = _adaptation(lora, lora_targets, lora_dropout, dora, quantize)
     if adaptation is not None and sharding is not None:
         raise UsageError(f"{'--quantize' if quantize else '--lora'} is not traced with --world-size yet",
                          "predict one device without --world-size")
+    # Before --fit, which would otherwise search the ranks with no word of the card.
+    if gpu is not None and sharding is not None:
+        raise UsageError("--gpu is not traced with --world-size yet",
+                         "drop --gpu; --ddp's ranks are traced for the CPU (the same buckets)" if sharding.ddp else
+                         "drop --gpu; --device cuda traces ranks")
     if fit_axis is not None:
         return _fit(target, inputs, input_specs, fit_axis, budget_spec, device=device, gpu=gpu, real=real, step=step,
                     optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
                     main_module=main_module, output_format=output_format, output=output, depth=depth,
                     model_class=model_class, adaptation=adaptation)
-    if gpu is not None and sharding is not None:
-        raise UsageError("--gpu is not traced with --world-size yet", "drop --gpu; --device cuda traces ranks")
     if sharding is not None:
         from memlayout.activations.ranks import analyze_ranks
 
@@ -255,6 +273,8 @@ def activations_command(
         if real or device == "meta":
             raise UsageError(
                 f"--world-size predicts ranks on fake tensors; {'--real' if real else '--device meta'} does not apply",
+                "measure real ranks under torchrun (the CPU allocator's events, torch.profiler), and predict for "
+                "--device cpu" if sharding.ddp is not None else
                 "measure real ranks under torchrun (FSDPMemTracker), and predict for --device cpu or cuda",
             )
         try:
@@ -352,25 +372,36 @@ def _adaptation_arguments(adaptation: "Adaptation | None") -> dict[str, Any]:
 
 def _sharding_options(
     world_size: int | None, *, fsdp: bool, fsdp_modules: list[str] | None, no_reshard_after_forward: bool,
-    param_dtype: str | None, reduce_dtype: str | None, tp: int, allow_offload: bool,
+    param_dtype: str | None, reduce_dtype: str | None, tp: int, allow_offload: bool, ddp: bool = False,
+    bucket_cap_mb: float | None = None, gradient_as_bucket_view: bool = False,
 ) -> "ShardingOptions | None":
     """--world-size and the flags that shape its ranks, as one ShardingOptions; None without --world-size.
 
-    A rank flag without --world-size is refused rather than ignored: the user asked for ranks.
+    A rank flag without --world-size is refused rather than ignored: the user asked for ranks; so is a flag
+    of FSDP2's with --ddp, and a flag of DDP's without it.
     """
+    ddp_flags = {"--bucket-cap-mb": bucket_cap_mb is not None, "--gradient-as-bucket-view": gradient_as_bucket_view}
+    fsdp_flags = {"--fsdp-modules": fsdp_modules, "--no-reshard-after-forward": no_reshard_after_forward,
+                  "--param-dtype": param_dtype, "--reduce-dtype": reduce_dtype, "--allow-offload": allow_offload}
     if world_size is None:
-        rank_flags = {"--fsdp": fsdp, "--fsdp-modules": fsdp_modules, "--no-reshard-after-forward":
-                      no_reshard_after_forward, "--param-dtype": param_dtype, "--reduce-dtype": reduce_dtype,
-                      "--tp": tp != 1, "--allow-offload": allow_offload}
+        rank_flags = {"--fsdp": fsdp, **fsdp_flags, "--tp": tp != 1, "--ddp": ddp, **ddp_flags}
         given = [flag for flag, value in rank_flags.items() if value]
         if given:
-            raise UsageError(f"{given[0]} needs --world-size N", "e.g. --world-size 8 --fsdp")
+            example = "--ddp" if given[0] in ("--ddp", *ddp_flags) else "--fsdp"
+            raise UsageError(f"{given[0]} needs --world-size N", f"e.g. --world-size 8 {example}")
         return None
+    from memlayout.activations.ranks.ddp import DdpOptions
     from memlayout.activations.ranks.parallel import ShardingOptions
 
+    given = [flag for flag, value in (fsdp_flags if ddp else ddp_flags).items() if value]
+    if given and (ddp or fsdp):  # neither: ShardingOptions.check says what --world-size needs
+        raise UsageError(f"{given[0]} is {'FSDP2' if ddp else 'DDP'}'s, and the ranks are "
+                         f"{'DistributedDataParallel' if ddp else 'FSDP2'}'s",
+                         f"leave {given[0]} out, or give {'--fsdp' if ddp else '--ddp'} instead")
     return ShardingOptions(
         world_size=world_size, fsdp=fsdp, fsdp_modules=tuple(fsdp_modules or ()),
         reshard_after_forward=not no_reshard_after_forward, param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp,
+        ddp=DdpOptions(bucket_cap_mb, gradient_as_bucket_view) if ddp else None,
     )
 
 

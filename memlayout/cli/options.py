@@ -7,6 +7,7 @@ same whichever command it is given to:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
@@ -197,6 +198,20 @@ def probability(value: Any) -> float:
         raise ValueError(f"{value!r} is not a probability: give one from 0 to 1, e.g. 0.05") from None
     if not 0 <= number <= 1:
         raise ValueError(f"{value!r} is not from 0 to 1")
+    return number
+
+
+def mebibytes(value: Any) -> float:
+    """A size in MiB that may have a fraction, as DDP's bucket_cap_mb takes one: "25", "0.5".
+
+    A ValueError, which the option's parser words as an invalid value; whether the size is one is the caller's.
+    """
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise ValueError(f"{value!r} is not a number of MiB: give one such as 25 or 0.5")
     return number
 
 

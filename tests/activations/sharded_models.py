@@ -141,3 +141,54 @@ class ConvNet(nn.Module):
 def conv_net() -> ConvNet:
     torch.manual_seed(0)
     return ConvNet().train()
+
+
+def token_step_batch(seed: int = 1) -> tuple[tuple[Any, ...], dict[str, torch.Tensor]]:
+    """`token_batch` as (args, kwargs), the form the DDP ranks take."""
+    return (), token_batch(seed)
+
+
+def gpt2() -> nn.Module:
+    """transformers' GPT2LMHeadModel from a config (2 layers, width 64, vocab 1000), seeded."""
+    from tests.activations.models import gpt2 as build
+
+    return build(vocab=VOCAB)
+
+
+def image_batch(seed: int = 1) -> tuple[tuple[Any, ...], dict[str, torch.Tensor]]:
+    """One rank's batch of images for the CNNs: 1 x 3 x 8 x 8, small beside `wide_cnn`'s state."""
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, 3, 8, 8, generator=generator),), {}
+
+
+IMAGE_SPECS = ("float32[1,3,8,8]",)
+"""`image_batch` as `--input` specs."""
+
+
+def short_token_step_batch(seed: int = 1, batch: int = 1, length: int = 16) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """One rank's batch of 1 x 16 tokens (or `batch` x `length`) with labels, as (args, kwargs): at 1 x 16 a step whose
+    activations are small beside the model's state, so that where the gradients live (DDP's gradient_as_bucket_view)
+    moves the peak."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (batch, length), generator=generator)
+    return (), {"input_ids": ids, "labels": ids.clone()}
+
+
+SHORT_TOKEN_SPECS = (f"input_ids=int64[1,16]<{VOCAB}", f"labels=int64[1,16]<{VOCAB}")
+"""`short_token_step_batch` as `--input` specs."""
+
+
+def wide_cnn() -> nn.Module:
+    """`models.flat_cnn` at 64 channels: convolutions, batch norms (whose statistics DDP broadcasts every forward)
+    and a head; 1.6 MiB of parameters, so that a small batch's step is mostly model state."""
+    from tests.activations.models import flat_cnn
+
+    return flat_cnn(channels=64)
+
+
+def bert() -> nn.Module:
+    """transformers' BertForMaskedLM from a config (2 layers, width 64, vocab 1000), seeded: its decoder's weight is
+    the word embeddings' (one parameter, one bucket slot), and its dropout draws a mask on every rank."""
+    from tests.activations.models import bert as build
+
+    return build(vocab=VOCAB)

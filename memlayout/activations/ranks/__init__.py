@@ -31,9 +31,11 @@ from typing import Any
 from memlayout.activations.analysis import LIVE_MODULE, analyze
 from memlayout.activations.model.build import build_model
 from memlayout.activations.model.target import classify
+from memlayout.activations.ranks.ddp_step import trace_ddp_rank
 from memlayout.activations.ranks.facts import RankLayout, RankPeak, RanksReport
 from memlayout.activations.ranks.layouts import rank_layouts, rank_ranges, traced_layouts
 from memlayout.activations.ranks.parallel import Sharding, ShardingOptions, resolve_sharding
+from memlayout.activations.ranks.plan import plan_ranks
 from memlayout.activations.ranks.rank_step import StepInputs, meta_copy, trace_rank
 from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER, check_optimizer
 from memlayout.activations.step.run import Autocast, torch_dtype
@@ -123,6 +125,10 @@ def analyze_ranks(
     build, target_text, kind = _target_builder(target, trust, main_module, model_class, chosen_by)
     model = build()
     resolved = resolve_sharding(model, sharding)
+    if resolved.ddp is not None:
+        return _analyze_ddp(target, inputs, kwargs, resolved, model, optimizer=optimizer, budget=budget,
+                            allow_offload=allow_offload, device=device, trust=trust, main_module=main_module,
+                            autocast=autocast, dtype=dtype)
     layouts = rank_layouts(model, resolved)
     model_class = type(model).__name__
     del model
@@ -159,7 +165,6 @@ def analyze_ranks(
     )
     if budget is None:
         return report
-    from memlayout.activations.ranks.plan import plan_ranks
 
     def single_device() -> Any:
         return analyze(target, inputs, kwargs=kwargs, optimizer=optimizer, device=device, trust=trust,
@@ -173,4 +178,41 @@ def analyze_ranks(
     )
     if len(traced) > 1 and not plan.empty:
         plan = replace(plan, ranks=measure(plan.sharding))
+    return replace(report, plan=plan, notes=report.notes + plan_notes)
+
+
+def _analyze_ddp(
+    target: Any, inputs: Any, kwargs: Mapping[str, Any] | None, sharding: Sharding, model: Any, *, optimizer: str,
+    budget: int | None, allow_offload: bool, device: str, trust: bool, main_module: str | None, autocast: str | None,
+    dtype: str | None,
+) -> RanksReport:
+    """DDP's ranks: every rank alike, one traced (ddp_step.py); with `budget`, a checkpoint plan as for FSDP2."""
+    if allow_offload:
+        raise UsageError("--allow-offload is FSDP2's CPU offload, and under --ddp every rank keeps its whole model",
+                         "leave --allow-offload out, or predict --fsdp")
+    if device != "cpu":
+        raise UsageError(
+            f"--ddp is traced for --device cpu, not {device}: DDP's Reducer reduces in hooks that torch's autograd "
+            "engine runs, and the engine runs no fake CUDA step without a GPU",
+            "predict --device cpu (the same buckets), or --fsdp for a GPU")
+
+    def measure(with_sharding: Sharding) -> Any:
+        return trace_ddp_rank(target, inputs, kwargs, with_sharding, optimizer=optimizer, device=device, trust=trust,
+                              main_module=main_module, autocast=autocast, dtype=dtype)
+
+    traced = measure(sharding)
+    report = RanksReport(
+        target=traced.target, target_kind=traced.kind, model_class=traced.model_class, inputs=traced.inputs,
+        device=device, loss=traced.loss, optimizer=optimizer, sharding=sharding, ranks=(traced.peak,), layouts=1,
+        notes=traced.notes + tuple(f"torch warned while tracing: {message}" for message in traced.warnings[:3]),
+        autocast=autocast, dtype=dtype, optimizer_state_dtype=traced.optimizer_state_dtype, ddp=traced.layout,
+    )
+    if budget is None:
+        return report
+    plan, plan_notes = plan_ranks(
+        report, budget, measure=lambda with_sharding: (measure(with_sharding).peak,),
+        single_device=lambda: analyze(target, inputs, kwargs=kwargs, optimizer=optimizer, device=device, trust=trust,
+                                      main_module=main_module, autocast=autocast, dtype=dtype),
+        model=model, allow_offload=False,
+    )
     return replace(report, plan=plan, notes=report.notes + plan_notes)

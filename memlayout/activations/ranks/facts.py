@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from memlayout.activations.ranks.ddp import DdpLayout
 from memlayout.activations.ranks.parallel import Sharding
 from memlayout.activations.summary import PeakAt, Summary
 
@@ -40,7 +41,8 @@ class RankPeak:
     shard_bytes: int
     """Bytes of this rank's parameter shards, padding excluded."""
     tracker: Mapping[str, int]
-    """FSDPMemTracker's own categories at the peak, as it names them."""
+    """The accounting's own categories at the peak, as it names them: FSDPMemTracker's under FSDP2, memlayout's
+    trace's (summary.Summary.at_peak) under DDP."""
     forward_flops: int
 
 
@@ -86,7 +88,7 @@ class RanksPlan:
 
 @dataclass(frozen=True)
 class RanksReport:
-    """Everything `memlayout activations --world-size N --fsdp` reports."""
+    """Everything `memlayout activations --world-size N --fsdp` (or `--ddp`) reports."""
 
     target: str | None
     target_kind: str
@@ -112,6 +114,8 @@ class RanksReport:
     without state: torch's optimizers keep it in their parameters' dtype, so a sharded bf16 model's is bf16."""
     class_chosen_by: str = ""
     """Why the model is a `model_class` (as `ActivationReport.class_chosen_by`)."""
+    ddp: DdpLayout | None = None
+    """Under DDP, the Reducer's gradient buckets the traced step reduced, in their order; None under FSDP2."""
 
     @property
     def largest(self) -> RankPeak:

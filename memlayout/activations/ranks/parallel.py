@@ -15,12 +15,13 @@ code its figures were measured with.
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
+from memlayout.activations.ranks.ddp import DdpOptions, ddp_code
+from memlayout.activations.ranks.module_lists import python_list
 from memlayout.errors import UsageError
 
 COLWISE = "colwise"
@@ -65,15 +66,19 @@ class ShardingOptions:
     model_dtype: str | None = None
     """`--dtype`: the dtype (float32, bfloat16, float16) the model's floating parameters and buffers are cast
     to before anything is sharded, as pure low-precision training does; None keeps the model's own."""
+    ddp: DdpOptions | None = None
+    """`--ddp`: DistributedDataParallel instead of FSDP2 (then `fsdp` is False): every rank holds the whole model."""
 
     def check(self) -> None:
         """Raises UsageError for options that cannot go together."""
         if self.world_size < 1:
             raise UsageError(f"--world-size {self.world_size} is not a number of ranks", "give 1 or more")
-        if not self.fsdp:
+        if self.ddp is not None:
+            self.ddp.check(fsdp=self.fsdp, tp=self.tp)
+        elif not self.fsdp:
             raise UsageError(
-                "--world-size needs --fsdp: FSDP2 is the sharding memlayout predicts",
-                "add --fsdp (and --tp K for tensor parallel inside it)",
+                "--world-size needs --fsdp or --ddp: FSDP2 and DistributedDataParallel are what memlayout predicts",
+                "add --fsdp (and --tp K for tensor parallel inside it), or --ddp",
             )
         if self.tp < 1:
             raise UsageError(f"--tp {self.tp} is not a tensor-parallel degree", "give 2 or more, or leave --tp out")
@@ -124,6 +129,8 @@ class Sharding:
     """nn.Sequential modules run through `checkpoint_sequential` with this many segments."""
     hf_cache: bool = False
     """The model is a Hugging Face model with `config.use_cache`, which checkpointing turns off."""
+    ddp: DdpOptions | None = None
+    """DistributedDataParallel's options where it replicates the model instead (`wrapped` is then empty)."""
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -137,7 +144,8 @@ class Sharding:
         return dict(zip(self.wrapped, self.reshard_after_forward, strict=True))
 
     def code(self) -> str:
-        """Python that applies this sharding: `shard(model, device_type="cuda")`, called on every rank."""
+        """Python that applies this sharding: `shard(model, device_type="cuda")`, called on every rank; with DDP,
+        `wrap(model)`, which returns the module to train."""
         return _code(self)
 
 
@@ -268,6 +276,11 @@ def resolve_sharding(model: Any, options: ShardingOptions) -> Sharding:
         UsageError: the options do not fit the model.
     """
     options.check()
+    config = getattr(model, "config", None)
+    hf_cache = config is not None and hasattr(config, "use_cache")
+    if options.ddp is not None:
+        return Sharding(world_size=options.world_size, tp=1, wrapped=(), reshard_after_forward=(),
+                        model_dtype=options.model_dtype, hf_cache=hf_cache, ddp=options.ddp)
     blocks = fsdp_targets(model, options.fsdp_modules)
     notes: list[str] = []
     if not blocks:
@@ -280,7 +293,6 @@ def resolve_sharding(model: Any, options: ShardingOptions) -> Sharding:
         tp_plan, left_whole = tensor_parallel_plan(model, options.tp)
         notes.extend(left_whole[:3])
     wrapped = (*blocks, "")
-    config = getattr(model, "config", None)
     return Sharding(
         world_size=options.world_size,
         tp=options.tp,
@@ -290,7 +302,7 @@ def resolve_sharding(model: Any, options: ShardingOptions) -> Sharding:
         reduce_dtype=options.reduce_dtype,
         model_dtype=options.model_dtype,
         tp_plan=tp_plan,
-        hf_cache=config is not None and hasattr(config, "use_cache"),
+        hf_cache=hf_cache,
         notes=tuple(notes),
     )
 
@@ -322,7 +334,7 @@ def _tensor_parallel_lines(sharding: Sharding) -> list[str]:
 
     lines: list[str] = []
     for plan, members in by_plan.items():
-        lines.append(f"    for path in {_list(members, '    ')}:")
+        lines.append(f"    for path in {python_list(members, '    ')}:")
         lines.append('        parallelize_module(model.get_submodule(path), mesh["tp"], {')
         lines += plan_lines(plan, "            ")
         lines.append("        })")
@@ -333,41 +345,29 @@ def _tensor_parallel_lines(sharding: Sharding) -> list[str]:
     return lines
 
 
-def _runs(paths: Sequence[str]) -> list[str]:
-    """Python expressions for the paths, a run of `prefix.0` ... `prefix.N` as one list comprehension's star."""
-    parts: list[str] = []
-    index = 0
-    while index < len(paths):
-        prefix, _, last = paths[index].rpartition(".")
-        end = index
-        if last.isdigit():
-            while (end + 1 < len(paths) and paths[end + 1].rpartition(".")[0] == prefix
-                   and paths[end + 1].rpartition(".")[2] == str(int(last) + end + 1 - index)):
-                end += 1
-        if end - index >= 2:
-            start, stop = int(last), int(last) + end - index + 1
-            span = f"range({stop})" if start == 0 else f"range({start}, {stop})"
-            parts.append(f"*(f{prefix + '.{i}'!r} for i in {span})")
-        else:
-            parts.extend(repr(p) for p in paths[index:end + 1])
-        index = end + 1
-    return parts
-
-
-def _list(paths: Sequence[str], indent: str) -> str:
-    """A list of module paths as Python, consecutive blocks folded (`*(f"model.layers.{i}" for i in range(32))`)."""
-    parts = _runs(paths)
-    if len(parts) == 1 and parts[0].startswith("*("):
-        return "[" + parts[0][2:-1] + "]"  # one run: a list comprehension
-    text = "[" + ", ".join(parts) + "]"
-    if len(text) + len(indent) <= 100:
-        return text
-    body = textwrap.fill(", ".join(parts), 96 - len(indent), initial_indent=indent + "    ",
-                         subsequent_indent=indent + "    ", break_long_words=False, break_on_hyphens=False)
-    return "[\n" + body + ",\n" + indent + "]"
+def _checkpointing(sharding: Sharding) -> tuple[list[str], list[str]]:
+    """The imports, and the lines inside the function, that checkpoint the plan's modules."""
+    imports = [f"from torch.utils.checkpoint import {name}" for name, used in
+               (("checkpoint", sharding.checkpoint), ("checkpoint_sequential", sharding.sequential)) if used]
+    lines = []
+    if sharding.checkpoint or sharding.sequential:
+        lines.append("    # Activation checkpointing: these forwards rerun in backward instead of keeping activations.")
+    if sharding.checkpoint:
+        lines.append(f"    for path in {python_list(sharding.checkpoint, '    ')}:")
+        lines.append("        module = model.get_submodule(path)")
+        lines.append("        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)")
+    for path, segments in sharding.sequential:
+        lines.append(f"    module = model.get_submodule({path!r})")
+        lines.append(f"    module.forward = functools.partial(checkpoint_sequential, module, {segments}, use_reentrant=False)")
+    if (sharding.checkpoint or sharding.sequential) and sharding.hf_cache:
+        lines.append("    model.config.use_cache = False  # a key/value cache would be filled again by each rerun")
+    return imports, lines
 
 
 def _code(sharding: Sharding) -> str:
+    checkpoint_imports, checkpoint_lines = _checkpointing(sharding)
+    if sharding.ddp is not None:
+        return ddp_code(sharding.world_size, sharding.ddp, sharding.model_dtype, checkpoint_imports, checkpoint_lines)
     dp, tp = sharding.data_parallel, sharding.tp
     lines = ["import functools", "", "import torch", "from torch.distributed.device_mesh import init_device_mesh"]
     fsdp_names = ["fully_shard"]
@@ -378,10 +378,7 @@ def _code(sharding: Sharding) -> str:
     lines.append(f"from torch.distributed.fsdp import {', '.join(fsdp_names)}")
     if sharding.tp_plan:
         lines.append("from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module")
-    if sharding.checkpoint:
-        lines.append("from torch.utils.checkpoint import checkpoint")
-    if sharding.sequential:
-        lines.append("from torch.utils.checkpoint import checkpoint_sequential")
+    lines += checkpoint_imports
     what = f"FSDP2 over {dp} ranks" + (f" x tensor parallel over {tp}" if tp > 1 else "")
     lines += ["", "", 'def shard(model, device_type="cuda"):',
               f'    """Lay `model` out over {sharding.world_size} ranks ({what}); call it on every rank."""']
@@ -395,17 +392,7 @@ def _code(sharding: Sharding) -> str:
     else:
         lines.append(f"    mesh = init_device_mesh(device_type, ({dp},))")
         fsdp_mesh = "mesh"
-    if sharding.checkpoint or sharding.sequential:
-        lines.append("    # Activation checkpointing: these forwards rerun in backward instead of keeping activations.")
-    if sharding.checkpoint:
-        lines.append(f"    for path in {_list(sharding.checkpoint, '    ')}:")
-        lines.append("        module = model.get_submodule(path)")
-        lines.append("        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)")
-    for path, segments in sharding.sequential:
-        lines.append(f"    module = model.get_submodule({path!r})")
-        lines.append(f"    module.forward = functools.partial(checkpoint_sequential, module, {segments}, use_reentrant=False)")
-    if (sharding.checkpoint or sharding.sequential) and sharding.hf_cache:
-        lines.append("    model.config.use_cache = False  # a key/value cache would be filled again by each rerun")
+    lines += checkpoint_lines
     policy = [f"mesh={fsdp_mesh}"]
     if sharding.param_dtype or sharding.reduce_dtype:
         args = ", ".join(f"{name}=torch.{value}" for name, value in
@@ -419,7 +406,7 @@ def _code(sharding: Sharding) -> str:
     for value in (True, False):
         paths = [p for p, r in resharded.items() if r is value]
         if paths:
-            lines.append(f"    for path in {_list(paths, '    ')}:")
+            lines.append(f"    for path in {python_list(paths, '    ')}:")
             lines.append(f"        fully_shard(model.get_submodule(path), reshard_after_forward={value}, **policy)")
     lines.append(f"    fully_shard(model, reshard_after_forward={root_reshard}, **policy)")
     lines.append("    return model")

@@ -2,7 +2,8 @@
 
 The JSON is the activations report (schema 1, `schema_v1.json`) with its
 `summary` taken from the largest rank, plus `distributed` (how the model is laid
-out) and `ranks` (each traced rank layout's peak and what makes it up).
+out; under DDP, with its gradient buckets) and `ranks` (each traced rank layout's
+peak and what makes it up).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import io
 import textwrap
 from typing import Any
 
+from memlayout.activations.ranks.ddp import DdpLayout
 from memlayout.activations.ranks.facts import RankPeak, RanksPlan, RanksReport
 from memlayout.activations.ranks.parallel import Sharding
 from memlayout.activations.report.json_parts import head, model_text, summary_dict
@@ -37,10 +39,10 @@ def _rank_dict(rank: RankPeak) -> dict[str, Any]:
     }
 
 
-def _distributed_dict(sharding: Sharding, layouts: int) -> dict[str, Any]:
-    return {
+def _distributed_dict(sharding: Sharding, layouts: int, ddp: DdpLayout | None) -> dict[str, Any]:
+    distributed = {
         "world_size": sharding.world_size,
-        "fsdp": True,
+        "fsdp": sharding.ddp is None,
         "tp": sharding.tp,
         "data_parallel": sharding.data_parallel,
         "wrapped_modules": list(sharding.wrapped),
@@ -51,6 +53,17 @@ def _distributed_dict(sharding: Sharding, layouts: int) -> dict[str, Any]:
         "layouts": layouts,
         "code": sharding.code(),
     }
+    if sharding.ddp is not None and ddp is not None:
+        distributed["ddp"] = {
+            "bucket_cap_mb": sharding.ddp.bucket_cap_mb,
+            "gradient_as_bucket_view": sharding.ddp.gradient_as_bucket_view,
+            "first_bucket_cap_bytes": ddp.first_cap_bytes,
+            "bucket_cap_bytes": ddp.cap_bytes,
+            "bucket_bytes": ddp.nbytes,
+            "buckets": [{"index": b.order, "bytes": b.nbytes, "parameters": b.parameters, "dtype": b.dtype}
+                        for b in ddp.buckets],
+        }
+    return distributed
 
 
 def _plan_dict(plan: RanksPlan) -> dict[str, Any]:
@@ -87,7 +100,7 @@ def ranks_report_dict(report: RanksReport) -> dict[str, Any]:
         "fallbacks": [],
         "data_dependent": [],
         "notes": list(report.notes),
-        "distributed": _distributed_dict(report.sharding, report.layouts),
+        "distributed": _distributed_dict(report.sharding, report.layouts, report.ddp),
         "ranks": [_rank_dict(r) for r in report.ranks],
     }
 
@@ -104,7 +117,7 @@ def _where(rank: RankPeak, with_class: bool = True) -> str:
     return f"{name} ({at.class_name}), {at.phase}" if with_class else f"{name}, {at.phase}"
 
 
-def _ranks_table(title: str, ranks: tuple[RankPeak, ...]) -> Any:
+def _ranks_table(title: str, ranks: tuple[RankPeak, ...], ddp: bool = False) -> Any:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
@@ -119,7 +132,8 @@ def _ranks_table(title: str, ranks: tuple[RankPeak, ...]) -> Any:
             human_bytes(r.temporary_bytes), human_bytes(r.input_bytes), human_bytes(r.communication_bytes),
             _where(r, with_class=False),
         )
-    table.caption = ("params: shards and gathered blocks; temps: made in backward; comms: all-gather and "
+    table.caption = ("params: the whole model on every rank; temps: made in backward; comms: DDP's gradient buckets"
+                     if ddp else "params: shards and gathered blocks; temps: made in backward; comms: all-gather and "
                      "reduce-scatter buffers")
     return table
 
@@ -143,6 +157,25 @@ def _sharding_lines(sharding: Sharding) -> list[str]:
             members = [s.module for s in sharding.tp_plan if s.style == style]
             lines.append(f"tensor parallel over {sharding.tp}, {style}: {_span(members)} ({counted(len(members), 'module')})")
     return lines
+
+
+def _ddp_lines(sharding: Sharding, layout: DdpLayout) -> list[str]:
+    """DDP's replicas, its buckets and where the gradients live."""
+    assert sharding.ddp is not None
+    sizes = ", ".join(human_bytes(b.nbytes) for b in layout.buckets[:6]) + (", ..." if len(layout.buckets) > 6 else "")
+    cap = (f"{human_bytes(layout.cap_bytes)} each, the first {human_bytes(layout.first_cap_bytes)} (DDP's defaults)"
+           if sharding.ddp.bucket_cap_mb is None else
+           f"{human_bytes(layout.cap_bytes)} each (bucket_cap_mb={sharding.ddp.bucket_cap_mb:g})")
+    return [
+        f"DDP over {sharding.world_size} ranks: every rank holds the whole model, its gradients and its optimizer's "
+        "state",
+        f"gradient buckets: {counted(len(layout.buckets), 'bucket')}, {human_bytes(layout.nbytes)} in all ({sizes}), "
+        "reduced in this order as backward makes their gradients",
+        f"bucket cap: {cap}; a bucket closes once it reaches the cap",
+        "gradients: views of the buckets (gradient_as_bucket_view=True)" if layout.gradient_as_bucket_view else
+        "gradients: tensors of their own beside the buckets, copied back after each allreduce (DDP's default; "
+        "--gradient-as-bucket-view makes them views of the buckets)",
+    ]
 
 
 def _precision_lines(report: RanksReport) -> list[str]:
@@ -184,7 +217,9 @@ def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = F
     grid.add_row("model", model_text(report.model_class, report.class_chosen_by))
     grid.add_row("peak per rank", f"{human_bytes(largest.peak_bytes)} ({largest.peak_bytes:,} bytes) on the largest "
                                   f"rank, {largest.rank}, at {_where(largest)}")
-    for line in _sharding_lines(report.sharding):
+    ddp = report.sharding.ddp is not None and report.ddp is not None
+    layout_lines = _ddp_lines(report.sharding, report.ddp) if report.ddp is not None else _sharding_lines(report.sharding)
+    for line in layout_lines:
         head, _, rest = line.partition(": ")
         grid.add_row(head, rest)
     grid.add_row("each rank's batch", ", ".join(report.inputs))
@@ -194,8 +229,9 @@ def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = F
         grid.add_row(head, rest)
     title = f"memlayout activations: {report.target or report.model_class} on {report.sharding.world_size} ranks"
     parts: list[Any] = [Panel(grid, title=title, title_align="left", expand=False)]
-    parts.append(_ranks_table("each rank at its peak (FSDPMemTracker's accounting; one row per shard layout)",
-                              report.ranks))
+    parts.append(_ranks_table("each rank at its peak (memlayout's trace of the DDP step; every rank alike)" if ddp else
+                              "each rank at its peak (FSDPMemTracker's accounting; one row per shard layout)",
+                              report.ranks, ddp))
     plan = report.plan
     if plan is not None:
         lines = [f"plan for a budget of {human_bytes(plan.budget_bytes)} per rank"]
@@ -222,9 +258,11 @@ def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = F
                 field("pitfall", pitfall)
         parts.append(Text("\n".join(lines)))
         if not plan.empty:
-            parts.append(_ranks_table("each rank with the plan applied", plan.ranks))
+            parts.append(_ranks_table("each rank with the plan applied", plan.ranks, ddp))
     code = (plan.sharding if plan is not None else report.sharding).code()
-    parts.append(Text("the code that lays the model out as traced (plain torch; call shard(model) on every rank):"))
+    parts.append(Text("the code that wraps the model as traced (plain torch; on every rank, train the module "
+                      "wrap(model) returns):" if ddp else
+                      "the code that lays the model out as traced (plain torch; call shard(model) on every rank):"))
     parts.append(Syntax(code, "python", theme="ansi_dark", background_color="default") if color else Text(code))
     for note in report.notes:
         parts.append(Text(textwrap.fill(note, width=width, initial_indent="note: ", subsequent_indent="      ")))

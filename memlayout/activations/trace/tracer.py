@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -394,9 +394,11 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.forward_end = self.seq
         self.phase = phase
 
-    def register_state(self, args: Iterable[Any], kwargs: Mapping[str, Any]) -> None:
-        """Count the model's parameters, buffers, existing gradients, the optimizer's state and the inputs,
-        before the step."""
+    def register_state(self, args: Iterable[Any], kwargs: Mapping[str, Any], kept: Iterable[Any] = ()) -> None:
+        """Count the model's parameters, buffers, existing gradients, the optimizer's state, the inputs and the
+        communication buffers `kept` outside the model (DDP's buckets), before the step."""
+        for tensor in kept:
+            self.storage_of(tensor, StorageKind.COMMUNICATION)
         for parameter in self.model.parameters():
             # A quantized weight's state (bitsandbytes' absmax and code) is part of the weight, frozen with it.
             for tensor in (parameter, *attribute_tensors(parameter)):
@@ -427,7 +429,9 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         storages = tuple(
             StorageLife(
                 nbytes=s.nbytes,
-                kind=StorageKind.GRADIENT if i in gradients else StorageKind.OPTIMIZER if i in optimizer_state else s.kind,
+                # A gradient that is a view of a communication buffer (DDP's gradient_as_bucket_view) is the buffer.
+                kind=StorageKind.GRADIENT if i in gradients and s.kind is not StorageKind.COMMUNICATION
+                else StorageKind.OPTIMIZER if i in optimizer_state else s.kind,
                 born=s.born,
                 died=s.died,
                 call=s.call,
@@ -493,6 +497,7 @@ def trace_step(
     optimizer: Any = None,
     autocast: Autocast | None = None,
     inference: bool = False,
+    kept: Sequence[Any] = (),
     roofline: Roofline | None = None,
 ) -> Trace:
     """Run one step of `model` on the inputs under the tracer and return its facts.
@@ -509,6 +514,8 @@ def trace_step(
         autocast: Mixed precision around forward and loss.
         inference: Forward only, under `torch.inference_mode` (see step/run.py); the model's
             output stays alive to the end, as the caller's would.
+        kept: Communication buffers kept outside the model from one step to the next (DDP's
+            gradient buckets): counted from the start, as the parameters are.
         roofline: The target's peak rates, to price each forward op's time (device/roofline.py).
     """
     tracer = StepTracer(model, correct_kernels=mode != "real", optimizer=optimizer, roofline=roofline)
@@ -520,7 +527,7 @@ def trace_step(
                     module.register_forward_hook(tracer._post_hook, with_kwargs=True, always_call=True)
                 )
         stack.enter_context(rerun.listening(tracer._rerun))
-        tracer.register_state(args, kwargs)
+        tracer.register_state(args, kwargs, kept)
         if device == "cpu":
             stack.enter_context(tracer.recording_rng_states())
         stack.enter_context(tracer)

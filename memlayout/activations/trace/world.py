@@ -284,7 +284,8 @@ class StepWorld:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
 
-    def trace(self, plan: Plan | None = None, policy: str = "typical") -> Trace:
+    def trace(self, plan: Plan | None = None, policy: str = "typical", kept: Sequence[Any] = ()) -> Trace:
+        """One step traced, with `plan` applied; `kept`: communication buffers kept outside the model (tracer.py)."""
         from memlayout.activations.trace.tracer import trace_step
 
         for parameter in self.model.parameters():
@@ -301,7 +302,8 @@ class StepWorld:
                 self.step_mode.policy = policy
             trace = trace_step(
                 self.model, self.args, self.kwargs, device=self.device, mode=self.mode, notes=notes,
-                optimizer=self.optimizer, autocast=self.autocast, inference=self.inference, roofline=self.roofline,
+                optimizer=self.optimizer, autocast=self.autocast, inference=self.inference, kept=kept,
+                roofline=self.roofline,
             )
         for parameter in self.model.parameters():
             parameter.grad = None
