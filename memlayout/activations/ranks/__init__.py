@@ -128,7 +128,7 @@ def analyze_ranks(
     if resolved.ddp is not None:
         return _analyze_ddp(target, inputs, kwargs, resolved, model, optimizer=optimizer, budget=budget,
                             allow_offload=allow_offload, device=device, trust=trust, main_module=main_module,
-                            autocast=autocast, dtype=dtype)
+                            autocast=autocast, dtype=dtype, model_class=model_class)
     layouts = rank_layouts(model, resolved)
     model_class = type(model).__name__
     del model
@@ -184,7 +184,7 @@ def analyze_ranks(
 def _analyze_ddp(
     target: Any, inputs: Any, kwargs: Mapping[str, Any] | None, sharding: Sharding, model: Any, *, optimizer: str,
     budget: int | None, allow_offload: bool, device: str, trust: bool, main_module: str | None, autocast: str | None,
-    dtype: str | None,
+    dtype: str | None, model_class: str | None = None,
 ) -> RanksReport:
     """DDP's ranks: every rank alike, one traced (ddp_step.py); with `budget`, a checkpoint plan as for FSDP2."""
     if allow_offload:
@@ -198,7 +198,7 @@ def _analyze_ddp(
 
     def measure(with_sharding: Sharding) -> Any:
         return trace_ddp_rank(target, inputs, kwargs, with_sharding, optimizer=optimizer, device=device, trust=trust,
-                              main_module=main_module, autocast=autocast, dtype=dtype)
+                              main_module=main_module, autocast=autocast, dtype=dtype, model_class=model_class)
 
     traced = measure(sharding)
     report = RanksReport(
@@ -206,13 +206,15 @@ def _analyze_ddp(
         device=device, loss=traced.loss, optimizer=optimizer, sharding=sharding, ranks=(traced.peak,), layouts=1,
         notes=traced.notes + tuple(f"torch warned while tracing: {message}" for message in traced.warnings[:3]),
         autocast=autocast, dtype=dtype, optimizer_state_dtype=traced.optimizer_state_dtype, ddp=traced.layout,
+        class_chosen_by=traced.class_chosen_by,
     )
     if budget is None:
         return report
     plan, plan_notes = plan_ranks(
         report, budget, measure=lambda with_sharding: (measure(with_sharding).peak,),
         single_device=lambda: analyze(target, inputs, kwargs=kwargs, optimizer=optimizer, device=device, trust=trust,
-                                      main_module=main_module, autocast=autocast, dtype=dtype),
+                                      main_module=main_module, autocast=autocast, dtype=dtype,
+                                      model_class=model_class),
         model=model, allow_offload=False,
     )
     return replace(report, plan=plan, notes=report.notes + plan_notes)

@@ -50,6 +50,8 @@ class DdpTrace(NamedTuple):
     target: str | None
     kind: str
     model_class: str
+    class_chosen_by: str
+    """Why the model is of its class (analysis.prepare_step's last value)."""
 
 
 def trace_ddp_rank(
@@ -64,14 +66,15 @@ def trace_ddp_rank(
     main_module: str | None,
     autocast: str | None,
     dtype: str | None,
+    model_class: str | None = None,
 ) -> DdpTrace:
     """Trace the steady-state step of rank 0 of `sharding.world_size` under DDP (`sharding.ddp`), its plan applied."""
     warned: list[str] = []
     with fake_world(sharding.world_size, 0), _torch_quieted(warned):
         # The optimizer's state comes from the first untraced step below, which has to run backward for DDP.
-        step, notes, target_text, kind = prepare_step(
+        step, notes, target_text, kind, chosen_by = prepare_step(
             target, inputs, kwargs=kwargs, device=device, mode="fake", trust=trust, optimizer="none",
-            autocast=autocast, dtype=dtype, main_module=main_module,
+            autocast=autocast, dtype=dtype, main_module=main_module, model_class=model_class,
         )
         with step.context():
             step.optimizer = build_optimizer(step.model, optimizer, device=step.device)
@@ -106,7 +109,7 @@ def trace_ddp_rank(
         summary = summarize(trace)
         peak = _rank_peak(summary, sharding, step.model)
     return DdpTrace(peak, layout, step.descriptions, trace.loss, tuple(dict.fromkeys(warned)), tuple(notes),
-                    state_dtype(step.optimizer), target_text, kind, model_class)
+                    state_dtype(step.optimizer), target_text, kind, model_class, chosen_by)
 
 
 def _rank_peak(summary: Summary, sharding: Sharding, wrapped: Any) -> RankPeak:
