@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memlayout.activations.assumptions import POLICIES
+from memlayout.activations.assumptions import POLICIES, UNRANGED
 from memlayout.activations.facts import Trace
+from memlayout.activations.generate_summary import GenerateSummary, summarize_generation
 from memlayout.activations.model.build import (
     build_model,
     cast_model,
@@ -24,6 +25,7 @@ from memlayout.activations.model.build import (
 )
 from memlayout.activations.model.input_specs import suggested_inputs
 from memlayout.activations.search import PlanResult, plan_for_budget
+from memlayout.activations.step.generate import Generation, check_can_generate, check_generation
 from memlayout.activations.step.optimizer import check_optimizer, state_dtype
 from memlayout.activations.step.run import LOSS_FROM_SUM, Autocast, resolve_step, torch_dtype
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
@@ -66,6 +68,8 @@ class ActivationReport:
     cuda_capability: tuple[int, int] | None = None
     """(major, minor) of the GPU a CUDA step was traced for (`--gpu`, the GPU present, or the
     default assumed without one); it sizes cuBLAS's workspaces (device/cuda_runtime.py). None off CUDA."""
+    generation: GenerateSummary | None = None
+    """A generate step's weights, key/value cache and temporaries at the peak (generate_summary.py); else None."""
 
     @property
     def data_dependent(self) -> tuple[tuple[str, str, int], ...]:
@@ -93,6 +97,8 @@ def analyze(
     main_module: str | None = None,
     gpu: str | None = None,
     step: str = "train",
+    new_tokens: int | None = None,
+    cache: str | None = None,
 ) -> ActivationReport:
     """Trace one training step of a model and report its activation memory (and a plan for `budget`).
 
@@ -119,8 +125,11 @@ def analyze(
             saved from a script names as `__main__.X`.
         gpu: The GPU to trace for (a key of activations/device/gpus.py: h100, a100-80gb, ...); implies
             device="cuda". Where no GPU is present and none is named, an H100 is assumed.
-        step: train (forward, loss, backward, the optimizer's step) or inference (forward only,
-            under `torch.inference_mode`, the model in eval mode; no budget, no optimizer).
+        step: train (forward, loss, backward, the optimizer's step), inference (forward only,
+            under `torch.inference_mode`, the model in eval mode; no budget, no optimizer) or generate
+            (`model.generate(inputs, max_new_tokens=new_tokens, do_sample=False)` in that mode; step/generate.py).
+        new_tokens: With step generate, how many tokens to generate (required there, refused elsewhere).
+        cache: With step generate, dynamic (the default, transformers' DynamicCache) or static.
 
     Returns:
         An `ActivationReport`.
@@ -132,9 +141,10 @@ def analyze(
     """
     try:
         optimizer = resolve_step(step, optimizer, budget)
+        generation = check_generation(step, new_tokens, cache)
         return _analyze(target, inputs, kwargs=kwargs, budget=budget, device=device, mode=mode, trust=trust,
                         optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-                        step_kind=step)
+                        step_kind=step, generation=generation)
     except MemlayoutError:
         raise
     except Exception as exc:
@@ -157,10 +167,11 @@ def _analyze(
     main_module: str | None = None,
     gpu: str | None = None,
     step_kind: str = "train",
+    generation: Generation | None = None,
 ) -> ActivationReport:
     step, notes, target_text, kind = prepare_step(
         target, inputs, kwargs=kwargs, device=device, mode=mode, trust=trust, optimizer=optimizer, autocast=autocast,
-        dtype=dtype, main_module=main_module, gpu=gpu, step_kind=step_kind,
+        dtype=dtype, main_module=main_module, gpu=gpu, step_kind=step_kind, generation=generation,
     )
     try:
         baseline = step.trace()
@@ -184,7 +195,7 @@ def _analyze(
     if step.fake_cuda is not None:
         notes.append(step.fake_cuda.note())
     summary = summarize(baseline, cuda=step.device.startswith("cuda"))
-    if baseline.assumptions:
+    if any(kind not in UNRANGED for _, kind, _ in baseline.assumptions):
         summary = _with_range(step, summary)
     modules = module_facts(baseline)
     plan = plan_for_budget(step, baseline, summary, modules, budget) if budget is not None else None
@@ -197,7 +208,8 @@ def _analyze(
         try:
             predicted = analyze(target, inputs, kwargs=kwargs, device=device, trust=trust, optimizer=optimizer,
                                 autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-                                step=step_kind).summary.peak_bytes
+                                step=step_kind, new_tokens=generation.new_tokens if generation else None,
+                                cache=generation.cache if generation else None).summary.peak_bytes
         except MemlayoutError as exc:
             notes.append(f"no prediction to compare with: on fake tensors, {exc.one_line()}")
     return ActivationReport(
@@ -220,6 +232,7 @@ def _analyze(
         predicted_peak_bytes=predicted,
         step=step_kind,
         cuda_capability=_cuda_capability(step),
+        generation=summarize_generation(baseline, generation) if generation is not None else None,
     )
 
 
@@ -252,6 +265,7 @@ def prepare_step(
     main_module: str | None = None,
     gpu: str | None = None,
     step_kind: str = "train",
+    generation: Generation | None = None,
 ) -> tuple[StepWorld, list[str], str | None, str]:
     """The model built in its tensor world, its inputs made, its optimizer's state given: ready to trace.
 
@@ -282,9 +296,13 @@ def prepare_step(
         notes.extend(built.notes)
         target_text, kind = str(target), built.kind.kind
     step.model.train()
-    if step_kind == "inference":
+    if step_kind in ("inference", "generate"):
         step.model.eval()  # as serving code runs it: dropout off, norms on their running statistics
         step.inference = True
+    if generation is not None:
+        check_can_generate(step.model)
+        step.generate(generation)
+        notes.append(generation.note())
     step.initial_modules = frozenset((path, type(m).__name__) for path, m in step.model.named_modules())
     if step.device not in ("cpu", "meta"):
         if step.mode == "real":

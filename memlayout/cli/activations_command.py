@@ -10,6 +10,7 @@ import typer
 
 from memlayout import _torch
 from memlayout.activations.sizes import parse_size
+from memlayout.activations.step.generate import CACHE_HELP, NEW_TOKENS_HELP, check_generation
 from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER
 from memlayout.activations.step.optimizer import HELP as OPTIMIZER_HELP
 from memlayout.activations.step.run import STEP_HELP
@@ -39,6 +40,7 @@ from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
     from memlayout.activations.ranks.parallel import ShardingOptions
+    from memlayout.activations.step.generate import Generation
 
 BUDGET_UNREACHABLE = 1
 
@@ -79,7 +81,11 @@ def activations_command(
     optimizer: Annotated[
         str | None, typer.Option("--optimizer", help=OPTIMIZER_HELP, metavar="adamw|adam|sgd|none")
     ] = None,
-    step: Annotated[str, typer.Option("--step", help=STEP_HELP, metavar="train|inference")] = "train",
+    step: Annotated[str, typer.Option("--step", help=STEP_HELP, metavar="train|inference|generate")] = "train",
+    new_tokens: Annotated[
+        int | None, typer.Option("--new-tokens", help=NEW_TOKENS_HELP, metavar="N")
+    ] = None,
+    cache: Annotated[str | None, typer.Option("--cache", help=CACHE_HELP, metavar="dynamic|static")] = None,
     fit_axis: Annotated[
         str | None,
         typer.Option("--fit", help="Find the largest batch (batch), or the longest sequence (seq), whose peak fits "
@@ -156,17 +162,19 @@ def activations_command(
         world_size, fsdp=fsdp, fsdp_modules=fsdp_modules, no_reshard_after_forward=no_reshard_after_forward,
         param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp, allow_offload=allow_offload,
     )
+    generation = check_generation(step, new_tokens, cache)
     if fit_axis is not None:
         return _fit(target, inputs, input_specs, fit_axis, budget_bytes, device=device, gpu=gpu, real=real, step=step,
                     optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
-                    main_module=main_module, output_format=output_format, output=output, depth=depth)
+                    main_module=main_module, output_format=output_format, output=output, depth=depth,
+                    generation=generation)
     if gpu is not None and sharding is not None:
         raise UsageError("--gpu is not traced with --world-size yet", "drop --gpu; --device cuda traces ranks")
     if sharding is not None:
         from memlayout.activations.ranks import analyze_ranks
 
         if step != "train":
-            raise UsageError("--step inference is not traced with --world-size yet",
+            raise UsageError(f"--step {step} is not traced with --world-size yet",
                              "predict one device's forward without --world-size")
         if real or device == "meta":
             raise UsageError(
@@ -187,7 +195,8 @@ def activations_command(
         report = analyze(
             target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
             mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
-            autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu, step=step,
+            autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu, step=step, new_tokens=new_tokens,
+            cache=cache,
         )
     except BudgetUnreachableError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
@@ -199,7 +208,7 @@ def _fit(
     target: str, inputs: str | None, input_specs: list[str] | None, fit_axis: str, budget_bytes: int | None, *,
     device: str, gpu: str | None, real: bool, step: str, optimizer: str | None, autocast: str | None, dtype: str | None,
     sharding: "ShardingOptions | None", trust: bool, main_module: str | None, output_format: OutputFormat,
-    output: str | None, depth: int,
+    output: str | None, depth: int, generation: "Generation | None" = None,
 ) -> int:
     """`--fit`: the largest batch (or sequence) that fits, rendered as the command's other reports are."""
     from memlayout.activations.fit.size_search import fit, parse_axis
@@ -215,7 +224,7 @@ def _fit(
         report = fit(
             target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget_bytes, device=device, gpu=gpu,
             step=step, optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
-            main_module=main_module,
+            main_module=main_module, generation=generation,
         )
     except NothingFitsError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)

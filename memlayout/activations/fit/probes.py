@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from memlayout.activations.analysis import ActivationReport, _step_failed, prepare_step
+from memlayout.activations.generate_summary import summarize_generation
 from memlayout.activations.model.input_specs import InputSpec, position_limit
 from memlayout.activations.plans.plan import Planner
 from memlayout.activations.ranks import analyze_ranks
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from memlayout.activations.plans.plan import Plan
     from memlayout.activations.ranks.facts import RanksPlan
     from memlayout.activations.ranks.parallel import ShardingOptions
+    from memlayout.activations.step.generate import Generation
 
 KEPT_TRACES = 3
 """Traces of the plain step kept for the plan search and the report; older ones are traced again if needed."""
@@ -97,14 +99,15 @@ class DeviceProbe(Probe):
     """One device: the model built once (`prepare_step`), each size a trace of the same model."""
 
     def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, budget: int, device: str,
-                 optimizer: str, autocast: str | None, dtype: str | None, inference: bool, trust: bool,
-                 main_module: str | None, gpu: str | None = None) -> None:
+                 optimizer: str, autocast: str | None, dtype: str | None, step_kind: str, trust: bool,
+                 main_module: str | None, gpu: str | None = None, generation: Generation | None = None) -> None:
         self.specs, self.dims, self.budget = specs, dims, budget
-        self.optimizer, self.autocast, self.dtype, self.inference = optimizer, autocast, dtype, inference
+        self.optimizer, self.autocast, self.dtype, self.step_kind = optimizer, autocast, dtype, step_kind
+        self.generation = generation
         self.step, self.notes, self.target_text, self.kind = prepare_step(
             target, specs, kwargs=None, device=device, mode="meta" if device == "meta" else "fake", trust=trust,
             optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-            step_kind="inference" if inference else "train",
+            step_kind=step_kind, generation=generation,
         )
         self.cuda = self.step.device.startswith("cuda")
         self.size: int | None = None
@@ -229,11 +232,17 @@ class DeviceProbe(Probe):
             target=self.target_text, target_kind=self.kind, model_class=type(step.model).__name__,
             inputs=step.descriptions, device=step.device, mode=step.mode, loss=trace.loss, optimizer=self.optimizer,
             summary=summary, modules=module_facts(trace), plan=None, notes=tuple(self.notes), trace=trace,
-            autocast=self.autocast, dtype=self.dtype, step="inference" if self.inference else "train",
+            autocast=self.autocast, dtype=self.dtype, step=self.step_kind,
+            generation=summarize_generation(trace, self.generation) if self.generation is not None else None,
         )
 
     def position_limit(self) -> tuple[str, int] | None:
-        return position_limit(self.step.model)
+        limit = position_limit(self.step.model)
+        if limit is None or self.generation is None:
+            return limit
+        # The prompt and the tokens generated after it share the model's positions.
+        name, positions = limit
+        return f"{name} less --new-tokens {self.generation.new_tokens}", positions - self.generation.new_tokens
 
 
 class RanksProbe(Probe):

@@ -51,6 +51,7 @@ from memlayout.format_bytes import human_bytes
 if TYPE_CHECKING:
     from memlayout.activations.ranks.facts import RanksPlan
     from memlayout.activations.ranks.parallel import ShardingOptions
+    from memlayout.activations.step.generate import Generation
 
 AXES = ("batch", "seq")
 MAX_SIZE = 1 << 24
@@ -234,6 +235,7 @@ def fit(
     with_plan: bool = True,
     trust: bool = False,
     main_module: str | None = None,
+    generation: Generation | None = None,
 ) -> FitReport:
     """The largest batch (or longest sequence) whose step's peak fits `budget`, with and without a plan.
 
@@ -248,7 +250,8 @@ def fit(
         gpu: The target GPU (a key of device/gpus.py): the step is traced for it, and its memory less the
             CUDA context and cuBLAS workspaces is the budget when none is given.
         device: The device the step is for (cpu, cuda or meta); the step is traced on fake tensors.
-        step: train or inference (forward only; then there is no plan to search).
+        step: train, inference (forward only; then there is no plan to search) or generate (with
+            `generation`: seq is then the longest prompt, batch the most sequences, that generate fits).
         optimizer: As for `analyze`.
         autocast: As for `analyze` (not with `sharding`).
         dtype: As for `analyze` (not with `sharding`).
@@ -256,6 +259,7 @@ def fit(
         with_plan: Also search the largest size the budget search's plan fits.
         trust: Allow unpickling a module file.
         main_module: With `trust`, the module for a script's `__main__.X` classes.
+        generation: With step generate, its new tokens and cache (step/generate.py).
 
     Returns:
         A `FitReport`.
@@ -277,17 +281,19 @@ def fit(
     if budget <= 0:
         raise UsageError(f"the budget {budget} is not positive")
     optimizer = resolve_step(step, optimizer, None)
-    inference = step == "inference"
+    if (step == "generate") != (generation is not None):
+        raise UsageError("--step generate and its --new-tokens go together", "e.g. --step generate --new-tokens 256")
+    inference = step != "train"
     if sharding is not None:
         if inference or autocast or dtype:
-            given_flag = "--step inference" if inference else "--autocast" if autocast else "--dtype"
+            given_flag = f"--step {step}" if inference else "--autocast" if autocast else "--dtype"
             raise UsageError(f"{given_flag} is not traced with --world-size yet")
         probe: Probe = RanksProbe(target, specs, dims, sharding=sharding, optimizer=optimizer, budget=budget,
                                     device=device, trust=trust, main_module=main_module)
     else:
         probe = DeviceProbe(target, specs, dims, budget=budget, device=device, optimizer=optimizer,
-                             autocast=autocast, dtype=dtype, inference=inference, trust=trust, main_module=main_module,
-                             gpu=gpu)
+                             autocast=autocast, dtype=dtype, step_kind=step, trust=trust, main_module=main_module,
+                             gpu=gpu, generation=generation)
     cap, limit = MAX_SIZE, None
     if axis == "seq":
         positions = probe.position_limit()

@@ -73,12 +73,17 @@ def render_fit_table(report: FitReport, *, width: int = 120) -> str:
             return f"; {axis} {a.size + 1} would peak at {human_bytes(a.next_peak_bytes)}"
         return ""
 
+    generation = getattr(report.report, "generation", None)
+    if generation is not None:
+        scaled = "the prompt's length, before the new tokens" if axis == "seq" else "the number of sequences"
+        field("step", f"generate, {generation.new_tokens} new tokens, {generation.cache} cache: {axis} is {scaled}")
     w = report.without_plan
     peak = f", peak {human_bytes(w.peak_bytes)}" if w.peak_bytes is not None else ""
     field("no plan", f"{axis} {w.size}{peak}{after(w)}")
     p = report.with_plan
     if p is None:
-        field("with plan", "none: a forward-only step has no backward to checkpoint")
+        field("with plan", "none: a forward-only step has no backward to checkpoint" if getattr(report.report, "step", "train") != "generate"
+              else "none: generate has no backward to checkpoint")
     else:
         peak = f", peak {human_bytes(p.peak_bytes)}" if p.peak_bytes is not None else ""
         field("with plan", f"{axis} {p.size}{peak}{after(p)}")
