@@ -4,9 +4,10 @@ The goal (issue 27): `--fit` on Llama-7B at 4,096 tokens for an H100 takes under
 60 s and 2 GiB of RSS on this machine. The model is the Llama-architecture 7B
 config in benchmarks/configs/llama-7b, in pure bf16 (`--dtype bf16`) with AdamW,
 the step users run to train it on one GPU, traced for an H100 (`--gpu h100`): the
-budget is the H100's memory less the CUDA context and cuBLAS workspaces
-(`fit.budget_from_gpu`). Tracing for a GPU needs a torch built with CUDA (no GPU
-needed): run it with such a torch (the 2.14.1+cu130 of the torch matrix).
+budget is the H100's memory as torch reports it, against the caching allocator's
+reserved peak plus the CUDA context, cuBLAS and its workspaces (budget.py's
+`card_budget`). Tracing for a GPU needs a torch built with CUDA (no GPU needed):
+run it with such a torch (the 2.14.1+cu130 of the torch matrix).
 
 The peer, in the same run: one plain prediction of the same model and inputs
 (`memlayout activations` without --fit), so the ratio is the price of the search

@@ -13,8 +13,8 @@ biases; data zeros, so the files are sparse). Debian's nginx serves it on
   same files from disk, each a whole process as a user runs it, best of N in
   round-robin rounds, both with the same rules (ML102, skipped remotely, is
   ignored on both sides). Goal <= 2x.
-Requests are logged too: 2 per shard (the first 64 bytes, then the rest of the
-header), all shards of a step in flight at once.
+Requests are logged too: 1 per shard (as many first bytes as its tensor names in
+the index make a header of, a little over), all shards in flight at once.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ benchmarks/results/*.json. mkdocs loads this file through `hooks:` in mkdocs.yml
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -74,6 +75,43 @@ def _command_reference() -> str:
     return f"{title}\n\n{intro}{rest}"
 
 
+COMMON_OPTIONS = ("--help", "--debug")
+"""Options every command takes, which a synopsis leaves out."""
+
+
+def _synopsis(name: str) -> str:
+    """`memlayout NAME ARGUMENT [--option VALUE] ...`: every argument and option of the command, from the CLI itself.
+
+    A hand-written synopsis fell behind the options added since (--dtype, --autocast,
+    --gpu, --world-size and --fsdp were missing from the activations page's).
+    """
+    import typer
+
+    from memlayout.cli.app import app
+
+    group = typer.main.get_command(app)
+    parent = typer.Context(group)
+    command = group.get_command(parent, name)  # type: ignore[attr-defined]
+    # typer carries a click of its own, so parameters are told apart by kind, not by class.
+    context = type(parent)(command, info_name=name, parent=parent)
+    words = [f"memlayout {name}"]
+    for param in command.get_params(context):
+        if param.param_type_name == "argument":
+            argument = param.metavar or (param.name or "").upper()
+            words.append(f"{argument}..." if param.nargs == -1 and not argument.endswith("...") else argument)
+            continue
+        if param.hidden or set(param.opts) & set(COMMON_OPTIONS):
+            continue
+        option = max(param.opts, key=len)
+        # What --help shows after the option's names: its metavar, or its choices.
+        shown = param.get_help_record(context)[0].split(option, 1)[1].strip().strip("<>[]")
+        if shown in ("int", "int range", "integer", "integer range", "float", "float range"):
+            shown = "N"  # a number with no metavar of its own
+        value = f" {shown}" if shown else ""
+        words.append(f"[{option}{value}{' ...' if param.multiple else ''}]")
+    return f"`{' '.join(words)}`"
+
+
 def on_files(files: Files, config: MkDocsConfig) -> Files:
     from mkdocs.structure.files import File
 
@@ -95,7 +133,7 @@ PAGES_OF_THEIR_OWN = {
     "will_it_fit", "activations_zoo", "activations_zoo_sweep",
     "activations_zoo_small_peaks", "activations_zoo_small_peaks_sweep",
     "activations_zoo_large_peaks", "activations_zoo_large_peaks_sweep",
-    "kernel_storage_probe", "inference_sweep",
+    "kernel_storage_probe", "inference_sweep", "fit_decisions",
 }
 """Results files another page renders whole or names (will-it-fit.md, activations-zoo.md, activations.md), not
 harness runs."""
@@ -124,12 +162,37 @@ def _will_it_fit() -> str:
     return table_markdown()
 
 
+def _fit_decisions() -> str:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.fit_decisions import table_markdown
+
+    return table_markdown()
+
+
 # A page names a table it wants by an HTML comment, which stays invisible on GitHub.
 MARKERS: dict[str, Callable[[], str]] = {
     "<!-- memlayout:rules-table -->": _rules_table,
     "<!-- memlayout:benchmark-results -->": _benchmark_results,
     "<!-- memlayout:will-it-fit -->": _will_it_fit,
+    "<!-- memlayout:fit-decisions -->": _fit_decisions,
+    "<!-- memlayout:synopsis activations -->": lambda: _synopsis("activations"),
 }
+
+
+ROOT_RELATIVE = re.compile(r'((?:href|src)=")/(?!/)')
+"""A link mkdocs writes from the site's root ("/flatten.html")."""
+
+
+def on_post_template(output_content: str, template_name: str, config: MkDocsConfig) -> str:
+    # mkdocs renders 404.html with links from "/" (a server may show it at any path,
+    # and no site_url says where the site lives), so opened from disk every link and
+    # the stylesheet pointed at the filesystem's root. The page sits at the site's
+    # root: relative to it, each link names the file, as every other page's do.
+    if template_name != "404.html":
+        return output_content
+    output_content = ROOT_RELATIVE.sub(r"\1", output_content)
+    return output_content.replace('"base": "/"', '"base": "."')
 
 
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:

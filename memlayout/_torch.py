@@ -314,6 +314,35 @@ def cuda_autocast_without_device(dtype: Any) -> Any:
     return context
 
 
+CUDA_AUTOCAST_OFF_WARNING = r"CUDA is not available or torch_xla is imported\. Disabling autocast"
+"""What `torch.autocast("cuda")` warns when it switches itself off without a device (torch/amp/autocast_mode.py)."""
+
+
+@contextlib.contextmanager
+def cuda_autocast_off_unsaid() -> Iterator[None]:
+    """Inside, `torch.autocast("cuda")` switching itself off for want of a device says nothing.
+
+    `torch.utils.checkpoint` reruns a checkpointed call under `torch.autocast(device_type, **forward's
+    state)`; on fake CUDA tensors without a device that context switches itself off and warns. A fake
+    CUDA step restores forward's autocast inside the rerun itself (plans/apply.py), so the warning's
+    claim is no longer true there, and it would only reach a report's stderr.
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=CUDA_AUTOCAST_OFF_WARNING, category=UserWarning)
+        yield
+
+
+def parameter_of_class(cls: type, data: Any, requires_grad: bool) -> Any:
+    """`data` as an instance of the Parameter subclass `cls` sharing its storage (`Tensor._make_subclass`, which
+    `nn.Parameter.__new__` calls): a subclass whose `__new__` takes other arguments (bitsandbytes' Params4bit)
+    cannot be rebuilt by calling it."""
+    import torch
+
+    return torch.Tensor._make_subclass(cls, data, requires_grad)
+
+
 def op_schema(op: Any) -> Any:
     """An aten op overload's schema (`OpOverload._schema`): its arguments, their names, defaults and aliasing."""
     return op._schema

@@ -101,7 +101,7 @@ class ActivationsError(MemlayoutError):
 
 
 class BudgetUnreachableError(MemlayoutError):
-    """No plan brings the peak under the budget."""
+    """No plan brings the step under the budget."""
 
     def __init__(self, budget: int, lowest: Any) -> None:
         from memlayout.format_bytes import human_bytes
@@ -114,9 +114,12 @@ class BudgetUnreachableError(MemlayoutError):
             f"{', ...' if len(lowest.excluded) > 3 else ''}: --format json with a reachable --budget says why)"
             if lowest.excluded else ""
         )
+        figure = ("peak" if lowest.compared == "peak"
+                  else "reserved peak plus the CUDA context, cuBLAS and its workspaces")
+        tried = f" ({lowest.checks} plans traced; {lowest.cut_short})" if lowest.cut_short else ""
         super().__init__(
             f"no checkpoint plan fits a budget of {human_bytes(budget)} ({budget} bytes): the lowest reachable "
-            f"peak is {human_bytes(lowest.peak_bytes)} ({lowest.peak_bytes} bytes){left_out}",
+            f"{figure} is {human_bytes(lowest.judged_bytes)} ({lowest.judged_bytes} bytes){tried}{left_out}",
             "raise --budget to at least the lowest peak, or shrink the batch",
         )
 

@@ -167,6 +167,41 @@ def test_the_pre_commit_example_names_no_placeholder_and_matches_the_hooks() -> 
     assert {hook["id"] for hook in repo["hooks"]} == set(manifest)
 
 
+def test_the_pre_commit_section_names_what_the_hooks_environment_gets() -> None:
+    """pre-commit installs the repository without extras: the base dependencies, never torch
+    (tests/test_pre_commit_hooks.py checks the real environment); the page said "torch included"."""
+    import tomllib
+
+    page = (DOCS / "ci.md").read_text()
+    section = page[page.index("## pre-commit") : page.index("\n## ", page.index("## pre-commit"))]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = [re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0] for requirement in project["dependencies"]
+            if "python_version" not in requirement]
+    assert all(name in section for name in base), base
+    assert "torch" not in base and "torch" in project["optional-dependencies"]
+    assert "torch included" not in section and "torch is no dependency" in section
+
+
+def test_the_activations_synopsis_is_generated_from_the_cli() -> None:
+    """The page's synopsis lacked --dtype, --autocast, --gpu, --world-size and --fsdp, options added
+    after it was written; the build now renders it from the command, as it does the reference."""
+    from typer.testing import CliRunner
+
+    from memlayout.cli.app import app
+
+    marker = "<!-- memlayout:synopsis activations -->"
+    page = (DOCS / "activations.md").read_text()
+    assert marker in page and "`memlayout activations TARGET" not in page
+    synopsis = HOOKS.MARKERS[marker]()
+    assert synopsis.startswith("`memlayout activations TARGET [")
+    shown = CliRunner().invoke(app, ["activations", "--help"], env={"COLUMNS": "300"}).stdout
+    # Each option's row of --help starts with its names; its text may name other commands' options.
+    rows = shown[shown.index("Options:") :]
+    options = set(re.findall(r"^  (?:-\w, )?(--[a-z][a-z0-9-]+)", rows, re.M)) - {"--help", "--debug"}
+    assert {"--dtype", "--autocast", "--gpu", "--world-size", "--fsdp"} <= options
+    assert options == set(re.findall(r"\[(--[a-z][a-z0-9-]+)", synopsis))
+
+
 def test_results_shown_to_users_read_as_written_for_them() -> None:
     """Benchmark labels end up in the site's tables: no "(the issue's)" from the tracker."""
     texts = [p.read_text() for p in (ROOT / "benchmarks" / "results").glob("*.json")]

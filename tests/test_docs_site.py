@@ -42,23 +42,32 @@ def browser() -> Iterator[Any]:
 
 
 def pages(site: Path) -> list[Path]:
-    return sorted(p for p in site.rglob("*.html") if "search" not in p.relative_to(site).parts and p.name != "404.html")
+    return sorted(p for p in site.rglob("*.html") if "search" not in p.relative_to(site).parts)
 
 
 def test_every_link_of_every_page_opens_a_page_from_disk(site: Path, browser: Any) -> None:
     """Opened from disk (file://), a directory URL shows a directory listing: every link the
-    site makes to itself names an HTML file that exists."""
+    site makes to itself names an HTML file that exists, and every stylesheet and script it
+    loads is there. 404.html too: mkdocs writes its links from "/", the filesystem's root."""
     page = browser.new_page(viewport={"width": WIDTH, "height": 900})
     broken: list[str] = []
     for html in pages(site):
         page.goto(html.as_uri())
-        for href in page.evaluate("() => [...document.querySelectorAll('a[href]')].map(a => a.href)"):
+        for href in page.evaluate(
+            "() => [...document.querySelectorAll('a[href], link[href], script[src]')].map(e => e.href || e.src)"
+        ):
             if not href.startswith("file://"):
                 continue
             target = Path(href.removeprefix("file://").split("#")[0].split("?")[0])
             if not target.is_file():
                 broken.append(f"{html.relative_to(site)} -> {href}")
     assert broken == [], broken[:10]
+    # The 404 page's own links and look work from disk: its navigation reaches the pages.
+    page.goto((site / "404.html").as_uri())
+    assert page.evaluate("() => getComputedStyle(document.querySelector('.md-header')).position") == "sticky"
+    page.locator("nav.md-nav--primary a.md-nav__link", has_text="Usage").first.click()
+    page.wait_for_load_state()
+    assert page.url.endswith("/usage.html")
     # And a click in the navigation lands on the page, not on a listing.
     page.goto((site / "index.html").as_uri())
     page.locator("nav.md-nav--primary a.md-nav__link", has_text="Usage").first.click()

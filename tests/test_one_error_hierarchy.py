@@ -27,6 +27,9 @@ SIGNALS_THAT_NEVER_LEAVE = {
     ("activations/search.py", "_Excluded"),
     # Private: tells typer's coercion apart from memlayout's own.
     ("cli/coercion.py", "_TyperCoerces"),
+    # Private: a failure worth another try, and a kept redirect target to resolve again, inside one request.
+    ("io/http_transport.py", "_Retry"),
+    ("io/http_transport.py", "_Expired"),
 }
 
 

@@ -437,6 +437,15 @@ def test_every_private_class_resolves() -> None:
         _torch.NoSuchClass  # noqa: B018
 
 
+def test_parameter_of_class_shares_the_data_and_keeps_the_subclass() -> None:
+    class Tagged(torch.nn.Parameter):
+        pass
+
+    data = torch.ones(3)
+    made = _torch.parameter_of_class(Tagged, data, False)
+    assert type(made) is Tagged and made.data_ptr() == data.data_ptr() and not made.requires_grad
+
+
 # --- torch missing ------------------------------------------------------------------
 
 

@@ -27,7 +27,9 @@ def test_tensor_records_put_each_value_in_its_field() -> None:
         "object_id": id(tensor), "optimizer_state": True, "section": "optimizer", "pinned": None,
         "shared_memory": None,
     }
-    assert storages["7"]._asdict() == {"key": "7", "device": "cuda:1", "nbytes": 256, "base_address": 1024, "has_data": True}
+    assert storages["7"]._asdict() == {
+        "key": "7", "device": "cuda:1", "nbytes": 256, "base_address": 1024, "has_data": True, "file": "",
+    }
 
 
 def test_facts_put_each_value_in_its_field() -> None:
@@ -38,7 +40,7 @@ def test_facts_put_each_value_in_its_field() -> None:
         pinned=True, shared_memory=False,
     )
     alias = record._replace(name="opt.alias", object_id=98)
-    storage = StorageRecord(key="k", device="cuda:2", nbytes=40, base_address=4096, has_data=True)
+    storage = StorageRecord(key="k", device="cuda:2", nbytes=40, base_address=4096, has_data=True, file="a.bin")
     facts = build_facts(LoadedSource("f.pt", "test", [record, alias], {"k": storage}))
     (fact,) = facts.tensors
     assert fact._asdict() == {
@@ -53,6 +55,7 @@ def test_facts_put_each_value_in_its_field() -> None:
     assert storage_fact._asdict() == {
         "id": "s0", "key": "k", "device": "cuda:2", "nbytes": 40, "tensors": ("opt.w",), "used": ((6, 26),),
         "used_bytes": 20, "padding_bytes": 0, "unused_bytes": 20, "base_address": 4096, "has_data": True,
+        "file": "a.bin",
     }
 
 
@@ -63,7 +66,7 @@ def test_the_facts_of_a_view_alone_in_its_storage_put_each_value_in_its_field() 
         storage_key="k", offset=2, requires_grad=False, object_id=7, optimizer_state=False, section="model",
         pinned=False, shared_memory=True,
     )
-    storage = StorageRecord(key="k", device="cpu", nbytes=30, base_address=512, has_data=True)
+    storage = StorageRecord(key="k", device="cpu", nbytes=30, base_address=512, has_data=True, file="b.bin")
     facts = build_facts(LoadedSource("f.pt", "test", [record], {"k": storage}))
     (fact,) = facts.tensors
     assert len(fact) == len(fact._fields)
@@ -80,4 +83,5 @@ def test_the_facts_of_a_view_alone_in_its_storage_put_each_value_in_its_field() 
     assert storage_fact._asdict() == {
         "id": "s0", "key": "k", "device": "cpu", "nbytes": 30, "tensors": ("w",), "used": ((4, 16),),
         "used_bytes": 12, "padding_bytes": 0, "unused_bytes": 18, "base_address": 512, "has_data": True,
+        "file": "b.bin",
     }

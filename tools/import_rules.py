@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "memlayout"
 
 HEAVY = frozenset({
-    "torch", "numpy", "rich", "safetensors", "huggingface_hub", "fsspec", "jinja2", "pydantic", "transformers",
-    "tensordict", "accelerate", "deepspeed",
+    "torch", "numpy", "rich", "safetensors", "huggingface_hub", "fsspec", "aiohttp", "jinja2", "pydantic",
+    "transformers", "tensordict", "accelerate", "deepspeed",
 })
 """Third-party packages that cost start-up time: each takes tens of milliseconds or more to import."""
 
@@ -58,8 +58,9 @@ FUNCTION_LEVEL_TARGETS_ALLOWED: dict[str, str] = {
     "memlayout.load.restricted_pickle": "the unpickler: only for a file whose first byte opens a pickle",
     "memlayout.load.polyglot": "read only after a file loaded, to name the other formats it is valid as",
     "memlayout.load.remote": "remote reads, only for a URL or a Hub id",
-    "memlayout.io.remote": "the HTTP transport's front (asyncio, about 50 ms): only for a URL or a Hub id; "
-                           "cli.options, which every command loads, starts it from there",
+    "memlayout.io.remote": "the remote transport's front: only for a URL or a Hub id (cli.options, which "
+                           "every command loads, starts importing aiohttp from there), and for a batch of paths, "
+                           "which shares one transport; aiohttp itself is imported on the first HTTP read",
     "memlayout.load.import_spec": "runs the user's code: only for a `pkg.module:callable` target",
     "memlayout.load.live": "live objects, only when given one: import_spec is loaded for every path "
                            "(batch asks looks_like_spec of each), and must not bring it",

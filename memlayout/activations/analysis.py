@@ -14,9 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlayout.activations.assumptions import POLICIES, UNRANGED
+from memlayout.activations.budget import Budget, BudgetSpec, resolve_budget
+from memlayout.activations.device.gpus import GpuSpec, spec_for_device_name
 from memlayout.activations.facts import Trace
 from memlayout.activations.generate_summary import GenerateSummary, summarize_generation
+from memlayout.activations.model.adapt import Adaptation, Adapted, adapt_model
+from memlayout.activations.model.adapters import LoraOptions, ParameterSplit, parameter_split
 from memlayout.activations.model.build import (
+    TensorMover,
     build_model,
     cast_model,
     place_fake_model,
@@ -70,6 +75,12 @@ class ActivationReport:
     default assumed without one); it sizes cuBLAS's workspaces (device/cuda_runtime.py). None off CUDA."""
     generation: GenerateSummary | None = None
     """A generate step's weights, key/value cache and temporaries at the peak (generate_summary.py); else None."""
+    roofline: str | None = None
+    """Whose peak rates priced each op's time (device/roofline.py), in words; None where not priced."""
+    parameters: ParameterSplit | None = None
+    """The parameters that train against those frozen (LoRA's adapters against its base)."""
+    adapted: Adapted | None = None
+    """What `--quantize` and `--lora` did to the model; None when neither was asked for."""
 
     @property
     def data_dependent(self) -> tuple[tuple[str, str, int], ...]:
@@ -87,7 +98,7 @@ def analyze(
     inputs: InputsArg = None,
     *,
     kwargs: Mapping[str, Any] | None = None,
-    budget: int | None = None,
+    budget: int | float | BudgetSpec | None = None,
     device: str = "cpu",
     mode: str = "fake",
     trust: bool = False,
@@ -99,6 +110,8 @@ def analyze(
     step: str = "train",
     new_tokens: int | None = None,
     cache: str | None = None,
+    lora: LoraOptions | int | None = None,
+    quantize: str | None = None,
 ) -> ActivationReport:
     """Trace one training step of a model and report its activation memory (and a plan for `budget`).
 
@@ -109,7 +122,10 @@ def analyze(
             (`"int64[4,128]<50257"`, `"labels=int64[4,128]<50257"`); or a
             `pkg.mod:make_inputs` spec returning a tuple or a dict.
         kwargs: Keyword inputs (tensors).
-        budget: Bytes the step's peak must fit in; adds a checkpoint plan.
+        budget: What the step must fit in; adds a checkpoint plan. Bytes (an int), or a share of the
+            target GPU's memory (a float in (0, 1], as torch reports it: `total_memory`). On the CPU the
+            live tensors' peak is compared with it; on CUDA the caching allocator's reserved peak plus
+            the CUDA context and workspaces (budget.py).
         device: The device the step is for: cpu, cuda or meta.
         mode: fake (default, no memory), meta, or real (runs the step on `device`).
         trust: Allow unpickling a module file.
@@ -130,6 +146,10 @@ def analyze(
             (`model.generate(inputs, max_new_tokens=new_tokens, do_sample=False)` in that mode; step/generate.py).
         new_tokens: With step generate, how many tokens to generate (required there, refused elsewhere).
         cache: With step generate, dynamic (the default, transformers' DynamicCache) or static.
+        lora: LoRA adapters by peft before tracing: a rank, or `LoraOptions` (targets, dropout, DoRA); every
+            setting not given is `peft.LoraConfig()`'s default. Only the adapters train (model/adapters.py).
+        quantize: nf4, fp4 or int8: the base quantized with bitsandbytes as transformers'
+            BitsAndBytesConfig does (model/quantize.py); with `lora`, QLoRA.
 
     Returns:
         An `ActivationReport`.
@@ -142,9 +162,10 @@ def analyze(
     try:
         optimizer = resolve_step(step, optimizer, budget)
         generation = check_generation(step, new_tokens, cache)
+        adaptation = Adaptation(lora=LoraOptions(lora) if isinstance(lora, int) else lora, quantize=quantize)
         return _analyze(target, inputs, kwargs=kwargs, budget=budget, device=device, mode=mode, trust=trust,
                         optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-                        step_kind=step, generation=generation)
+                        step_kind=step, generation=generation, adaptation=adaptation)
     except MemlayoutError:
         raise
     except Exception as exc:
@@ -157,7 +178,7 @@ def _analyze(
     inputs: InputsArg,
     *,
     kwargs: Mapping[str, Any] | None,
-    budget: int | None,
+    budget: int | float | BudgetSpec | None,
     device: str,
     mode: str,
     trust: bool,
@@ -168,10 +189,12 @@ def _analyze(
     gpu: str | None = None,
     step_kind: str = "train",
     generation: Generation | None = None,
+    adaptation: Adaptation | None = None,
 ) -> ActivationReport:
     step, notes, target_text, kind = prepare_step(
         target, inputs, kwargs=kwargs, device=device, mode=mode, trust=trust, optimizer=optimizer, autocast=autocast,
         dtype=dtype, main_module=main_module, gpu=gpu, step_kind=step_kind, generation=generation,
+        adaptation=adaptation,
     )
     try:
         baseline = step.trace()
@@ -198,7 +221,8 @@ def _analyze(
     if any(kind not in UNRANGED for _, kind, _ in baseline.assumptions):
         summary = _with_range(step, summary)
     modules = module_facts(baseline)
-    plan = plan_for_budget(step, baseline, summary, modules, budget) if budget is not None else None
+    resolved = step_budget(step, budget)
+    plan = plan_for_budget(step, baseline, summary, modules, resolved) if resolved is not None else None
     predicted = None
     if step.mode == "real":
         # --real is a check of the prediction, so it makes the prediction too: the same
@@ -206,10 +230,12 @@ def _analyze(
         # A step that reads values fails on fake tensors (that is when --real is the hint):
         # the real report stands, and says there is no prediction to read it against.
         try:
+            adaptation = adaptation or Adaptation()
             predicted = analyze(target, inputs, kwargs=kwargs, device=device, trust=trust, optimizer=optimizer,
                                 autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
                                 step=step_kind, new_tokens=generation.new_tokens if generation else None,
-                                cache=generation.cache if generation else None).summary.peak_bytes
+                                cache=generation.cache if generation else None, lora=adaptation.lora,
+                                quantize=adaptation.quantize).summary.peak_bytes
         except MemlayoutError as exc:
             notes.append(f"no prediction to compare with: on fake tensors, {exc.one_line()}")
     return ActivationReport(
@@ -233,7 +259,38 @@ def _analyze(
         step=step_kind,
         cuda_capability=_cuda_capability(step),
         generation=summarize_generation(baseline, generation) if generation is not None else None,
+        roofline=roofline_text(step),
+        parameters=parameter_split(step.model),
+        adapted=step.adapted,
     )
+
+
+def roofline_text(step: StepWorld) -> str:
+    """The roofline that priced the step's ops, in words: "NVIDIA H100 80GB HBM3 (NVIDIA's datasheet, dense)"."""
+    roofline = step.roofline
+    return f"{roofline.device} ({roofline.source})"
+
+
+def step_budget(step: StepWorld, budget: int | float | BudgetSpec | None) -> Budget | None:
+    """The budget for this step's target: bytes, or a share of its GPU's memory; on CUDA compared with the
+    reserved peak plus the CUDA runtime (budget.py)."""
+    if isinstance(budget, float):
+        budget = BudgetSpec(fraction=budget)
+    return resolve_budget(budget, cuda=step.device.startswith("cuda"), gpu=target_gpu(step))
+
+
+def target_gpu(step: StepWorld) -> GpuSpec | None:
+    """The GPU a CUDA step is for: the one traced for where none is present, else the present one's row."""
+    if not step.device.startswith("cuda"):
+        return None
+    if step.fake_cuda is not None:
+        gpu: GpuSpec = step.fake_cuda.gpu
+        return gpu
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return spec_for_device_name(torch.cuda.get_device_name(torch.device(step.device)))
 
 
 def _cuda_capability(step: StepWorld) -> tuple[int, int] | None:
@@ -266,6 +323,7 @@ def prepare_step(
     gpu: str | None = None,
     step_kind: str = "train",
     generation: Generation | None = None,
+    adaptation: Adaptation | None = None,
 ) -> tuple[StepWorld, list[str], str | None, str]:
     """The model built in its tensor world, its inputs made, its optimizer's state given: ready to trace.
 
@@ -295,15 +353,10 @@ def prepare_step(
         step.model = built.model
         notes.extend(built.notes)
         target_text, kind = str(target), built.kind.kind
-    step.model.train()
-    if step_kind in ("inference", "generate"):
-        step.model.eval()  # as serving code runs it: dropout off, norms on their running statistics
-        step.inference = True
     if generation is not None:
         check_can_generate(step.model)
         step.generate(generation)
         notes.append(generation.note())
-    step.initial_modules = frozenset((path, type(m).__name__) for path, m in step.model.named_modules())
     if step.device not in ("cpu", "meta"):
         if step.mode == "real":
             with step.context():
@@ -312,6 +365,17 @@ def prepare_step(
             notes.extend(place_fake_model(step.model, step.device, step.context))
     if cast_to is not None:
         cast_model(step.model, cast_to, step.mode, step.device, step.context)
+    if adaptation is not None and not adaptation.empty:
+        mover = TensorMover(step.mode, step.device, step.context)
+        # The step's context: peft's `.to()` of each adapter is a conversion that changes nothing, which fake
+        # parameters cannot swap outside it (trace/module_conversions.py).
+        step.model, step.adapted = adapt_model(step.model, adaptation, world=step.mode, device=step.device,
+                                               move=mover.move, context=step.step_context)
+    step.model.train()
+    if step_kind in ("inference", "generate"):
+        step.model.eval()  # as serving code runs it: dropout off, norms on their running statistics
+        step.inference = True
+    step.initial_modules = frozenset((path, type(m).__name__) for path, m in step.model.named_modules())
     step.make_inputs(inputs, kwargs)
     if cast_to is not None:
         step.cast_inputs(cast_to)

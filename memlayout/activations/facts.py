@@ -88,6 +88,9 @@ class ModuleCall:
     mutates_buffers: bool
     mutates_inputs: bool = False
     """Writes in place into a tensor it received: a rerun would start from the changed values."""
+    seconds: float = 0.0
+    """The roofline time of the ops run directly in this call, on the target (device/roofline.py): each op's FLOPs
+    or the bytes it moves, whichever binds; 0 where the trace was not priced."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,8 @@ class Trace:
     """(op, calls) for each op whose fake kernel refused and whose real kernel stood in (see trace/fake_step.py)."""
     generation: GenerationTrace | None = None
     """A generate step's forwards and cache; None for other steps."""
+    recompute_seconds: float = 0.0
+    """The roofline time of the ops rerun during backward, on the target (0 when not priced)."""
     rng_state_bytes: int = 0
     """The generator state `torch.utils.checkpoint` keeps for each checkpointed call, where this step's device
     holds it: `torch.get_rng_state()`'s bytes on the CPU, 0 on a GPU (host memory). See trace/tracer.py."""

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from memlayout.activations.budget import Budget
 from memlayout.activations.facts import Trace
 from memlayout.activations.plans.plan import Plan, Planner
 from memlayout.activations.summary import ModuleFacts, Summary, summarize
@@ -42,6 +43,23 @@ class PlanResult:
     pitfalls: tuple[str, ...]
     excluded: tuple[tuple[str, str], ...] = ()
     """(module path, why) for each module that cannot be checkpointed and was left out of the search."""
+    compared_bytes: int | None = None
+    """The figure compared with the budget (`compared`); None where it is the peak itself."""
+    compared: str = "peak"
+    """Which figure was compared with the budget: "peak" (live tensors) or "reserved" (CUDA: the reserved peak
+    plus the CUDA runtime; budget.py)."""
+    recompute_seconds: float = 0.0
+    """The roofline time of what reruns during backward, on the target (device/roofline.py)."""
+    cut_short: str | None = None
+    """Where the search stopped at a limit of its own before it had tried everything it would: what it tried."""
+    lowest_estimate_bytes: int | None = None
+    """The lowest compared figure the planner estimates reachable at this size (its lowest plan's estimate plus
+    what the figure adds to the live peak); None where no plan was needed."""
+
+    @property
+    def judged_bytes(self) -> int:
+        """The figure compared with the budget."""
+        return self.peak_bytes if self.compared_bytes is None else self.compared_bytes
 
 
 class _Excluded(Exception):
@@ -49,18 +67,27 @@ class _Excluded(Exception):
 
 
 def plan_for_budget(
-    step: StepWorld, baseline: Trace, summary: Summary, modules: tuple[ModuleFacts, ...], budget: int
+    step: StepWorld, baseline: Trace, summary: Summary, modules: tuple[ModuleFacts, ...], budget: Budget | int
 ) -> PlanResult:
-    """The cheapest plan whose traced peak fits `budget`; BudgetUnreachableError names the lowest peak if none does."""
-    if budget < 0:
-        raise UsageError(f"the budget {budget} is negative")
+    """The cheapest plan whose traced step fits `budget`; BudgetUnreachableError names the lowest figure if none does.
+
+    `budget` (an int: bytes compared with the live peak) says which figure of a traced step must fit
+    (budget.py): on CUDA the reserved peak plus the CUDA runtime. The planner estimates live peaks, so
+    it aims below the budget by what the baseline's figure adds to its live peak, and lower again by
+    what each traced plan missed by.
+    """
+    if isinstance(budget, int):
+        budget = Budget(budget, f"{budget} bytes")
+    if budget.bytes < 0:
+        raise UsageError(f"the budget {budget.bytes} is negative")
     cuda = step.device.startswith("cuda")
     excluded = exclusions(modules, baseline, step.initial_modules)
-    if summary.peak_bytes <= budget:
-        return PlanResult(budget, Plan(), summary.peak_bytes, summary.allocator_peak_bytes, summary.peak_bytes, 0, 0,
-                          (), tuple(excluded.items()))
+    if budget.fits(summary):
+        return PlanResult(budget.bytes, Plan(), summary.peak_bytes, summary.allocator_peak_bytes, summary.peak_bytes,
+                          0, 0, (), tuple(excluded.items()), _compared(budget, summary), budget.figure)
     checked: dict[Plan, Summary] = {Plan(): summary}
     estimates: dict[Plan, int] = {Plan(): summary.peak_bytes}
+    limits: list[str] = []
 
     def trace(plan: Plan) -> Summary:
         """The plan's traced summary; a plan whose step fails names its modules in `excluded`."""
@@ -79,9 +106,12 @@ def plan_for_budget(
         checked[plan] = summarize(traced, cuda=cuda)
         return checked[plan]
 
+    planner: Planner | None = None
+
     def result(plan: Plan, measured: Summary) -> PlanResult:
+        lowest = None if planner is None else planner.estimate(planner.lowest()) + budget.overhead(summary)
         return PlanResult(
-            budget_bytes=budget,
+            budget_bytes=budget.bytes,
             plan=plan,
             peak_bytes=measured.peak_bytes,
             allocator_peak_bytes=measured.allocator_peak_bytes,
@@ -90,58 +120,79 @@ def plan_for_budget(
             checks=len(checked) - 1,
             pitfalls=pitfalls(plan, modules, step.model),
             excluded=tuple(excluded.items()),
+            compared_bytes=_compared(budget, measured),
+            compared=budget.figure,
+            recompute_seconds=measured.recompute_seconds,
+            cut_short="; ".join(limits) or None,
+            lowest_estimate_bytes=lowest,
         )
 
     for _ in range(len(modules) + 1):  # each round excludes at least one module
         planner = Planner(baseline, excluded)
         try:
-            found = search_plan(planner, budget, trace, estimates)
+            found = search_plan(planner, budget, trace, estimates, overhead=budget.overhead(summary), limits=limits)
         except _Excluded:
             continue
         if found is not None:
             return result(found, checked[found])
         break
-    plan, measured = min(checked.items(), key=lambda item: (item[1].peak_bytes, item[1].recompute_flops))
-    raise BudgetUnreachableError(budget, result(plan, measured))
+    plan, measured = min(checked.items(),
+                         key=lambda item: (budget.judged(item[1]), item[1].recompute_seconds, item[1].peak_bytes))
+    raise BudgetUnreachableError(budget.bytes, result(plan, measured))
+
+
+def _compared(budget: Budget, summary: Summary) -> int | None:
+    return None if budget.runtime_bytes is None else budget.judged(summary)
 
 
 def search_plan(
-    planner: Planner, budget: int, trace: Callable[[Plan], Summary], estimates: dict[Plan, int]
+    planner: Planner, budget: Budget, trace: Callable[[Plan], Summary], estimates: dict[Plan, int], *,
+    overhead: int = 0, limits: list[str] | None = None,
 ) -> Plan | None:
-    """The cheapest plan found whose traced peak fits the budget, or None."""
+    """The cheapest plan found whose traced step fits the budget, or None.
+
+    `overhead` is what the compared figure adds to the live peak (0 on the CPU); `limits`
+    collects where the search stopped at a limit of its own rather than for want of plans.
+    """
 
     def check(chosen: list[int]) -> tuple[Plan, Summary]:
         plan = planner.plan_of(chosen)
         estimates.setdefault(plan, planner.estimate(chosen))
         return plan, trace(plan)
 
-    target = budget
-    for _ in range(MAX_CHECKS):
+    target = budget.bytes - overhead
+    for attempt in range(MAX_CHECKS):
         chosen = planner.search(target)
         if chosen is None:
             break
         plan, measured = check(chosen)
-        if measured.peak_bytes <= budget:
+        if budget.fits(measured):
             return plan
         # The estimate was short by this much: aim lower by the same amount.
-        target -= max(measured.peak_bytes - budget, 1)
+        target -= max(budget.judged(measured) - budget.bytes, 1)
+        if attempt == MAX_CHECKS - 1 and limits is not None:
+            limits.append(f"the estimate-led search stopped after {MAX_CHECKS} traced plans")
     # Before calling the budget unreachable, trace what the estimate cannot judge:
     # its own lowest plan, and every module of one level checkpointed together.
     candidates = [planner.lowest(), *planner.covers()]
     results = [(chosen, *check(chosen)) for chosen in candidates]
-    fitting = [(chosen, plan, measured) for chosen, plan, measured in results if measured.peak_bytes <= budget]
+    fitting = [(chosen, plan, measured) for chosen, plan, measured in results if budget.fits(measured)]
     if not fitting:
         return None
-    chosen, plan, measured = min(fitting, key=lambda item: (item[2].recompute_flops, item[2].peak_bytes))
+    chosen, plan, measured = min(fitting, key=lambda item: (item[2].recompute_seconds, item[2].peak_bytes))
     # A whole-level plan checkpoints modules the budget does not need (two of eight
-    # residual blocks reach what all eight do): drop each while the traced peak
+    # residual blocks reach what all eight do): drop each while the traced step
     # still fits, the costliest and the latest in the model first.
-    for row in sorted(chosen, key=lambda r: (-planner.options[r].flops, -r))[:PRUNE_CHECKS]:
+    rows = sorted(chosen, key=lambda r: (-planner.options[r].seconds, -r))
+    if len(rows) > PRUNE_CHECKS and limits is not None:
+        limits.append(f"{len(rows) - PRUNE_CHECKS} of the plan's {len(rows)} modules were kept without trying "
+                      f"the plan without each (at most {PRUNE_CHECKS} tries)")
+    for row in rows[:PRUNE_CHECKS]:
         trial = [r for r in chosen if r != row]
         if not trial:
             continue
         trial_plan, trial_measured = check(trial)
-        if trial_measured.peak_bytes <= budget:
+        if budget.fits(trial_measured):
             chosen, plan, measured = trial, trial_plan, trial_measured
     return plan
 

@@ -50,6 +50,10 @@ class Summary:
     peak_bytes_min: int | None = None
     """Where shapes follow values the weights decide: the lowest peak over the assumptions' range; else None."""
     peak_bytes_max: int | None = None
+    forward_seconds: float = 0.0
+    """The roofline time of forward on the target (device/roofline.py): each op's FLOPs or bytes, whichever binds."""
+    recompute_seconds: float = 0.0
+    """The same for what reruns in backward (a plan's checkpointed modules)."""
     reserved_peak_bytes: int | None = None
     """The peak of the allocator's segments (`max_memory_reserved()`) over two steps from a fresh allocator
     (device/allocator_replay.py); CUDA only. The CUDA context and cuBLAS's workspaces are not in it (device/cuda_runtime.py)."""
@@ -75,6 +79,8 @@ class ModuleFacts:
     """Writes in place into a tensor it received (a call inside it included)."""
     changes_state: str | None = None
     """Which plain Python attribute of it, or of a module inside it, forward changed (`self.calls: 0 -> 1`)."""
+    forward_seconds: float = 0.0
+    """The roofline time of its forward (inside calls included), on the target: what checkpointing it reruns."""
 
 
 def live_curve(trace: Trace, block: int = 1) -> np.ndarray:
@@ -138,6 +144,8 @@ def summarize(trace: Trace, cuda: bool = False) -> Summary:
         at_peak=breakdown,
         forward_flops=sum(c.flops for c in trace.calls if not c.recompute),
         recompute_flops=trace.recompute_flops,
+        forward_seconds=sum(c.seconds for c in trace.calls if not c.recompute),
+        recompute_seconds=trace.recompute_seconds,
         reserved_peak_bytes=allocator.reserved_bytes if allocator is not None else None,
     )
 
@@ -191,6 +199,7 @@ def module_facts(trace: Trace) -> tuple[ModuleFacts, ...]:
                 output_bytes=sum(storages[i].nbytes for call in calls for i in call.output_storages),
                 input_bytes=sum(storages[i].nbytes for call in calls for i in call.input_storages),
                 forward_flops=sum(member.flops for member in members),
+                forward_seconds=sum(member.seconds for member in members),
                 uses_randomness=any(m.uses_randomness for m in members),
                 moves_device=any(m.moves_device for m in members),
                 reads_outside_state=any(m.reads_outside_state for m in members),

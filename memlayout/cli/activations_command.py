@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from memlayout import _torch
-from memlayout.activations.sizes import parse_size
+from memlayout.activations.budget import parse_budget
 from memlayout.activations.step.generate import CACHE_HELP, NEW_TOKENS_HELP, check_generation
 from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER
 from memlayout.activations.step.optimizer import HELP as OPTIMIZER_HELP
@@ -29,6 +29,7 @@ from memlayout.cli.options import (
     OutputOption,
     TrustOption,
     device_option,
+    probability,
 )
 from memlayout.errors import (
     BudgetUnreachableError,
@@ -39,10 +40,15 @@ from memlayout.errors import (
 from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
+    from memlayout.activations.budget import BudgetSpec
+    from memlayout.activations.model.adapt import Adaptation
     from memlayout.activations.ranks.parallel import ShardingOptions
     from memlayout.activations.step.generate import Generation
 
 BUDGET_UNREACHABLE = 1
+CUDA_WHEELS = "https://download.pytorch.org/whl/cu130"
+"""The index of torch's CUDA wheels, as memlayout/activations/trace/world.py's refusal names it (a test holds the
+two equal): --gpu's help cannot import that module, which loads the tracer, on every start."""
 
 
 def activations_command(
@@ -62,8 +68,11 @@ def activations_command(
                      metavar="SPEC"),
     ] = None,
     budget: Annotated[
-        str | None, typer.Option("--budget", help="Plan checkpoints so the peak fits (with --world-size, each rank's; "
-                                      "resharding and offload too): bytes, 8GiB, 512MiB.", metavar="SIZE")
+        str | None, typer.Option("--budget", help="Plan checkpoints so the step fits (with --world-size, each rank's "
+                                 "peak; resharding and offload too): bytes (8GiB, 512MiB), or a share of the GPU's "
+                                 "memory as torch reports it (0.9, 90%; with --gpu or --device cuda). For a GPU the "
+                                 "caching allocator's reserved peak plus the CUDA context and workspaces must fit; "
+                                 "on the CPU the peak of live tensors.", metavar="SIZE|SHARE")
     ] = None,
     output_format: ActivationsFormatOption = OutputFormat.TABLE,
     output: OutputOption = None,
@@ -73,8 +82,10 @@ def activations_command(
     gpu: Annotated[
         str | None,
         typer.Option("--gpu", help="Trace for this GPU (implies --device cuda): its capability decides the attention "
-                     "kernel, as torch decides it; no GPU is needed here. h100, h100-pcie, h200, b200, a100-80gb, "
-                     "a100-40gb, l40s, l4, a10g, 4090, 3090, t4, v100.", metavar="NAME"),
+                     "kernel, as torch decides it. No GPU is needed here, but torch's CUDA build is (a CPU build "
+                     f"refuses it): pip install torch --index-url {CUDA_WHEELS} (on Linux, plain pip install torch "
+                     "is one). h100, h100-pcie, h200, b200, a100-80gb, a100-40gb, l40s, l4, a10g, 4090, 3090, t4, "
+                     "v100.", metavar="NAME"),
     ] = None,
     real: Annotated[bool, typer.Option("--real", help="Run the step for real on --device (uses the memory), as a check.")] = False,
     depth: Annotated[int, typer.Option("--depth", help="Module depth the table shows.", min=0)] = 3,
@@ -139,6 +150,27 @@ def activations_command(
         bool, typer.Option("--allow-offload", help="Let a --budget plan offload parameters, gradients and optimizer "
                            "state to the CPU (FSDP2's CPUOffloadPolicy).")
     ] = False,
+    lora: Annotated[
+        int | None, typer.Option("--lora", help="Add peft's LoRA adapters of this rank before tracing: only they "
+                                 "train, and the optimizer keeps state for them only. Every other setting is "
+                                 "peft's LoraConfig default, its target modules for the model type included. "
+                                 "Needs the lora extra.", min=1, metavar="R")
+    ] = None,
+    lora_targets: Annotated[
+        str | None, typer.Option("--lora-targets", help="The modules to adapt, by name (q_proj,v_proj), or "
+                                 "all-linear; instead of peft's default for the model type.", metavar="A,B,...")
+    ] = None,
+    lora_dropout: Annotated[
+        float | None, typer.Option("--lora-dropout", help="The adapters' dropout, instead of peft's default (0.0).",
+                                   metavar="P", parser=probability)
+    ] = None,
+    dora: Annotated[bool, typer.Option("--dora", help="DoRA: LoRA with a learned magnitude per output (peft's "
+                                       "use_dora); the rank is --lora's, or peft's default.")] = False,
+    quantize: Annotated[
+        str | None, typer.Option("--quantize", help="Build the base with bitsandbytes' 4-bit (nf4, fp4) or 8-bit "
+                                 "(int8) layers, as transformers' BitsAndBytesConfig does; with --lora, QLoRA. "
+                                 "Needs a transformers model and the lora extra.", metavar="nf4|fp4|int8")
+    ] = None,
     trust: TrustOption = False,
     main_module: MainModuleOption = None,
     debug: DebugOption = False,
@@ -155,7 +187,7 @@ def activations_command(
 
     if inputs and input_specs:
         raise UsageError("give --inputs or --input, not both")
-    budget_bytes = parse_size(budget) if budget is not None else None
+    budget_spec = parse_budget(budget) if budget is not None else None
     if fit_axis is not None and allow_offload:
         raise UsageError("--fit does not search offload plans yet", "leave --allow-offload out")
     sharding = _sharding_options(
@@ -163,16 +195,23 @@ def activations_command(
         param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp, allow_offload=allow_offload,
     )
     generation = check_generation(step, new_tokens, cache)
+    adaptation = _adaptation(lora, lora_targets, lora_dropout, dora, quantize)
+    if adaptation is not None and sharding is not None:
+        raise UsageError(f"{'--quantize' if quantize else '--lora'} is not traced with --world-size yet",
+                         "predict one device without --world-size")
     if fit_axis is not None:
-        return _fit(target, inputs, input_specs, fit_axis, budget_bytes, device=device, gpu=gpu, real=real, step=step,
+        return _fit(target, inputs, input_specs, fit_axis, budget_spec, device=device, gpu=gpu, real=real, step=step,
                     optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
                     main_module=main_module, output_format=output_format, output=output, depth=depth,
-                    generation=generation)
+                    adaptation=adaptation, generation=generation)
     if gpu is not None and sharding is not None:
         raise UsageError("--gpu is not traced with --world-size yet", "drop --gpu; --device cuda traces ranks")
     if sharding is not None:
         from memlayout.activations.ranks import analyze_ranks
 
+        if budget_spec is not None and budget_spec.bytes is None:
+            raise UsageError("--budget with --world-size is each rank's peak, as a size",
+                             "give it in bytes, e.g. --budget 78GiB")
         if step != "train":
             raise UsageError(f"--step {step} is not traced with --world-size yet",
                              "predict one device's forward without --world-size")
@@ -184,7 +223,8 @@ def activations_command(
         try:
             ranks = analyze_ranks(
                 target, inputs if inputs else list(input_specs or []), sharding=sharding,
-                optimizer=optimizer or DEFAULT_OPTIMIZER, budget=budget_bytes, allow_offload=allow_offload,
+                optimizer=optimizer or DEFAULT_OPTIMIZER, budget=budget_spec.bytes if budget_spec else None,
+                allow_offload=allow_offload,
                 device=device, trust=trust, main_module=main_module, autocast=autocast, dtype=dtype,
             )
         except RanksBudgetUnreachableError as exc:
@@ -193,10 +233,10 @@ def activations_command(
         return _write_report(ranks, output_format, output, depth)
     try:
         report = analyze(
-            target, inputs if inputs else list(input_specs or []), budget=budget_bytes, device=device,
+            target, inputs if inputs else list(input_specs or []), budget=budget_spec, device=device,
             mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
             autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu, step=step, new_tokens=new_tokens,
-            cache=cache,
+            cache=cache, **_adaptation_arguments(adaptation),
         )
     except BudgetUnreachableError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
@@ -205,10 +245,10 @@ def activations_command(
 
 
 def _fit(
-    target: str, inputs: str | None, input_specs: list[str] | None, fit_axis: str, budget_bytes: int | None, *,
+    target: str, inputs: str | None, input_specs: list[str] | None, fit_axis: str, budget: "BudgetSpec | None", *,
     device: str, gpu: str | None, real: bool, step: str, optimizer: str | None, autocast: str | None, dtype: str | None,
     sharding: "ShardingOptions | None", trust: bool, main_module: str | None, output_format: OutputFormat,
-    output: str | None, depth: int, generation: "Generation | None" = None,
+    output: str | None, depth: int, adaptation: "Adaptation | None" = None, generation: "Generation | None" = None,
 ) -> int:
     """`--fit`: the largest batch (or sequence) that fits, rendered as the command's other reports are."""
     from memlayout.activations.fit.size_search import fit, parse_axis
@@ -222,14 +262,41 @@ def _fit(
                          "give each input as --input DTYPE[SHAPE], e.g. --input 'int64[1,4096]<32000'")
     try:
         report = fit(
-            target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget_bytes, device=device, gpu=gpu,
+            target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget, device=device, gpu=gpu,
             step=step, optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
-            main_module=main_module, generation=generation,
+            main_module=main_module, generation=generation, **_adaptation_arguments(adaptation),
         )
     except NothingFitsError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
         return BUDGET_UNREACHABLE
     return _write_report(report, output_format, output, depth)
+
+
+def _adaptation(lora: int | None, targets: str | None, dropout: float | None, dora: bool,
+                quantize: str | None) -> "Adaptation | None":
+    """--quantize, --lora and the flags that shape its adapters, as one Adaptation; None without either.
+
+    A LoRA flag without --lora (or --dora) is refused rather than ignored.
+    """
+    from memlayout.activations.model.adapt import Adaptation
+    from memlayout.activations.model.adapters import LoraOptions
+
+    if lora is None and not dora:
+        given = [flag for flag, value in (("--lora-targets", targets), ("--lora-dropout", dropout)) if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} shapes LoRA adapters, and --lora R asks for them", "e.g. --lora 16")
+        return Adaptation(quantize=quantize) if quantize is not None else None
+    names = tuple(name.strip() for name in targets.split(",") if name.strip()) if targets is not None else None
+    if names is not None and not names:
+        raise UsageError("--lora-targets names no module", "e.g. --lora-targets q_proj,v_proj, or all-linear")
+    return Adaptation(lora=LoraOptions(rank=lora, targets=names, dropout=dropout, dora=dora), quantize=quantize)
+
+
+def _adaptation_arguments(adaptation: "Adaptation | None") -> dict[str, Any]:
+    """analyze's and fit's `lora` and `quantize` keywords."""
+    if adaptation is None:
+        return {}
+    return {"lora": adaptation.lora, "quantize": adaptation.quantize}
 
 
 def _sharding_options(

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from memlayout.cli.errors import USAGE_OR_LOAD_ERROR
-from memlayout.cli.options import DebugOption, TrustOption, device_option
+from memlayout.cli.options import DebugOption, MainModuleOption, TrustOption, device_option
 from memlayout.errors import MemlayoutError, UsageError
 from memlayout.output.writer import write_output
 
@@ -78,6 +78,7 @@ def flatten_command(
     ] = "keep",
     align: Annotated[int, typer.Option("--align", help="Slot alignment in bytes (a power of two).", min=1)] = 64,
     trust: TrustOption = False,
+    main_module: MainModuleOption = None,
     check: Annotated[
         bool, typer.Option("--check", help="Write nothing; exit 0 if every IN is already flat, 1 if flatten would "
                            "change one.")
@@ -103,9 +104,15 @@ def flatten_command(
         raise UsageError(f"--to {to} is not a format flatten writes", f"use --to {' or '.join(targets())}")
     if tensors_only and to is None:
         raise UsageError("--tensors-only applies to a conversion", "pass --to safetensors with it")
+    if main_module is not None and to is not None:
+        raise UsageError(f"--main-module applies when IN is unpickled, and --to {to} reads it without running it",
+                         "drop --main-module")
+    if main_module is not None and not trust:
+        raise UsageError("--main-module applies when the pickle is unpickled for real, which only --trust allows",
+                         "add --trust, only if you trust whoever wrote the file")
     options = FlattenOptions(
-        out=output, device=device, align=align, trust=trust, check=check, in_place=in_place, verify=not no_verify,
-        force=force, to=to, tensors_only=tensors_only,
+        out=output, device=device, align=align, trust=trust, main_module=main_module, check=check,
+        in_place=in_place, verify=not no_verify, force=force, to=to, tensors_only=tensors_only,
     )
     if check:
         code = _check_each(paths, options, debug)

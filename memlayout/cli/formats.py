@@ -58,6 +58,8 @@ class OutputFormat(str, enum.Enum):
     """JUnit XML: a testsuite per checkpoint, a testcase per rule."""
     HTML = "html"
     """The self-contained storage map page (what `--html FILE` writes)."""
+    JSONL = "jsonl"
+    """JSON Lines: one line per path, written as each path finishes (memlayout.report.json_lines)."""
 
 
 class Command(str, enum.Enum):
@@ -123,6 +125,8 @@ def to_format(fmt: OutputFormat) -> Format:
         return Format(inspect=_inspect_junit)
     if fmt is OutputFormat.HTML:
         return Format(inspect=_inspect_html, diff=_diff_html)
+    if fmt is OutputFormat.JSONL:
+        return Format(inspect=_inspect_json_lines)
     assert_never(fmt)
 
 
@@ -184,6 +188,12 @@ def _inspect_json(options: RenderOptions) -> Formatter[BatchReport]:
     from memlayout.report.json_report import JsonReporter
 
     return JsonReporter()
+
+
+def _inspect_json_lines(options: RenderOptions) -> Formatter[BatchReport]:
+    from memlayout.report.json_lines import JsonLinesReporter
+
+    return JsonLinesReporter()
 
 
 def _inspect_sarif(options: RenderOptions) -> Formatter[BatchReport]:

@@ -28,14 +28,17 @@ from memlayout.cli.options import (
     InspectFormatOption,
     InspectTieOption,
     IsolatedOption,
+    JobsOption,
     MinDuplicateBytesOption,
     OutputOption,
+    PathsFromOption,
     SelectOption,
+    ShardOption,
     TimeoutOption,
     remote_reading,
     settings_with_flags,
 )
-from memlayout.cli.progress import progress_callback
+from memlayout.cli.progress import paths_progress, progress_callback
 from memlayout.errors import UsageError
 
 if TYPE_CHECKING:
@@ -67,16 +70,45 @@ def report_load_errors(batch: "BatchReport") -> bool:
     return True
 
 
+def paths_to_inspect(paths: list[str] | None, paths_from: str | None, shard: str | None) -> list[str]:
+    """The paths of the command line, then those --paths-from lists, less those --shard leaves to other machines.
+
+    Raises:
+        UsageError: no path at all, an unreadable --paths-from file, or a --shard that is not K/N.
+    """
+    from memlayout.pipeline.many_paths import parse_shard, read_path_list, take_shard
+
+    targets = list(paths or [])
+    if paths_from is not None:
+        targets += read_path_list(paths_from)
+    if not targets:
+        where = f"--paths-from {paths_from} lists none" if paths_from is not None else "none was given"
+        raise UsageError(f"no path to inspect: {where}", "give PATH..., or --paths-from FILE (one path a line)")
+    return take_shard(targets, parse_shard(shard) if shard is not None else None)
+
+
+def refuse_with_streaming(*, html: str | None, baseline: str | None, write_baseline: str | None) -> None:
+    """--format jsonl writes each path as it finishes; what needs every path at once is refused, with the way out."""
+    for flag, value in (("--html", html), ("--baseline", baseline), ("--write-baseline", write_baseline)):
+        if value is not None:
+            raise UsageError(
+                f"--format jsonl writes each path as it finishes, and {flag} needs the whole run at once",
+                f"use --format json with {flag}, or run {flag} separately",
+            )
+
+
 def inspect_command(
     paths: Annotated[
-        list[str],
+        list[str] | None,
         typer.Argument(
             help="Checkpoint files, model directories, folders of checkpoints, pkg.module:callable, https:// "
-            "(or s3://, gs://) URLs, hf://ORG/NAME@REVISION/PATH (the revision and path optional), or a bare Hub id (ORG/NAME) when no local "
-            "path of that name exists: a local path always wins.",
+            "(or s3://, gs://) URLs, hf://ORG/NAME@REVISION/PATH (the revision and path optional), or a bare Hub id "
+            "(ORG/NAME) when no local path of that name exists: a local path always wins. A URL ending in /, "
+            "config.json or .index.json is a model folder.",
             metavar="PATH...",
+            show_default=False,
         ),
-    ],
+    ] = None,
     output_format: InspectFormatOption = OutputFormat.TABLE,
     output: OutputOption = None,
     select: SelectOption = None,
@@ -118,6 +150,9 @@ def inspect_command(
             "and 5 findings per rule of more than 50.",
         ),
     ] = False,
+    paths_from: PathsFromOption = None,
+    jobs: JobsOption = 16,
+    shard: ShardOption = None,
     timeout: TimeoutOption = 30,
     download: DownloadOption = False,
     trust: Annotated[bool, typer.Option("--trust", hidden=True)] = False,
@@ -142,7 +177,11 @@ def inspect_command(
                 "inspect takes no --trust: it never runs code from the file, so there is nothing to allow",
                 "drop --trust; only `memlayout flatten` of a pickled module needs it",
             )
-        remote = remote_reading(paths, timeout, download)
+        targets = paths_to_inspect(paths, paths_from, shard)
+        if not targets:
+            print(f"memlayout: --shard {shard} takes none of the paths: nothing to inspect", file=sys.stderr)
+            return 0
+        remote = remote_reading(targets, timeout, download)
         from memlayout.pipeline.baseline import apply_baseline_flags
         from memlayout.pipeline.batch import inspect_paths
 
@@ -151,11 +190,18 @@ def inspect_command(
             min_duplicate_bytes=min_duplicate_bytes, min_bloat_bytes=min_bloat_bytes,
             fragmented_min_storages=fragmented_min_storages, min_shard_padding_bytes=min_shard_padding_bytes,
         )
-        with progress_callback(enabled=deep) as progress:
+        if output_format is OutputFormat.JSONL:
+            from memlayout.cli.inspect_stream import stream_json_lines
+
+            refuse_with_streaming(html=html, baseline=baseline, write_baseline=write_baseline)
+            return stream_json_lines(targets, settings, deep, remote, jobs, output, debug)
+        with progress_callback(enabled=deep and len(targets) == 1) as progress, \
+                paths_progress(len(targets)) as bar:
             batch = inspect_paths(
-                paths, config=settings.rule_config(deep), select=settings.select, ignore=settings.ignore,
+                targets, config=settings.rule_config(deep), select=settings.select, ignore=settings.ignore,
                 fail_on=settings.fail_on, per_tensor_ignores=settings.per_tensor_ignores, progress=progress,
-                debug=debug, exchange=ranks, remote=remote,
+                debug=debug, exchange=ranks, remote=remote, jobs=jobs,
+                done=lambda reports: bar.advance(1, sum(1 for r in reports if r.failed)),
             )
         if report_load_errors(batch):
             return USAGE_OR_LOAD_ERROR

@@ -66,8 +66,23 @@ DiffDeepOption = Annotated[
 ]
 TimeoutOption = Annotated[
     int,
-    typer.Option("--timeout", help="For URLs and Hub models: give up on a request after SECONDS.", min=1,
-                 metavar="SECONDS"),
+    typer.Option("--timeout", help="For URLs and Hub models: give up on a request, its redirects and retries "
+                 "included, after SECONDS.", min=1, metavar="SECONDS"),
+]
+PathsFromOption = Annotated[
+    str | None,
+    typer.Option("--paths-from", help="Also inspect the paths FILE lists, one a line (- reads stdin; blank lines "
+                 "and # comments are skipped).", metavar="FILE"),
+]
+JobsOption = Annotated[
+    int,
+    typer.Option("--jobs", "-j", help="Paths read at once; their remote reads share one connection pool. Local "
+                 "files are read one at a time.", min=1, metavar="N"),
+]
+ShardOption = Annotated[
+    str | None,
+    typer.Option("--shard", help="Inspect every N-th path from the K-th (K from 1), to split a list across "
+                 "machines; their --format jsonl outputs concatenate.", metavar="K/N"),
 ]
 DownloadOption = Annotated[
     bool,
@@ -168,6 +183,21 @@ def device_parser(*supported: str) -> Callable[[Any], str]:
 def device_option(*supported: str, help: str) -> Any:
     """`--device` for a command that takes the devices `supported`, e.g. ("cpu", "cuda", "cuda:N")."""
     return typer.Option("--device", parser=device_parser(*supported), metavar=f"[{'|'.join(supported)}]", help=help)
+
+
+def probability(value: Any) -> float:
+    """A probability from 0 to 1, as torch's Dropout takes one: "0.05", "5%"; the error names the range.
+
+    A ValueError, which the option's parser words as an invalid value.
+    """
+    text = str(value).strip()
+    try:
+        number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a probability: give one from 0 to 1, e.g. 0.05") from None
+    if not 0 <= number <= 1:
+        raise ValueError(f"{value!r} is not from 0 to 1")
+    return number
 
 
 def split_codes(values: list[str] | None) -> list[str]:

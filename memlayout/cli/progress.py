@@ -11,7 +11,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
 
 Progress = Callable[[str, int, int], None]
 
@@ -41,7 +45,6 @@ def stage_progress(
     from rich.progress import (
         BarColumn,
         DownloadColumn,
-        TaskID,
         TextColumn,
         TimeRemainingColumn,
         TransferSpeedColumn,
@@ -72,3 +75,54 @@ def progress_callback(enabled: bool) -> Iterator[Progress | None]:
         return
     with stage_progress({}, transient=True) as progress:
         yield progress
+
+
+class PathsProgress:
+    """One bar for a many-path inspect: paths done of all, failures counted; error lines printed above it."""
+
+    def __init__(self, stream: TextIO, display: RichProgress | None = None, task: TaskID | None = None) -> None:
+        self.stream = stream
+        self.display = display
+        self.task = task
+        self.failed = 0
+
+    def advance(self, done: int, failed: int) -> None:
+        """`done` more paths finished, `failed` of them unread."""
+        self.failed += failed
+        if self.display is not None and self.task is not None:
+            self.display.update(self.task, advance=done, failed=self.failed)
+
+    def say(self, line: str) -> None:
+        """A line on stderr (a path's error), above the bar when one is drawn."""
+        if self.display is not None:
+            self.display.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(line, file=self.stream, flush=True)
+
+
+@contextmanager
+def paths_progress(total: int, stream: TextIO | None = None) -> Iterator[PathsProgress]:
+    """A bar of paths done for an inspect of more than one path, drawn only when `stream` (stderr) is a terminal."""
+    stream = stream if stream is not None else sys.stderr
+    if total < 2 or not stream.isatty():
+        yield PathsProgress(stream)
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.progress import Progress as RichProgress
+
+    display = RichProgress(
+        TextColumn("paths"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
+        TimeElapsedColumn(), TimeRemainingColumn(),
+        console=Console(file=stream, markup=False, emoji=False), transient=True, redirect_stdout=False,
+        redirect_stderr=False,
+    )
+    task = display.add_task("paths", total=total, failed=0)
+    with display:
+        yield PathsProgress(stream, display, task)

@@ -267,6 +267,7 @@ def build_facts(source: LoadedSource) -> Facts:
             storages[-1] = new_fact(StorageFact, (
                 storage_id, key, storage_record.device, storage_record.nbytes, (fact.name,),
                 used, used_bytes, padding, unused, storage_record.base_address, storage_record.has_data,
+                storage_record.file,
             ))
     tensors = tuple(tensors_list)
 
@@ -280,6 +281,7 @@ def build_facts(source: LoadedSource) -> Facts:
         storages[slot] = StorageFact(
             storage_id, key, storage_record.device, storage_record.nbytes, tuple(v.name for v in views),
             used, used_bytes, padding, unused, storage_record.base_address, storage_record.has_data,
+            storage_record.file,
         )
         group = _alias_groups(storage_id, views)
         if group is not None:
@@ -299,6 +301,8 @@ def build_facts(source: LoadedSource) -> Facts:
             layout_unrecorded=source.layout_unrecorded,
             content_unreadable=source.content_unreadable,
             also_valid_as=source.also_valid_as,
+            files=source.files,
+            chunks=tuple(source.chunks),
         ),
         tensors=tensors,
         storages=storage_facts,

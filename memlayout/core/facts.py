@@ -17,6 +17,7 @@ from typing import NamedTuple
 from memlayout.core.strides import ByteSet, MemoryFormat, Relation
 from memlayout.dtypes import dtype_info
 from memlayout.load.records import (
+    ChunkRecord,
     DeclaredTie,
     ModuleRecord,
     PickleGlobal,
@@ -106,6 +107,9 @@ class StorageFact(NamedTuple):
     """Unused bytes that are not padding: what saving writes for nothing."""
     base_address: int | None
     has_data: bool
+    file: str = ""
+    """The weight file of a model directory that holds it; "" for a source of one file.
+    flatten rewrites each file on its own, so no flat buffer spans two."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,10 @@ class SourceFact:
     """Why the tensors' bytes cannot be read, when they cannot."""
     also_valid_as: tuple[str, ...] = ()
     """Other container formats the file is also valid as (a polyglot)."""
+    files: tuple[str, ...] = ()
+    """For a directory: the files its loader read, relative to `path`."""
+    chunks: tuple[ChunkRecord, ...] = ()
+    """The pieces the checkpoint stores each tensor in (DCP); empty for other sources."""
 
 
 @dataclass(frozen=True)

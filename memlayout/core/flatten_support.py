@@ -14,6 +14,7 @@ import enum
 from typing import NamedTuple
 
 from memlayout.core.facts import SourceFact
+from memlayout.load.main_module import classes_from_main
 
 
 class Trust(enum.Enum):
@@ -42,14 +43,19 @@ class FormatSupport(NamedTuple):
     pads: bool = True
     """Whether OUT can hold padding between tensors, so flatten can align each one.
     A safetensors data section allows no gaps: flatten orders its tensors but cannot pad them."""
+    one_storage_per_file: bool = False
+    """Whether each file OUT writes is one storage whatever its dtypes: a safetensors
+    file has one data section, which loading maps as one block of bytes."""
 
 
 _PICKLE_TRUST = "re-saving it needs the real objects, and unpickling them runs code from the file"
 
 FORMAT_SUPPORT: dict[str, FormatSupport] = {
     "torch-zip": FormatSupport("a torch.save zip", Trust.IF_UNSAFE_GLOBALS),
-    "safetensors": FormatSupport("a safetensors file", pads=False),
-    "hf-safetensors": FormatSupport("a Hugging Face directory (each safetensors file flattened)", pads=False),
+    "safetensors": FormatSupport("a safetensors file", pads=False, one_storage_per_file=True),
+    "hf-safetensors": FormatSupport(
+        "a Hugging Face directory (each safetensors file flattened)", pads=False, one_storage_per_file=True
+    ),
     "hf-pytorch": FormatSupport("a Hugging Face directory (each torch.save file flattened)", Trust.IF_UNSAFE_GLOBALS),
     "live-module": FormatSupport("a torch.save state dict"),
     "state-dict": FormatSupport("a torch.save state dict"),
@@ -76,6 +82,17 @@ FORMAT_SUPPORT: dict[str, FormatSupport] = {
             "flatten the model before loading into it: `memlayout.flatten(model)`, then "
             "`dcp.load(model.state_dict(), checkpoint_id=DIR)` keeps the flat buffers"
         ),
+    ),
+    "npy": FormatSupport(
+        "",
+        refusal="an .npy file is a numpy array, not a torch checkpoint: it has one array and no layout to flatten",
+        alternative="load it with numpy.load and save `torch.from_numpy(array)` with torch.save if torch needs it",
+    ),
+    "npz": FormatSupport(
+        "",
+        refusal="an .npz file holds numpy arrays, not a torch checkpoint",
+        alternative="load it with numpy.load and save `{name: torch.from_numpy(array)}` with torch.save, then "
+        "flatten that file",
     ),
     "pickle": FormatSupport(
         "",
@@ -152,6 +169,9 @@ def flatten_route(source: SourceFact) -> FlattenRoute:
             shown = ", ".join(unsafe[:3]) + (f" and {len(unsafe) - 3} more" if len(unsafe) > 3 else "")
             trust_reason = f"its pickle names {shown}, outside torch's weights-only allow-list; {_PICKLE_TRUST}"
     command = "memlayout flatten --trust" if trust_reason else "memlayout flatten"
+    if trust_reason and classes_from_main(source.pickle_globals):
+        # Saved from a script: its classes are `__main__.X`, found only through --main-module.
+        command += " --main-module MODULE"
     return FlattenRoute(command, support.writes, trust_reason, "", "")
 
 
@@ -204,5 +224,13 @@ def flatten_hint(source: SourceFact) -> str:
     if route.trust_reason:
         support = FORMAT_SUPPORT[source.format]
         where = ", with the classes it names importable" if support.trust is Trust.IF_UNSAFE_GLOBALS else ""
+        from_main = classes_from_main(source.pickle_globals)
+        if from_main:
+            shown = ", ".join(from_main[:3]) + (f" and {len(from_main) - 3} more" if len(from_main) > 3 else "")
+            return (
+                f"run `{route.command}` (only for a file you trust: {route.trust_reason}; it was saved from a "
+                f"script, so MODULE is the module on PYTHONPATH that defines {shown}, and OUT still names them "
+                "the script's own, so the script loads OUT as it loads IN)"
+            )
         return f"run `{route.command}` (only for a file you trust{where}: {route.trust_reason})"
     return f"run `{route.command}`"

@@ -16,6 +16,7 @@ from memlayout.core.content import content_reader
 from memlayout.core.facts import TensorFact
 from memlayout.diff.changes import Change, ChangeKind, DiffReport
 from memlayout.diff.names import NameMap, matching_keys, suggest_strip_prefixes
+from memlayout.load.hf_ties import declared_ties
 from memlayout.load.records import DeclaredTie, LoadedSource
 from memlayout.load.remote_location import RemoteOptions
 from memlayout.pipeline.batch import without_ignored_findings
@@ -133,6 +134,8 @@ def _config_ties(source: LoadedSource, names: list[str]) -> list[DeclaredTie]:
     """What a model directory's config restores among `names`, stored there or not."""
     from memlayout.load.hf_dir import config_ties, is_hf_dir
 
+    if source.model_config is not None:  # a remote folder's, as fetched
+        return declared_ties(source.model_config, names, stored=[t.name for t in source.tensors])
     if source.path is None or not os.path.isdir(source.path) or not is_hf_dir(source.path):
         return []
     return config_ties(source.path, names, stored=[t.name for t in source.tensors])

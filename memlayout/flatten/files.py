@@ -29,7 +29,7 @@ from memlayout.flatten.writers.safetensors_dir import (
 )
 from memlayout.io.atomic_write import atomic_directory, resolve_target
 from memlayout.load import load_path
-from memlayout.load.main_module import classes_from_main
+from memlayout.load.main_module import MAIN, classes_from_main, objects_from_main
 from memlayout.load.records import DeclaredTie, PickleGlobal
 
 
@@ -59,8 +59,8 @@ class FlattenResult:
     verified: bool
     unverified_reason: str = ""
     """Why OUT was not re-read, when it was not."""
-    verification: str = ""
-    """What verification compared, when it ran."""
+    verification: tuple[str, ...] = ()
+    """What verification proved, one clause per kind of change (`memlayout.flatten.verification`), when it ran."""
     stages: tuple[tuple[str, float], ...] = ()
     """Seconds per stage ("plan", "copy", "verify", "fsync", ...), in order."""
 
@@ -114,31 +114,39 @@ def refuse_unflattenable(facts: Facts, options: FlattenOptions) -> None:
     if route.trust_reason and not options.trust:
         raise UnsafeContentError(
             f"{where}: flatten needs --trust: {route.trust_reason}",
-            "pass --trust only if you trust whoever wrote the file",
+            f"pass {route.command.removeprefix('memlayout flatten ')} only if you trust whoever wrote the file",
+        )
+    if options.main_module is not None and not classes_from_main(facts.source.pickle_globals):
+        raise UsageError(
+            f"--main-module applies to a pickle saved from a script, and {where} looks nothing up in __main__",
+            "drop --main-module",
         )
     if route.trust_reason and facts.source.pickle_globals:
-        _require_importable(where, facts.source.pickle_globals)
+        _require_importable(where, facts.source.pickle_globals, options.main_module)
 
 
-def _require_importable(where: str, pickle_globals: tuple[PickleGlobal, ...]) -> None:
+def _require_importable(where: str, pickle_globals: tuple[PickleGlobal, ...], main_module: str | None) -> None:
     # With --trust the pickle is unpickled for real, which imports every class it
     # names. One that cannot be imported fails the write; --check says so too,
     # rather than promising a change the write cannot make.
     import importlib
 
     from_main = classes_from_main(pickle_globals)
-    if from_main:
+    if from_main and main_module is None:
         # A script's torch.save names its classes `__main__.X`, and here `__main__` is
-        # memlayout: no PYTHONPATH makes them import. flatten writes OUT's pickle with
-        # the classes' own module names, so resolving them elsewhere (activations'
-        # --main-module) would change what OUT asks for; the state dict is the way out.
+        # memlayout: no PYTHONPATH makes them import. --main-module says where they
+        # are defined; OUT's pickle names them `__main__.X` again, as IN's does.
+        listed = ", ".join(f"__main__.{name}" for name in from_main[:3])
         raise UsageError(
-            f"{where}: the pickle needs {', '.join(f'__main__.{name}' for name in from_main[:3])}: it was saved "
-            "from a script, whose classes only that script defines",
-            "in that script, torch.save(model.state_dict(), ...) and flatten that, which needs no --trust",
+            f"{where}: the pickle needs {listed}: it was saved from a script, whose classes only that script defines",
+            f"pass --main-module MODULE, the module on PYTHONPATH that defines {', '.join(from_main[:3])} (OUT "
+            "still names them __main__, so the script loads it as it loads IN); or, in that script, "
+            "torch.save(model.state_dict(), ...) and flatten that, which needs no --trust",
         )
+    if from_main and main_module is not None:
+        objects_from_main(main_module, from_main)
     for found in pickle_globals:
-        if found.allowed:
+        if found.allowed or found.module == MAIN:
             continue
         try:
             getattr(importlib.import_module(found.module), found.name.split(".")[0])
@@ -169,7 +177,7 @@ def _devices_written(plan: FlatPlan, facts: Facts) -> str:
 def _result(
     path: str, out: str | None, fmt: str, facts: Facts, after: LayoutAfter, notes: tuple[str, ...],
     device: tuple[str | None, str], copied: int, seconds: float, changes: list[str], verified: bool,
-    verification: str = "", stages: tuple[tuple[str, float], ...] = (),
+    verification: tuple[str, ...] = (), stages: tuple[tuple[str, float], ...] = (),
 ) -> FlattenResult:
     return FlattenResult(
         source=path,
@@ -189,7 +197,7 @@ def _result(
         notes=notes,
         verified=verified,
         unverified_reason=_unverified_reason(out, verified),
-        verification=verification if verified else "",
+        verification=verification if verified else (),
         stages=stages,
     )
 
@@ -419,7 +427,8 @@ def _merge_results(
         notes=tuple(dict.fromkeys((*notes, *(note for r in results for note in r.notes)))),
         verified=all(r.verified for r in results),
         unverified_reason=next((r.unverified_reason for r in results if r.unverified_reason), ""),
-        verification=next((r.verification for r in results if r.verification), ""),
+        # Each file was checked as its own kind of change asked; the directory's check is all of them.
+        verification=tuple(dict.fromkeys(clause for r in results for clause in r.verification)),
     )
 
 

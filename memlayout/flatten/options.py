@@ -24,6 +24,9 @@ class FlattenOptions:
     """KEEP (OUT records each tensor's device as IN does), "auto", "cpu", "cuda" or "cuda:N"."""
     align: int = DEFAULT_ALIGN
     trust: bool = False
+    main_module: str | None = None
+    """With `trust`: the module that defines what a script's pickle names `__main__.Name`.
+    OUT names them `__main__.Name` again, so the script that loads IN loads OUT."""
     check: bool = False
     in_place: bool = False
     verify: bool = True

@@ -19,8 +19,9 @@ from memlayout.core.fact_builder import build_facts
 from memlayout.errors import FlattenError
 from memlayout.flatten.apply import host_bytes, pread_into
 from memlayout.flatten.plan import FlatPlan, Placement
-from memlayout.flatten.torch_tree import location_tagging_pickle
+from memlayout.flatten.torch_tree import saving_pickle
 from memlayout.io.atomic_write import atomic_file, fsync_path
+from memlayout.load.main_module import classes_from_main
 from memlayout.load.records import LoadedSource
 from memlayout.load.torch_zip import load_torch_zip
 
@@ -30,19 +31,22 @@ if TYPE_CHECKING:
 COMPARE_CHUNK_BYTES = 8 << 20
 
 
-def save_torch(obj: Any, path: str, locations: dict[int, str] | None = None) -> None:
+def save_torch(
+    obj: Any, path: str, locations: dict[int, str] | None = None, from_main: dict[int, str] | None = None
+) -> None:
     """torch.save `obj` to `path` and fsync it.
 
     Args:
         obj: What to save.
         path: Where.
         locations: The location each storage records, by storage identity (`_torch.storage_id`), where it is not
-            its own (`memlayout.flatten.torch_tree.location_tagging_pickle`).
+            its own (`memlayout.flatten.torch_tree.saving_pickle`).
+        from_main: The objects written as `__main__.Name`, by identity (the same).
     """
     import torch
 
-    if locations:
-        torch.save(obj, path, pickle_module=location_tagging_pickle(locations))
+    if locations or from_main:
+        torch.save(obj, path, pickle_module=saving_pickle(locations, from_main))
     else:
         torch.save(obj, path)
     fsync_path(path)
@@ -82,6 +86,7 @@ def check_layout(
     plan: FlatPlan,
     expected_names: set[str] | None = None,
     load: Callable[[str], LoadedSource] | None = None,
+    from_main: list[str] | None = None,
 ) -> tuple[dict[int, int], dict[int, str]]:
     """Check a written torch.save file's layout against the plan, reading it as metadata.
 
@@ -91,6 +96,8 @@ def check_layout(
         expected_names: Names it must hold (all of IN's, for a same-format rewrite).
         load: Reads the written file as records; the torch.save zip reader by
             default (a TorchScript or torch.export archive needs its own).
+        from_main: What its pickle must look up in `__main__`, as IN's does (a
+            module a script saved); None does not check.
 
     Returns:
         (plan buffer index -> absolute file offset of its record's data,
@@ -101,6 +108,11 @@ def check_layout(
             name is missing, or a buffer has the wrong size or records another device.
     """
     with (load or load_torch_zip)(path) as source:
+        if from_main is not None and classes_from_main(source.pickle_globals) != from_main:
+            raise FlattenError(
+                f"verification failed: OUT looks up {classes_from_main(source.pickle_globals)} in __main__, "
+                f"IN {from_main}: the script that saved IN could not load it the same way"
+            )
         facts = build_facts(source)
         expected = _expected_by_name(plan)
         buffer_of: dict[str, int] = {}
@@ -145,6 +157,7 @@ def verify_torch_file(
     buffers: list[torch.Tensor],
     expected_names: set[str] | None = None,
     load: Callable[[str], LoadedSource] | None = None,
+    from_main: list[str] | None = None,
 ) -> None:
     """Check a written torch.save file against the plan and the filled buffers.
 
@@ -154,11 +167,12 @@ def verify_torch_file(
         buffers: The flat buffers whose bytes it should hold.
         expected_names: Names it must hold (all of IN's, for a same-format rewrite).
         load: Reads the written file as records (see `check_layout`).
+        from_main: What its pickle must look up in `__main__` (see `check_layout`).
 
     Raises:
         FlattenError: any name's layout, the sharing, or any byte differs.
     """
-    offsets, _ = check_layout(path, plan, expected_names, load)
+    offsets, _ = check_layout(path, plan, expected_names, load, from_main)
     for index, offset in offsets.items():
         if not compare_bytes(path, offset, buffers[index]):
             raise FlattenError(f"verification failed: bytes of {plan.buffers[index].label} differ on disk")
@@ -169,6 +183,7 @@ def write_torch(
     out: str,
     verify: Callable[[str], None] | None,
     locations: dict[int, str] | None = None,
+    from_main: dict[int, str] | None = None,
 ) -> bool:
     """torch.save `obj` atomically to `out`, verifying the temporary first.
 
@@ -177,13 +192,14 @@ def write_torch(
         out: The destination; replaced only after verification passes.
         verify: Called with the temporary path; raises to abort. None skips it.
         locations: The location each storage records where it is not its own (see `save_torch`).
+        from_main: The objects written as `__main__.Name` (see `save_torch`).
 
     Returns:
         Whether OUT was verified: not with `verify` None, nor when OUT is a device
         or pipe, which is written straight into and cannot be re-read.
     """
     with atomic_file(out) as output:
-        save_torch(obj, output.path, locations)
+        save_torch(obj, output.path, locations, from_main)
         if verify is None or output.is_stream:
             return False
         verify(output.path)

@@ -34,8 +34,18 @@ def render_check(result: FlattenResult) -> str:
     else:
         lines = [f"{result.source}: would change ({result.format}):"]
         lines += [f"  {change}" for change in result.changes]
+        # The count ML204 quotes ("flatten would use N"), so the two can be read side by side.
+        lines.append(f"  storages  {result.storages_before} -> {result.storages_after}")
     lines += [f"  note: {note}" for note in result.notes]
     return "\n".join(lines) + "\n"
+
+
+def _verified_lines(result: FlattenResult) -> list[str]:
+    """What reading OUT back proved, one clause a line, each for the kind of change it covers."""
+    if not result.verified:
+        return [f"  verified  skipped ({result.unverified_reason or '--no-verify'})"]
+    clauses = result.verification or ("OUT was read back",)
+    return [f"  {'verified' if number == 0 else '':8}  {clause}" for number, clause in enumerate(clauses)]
 
 
 def render_summary(result: FlattenResult) -> str:
@@ -55,10 +65,7 @@ def render_summary(result: FlattenResult) -> str:
         f"  bytes     {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)}"
         f" ({human_bytes(max(removed, 0))} bloat removed, {human_bytes(result.padding_bytes)} padding)",
         f"  time      {result.seconds:.3f} s{_rate(result)}",
-        "  verified  " + (
-            (result.verification or "reloaded OUT: values and sharing match")
-            if result.verified else f"skipped ({result.unverified_reason or '--no-verify'})"
-        ),
+        *_verified_lines(result),
     ]
     if result.already_flat:
         lines.insert(1, "  IN was already flat; OUT is a verified copy")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from memlayout import _torch
 from memlayout.errors import CorruptCheckpointError, FlattenError, UnsafeContentError, UsageError
 from memlayout.io.zip_archive import ZipReader
+from memlayout.load.main_module import pickle_module_resolving_main
 
 if TYPE_CHECKING:
     import torch
@@ -91,7 +92,9 @@ class _RecordsOfIn:
         return self.archive.read(name).decode("ascii", "replace") if name in self.archive.by_name else ""
 
 
-def rebuild_tree(archive: ZipReader, prefix: str, trust: bool, path: str) -> tuple[Any, StandIns]:
+def rebuild_tree(
+    archive: ZipReader, prefix: str, trust: bool, path: str, main_module: str | None = None
+) -> tuple[Any, StandIns]:
     """IN's object tree as `torch.load(path, map_location="cpu")` builds it, on stand-in storages.
 
     Args:
@@ -100,6 +103,7 @@ def rebuild_tree(archive: ZipReader, prefix: str, trust: bool, path: str) -> tup
         trust: Unpickle for real (runs code from the file); otherwise torch's
             weights-only unpickler.
         path: IN, for messages.
+        main_module: With `trust`, the module that defines what the pickle names `__main__.Name`.
 
     Returns:
         The tree, and the stand-ins that map its storages back to record keys.
@@ -111,7 +115,11 @@ def rebuild_tree(archive: ZipReader, prefix: str, trust: bool, path: str) -> tup
     """
     stand_ins = StandIns()
     records = _RecordsOfIn(archive, prefix, stand_ins)
-    module: Any = _torch.weights_only_unpickler() if not trust else pickle
+    module: Any = pickle
+    if not trust:
+        module = _torch.weights_only_unpickler()
+    elif main_module is not None:
+        module = pickle_module_resolving_main(main_module)
     try:
         root = _torch.load_pickle_from_records(records, module)
     except pickle.UnpicklingError as exc:
@@ -154,19 +162,26 @@ class _Recorder:
         raise CorruptCheckpointError("torch.serialization.skip_data is on; flatten cannot write without data")
 
 
-def location_tagging_pickle(locations: dict[int, str]) -> Any:
-    """A pickle module for torch.save whose storages record the given locations, not their own.
+def saving_pickle(locations: dict[int, str] | None = None, from_main: dict[int, str] | None = None) -> Any:
+    """A pickle module for torch.save that writes what IN recorded where the objects alone would not.
 
-    torch.save writes each storage's location (`cpu`, `cuda:0`) into its persistent id
-    `('storage', type, key, location, numel)`, and torch.load restores the storage
-    there (or where `map_location` says). The bytes are the same on any device, so
-    flatten moves them on the CPU and writes IN's locations: keeping a CUDA
-    checkpoint's devices needs no GPU. torch's `_save` subclasses the module's
-    Pickler and overrides its `persistent_id`; `__init_subclass__` wraps that method.
+    - Locations: torch.save writes each storage's location (`cpu`, `cuda:0`) into its
+      persistent id `('storage', type, key, location, numel)`, and torch.load restores
+      the storage there (or where `map_location` says). The bytes are the same on any
+      device, so flatten moves them on the CPU and writes IN's locations: keeping a
+      CUDA checkpoint's devices needs no GPU. torch's `_save` subclasses the module's
+      Pickler and overrides its `persistent_id`; `__init_subclass__` wraps that method.
+    - `__main__` names: a script's classes, imported under `--main-module`, carry that
+      module's name, and a pickler writes a class by its `__module__`. They are
+      written as `__main__.Name` again, as IN names them, so the script that loads IN
+      loads OUT. Only Python's own Pickler lets a subclass decide how a global is
+      written, so that one is used then (slower, and only for these files).
 
     Args:
         locations: storage identity (`_torch.storage_id`) -> the location to record; any other
             storage records its own.
+        from_main: id(object) -> its name in `__main__`
+            (`memlayout.load.main_module.objects_from_main`).
 
     Returns:
         An object to pass as `pickle_module` to `torch.save` or `torch.serialization._save`.
@@ -175,9 +190,14 @@ def location_tagging_pickle(locations: dict[int, str]) -> Any:
 
     import torch
 
-    class LocationTaggingPickler(pickle.Pickler):
+    base: Any = pickle._Pickler if from_main else pickle.Pickler
+    main_names = from_main or {}
+
+    class SavingPickler(base):  # type: ignore[misc]
         def __init_subclass__(cls, **kwargs: Any) -> None:
             super().__init_subclass__(**kwargs)
+            if not locations:
+                return
             torchs_persistent_id = cls.persistent_id
 
             def persistent_id(self: Any, obj: Any) -> Any:
@@ -189,18 +209,39 @@ def location_tagging_pickle(locations: dict[int, str]) -> Any:
                         saved_id = (*saved_id[:3], location, *saved_id[4:])
                 return saved_id
 
-            cls.persistent_id = persistent_id  # type: ignore[method-assign]
+            cls.persistent_id = persistent_id
 
-    return types.SimpleNamespace(__name__="pickle", Pickler=LocationTaggingPickler)
+        def save_global(self, obj: Any, name: str | None = None) -> None:
+            main_name = main_names.get(id(obj))
+            if main_name is None:
+                super().save_global(obj, name)
+                return
+            # What pickle's save_global writes for a global found in a module by its name.
+            if self.proto >= 4:
+                self.save("__main__")
+                self.save(main_name)
+                self.write(pickle.STACK_GLOBAL)
+            else:
+                self.write(pickle.GLOBAL + f"__main__\n{main_name}\n".encode())
+            self.memoize(obj)
+
+    if from_main:
+        # Python's Pickler writes functions through its dispatch table, not save_global.
+        SavingPickler.dispatch = {**base.dispatch, types.FunctionType: SavingPickler.save_global}
+
+    return types.SimpleNamespace(__name__="pickle", Pickler=SavingPickler)
 
 
-def pickle_records(root: Any, locations: dict[int, str] | None = None) -> PickledRecords:
+def pickle_records(
+    root: Any, locations: dict[int, str] | None = None, from_main: dict[int, str] | None = None
+) -> PickledRecords:
     """data.pkl and the records torch.save would write for `root`, storages unread.
 
     Args:
         root: The flat tree (every tensor on CPU).
         locations: The location each storage records, by storage identity (`_torch.storage_id`), where it is
-            not its own (see `location_tagging_pickle`).
+            not its own (see `saving_pickle`).
+        from_main: The objects written as `__main__.Name`, by identity (see `saving_pickle`).
 
     Returns:
         The small records as bytes, and the storages in writing order.
@@ -209,7 +250,7 @@ def pickle_records(root: Any, locations: dict[int, str] | None = None) -> Pickle
         FlattenError: torch refuses to save the tree (two dtypes viewing one storage).
     """
     recorder = _Recorder()
-    module = location_tagging_pickle(locations) if locations else pickle
+    module = saving_pickle(locations, from_main) if locations or from_main else pickle
     try:
         _torch.save_pickle_to_records(root, recorder, module)
     except RuntimeError as exc:

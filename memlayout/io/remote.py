@@ -1,289 +1,367 @@
-"""Byte ranges of files behind URLs, through fsspec: no HTTP client of memlayout's own.
+"""Byte ranges of files behind URLs: what a run shares (`RemoteTransport`) and what one source reads (`RemoteFiles`).
 
 Inspecting a checkpoint needs its metadata, not its tensors: a safetensors header,
 a zip's directory and pickle. So a remote file is read as a few byte ranges, and
 every range of one step is fetched concurrently (`RemoteFiles.read_ranges`: one
-request per shard header of a sharded model, all in flight at once).
+request per shard header of a sharded model, all in flight at once; several ranges
+of one file in one request where the server allows it).
 
-HTTP(S) goes through fsspec's `HTTPFileSystem` (aiohttp underneath). aiohttp's
-request tracing is where memlayout watches each exchange, because fsspec's
-`cat_file` neither shows the status nor the headers:
-- a 200 answer to a Range request means the server ignores Range and is sending
-  the whole file: the request is stopped before its body is read, and the read is
-  refused unless the caller allowed a full download;
-- a redirect to another scheme (https -> http, or the reverse) is refused;
-- an ETag that changes between two requests for one URL means the file was
-  replaced between them, and ranges of two different files are no file at all.
-Any other fsspec filesystem (s3://, gs://, ...) is used as the user installed it;
-there, the requests and bytes are counted as the ranges asked for.
+A run opens one `RemoteTransport` and every source it reads shares it: one HTTP
+session and connection pool (`memlayout.io.http_transport`, aiohttp), one fsspec
+filesystem per other scheme (s3://, gs://, ..., used as the user installed
+them; there the requests and bytes are counted as the ranges asked for). So the
+descriptors and memory a run holds do not grow with the sources it reads. A
+source read alone (`memlayout.inspect(url)`) gets a transport of its own, closed
+with the source.
+
+Each source's `RemoteFiles` keeps what it fetched (metadata only: tensor bytes for
+--deep are not kept), so a loader may fetch the ranges it will need early, all
+at once, and read them later as it parses.
 
 Nothing here knows about tensors, and nothing is executed: bytes are only bytes.
 """
 
 from __future__ import annotations
 
-import asyncio
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlayout.errors import RangeNotSupportedError, RemoteReadError
+from memlayout.io.remote_watch import AUTH_HINT, Tally, Watch
+
+if TYPE_CHECKING:
+    from memlayout.io.http_transport import HttpTransport, Reply
+
+__all__ = [
+    "AUTH_HINT", "DEFAULT_TIMEOUT_S", "RemoteFiles", "RemoteTransport", "Tally", "connections_for",
+    "start_importing_transport",
+]
 
 DEFAULT_TIMEOUT_S = 30.0
-MAX_REDIRECTS = 10
-AUTH_HINT = (
-    "a private or gated Hugging Face repository needs a token: set the HF_TOKEN environment variable "
-    "(memlayout sends it only to the Hub's endpoint)"
-)
+DEFAULT_CONNECTIONS = 64
+"""Connections a run keeps open at once: 16 paths in flight, each with a few requests."""
+MAX_CONNECTIONS = 128
+DESCRIPTORS_KEPT = 64
+"""Descriptors left for everything else (Python's own, the loop's, local files a run reads)."""
 
 
-@dataclass
-class Tally:
-    """What the reads of one source cost, over every file they touched."""
+def connections_for(jobs: int) -> int:
+    """How many connections a run with `jobs` paths in flight keeps: 4 a path, within the descriptors it may open.
 
-    requests: int = 0
-    """HTTP requests sent, redirects included (or ranges asked for, on other filesystems)."""
-    bytes_fetched: int = 0
-    """Response body bytes received."""
-    sizes: dict[str, int] = field(default_factory=dict)
-    """Each file's full size, by URL, as the server reported it."""
+    Each connection is a descriptor. Under a low `ulimit -n` the pool shrinks to
+    fit, and requests wait for a free connection rather than fail with "Too many
+    open files".
+    """
+    wanted = min(MAX_CONNECTIONS, max(16, 4 * jobs))
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):  # no such limit (Windows)
+        return wanted
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(4, min(wanted, (soft - DESCRIPTORS_KEPT) // 2))
 
 
 def start_importing_transport() -> None:
-    """Import fsspec's HTTP filesystem and aiohttp in a background thread, for a command about to read a URL.
+    """Import aiohttp and memlayout's HTTP transport in a background thread, for a command about to read a URL.
 
     Importing aiohttp builds its TLS contexts (loading the system's CA
-    certificates), which with fsspec costs about as much as the rest of an
-    inspect's start. OpenSSL loads them without the GIL, and the command's own
-    imports (rules, reports) go on meanwhile, so a CLI that sees a URL among its
-    paths calls this first. A failed import here is ignored: `RemoteFiles` imports
-    again and reports it.
+    certificates), which costs about as much as the rest of an inspect's start.
+    OpenSSL loads them without the GIL, and the command's own imports (rules,
+    reports) go on meanwhile, so a CLI that sees a URL among its paths calls this
+    first. A failed import here is ignored: `RemoteTransport` imports again and
+    reports it.
     """
     import contextlib
-    import threading
 
     def run() -> None:
         with contextlib.suppress(ImportError):
-            import fsspec.implementations.http  # noqa: F401
+            import memlayout.io.http_transport  # noqa: F401
 
     threading.Thread(target=run, name="memlayout-import-transport", daemon=True).start()
 
 
 def _missing_extra(what: str) -> RemoteReadError:
     return RemoteReadError(
-        f"reading {what} needs fsspec and aiohttp, which are not installed",
+        f"reading {what} needs aiohttp and fsspec, which are not installed",
         "install them with: pip install 'memlayout[remote]'",
     )
 
 
+class RemoteTransport:
+    """What every remote read of one run shares: one HTTP session and pool, one filesystem per other scheme.
+
+    Args:
+        timeout_s: Bound on each request, its redirects and retries included.
+        connections: HTTP connections open at once, over every host.
+
+    Example:
+        >>> with RemoteTransport(timeout_s=10) as transport:  # doctest: +SKIP
+        ...     files = RemoteFiles("https", transport=transport)
+    """
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, connections: int = DEFAULT_CONNECTIONS) -> None:
+        self.timeout_s = timeout_s
+        self.connections = connections
+        self._lock = threading.Lock()
+        self._http: HttpTransport | None = None
+        self._filesystems: dict[str, Any] = {}
+
+    def http(self) -> HttpTransport:
+        """The run's HTTP session, started on first use."""
+        with self._lock:
+            if self._http is None:
+                try:
+                    from memlayout.io.http_transport import HttpTransport
+                except ImportError:
+                    raise _missing_extra("http:// and https:// URLs") from None
+                self._http = HttpTransport(self.timeout_s, self.connections)
+            return self._http
+
+    def filesystem(self, protocol: str) -> Any:
+        """The run's fsspec filesystem for `protocol` (s3, gs, ...), made on first use."""
+        with self._lock:
+            if protocol not in self._filesystems:
+                try:
+                    import fsspec
+                except ImportError:
+                    raise _missing_extra(f"{protocol}:// URLs") from None
+                try:
+                    self._filesystems[protocol] = fsspec.filesystem(protocol, skip_instance_cache=True)
+                except (ImportError, ValueError) as exc:
+                    raise RemoteReadError(
+                        f"{protocol}:// URLs need an fsspec filesystem for {protocol}, which is not installed ({exc})",
+                        f"install it (s3fs for s3://, gcsfs for gs://) or download the file; memlayout reads "
+                        f"{protocol}:// through fsspec",
+                    ) from None
+            return self._filesystems[protocol]
+
+    def close(self) -> None:
+        """Close the HTTP session and its connections; safe to call more than once."""
+        with self._lock:
+            http, self._http = self._http, None
+            self._filesystems.clear()
+        if http is not None:
+            http.close()
+
+    def __enter__(self) -> RemoteTransport:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 class RemoteFiles:
-    """Reads byte ranges of remote files; one instance per loaded source, so its tally is that source's.
+    """Reads byte ranges of one source's remote files; its tally is that source's.
 
     Args:
         protocol: The URL scheme ("https", "http", "s3", "gs", ...).
-        timeout_s: Bound on each request, connection and body together.
-        headers: Sent with every HTTP request (an Authorization header for the Hub).
+        transport: The run's shared transport; None makes one that `close` closes.
+        timeout_s: Bound on each request, for a transport of its own.
+        headers: Sent with every HTTP request to the origin of the URL asked (an
+            Authorization header for the Hub never follows a redirect elsewhere).
         download: Allow reading a file whole when its server ignores Range requests.
+        sizes: Files' sizes already known (the Hub's listing), by URL.
     """
 
     def __init__(
-        self, protocol: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, headers: dict[str, str] | None = None,
-        download: bool = False,
+        self, protocol: str, *, transport: RemoteTransport | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+        headers: dict[str, str] | None = None, download: bool = False, sizes: dict[str, int] | None = None,
     ) -> None:
         self.protocol = protocol
-        self.timeout_s = timeout_s
+        self._owned = transport is None
+        self.transport = transport if transport is not None else RemoteTransport(timeout_s, connections=16)
+        self.timeout_s = self.transport.timeout_s
         self.download = download
-        self.tally = Tally()
-        self._etags: dict[str, str] = {}
+        self.headers = dict(headers or {})
+        self.watch = Watch()
+        self.watch.tally.sizes.update(sizes or {})
+        self._spans: dict[str, list[tuple[int, bytes]]] = {}
         self._whole: dict[str, bytes] = {}
-        self._http = protocol in ("http", "https")
+        self._is_http = protocol in ("http", "https")
         try:
-            import fsspec
+            if self._is_http:
+                self._http: HttpTransport | None = self.transport.http()
+                self.fs: Any = None
+            else:
+                self._http = None
+                self.fs = self.transport.filesystem(protocol)
+        except BaseException:
+            self.close()
+            raise
 
-            if self._http:
-                import aiohttp  # noqa: F401  (fsspec's HTTP filesystem needs it; say so before any request)
-        except ImportError:
-            raise _missing_extra(f"{protocol}:// URLs") from None
-        if self._http:
-            self.fs: Any = fsspec.filesystem(
-                "http", skip_instance_cache=True, client_kwargs=self._client_kwargs(),
-                headers=dict(headers or {}), max_redirects=MAX_REDIRECTS,
-            )
-        else:
-            try:
-                self.fs = fsspec.filesystem(protocol, skip_instance_cache=True)
-            except (ImportError, ValueError) as exc:
-                raise RemoteReadError(
-                    f"{protocol}:// URLs need an fsspec filesystem for {protocol}, which is not installed ({exc})",
-                    f"install it (s3fs for s3://, gcsfs for gs://) or download the file; memlayout reads "
-                    f"{protocol}:// through fsspec",
-                ) from None
+    @property
+    def tally(self) -> Tally:
+        return self.watch.tally
 
-    # -- HTTP watching -------------------------------------------------------------
-
-    def _client_kwargs(self) -> dict[str, Any]:
-        import aiohttp
-
-        trace = aiohttp.TraceConfig()
-        trace.on_request_start.append(self._on_start)
-        trace.on_request_redirect.append(self._on_redirect)
-        trace.on_request_end.append(self._on_end)
-        trace.on_response_chunk_received.append(self._on_chunk)
-        return {"trace_configs": [trace], "timeout": aiohttp.ClientTimeout(total=self.timeout_s)}
-
-    async def _on_start(self, session: Any, context: Any, params: Any) -> None:
-        self.tally.requests += 1
-        context.url = str(params.url)
-        context.scheme = params.url.scheme
-
-    async def _on_redirect(self, session: Any, context: Any, params: Any) -> None:
-        location = params.response.headers.get("Location", "")
-        target = params.url.join(type(params.url)(location))
-        if target.scheme != context.scheme:
-            raise RemoteReadError(
-                f"{context.url}: the server redirects to {target.scheme}:// ({target.human_repr()}), "
-                "and memlayout follows no redirect to another scheme",
-                "use the final URL if you trust it",
-            )
-        self.tally.requests += 1  # the next hop is one more request
-
-    async def _on_end(self, session: Any, context: Any, params: Any) -> None:
-        response = params.response
-        if "Range" in params.headers and response.status == 200:
-            length = response.headers.get("Content-Length")
-            raise RangeNotSupportedError(context.url, int(length) if length and length.isdigit() else None)
-        if response.status == 206:
-            total = response.headers.get("Content-Range", "").rpartition("/")[2]
-            if total.isdigit():
-                self.tally.sizes[context.url] = int(total)
-        etag = response.headers.get("ETag")
-        if etag and response.status in (200, 206):
-            seen = self._etags.setdefault(context.url, etag)
-            if seen != etag:
-                raise RemoteReadError(
-                    f"{context.url} changed while it was being read (ETag {seen} became {etag})",
-                    "run the command again once the upload is finished",
-                )
-
-    async def _on_chunk(self, session: Any, context: Any, params: Any) -> None:
-        self.tally.bytes_fetched += len(params.chunk)
+    def close(self) -> None:
+        """Close the transport if this source made its own; the run closes a shared one."""
+        if self._owned:
+            self.transport.close()
 
     # -- reads ---------------------------------------------------------------------
 
-    def read(self, url: str, start: int, end: int) -> bytes:
-        """Bytes `start .. end` of the file at `url` (fewer only past its end)."""
-        return self.read_ranges([(url, start, end)])[0]
+    def read(self, url: str, start: int, end: int, keep: bool = True) -> bytes:
+        """Bytes `start .. end` of the file at `url` (fewer only past its end); `keep` False for tensor bytes."""
+        return self.read_ranges([(url, start, end)], keep)[0]
 
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        """Several (url, start, end) ranges, fetched concurrently, in the order asked.
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]], keep: bool = True) -> list[bytes]:
+        """Several (url, start, end) ranges, fetched concurrently (what is not held already), in the order asked.
+
+        Args:
+            ranges: Byte ranges; `start` below 0 asks for a file's last `-start` bytes.
+            keep: Hold what is fetched for later reads of the same bytes.
 
         Raises:
             RemoteReadError: the first range that failed, as one line with a hint.
         """
-        wanted = [(url, start, end) for url, start, end in ranges if url not in self._whole and end > start]
-        fetched: dict[tuple[str, int, int], bytes] = {}
-        if wanted:
-            results = self._fetch(wanted)
-            failures = [(r, out) for r, out in zip(wanted, results, strict=True) if isinstance(out, BaseException)]
-            if failures:
-                (url, start, end), error = failures[0]
-                if isinstance(error, RangeNotSupportedError) and self.download:
-                    self._download(url)
-                    return self.read_ranges(ranges)
-                raise self._explain(url, error)
-            for r, out in zip(wanted, results, strict=True):
-                if len(out) != min(r[2], self.tally.sizes.get(r[0], r[2])) - r[1]:
-                    raise RemoteReadError(
-                        f"{r[0]}: asked for bytes {r[1]}..{r[2]} and got {len(out)} (a truncated reply)",
-                        "run the command again; if it persists, the server or a proxy cuts replies short",
-                    )
-                fetched[r] = out
-        out_list = []
-        for url, start, end in ranges:
-            whole = self._whole.get(url)
-            if whole is not None:
-                out_list.append(whole[start:end])
+        got = self.attempt(ranges, keep)
+        for out in got:
+            if isinstance(out, RemoteReadError):
+                raise out
+        return got  # type: ignore[return-value]  # no error is left
+
+    def attempt(self, wants: Sequence[tuple[str, int, int | None]], keep: bool = True) -> list[bytes | RemoteReadError]:
+        """Reads that succeed or fail each on its own, fetched concurrently; `end` None reads a whole file.
+
+        Returns:
+            Each read's bytes, or its error as one line (a 404 is a file that is not there).
+        """
+        results: list[bytes | RemoteReadError | None] = [self._held(*want) for want in wants]
+        todo = [i for i, (_, start, end) in enumerate(wants)
+                if results[i] is None and (end is None or end > start or start < 0)]
+        asked = [self._clamped(*wants[i]) for i in todo]
+        fetched = self._fetch(asked) if asked else []
+        for index, (url, start, end), out in zip(todo, asked, fetched, strict=True):
+            if isinstance(out, RangeNotSupportedError) and self.download:
+                whole = self.attempt([(url, 0, None)])[0]
+                results[index] = whole if isinstance(whole, RemoteReadError) else self._held(*wants[index])
+            elif isinstance(out, BaseException):
+                results[index] = self._explain(url, out)
+            elif end is None:
+                self._whole[url] = out
+                self.tally.sizes.setdefault(url, len(out))
+                results[index] = out
             else:
-                out_list.append(fetched.get((url, start, end), b""))
-        return out_list
+                results[index] = self._checked(url, start, end, out, keep)
+        return [out if out is not None else b"" for out in results]
+
+    def _checked(self, url: str, start: int, end: int, out: bytes, keep: bool) -> bytes | RemoteReadError:
+        size = self.tally.sizes.get(url)
+        if start < 0:  # a suffix of a file whose size the reply just gave
+            start = max(0, size + start) if size is not None else 0
+            end = size if size is not None else start + len(out)
+        if len(out) != min(end, size if size is not None else end) - start:
+            return RemoteReadError(
+                f"{url}: asked for bytes {start}..{end} and got {len(out)} (a truncated reply)",
+                "run the command again; if it persists, the server or a proxy cuts replies short",
+            )
+        if keep:
+            self._spans.setdefault(url, []).append((start, out))
+        return out
 
     def read_whole(self, url: str) -> bytes:
         """A small file in full (an index or config.json), in one request."""
-        if url not in self._whole:
-            self._download(url)
-        return self._whole[url]
+        out = self.attempt([(url, 0, None)])[0]
+        if isinstance(out, RemoteReadError):
+            raise out
+        return out
 
     def size(self, url: str) -> int:
-        """The file's full size, from a ranged reply already received or one metadata request."""
+        """The file's full size, from the listing, a ranged reply already received, or one metadata request."""
         known = self.tally.sizes.get(url)
         if known is not None:
             return known
         if url in self._whole:
             return len(self._whole[url])
+        if self._http is not None:
+            self.read(url, -1, 0)  # the last byte: its reply's Content-Range says the size
+            return self.tally.sizes[url]
         try:
             size = int(self.fs.size(url))
         except Exception as exc:  # fsspec's and the filesystems' errors vary; each gets one line
             raise self._explain(url, exc) from None
         self.tally.sizes[url] = size
-        if not self._http:
-            self.tally.requests += 1
+        self.tally.requests += 1
         return size
 
-    def _download(self, url: str) -> None:
+    def get_document(self, url: str) -> Reply:
+        """A whole HTTP document of any status (the Hub's API), for the caller to read; network errors raise."""
+        assert self._http is not None
         try:
-            data = bytes(self.fs.cat_file(url))
+            return self._http.get(url, self.headers, self.watch)
         except Exception as exc:
             raise self._explain(url, exc) from None
-        if not self._http:
-            self.tally.requests += 1
-            self.tally.bytes_fetched += len(data)
-        self._whole[url] = data
-        self.tally.sizes[url] = len(data)
 
-    def _fetch(self, ranges: list[tuple[str, int, int]]) -> list[Any]:
-        urls = [r[0] for r in ranges]
-        starts = [r[1] for r in ranges]
-        ends = [r[2] for r in ranges]
+    # -- below the reads --------------------------------------------------------------
+
+    def _held(self, url: str, start: int, end: int | None) -> bytes | None:
+        whole = self._whole.get(url)
+        if whole is not None:
+            return whole[start:end] if start >= 0 else whole[start:]
+        if end is None:
+            return None
+        size = self.tally.sizes.get(url)
+        if start < 0:
+            if size is None:
+                return None
+            start, end = max(0, size + start), size
+        if size is not None:
+            end = min(end, size)
+        if end <= start:
+            return b""
+        # Bytes held may lie in consecutive spans (a header's first bytes, then its rest).
+        pieces = []
+        at = start
+        for begin, data in sorted(self._spans.get(url, ()), key=lambda span: span[0]):
+            if begin <= at < begin + len(data):
+                piece = data[at - begin : min(end, begin + len(data)) - begin]
+                pieces.append(piece)
+                at += len(piece)
+                if at >= end:
+                    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return None
+
+    def _clamped(self, url: str, start: int, end: int | None) -> tuple[str, int, int | None]:
+        size = self.tally.sizes.get(url)
+        if size is None or end is None:
+            return url, start, end
+        if start < 0:
+            return url, max(0, size + start), size
+        return url, start, min(end, size)
+
+    def _fetch(self, wants: Sequence[tuple[str, int, int | None]]) -> list[Any]:
+        if self._http is not None:
+            from memlayout.io.http_transport import Want
+
+            return self._http.fetch([Want(*want) for want in wants], self.headers, self.watch)
+        return [self._fsspec_read(url, start, end) for url, start, end in wants]
+
+    def _fsspec_read(self, url: str, start: int, end: int | None) -> Any:
         try:
-            results: list[Any] = self.fs.cat_ranges(urls, starts, ends, on_error="return")
-        except Exception as exc:
-            return [exc] * len(ranges)
-        if not self._http:
-            for out in results:
-                if not isinstance(out, BaseException):
-                    self.tally.requests += 1
-                    self.tally.bytes_fetched += len(out)
-        return results
+            if end is None:
+                data = bytes(self.fs.cat_file(url))
+            else:
+                if start < 0:
+                    size = self.size(url)
+                    start, end = max(0, size + start), size
+                data = bytes(self.fs.cat_file(url, start=start, end=end))
+        except Exception as exc:  # fsspec's and the filesystems' errors vary; each gets one line
+            return exc
+        self.tally.requests += 1
+        self.tally.bytes_fetched += len(data)
+        return data
 
     def _explain(self, url: str, error: BaseException) -> RemoteReadError:
         """One line for whatever the transport raised."""
         if isinstance(error, RemoteReadError):
             return error
-        try:
-            import aiohttp
-        except ImportError:  # a non-HTTP filesystem without aiohttp
-            aiohttp = None  # type: ignore[assignment]
         if isinstance(error, FileNotFoundError):
             return RemoteReadError(f"{url}: not found (HTTP 404)", f"check the URL; {AUTH_HINT}")
-        if aiohttp is not None:
-            if isinstance(error, aiohttp.TooManyRedirects):
-                return RemoteReadError(
-                    f"{url}: more than {MAX_REDIRECTS} redirects (a redirect loop?)", "check the URL with the server"
-                )
-            if isinstance(error, aiohttp.ClientResponseError):
-                status = error.status
-                if status in (401, 403):
-                    word = "unauthorized" if status == 401 else "forbidden"
-                    return RemoteReadError(f"{url}: access refused (HTTP {status} {word})", AUTH_HINT)
-                return RemoteReadError(f"{url}: the server answered HTTP {status} {error.message}")
-            if isinstance(error, aiohttp.ClientPayloadError):
-                return RemoteReadError(
-                    f"{url}: the reply ended before the bytes it announced (a truncated body)",
-                    "run the command again; if it persists, the server or a proxy cuts replies short",
-                )
-            if isinstance(error, aiohttp.ClientConnectionError) and not isinstance(error, asyncio.TimeoutError):
-                return RemoteReadError(f"{url}: cannot connect ({error})", "check the address and the network")
-        if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+        if isinstance(error, TimeoutError):
             return RemoteReadError(
                 f"{url}: no complete reply within {self.timeout_s:g} s (a timeout)",
                 "retry, or allow longer with --timeout SECONDS",

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from memlayout.errors import (
     CorruptCheckpointError,
+    MemlayoutError,
     SourceNotFoundError,
     UnrecognizedFormatError,
     UsageError,
@@ -24,7 +25,9 @@ from memlayout.load import detect
 from memlayout.load.records import LoadedSource
 from memlayout.load.remote_location import RemoteOptions, remote_location
 
-HEAD_BYTES = 64
+HEAD_BYTES = detect.TAR_BLOCK
+"""Bytes read to recognize a file: one read of a tar's first block costs what 64 bytes do, and
+then no check reads a small file a second time (a folder walk reads thousands of them)."""
 
 
 class Format(NamedTuple):
@@ -46,10 +49,12 @@ class Format(NamedTuple):
 # check reads one 512-byte block, so it runs after the cheaper zip checks.
 FORMATS: list[Format] = [
     Format("safetensors", "memlayout.load.safetensors_file", "load_safetensors", detect.is_safetensors),
+    Format("npy", "memlayout.load.numpy_file", "load_npy", detect.is_npy),
     Format("dcp", "memlayout.load.dcp", "load_dcp", detect.is_dcp_dir),
     Format("hf-dir", "memlayout.load.hf_dir", "load_hf_dir", detect.is_hf_dir),
     Format("torch-export", "memlayout.load.pt2", "load_pt2", detect.is_pt2_zip),
     Format("torchscript", "memlayout.load.torchscript", "load_torchscript", detect.is_torchscript_zip),
+    Format("npz", "memlayout.load.numpy_file", "load_npz", detect.is_npz),
     Format("torch-zip", "memlayout.load.torch_zip", "load_torch_zip", detect.is_zip),
     Format("torch-legacy-tar", "memlayout.load.legacy_tar", "load_legacy_tar", detect.has_tar_magic,
            confirm="is_legacy_tar"),
@@ -93,6 +98,34 @@ def _detected(path: str) -> tuple[Format, bytes]:
     if not head:
         raise UnrecognizedFormatError(f"{path} is a directory with no model memlayout can read")
     raise UnrecognizedFormatError(f"{path} is not a checkpoint format memlayout recognizes")
+
+
+def recognized_format(path: str, head: bytes) -> str | None:
+    """The format whose checks recognize a file by its first bytes, or None; never raises.
+
+    What a folder walk asks of each file: `head` is what it read (`HEAD_BYTES`, or
+    the whole of a shorter file), and only a format whose first bytes match imports
+    its loader to confirm.
+
+    Args:
+        path: A file.
+        head: Its first bytes; b"" for an empty file.
+
+    Returns:
+        The `FORMATS` name, or None for an empty file or content no format recognizes.
+    """
+    if not head:
+        return None
+    for fmt in FORMATS:
+        # Once per file of a folder walk: the cheap checks inline, a loader only to confirm.
+        if not fmt.detect(path, head):
+            continue
+        try:
+            if fmt.confirm is None or _function(fmt, fmt.confirm)(path, head):
+                return fmt.name
+        except (MemlayoutError, OSError, ValueError):
+            continue  # a check that cannot read the file says no; a later format may still say yes
+    return None
 
 
 def detect_format(path: str) -> str:

@@ -8,7 +8,10 @@ the chunks (offsets and sizes of each shard), and where each chunk's bytes lie.
 
 Metadata only: each tensor gets one storage of its global size with
 `has_data=False` (chunks are serialized tensors inside the .distcp files, not raw
-ranges), and the device is unknown because DCP does not record it.
+ranges), and the device is unknown because DCP does not record it. Two names
+whose chunks are read from the same bytes share that storage, as a tie stored
+once; each chunk is a `ChunkRecord`, where it sits in its tensor and in its file,
+which ML106 reads for chunks that cover the same elements twice.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from memlayout.format_bytes import counted
 from memlayout.load.detect import DCP_DATA_SUFFIX, DCP_METADATA_FILE
 from memlayout.load.pickled_objects import InertObject
 from memlayout.load.records import (
+    ChunkRecord,
     LoadedSource,
     PickleGlobal,
     StorageRecord,
@@ -39,11 +43,21 @@ _NOTE_LIMIT = 10
 _EXPECTED_PREFIX = "torch.distributed.checkpoint."
 
 
+LAYOUT_UNRECORDED = (
+    "torch.distributed.checkpoint metadata records no strides, storage offsets, devices or addresses: dcp.load "
+    "reads each chunk with torch.load into fresh memory and copies it into the caller's own tensors, whose "
+    "layout and alignment are the caller's"
+)
+"""Why the rules that read layout cannot run on DCP; those that read chunks and shared bytes do."""
+
+
 class DcpChunk(NamedTuple):
-    """One shard of a tensor: where it sits in the global tensor."""
+    """One shard of a tensor: where it sits in the global tensor, and where its bytes lie."""
 
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
+    stored: tuple[str, int, int] | None = None
+    """(file, byte offset, byte length) `.metadata`'s storage_data gives the chunk; None when it names none."""
 
 
 class DcpTensor(NamedTuple):
@@ -80,6 +94,24 @@ def _dtype(properties: Any) -> str:
     return "uint8"
 
 
+def _stored_chunks(root: Any) -> dict[tuple[str, Any], tuple[str, int, int]]:
+    """(fqn, index hint) and (fqn, offsets) -> (file, byte offset, byte length), from storage_data.
+
+    dcp.save keys each chunk's bytes by MetadataIndex(fqn, offset, index), the index
+    being the chunk's place in the tensor's list; the offsets find it where the hint is missing.
+    """
+    found: dict[tuple[str, Any], tuple[str, int, int]] = {}
+    storage_data = _state(root).get("storage_data")
+    for key, info in storage_data.items() if isinstance(storage_data, dict) else ():
+        index, where = _state(key), _state(info)
+        relative, offset, length = where.get("relative_path"), where.get("offset"), where.get("length")
+        if not isinstance(relative, str) or type(offset) is not int or type(length) is not int:
+            continue
+        fqn = str(index.get("fqn"))
+        found[(fqn, index.get("index"))] = found[(fqn, index.get("offset"))] = (relative, offset, length)
+    return found
+
+
 def dcp_tensors(root: Any) -> list[DcpTensor]:
     """The tensors a `.metadata` object tree describes.
 
@@ -92,6 +124,7 @@ def dcp_tensors(root: Any) -> list[DcpTensor]:
     entries = _state(root).get("state_dict_metadata")
     if not isinstance(entries, dict):
         raise CorruptCheckpointError("DCP .metadata has no state_dict_metadata: it is not a DCP checkpoint")
+    stored = _stored_chunks(root)
     tensors = []
     # Once per tensor of checkpoints of 100,000 tensor shards: a straight loop.
     for name, entry in entries.items():
@@ -100,14 +133,11 @@ def dcp_tensors(root: Any) -> list[DcpTensor]:
         state = entry.state_dict
         shape = _ints(state.get("size"), f"size of {name}")
         chunks = []
-        for chunk in state.get("chunks") or ():
+        for index, chunk in enumerate(state.get("chunks") or ()):
             chunk_state = _state(chunk)
-            chunks.append(
-                DcpChunk(
-                    _ints(chunk_state.get("offsets"), f"chunk offsets of {name}"),
-                    _ints(chunk_state.get("sizes"), f"chunk sizes of {name}"),
-                )
-            )
+            offsets = _ints(chunk_state.get("offsets"), f"chunk offsets of {name}")
+            where = stored.get((name, index)) or stored.get((name, offsets))
+            chunks.append(DcpChunk(offsets, _ints(chunk_state.get("sizes"), f"chunk sizes of {name}"), where))
         tensors.append(DcpTensor(str(name), _dtype(state.get("properties")), shape, tuple(chunks)))
     return tensors
 
@@ -204,10 +234,19 @@ def load_dcp(path: str) -> LoadedSource:
     needed = _storage_files(result.root)
     del result
     _check_files(path, needed)
+    unread = [
+        name for name in sorted(os.listdir(path))
+        if name.endswith(DATA_SUFFIX) and name not in needed and os.path.getsize(os.path.join(path, name))
+    ]
     records: list[TensorRecord] = []
     storages: dict[str, StorageRecord] = {}
     strides: dict[tuple[int, ...], tuple[int, ...]] = {}
     itemsizes: dict[str, int] = {}
+    # Names whose every chunk is read from the same bytes of the same file are one
+    # storage: a tie the checkpoint stores once. dcp.save itself writes each name's
+    # chunks on their own, a tied model's two names included.
+    by_bytes: dict[tuple[object, ...], str] = {}
+    chunks: list[ChunkRecord] = []
     plain = TensorKind.TENSOR
     for tensor in tensors:
         name, dtype, shape = tensor.name, tensor.dtype, tensor.shape
@@ -223,18 +262,29 @@ def load_dcp(path: str) -> LoadedSource:
         itemsize = itemsizes.get(dtype)
         if itemsize is None:
             itemsize = itemsizes[dtype] = dtype_info(dtype).itemsize
-        records.append(TensorRecord(name, plain, dtype, shape, stride, name, 0))
-        storages[name] = StorageRecord(name, UNKNOWN_DEVICE, _numel(shape) * itemsize, None, False)
+        key = name
+        stored = tuple(chunk.stored for chunk in tensor.chunks)
+        if stored and None not in stored:
+            key = by_bytes.setdefault((dtype, shape, stored), name)
+        records.append(TensorRecord(name, plain, dtype, shape, stride, key, 0))
+        if key == name:
+            storages[name] = StorageRecord(name, UNKNOWN_DEVICE, _numel(shape) * itemsize, None, False)
+        for chunk in tensor.chunks:
+            file, start, length = chunk.stored or ("", -1, -1)
+            chunks.append(ChunkRecord(name, chunk.offsets, chunk.sizes, file, start, length))
     return LoadedSource(
         path=path,
         format="dcp",
         tensors=records,
         storages=storages,
         pickle_globals=pickle_globals,
-        notes=_chunk_notes(tensors, len(needed)),
-        layout_unrecorded=(
-            "torch.distributed.checkpoint metadata records no storages, strides, offsets or devices "
-            "(dcp.load copies each tensor into the caller's own tensors)"
+        notes=_chunk_notes(tensors, len(needed)) + (
+            [f"{', '.join(unread)}: not named by .metadata, so dcp.load never reads {'it' if len(unread) == 1 else 'them'}"]
+            if unread else []
         ),
+        layout_unrecorded=LAYOUT_UNRECORDED,
+        chunks=chunks,
         content_unreadable="torch.distributed.checkpoint is read as metadata only",
+        # Every .distcp file is the checkpoint's, named in .metadata or left by an earlier save.
+        files=(METADATA_FILE, *sorted({*needed, *unread, *(n for n in os.listdir(path) if n.endswith(DATA_SUFFIX))})),
     )

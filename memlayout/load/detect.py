@@ -14,6 +14,8 @@ import os
 import struct
 
 ZIP_LOCAL_HEADER = b"PK\x03\x04"
+NPY_MAGIC = b"\x93NUMPY"
+"""How numpy's .npy format opens (numpy.lib.format.MAGIC_PREFIX)."""
 
 SAFETENSORS_HEADER_LENGTH_BYTES = 8
 """A safetensors file opens with the header's length, a little-endian u64."""
@@ -61,6 +63,11 @@ def opening_opcodes() -> frozenset[int]:
 def is_zip(path: str, head: bytes) -> bool:
     """Whether the first bytes are a zip's local file header, as torch.save's zip format writes first."""
     return head.startswith(ZIP_LOCAL_HEADER)
+
+
+def is_npy(path: str, head: bytes) -> bool:
+    """Whether the first bytes are numpy's .npy magic string."""
+    return head.startswith(NPY_MAGIC)
 
 
 def looks_like_safetensors(head: bytes) -> bool:
@@ -120,6 +127,42 @@ def is_pt2_zip(path: str, head: bytes) -> bool:
     )
 
 
+_CENTRAL_ENTRY = struct.Struct("<4s24xHHH12x")
+"""A central directory entry's signature, then its name, extra and comment lengths; the name follows."""
+
+
+def _directory_names(directory: bytes) -> list[bytes]:
+    names, at = [], 0
+    while at + _CENTRAL_ENTRY.size <= len(directory):
+        signature, name_length, extra_length, comment_length = _CENTRAL_ENTRY.unpack_from(directory, at)
+        if signature != b"PK\x01\x02":
+            break
+        start = at + _CENTRAL_ENTRY.size
+        names.append(directory[start : start + name_length])
+        at = start + name_length + extra_length + comment_length
+    return names
+
+
+def is_npz(path: str, head: bytes) -> bool:
+    """Whether a zip is numpy's `.npz`: every member's name ends in `.npy`, as numpy.savez writes them."""
+    if not is_zip(path, head):
+        return False
+    from memlayout.io.zip_archive import central_directory_bytes
+
+    directory = central_directory_bytes(path)
+    if b".npy" not in directory:
+        return False  # most zips: decided without walking the directory
+    names = _directory_names(directory)
+    return bool(names) and all(name.endswith(b".npy") for name in names)
+
+
+def lists_a_torch_pickle(path: str) -> bool:
+    """Whether a zip's directory names a `data.pkl`, as every torch.save, TorchScript and torch.export zip does."""
+    from memlayout.io.zip_archive import central_directory_bytes
+
+    return b"data.pkl" in central_directory_bytes(path)
+
+
 def is_torchscript_zip(path: str, head: bytes) -> bool:
     """Whether a zip holds a TorchScript archive: its directory lists `<archive>/constants.pkl` or
     `<archive>/code/`, names torch.save never writes."""
@@ -132,15 +175,14 @@ def is_torchscript_zip(path: str, head: bytes) -> bool:
 
 
 def has_tar_magic(path: str, head: bytes) -> bool:
-    """Whether a file has the ustar magic at byte 257, as every tar torch.save wrote has."""
-    if not head:
-        return False
-    try:
-        with open(path, "rb") as handle:
-            block = handle.read(TAR_BLOCK)
-    except OSError:
-        return False
-    return block[TAR_MAGIC_AT : TAR_MAGIC_AT + len(TAR_MAGIC)] == TAR_MAGIC
+    """Whether a file has the ustar magic at byte 257, as every tar torch.save wrote has.
+
+    Args:
+        path: The file (unused: the first bytes tell).
+        head: Its first `TAR_BLOCK` bytes, or the whole of a shorter file, as
+            `memlayout.load` reads them: a shorter file has no magic at byte 257.
+    """
+    return head[TAR_MAGIC_AT : TAR_MAGIC_AT + len(TAR_MAGIC)] == TAR_MAGIC
 
 
 def has_proto_signature(head: bytes) -> bool:
@@ -159,5 +201,26 @@ def has_proto_signature(head: bytes) -> bool:
 
 
 def opens_like_a_pickle(path: str, head: bytes) -> bool:
-    """Whether `pickle.load` could start reading the file: its first byte is an opcode that opens a pickle."""
-    return bool(head) and head[0] in opening_opcodes()
+    """Whether `pickle.load` could start reading the file and import something or finish.
+
+    Its first byte must be an opcode that opens a pickle, and the opcodes in `head`
+    must not stop the unpickler before any global or STOP (a PNG opens with
+    NEWFALSE, then PERSID, which `pickle.load` refuses): a loader is imported to
+    confirm only a file that passes both.
+    """
+    if not head or head[0] not in (_OPENING or _opening()):
+        return False
+    from memlayout.load.pickle_memo import reaches_an_import_or_stop
+
+    return reaches_an_import_or_stop(head)
+
+
+_OPENING: frozenset[int] = frozenset()
+
+
+def _opening() -> frozenset[int]:
+    # Asked once per file of a folder walk: a module global after the first call,
+    # where even a cached function costs a call each time.
+    global _OPENING
+    _OPENING = opening_opcodes()
+    return _OPENING

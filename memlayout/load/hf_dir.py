@@ -190,7 +190,7 @@ def safetensors_shards_source(
             raise CorruptCheckpointError(f"{directory}: tensor {sorted(duplicates)[0]} appears in more than one shard")
         names.update(t.name for t in shard_tensors)
         tensors += shard_tensors
-        storages.update(shard_storages)
+        storages.update((key, storage._replace(file=shard)) for key, storage in shard_storages.items())
         for key, start in shard_spans.starts.items():
             starts[key], sizes[key], file_of[key] = start, shard_spans.sizes[key], index
     ties = [tie for header in headers for tie in metadata_ties(header, names)]
@@ -231,7 +231,7 @@ def pickled_shards_source(
             for record in source.tensors:
                 merged.tensors.append(record._replace(storage_key=prefix + record.storage_key))
             for key, storage in source.storages.items():
-                merged.storages[prefix + key] = storage._replace(key=prefix + key)
+                merged.storages[prefix + key] = storage._replace(key=prefix + key, file=shard)
                 if source.reader is not None:
                     readers[prefix + key] = (source.reader, key)
             merged.modules += source.modules
@@ -311,6 +311,9 @@ def load_hf_dir(path: str) -> LoadedSource:
     """
     files, pickled = weight_files(path)
     source = _load_pickled_shards(path, files) if pickled else _load_safetensors_shards(path, files)
+    # The index of the kind weight_files chose was read whenever it exists.
+    index = BIN_INDEX if pickled else SAFETENSORS_INDEX
+    source.files = tuple(sorted({*files, CONFIG, *([index] if os.path.isfile(os.path.join(path, index)) else [])}))
     config_path = os.path.join(path, CONFIG)
     if os.path.isfile(config_path):
         try:

@@ -27,9 +27,10 @@ import struct
 from collections.abc import Iterable
 from typing import Any, BinaryIO
 
-from memlayout.errors import CorruptCheckpointError, UnrecognizedFormatError
-from memlayout.format_bytes import counted
-from memlayout.load.detect import has_proto_signature, opening_opcodes
+from memlayout.errors import CorruptCheckpointError
+from memlayout.format_bytes import counted, human_bytes
+from memlayout.load.array_pickles import ARRAY_GLOBALS, ExactReads, WrappedArray
+from memlayout.load.detect import has_proto_signature, opens_like_a_pickle
 from memlayout.load.file_source import StorageSpans, pickled_source
 from memlayout.load.pickled_objects import PickledStorage
 from memlayout.load.records import LoadedSource, PickleGlobal
@@ -59,7 +60,7 @@ def is_legacy_torch(path: str, head: bytes) -> bool:
     Returns:
         True when the first pickle in them unpickles to the magic number.
     """
-    if not head or head[0] not in opening_opcodes():
+    if not opens_like_a_pickle(path, head):
         return False
     try:
         magic = unpickle(head, storage_records=False, what="the first pickle").root
@@ -91,7 +92,7 @@ def is_pickle(path: str, head: bytes) -> bool:
     """
     if has_proto_signature(head):
         return True
-    if not head or head[0] not in opening_opcodes():
+    if not opens_like_a_pickle(path, head):
         return False
     first = read_first_pickle(path)
     return first.complete or any(_names_a_module(found) for found in first.referenced)
@@ -210,40 +211,64 @@ def _later_pickles_globals(path: str, handle: io.BufferedReader, first: Restrict
 def load_bare_pickle(path: str) -> LoadedSource:
     """Read a plain pickle (not torch.save) as metadata, executing nothing from it.
 
+    A joblib file is one too: `joblib.dump` writes each numpy array's bytes between
+    the pickle's opcodes, which the unpickler steps over as `joblib.load` reads them
+    (`memlayout.load.array_pickles`). The globals numpy and joblib rebuild arrays
+    with count as allowed: they build an array and call nothing the file names.
+
     Args:
         path: The file.
 
     Returns:
-        A `LoadedSource` of whatever tensors the placeholders reveal, without data.
+        A `LoadedSource` of whatever tensors the placeholders reveal, without data;
+        none for plain data, which its notes describe.
 
     Raises:
         CorruptCheckpointError: the pickle breaks off or is malformed; the message
             names the globals outside the allow-list that `pickle.load` would have
             imported before it failed.
-        UnrecognizedFormatError: the pickle holds no tensor and imports nothing
-            outside the allow-list: plain data, not a checkpoint.
     """
     with open(path, "rb") as handle:
-        unpickler = RestrictedUnpickler(handle, False)
+        unpickler = RestrictedUnpickler(ExactReads(handle), False)
         try:
             root = run_unpickler(unpickler, f"{path}: the main pickle")
         except CorruptCheckpointError as exc:
             raise _damaged(exc, unpickler) from exc.__cause__
-        referenced = _later_pickles_globals(path, handle, unpickler)
-    source = pickled_source(
-        path, "pickle", root, None,
-        pickle_globals=referenced,
-        notes=[NOT_A_CHECKPOINT],
-    )
-    if not source.tensors and all(found.allowed for found in referenced):
-        # Plain data (a dict of numbers, a list of strings): no tensor to lay out and no
-        # import to warn about, so an empty report would only hide what the file is. It is
-        # refused like any other file that is not a checkpoint (exit 2); a pickle that
-        # imports something outside the allow-list stays a report, for ML601.
-        raise UnrecognizedFormatError(f"{path} is a plain pickle of {_plain_value(root)} with no tensors, "
-                                      "not a checkpoint")
+        referenced = [_array_globals_allowed(found) for found in _later_pickles_globals(path, handle, unpickler)]
+    notes = [NOT_A_CHECKPOINT]
+    if unpickler.arrays:
+        notes.append(_joblib_arrays_note(unpickler.arrays))
+    source = pickled_source(path, "pickle", root, None, pickle_globals=referenced, notes=notes)
+    if not source.tensors:
+        # Plain data (a dict of numbers, a fitted scaler's arrays): no tensor to lay out.
+        # Still a report, as a folder's audit needs one per pickle: cleared when it
+        # imports nothing outside the allow-list, ML601 when it does.
+        cleared = all(found.allowed for found in referenced)
+        source.notes = [
+            f"a pickle of {_plain_value(root)} with no tensors, not a checkpoint"
+            + ("; it imports nothing outside the allow-list" if cleared else ""),
+            *notes[1:],
+        ]
     source.content_unreadable = "a bare pickle locates no tensor bytes that can be read without unpickling it"
     return source
+
+
+def _array_globals_allowed(found: PickleGlobal) -> PickleGlobal:
+    if not found.allowed and (found.module, found.name) in ARRAY_GLOBALS:
+        return found._replace(allowed=True)
+    return found
+
+
+def _joblib_arrays_note(arrays: list[WrappedArray]) -> str:
+    raw = [array for array in arrays if array.nbytes or not array.dtype.startswith("O")]
+    objects = len(arrays) - len(raw)
+    note = (
+        f"joblib: {counted(len(arrays), 'numpy array')} written between the pickle's opcodes "
+        f"({human_bytes(sum(array.nbytes for array in raw))} of raw elements)"
+    )
+    if objects:
+        note += f"; {counted(objects, 'array')} of Python objects, each a nested pickle joblib.load unpickles"
+    return note
 
 
 NOT_A_CHECKPOINT = "not a checkpoint: a bare pickle, not a torch.save file; tensor data is not located"

@@ -23,7 +23,7 @@ import pickletools
 import re
 import sys
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import Any
 
 from memlayout.errors import CorruptCheckpointError
 
@@ -183,6 +183,52 @@ def largest_memo_index(data: bytes, start: int = 0, skip_below: int = 0) -> tupl
     return largest, min(position, end), True
 
 
+_IMPORTS = frozenset(ord(op.code) for op in pickletools.opcodes if op.name in ("GLOBAL", "INST", "STACK_GLOBAL"))
+_FAILS_WITHOUT_PERSISTENT_LOAD = frozenset(ord(op.code) for op in pickletools.opcodes if op.name.endswith("PERSID"))
+
+
+def reaches_an_import_or_stop(data: bytes) -> bool:
+    """Whether `pickle.load` could get as far as importing a global, or to STOP, on bytes starting with `data`.
+
+    A cheap walk of the opcodes' layout, building nothing: an opcode that is no
+    opcode, or a persistent id (which plain `pickle.load` refuses), before any
+    global and before STOP means the unpickler stops there having imported nothing.
+    A folder walk asks this of every file that opens with an opcode byte (a PNG
+    does: NEWFALSE, then PERSID), so that only a possible pickle costs an unpickler.
+
+    Args:
+        data: The file's first bytes.
+
+    Returns:
+        False when the unpickler must fail before any import; True when the walk
+        meets a global, STOP, or the end of `data` (the rest of the file decides).
+    """
+    position, end, steps = 0, len(data), _STEPS
+    while position < end:
+        code = data[position]
+        if code in _IMPORTS:
+            return True
+        if code in _FAILS_WITHOUT_PERSISTENT_LOAD:
+            return False
+        step = steps[code]
+        if step > 0:
+            position += step
+        elif step in (_LONG_BINPUT, _LENGTH4):
+            position += 5 + (int.from_bytes(data[position + 1 : position + 5], "little") if step == _LENGTH4 else 0)
+        elif step == _LENGTH1:
+            position += 2 + (data[position + 1] if position + 1 < end else 0)
+        elif step == _LENGTH8:
+            position += 9 + int.from_bytes(data[position + 1 : position + 9], "little")
+        elif step in (_ONE_LINE, _PUT):
+            line_end = data.find(b"\n", position + 1)
+            if line_end < 0:
+                return True
+            position = line_end + 1
+        else:
+            return step == _STOP  # _TWO_LINES is GLOBAL or INST, met above; the rest is no opcode
+    return True
+
+
 def _refuse_far_indices(largest: int, length: int, what: str) -> None:
     if largest >= max(length, 256):
         raise CorruptCheckpointError(
@@ -213,26 +259,35 @@ def check_memo_indices(data: bytes, what: str, start: int = 0) -> None:
 _CHUNK = 1 << 20
 
 
-def check_stream_memo_indices(stream: BinaryIO | io.BufferedIOBase, what: str) -> None:
+def check_stream_memo_indices(stream: Any, what: str, opcodes_before: int | None = None) -> None:
     """`check_memo_indices` for a pickle read from a stream; the stream's position is kept.
 
     Reads ahead only as far as the pickle's STOP (doubling a window from 1 MiB), so
     a legacy file's storages after its pickle are not read.
+
+    Args:
+        stream: A binary stream (read, seek, tell) at the pickle's opcodes.
+        what: The pickle, as the error names it.
+        opcodes_before: Bytes of the same pickle's opcodes before the stream's
+            position, when it resumes there: a joblib file resumes its pickle after
+            each array's raw bytes, and the memo indices may count every opcode since
+            the start, but not the arrays' bytes.
     """
-    if isinstance(stream, io.BytesIO):
+    if isinstance(stream, io.BytesIO) and opcodes_before is None:
         # getvalue() hands back the bytes the stream was made from, uncopied; a
         # memoryview's tobytes() copied the whole pickle (5 MB at 40,000 tensors),
         # and exporting the buffer made the stream copy it first, a second time.
         check_memo_indices(stream.getvalue(), what, stream.tell())
         return
     position = stream.tell()
+    before = opcodes_before or 0
     try:
         window = stream.read(_CHUNK)
         while True:
             largest, end, ran_out = largest_memo_index(window)
             more = stream.read(len(window)) if ran_out else b""
             if not more:
-                _refuse_far_indices(largest, end, what)
+                _refuse_far_indices(largest, before + end, what)
                 return
             window += more
     finally:

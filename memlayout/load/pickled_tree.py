@@ -130,7 +130,7 @@ def tensor_records(
                         f"but its record has {storage_size[key]}"
                     )
                 storages[key] = new_record(StorageRecord, (
-                    key, storage.location, storage.nbytes, base if used_in_place else None, has_data
+                    key, storage.location, storage.nbytes, base if used_in_place else None, has_data, "",
                 ))
         append(
             new_record(TensorRecord, (

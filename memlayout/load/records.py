@@ -45,6 +45,8 @@ class StorageRecord(NamedTuple):
     (legacy torch.save, TorchScript, torch.export), which its allocator aligns."""
     has_data: bool = True
     """False for meta tensors and metadata-only sources: nothing can be read."""
+    file: str = ""
+    """The weight file of a model directory that holds it; "" for a source of one file."""
 
 
 class TensorRecord(NamedTuple):
@@ -139,6 +141,20 @@ class ModuleRecord(NamedTuple):
     rnn: RnnRecord | None = None
 
 
+class ChunkRecord(NamedTuple):
+    """One stored piece of a tensor that a checkpoint keeps in pieces (torch.distributed.checkpoint)."""
+
+    name: str
+    offsets: tuple[int, ...]
+    """Where the piece starts in the whole tensor, per dimension."""
+    sizes: tuple[int, ...]
+    file: str
+    """The file holding its bytes, relative to the checkpoint; "" when the metadata names none."""
+    byte_offset: int
+    """Where its bytes start in `file`; -1 when unknown."""
+    byte_length: int
+
+
 class DeclaredTie(NamedTuple):
     """Two tensors that somebody declared to be one (config, model class or --tie)."""
 
@@ -206,6 +222,14 @@ class LoadedSource:
     """This process's rank in the default process group (0 without one)."""
     world_size: int = 1
     """Ranks in the default process group, or the largest device mesh of a DTensor (1 without either)."""
+    model_config: dict[str, Any] | None = None
+    """A remote model folder's config.json as fetched, for what asks it again (diff's ties restored on
+    load); None elsewhere (a local folder's is read from disk)."""
+    files: tuple[str, ...] = ()
+    """For a directory: the files the loader read (weights, index, metadata), relative to `path`.
+    A folder walk inspects the directory's other files on their own."""
+    chunks: list[ChunkRecord] = field(default_factory=list)
+    """The pieces a checkpoint stores each tensor in, where it records them (DCP); empty otherwise."""
 
     def close(self) -> None:
         """Release the files and maps behind `reader`; safe to call more than once."""

@@ -2,7 +2,8 @@
 
 Three spellings are remote:
 - a URL with a scheme: `https://host/model.safetensors`, `http://...`, and any
-  scheme an installed fsspec filesystem reads (`s3://bucket/key`, `gs://...`);
+  scheme an installed fsspec filesystem reads (`s3://bucket/key`, `gs://...`); a
+  URL ending in `/`, `config.json` or `.index.json` names a model folder;
 - `hf://ORG/NAME[@REVISION][/PATH]`: a Hugging Face Hub repository, or one file
   of it, at a branch, tag or commit (`main` by default);
 - a bare Hub id, `ORG/NAME` or `NAME`, but only when nothing of that name exists
@@ -16,7 +17,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from memlayout.io.remote import RemoteTransport
 
 HF_SCHEME = "hf://"
 DEFAULT_REVISION = "main"
@@ -37,6 +41,8 @@ class RemoteOptions(NamedTuple):
     """Download a file whole when its server ignores Range requests (otherwise refuse)."""
     fetch_contents: bool = False
     """Fetch tensor bytes by range for the rules that read them (--deep); otherwise they are skipped."""
+    transport: RemoteTransport | None = None
+    """The run's shared HTTP session and pool (`memlayout.io.remote`); None: each source opens and closes its own."""
 
 
 class RemoteLocation(NamedTuple):

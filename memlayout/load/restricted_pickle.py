@@ -22,6 +22,12 @@ from typing import Any, NamedTuple
 
 from memlayout.dtypes import DTYPES, STORAGE_CLASS_DTYPES, dtype_info
 from memlayout.errors import CorruptCheckpointError
+from memlayout.load.array_pickles import (
+    JOBLIB_ARRAY_WRAPPER,
+    ExactReads,
+    WrappedArray,
+    joblib_wrapper_class,
+)
 from memlayout.load.pickle_memo import check_stream_memo_indices
 from memlayout.load.pickled_objects import (
     InertObject,
@@ -146,7 +152,7 @@ class RestrictedUnpickler(pickle.Unpickler):
     """An unpickler that builds records and placeholders instead of running code."""
 
     def __init__(
-        self, stream: io.BufferedIOBase | io.BytesIO, storage_records: bool = True, encoding: str = "ASCII"
+        self, stream: io.BufferedIOBase | io.BytesIO | ExactReads, storage_records: bool = True, encoding: str = "ASCII"
     ) -> None:
         # `encoding` decodes Python 2 `str` objects, as in pickle.Unpickler; torch.load
         # passes "utf-8", which a Python 2 file's class sources can need.
@@ -158,11 +164,21 @@ class RestrictedUnpickler(pickle.Unpickler):
         super().__init__(io.BufferedReader(stream) if type(stream) is io.BytesIO else stream, encoding=encoding)
         self.stream = stream
         """What `run_unpickler` checks before loading (see `memlayout.load.pickle_memo`)."""
+        self.start = stream.tell() if isinstance(stream, ExactReads) else 0
+        """Where the pickle starts in an `ExactReads` stream: memo indices are counted from there."""
+        self.arrays: list[WrappedArray] = []
+        """The arrays joblib wrote between the opcodes, skipped (read from an `ExactReads` stream only)."""
         self._placeholders: dict[tuple[str, str], type[InertObject]] = {}
         self._storages: dict[str, PickledStorage] = {}
         self._itemsizes: dict[str, int] = {}
         self.referenced: dict[tuple[str, str], PickleGlobal] = {}
         self._storage_records = storage_records
+
+    def read_nested_pickle(self, what: str) -> None:
+        """Read one more pickle from this unpickler's stream, its globals joining this one's (a joblib array of objects)."""
+        nested = RestrictedUnpickler(self.stream, storage_records=False)
+        nested.referenced = self.referenced
+        run_unpickler(nested, what)
 
     @property
     def made_placeholders(self) -> bool:
@@ -175,6 +191,12 @@ class RestrictedUnpickler(pickle.Unpickler):
             self.referenced[key] = PickleGlobal(module, name, weights_only_allows(module, name))
         if key in _SAFE_GLOBALS:
             return _SAFE_GLOBALS[key]
+        if key == JOBLIB_ARRAY_WRAPPER and isinstance(self.stream, ExactReads):
+            # Only a stream read exactly is joblib's: any other reader (torch.load's
+            # unpickler among them) sees the wrapper as a class, and no raw bytes.
+            if key not in self._placeholders:
+                self._placeholders[key] = joblib_wrapper_class(self)
+            return self._placeholders[key]
         if key == ("torch.nn.parameter", "Parameter"):
             # Since torch 0.4 a Parameter pickles through _rebuild_parameter and the
             # class appears only as _rebuild_from_type_v2's type; before, it was

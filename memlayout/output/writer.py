@@ -43,6 +43,76 @@ def write_output(text: str | Iterable[str], path: str | None) -> None:
             stream.write(piece.encode("utf-8"))
 
 
+class LineWriter:
+    """Lines written as they are made (JSON Lines), to stdout or a file, each whole in one write.
+
+    A report streamed path by path cannot replace its file atomically at the end
+    without losing everything when the run is stopped halfway: FILE is truncated
+    when the writer opens and grows a whole line at a time (one `write` of the
+    line's bytes, which a kill does not split on a local file), so it always
+    parses line by line. Every other report replaces its file whole
+    (`write_output`). A symlink is followed, a FIFO or device written into.
+
+    Raises:
+        OutputError: the file cannot be opened or written.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.fd: int | None = None
+        if path is not None:
+            try:
+                self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+            except OSError as exc:
+                from memlayout.io.atomic_write.write_errors import write_error
+
+                raise write_error(path, exc) from None
+
+    def write(self, line: str) -> None:
+        """One line (ending with a newline), written whole."""
+        if self.fd is None:
+            self._print(line)
+            return
+        data = memoryview(line.encode("utf-8"))
+        try:
+            while data:
+                data = data[os.write(self.fd, data):]
+        except OSError as exc:
+            from memlayout.io.atomic_write.write_errors import write_error
+
+            raise write_error(str(self.path), exc) from None
+
+    def _print(self, line: str) -> None:
+        stdout = sys.stdout
+        if isinstance(stdout, QuietStdout) and stdout.reader_left:
+            return
+        try:
+            descriptor = stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # a captured stdout (tests, notebooks)
+            stdout.write(line)
+            return
+        stdout.flush()
+        data = memoryview(line.encode("utf-8"))
+        try:
+            while data:
+                data = data[os.write(descriptor, data):]
+        except BrokenPipeError:
+            if not isinstance(stdout, QuietStdout):
+                raise
+            stdout._reader_has_left()  # the reader left: the rest goes nowhere, and nothing fails
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> LineWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
 class QuietStdout:
     """`sys.stdout` while the CLI runs: a reader that closes the pipe early silences it, and nothing fails.
 

@@ -18,13 +18,16 @@ to a whole batch, and its outcome is part of the batch's report, so both live he
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from memlayout.errors import MemlayoutError, UnrecognizedFormatError
-from memlayout.load.remote_location import RemoteOptions
+from memlayout.load.remote_location import RemoteOptions, remote_location
+from memlayout.pipeline.folder_walk import folder_members
 from memlayout.pipeline.inspection import Report, run_inspection, summarize
+from memlayout.pipeline.many_paths import in_flight
 from memlayout.rules import (
     RULES,
     Finding,
@@ -40,10 +43,6 @@ if TYPE_CHECKING:  # the exchange is only for ranks under a launcher; a file ins
 EXIT_CLEAN = 0
 EXIT_FAILED = 1
 EXIT_USAGE_OR_LOAD_ERROR = 2
-
-# What a directory that is no model by itself is searched for, as pre-commit's hook
-# matches files. Each file found is still recognized by content, not by this list.
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pt2")
 
 
 @dataclass(frozen=True)
@@ -152,10 +151,23 @@ class BatchReport:
         return counts
 
     def exit_code(self) -> int:
-        """The worst over all paths: 2 when no path could be inspected, 1 when any path fails."""
-        if not self.paths or all(p.failed for p in self.paths):
-            return EXIT_USAGE_OR_LOAD_ERROR
-        return EXIT_FAILED if any(p.fails(self.fail_on) for p in self.paths) else EXIT_CLEAN
+        """The worst over all paths: 2 when a path could not be inspected, 1 when a finding fails one."""
+        return exit_status(
+            len(self.paths), len(self.failures), sum(1 for p in self.paths if p.report is not None and p.fails(self.fail_on))
+        )
+
+
+def exit_status(paths: int, failed: int, failing: int) -> int:
+    """The exit code of an inspection of `paths` paths, of which `failed` could not be read and `failing` have a
+    finding at or above --fail-on: the one rule, for a batch held whole and for one streamed (--format jsonl).
+
+    A path that could not be read is a load error (exit 2) whatever the others found:
+    an audit that did not read everything has not passed, and --fail-on (about
+    findings) does not hide it. The other paths are still reported.
+    """
+    if paths == 0 or failed:
+        return EXIT_USAGE_OR_LOAD_ERROR
+    return EXIT_FAILED if failing else EXIT_CLEAN
 
 
 def without_findings(report: Report, dropped: Iterable[Finding]) -> Report:
@@ -187,18 +199,6 @@ def selected_rules(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> tu
     return tuple(code for code in sorted(RULES) if is_selected(code, select, ignore))
 
 
-def _directory_members(directory: str) -> list[str]:
-    # Sorted, hidden entries skipped (as ruff and black walk a tree), so the order of
-    # a combined report does not depend on the filesystem.
-    found: list[str] = []
-    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-        if entry.name.startswith("."):
-            continue
-        if entry.is_dir() or entry.name.lower().endswith(CHECKPOINT_SUFFIXES):
-            found.append(entry.path)
-    return found
-
-
 def _share_failure(exchange: RankExchange | None, error: str) -> None:
     """Under torchrun, a rank that failed on a path still takes its part in the ranks' sharing."""
     if exchange is not None:
@@ -218,6 +218,7 @@ class _Walk:
     exchange: RankExchange | None = None
     remote: RemoteOptions | None = None
     walked: set[str] = field(default_factory=set)
+    walking: threading.Lock = field(default_factory=threading.Lock)
 
     def inspect(self, path: str, given: bool) -> Iterator[PathReport]:
         """`path`'s report, its error, or (for a folder that is no model) the reports of its checkpoints.
@@ -260,13 +261,18 @@ class _Walk:
             )
         else:
             yield PathReport(path, report=without_ignored_findings(report, self.per_tensor_ignores))
+            if os.path.isdir(path):
+                # A model folder's other files (a pickle beside the weights, a
+                # training checkpoint's optimizer.pt) are audited on their own.
+                yield from self._walk(path, taken=report.facts.source.files)
 
-    def _walk(self, folder: str) -> Iterator[PathReport]:
+    def _walk(self, folder: str, taken: tuple[str, ...] = ()) -> Iterator[PathReport]:
         real = os.path.realpath(folder)
-        if real in self.walked:
-            return
-        self.walked.add(real)
-        for member in _directory_members(folder):
+        with self.walking:  # paths in flight together may walk folders at once
+            if real in self.walked:
+                return
+            self.walked.add(real)
+        for member in folder_members(folder, taken):
             yield from self.inspect(member, given=False)
 
 
@@ -281,6 +287,8 @@ def inspect_paths(
     debug: bool = False,
     exchange: RankExchange | None = None,
     remote: RemoteOptions | None = None,
+    jobs: int = 1,
+    done: Callable[[list[PathReport]], None] | None = None,
 ) -> BatchReport:
     """Inspect each path; a path that fails to load is recorded, and the others still run.
 
@@ -297,6 +305,8 @@ def inspect_paths(
         debug: Re-raise the first error instead of recording it (for --debug).
         exchange: Under torchrun, how the ranks share the facts of the models import specs build.
         remote: How URLs and Hub models are read (timeout, full downloads).
+        jobs: Paths inspected at once (`iter_path_reports`); the report keeps the paths' order.
+        done: Called with each given path's reports as it finishes (a progress bar).
 
     Returns:
         The `BatchReport`, one `PathReport` per path (a folder of checkpoints gives one per file).
@@ -305,14 +315,74 @@ def inspect_paths(
         >>> from memlayout.pipeline.batch import inspect_paths
         >>> batch = inspect_paths(["fixtures/demo_checkpoint.pt", "missing.pt"])  # doctest: +SKIP
         >>> [p.failed for p in batch.paths], batch.exit_code()  # doctest: +SKIP
-        ([False, True], 1)
+        ([False, True], 2)
     """
     config = config or RuleConfig()
     select, ignore = tuple(select), tuple(ignore)
-    ignores = tuple((glob, tuple(codes)) for glob, codes in per_tensor_ignores)
-    walk = _Walk(config, select, ignore, progress, debug, ignores, exchange, remote)
     given = tuple(paths)
-    reports = [report for path in given for report in walk.inspect(path, given=True)]
+    by_path: dict[int, list[PathReport]] = {}
+    for index, reports in iter_path_reports(
+        given, config, select, ignore, per_tensor_ignores, progress, debug, exchange, remote, jobs
+    ):
+        by_path[index] = reports
+        if done is not None:
+            done(reports)
+    reports = [report for index in range(len(given)) for report in by_path[index]]
     return BatchReport(
         tuple(reports), fail_on=FailOn(fail_on), rules=selected_rules(select, ignore), deep=config.deep, given=given
     )
+
+
+def iter_path_reports(
+    paths: Iterable[str],
+    config: RuleConfig | None = None,
+    select: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    per_tensor_ignores: Iterable[tuple[str, Iterable[str]]] = (),
+    progress: Callable[[str, int, int], None] | None = None,
+    debug: bool = False,
+    exchange: RankExchange | None = None,
+    remote: RemoteOptions | None = None,
+    jobs: int = 1,
+) -> Iterator[tuple[int, list[PathReport]]]:
+    """Each given path's reports (one, or a folder's several) as soon as it is done, with its index among `paths`.
+
+    With `jobs` above 1 that many paths are inspected at once, in threads, and
+    every remote read of the run shares one HTTP session and connection pool
+    (`memlayout.io.remote.RemoteTransport`), closed when the iteration ends; the
+    descriptors and memory held stay flat in the number of paths. Under torchrun
+    (an `exchange`) paths go one at a time, as the ranks must agree on each.
+
+    Args:
+        paths: As for `inspect_paths`; read lazily, so a long list need not be held.
+        jobs: Paths in flight at once.
+        (the others): As for `inspect_paths`.
+
+    Yields:
+        (index of the given path, its reports) in the order the paths finish.
+    """
+    config = config or RuleConfig()
+    ignores = tuple((glob, tuple(codes)) for glob, codes in per_tensor_ignores)
+    transport = None
+    if remote is not None and remote.transport is None:
+        from memlayout.io.remote import RemoteTransport, connections_for
+
+        transport = RemoteTransport(remote.timeout_s, connections_for(jobs))
+        remote = remote._replace(transport=transport)
+    walk = _Walk(config, tuple(select), tuple(ignore), progress, debug, ignores, exchange, remote)
+    # Local files and import specs go one at a time whatever `jobs` says: reading them is
+    # CPU work that threads would not speed up under the GIL, a --deep scan of each maps
+    # its file, and a spec runs the user's code, which need not be thread-safe.
+    local = threading.Lock()
+
+    def work(path: str) -> list[PathReport]:
+        if remote_location(path) is not None:
+            return list(walk.inspect(path, given=True))
+        with local:
+            return list(walk.inspect(path, given=True))
+
+    try:
+        yield from in_flight(paths, work, 1 if exchange is not None else jobs)
+    finally:
+        if transport is not None:
+            transport.close()

@@ -112,6 +112,8 @@ def missing_requirements(facts: Facts, content: ContentReader | None) -> dict[Re
     missing: dict[Requirement, str] = {}
     if facts.source.layout_unrecorded:
         missing[Requirement.LAYOUT] = facts.source.layout_unrecorded
+        if not facts.source.chunks:
+            missing[Requirement.SHARING] = facts.source.layout_unrecorded
     if content is None:
         missing[Requirement.CONTENT] = facts.source.content_unreadable or (
             f"the {facts.source.format} source gives no tensor bytes to read"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memlayout.rules import aliasing, dtype_device, layout, rnn, safety, waste  # noqa: F401  (registers rules)
+from memlayout.rules import aliasing, chunks, dtype_device, layout, rnn, safety, waste  # noqa: F401  (registers rules)
 from memlayout.rules.registry import (
     RULES,
     Finding,

@@ -218,6 +218,12 @@ def _equal_classes(content: ContentReader, group: list[TensorFact]) -> list[list
     return [members for members in classes if len(members) > 1]
 
 
+_RESAVE_TIED_DCP = (
+    "re-save from a model that ties them: `dcp.save(model.state_dict(), checkpoint_id=DIR)` writes both names "
+    "from its one tensor, with one dtype and shape"
+)
+
+
 def _tie_state(ctx: RuleContext, target: TensorFact, source: TensorFact, declared_by: str) -> str:
     if ctx.content is None or target.shape != source.shape or target.dtype != source.dtype:
         return ""
@@ -243,13 +249,18 @@ side's values, losing what the other learned; transformers 5 warns and leaves
 them untied.
 A tie counts as kept when both names reach the same bytes of one storage, as the
 same view or as a transposed view.
+A torch.distributed.checkpoint never stores a tie once: dcp.save writes each name
+on its own, and dcp.load copies both into a model that ties them. There the tie
+holds when both names are stored with the same dtype and shape, which the
+metadata records.
 """,
-    needs=(Requirement.LAYOUT,),
+    needs=(Requirement.SHARING,),
     detects=(
         "A tie the model declares (Hugging Face's `tie_word_embeddings`, a model's "
         "`_tied_weights_keys`, `--tie TARGET=SOURCE` or `ties` in the configuration) whose two "
-        "tensors do not reach the same bytes of one storage. A tied name missing from the checkpoint "
-        "is not reported: savers drop tied copies."
+        "tensors do not reach the same bytes of one storage; in a torch.distributed.checkpoint, "
+        "whose two tensors are stored with different dtypes or shapes. A tied name missing from the "
+        "checkpoint is not reported: savers drop tied copies."
     ),
     example=RuleExample(
         setup="""
@@ -278,6 +289,20 @@ def broken_tie(ctx: RuleContext) -> Iterator[Finding]:
             continue
         key = frozenset((target.name, source.name))
         if key in seen or (target.storage == source.storage and relations.get(key) is Relation.EQUAL):
+            continue
+        if ctx.facts.source.chunks:
+            # Stored in pieces (DCP): two copies are how a tie is stored; only a
+            # dtype or a shape that differs breaks it.
+            if (target.dtype, target.shape) == (source.dtype, source.shape):
+                continue
+            seen.add(key)
+            yield broken_tie.finding(
+                (target_name, source_name),
+                f"{target_name} is declared tied to {source_name} ({declared_by}) but the checkpoint stores "
+                f"them as {target.dtype} {list(target.shape)} and {source.dtype} {list(source.shape)}: dcp.load "
+                "into a model that ties them cannot give its one tensor both",
+                hint=_RESAVE_TIED_DCP,
+            )
             continue
         seen.add(key)
         yield broken_tie.finding(

@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from memlayout.core.facts import TensorFact
-from memlayout.core.flat_groups import flat_group_key
+from memlayout.core.flat_groups import flat_layout_phrase, storages_after_flatten
 from memlayout.core.flatten_support import alignment_hint, flatten_hint
 from memlayout.core.strides import MemoryFormat, Relation
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, rule
@@ -232,13 +232,15 @@ Each storage is a separate allocation, a separate record on disk and a separate
 kernel launch for per-tensor optimizers, grad-norm and all-reduce. Flat buffers
 let one fused op cover a whole group. Reported from --fragmented-min-storages
 (4 by default) when flattening would reduce the count. RNN modules get a buffer
-each, as cuDNN requires.
+each, as cuDNN requires. A model directory is flattened file by file, so each
+shard keeps its own tensors and the index stays true: the count is per file, and
+a safetensors file, one data section, stays one storage.
 """,
     needs=(Requirement.LAYOUT,),
     detects=(
         "Model tensors spread over `fragmented-min-storages` (4) storages or more when `memlayout "
         "flatten` would use fewer: one buffer per device, dtype and requires_grad, and one per RNN "
-        "module."
+        "module, in each weight file of a model directory."
     ),
     example=RuleExample(
         setup="""
@@ -261,19 +263,13 @@ def fragmented(ctx: RuleContext) -> Iterator[Finding]:
     tensors = [t for t in ctx.facts.model_tensors() if t.has_data and t.numel > 0]
     before = len({t.storage for t in tensors})
     rnn_weights = {name for m in ctx.facts.modules if m.rnn for name in m.rnn.flat_weight_names}
-    # flat_group_key decides the buffers; it reads only these fields, so it is asked
-    # once per distinct combination rather than once per tensor.
-    representatives: dict[tuple[object, ...], TensorFact] = {}
-    for t in tensors:
-        if not rnn_weights or rnn_weights.isdisjoint(t.names):
-            representatives.setdefault((t.section, t.kind, t.device, t.dtype, t.requires_grad), t)
-    groups = {flat_group_key(t) for t in representatives.values()}
-    after = len(groups) + sum(1 for m in ctx.facts.modules if m.rnn)
+    grouped = [t for t in tensors if not rnn_weights or rnn_weights.isdisjoint(t.names)]
+    after = storages_after_flatten(ctx.facts, grouped) + sum(1 for m in ctx.facts.modules if m.rnn)
     if before >= ctx.config.fragmented_min_storages and before > after:
         yield fragmented.finding(
             [],
             f"{len(tensors)} model tensors spread over {before} storages; flatten would use {after}",
-            hint=f"{flatten_hint(ctx.facts.source)} to get one buffer per device, dtype and requires_grad",
+            hint=f"{flatten_hint(ctx.facts.source)} to get {flat_layout_phrase(ctx.facts)}",
         )
 
 

@@ -56,6 +56,9 @@ class Requirement(str, enum.Enum):
 
     LAYOUT = "layout"
     """The real storages, strides, offsets and devices (DCP metadata records none)."""
+    SHARING = "sharing"
+    """Which names read the same bytes: real storages, or the stored chunks a checkpoint kept in
+    pieces lists (DCP metadata records them, where it records no layout)."""
     CONTENT = "content"
     """The tensors' bytes (a bare pickle or metadata-only source has none to read)."""
 

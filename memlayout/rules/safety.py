@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from memlayout.core.facts import Facts
 from memlayout.core.flatten_support import conversion_hint, flatten_hint
@@ -102,9 +103,11 @@ run arbitrary commands. memlayout lists them from the pickle without importing
 or calling any of them.
 """,
     detects=(
-        "A pickle (a torch.save file, TorchScript, DCP metadata) that names globals outside the "
-        "allowlist of torch's weights-only loader: the model's own classes, or callables such as "
-        "`os.system`."
+        "A pickle (a torch.save file, TorchScript, DCP metadata, a bare or joblib pickle, a numpy array "
+        "of Python objects) that names globals outside the allowlist of torch's weights-only loader: the "
+        "model's own classes, or callables such as `os.system`. The globals numpy and joblib rebuild an "
+        "array with are allowed in a bare or joblib pickle; a numpy `.npy`/`.npz` array of objects is "
+        "reported whatever it names, since numpy.load refuses every such pickle by default."
     ),
     example=RuleExample(
         setup="""
@@ -126,16 +129,16 @@ def unsafe_pickle(ctx: RuleContext) -> Iterator[Finding]:
     paths = sorted(dict.fromkeys(f"{g.module}.{g.name}" for g in refused))
     modules = sorted({g.module for g in refused})
     dangerous = sorted({f"{g.module}.{g.name}" for g in refused if runs_code(g.module, g.name)})
+    unpickling = _UNPICKLING.get(ctx.facts.source.format, _TORCH_LOAD)
     message = (
-        f"the pickle references {len(paths)} global(s) that torch.load(weights_only=True) refuses: "
-        f"{_listed(paths)}; torch.load(weights_only=False) would import {_listed(modules)} and call "
-        "or construct them while unpickling"
+        f"{unpickling.refused.format(count=len(paths))}: {_listed(paths)}; {unpickling.runs} would import "
+        f"{_listed(modules)} and call or construct them while unpickling"
     )
     if dangerous:
         message += f", and {_listed(dangerous)} can run arbitrary code"
     convert = conversion_hint(ctx.facts.source)
     if not convert:
-        yield unsafe_pickle.finding((), message, hint=_RESAVE_STATE_DICT)
+        yield unsafe_pickle.finding((), message, hint=unpickling.hint)
         return
     yield unsafe_pickle.finding(
         (), message,
@@ -149,6 +152,41 @@ _RESAVE_STATE_DICT = (
     "never load it with weights_only=False unless you trust whoever wrote it; if you do, load it once where "
     "its classes are importable and re-save `model.state_dict()` (or safetensors), which weights_only=True reads"
 )
+
+
+class _Unpickling(NamedTuple):
+    """Which loader refuses a format's pickles, which one runs them, and what to do instead."""
+
+    refused: str
+    """The message's first clause, with {count} globals."""
+    runs: str
+    hint: str
+
+
+_TORCH_LOAD = _Unpickling(
+    "the pickle references {count} global(s) that torch.load(weights_only=True) refuses",
+    "torch.load(weights_only=False)",
+    _RESAVE_STATE_DICT,
+)
+_NUMPY_LOAD = _Unpickling(
+    "the array holds Python objects, a pickle that numpy.load refuses unless allow_pickle=True; "
+    "it references {count} global(s)",
+    "numpy.load(allow_pickle=True)",
+    "never load it with allow_pickle=True unless you trust whoever wrote it; if you do, load it once and "
+    "re-save what it holds without objects (an array of a numeric dtype, which numpy.load reads without "
+    "allow_pickle)",
+)
+_UNPICKLING = {
+    "npy": _NUMPY_LOAD,
+    "npz": _NUMPY_LOAD,
+    "pickle": _TORCH_LOAD._replace(
+        runs="pickle.load, joblib.load or torch.load(weights_only=False)",
+        hint="never unpickle it (pickle.load, joblib.load, torch.load(weights_only=False)) unless you trust "
+        "whoever wrote it; if you do, load it once where its classes are importable and re-save its data in a "
+        "format that is no pickle (safetensors, or `torch.save(model.state_dict())`, which weights_only=True reads)",
+    ),
+}
+"""How each format's pickles are loaded, where it is not torch.load (every torch format is)."""
 
 
 @rule(

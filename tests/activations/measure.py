@@ -208,17 +208,18 @@ def allocator_peak(events: Any) -> int:
 
 def allocator_peak_step(
     model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], seed: int = 0, optimizer: str = "adamw",
-    autocast: Autocast | None = None,
+    autocast: Autocast | None = None, other_state: tuple[Any, ...] = (),
 ) -> RealStep:
     """The same steady-state step as `memtracker_step`, its peak by the CPU allocator's own events.
 
-    What was live before the step (parameters, buffers, inputs, the optimizer's state) is counted once by
+    What was live before the step (parameters, buffers, inputs, the optimizer's state, and `other_state`: tensors
+    the model keeps outside its parameters and buffers, such as bitsandbytes' quantization state) is counted once by
     storage, and the profile's allocations and frees are summed in order on top of it.
     """
     from torch.profiler import ProfilerActivity, profile
 
     stepper = _warm_up(model, args, kwargs, seed, optimizer, autocast)
-    state = [*model.parameters(), *model.buffers(), *args, *kwargs.values()]
+    state = [*model.parameters(), *model.buffers(), *args, *kwargs.values(), *other_state]
     if stepper is not None:
         state += [v for s in stepper.state.values() for v in s.values()]
     before = state_bytes(state)

@@ -141,7 +141,9 @@ def test_a_module_whose_rerun_starts_from_state_its_forward_left_is_excluded() -
         replayed = storage_peak_step(model, args, {})
     assert not torch.equal(replayed.loss, plain.loss)  # the hazard is real: the step is another one
 
-    report = assert_plan_holds(edge_models.stateful_recurrent, args, 0.8)
+    # At 80% of the peak checkpointing blocks.0 whole is enough and is cheaper in recompute time than any scan;
+    # at 75% the search reaches for a second block and tries its scan before it.
+    report = assert_plan_holds(edge_models.stateful_recurrent, args, 0.75)
     reasons = dict(report.plan.excluded)
     scans = {path for path in reasons if path.endswith(".scan")}
     assert scans, reasons

@@ -15,6 +15,7 @@ import memlayout.activations as act
 from memlayout.activations.fit.size_search import FitProbe, fit, largest_fitting, scaled_dims
 from memlayout.activations.model.input_specs import parse_input_spec
 from memlayout.cli.app import app
+from memlayout.errors import UsageError
 from tests.activations import models
 from tests.activations.measure import inference_peak, storage_peak_step
 from tests.activations.sharded_models import BATCH_SPECS
@@ -197,23 +198,42 @@ def test_with_ranks_the_batch_found_is_the_largest_whose_largest_rank_fits() -> 
     assert largest_rank(size) <= budget < largest_rank(size + 1)
 
 
-def test_a_gpus_budget_leaves_out_the_cuda_context_and_cublas_workspaces() -> None:
+def test_a_gpus_budget_is_its_memory_as_torch_reports_it_against_reserved_plus_the_runtime() -> None:
+    from memlayout.activations.budget import BudgetSpec, card_budget, resolve_budget
     from memlayout.activations.device.cuda_runtime import cuda_runtime
-    from memlayout.activations.fit.size_search import budget_for_gpu_memory
-
-    budget, said = budget_for_gpu_memory(80 * 10**9, (9, 0))
-    runtime = cuda_runtime((9, 0))
-    assert budget == 80 * 10**9 - runtime.context_bytes - runtime.workspace_reserved_bytes
-    assert 0 < 80 * 10**9 - budget < 2**30 and "CUDA context" in said
-
-
-def test_without_a_budget_the_gpus_memory_less_its_runtime_is_the_budget() -> None:
     from memlayout.activations.device.gpus import gpu_spec
-    from memlayout.activations.fit.size_search import budget_for_gpu_memory, budget_from_gpu
 
-    budget, said = budget_from_gpu("h100")
-    assert (budget, said.split(": ", 1)[1]) == budget_for_gpu_memory(gpu_spec("h100").total_memory, (9, 0))
-    assert said.startswith("--gpu h100")
+    h100 = gpu_spec("h100")
+    runtime = cuda_runtime((9, 0))
+    card = card_budget(h100)
+    assert card.bytes == h100.total_memory and card.figure == "reserved"
+    assert card.runtime_bytes == runtime.context_bytes + runtime.outside_allocator_bytes + runtime.workspace_reserved_bytes
+    assert card.said.startswith("--gpu h100") and "total_memory" in card.said
+    share = resolve_budget(BudgetSpec(fraction=0.9), cuda=True, gpu=h100)
+    assert share is not None and share.bytes == int(0.9 * h100.total_memory) and share.runtime_bytes == card.runtime_bytes
+    cpu = resolve_budget(BudgetSpec(bytes=10**9), cuda=False, gpu=None)
+    assert cpu is not None and cpu.figure == "peak" and cpu.runtime_bytes is None
+    with pytest.raises(UsageError, match="share of a GPU"):
+        resolve_budget(BudgetSpec(fraction=0.9), cuda=False, gpu=None)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("0.9", (None, 0.9)), ("90%", (None, 0.9)), (".5", (None, 0.5)), ("1.0", (None, 1.0)), ("100%", (None, 1.0)),
+    ("78GiB", (78 * 2**30, None)), ("84899201024", (84899201024, None)), ("1", (1, None)),
+])
+def test_budget_is_a_size_or_a_share_of_the_gpu(text: str, expected: tuple[int | None, float | None]) -> None:
+    from memlayout.activations.budget import parse_budget
+
+    spec = parse_budget(text)
+    assert (spec.bytes, spec.fraction) == expected
+
+
+@pytest.mark.parametrize("text", ["1.5", "150%", "0%", "0.0", "lots"])
+def test_a_budget_neither_size_nor_share_is_one_line(text: str) -> None:
+    from memlayout.activations.budget import parse_budget
+
+    with pytest.raises(UsageError):
+        parse_budget(text)
 
 
 @pytest.mark.parametrize("peak", [

@@ -43,7 +43,7 @@ def fake_report(with_plan: bool) -> ActivationReport:
         peak_at=PeakAt("blocks.1", "Block", "backward"),
         at_peak={"parameters": 16 * MIB, "buffers": 0, "inputs": MIB, "gradients": 0, "optimizer_state": 32 * MIB,
                  "saved_activations": 64 * MIB, "other": 15 * MIB}, forward_flops=2_500_000_000,
-        recompute_flops=0, peak_bytes_min=90 * MIB, peak_bytes_max=100 * MIB,
+        recompute_flops=0, forward_seconds=0.008, peak_bytes_min=90 * MIB, peak_bytes_max=100 * MIB,
     )
     modules = (
         module("", "Net", 64 * MIB),
@@ -56,7 +56,7 @@ def fake_report(with_plan: bool) -> ActivationReport:
     plan = PlanResult(
         budget_bytes=64 * MIB, plan=Plan(checkpoint=("blocks.0",), sequential=(SequentialSegments("blocks", 2),)),
         peak_bytes=60 * MIB, allocator_peak_bytes=None, estimated_peak_bytes=58 * MIB,
-        recompute_flops=1_250_000_000, checks=2, pitfalls=("blocks.0 uses randomness: keep the RNG state",),
+        recompute_flops=1_250_000_000, recompute_seconds=0.002, checks=2, pitfalls=("blocks.0 uses randomness: keep the RNG state",),
         excluded=(("blocks.1", "writes in place into a tensor it received"),),
     ) if with_plan else None
     trace = Trace(storages=(), calls=(), modules=(), events=0, forward_end=0, loss="sum of floating outputs",
@@ -108,7 +108,7 @@ def test_the_table_shows_the_peak_the_modules_to_its_depth_and_the_plan() -> Non
             in " ".join(text.split()).replace("peak parameters", "peak  parameters"))
     assert "random" in text and "updates buffers" in text
     assert "plan for a budget of 64.0 MiB" in text and "blocks in 2 segments (checkpoint_sequential)" in text
-    assert "1.25 GFLOP (50% of the forward)" in text
+    assert "1.25 GFLOP, 2 ms (25% of the forward's time)" in text
     assert "note: a note about the step" in text and "\x1b[" not in text
     flat = " ".join(text.split())
     assert "optimizer adamw its state 32.0 MiB" in flat and "peak range 90.0 MiB - 100.0 MiB" in flat

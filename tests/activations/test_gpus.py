@@ -20,7 +20,7 @@ def test_a_probed_gpus_row_is_what_torch_reported_there(probe: Path) -> None:
     properties = json.loads(probe.read_text())["device"]["properties"]
     spec = spec_for_device_name(properties["name"])
     assert spec is not None, f"{properties['name']} was probed and has no row"
-    assert spec.source == "probe"
+    assert spec.memory_source == "measured"
     assert spec.capability == (properties["major"], properties["minor"])
     assert spec.total_memory == properties["total_memory"]
     assert spec.sm_count == properties["multi_processor_count"]
@@ -36,8 +36,9 @@ def test_the_present_gpus_row_is_what_torch_reports() -> None:
         pytest.skip(f"{properties.name} has no row in the --gpu table")
     assert spec.capability == (properties.major, properties.minor)
     assert spec.sm_count == properties.multi_processor_count
-    # spec rows hold NVIDIA's total (nvidia-smi's); torch's total_memory is the driver's usable part
-    assert abs(spec.total_memory - properties.total_memory) <= 0.02 * properties.total_memory
+    # rows hold torch's total_memory, the frame buffer less the driver's reservation, which moves with the driver
+    # (81,079 to 81,106 MiB on H100s in the reports gpus.py cites)
+    assert abs(spec.total_memory - properties.total_memory) <= 0.01 * properties.total_memory
 
 
 def test_every_row_has_its_own_name_and_device() -> None:

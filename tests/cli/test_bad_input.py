@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import zipfile
 from pathlib import Path
@@ -68,8 +69,6 @@ CASES = {
     "random.bin": (write_random_bytes, "not a checkpoint format"),
     "notes.xyz": (write_text_file, "not a checkpoint format"),
     "plain.zip": (write_zip_without_pickle, "not a torch.save file"),
-    # A pickle of plain data is refused as a text file is, and the line says what it holds.
-    "plain.pkl": (write_plain_pickle, "is a plain pickle of a dict of 2 items with no tensors, not a checkpoint"),
     "missing_record.pt": (write_pickle_missing_a_record, "lacks"),
 }
 
@@ -93,6 +92,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, name: str) -> None:
     assert said.count("truncated") + said.count("cut short") <= 1, said
     assert "Traceback" not in result.stderr + result.stdout
     assert result.stdout == ""
+
+
+def test_a_pickle_of_plain_data_is_a_cleared_report_not_an_error(tmp_path: Path) -> None:
+    # An audit reads every pickle: one that imports nothing is reported as cleared, and
+    # the note says what it holds (it was refused with exit 2, as text is, before).
+    path = tmp_path / "plain.pkl"
+    write_plain_pickle(path)
+    result = runner.invoke(app, ["inspect", str(path), "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["findings"] == []
+    assert report["source"]["notes"][0] == (
+        "a pickle of a dict of 2 items with no tensors, not a checkpoint; it imports nothing outside the allow-list"
+    )
 
 
 def test_directory_without_a_model(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ INTEGERS = [
     "12", " 12 ", "+5", "-1", "0", "-0", "1_000", "1__0", "_1", "1.0", "7.00", "1.", "1.5", "0x10", "1e3", "", "abc",
     "\u0663", "\xa01", "99999999999999999999999", 64, 0, -3, True, 1.5,
 ]
+FLOATS = ["0.05", " 0.1 ", "5%", "0", "1", "1.5", "-0.1", "nan", "abc", "", 0.25, 2]
 LISTS: list[Any] = [("a", "b"), ["x"], (), "single"]
 
 
@@ -30,6 +31,8 @@ def _values(annotation: Any) -> list[Any]:
         scalars: list[Any] = list(STRINGS)
     elif base is int:
         scalars = list(INTEGERS)
+    elif base is float:
+        scalars = list(FLOATS)
     elif isinstance(base, type) and issubclass(base, enum.Enum):
         members = list(base)
         scalars = [*members, *(m.value for m in members), *(str(m.value).upper() for m in members), "nope", "", 3]

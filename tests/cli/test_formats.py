@@ -53,7 +53,7 @@ def test_each_format_of_a_command_is_its_own_module_beside_its_results(command: 
 
 def test_what_each_command_writes() -> None:
     assert [f.value for f in formats_for(Command.INSPECT)] == [
-        "table", "json", "sarif", "github", "markdown", "junit", "html",
+        "table", "json", "sarif", "github", "markdown", "junit", "html", "jsonl",
     ]
     assert [f.value for f in formats_for(Command.DIFF)] == ["table", "json", "markdown", "html"]
     assert [f.value for f in formats_for(Command.ACTIVATIONS)] == ["table", "json"]

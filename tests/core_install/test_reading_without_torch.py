@@ -67,6 +67,12 @@ def test_inspect_reads_every_checkpoint_format_in_each_report_format(checkpoints
         validate(SCHEMAS / "schema_v2.json", data, SCHEMAS / "schema_v1.json")
         errors = [p["error"] for p in data["reports"] if p["error"] is not None]
         assert len(data["reports"]) == len(CHECKPOINTS) and errors == [], errors
+    elif fmt == "jsonl":
+        lines = [json.loads(line) for line in out.splitlines()]
+        for line in lines:
+            validate(SCHEMAS / "schema_jsonl_v1.json", line, SCHEMAS / "schema_v1.json")
+        assert sorted(line["path"] for line in lines) == sorted(str(checkpoints / name) for name in CHECKPOINTS)
+        assert [line["error"] for line in lines if line["error"] is not None] == []
     elif fmt == "sarif":
         validate(SARIF_SCHEMA, json.loads(out))
     elif fmt == "junit":

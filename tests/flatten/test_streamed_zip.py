@@ -142,6 +142,28 @@ def test_a_bad_write_fails_verification_and_leaves_out_as_it_was(tmp_path: Path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.pt", "out.pt"]
 
 
+def test_a_re_strided_tensor_built_wrong_fails_verification_by_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its record's CRC-32 is of the bytes built in memory, so only reading its values back catches a wrong build."""
+    from memlayout.flatten.writers import torch_zip
+
+    src, out = tmp_path / "in.pt", tmp_path / "out.pt"
+    torch.save({"weight": torch.randn(16, 8).t(), "bias": torch.randn(16)}, src)
+    out.write_bytes(b"old")
+    real_dense_bytes = torch_zip._dense_bytes
+
+    def transposed_wrong(source: int, record_start: int, slot: Any) -> bytes:
+        built = real_dense_bytes(source, record_start, slot)
+        return built[4:] + built[:4]  # every value one element off: same length, same bytes, other order
+
+    monkeypatch.setattr(torch_zip, "_dense_bytes", transposed_wrong)
+    with pytest.raises(FlattenError, match="weight read back with other values than IN's"):
+        _flatten(src, out)
+    assert out.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.pt", "out.pt"]
+
+
 def test_a_damaged_in_record_is_named_and_nothing_is_written(tmp_path: Path) -> None:
     src, out = tmp_path / "in.pt", tmp_path / "out.pt"
     torch.save({"a": torch.arange(64.0), "b": torch.ones(8)}, src)

@@ -214,6 +214,27 @@ def test_ml105_materialize_the_expanded_tensor(method: str, tmp_path: Path) -> N
     assert_fixed("ML105", before, save_state(state, tmp_path / "fixed.pt"))
 
 
+# ML106 overlapping-chunks
+
+
+def test_ml106_resave_with_dcps_own_planner(tmp_path: Path) -> None:
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from tests.load.dcp_writers import save_overlapping_rows
+
+    path = save_overlapping_rows(tmp_path / "ckpt", torch.arange(12.0).reshape(4, 3), [(0, 3), (2, 4)])
+    finding, before = finding_of("ML106", path)
+    assert "`dcp.save(model.state_dict(), checkpoint_id=DIR)`" in finding["hint"]
+    kept = {"w": torch.zeros(4, 3)}  # the values you mean to keep: what dcp.load gives
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(kept, checkpoint_id=str(path))
+        dcp.save(kept, checkpoint_id=str(tmp_path / "fixed"))
+    assert_fixed("ML106", before, tmp_path / "fixed")
+
+
 # ML201 non-contiguous
 
 

@@ -9,6 +9,8 @@ its pid file, logs and temporary folders in pytest's tmp, serving one folder
 | `/files/` | the folder, with Range support (nginx's default) |
 | `/redirect/` | a 302 to `/files/`, as the Hub's `resolve` URLs redirect to its CDN |
 | `/norange/` | the folder with Range switched off (`max_ranges 0`): 200 and the whole file |
+| `/onerange/` | the folder with one range a request (`max_ranges 1`): several ranges in one request get 200 and the whole file |
+| `/listing/` | the folder with nginx's HTML listing of a folder (`autoindex on`) |
 | `/forbidden/`, `/unauthorized/` | 403, 401 |
 | `/loop/` | a 302 to itself, forever |
 | `/to-https/` | a 302 to https://, another scheme |
@@ -131,6 +133,8 @@ http {{
         location /files/ {{ }}
         location /redirect/ {{ rewrite ^/redirect/(.*)$ /files/$1 redirect; }}
         location /norange/ {{ alias {files}/; max_ranges 0; }}
+        location /onerange/ {{ alias {files}/; max_ranges 1; }}
+        location /listing/ {{ alias {files}/; autoindex on; }}
         location /forbidden/ {{ return 403; }}
         location /unauthorized/ {{ return 401; }}
         location /loop/ {{ return 302 $uri; }}

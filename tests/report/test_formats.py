@@ -42,6 +42,7 @@ SCHEMA_V2 = json.loads((REPORT_SCHEMAS / "schema_v2.json").read_text())
 SUFFIX = {
     OutputFormat.TABLE: "txt", OutputFormat.JSON: "json", OutputFormat.SARIF: "sarif",
     OutputFormat.GITHUB: "github.txt", OutputFormat.MARKDOWN: "md", OutputFormat.JUNIT: "xml",
+    OutputFormat.JSONL: "jsonl",
 }
 
 runner = CliRunner()
@@ -80,7 +81,7 @@ def test_every_format_has_exactly_one_reporter() -> None:
         assert reporter.render(batch).endswith("</html>" if fmt is OutputFormat.HTML else "\n")
         assert "".join(reporter.render_pieces(batch)) == reporter.render(batch)
     assert {fmt.value for fmt in formats_for(Command.INSPECT)} == {
-        "table", "json", "sarif", "github", "markdown", "junit", "html",
+        "table", "json", "sarif", "github", "markdown", "junit", "html", "jsonl",
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,20 @@ def codes(target: Any, config: RuleConfig | None = None) -> list[str]:
     return [f.code for f in memlayout.inspect(target, config=config).findings]
 
 
+def overlapping_dcp_chunks() -> str:
+    """A torch.distributed.checkpoint whose "w" is stored as rows 0:3 and 2:4 (ML106)."""
+    from tests.load.dcp_writers import save_overlapping_rows
+
+    return str(save_overlapping_rows(Path(tempfile.mkdtemp(prefix="ml106-")) / "ckpt", torch.ones(4, 3), [(0, 3), (2, 4)]))
+
+
+def tiled_dcp_chunks() -> str:
+    """The same tensor stored as rows 0:2 and 2:4, which tile it."""
+    from tests.load.dcp_writers import save_overlapping_rows
+
+    return str(save_overlapping_rows(Path(tempfile.mkdtemp(prefix="ml106-")) / "ckpt", torch.ones(4, 3), [(0, 2), (2, 4)]))
+
+
 TIE_HEAD = RuleConfig(ties=(("head.weight", "embed.weight"),))
 DEEP = RuleConfig(deep=True)
 
@@ -36,6 +51,7 @@ CASES: list[tuple[str, Case, Case, RuleConfig | None]] = [
     ("ML103", models.DivergedHeadLM, models.TiedEmbeddingLM, TIE_HEAD),
     ("ML104", models.assign_loaded_tied_lm, models.TiedEmbeddingLM, None),
     ("ML105", models.ExpandedBufferModule, models.ContiguousBufferModule, None),
+    ("ML106", overlapping_dcp_chunks, tiled_dcp_chunks, None),
     ("ML201", models.TransposedWeightLinear, models.channels_last_convnet, None),
     ("ML201", models.TransposedWeightLinear, models.TransposedTieAutoencoder, None),
     ("ML202", models.mixed_format_convnet, models.channels_last_convnet, None),

@@ -8,8 +8,12 @@ activations --device cuda` states them on lines of their own.
   GPU. memlayout has one measurement of it, not a rule: 527 MiB (552,402,944 bytes of
   the driver's used memory after `torch.cuda.init()`) on an NVIDIA H200, driver
   580.159.04, CUDA 13.0, torch 2.11.0+cu130 (benchmarks/results/gpu/probe-h200.json,
-  `context.driver_used_after_init`). The first cuBLAS call added 98 MiB more there,
-  also outside the allocator (`first_matmul_float32.driver_used_delta`).
+  `context.driver_used_after_init`).
+- **cuBLAS's own memory outside the allocator**: the first float32 matmul there took
+  98 MiB more of the driver's memory (`first_matmul_float32.driver_used_delta`), of
+  which 32 MiB is the workspace's segment in the caching allocator (`reserved_delta`);
+  the other 66 MiB (69,206,016 bytes: the library's kernels and handle) is outside it.
+  Counted once: it is the process's, not a handle's.
 - **cuBLAS's workspace** comes from the caching allocator, once per (cuBLAS handle,
   stream): aten/src/ATen/cuda/CublasHandlePool.cpp, `setWorkspaceForHandle` allocates
   `getChosenWorkspaceSize()` through `getNewWorkspace()`. Handles are per thread
@@ -38,6 +42,8 @@ from memlayout.activations.device.cuda_allocator import round_size, segment_size
 CONTEXT_BYTES_MEASURED = 552_402_944
 """The driver's used memory after `torch.cuda.init()` on the one GPU measured (see the module's docstring)."""
 CONTEXT_MEASURED_ON = "an NVIDIA H200, driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130"
+CUBLAS_OUTSIDE_ALLOCATOR_MEASURED = 102_760_448 - 33_554_432
+"""cuBLAS's first use beyond its workspace's segment, on the same GPU (see the module's docstring)."""
 CUBLAS_HANDLES_PER_STEP = 2
 """Threads that run matmuls in a training step, each with its own cuBLAS handle: forward's and autograd's."""
 CUBLAS_WORKSPACE_HOPPER = 4096 * 8 * 1024
@@ -56,6 +62,8 @@ class CudaRuntime:
     context_bytes: int
     """The CUDA context, outside the caching allocator: a measured figure, not a rule."""
     context_measured_on: str
+    outside_allocator_bytes: int
+    """What cuBLAS's first use takes outside the caching allocator besides its workspace: a measured figure."""
     cublas_workspace_bytes: int
     """One cuBLAS handle's workspace, from the caching allocator."""
     cublas_handles: int
@@ -74,6 +82,12 @@ class CudaRuntime:
         """The segments they take in `memory_reserved()`: each is a request of its own to the allocator."""
         sizes = [self.cublas_workspace_bytes] * self.cublas_handles + [self.cublaslt_workspace_bytes]
         return sum(segment_size(round_size(size)) for size in sizes if size)
+
+    @property
+    def beside_step_bytes(self) -> int:
+        """What the process holds on the GPU beside the step's own segments: the context, cuBLAS's memory outside
+        the allocator, and the workspaces' segments. A GPU runs out when this plus the reserved peak exceeds it."""
+        return self.context_bytes + self.outside_allocator_bytes + self.workspace_reserved_bytes
 
 
 def chosen_workspace_size(capability: tuple[int, int] | None, environ: Mapping[str, str]) -> int:
@@ -110,6 +124,7 @@ def cuda_runtime(capability: tuple[int, int] | None = None, environ: Mapping[str
     return CudaRuntime(
         context_bytes=CONTEXT_BYTES_MEASURED,
         context_measured_on=CONTEXT_MEASURED_ON,
+        outside_allocator_bytes=CUBLAS_OUTSIDE_ALLOCATOR_MEASURED,
         cublas_workspace_bytes=chosen_workspace_size(capability, env),
         cublas_handles=CUBLAS_HANDLES_PER_STEP,
         cublaslt_workspace_bytes=cublaslt_workspace_size(env),

@@ -1,15 +1,31 @@
-"""The GPUs `--gpu NAME` can name: compute capability, memory and SM count, in one table.
+"""The GPUs `--gpu NAME` can name: compute capability, memory, SMs and peak rates, in one table.
 
 A fake CUDA step follows the target GPU where the GPU decides something: which
-attention kernel torch runs (sdpa_backend.py reads the capability), and how much
-memory there is to fit in. Each row is what `torch.cuda.get_device_properties`
-reports on that GPU: `name`, `major.minor`, `total_memory` and
-`multi_processor_count`. `source` says where the row comes from: "probe" rows were
-recorded on the GPU itself by benchmarks/gpu_probe.py (benchmarks/results/gpu/), the
-others from NVIDIA's specifications, whose memory is what nvidia-smi shows as total
-(torch's `total_memory`, the driver's usable figure, is up to 1% lower).
-tests/activations/test_gpus.py checks the probe rows against the recorded figures
+attention kernel torch runs (sdpa_backend.py reads the capability), how much
+memory there is to fit in, and how long a checkpointed module takes to rerun
+(roofline.py reads the peak rates).
+
+**Memory** is what `torch.cuda.get_device_properties().total_memory` reports on the
+card: CUDA's `totalGlobalMem`, the frame buffer less what the driver reserves. That
+is what runs out, not the larger figure nvidia-smi prints as "Total" (on an H100
+80GB HBM3 with driver 580.159.04: 81,559 MiB in nvidia-smi, 81,079 MiB in torch).
+The driver's reservation differs from card to card and from driver to driver
+(81,079 to 81,106 MiB on H100s), so each row says where its figure comes from:
+
+- "measured": torch's `total_memory` on the card itself, in this project's GPU runs
+  (benchmarks/results/gpu/: the H200's probe, the H100's `device-h100.txt`);
+- "reported": `totalGlobalMem` as a public report from a Linux machine shows it
+  (deviceQuery's bytes, or torch's repr), the lowest of the reports that can be cited;
+  docs/gpu.md lists each report;
+- "derived": no report found; NVIDIA's figure less the reservation measured on the
+  card of the same memory (the H100 PCIe: the H100's 480 MiB).
+
+tests/activations/test_gpus.py checks the measured rows against the recorded figures
 and, on a machine with a GPU, the present GPU's row against torch.
+
+**Peak rates** are NVIDIA's datasheet figures, dense (no sparsity): float32 on the CUDA
+cores (torch leaves TF32 off for matmuls by default), bf16/fp16 on the tensor cores
+with float32 accumulation, and the memory bandwidth.
 """
 
 from __future__ import annotations
@@ -19,11 +35,13 @@ from dataclasses import dataclass
 from memlayout.errors import UsageError
 
 MIB = 1 << 20
+TERA = 10**12
+GIGA = 10**9
 
 
 @dataclass(frozen=True)
 class GpuSpec:
-    """One GPU as torch describes it."""
+    """One GPU as torch describes it, and its peak rates."""
 
     key: str
     """What `--gpu` takes: "h100", "a100-80gb"."""
@@ -32,32 +50,45 @@ class GpuSpec:
     capability: tuple[int, int]
     """(major, minor): 9.0 for Hopper, 8.0 for A100, 8.9 for Ada."""
     total_memory: int
-    """Bytes of device memory."""
+    """Bytes of device memory torch reports (`total_memory`: what an allocation can take)."""
     sm_count: int
     """`multi_processor_count`."""
-    source: str
-    """"probe" (recorded on the GPU, benchmarks/results/gpu/) or "spec" (NVIDIA's figures)."""
+    memory_source: str
+    """"measured", "reported" or "derived": where `total_memory` comes from (see the module's docstring)."""
+    float32_flops: int
+    """Peak float32 FLOP/s (NVIDIA's datasheet)."""
+    half_flops: int
+    """Peak bf16/fp16 FLOP/s on the tensor cores, dense, float32 accumulation (NVIDIA's datasheet)."""
+    memory_bandwidth: int
+    """Peak memory bandwidth in bytes/s (NVIDIA's datasheet)."""
 
     def describe(self) -> str:
-        """"NVIDIA H100 80GB HBM3 (sm 9.0, 79.6 GiB, 132 SMs)"."""
+        """"NVIDIA H100 80GB HBM3 (sm 9.0, 79.2 GiB, 132 SMs)"."""
         return (f"{self.device_name} (sm {self.capability[0]}.{self.capability[1]}, "
                 f"{self.total_memory / (1 << 30):.1f} GiB, {self.sm_count} SMs)")
 
 
 GPUS: tuple[GpuSpec, ...] = (
-    GpuSpec("h200", "NVIDIA H200", (9, 0), 150_109_880_320, 132, "probe"),
-    GpuSpec("h100", "NVIDIA H100 80GB HBM3", (9, 0), 81_559 * MIB, 132, "spec"),
-    GpuSpec("h100-pcie", "NVIDIA H100 PCIe", (9, 0), 81_559 * MIB, 114, "spec"),
-    GpuSpec("b200", "NVIDIA B200", (10, 0), 183_359 * MIB, 148, "spec"),
-    GpuSpec("a100-80gb", "NVIDIA A100-SXM4-80GB", (8, 0), 81_920 * MIB, 108, "spec"),
-    GpuSpec("a100-40gb", "NVIDIA A100-SXM4-40GB", (8, 0), 40_960 * MIB, 108, "spec"),
-    GpuSpec("l40s", "NVIDIA L40S", (8, 9), 46_068 * MIB, 142, "spec"),
-    GpuSpec("l4", "NVIDIA L4", (8, 9), 23_034 * MIB, 58, "spec"),
-    GpuSpec("a10g", "NVIDIA A10G", (8, 6), 23_028 * MIB, 80, "spec"),
-    GpuSpec("4090", "NVIDIA GeForce RTX 4090", (8, 9), 24_564 * MIB, 128, "spec"),
-    GpuSpec("3090", "NVIDIA GeForce RTX 3090", (8, 6), 24_576 * MIB, 82, "spec"),
-    GpuSpec("t4", "Tesla T4", (7, 5), 15_360 * MIB, 40, "spec"),
-    GpuSpec("v100", "Tesla V100-SXM2-16GB", (7, 0), 16_384 * MIB, 80, "spec"),
+    GpuSpec("h200", "NVIDIA H200", (9, 0), 150_109_880_320, 132, "measured", 67 * TERA, 989 * TERA, 4_800 * GIGA),
+    GpuSpec("h100", "NVIDIA H100 80GB HBM3", (9, 0), 81_079 * MIB, 132, "measured", 67 * TERA, 989 * TERA,
+            3_350 * GIGA),
+    GpuSpec("h100-pcie", "NVIDIA H100 PCIe", (9, 0), (81_559 - 480) * MIB, 114, "derived", 51 * TERA, 756 * TERA,
+            2_000 * GIGA),
+    GpuSpec("b200", "NVIDIA B200", (10, 0), 191_514_411_008, 148, "reported", 75 * TERA, 2_250 * TERA, 8_000 * GIGA),
+    GpuSpec("a100-80gb", "NVIDIA A100-SXM4-80GB", (8, 0), 84_987_740_160, 108, "reported", 19_500 * GIGA,
+            312 * TERA, 2_039 * GIGA),
+    GpuSpec("a100-40gb", "NVIDIA A100-SXM4-40GB", (8, 0), 42_298_834_944, 108, "reported", 19_500 * GIGA,
+            312 * TERA, 1_555 * GIGA),
+    GpuSpec("l40s", "NVIDIA L40S", (8, 9), 47_576_711_168, 142, "reported", 91_600 * GIGA, 362 * TERA, 864 * GIGA),
+    GpuSpec("l4", "NVIDIA L4", (8, 9), 23_570_219_008, 58, "reported", 30_300 * GIGA, 121 * TERA, 300 * GIGA),
+    GpuSpec("a10g", "NVIDIA A10G", (8, 6), 23_609_475_072, 80, "reported", 31_200 * GIGA, 125 * TERA, 600 * GIGA),
+    GpuSpec("4090", "NVIDIA GeForce RTX 4090", (8, 9), 25_386_352_640, 128, "reported", 82_600 * GIGA,
+            165_200 * GIGA, 1_008 * GIGA),
+    GpuSpec("3090", "NVIDIA GeForce RTX 3090", (8, 6), 25_327_697_920, 82, "reported", 35_600 * GIGA, 71 * TERA,
+            936 * GIGA),
+    GpuSpec("t4", "Tesla T4", (7, 5), 15_835_660_288, 40, "reported", 8_100 * GIGA, 65 * TERA, 320 * GIGA),
+    GpuSpec("v100", "Tesla V100-SXM2-16GB", (7, 0), 16_935_682_048, 80, "reported", 15_700 * GIGA, 125 * TERA,
+            900 * GIGA),
 )
 
 DEFAULT_GPU = "h100"

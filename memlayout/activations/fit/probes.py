@@ -11,13 +11,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from memlayout.activations.analysis import ActivationReport, _step_failed, prepare_step
+from memlayout.activations.analysis import (
+    ActivationReport,
+    _step_failed,
+    prepare_step,
+    roofline_text,
+    target_gpu,
+)
+from memlayout.activations.budget import Budget, BudgetSpec, card_budget, resolve_budget
 from memlayout.activations.generate_summary import summarize_generation
+from memlayout.activations.model.adapt import Adaptation
+from memlayout.activations.model.adapters import parameter_split
 from memlayout.activations.model.input_specs import InputSpec, position_limit
-from memlayout.activations.plans.plan import Planner
 from memlayout.activations.ranks import analyze_ranks
 from memlayout.activations.ranks.facts import RanksReport
-from memlayout.activations.search import PlanResult, exclusions, pitfalls, plan_for_budget
+from memlayout.activations.search import PlanResult, plan_for_budget
 from memlayout.activations.step.run import torch_dtype
 from memlayout.activations.summary import module_facts, summarize
 from memlayout.errors import (
@@ -28,7 +36,6 @@ from memlayout.errors import (
 )
 
 if TYPE_CHECKING:
-    from memlayout.activations.plans.plan import Plan
     from memlayout.activations.ranks.facts import RanksPlan
     from memlayout.activations.ranks.parallel import ShardingOptions
     from memlayout.activations.step.generate import Generation
@@ -51,12 +58,30 @@ class FitProbe:
 
     size: int
     with_plan: bool
-    """Traced through the budget search (the plan's peak), not the plain step."""
+    """Traced through the budget search (the `--budget` search at this size), not the plain step."""
     peak_bytes: int | None
-    """The peak (with a plan: the lowest the budget search reached); None when the step failed."""
+    """The peak of live tensors (with a plan: of the plan the search found, or the lowest it reached); None when
+    the step failed."""
     fits: bool
     failure: str | None = None
     """Why the step failed at this size, in one line; None when it ran."""
+    compared_bytes: int | None = None
+    """The figure compared with the budget (on CUDA the reserved peak plus the CUDA runtime); None: the peak."""
+    guide_bytes: int | None = None
+    """What the size search interpolates on (a figure that grows nearly linearly with the size): the compared
+    figure, or with a plan found, the lowest the planner estimates reachable; None: the compared figure."""
+    checks: int = 0
+    """With a plan: the plans the budget search traced at this size."""
+    cut_short: str | None = None
+    """With a plan: where the budget search stopped at a limit of its own (see search.PlanResult)."""
+
+    @property
+    def judged_bytes(self) -> int | None:
+        return self.peak_bytes if self.compared_bytes is None else self.compared_bytes
+
+    @property
+    def guide(self) -> int | None:
+        return self.judged_bytes if self.guide_bytes is None else self.guide_bytes
 
 
 def specs_at(specs: Sequence[InputSpec], dims: Sequence[ScaledDim], size: int) -> list[InputSpec]:
@@ -75,6 +100,9 @@ def specs_at(specs: Sequence[InputSpec], dims: Sequence[ScaledDim], size: int) -
 
 class Probe:
     """Traces the step at one size: the plain step, or through the budget search."""
+
+    budget: Budget
+    """What each size must fit in, and the figure compared with it."""
 
     def plain(self, size: int) -> FitProbe:
         raise NotImplementedError
@@ -98,22 +126,36 @@ class Probe:
 class DeviceProbe(Probe):
     """One device: the model built once (`prepare_step`), each size a trace of the same model."""
 
-    def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, budget: int, device: str,
-                 optimizer: str, autocast: str | None, dtype: str | None, step_kind: str, trust: bool,
-                 main_module: str | None, gpu: str | None = None, generation: Generation | None = None) -> None:
-        self.specs, self.dims, self.budget = specs, dims, budget
+    def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *,
+                 budget: BudgetSpec | None, device: str, optimizer: str, autocast: str | None, dtype: str | None,
+                 step_kind: str, trust: bool, main_module: str | None, gpu: str | None = None,
+                 adaptation: Adaptation | None = None, generation: Generation | None = None) -> None:
+        self.specs, self.dims = specs, dims
         self.optimizer, self.autocast, self.dtype, self.step_kind = optimizer, autocast, dtype, step_kind
         self.generation = generation
         self.step, self.notes, self.target_text, self.kind = prepare_step(
             target, specs, kwargs=None, device=device, mode="meta" if device == "meta" else "fake", trust=trust,
             optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-            step_kind=step_kind, generation=generation,
+            step_kind=step_kind, adaptation=adaptation, generation=generation,
         )
         self.cuda = self.step.device.startswith("cuda")
+        self.budget = self._budget(budget)
         self.size: int | None = None
         self.traced: dict[int, Any] = {}
         """size -> (trace, summary) of the plain step, for the report and the plan search."""
-        self.lowest_plan: Plan | None = None
+        self.searched: dict[int, PlanResult] = {}
+        """size -> the budget search's plan there (found, or the lowest it reached)."""
+
+    def _budget(self, spec: BudgetSpec | None) -> Budget:
+        gpu = target_gpu(self.step)
+        if spec is None:
+            if not self.cuda or gpu is None:
+                raise UsageError("--fit needs a budget: give --budget SIZE, or --gpu NAME for that GPU's memory",
+                                 "e.g. --gpu h100, or --budget 78GiB")
+            return card_budget(gpu)
+        budget = resolve_budget(spec, cuda=self.cuda, gpu=gpu)
+        assert budget is not None
+        return budget
 
     def _at(self, size: int) -> None:
         if self.size == size:
@@ -144,82 +186,35 @@ class DeviceProbe(Probe):
             if size == self.specs_size():
                 raise
             return FitProbe(size, False, None, False, exc.one_line())
-        return FitProbe(size, False, summary.peak_bytes, summary.peak_bytes <= self.budget)
+        compared = self.budget.judged(summary) if self.cuda else None
+        return FitProbe(size, False, summary.peak_bytes, self.budget.fits(summary), compared_bytes=compared)
 
     def specs_size(self) -> int:
         return self.specs[[s.describe() for s in self.specs].index(self.dims[0].input)].shape[self.dims[0].dim]
 
     def planned(self, size: int) -> FitProbe:
-        """The step with the lowest plan: what a size needs to fit with some plan. One trace a size.
-
-        Running the whole budget search at every size would trace up to a dozen plans each;
-        the plan that reaches the lowest peak is chosen once, at the first size probed (above
-        the plain answer, where the plain step does not fit), and the search's own plan is
-        found at the answer only (`plan_at`).
-        """
-        if self.lowest_plan is None:
-            try:
-                trace, summary = self._trace(size)
-            except UsageError as exc:
-                return FitProbe(size, True, None, False, exc.one_line())
-            if summary.peak_bytes <= self.budget:
-                return FitProbe(size, True, summary.peak_bytes, True)
-            chosen = self._lowest_plan(trace)
-            if chosen is None:
-                return FitProbe(size, True, summary.peak_bytes, False)
-            self.lowest_plan, peak = chosen
-            return FitProbe(size, True, peak, peak <= self.budget)
-        self._at(size)
+        """The `--budget` search at this size, as `analyze(..., budget=...)` runs it: the size fits with a plan
+        exactly when that search finds one, so `--fit` and `--budget` cannot disagree."""
         try:
-            peak = summarize(self.step.trace(self.lowest_plan), cuda=self.cuda).peak_bytes
-        except Exception as exc:  # the plan's step failed at this size
-            return FitProbe(size, True, None, False, f"with the lowest plan, {type(exc).__name__}: {exc}")
-        return FitProbe(size, True, peak, peak <= self.budget)
-
-    def _lowest_plan(self, trace: Any) -> tuple[Plan, int] | None:
-        """Of the planner's lowest plan and its every-module-of-a-level plans, the one whose traced peak is lowest.
-
-        They are traced in the order of the planner's estimates, and the rest are left untraced
-        once an estimate is no lower than the lowest peak traced so far. On Llama-7B at 4k tokens
-        (bench_fit.py's model) the three candidates' estimates were within 0.34% of their traced
-        peaks, the lowest exact, and two traces of the three were saved; where estimates run high
-        (a 2-layer Llama's, by 3-4%), a candidate estimated above a traced peak could be lower
-        by a few %, and the plan the answer reports is the budget search's, traced, in any case.
-        """
-        planner = Planner(trace, exclusions(module_facts(trace), trace, self.step.initial_modules))
-        candidates: dict[Plan, int] = {}
-        for chosen in [planner.lowest(), *planner.covers()]:
-            plan = planner.plan_of(chosen)
-            if not plan.empty:  # the lowest plan can be a whole level's: one trace is enough
-                candidates.setdefault(plan, planner.estimate(chosen))
-        best: tuple[Plan, int] | None = None
-        for plan, estimate in sorted(candidates.items(), key=lambda item: item[1]):
-            if best is not None and estimate >= best[1]:
-                break
-            try:
-                traced = self.step.trace(plan)
-            except Exception:  # a plan whose step fails is not a candidate (the budget search says why)
-                continue
-            if traced.rerun_state_differs:
-                continue
-            peak = summarize(traced, cuda=self.cuda).peak_bytes
-            if best is None or peak < best[1]:
-                best = (plan, peak)
-        return best
+            trace, summary = self._trace(size)
+            self._at(size)
+            found = plan_for_budget(self.step, trace, summary, module_facts(trace), self.budget)
+        except BudgetUnreachableError as exc:
+            lowest: PlanResult = exc.lowest
+            self.searched[size] = lowest
+            return FitProbe(size, True, lowest.peak_bytes, False, compared_bytes=lowest.compared_bytes,
+                            checks=lowest.checks, cut_short=lowest.cut_short)
+        except UsageError as exc:
+            return FitProbe(size, True, None, False, exc.one_line())
+        self.searched[size] = found
+        return FitProbe(size, True, found.peak_bytes, True, compared_bytes=found.compared_bytes,
+                        guide_bytes=found.lowest_estimate_bytes, checks=found.checks, cut_short=found.cut_short)
 
     def plan_at(self, size: int) -> PlanResult | None:
-        """The budget search's plan at this size (the cheapest it finds that fits); the lowest plan if it finds none."""
-        trace, summary = self._trace(size)
-        modules = module_facts(trace)
-        try:
-            return plan_for_budget(self.step, trace, summary, modules, self.budget)
-        except BudgetUnreachableError:
-            if self.lowest_plan is None:
-                return None
-            traced = summarize(self.step.trace(self.lowest_plan), cuda=self.cuda)
-            return PlanResult(self.budget, self.lowest_plan, traced.peak_bytes, traced.allocator_peak_bytes,
-                              traced.peak_bytes, traced.recompute_flops, 1,
-                              pitfalls(self.lowest_plan, modules, self.step.model))
+        """The budget search's plan at this size: the cheapest it finds that fits, or the lowest it reached."""
+        if size not in self.searched:
+            self.planned(size)
+        return self.searched.get(size)
 
     def state_bytes(self) -> int:
         _, summary = self._trace(self.specs_size())
@@ -233,6 +228,8 @@ class DeviceProbe(Probe):
             inputs=step.descriptions, device=step.device, mode=step.mode, loss=trace.loss, optimizer=self.optimizer,
             summary=summary, modules=module_facts(trace), plan=None, notes=tuple(self.notes), trace=trace,
             autocast=self.autocast, dtype=self.dtype, step=self.step_kind,
+            roofline=roofline_text(step),
+            parameters=parameter_split(step.model), adapted=step.adapted,
             generation=summarize_generation(trace, self.generation) if self.generation is not None else None,
         )
 
@@ -249,8 +246,13 @@ class RanksProbe(Probe):
     """Ranks: each size predicted by `analyze_ranks` (it builds the sharded model afresh)."""
 
     def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, sharding: ShardingOptions,
-                 optimizer: str, budget: int, device: str, trust: bool, main_module: str | None) -> None:
-        self.target, self.specs, self.dims, self.budget = target, specs, dims, budget
+                 optimizer: str, budget: BudgetSpec | None, device: str, trust: bool, main_module: str | None) -> None:
+        if budget is None or budget.bytes is None:
+            raise UsageError("--fit with --world-size needs --budget as a size: each rank's peak is compared with it",
+                             "e.g. --budget 78GiB")
+        # Each rank's peak of live tensors is compared: the allocator's model is not replayed per rank yet.
+        self.budget = Budget(budget.bytes, f"--budget {budget.describe()}")
+        self.target, self.specs, self.dims = target, specs, dims
         self.options: dict[str, Any] = {"sharding": sharding, "optimizer": optimizer, "device": device, "trust": trust,
                         "main_module": main_module}
         self.reports: dict[int, RanksReport] = {}
@@ -268,14 +270,14 @@ class RanksProbe(Probe):
             if size == self._given():
                 raise
             return FitProbe(size, False, None, False, exc.one_line())
-        return FitProbe(size, False, peak, peak <= self.budget)
+        return FitProbe(size, False, peak, peak <= self.budget.bytes)
 
     def _given(self) -> int:
         return self.specs[[s.describe() for s in self.specs].index(self.dims[0].input)].shape[self.dims[0].dim]
 
     def planned(self, size: int) -> FitProbe:
         try:
-            report = analyze_ranks(self.target, specs_at(self.specs, self.dims, size), budget=self.budget,
+            report = analyze_ranks(self.target, specs_at(self.specs, self.dims, size), budget=self.budget.bytes,
                                    **self.options)
         except RanksBudgetUnreachableError as exc:
             return FitProbe(size, True, exc.lowest.peak_bytes, False)

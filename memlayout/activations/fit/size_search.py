@@ -15,10 +15,16 @@ Which dimension is scaled, from the input specs alone:
 The scaled dimensions must all have the same size as given: they are one batch (or
 one sequence) seen by several inputs.
 
-The answer is given twice: with no checkpointing, and with the budget search's
-plan (the checkpoint plan `analyze(..., budget=...)` finds), which fits more. With
-ranks (`sharding`), each probe predicts the ranks (`analyze_ranks`) and the peak is
-the largest rank's; the inputs are one rank's batch.
+The answer is given twice: with no checkpointing, and with a plan. A size fits
+with a plan exactly when the `--budget` search (`analyze(..., budget=...)`, search.py)
+finds one there: each planned probe runs that search, so `--fit`'s answer s and
+`--budget` at s and s + 1 cannot disagree. With ranks (`sharding`), each probe
+predicts the ranks (`analyze_ranks`) and the peak is the largest rank's; the inputs
+are one rank's batch.
+
+What is compared with the budget is budget.py's figure: on CUDA the allocator's
+reserved peak plus the CUDA runtime, against the budget or, without one, the whole
+card as torch reports it; on the CPU the peak of live tensors.
 """
 
 from __future__ import annotations
@@ -29,8 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memlayout.activations.analysis import ActivationReport
-from memlayout.activations.device.cuda_runtime import cuda_runtime
-from memlayout.activations.device.gpus import gpu_spec
+from memlayout.activations.budget import BudgetSpec
 from memlayout.activations.fit.probes import (
     DeviceProbe,
     FitProbe,
@@ -38,6 +43,8 @@ from memlayout.activations.fit.probes import (
     RanksProbe,
     ScaledDim,
 )
+from memlayout.activations.model.adapt import Adaptation
+from memlayout.activations.model.adapters import LoraOptions
 from memlayout.activations.model.input_specs import INTEGRAL, InputSpec, parse_input_spec
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.search import PlanResult
@@ -76,6 +83,14 @@ class FitAnswer:
     """Why size + 1 is not the answer when that is not memory: the step failed there, or the search's limit."""
     plan: PlanResult | RanksPlan | None = None
     """The budget search's plan at `size`; None for the answer without checkpointing."""
+    compared_bytes: int | None = None
+    """The figure compared with the budget at `size` (budget.py); None where it is the peak."""
+    next_compared_bytes: int | None = None
+    """The same at size + 1."""
+    next_checks: int = 0
+    """With a plan: the plans the budget search traced at size + 1 before calling it unreachable."""
+    next_cut_short: str | None = None
+    """With a plan: where that search stopped at a limit of its own, and what it tried."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +103,7 @@ class FitReport:
     given_size: int
     budget_bytes: int
     budget_from: str
-    """Where the budget came from: "--budget", or the target GPU's memory less its context."""
+    """Where the budget came from, in words: "--budget 78.0 GiB", or the target GPU's memory."""
     without_plan: FitAnswer
     with_plan: FitAnswer | None
     """None for a forward-only step, which has no backward to checkpoint."""
@@ -97,6 +112,8 @@ class FitReport:
     """A bound on the search other than memory (the model's positions, MAX_SIZE); None if none applied."""
     report: ActivationReport | RanksReport
     """The plain step (no plan) at the answer without checkpointing, or at size 1 when nothing fits without it."""
+    compared: str = "the peak of live tensor bytes"
+    """The figure of each size compared with the budget, in words (budget.py)."""
 
     @property
     def world_size(self) -> int | None:
@@ -156,8 +173,8 @@ def largest_fitting(
     slow = 0
     while True:
         result = probe(size)
-        if result.peak_bytes is not None:
-            peaks[size] = result.peak_bytes
+        if result.guide is not None:
+            peaks[size] = result.guide
         width = None if high is None else high - low
         if result.fits:
             low = size
@@ -194,37 +211,13 @@ def _crossing(peaks: dict[int, int], low: int, high: int | None, budget: int) ->
     return guess + 1 if guess <= low else guess
 
 
-def budget_for_gpu_memory(total_bytes: int, capability: tuple[int, int] | None = None) -> tuple[int, str]:
-    """A GPU's memory less what the CUDA runtime holds outside the step: the context and cuBLAS's workspaces
-    (device/cuda_runtime.py's figures), and where the budget came from, in words."""
-    runtime = cuda_runtime(capability)
-    held = runtime.context_bytes + runtime.workspace_reserved_bytes
-    return total_bytes - held, (f"{human_bytes(total_bytes)} less the CUDA context and cuBLAS workspaces, "
-                                f"{human_bytes(held)}")
-
-
-def budget_from_gpu(gpu: str | None) -> tuple[int, str]:
-    """The budget without --budget: the target GPU's memory (device/gpus.py's table) less the CUDA context and
-    cuBLAS workspaces (`budget_for_gpu_memory`).
-
-    Raises:
-        UsageError: no GPU named, or an unknown one.
-    """
-    if gpu is None:
-        raise UsageError("--fit needs a budget: give --budget SIZE, or --gpu NAME for that GPU's memory less the "
-                         "CUDA context and workspaces", "e.g. --gpu h100, or --budget 78GiB")
-    spec = gpu_spec(gpu)
-    budget, said = budget_for_gpu_memory(spec.total_memory, spec.capability)
-    return budget, f"--gpu {spec.key}: {said}"
-
-
 def fit(
     target: Any,
     inputs: Sequence[str | InputSpec],
     *,
     axis: str = "batch",
     seq_dim: int | None = None,
-    budget: int | None = None,
+    budget: int | float | BudgetSpec | None = None,
     gpu: str | None = None,
     device: str = "cpu",
     step: str = "train",
@@ -236,6 +229,8 @@ def fit(
     trust: bool = False,
     main_module: str | None = None,
     generation: Generation | None = None,
+    lora: LoraOptions | int | None = None,
+    quantize: str | None = None,
 ) -> FitReport:
     """The largest batch (or longest sequence) whose step's peak fits `budget`, with and without a plan.
 
@@ -246,9 +241,11 @@ def fit(
         axis: batch or seq.
         seq_dim: With axis seq, the dimension to scale in every input that has it; None: dim 1 of
             the integer inputs.
-        budget: Bytes the peak must fit in (each rank's with `sharding`); None: from `gpu`.
-        gpu: The target GPU (a key of device/gpus.py): the step is traced for it, and its memory less the
-            CUDA context and cuBLAS workspaces is the budget when none is given.
+        budget: What each size must fit in: bytes (each rank's peak with `sharding`), or a share of the target
+            GPU's memory (a float in (0, 1]); None: the target GPU's whole memory. On CUDA the reserved peak
+            plus the CUDA runtime is compared with it (budget.py).
+        gpu: The target GPU (a key of device/gpus.py): the step is traced for it, and its memory is the
+            budget when none is given.
         device: The device the step is for (cpu, cuda or meta); the step is traced on fake tensors.
         step: train, inference (forward only; then there is no plan to search) or generate (with
             `generation`: seq is then the longest prompt, batch the most sequences, that generate fits).
@@ -260,6 +257,8 @@ def fit(
         trust: Allow unpickling a module file.
         main_module: With `trust`, the module for a script's `__main__.X` classes.
         generation: With step generate, its new tokens and cache (step/generate.py).
+        lora: As for `analyze`: peft's LoRA adapters, only they train.
+        quantize: As for `analyze`: the base quantized with bitsandbytes.
 
     Returns:
         A `FitReport`.
@@ -275,16 +274,18 @@ def fit(
         raise UsageError("--fit scales the inputs' sizes, so it needs them as --input specs",
                          "give each input as --input DTYPE[SHAPE], e.g. --input 'int64[1,4096]<32000'")
     dims, given = scaled_dims(specs, axis, seq_dim)
-    budget_from = "--budget"
-    if budget is None:
-        budget, budget_from = budget_from_gpu(gpu)
-    if budget <= 0:
-        raise UsageError(f"the budget {budget} is not positive")
+    if isinstance(budget, int):
+        budget = BudgetSpec(bytes=budget)
+    elif isinstance(budget, float):
+        budget = BudgetSpec(fraction=budget)
     optimizer = resolve_step(step, optimizer, None)
     if (step == "generate") != (generation is not None):
         raise UsageError("--step generate and its --new-tokens go together", "e.g. --step generate --new-tokens 256")
     inference = step != "train"
+    adaptation = Adaptation(lora=LoraOptions(lora) if isinstance(lora, int) else lora, quantize=quantize)
     if sharding is not None:
+        if not adaptation.empty:
+            raise UsageError(f"{'--quantize' if quantize else '--lora'} is not traced with --world-size yet")
         if inference or autocast or dtype:
             given_flag = f"--step {step}" if inference else "--autocast" if autocast else "--dtype"
             raise UsageError(f"{given_flag} is not traced with --world-size yet")
@@ -293,7 +294,8 @@ def fit(
     else:
         probe = DeviceProbe(target, specs, dims, budget=budget, device=device, optimizer=optimizer,
                              autocast=autocast, dtype=dtype, step_kind=step, trust=trust, main_module=main_module,
-                             gpu=gpu, generation=generation)
+                             gpu=gpu, adaptation=adaptation, generation=generation)
+    limit_bytes = probe.budget.bytes
     cap, limit = MAX_SIZE, None
     if axis == "seq":
         positions = probe.position_limit()
@@ -312,15 +314,17 @@ def fit(
     first = probe.plain(given)  # a failure at the size given is the inputs' fault: it propagates
     plain[given] = first
     probes.append(first)
-    weights = probe.state_bytes()
-    if weights >= budget:
+    # The model's own state at size 0, and on CUDA the runtime beside it: the line's anchor.
+    weights = probe.state_bytes() + (probe.budget.runtime_bytes or 0)
+    if weights >= limit_bytes:
+        runtime = " and the CUDA runtime beside it" if probe.budget.runtime_bytes else ""
         raise UsageError(
-            f"the budget {human_bytes(budget)} ({budget} bytes) is below the model's own state, "
+            f"the budget {human_bytes(limit_bytes)} ({limit_bytes} bytes) is below the model's own state{runtime}, "
             f"{human_bytes(weights)} ({weights} bytes: parameters, buffers"
             f"{', optimizer state' if optimizer != 'none' else ''}): no {axis} fits",
             "raise --budget, or use lower precision (--dtype bf16)",
         )
-    size = largest_fitting(probe_plain, given, anchor=(0, weights), budget=budget, cap=cap)
+    size = largest_fitting(probe_plain, given, anchor=(0, weights), budget=limit_bytes, cap=cap)
     without = _answer(size, plain.get(size), plain.get(size + 1), cap, limit)
     # Taken now: the planned search traces other sizes, and a probe keeps only its latest traces.
     report = probe.report_at(max(size, 1))
@@ -332,21 +336,21 @@ def fit(
                 probes.append(planned[n])
             return planned[n]
 
-        # Above the plain answer only: every size up to it fits with the empty plan. A plan leaves the
-        # model's state as it is, so the state at size 0 anchors the line with the plan as it does without:
-        # the second planned probe aims at the crossing rather than doubling (one trace fewer, measured).
-        best = largest_fitting(probe_planned, size + 1, known_fit=size, anchor=(0, weights), budget=budget, cap=cap)
+        # Above the plain answer only: every size up to it fits with the empty plan, which is what the budget
+        # search returns there. A plan leaves the model's state as it is, so the state at size 0 anchors the
+        # line with the plan as it does without.
+        best = largest_fitting(probe_planned, size + 1, known_fit=size, anchor=(0, weights), budget=limit_bytes,
+                               cap=cap)
         plan = probe.plan_at(best) if best else None
         at = planned.get(best) or plain.get(best)
         with_answer = dataclasses.replace(_answer(best, at, planned.get(best + 1), cap, limit), plan=plan)
-        if plan is not None:  # the peak of the plan reported, not of the lowest plan the search probed with
-            with_answer = dataclasses.replace(with_answer, peak_bytes=plan.peak_bytes)
     if without.size == 0 and (with_answer is None or with_answer.size == 0):
-        lowest = [p.peak_bytes for p in probes if p.size == 1 and p.peak_bytes is not None]
-        raise NothingFitsError(axis, budget, min(lowest) if lowest else None)
+        lowest = [p.judged_bytes for p in probes if p.size == 1 and p.judged_bytes is not None]
+        raise NothingFitsError(axis, limit_bytes, min(lowest) if lowest else None)
     return FitReport(
-        axis=axis, dims=dims, given_size=given, budget_bytes=budget, budget_from=budget_from, without_plan=without,
-        with_plan=with_answer, probes=tuple(probes), limit=limit if without.size == cap else None, report=report,
+        axis=axis, dims=dims, given_size=given, budget_bytes=limit_bytes, budget_from=probe.budget.said,
+        compared=probe.budget.describe_figure(), without_plan=without, with_plan=with_answer, probes=tuple(probes),
+        limit=limit if without.size == cap else None, report=report,
     )
 
 
@@ -359,4 +363,8 @@ def _answer(size: int, at: FitProbe | None, after: FitProbe | None, cap: int, li
         peak_bytes=at.peak_bytes if at is not None and size else None,
         next_peak_bytes=after.peak_bytes if after is not None else None,
         next_failure=failure,
+        compared_bytes=at.compared_bytes if at is not None and size else None,
+        next_compared_bytes=after.compared_bytes if after is not None else None,
+        next_checks=after.checks if after is not None else 0,
+        next_cut_short=after.cut_short if after is not None else None,
     )

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlayout import _torch
+from memlayout.activations.model.parameter_class import moved_parameter
 from memlayout.activations.model.target import ModelSource, TargetKind, checked_model, model_source
 from memlayout.errors import MemlayoutError, UsageError
 
@@ -101,9 +102,20 @@ class TensorMover:
             return self._data(tensor)
         known = self._moved_parameters.get(id(tensor))
         if known is None:
-            known = (tensor, torch.nn.Parameter(self._data(tensor), requires_grad=tensor.requires_grad))
+            moved = torch.nn.Parameter(self._data(tensor), requires_grad=tensor.requires_grad)
+            # A Parameter subclass (bitsandbytes' quantized weights) stays one, its state moved along with it.
+            moved = moved_parameter(tensor, moved, self._attribute)
+            known = (tensor, moved)
             self._moved_parameters[id(tensor)] = known
         return known[1]
+
+    def _attribute(self, tensor: Any) -> Any:
+        """A tensor a parameter keeps in an attribute (a quantization state's absmax): moved, in its own dtype."""
+        dtype, self.dtype = self.dtype, None
+        try:
+            return tensor if self.holds(tensor) else self._data(tensor)
+        finally:
+            self.dtype = dtype
 
     def _new_dtype(self, tensor: Any) -> Any:
         return self.dtype if self.dtype is not None and tensor.is_floating_point() else tensor.dtype

@@ -9,14 +9,24 @@ as before; only what autograd saves changes.
 Why non-reentrant: the reentrant variant does not work with
 `torch.autograd.grad` (only `.backward()`), ignores inputs that do not require
 grad, and cannot take keyword arguments.
+
+A rerun runs under the autocast forward ran under: checkpoint restores it with
+`torch.autocast(device_type, ...)`, which for CUDA switches itself off where no CUDA
+device is present (a fake CUDA step traced without a GPU). There the checkpoint's
+`context_fn` (`_rerun_under_forwards_autocast`) enables CUDA's autocast again inside
+the rerun, so a planned bf16 step reruns in bf16 as it would on the GPU. That is why
+the segments of `plan.sequential` are checkpointed here, as `checkpoint_sequential`
+splits them (it takes no `context_fn`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memlayout import _torch
 from memlayout.activations.plans import rerun
 from memlayout.activations.plans.plan import Plan
 from memlayout.errors import UsageError
@@ -124,7 +134,8 @@ def _checkpointed_forward(module: Any, original: Any, preserve_rng_state: bool) 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return original(*args, **kwargs)
-        return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state, **kwargs)
+        return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state,
+                          context_fn=_rerun_under_forwards_autocast, **kwargs)
 
     return forward
 
@@ -132,18 +143,43 @@ def _checkpointed_forward(module: Any, original: Any, preserve_rng_state: bool) 
 def _sequential_forward(segments: int) -> Any:
     def make(module: Any, original: Any, preserve_rng_state: bool) -> Any:
         import torch
-        from torch.utils.checkpoint import checkpoint_sequential
+        from torch.utils.checkpoint import checkpoint
 
         def forward(input: Any) -> Any:
             if not torch.is_grad_enabled():
                 return original(input)
-            return checkpoint_sequential(  # type: ignore[no-untyped-call]
-                module, segments, input, use_reentrant=False, preserve_rng_state=preserve_rng_state
-            )
+            # checkpoint_sequential's split: segments of len // segments children, all but the last checkpointed.
+            children = list(module)
+            size = len(children) // segments
+            end = -1
+            for start in range(0, size * (segments - 1), size):
+                end = start + size - 1
+                input = checkpoint(_run_children(children[start:end + 1]), input, use_reentrant=False,
+                                   preserve_rng_state=preserve_rng_state, context_fn=_rerun_under_forwards_autocast)
+            return _run_children(children[end + 1:])(input)
 
         return forward
 
     return make
+
+
+def _run_children(children: list[Any]) -> Any:
+    def run(input: Any) -> Any:
+        for child in children:
+            input = child(input)
+        return input
+
+    return run
+
+
+def _rerun_under_forwards_autocast() -> tuple[Any, Any]:
+    """checkpoint's `context_fn`, called in forward: a rerun context that enables CUDA's autocast as forward had it,
+    where checkpoint's own `torch.autocast("cuda", ...)` switches itself off for want of a device."""
+    import torch
+
+    if torch.cuda.is_available() or not torch.is_autocast_enabled("cuda"):
+        return contextlib.nullcontext(), contextlib.nullcontext()
+    return contextlib.nullcontext(), _torch.cuda_autocast_without_device(torch.get_autocast_dtype("cuda"))
 
 
 def _disable_cache(model: Any, applied: AppliedPlan) -> None:

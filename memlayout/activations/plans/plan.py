@@ -15,10 +15,12 @@ the baseline is cut at those event numbers into intervals; each option's effect
 is one row of a matrix over the intervals, and a plan's estimated peak is the
 maximum of the baseline's interval maxima plus the rows of its options.
 
-The search. Cheapest means least recompute (the forward FLOPs of what is
-rerun). Options are taken greedily by estimated peak reduction per FLOP, a
-module may replace the options inside it, and options that turn out not to be
-needed are dropped again, most expensive first.
+The search. Cheapest means least recompute time: the roofline time of what is
+rerun on the target (device/roofline.py), each op's FLOPs or the bytes it moves,
+whichever binds, so a norm layer, 0 FLOPs to torch's counter, is not free. Options
+are taken greedily by estimated peak reduction per second, a module may replace
+the options inside it, and options that turn out not to be needed are dropped
+again, most expensive first.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memlayout.activations.facts import ModuleCall, StorageKind, Trace
+from memlayout.activations.plans.lowest import lowest_options
 from memlayout.activations.summary import live_curve, subtree_calls
 from memlayout.errors import UsageError
 
@@ -103,6 +106,8 @@ class Option:
     flops: int
     """Forward FLOPs rerun in backward."""
     gaps: tuple[_Gap, ...]
+    seconds: float = 0.0
+    """The roofline time of what reruns in backward, on the target."""
 
     def conflicts_with(self, other: Option) -> bool:
         """Two options on one module, or on a module and one inside it, do not go together."""
@@ -154,8 +159,9 @@ class Planner:
             reached = [(call, gap) for call in calls for gap in self._gaps(call, call)]
             # Checkpointing the whole model frees nothing before its backward begins.
             if info.path and any(gap.freed > gap.kept_inputs for _, gap in reached):
-                flops = sum(trace.calls[i].flops for call, gap in reached if gap.reruns for i in self._inside[call.id])
-                options.append(Option(info.path, None, flops, tuple(gap for _, gap in reached)))
+                rerun = [trace.calls[i] for call, gap in reached if gap.reruns for i in self._inside[call.id]]
+                options.append(Option(info.path, None, sum(c.flops for c in rerun), tuple(gap for _, gap in reached),
+                                      sum(c.seconds for c in rerun)))
             if info.sequential_children and len(info.sequential_children) >= 2:
                 options.extend(self._sequential_options(info.path, info.sequential_children, calls))
         return options
@@ -175,16 +181,17 @@ class Planner:
         for segments in range(2, count + 1):
             size = count // segments
             gaps: list[_Gap] = []
-            flops = 0
+            rerun: list[ModuleCall] = []
             for run in runs:
                 for first in range(0, size * (segments - 1), size):
                     chunk = run[first : first + size]
                     found = self._gaps(chunk[0], chunk[-1])  # none for a run under no_grad
                     gaps.extend(found)
                     if any(gap.reruns for gap in found):
-                        flops += sum(trace.calls[i].flops for c in chunk for i in self._inside[c.id])
+                        rerun.extend(trace.calls[i] for c in chunk for i in self._inside[c.id])
             if any(g.freed > g.kept_inputs for g in gaps):
-                options.append(Option(path, segments, flops, tuple(gaps)))
+                options.append(Option(path, segments, sum(c.flops for c in rerun), tuple(gaps),
+                                      sum(c.seconds for c in rerun)))
         return options
 
     def _gaps(self, first: ModuleCall, last: ModuleCall) -> tuple[_Gap, ...]:
@@ -283,7 +290,7 @@ class Planner:
                 self._rows[row, first:last] -= gap.freed - gap.kept_inputs
                 if last < width:
                     self._rows[row, last] += gap.rerun_overhead
-        self._costs = np.array([o.flops for o in self.options], dtype=np.float64)
+        self._costs = np.array([o.seconds for o in self.options], dtype=np.float64)
 
     def estimate(self, chosen: Iterable[int]) -> int:
         """Estimated peak with these options (indexes into `options`) applied."""
@@ -296,7 +303,7 @@ class Planner:
     def search(self, target: int) -> list[int] | None:
         """The cheapest options found whose estimated peak is at most `target`; None if none reach it.
 
-        Greedy by bytes per FLOP; at every step the cheapest single move that would reach
+        Greedy by bytes per second of recompute; at every step the cheapest single move that would reach
         the target from there is kept as a candidate, and the cheapest candidate wins
         (the usual greedy for a covering knapsack, which alone can overshoot a lot).
         """
@@ -319,12 +326,16 @@ class Planner:
         return min(pruned, key=lambda rows: (sum(self._costs[r] for r in rows), len(rows), sorted(rows)))
 
     def lowest(self) -> list[int]:
-        """Options taken while any lowers the estimated peak: the lowest peak this planner reaches."""
-        chosen: list[int] = []
-        values = self._interval_max.copy()
-        while (move := self._moves(chosen, values, None)[0]) is not None:
-            chosen, values = self._apply(chosen, values, move)
-        return self._prune(chosen, int(values.max()))
+        """The options of the lowest estimated peak this planner reaches (a beam search: plans/lowest.py)."""
+        import numpy as np
+
+        count = len(self.options)
+        conflicts = np.zeros((count, count), dtype=bool)
+        for a in range(count):
+            for b in range(a, count):
+                conflicts[a, b] = conflicts[b, a] = self.options[a].conflicts_with(self.options[b])
+        rows, peak = lowest_options(self._interval_max, self._rows, self._costs, conflicts)
+        return self._prune(rows, peak)
 
     def covers(self) -> list[list[int]]:
         """Plans that checkpoint every module of one level: the shallowest modules, and the deepest.
@@ -362,7 +373,7 @@ class Planner:
     def _moves(
         self, chosen: list[int], values: np.ndarray, target: int | None
     ) -> tuple[tuple[int, list[int]] | None, tuple[int, list[int]] | None]:
-        """The best move by peak bytes saved per FLOP, and the cheapest move that reaches `target`.
+        """The best move by peak bytes saved per second, and the cheapest move that reaches `target`.
 
         A move adds one option and drops the chosen options it conflicts with (a module
         replacing the modules inside it).
@@ -392,7 +403,7 @@ class Planner:
                 finishing is None or (added, -gain) < (finishing[0], -finishing[1])
             ):
                 finishing = (added, gain, row, conflicts)
-            # Free (zero-FLOP) moves first, largest gain first; then the most bytes per FLOP, counting
+            # Free (zero-second) moves first, largest gain first; then the most bytes per second, counting
             # only the bytes still needed (a move that overshoots the target gets no credit for it).
             useful = gain if target is None else min(gain, peak - target)
             score = float("inf") if added <= 0 else useful / added
@@ -422,3 +433,7 @@ class Planner:
 
     def recompute_flops(self, chosen: Iterable[int]) -> int:
         return int(sum(self.options[row].flops for row in chosen))
+
+    def recompute_seconds(self, chosen: Iterable[int]) -> float:
+        """The search's cost of these options: the roofline time of what reruns."""
+        return float(sum(self.options[row].seconds for row in chosen))

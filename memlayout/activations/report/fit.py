@@ -16,6 +16,14 @@ from memlayout.activations.search import PlanResult
 from memlayout.format_bytes import human_bytes
 
 
+def seconds_text(seconds: float) -> str:
+    """0.0123 -> "12.3 ms"."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns" if seconds else "0 s"
+
+
 def fit_dict(report: FitReport) -> dict[str, Any]:
     """The `fit` object of the JSON report."""
 
@@ -28,6 +36,10 @@ def fit_dict(report: FitReport) -> dict[str, Any]:
             "next_peak_bytes": a.next_peak_bytes,
             "next_failure": a.next_failure,
             "plan": None if a.plan is None else _plan_dict(a.plan),
+            "compared_bytes": a.compared_bytes if a.compared_bytes is not None else a.peak_bytes,
+            "next_compared_bytes": a.next_compared_bytes if a.next_compared_bytes is not None else a.next_peak_bytes,
+            "next_checks": a.next_checks,
+            "next_cut_short": a.next_cut_short,
         }
 
     return {
@@ -36,12 +48,14 @@ def fit_dict(report: FitReport) -> dict[str, Any]:
         "given_size": report.given_size,
         "budget_bytes": report.budget_bytes,
         "budget_from": report.budget_from,
+        "compared": report.compared,
         "world_size": report.world_size,
         "without_plan": answer(report.without_plan),
         "with_plan": answer(report.with_plan),
         "limit": report.limit,
         "probes": [
-            {"size": p.size, "with_plan": p.with_plan, "peak_bytes": p.peak_bytes, "fits": p.fits, "failure": p.failure}
+            {"size": p.size, "with_plan": p.with_plan, "peak_bytes": p.peak_bytes, "compared_bytes": p.judged_bytes,
+             "fits": p.fits, "failure": p.failure, "checks": p.checks, "cut_short": p.cut_short}
             for p in report.probes
         ],
     }
@@ -60,40 +74,53 @@ def render_fit_table(report: FitReport, *, width: int = 120) -> str:
     lines = [
         f"memlayout activations --fit {axis}: {report.report.target or report.report.model_class}",
         f"  budget      {human_bytes(report.budget_bytes)} ({report.budget_from}){ranks}",
+        f"  compared    {report.compared}",
         f"  scaled      {'; '.join(f'{d.input} dim {d.dim}' for d in report.dims)} (given {report.given_size})",
     ]
 
     def field(name: str, text: str) -> None:
         lines.append(textwrap.fill(text, width=width, initial_indent=f"  {name:<12}", subsequent_indent=" " * 14))
 
-    def after(a: FitAnswer) -> str:
+    def shown(peak: int | None, compared: int | None) -> str:
+        if peak is None:
+            return ""
+        text = f"peak {human_bytes(peak)}"
+        return text if compared is None or compared == peak else f"{text}, compared {human_bytes(compared)}"
+
+    def after(a: FitAnswer, planned: bool) -> str:
         if a.next_failure:
             return f"; {axis} {a.size + 1}: {a.next_failure}"
-        if a.next_peak_bytes is not None:
-            return f"; {axis} {a.size + 1} would peak at {human_bytes(a.next_peak_bytes)}"
-        return ""
+        if a.next_peak_bytes is None:
+            return ""
+        figures = shown(a.next_peak_bytes, a.next_compared_bytes)
+        if not planned:
+            return f"; {axis} {a.size + 1} would {figures.replace('peak ', 'peak at ', 1)}"
+        tried = f"; {a.next_cut_short}" if a.next_cut_short else ""
+        return (f"; at {axis} {a.size + 1} the budget search finds no plan ({a.next_checks} plans traced{tried}; "
+                f"the lowest: {figures})")
 
     generation = getattr(report.report, "generation", None)
     if generation is not None:
         scaled = "the prompt's length, before the new tokens" if axis == "seq" else "the number of sequences"
         field("step", f"generate, {generation.new_tokens} new tokens, {generation.cache} cache: {axis} is {scaled}")
     w = report.without_plan
-    peak = f", peak {human_bytes(w.peak_bytes)}" if w.peak_bytes is not None else ""
-    field("no plan", f"{axis} {w.size}{peak}{after(w)}")
+    figures = shown(w.peak_bytes, w.compared_bytes)
+    field("no plan", f"{axis} {w.size}{', ' + figures if figures else ''}{after(w, False)}")
     p = report.with_plan
     if p is None:
         field("with plan", "none: a forward-only step has no backward to checkpoint" if getattr(report.report, "step", "train") != "generate"
               else "none: generate has no backward to checkpoint")
     else:
-        peak = f", peak {human_bytes(p.peak_bytes)}" if p.peak_bytes is not None else ""
-        field("with plan", f"{axis} {p.size}{peak}{after(p)}")
+        figures = shown(p.peak_bytes, p.compared_bytes)
+        field("with plan", f"{axis} {p.size}{', ' + figures if figures else ''}{after(p, True)}")
         empty = p.plan is None or (p.plan.plan.empty if isinstance(p.plan, PlanResult) else p.plan.empty)
         if p.plan is not None and not empty:
             checkpoint = list(p.plan.plan.checkpoint) if isinstance(p.plan, PlanResult) else list(
                 p.plan.sharding.checkpoint)
             field("checkpoint", ", ".join(checkpoint) or "(see --format json)")
-            field("recompute", f"{p.plan.recompute_flops:.3g} FLOP at {axis} {p.size}; --format json has the plan, "
-                               f"and --budget at that {axis} applies it")
+            seconds = (f"{seconds_text(p.plan.recompute_seconds)}, " if isinstance(p.plan, PlanResult) else "")
+            field("recompute", f"{seconds}{p.plan.recompute_flops:.3g} FLOP at {axis} {p.size}; --format json has "
+                               f"the plan, and --budget at that {axis} finds it")
     plain = sum(1 for probe in report.probes if not probe.with_plan)
     field("probes", f"{len(report.probes)} fake traces ({plain} of the plain step, {len(report.probes) - plain} "
                     "with a plan)")

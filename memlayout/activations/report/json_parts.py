@@ -12,6 +12,7 @@ from memlayout.activations.summary import Summary
 from memlayout.version import __version__
 
 if TYPE_CHECKING:
+    from memlayout.activations.analysis import ActivationReport
     from memlayout.activations.search import PlanResult
 
 SCHEMA_VERSION = 1
@@ -60,11 +61,13 @@ def cuda_runtime_dict(capability: tuple[int, int] | None) -> dict[str, Any]:
     return {
         "context_bytes": runtime.context_bytes,
         "context_measured_on": runtime.context_measured_on,
+        "outside_allocator_bytes": runtime.outside_allocator_bytes,
         "cublas_workspace_bytes": runtime.cublas_workspace_bytes,
         "cublas_handles": runtime.cublas_handles,
         "cublaslt_workspace_bytes": runtime.cublaslt_workspace_bytes,
         "workspace_bytes": runtime.workspace_bytes,
         "workspace_reserved_bytes": runtime.workspace_reserved_bytes,
+        "beside_step_bytes": runtime.beside_step_bytes,
     }
 
 
@@ -77,7 +80,32 @@ def plan_dict(plan: PlanResult) -> dict[str, Any]:
         "allocator_peak_bytes": plan.allocator_peak_bytes,
         "estimated_peak_bytes": plan.estimated_peak_bytes,
         "recompute_flops": plan.recompute_flops,
+        "recompute_seconds": plan.recompute_seconds,
+        "compared": plan.compared,
+        "compared_bytes": plan.judged_bytes,
         "checks": plan.checks,
+        "cut_short": plan.cut_short,
         "pitfalls": list(plan.pitfalls),
         "excluded": [{"module": path, "reason": reason} for path, reason in plan.excluded],
+    }
+
+
+def adaptation_dict(report: ActivationReport) -> dict[str, Any]:
+    """`parameters` (trainable against frozen), `lora` and `quantization`: what --lora and --quantize made."""
+    split, adapted = report.parameters, report.adapted
+    lora = adapted.lora if adapted is not None else None
+    quantized = adapted.quantized if adapted is not None else None
+    return {
+        "parameters": None if split is None else {
+            "trainable_count": split.trainable_count, "trainable_bytes": split.trainable_bytes,
+            "frozen_count": split.frozen_count, "frozen_bytes": split.frozen_bytes,
+            "quantization_state_bytes": split.quantization_state_bytes,
+        },
+        "lora": None if lora is None else {
+            "rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout, "targets": list(lora.targets),
+            "dora": lora.dora, "adapted_modules": lora.adapted_modules,
+        },
+        "quantization": None if quantized is None else {
+            "method": quantized.method, "layers": quantized.layers, "kept": list(quantized.kept),
+        },
     }

@@ -15,7 +15,13 @@ from memlayout.activations.fit.size_search import FitReport
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.report.fit import fit_dict
 from memlayout.activations.report.generate import generate_dict
-from memlayout.activations.report.json_parts import cuda_runtime_dict, head, plan_dict, summary_dict
+from memlayout.activations.report.json_parts import (
+    adaptation_dict,
+    cuda_runtime_dict,
+    head,
+    plan_dict,
+    summary_dict,
+)
 from memlayout.activations.report.ranks import ranks_report_dict
 from memlayout.output.interface import Formatter
 
@@ -60,6 +66,7 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
         **({"cuda_runtime": cuda_runtime_dict(report.cuda_capability)} if report.device.startswith("cuda") else {}),
         "step": report.step,
         **({"generate": generate_dict(report.generation)} if report.generation is not None else {}),
+        **adaptation_dict(report),
     }
 
 

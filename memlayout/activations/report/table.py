@@ -11,7 +11,7 @@ from memlayout.activations.assumptions import ASSUMPTIONS
 from memlayout.activations.device.cuda_runtime import cuda_runtime
 from memlayout.activations.fit.size_search import FitReport
 from memlayout.activations.ranks.facts import RanksReport
-from memlayout.activations.report.fit import render_fit_table
+from memlayout.activations.report.fit import render_fit_table, seconds_text
 from memlayout.activations.report.generate import STEP_TEXT, add_generate_rows
 from memlayout.activations.report.ranks import render_ranks_table
 from memlayout.format_bytes import human_bytes
@@ -26,6 +26,10 @@ def flops_text(count: int) -> str:
         if count >= scale:
             return f"{count / scale:.2f} {unit}"
     return f"{count} FLOP"
+
+
+def report_roofline(report: ActivationReport) -> str:
+    return report.roofline or "the target"
 
 
 def module_label(path: str | None) -> str:
@@ -67,6 +71,7 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
         add_generate_rows(grid, report.generation)
     grid.add_row("activations", human_bytes(s.activation_bytes), "saved for backward", "each storage once, model state excluded")
     grid.add_row("parameters", human_bytes(s.parameter_bytes), "gradients", human_bytes(s.gradient_bytes))
+    _adapter_rows(grid, report)
     grid.add_row("inputs", human_bytes(s.input_bytes), "forward", flops_text(s.forward_flops))
     optimizer = "none (forward and backward only)" if report.optimizer == "none" else report.optimizer
     if report.step == "inference":
@@ -128,19 +133,41 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     return buffer.getvalue()
 
 
+def _adapter_rows(grid: Any, report: ActivationReport) -> None:
+    """Trainable against frozen parameters, where some are frozen; what --quantize and --lora made."""
+    split, adapted = report.parameters, report.adapted
+    if split is not None and split.frozen_count:
+        state = (f", of which the quantization state {human_bytes(split.quantization_state_bytes)}"
+                 if split.quantization_state_bytes else "")
+        grid.add_row("trainable", f"{human_bytes(split.trainable_bytes)}", "frozen",
+                     f"{human_bytes(split.frozen_bytes)} ({split.trainable_count:,} parameters train, "
+                     f"{split.frozen_count:,} stored frozen{state})")
+    if adapted is not None and adapted.quantized is not None:
+        q = adapted.quantized
+        kept = f"; kept whole: {', '.join(q.kept)}" if q.kept else ""
+        grid.add_row("quantized", q.method, "layers", f"{q.layers} linear layers in bitsandbytes' layers{kept}")
+    if adapted is not None and adapted.lora is not None:
+        lora = adapted.lora
+        grid.add_row("DoRA" if lora.dora else "LoRA", f"rank {lora.rank}", "on",
+                     f"{', '.join(lora.targets)} ({lora.adapted_modules} layers; alpha {lora.alpha:g}, "
+                     f"dropout {lora.dropout:g})")
+
+
 def _cuda_runtime_rows(grid: Any, s: Any, capability: tuple[int, int] | None) -> None:
     """The CUDA context and cuBLAS's workspaces: memory the step's process holds that no tensor of the step is."""
     runtime = cuda_runtime(capability)
     grid.add_row("CUDA context", human_bytes(runtime.context_bytes), "outside",
                  f"the allocator; measured on {runtime.context_measured_on}, and it varies with the driver")
+    grid.add_row("cuBLAS itself", human_bytes(runtime.outside_allocator_bytes), "outside",
+                 "the allocator: its kernels and handle, measured on the same GPU")
     grid.add_row("cuBLAS workspaces", human_bytes(runtime.workspace_bytes), "from",
                  f"the allocator, not in the peak: {runtime.cublas_handles} cuBLAS handles (forward's and backward's "
                  f"threads) x {human_bytes(runtime.cublas_workspace_bytes)} (Hopper's default), and cuBLASLt's "
                  f"{human_bytes(runtime.cublaslt_workspace_bytes)}")
     if s.reserved_peak_bytes is not None:
-        total = s.reserved_peak_bytes + runtime.workspace_reserved_bytes + runtime.context_bytes
+        total = s.reserved_peak_bytes + runtime.beside_step_bytes
         grid.add_row("on the GPU", human_bytes(total), "is",
-                     "reserved, the workspaces' segments and the context together")
+                     "reserved, the workspaces' segments, cuBLAS and the context together: what must fit the card")
 
 
 def _plan_text(report: ActivationReport, width: int) -> Any:
@@ -153,18 +180,26 @@ def _plan_text(report: ActivationReport, width: int) -> Any:
     def field(name: str, text: str) -> None:
         lines.append(textwrap.fill(text, width=width, initial_indent=f"  {name:<11}", subsequent_indent=" " * 13))
 
+    compared = ("the peak" if plan.compared == "peak"
+                else "the reserved peak plus the CUDA context, cuBLAS and its workspaces")
     if plan.plan.empty:
-        field("fits", f"nothing to checkpoint: the peak {human_bytes(plan.peak_bytes)} is within the budget")
+        field("fits", f"nothing to checkpoint: {compared}, {human_bytes(plan.judged_bytes)}, is within the budget")
         return Text("\n".join(lines))
     if plan.plan.checkpoint:
         field("checkpoint", ", ".join(module_label(p) for p in plan.plan.checkpoint))
     for item in plan.plan.sequential:
         field("sequential", f"{module_label(item.module)} in {item.segments} segments (checkpoint_sequential)")
-    share = plan.recompute_flops / report.summary.forward_flops if report.summary.forward_flops else 0.0
+    share = plan.recompute_seconds / report.summary.forward_seconds if report.summary.forward_seconds else 0.0
     plural = "" if plan.checks == 1 else "s"
     field("peak", f"{human_bytes(plan.peak_bytes)}, traced with the plan applied (estimated "
                   f"{human_bytes(plan.estimated_peak_bytes)}; {plan.checks} plan{plural} traced)")
-    field("recompute", f"{flops_text(plan.recompute_flops)} ({share:.0%} of the forward)")
+    if plan.compared != "peak":
+        field("compared", f"{compared}: {human_bytes(plan.judged_bytes)}, within the budget")
+    field("recompute", f"{flops_text(plan.recompute_flops)}, {seconds_text(plan.recompute_seconds)} "
+                       f"({share:.0%} of the forward's time)")
+    field("priced at", f"the roofline of {report_roofline(report)}")
+    if plan.cut_short:
+        field("search", plan.cut_short)
     field("apply it", "memlayout.activations.apply_plan(model, plan) with report.plan.plan in Python, or the "
                       "\"plan\" object of --format json")
     for pitfall in plan.pitfalls:

@@ -74,7 +74,7 @@ def pick_loss(output: Any) -> tuple[Any, str]:
     return total, LOSS_FROM_SUM
 
 
-def resolve_step(step: str, optimizer: str | None, budget: int | None) -> str:
+def resolve_step(step: str, optimizer: str | None, budget: object) -> str:
     """The optimizer a step of this kind runs (None: adamw for training, none for inference).
 
     Raises:

@@ -5,7 +5,8 @@ machine has no GPU (or `--gpu` names another one than it has):
 - attention: torch would choose its kernel from this machine's GPU (none: math);
   device/sdpa_backend.py chooses for the target instead;
 - autocast: `torch.autocast("cuda")` switches itself off without a device; step/run.py
-  enables CUDA's policy anyway (`_torch.cuda_autocast_without_device`);
+  enables CUDA's policy anyway (`_torch.cuda_autocast_without_device`), and so does a
+  checkpointed module's rerun (plans/apply.py);
 - backward: torch's engine stops before the first node without a device;
   step/gpu_free_backward.py runs it (why, with citations, is written there).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from memlayout import _torch
 from memlayout.activations.device.gpus import DEFAULT_GPU, GpuSpec, gpu_spec
 from memlayout.activations.device.sdpa_backend import SdpaRouting
 from memlayout.activations.step import gpu_free_backward
@@ -35,6 +37,9 @@ class FakeCudaRuntime:
     def __call__(self) -> Iterator[None]:
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.routing.mode())
+            # A checkpointed rerun enables autocast again itself (plans/apply.py): torch's warning that it is off
+            # would not be true.
+            stack.enter_context(_torch.cuda_autocast_off_unsaid())
             if self.backward_in_python:
                 stack.enter_context(gpu_free_backward.backward_in_python())
             yield

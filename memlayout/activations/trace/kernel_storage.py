@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlayout import _torch
+from memlayout.activations.model.quantize import LIBRARY_OPS_WITH_SCRATCH
 from memlayout.activations.trace.kernel_calls import (
     described,
     meta_like_metadata,
@@ -89,7 +90,8 @@ LEARNED_OPS = (
     "aten.rnn_tanh.input",
     "aten.scaled_dot_product_attention.default",
 )
-"""The ops whose real CPU kernel allocates what its fake kernel does not show (see the module's doc)."""
+"""The ops whose real CPU kernel allocates what its fake kernel does not show (see the module's doc). Ops of other
+libraries are learned the same way: model/quantize.py's LIBRARY_OPS_WITH_SCRATCH (the probe runs aten's)."""
 
 LAYOUT_OPS = (
     # the probe's `layout_differing`: the real kernel's output lies in memory in another order than the fake's
@@ -236,7 +238,7 @@ def learned_kernel_memory(func: Any, args: Any, kwargs: Any, *, keeps_size: Any 
             whose first dimension happens to equal the batch); by default every tensor with the batch size as its
             first dimension shrinks.
     """
-    if str(func) not in LEARNED_OPS and str(func) not in LAYOUT_OPS:
+    if str(func) not in LEARNED_OPS and str(func) not in LAYOUT_OPS and str(func) not in LIBRARY_OPS_WITH_SCRATCH:
         return None
     import torch
 

@@ -117,6 +117,30 @@ def forward_flops(func: Any, args: Any, kwargs: Any, out: Any) -> int:
         return 0
 
 
+def moved_bytes(values: Any) -> tuple[int, Any]:
+    """The bytes an op reads and writes (every tensor among its arguments and outputs, whole), and the dtype of
+    its first floating tensor (None without one): the memory side of its roofline (device/roofline.py).
+
+    A walk of tuples, lists and dicts by hand: pytree costs more than the op's fake kernel here.
+    """
+    import torch
+
+    total = 0
+    dtype = None
+    stack = [values]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+            if dtype is None and value.is_floating_point():
+                dtype = value.dtype
+        elif isinstance(value, (tuple, list)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+    return total, dtype
+
+
 _DROPOUTS = frozenset({"dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"})
 
 

@@ -35,7 +35,7 @@ class CallRecord:
 
     __slots__ = (
         "backward_start", "class_name", "end", "flops", "id", "inputs", "module", "moves_device", "mutates_buffers",
-        "mutates_inputs", "outputs", "parent", "path", "reads_outside_state", "recompute", "saved", "start",
+        "mutates_inputs", "outputs", "parent", "path", "reads_outside_state", "recompute", "saved", "seconds", "start",
         "uses_randomness",
     )
 
@@ -53,6 +53,7 @@ class CallRecord:
         self.outputs: tuple[int, ...] = ()
         self.saved: list[int] = []
         self.flops = 0
+        self.seconds = 0.0
         self.uses_randomness = False
         self.moves_device = False
         self.reads_outside_state = False

@@ -34,6 +34,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memlayout import _torch
+from memlayout.activations.device.roofline import Roofline
 from memlayout.activations.facts import (
     GenerationTrace,
     ModuleCall,
@@ -43,6 +44,7 @@ from memlayout.activations.facts import (
     StorageLife,
     Trace,
 )
+from memlayout.activations.model.parameter_class import attribute_tensors
 from memlayout.activations.plans import rerun
 from memlayout.activations.step.generate import Generation, cache_of, cache_tensors
 from memlayout.activations.step.grad_accumulation import Accumulations
@@ -53,6 +55,7 @@ from memlayout.activations.trace.kernels import (
     corrected_output_nbytes,
     draws_random_numbers,
     forward_flops,
+    moved_bytes,
     returns_its_input,
 )
 from memlayout.activations.trace.module_state import (
@@ -70,9 +73,12 @@ _MOVE_OPS = _torch.device_copy_ops()
 class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records storages and module calls while one step runs under it."""
 
-    def __init__(self, model: torch.nn.Module, *, correct_kernels: bool, optimizer: Any = None) -> None:
+    def __init__(self, model: torch.nn.Module, *, correct_kernels: bool, optimizer: Any = None,
+                 roofline: Roofline | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.model = model
+        self.roofline = roofline
+        """Prices each forward op's time (FLOPs and bytes moved); None: FLOPs only, no time."""
         self.optimizer = optimizer
         self.correct_kernels = correct_kernels
         self.paths = {id(module): path for path, module in model.named_modules()}
@@ -86,6 +92,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.phase = Phase.SETUP
         self.forward_end = 0
         self.recompute_flops = 0
+        self.recompute_seconds = 0.0
         self.backward_call: int | None = None
         self.rerun_depth = 0
         self.parameter_storages: set[int] = set()
@@ -202,7 +209,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         if learned is not None and learned.scratch_bytes:
             self._scratch(learned.scratch_bytes)
         if phase is Phase.FORWARD or (phase is Phase.LOSS and self.stack) or self._recomputing():
-            self._count_flops(func, args, kwargs, out)
+            self._count_cost(func, args, kwargs, out)
         return out
 
     def _scratch(self, nbytes: int) -> None:
@@ -271,14 +278,21 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             known = self.storage_of(tensor, StorageKind.OTHER)
         return known
 
-    def _count_flops(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+    def _count_cost(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        """An op's FLOPs and, with a roofline, its time: to the call it ran in, or to the rerun."""
         flops = forward_flops(func, args, kwargs, out)
-        if not flops:
+        seconds = 0.0
+        if self.roofline is not None and not func.is_view:
+            moved, dtype = moved_bytes((args, kwargs, out))
+            seconds = self.roofline.op_seconds(flops, moved, dtype)
+        if not flops and not seconds:
             return
         if self._recomputing():
             self.recompute_flops += flops
+            self.recompute_seconds += seconds
         elif self.stack:
             self.stack[-1].flops += flops
+            self.stack[-1].seconds += seconds
 
     # module hooks -----------------------------------------------------------
     def _pre_hook(self, module: Any, args: Any, kwargs: Any) -> None:
@@ -402,9 +416,11 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         """Count the model's parameters, buffers, existing gradients, the optimizer's state and the inputs,
         before the step."""
         for parameter in self.model.parameters():
-            index = self.storage_of(parameter, StorageKind.PARAMETER)
-            if index is not None:
-                self.parameter_storages.add(index)
+            # A quantized weight's state (bitsandbytes' absmax and code) is part of the weight, frozen with it.
+            for tensor in (parameter, *attribute_tensors(parameter)):
+                index = self.storage_of(tensor, StorageKind.PARAMETER)
+                if index is not None:
+                    self.parameter_storages.add(index)
             if parameter.grad is not None:
                 self.storage_of(parameter.grad, StorageKind.GRADIENT)
         for buffer in self.model.buffers():
@@ -442,7 +458,8 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             ModuleCall(
                 id=c.id, path=c.path, class_name=c.class_name, parent=c.parent, recompute=c.recompute,
                 start=c.start, end=c.end, backward_start=c.backward_start, input_storages=c.inputs,
-                output_storages=c.outputs, saved_storages=tuple(dict.fromkeys(c.saved)), flops=c.flops, uses_randomness=c.uses_randomness,
+                output_storages=c.outputs, saved_storages=tuple(dict.fromkeys(c.saved)), flops=c.flops, seconds=c.seconds,
+                uses_randomness=c.uses_randomness,
                 moves_device=c.moves_device, reads_outside_state=c.reads_outside_state,
                 mutates_buffers=c.mutates_buffers, mutates_inputs=c.mutates_inputs,
             )
@@ -460,7 +477,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         )
         return Trace(
             storages=storages, calls=calls, modules=modules, events=self.seq, forward_end=self.forward_end,
-            loss=loss, recompute_flops=self.recompute_flops, device=device, mode=mode, notes=notes,
+            loss=loss, recompute_flops=self.recompute_flops, recompute_seconds=self.recompute_seconds, device=device, mode=mode, notes=notes,
             state_changes=tuple(self.state_changes.items()),
             rerun_state_differs=tuple(self.rerun_state_differs.items()), rng_state_bytes=self.rng_state_bytes,
             generation=GenerationTrace(tuple(self.forwards), tuple(self.cache_storages), self.final_cache)
@@ -497,6 +514,7 @@ def trace_step(
     autocast: Autocast | None = None,
     inference: bool = False,
     generation: Generation | None = None,
+    roofline: Roofline | None = None,
 ) -> Trace:
     """Run one step of `model` on the inputs under the tracer and return its facts.
 
@@ -513,8 +531,9 @@ def trace_step(
         inference: Forward only, under `torch.inference_mode` (see step/run.py); the model's
             output stays alive to the end, as the caller's would.
         generation: `model.generate` instead (step/generate.py); each forward and the cache are recorded.
+        roofline: The target's peak rates, to price each forward op's time (device/roofline.py).
     """
-    tracer = StepTracer(model, correct_kernels=mode != "real", optimizer=optimizer)
+    tracer = StepTracer(model, correct_kernels=mode != "real", optimizer=optimizer, roofline=roofline)
     tracer.generating = generation is not None
     with ExitStack() as stack:
         for module in model.modules():

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 from memlayout import _torch
-from memlayout.activations.device.gpus import gpu_spec
+from memlayout.activations.device.gpus import DEFAULT_GPU, gpu_spec, spec_for_device_name
+from memlayout.activations.device.roofline import Roofline, cpu_roofline, gpu_roofline
 from memlayout.activations.facts import Trace
 from memlayout.activations.model.input_specs import InputSpec, parse_input_spec
 from memlayout.activations.plans.apply import apply_plan
@@ -93,6 +95,8 @@ class StepWorld:
         """Forward only, under `torch.inference_mode` (`--step inference`)."""
         self.generation: Generation | None = None
         """`model.generate` instead of one forward (`--step generate`; set by `generate`)."""
+        self.adapted: Any = None
+        """What `--quantize` and `--lora` did to the model (model/adapt.py's Adapted), or None."""
         self.args: tuple[Any, ...] = ()
         self.kwargs: dict[str, Any] = {}
         self.descriptions: tuple[str, ...] = ()
@@ -105,6 +109,22 @@ class StepWorld:
             from memlayout.activations.trace.generate_mode import GenerateStepMode
 
             self.step_mode = GenerateStepMode(self.fake_mode, keep_values=self.keeps_values)
+    @functools.cached_property
+    def roofline(self) -> Roofline:
+        """The target's peak rates, to price a checkpointed module's rerun (device/roofline.py): the target GPU's
+        datasheet on CUDA (the present GPU's row, or the default's when the table lacks it), this machine's
+        measured rates on the CPU, the default GPU's for meta tensors, which have no device."""
+        import torch
+
+        if self.device == "cpu":
+            return cpu_roofline()
+        if self.fake_cuda is not None:
+            return gpu_roofline(self.fake_cuda.gpu)
+        if self.device.startswith("cuda") and torch.cuda.is_available():
+            present = spec_for_device_name(torch.cuda.get_device_name(torch.device(self.device)))
+            if present is not None:
+                return gpu_roofline(present)
+        return gpu_roofline(gpu_spec(DEFAULT_GPU))
 
     @property
     def keeps_values(self) -> bool:
@@ -294,7 +314,7 @@ class StepWorld:
                     stack.enter_context(self.step_mode.watching(self.model))
             trace = trace_step(
                 self.model, self.args, self.kwargs, device=self.device, mode=self.mode, notes=notes,
-                optimizer=self.optimizer, autocast=self.autocast, inference=self.inference,
+                optimizer=self.optimizer, autocast=self.autocast, inference=self.inference, roofline=self.roofline,
                 generation=self.generation,
             )
         for parameter in self.model.parameters():

@@ -21,6 +21,8 @@ from memlayout.core.facts import Facts
 from memlayout.errors import FlattenError
 from memlayout.flatten.options import FlattenOptions, Progress
 from memlayout.flatten.plan import FlatPlan, describe_changes
+from memlayout.flatten.verification import BUFFERS_WRITTEN, LAYOUT
+from memlayout.load.main_module import classes_from_main, objects_from_main
 from memlayout.load.records import LoadedSource
 
 
@@ -40,6 +42,12 @@ class FlattenJob:
     options: FlattenOptions
     progress: Progress | None = None
     """Told the bytes copied and verified so far, for a progress display."""
+
+    def objects_from_main(self) -> dict[int, str]:
+        """What IN's pickle names `__main__.Name`, as `--main-module` defines it, by identity; empty without it."""
+        if self.options.main_module is None:
+            return {}
+        return objects_from_main(self.options.main_module, classes_from_main(self.source.pickle_globals))
 
 
 @dataclass(frozen=True)
@@ -61,8 +69,9 @@ class Written:
     """Bytes moved into the flat layout."""
     verified: bool
     """OUT was read back and checked before it replaced anything."""
-    verification: str = "reloaded OUT: values and sharing match"
-    """What the check compared, for the summary."""
+    verification: tuple[str, ...] = (BUFFERS_WRITTEN, LAYOUT)
+    """What the check proved, one clause per kind of change (`memlayout.flatten.verification`), for the
+    summary; the default is what `memlayout.flatten.save.verify_torch_file` proves."""
     stages: dict[str, float] = field(default_factory=dict)
     """Seconds per stage of the write ("copy", "verify", "fsync", ...), for benchmarks."""
 

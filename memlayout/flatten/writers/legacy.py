@@ -22,9 +22,11 @@ from memlayout.core.facts import Facts
 from memlayout.errors import UnsafeContentError, UsageError
 from memlayout.flatten.plan import FlatPlan, describe_changes
 from memlayout.flatten.save import verify_torch_file, write_torch
+from memlayout.flatten.verification import BUFFERS_WRITTEN, LAYOUT, MAIN_NAMES
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
 from memlayout.flatten.writers.loaded_tree import flatten_loaded_tree
 from memlayout.load.detect import has_proto_signature
+from memlayout.load.main_module import classes_from_main, pickle_module_resolving_main
 from memlayout.load.records import LoadedSource
 from memlayout.load.weights_only_allowlist import WEIGHTS_ONLY_PROTOCOLS, weights_only_allows
 
@@ -64,13 +66,14 @@ def _weights_only_reads(path: str) -> bool:
     return has_proto_signature(head) and head[1] in WEIGHTS_ONLY_PROTOCOLS
 
 
-def load_legacy_tree(path: str, tar: bool, trust: bool) -> Any:
+def load_legacy_tree(path: str, tar: bool, trust: bool, main_module: str | None = None) -> Any:
     """The object a legacy torch.save file holds, as torch.load builds it, on the CPU.
 
     Args:
         path: The file.
         tar: It is the tar format.
         trust: Real unpickling is allowed (module pickles, any global).
+        main_module: With `trust`, the module that defines what the pickle names `__main__.Name`.
 
     Returns:
         The loaded tree.
@@ -82,6 +85,9 @@ def load_legacy_tree(path: str, tar: bool, trust: bool) -> Any:
     import torch
 
     try:
+        if trust and main_module is not None:
+            return torch.load(path, map_location="cpu", weights_only=False,
+                              pickle_module=pickle_module_resolving_main(main_module))
         if trust:
             return torch.load(path, map_location="cpu", weights_only=False)
         if tar or not _weights_only_reads(path):
@@ -113,17 +119,23 @@ class LegacyWriter(FlattenWriter):
         return [f"the format: a {_WHICH[source.format]} becomes a current torch.save zip", *describe_changes(plan, facts)]
 
     def write(self, job: FlattenJob) -> Written:
-        tree = load_legacy_tree(job.path, job.source.format == "torch-legacy-tar", job.options.trust)
+        tree = load_legacy_tree(
+            job.path, job.source.format == "torch-legacy-tar", job.options.trust, job.options.main_module
+        )
         # torch.save writes the location each storage is given, so IN's devices are
         # kept by moving the bytes on the CPU and naming them: no GPU is needed.
         done = flatten_loaded_tree(tree, job, on_host=job.options.keeps_devices)
         names = {name for tensor in job.facts.tensors for name in tensor.names}
 
         def verify(temporary: str) -> None:
-            verify_torch_file(temporary, done.plan, done.buffers, names)
+            verify_torch_file(temporary, done.plan, done.buffers, names,
+                              from_main=classes_from_main(job.source.pickle_globals))
 
-        written = write_torch(tree, job.out, verify if job.options.verify else None, done.locations)
-        return Written(done.bytes_copied, written)
+        written = write_torch(
+            tree, job.out, verify if job.options.verify else None, done.locations, job.objects_from_main()
+        )
+        from_main = (MAIN_NAMES,) if classes_from_main(job.source.pickle_globals) else ()
+        return Written(done.bytes_copied, written, (BUFFERS_WRITTEN, LAYOUT, *from_main))
 
 
 WRITER = LegacyWriter()

@@ -26,6 +26,7 @@ from memlayout.flatten.apply import allocate, as_bits, copy_from_file, view_of
 from memlayout.flatten.load_flat import load_flat_safetensors
 from memlayout.flatten.options import FlattenOptions
 from memlayout.flatten.plan import FlatPlan, Slot, dense_strides
+from memlayout.flatten.verification import BYTE_FOR_BYTE, SAFETENSORS_TENSORS
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, LayoutAfter, Written
 from memlayout.format_bytes import counted
 from memlayout.io.atomic_write import atomic_file
@@ -215,7 +216,7 @@ def safetensors_changes(plan: FlatPlan, source: LoadedSource) -> list[str]:
 
 def flatten_safetensors_file(
     path: str, out: str, source: LoadedSource, plan: FlatPlan, verify: bool
-) -> tuple[int, bool]:
+) -> tuple[int, bool, tuple[str, ...]]:
     """Rewrite a safetensors file in flat-buffer order, verified, atomically.
 
     A file that is already flat (`safetensors_changes` is empty) is copied byte
@@ -230,12 +231,12 @@ def flatten_safetensors_file(
         verify: Reload OUT and compare every tensor's bytes before renaming.
 
     Returns:
-        (bytes copied, whether OUT was verified).
+        (bytes copied, whether OUT was verified, what the check proved).
     """
     import torch
 
     if not safetensors_changes(plan, source):
-        return _copy_verified(path, out, verify)
+        return (*_copy_verified(path, out, verify), (BYTE_FOR_BYTE,))
     header, _ = read_header(path)
     offsets = {key: storage.base_address for key, storage in source.storages.items() if storage.base_address is not None}
     buffers = allocate(plan)
@@ -255,7 +256,7 @@ def flatten_safetensors_file(
                     if got is None or got.shape != expected.shape or not torch.equal(as_bits(got), as_bits(expected)):
                         raise FlattenError(f"verification failed: {name} differs in the written file")
             del written
-    return copied, verify
+    return copied, verify, (SAFETENSORS_TENSORS,)
 
 
 def _copy_verified(path: str, out: str, verify: bool) -> tuple[int, bool]:
@@ -299,8 +300,8 @@ class SafetensorsWriter(FlattenWriter):
             raise UsageError("a safetensors file is rewritten on the CPU", "pass --device cpu, or no --device")
 
     def write(self, job: FlattenJob) -> Written:
-        copied, verified = flatten_safetensors_file(job.path, job.out, job.source, job.plan, job.options.verify)
-        return Written(copied, verified)
+        copied, verified, checks = flatten_safetensors_file(job.path, job.out, job.source, job.plan, job.options.verify)
+        return Written(copied, verified, checks)
 
 
 WRITER = SafetensorsWriter()

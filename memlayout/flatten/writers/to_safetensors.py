@@ -46,6 +46,7 @@ from memlayout.flatten.apply import host_bytes, torch_dtype
 from memlayout.flatten.options import FlattenOptions
 from memlayout.flatten.pickle_contents import non_tensor_contents
 from memlayout.flatten.plan import FlatPlan, Placement, ViewKey, dense_strides, view_key
+from memlayout.flatten.verification import CONVERTED_COPIES, CONVERTED_DENSE, CONVERTED_HEADER
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, LayoutAfter, Written
 from memlayout.flatten.writers.safetensors import ordered_header
 from memlayout.io.atomic_write import atomic_file
@@ -282,7 +283,10 @@ class SafetensorsConverter(FlattenWriter):
             stages["fsync"] = time.perf_counter() - closing
         finally:
             os.close(source)
-        return Written(copied, verified, "read back: every tensor's bytes against IN's, names and metadata", stages)
+        dense = any(entry.source_range is None and entry.nbytes for entry in layout.stored)
+        copies = any(entry.source_range is not None and entry.nbytes for entry in layout.stored)
+        checks = (*((CONVERTED_COPIES,) if copies else ()), *((CONVERTED_DENSE,) if dense else ()), CONVERTED_HEADER)
+        return Written(copied, verified, checks, stages)
 
 
 def _kept_metadata(source: LoadedSource) -> dict[str, str]:

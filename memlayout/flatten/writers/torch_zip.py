@@ -38,9 +38,18 @@ from memlayout.flatten.apply import (
     walk_tensors,
 )
 from memlayout.flatten.cudnn_adopt import adopt_cudnn_layouts
-from memlayout.flatten.plan import FlatBuffer, Slot
+from memlayout.flatten.options import FlattenOptions
+from memlayout.flatten.plan import FlatBuffer, FlatPlan, Slot
 from memlayout.flatten.save import check_layout, verify_torch_file, write_torch
 from memlayout.flatten.torch_tree import pickle_records, rebuild_tree
+from memlayout.flatten.verification import (
+    BUFFERS_WRITTEN,
+    COPIED_BY_CRC,
+    LAYOUT,
+    MAIN_NAMES,
+    RESTRIDED_VALUES,
+    ZIP_LAYOUT,
+)
 from memlayout.flatten.writers.interface import FlattenJob, FlattenWriter, Written
 from memlayout.flatten.writers.torch_zip_out import (
     Data,
@@ -59,6 +68,7 @@ from memlayout.io.zip_archive import (
     new_serialization_id,
     torch_archive_name,
 )
+from memlayout.load.main_module import classes_from_main, pickle_module_resolving_main
 from memlayout.load.records import LoadedSource
 
 if TYPE_CHECKING:
@@ -66,7 +76,6 @@ if TYPE_CHECKING:
 
 FILE_FORMAT_VERSION = b"3\n"
 """The `version` record torch's writer closes a torch.save archive with (kProducedFileFormatVersion)."""
-STREAMED_CHECKS = "read back: every record's CRC-32 matches IN's bytes; layout, sharing and torch.load agree"
 
 
 class TorchZipWriter(FlattenWriter):
@@ -88,7 +97,7 @@ class TorchZipWriter(FlattenWriter):
             # Where each storage's bytes lie is what the loader already found.
             reader: Any = job.source.reader
             spans = RecordSpans(reader.starts, reader.sizes, reader.checksums)
-            tree, stand_ins = rebuild_tree(archive, prefix, job.options.trust, job.path)
+            tree, stand_ins = rebuild_tree(archive, prefix, job.options.trust, job.path, job.options.main_module)
             if job.options.keeps_devices or all(flat.device == "cpu" for flat in job.plan.buffers):
                 buffers = _unfilled_buffers(job)
                 rebind(tree, job.plan, views_of(job.plan, buffers), stand_ins.key_of)
@@ -137,7 +146,7 @@ def _stream(
     stages: dict[str, float], locations: dict[int, str] | None = None,
 ) -> Written:
     started = time.perf_counter()
-    pickled = pickle_records(tree, locations)
+    pickled = pickle_records(tree, locations, job.objects_from_main())
     buffer_index = {_torch.storage_id(buffer.untyped_storage()): index for index, buffer in enumerate(buffers)}
     records = [OutRecord(name, (Data(payload),)) for name, payload in pickled.small]
     for key, storage in pickled.storages:
@@ -173,14 +182,56 @@ def _stream(
             flushing = threading.Thread(target=_flush, args=(output.fd,), daemon=True)
             flushing.start()
             verifier.finish(written)
-            check_layout(output.path, job.plan, names)
-            _torch_reads(output.path, job.options.trust, tree)
+            from_main = classes_from_main(job.source.pickle_globals)
+            offsets, _ = check_layout(output.path, job.plan, names, from_main=from_main)
+            restrided = _restrided_values_equal(output.fd, offsets, job.plan, source, spans)
+            _torch_reads(output.path, job.options, tree)
             flushing.join()
             stages["verify"] = time.perf_counter() - started
             verified = True
         closing = time.perf_counter()
     stages["fsync"] = time.perf_counter() - closing
-    return Written(written.bytes_moved, verified, STREAMED_CHECKS if verified else "", stages)
+    if not verified:
+        return Written(written.bytes_moved, False, (), stages)
+    checks = (
+        COPIED_BY_CRC, *((RESTRIDED_VALUES,) if restrided else ()), ZIP_LAYOUT, *((MAIN_NAMES,) if from_main else ())
+    )
+    return Written(written.bytes_moved, True, checks, stages)
+
+
+def _restrided_values_equal(
+    out: int, offsets: dict[int, int], plan: FlatPlan, source: int, spans: RecordSpans
+) -> int:
+    """Read back every tensor made dense and compare its values with IN's view, bit for bit; how many there were.
+
+    A re-strided tensor's record holds bytes built in memory, so its CRC-32 proves
+    only that OUT holds what was built; this proves what was built is IN's values.
+
+    Raises:
+        FlattenError: a value differs.
+    """
+    import torch
+
+    count = 0
+    for index, flat in enumerate(plan.buffers):
+        for slot in flat.slots:
+            if not slot.dense or slot.nbytes == 0:
+                continue
+            view = slot.views[0]
+            _, offset, shape, stride, dtype = view.source
+            written = torch.frombuffer(bytearray(os.pread(out, slot.nbytes, offsets[index] + slot.start)), dtype=torch.uint8)
+            read = torch.frombuffer(
+                bytearray(os.pread(source, slot.source_nbytes, spans.starts[slot.source_storage] + slot.source_start)),
+                dtype=torch.uint8,
+            )
+            after = torch.empty(0, dtype=torch_dtype(dtype)).set_(written.untyped_storage(), 0, view.shape, view.stride)
+            before = torch.empty(0, dtype=torch_dtype(dtype)).set_(
+                read.untyped_storage(), offset - slot.source_start // view.itemsize, shape, stride
+            )
+            if not torch.equal(as_bits(after), as_bits(before)):
+                raise FlattenError(f"verification failed: {', '.join(view.names)} read back with other values than IN's")
+            count += 1
+    return count
 
 
 def _flush(fd: int) -> None:
@@ -245,12 +296,16 @@ def _dense_bytes(source: int, record_start: int, slot: Slot) -> bytes:
     return bytes(dense.numpy().tobytes())
 
 
-def _torch_reads(path: str, trust: bool, tree: Any) -> None:
+def _torch_reads(path: str, options: FlattenOptions, tree: Any) -> None:
     """torch.load(OUT, mmap=True) opens OUT and finds the tensors of the tree that was pickled."""
     import torch
 
+    # A script's classes are looked up where --main-module defines them, as IN's were.
+    resolving = {} if options.main_module is None else {
+        "pickle_module": pickle_module_resolving_main(options.main_module)
+    }
     try:
-        loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=not trust)
+        loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=not options.trust, **resolving)
     except Exception as exc:
         raise FlattenError(f"verification failed: torch.load cannot read OUT: {str(exc).splitlines()[0]}") from exc
 
@@ -269,8 +324,13 @@ def _through_memory(job: FlattenJob, tree: Any, stand_ins: Any, spans: RecordSpa
     rebind(tree, job.plan, views_of(job.plan, buffers), stand_ins.key_of)
     # On CUDA, cuDNN lays out each RNN itself and its buffer is what gets saved.
     plan, buffers, _ = adopt_cudnn_layouts(tree, job.plan, buffers, job.facts)
-    verify = (lambda temporary: verify_torch_file(temporary, plan, buffers, names)) if job.options.verify else None
-    return Written(copied, write_torch(tree, job.out, verify))
+    from_main = classes_from_main(job.source.pickle_globals)
+    verify = (
+        (lambda temporary: verify_torch_file(temporary, plan, buffers, names, from_main=from_main))
+        if job.options.verify else None
+    )
+    verified = write_torch(tree, job.out, verify, from_main=job.objects_from_main())
+    return Written(copied, verified, (BUFFERS_WRITTEN, LAYOUT, *((MAIN_NAMES,) if from_main else ())))
 
 
 WRITER = TorchZipWriter()

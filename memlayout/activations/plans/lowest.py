@@ -1,0 +1,85 @@
+"""The lowest peak a planner's options reach: a beam search over moves, ranked by the highest intervals in turn.
+
+A plan's estimated live curve is the baseline's interval maxima plus the rows of its
+options (plan.py). A move adds one option and drops the chosen ones it conflicts with
+(a module replacing the modules inside it). A move counts as lower when it lowers the
+highest intervals taken in order (the peak, then the next highest, ...: `_leximax`),
+not the peak alone: in a two-block GPT-2 the peak sits in the second block while the
+first is planned, so a move in the first block leaves the peak where it was, and a
+walk that asks each move to lower the peak stops at a whole block checkpointed
+(3.59 MB estimated), where moves inside both blocks reach 3.20 MB, the lowest of all
+the plans (tests/activations/test_planner.py checks it against brute force). Each
+round scores every move from each plan kept at once, and keeps `LOWEST_BEAM` plans.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+LOWEST_BEAM = 4
+"""Plans kept at each round."""
+LEXIMAX_DEPTH = 8
+"""How many of the highest intervals `_leximax` compares."""
+
+
+def lowest_options(
+    start: np.ndarray, rows: np.ndarray, costs: np.ndarray, conflicts: np.ndarray
+) -> tuple[list[int], int]:
+    """The options (row indexes) of the lowest plan found, and its estimated peak.
+
+    Args:
+        start: The baseline's value in each interval.
+        rows: Each option's change to each interval.
+        costs: Each option's cost, to break ties (the cheaper plan of two equally low ones).
+        conflicts: conflicts[a, b] when options a and b do not go together.
+    """
+    import numpy as np
+
+    count = len(rows)
+    best_rows: list[int] = []
+    best_key = _leximax(start)
+    if not count:
+        return best_rows, best_key[0]
+    beam: list[tuple[list[int], np.ndarray, tuple[int, ...]]] = [([], start.copy(), best_key)]
+    seen: set[frozenset[int]] = {frozenset()}
+    while beam:
+        grown: list[tuple[tuple[int, ...], float, list[int], np.ndarray]] = []
+        for chosen, values, key in beam:
+            moved = values[None, :] + rows
+            if chosen:
+                moved -= conflicts[:, chosen].astype(np.int64) @ rows[chosen]
+            keys = _leximax_rows(moved)
+            for row in range(count):
+                if row in chosen:
+                    continue
+                taken = [other for other in chosen if not conflicts[row, other]] + [row]
+                found = frozenset(taken)
+                if found in seen:
+                    continue
+                seen.add(found)
+                row_key = tuple(int(v) for v in keys[row])
+                if row_key < key:
+                    grown.append((row_key, float(costs[taken].sum()), taken, moved[row]))
+        grown.sort(key=lambda item: (item[0], item[1], sorted(item[2])))
+        beam = [(taken, values, key) for key, _, taken, values in grown[:LOWEST_BEAM]]
+        if grown and grown[0][0] < best_key:
+            best_key, best_rows = grown[0][0], grown[0][2]
+    return best_rows, best_key[0]
+
+
+def _leximax(values: np.ndarray) -> tuple[int, ...]:
+    """The highest interval values in descending order: a plan is lower than another when this is smaller."""
+    return tuple(int(v) for v in _leximax_rows(values[None, :])[0])
+
+
+def _leximax_rows(values: np.ndarray) -> np.ndarray:
+    """`_leximax` of each row of a matrix, as a matrix."""
+    import numpy as np
+
+    width = values.shape[1]
+    depth = min(LEXIMAX_DEPTH, width)
+    top = np.partition(values, width - depth, axis=1)[:, width - depth:]
+    return -np.sort(-top, axis=1)
