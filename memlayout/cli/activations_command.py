@@ -13,7 +13,7 @@ from memlayout.activations.budget import parse_budget
 from memlayout.activations.step.generate import CACHE_HELP, NEW_TOKENS_HELP, check_generation
 from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER
 from memlayout.activations.step.optimizer import HELP as OPTIMIZER_HELP
-from memlayout.activations.step.run import STEP_HELP
+from memlayout.activations.step.run import STEP_HELP, serving_ranks_refused
 from memlayout.cli.formats import (
     Command,
     OutputFormat,
@@ -213,8 +213,7 @@ def activations_command(
             raise UsageError("--budget with --world-size is each rank's peak, as a size",
                              "give it in bytes, e.g. --budget 78GiB")
         if step != "train":
-            raise UsageError(f"--step {step} is not traced with --world-size yet",
-                             "predict one device's forward without --world-size")
+            raise serving_ranks_refused(step)
         if real or device == "meta":
             raise UsageError(
                 f"--world-size predicts ranks on fake tensors; {'--real' if real else '--device meta'} does not apply",

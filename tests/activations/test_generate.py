@@ -143,6 +143,31 @@ def test_the_batch_found_is_the_most_sequences_a_real_generate_fits() -> None:
     assert measured(size) <= budget < measured(size + 1), size
 
 
+@pytest.mark.parametrize(("model", "axis", "shape", "cache", "budget"), [
+    ("llama", "seq", (4, 16), "dynamic", 2_000_000),
+    ("gpt2", "batch", (2, 24), "static", 1_500_000),
+])
+def test_the_clis_fit_answer_fits_and_one_more_does_not(model: str, axis: str, shape: tuple[int, int], cache: str,
+                                                        budget: int) -> None:
+    """As the fit issue checks an answer: the command's own prediction at the answer s fits the budget, at s + 1 it
+    does not, each asked of the CLI as a user would ask it."""
+    def command(batch: int, length: int, *extra: str) -> dict[str, Any]:
+        result = CliRunner().invoke(app, [
+            "activations", f"tests.activations.models:{model}", "--input", f"int64[{batch},{length}]<500", "--step",
+            "generate", "--new-tokens", str(FIT_TOKENS), "--cache", cache, "--format", "json", *extra])
+        assert result.exit_code == 0, result.stderr
+        return dict(json.loads(result.stdout))
+
+    answer = command(*shape, "--fit", axis, "--budget", str(budget))["fit"]["without_plan"]["size"]
+    assert answer > shape[0 if axis == "batch" else 1]
+
+    def peak(size: int) -> int:
+        batch, length = (size, shape[1]) if axis == "batch" else (shape[0], size)
+        return int(command(batch, length)["summary"]["peak_bytes"])
+
+    assert peak(answer) <= budget < peak(answer + 1), answer
+
+
 def act_generation(new_tokens: int, cache: str = "dynamic") -> Any:
     from memlayout.activations.step.generate import Generation
 
@@ -178,6 +203,10 @@ def test_cli_table_gives_the_weights_the_cache_and_the_peaks_forward() -> None:
     ([], "--step generate needs --new-tokens N"),
     (["--new-tokens", "0"], "--new-tokens 0 generates nothing"),
     (["--new-tokens", "8", "--cache", "paged"], "unknown --cache 'paged'"),
+    (["--new-tokens", "8", "--world-size", "2", "--tp", "2"],
+     "--step generate is not traced with --world-size yet: serving across ranks (--tp, --fsdp) is not predicted"),
+    (["--new-tokens", "8", "--world-size", "2", "--tp", "2", "--fit", "seq", "--budget", "2MB"],
+     "--step generate is not traced with --world-size yet: serving across ranks (--tp, --fsdp) is not predicted"),
 ])
 def test_cli_refuses_what_generate_does_not_take(extra: list[str], message: str) -> None:
     result = CliRunner().invoke(app, [*GENERATE, *extra])

@@ -48,7 +48,7 @@ from memlayout.activations.model.adapters import LoraOptions
 from memlayout.activations.model.input_specs import INTEGRAL, InputSpec, parse_input_spec
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.search import PlanResult
-from memlayout.activations.step.run import resolve_step
+from memlayout.activations.step.run import resolve_step, serving_ranks_refused
 from memlayout.errors import (
     NothingFitsError,
     UsageError,
@@ -286,9 +286,10 @@ def fit(
     if sharding is not None:
         if not adaptation.empty:
             raise UsageError(f"{'--quantize' if quantize else '--lora'} is not traced with --world-size yet")
-        if inference or autocast or dtype:
-            given_flag = f"--step {step}" if inference else "--autocast" if autocast else "--dtype"
-            raise UsageError(f"{given_flag} is not traced with --world-size yet")
+        if inference:
+            raise serving_ranks_refused(step)
+        if autocast or dtype:
+            raise UsageError(f"{'--autocast' if autocast else '--dtype'} is not traced with --world-size yet")
         probe: Probe = RanksProbe(target, specs, dims, sharding=sharding, optimizer=optimizer, budget=budget,
                                     device=device, trust=trust, main_module=main_module)
     else:

@@ -93,6 +93,13 @@ def resolve_step(step: str, optimizer: str | None, budget: object) -> str:
     return "none"
 
 
+def serving_ranks_refused(step: str) -> UsageError:
+    """Why a forward-only step is refused with `--world-size`: serving's ranks (`--tp`) are not predicted yet, and a
+    prediction no real rank has checked is not given."""
+    return UsageError(f"--step {step} is not traced with --world-size yet: serving across ranks (--tp, --fsdp) is "
+                      "not predicted", f"predict one device's {_FORWARDS[step]} without --world-size")
+
+
 class Autocast(NamedTuple):
     """Mixed precision as `torch.autocast(device_type, dtype)` gives it, around forward and loss."""
 
