@@ -264,3 +264,13 @@ def test_fake_values_written_into_a_real_tensor_keep_its_one_storage() -> None:
         for _ in range(3):
             cache.index_copy_(2, position, keys)
         assert len(tracer.storages) == before, [s.storage_nbytes for s in tracer.storages[before:]]
+
+
+def test_the_docs_give_the_generate_sweeps_figures() -> None:
+    root = Path(__file__).resolve().parents[2]
+    sweep = json.loads((root / "benchmarks" / "results" / "generate_sweep.json").read_text())
+    docs = " ".join((root / "docs" / "activations.md").read_text().split())
+    assert f"{sweep['within_2pct']} of {sweep['runnable']} runnable within 2%" in docs, "rerun the sweep or mend the docs"
+    assert sweep["command"] in docs
+    assert not {r["architecture"] for r in sweep["records"]} & {"LlamaForCausalLM", "GPT2LMHeadModel",
+                                                                "T5ForConditionalGeneration"}
