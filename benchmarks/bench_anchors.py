@@ -29,7 +29,7 @@ Llama 7B:
 - hf-mem's own `compute_safetensors_kv_cache_size` (hf_mem.safetensors.kv_cache)
   on the config.json, with max_model_len = prompt + new tokens and the F32 dtype
   (its `--kv-cache-dtype` has no float32 choice; the config names none);
-- memlayout: `--step generate` is not in this release, so there is no figure.
+- memlayout: `--step generate` is not yet measured here (the results file says so per row); the generate sweep (benchmarks/generate_sweep.py) compares it with real generates.
 
 No GPU column is measured: this machine has none, and the results say so.
 
@@ -265,7 +265,7 @@ def main() -> None:
         folder = ROOT / "benchmarks" / "configs" / name
         config = _config(folder)
         figures = {"textbook": textbook_cache(config), "hf_mem": hf_mem_cache(config),
-                   "memlayout": "no figure: --step generate is not in this release", "gpu": NO_GPU}
+                   "memlayout": "not measured by this benchmark yet (the generate sweep compares --step generate with real generates)", "gpu": NO_GPU}
         if run_real:
             figures["real"] = real_cache(folder)
             real = figures["real"]["cache_bytes"]

@@ -51,6 +51,7 @@ sys.addaudithook(watch)
 NEEDS_TORCH_AT_IMPORT = {
     "memlayout.activations.trace.tracer": "StepTracer subclasses torch's TorchDispatchMode",
     "memlayout.activations.trace.fake_step": "FakeStepMode subclasses torch's TorchDispatchMode",
+    "memlayout.activations.trace.generate_mode": "GenerateStepMode subclasses FakeStepMode",
 }
 
 

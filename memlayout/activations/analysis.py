@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memlayout.activations.assumptions import POLICIES
+from memlayout.activations.assumptions import POLICIES, UNRANGED
 from memlayout.activations.budget import Budget, BudgetSpec, resolve_budget
 from memlayout.activations.device.gpus import GpuSpec, spec_for_device_name
 from memlayout.activations.facts import Trace
+from memlayout.activations.generate_summary import GenerateSummary, summarize_generation
 from memlayout.activations.model.adapt import Adaptation, Adapted, adapt_model
 from memlayout.activations.model.adapters import LoraOptions, ParameterSplit, parameter_split
 from memlayout.activations.model.build import (
@@ -29,6 +30,7 @@ from memlayout.activations.model.build import (
 )
 from memlayout.activations.model.input_specs import suggested_inputs
 from memlayout.activations.search import PlanResult, plan_for_budget
+from memlayout.activations.step.generate import Generation, check_can_generate, check_generation
 from memlayout.activations.step.optimizer import check_optimizer, state_dtype
 from memlayout.activations.step.run import LOSS_FROM_SUM, Autocast, resolve_step, torch_dtype
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
@@ -77,6 +79,8 @@ class ActivationReport:
     class_chosen_by: str = ""
     """Why the model is a `model_class`: a config's architectures, `--model-class`, the model type's head
     with a loss (model/hf_class.py), the factory that returned it, the file it was pickled in."""
+    generation: GenerateSummary | None = None
+    """A generate step's weights, key/value cache and temporaries at the peak (generate_summary.py); else None."""
     roofline: str | None = None
     """Whose peak rates priced each op's time (device/roofline.py), in words; None where not priced."""
     parameters: ParameterSplit | None = None
@@ -111,6 +115,8 @@ def analyze(
     gpu: str | None = None,
     step: str = "train",
     model_class: str | None = None,
+    new_tokens: int | None = None,
+    cache: str | None = None,
     lora: LoraOptions | int | None = None,
     quantize: str | None = None,
 ) -> ActivationReport:
@@ -142,11 +148,14 @@ def analyze(
             saved from a script names as `__main__.X`.
         gpu: The GPU to trace for (a key of activations/device/gpus.py: h100, a100-80gb, ...); implies
             device="cuda". Where no GPU is present and none is named, an H100 is assumed.
-        step: train (forward, loss, backward, the optimizer's step) or inference (forward only,
-            under `torch.inference_mode`, the model in eval mode; no budget, no optimizer).
+        step: train (forward, loss, backward, the optimizer's step), inference (forward only,
+            under `torch.inference_mode`, the model in eval mode; no budget, no optimizer) or generate
+            (`model.generate(inputs, max_new_tokens=new_tokens, do_sample=False)` in that mode; step/generate.py).
         model_class: The transformers class a config builds (`T5ForConditionalGeneration`, or an auto
             class such as `AutoModelForSeq2SeqLM`); None: the config's architectures, else the model
             type's first head with a loss (model/hf_class.py).
+        new_tokens: With step generate, how many tokens to generate (required there, refused elsewhere).
+        cache: With step generate, dynamic (the default, transformers' DynamicCache) or static.
         lora: LoRA adapters by peft before tracing: a rank, or `LoraOptions` (targets, dropout, DoRA); every
             setting not given is `peft.LoraConfig()`'s default. Only the adapters train (model/adapters.py).
         quantize: nf4, fp4 or int8: the base quantized with bitsandbytes as transformers'
@@ -162,10 +171,11 @@ def analyze(
     """
     try:
         optimizer = resolve_step(step, optimizer, budget)
+        generation = check_generation(step, new_tokens, cache)
         adaptation = Adaptation(lora=LoraOptions(lora) if isinstance(lora, int) else lora, quantize=quantize)
         return _analyze(target, inputs, kwargs=kwargs, budget=budget, device=device, mode=mode, trust=trust,
                         optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-                        step_kind=step, model_class=model_class, adaptation=adaptation)
+                        step_kind=step, model_class=model_class, generation=generation, adaptation=adaptation)
     except MemlayoutError:
         raise
     except Exception as exc:
@@ -189,11 +199,13 @@ def _analyze(
     gpu: str | None = None,
     step_kind: str = "train",
     model_class: str | None = None,
+    generation: Generation | None = None,
     adaptation: Adaptation | None = None,
 ) -> ActivationReport:
     step, notes, target_text, kind, chosen_by = prepare_step(
         target, inputs, kwargs=kwargs, device=device, mode=mode, trust=trust, optimizer=optimizer, autocast=autocast,
         dtype=dtype, main_module=main_module, gpu=gpu, step_kind=step_kind, model_class=model_class,
+        generation=generation,
         adaptation=adaptation,
     )
     try:
@@ -218,7 +230,7 @@ def _analyze(
     if step.fake_cuda is not None:
         notes.append(step.fake_cuda.note())
     summary = summarize(baseline, cuda=step.device.startswith("cuda"))
-    if baseline.assumptions:
+    if any(kind not in UNRANGED for _, kind, _ in baseline.assumptions):
         summary = _with_range(step, summary)
     modules = module_facts(baseline)
     resolved = step_budget(step, budget)
@@ -233,7 +245,8 @@ def _analyze(
             adaptation = adaptation or Adaptation()
             predicted = analyze(target, inputs, kwargs=kwargs, device=device, trust=trust, optimizer=optimizer,
                                 autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-                                step=step_kind, model_class=model_class, lora=adaptation.lora,
+                                step=step_kind, model_class=model_class, new_tokens=generation.new_tokens if generation else None,
+                                cache=generation.cache if generation else None, lora=adaptation.lora,
                                 quantize=adaptation.quantize).summary.peak_bytes
         except MemlayoutError as exc:
             notes.append(f"no prediction to compare with: on fake tensors, {exc.one_line()}")
@@ -258,6 +271,7 @@ def _analyze(
         step=step_kind,
         cuda_capability=_cuda_capability(step),
         class_chosen_by=chosen_by,
+        generation=summarize_generation(baseline, generation) if generation is not None else None,
         roofline=roofline_text(step),
         parameters=parameter_split(step.model),
         adapted=step.adapted,
@@ -322,6 +336,7 @@ def prepare_step(
     gpu: str | None = None,
     step_kind: str = "train",
     model_class: str | None = None,
+    generation: Generation | None = None,
     adaptation: Adaptation | None = None,
 ) -> tuple[StepWorld, list[str], str | None, str, str]:
     """The model built in its tensor world, its inputs made, its optimizer's state given: ready to trace.
@@ -353,6 +368,10 @@ def prepare_step(
         step.model = built.model
         notes.extend(built.notes)
         target_text, kind, chosen_by = str(target), built.kind.kind, built.class_chosen_by
+    if generation is not None:
+        check_can_generate(step.model)
+        step.generate(generation)
+        notes.append(generation.note())
     if step.device not in ("cpu", "meta"):
         if step.mode == "real":
             with step.context():
@@ -368,7 +387,7 @@ def prepare_step(
         step.model, step.adapted = adapt_model(step.model, adaptation, world=step.mode, device=step.device,
                                                move=mover.move, context=step.step_context)
     step.model.train()
-    if step_kind == "inference":
+    if step_kind in ("inference", "generate"):
         step.model.eval()  # as serving code runs it: dropout off, norms on their running statistics
         step.inference = True
     step.initial_modules = frozenset((path, type(m).__name__) for path, m in step.model.named_modules())

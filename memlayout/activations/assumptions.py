@@ -15,5 +15,9 @@ ASSUMPTIONS = {
             "to all",
     "random": "small uniform random draws that decide the step (layer drop: torch.rand([]) < p skips a layer) come "
               "out high, so every layer runs; the range runs to every draw low (every droppable layer dropped)",
+    "token": "the token generate picks next (an argmax over logits the weights decide) is token r for sequence r, "
+             "as routing's indices are spread; which token it is changes no tensor's size",
 }
 """kind -> the assumption, as the report states it."""
+UNRANGED = frozenset({"token"})
+"""Kinds whose extremes change no size, so that no range is traced for them."""

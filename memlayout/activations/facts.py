@@ -106,6 +106,20 @@ class ModuleInfo:
 
 
 @dataclass(frozen=True)
+class GenerationTrace:
+    """What a generate step's trace adds (step/generate.py): its forwards and its key/value cache."""
+
+    forwards: tuple[tuple[int, int], ...]
+    """(first event, last event) of each forward of the model itself: the prompt's (the prefill), then one a
+    generated token but the last, whose logits choose it and need no forward after."""
+    cache_storages: tuple[int, ...]
+    """Every storage the cache held at the end of some forward (Trace.storages indexes): a dynamic cache's
+    keys and values, each step's longer than the last, or a static cache's, allocated once."""
+    final_cache: tuple[int, ...]
+    """The storages the cache held after the last forward: the key/value cache at the end."""
+
+
+@dataclass(frozen=True)
 class Trace:
     """Everything recorded about one step."""
 
@@ -134,6 +148,8 @@ class Trace:
     """(module path, what differs) for each module whose rerun in backward started from other attributes than
     any of its calls in forward did (a tensor forward left on `self`, a counter): the rerun is no replay."""
     """(op, calls) for each op whose fake kernel refused and whose real kernel stood in (see trace/fake_step.py)."""
+    generation: GenerationTrace | None = None
+    """A generate step's forwards and cache; None for other steps."""
     recompute_seconds: float = 0.0
     """The roofline time of the ops rerun during backward, on the target (0 when not priced)."""
     rng_state_bytes: int = 0

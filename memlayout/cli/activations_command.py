@@ -10,9 +10,10 @@ import typer
 
 from memlayout import _torch
 from memlayout.activations.budget import parse_budget
+from memlayout.activations.step.generate import CACHE_HELP, NEW_TOKENS_HELP, check_generation
 from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER
 from memlayout.activations.step.optimizer import HELP as OPTIMIZER_HELP
-from memlayout.activations.step.run import STEP_HELP
+from memlayout.activations.step.run import STEP_HELP, serving_ranks_refused
 from memlayout.cli.formats import (
     Command,
     OutputFormat,
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from memlayout.activations.budget import BudgetSpec
     from memlayout.activations.model.adapt import Adaptation
     from memlayout.activations.ranks.parallel import ShardingOptions
+    from memlayout.activations.step.generate import Generation
     from memlayout.load.remote_location import RemoteOptions
 
 BUDGET_UNREACHABLE = 1
@@ -96,7 +98,11 @@ def activations_command(
     optimizer: Annotated[
         str | None, typer.Option("--optimizer", help=OPTIMIZER_HELP, metavar="adamw|adam|sgd|none")
     ] = None,
-    step: Annotated[str, typer.Option("--step", help=STEP_HELP, metavar="train|inference")] = "train",
+    step: Annotated[str, typer.Option("--step", help=STEP_HELP, metavar="train|inference|generate")] = "train",
+    new_tokens: Annotated[
+        int | None, typer.Option("--new-tokens", help=NEW_TOKENS_HELP, metavar="N")
+    ] = None,
+    cache: Annotated[str | None, typer.Option("--cache", help=CACHE_HELP, metavar="dynamic|static")] = None,
     fit_axis: Annotated[
         str | None,
         typer.Option("--fit", help="Find the largest batch (batch), or the longest sequence (seq), whose peak fits "
@@ -247,6 +253,7 @@ def activations_command(
         param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp, allow_offload=allow_offload, ddp=ddp,
         bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
     )
+    generation = check_generation(step, new_tokens, cache)
     adaptation = _adaptation(lora, lora_targets, lora_dropout, dora, quantize)
     if adaptation is not None and sharding is not None:
         raise UsageError(f"{'--quantize' if quantize else '--lora'} is not traced with --world-size yet",
@@ -260,7 +267,7 @@ def activations_command(
         return _fit(target, inputs, input_specs, fit_axis, budget_spec, device=device, gpu=gpu, real=real, step=step,
                     optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
                     main_module=main_module, output_format=output_format, output=output, depth=depth,
-                    model_class=model_class, adaptation=adaptation)
+                    model_class=model_class, adaptation=adaptation, generation=generation)
     if sharding is not None:
         from memlayout.activations.ranks import analyze_ranks
 
@@ -268,8 +275,7 @@ def activations_command(
             raise UsageError("--budget with --world-size is each rank's peak, as a size",
                              "give it in bytes, e.g. --budget 78GiB")
         if step != "train":
-            raise UsageError("--step inference is not traced with --world-size yet",
-                             "predict one device's forward without --world-size")
+            raise serving_ranks_refused(step)
         if real or device == "meta":
             raise UsageError(
                 f"--world-size predicts ranks on fake tensors; {'--real' if real else '--device meta'} does not apply",
@@ -294,7 +300,7 @@ def activations_command(
             target, inputs if inputs else list(input_specs or []), budget=budget_spec, device=device,
             mode="real" if real else ("meta" if device == "meta" else "fake"), trust=trust, optimizer=optimizer,
             autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu, step=step, model_class=model_class,
-            **_adaptation_arguments(adaptation),
+            new_tokens=new_tokens, cache=cache, **_adaptation_arguments(adaptation),
         )
     except BudgetUnreachableError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
@@ -319,7 +325,7 @@ def _fit(
     device: str, gpu: str | None, real: bool, step: str, optimizer: str | None, autocast: str | None, dtype: str | None,
     sharding: "ShardingOptions | None", trust: bool, main_module: str | None, model_class: str | None,
     output_format: OutputFormat,
-    output: str | None, depth: int, adaptation: "Adaptation | None" = None,
+    output: str | None, depth: int, adaptation: "Adaptation | None" = None, generation: "Generation | None" = None,
 ) -> int:
     """`--fit`: the largest batch (or sequence) that fits, rendered as the command's other reports are."""
     from memlayout.activations.fit.size_search import fit, parse_axis
@@ -335,7 +341,8 @@ def _fit(
         report = fit(
             target, list(input_specs or []), axis=axis, seq_dim=seq_dim, budget=budget, device=device, gpu=gpu,
             step=step, optimizer=optimizer, autocast=autocast, dtype=dtype, sharding=sharding, trust=trust,
-            main_module=main_module, model_class=model_class, **_adaptation_arguments(adaptation),
+            main_module=main_module, model_class=model_class, generation=generation,
+            **_adaptation_arguments(adaptation),
         )
     except NothingFitsError as exc:
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)

@@ -288,3 +288,19 @@ def inference_peak(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mappin
         output = model(*args, **kwargs)
     del output
     return counter.peak
+
+
+def allocator_generate_peak(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                            **generate: Any) -> tuple[int, torch.Tensor]:
+    """The peak of `model.generate(*args, **kwargs, **generate)` as serving code runs it (eval mode,
+    `torch.inference_mode`), by the CPU allocator's own events as `allocator_inference_peak` takes a forward's, and
+    the ids it returned. A first generate runs unprofiled, so that one-time allocations are not taken for its own."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model.eval()
+    before = state_bytes([*model.parameters(), *model.buffers(), *args, *kwargs.values()])
+    with torch.inference_mode():
+        model.generate(*args, **kwargs, **generate)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled, torch.inference_mode():
+        ids = model.generate(*args, **kwargs, **generate)
+    return before + allocator_peak(profiled.profiler.kineto_results.events()), ids

@@ -42,6 +42,16 @@ def llama(layers: int = 2, width: int = 64, heads: int = 4, kv_heads: int = 2, v
     return LlamaForCausalLM(config).train()
 
 
+def t5(layers: int = 2, width: int = 64, heads: int = 4, vocab: int = 500) -> nn.Module:
+    """An encoder-decoder: relative attention biases, cross-attention, and a cache of two parts when it generates."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=vocab, d_model=width, d_kv=width // heads, d_ff=2 * width, num_layers=layers,
+                      num_heads=heads, decoder_start_token_id=0)
+    return T5ForConditionalGeneration(config).train()
+
+
 def flat_cnn(channels: int = 16, classes: int = 10) -> nn.Sequential:
     """One flat nn.Sequential of conv/norm/activation layers: single-layer checkpoints save nothing here."""
     torch.manual_seed(0)

@@ -148,6 +148,7 @@ def test_cli_table_says_the_step_is_forward_only() -> None:
     (["--budget", "8MiB"], "--budget plans checkpoints for backward"),
     (["--optimizer", "adamw"], "--optimizer adamw does not apply to --step inference"),
     (["--world-size", "2", "--fsdp"], "--step inference is not traced with --world-size"),
+    (["--world-size", "2", "--tp", "2"], "--step inference is not traced with --world-size yet: serving across ranks"),
     (["--step", "eval"], "unknown --step 'eval'"),
 ])
 def test_cli_refuses_what_a_forward_only_step_does_not_have(extra: list[str], message: str) -> None:

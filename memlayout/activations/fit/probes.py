@@ -19,6 +19,7 @@ from memlayout.activations.analysis import (
     target_gpu,
 )
 from memlayout.activations.budget import Budget, BudgetSpec, card_budget, resolve_budget
+from memlayout.activations.generate_summary import summarize_generation
 from memlayout.activations.model.adapt import Adaptation
 from memlayout.activations.model.adapters import parameter_split
 from memlayout.activations.model.input_specs import InputSpec, position_limit
@@ -37,6 +38,7 @@ from memlayout.errors import (
 if TYPE_CHECKING:
     from memlayout.activations.ranks.facts import RanksPlan
     from memlayout.activations.ranks.parallel import ShardingOptions
+    from memlayout.activations.step.generate import Generation
 
 KEPT_TRACES = 3
 """Traces of the plain step kept for the plan search and the report; older ones are traced again if needed."""
@@ -126,15 +128,16 @@ class DeviceProbe(Probe):
 
     def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *,
                  budget: BudgetSpec | None, device: str, optimizer: str, autocast: str | None, dtype: str | None,
-                 inference: bool, trust: bool, main_module: str | None, gpu: str | None = None,
-                 adaptation: Adaptation | None = None, model_class: str | None = None) -> None:
+                 step_kind: str, trust: bool, main_module: str | None, gpu: str | None = None,
+                 adaptation: Adaptation | None = None, generation: Generation | None = None,
+                 model_class: str | None = None) -> None:
         self.specs, self.dims = specs, dims
-        self.optimizer, self.autocast, self.dtype, self.inference = optimizer, autocast, dtype, inference
+        self.optimizer, self.autocast, self.dtype, self.step_kind = optimizer, autocast, dtype, step_kind
+        self.generation = generation
         self.step, self.notes, self.target_text, self.kind, self.class_chosen_by = prepare_step(
             target, specs, kwargs=None, device=device, mode="meta" if device == "meta" else "fake", trust=trust,
             optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-            step_kind="inference" if inference else "train", model_class=model_class,
-            adaptation=adaptation,
+            step_kind=step_kind, model_class=model_class, adaptation=adaptation, generation=generation,
         )
         self.cuda = self.step.device.startswith("cuda")
         self.budget = self._budget(budget)
@@ -225,14 +228,20 @@ class DeviceProbe(Probe):
             target=self.target_text, target_kind=self.kind, model_class=type(step.model).__name__,
             inputs=step.descriptions, device=step.device, mode=step.mode, loss=trace.loss, optimizer=self.optimizer,
             summary=summary, modules=module_facts(trace), plan=None, notes=tuple(self.notes), trace=trace,
-            autocast=self.autocast, dtype=self.dtype, step="inference" if self.inference else "train",
+            autocast=self.autocast, dtype=self.dtype, step=self.step_kind,
             class_chosen_by=self.class_chosen_by,
             roofline=roofline_text(step),
             parameters=parameter_split(step.model), adapted=step.adapted,
+            generation=summarize_generation(trace, self.generation) if self.generation is not None else None,
         )
 
     def position_limit(self) -> tuple[str, int] | None:
-        return position_limit(self.step.model)
+        limit = position_limit(self.step.model)
+        if limit is None or self.generation is None:
+            return limit
+        # The prompt and the tokens generated after it share the model's positions.
+        name, positions = limit
+        return f"{name} less --new-tokens {self.generation.new_tokens}", positions - self.generation.new_tokens
 
 
 class RanksProbe(Probe):

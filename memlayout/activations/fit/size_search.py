@@ -48,7 +48,7 @@ from memlayout.activations.model.adapters import LoraOptions
 from memlayout.activations.model.input_specs import INTEGRAL, InputSpec, parse_input_spec
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.search import PlanResult
-from memlayout.activations.step.run import resolve_step
+from memlayout.activations.step.run import resolve_step, serving_ranks_refused
 from memlayout.errors import (
     NothingFitsError,
     UsageError,
@@ -58,6 +58,7 @@ from memlayout.format_bytes import human_bytes
 if TYPE_CHECKING:
     from memlayout.activations.ranks.facts import RanksPlan
     from memlayout.activations.ranks.parallel import ShardingOptions
+    from memlayout.activations.step.generate import Generation
 
 AXES = ("batch", "seq")
 MAX_SIZE = 1 << 24
@@ -228,6 +229,7 @@ def fit(
     trust: bool = False,
     main_module: str | None = None,
     model_class: str | None = None,
+    generation: Generation | None = None,
     lora: LoraOptions | int | None = None,
     quantize: str | None = None,
 ) -> FitReport:
@@ -246,7 +248,8 @@ def fit(
         gpu: The target GPU (a key of device/gpus.py): the step is traced for it, and its memory is the
             budget when none is given.
         device: The device the step is for (cpu, cuda or meta); the step is traced on fake tensors.
-        step: train or inference (forward only; then there is no plan to search).
+        step: train, inference (forward only; then there is no plan to search) or generate (with
+            `generation`: seq is then the longest prompt, batch the most sequences, that generate fits).
         optimizer: As for `analyze`.
         autocast: As for `analyze` (not with `sharding`).
         dtype: As for `analyze` (not with `sharding`).
@@ -255,6 +258,7 @@ def fit(
         trust: Allow unpickling a module file.
         main_module: With `trust`, the module for a script's `__main__.X` classes.
         model_class: As for `analyze`.
+        generation: With step generate, its new tokens and cache (step/generate.py).
         lora: As for `analyze`: peft's LoRA adapters, only they train.
         quantize: As for `analyze`: the base quantized with bitsandbytes.
 
@@ -277,20 +281,23 @@ def fit(
     elif isinstance(budget, float):
         budget = BudgetSpec(fraction=budget)
     optimizer = resolve_step(step, optimizer, None)
-    inference = step == "inference"
+    if (step == "generate") != (generation is not None):
+        raise UsageError("--step generate and its --new-tokens go together", "e.g. --step generate --new-tokens 256")
+    inference = step != "train"
     adaptation = Adaptation(lora=LoraOptions(lora) if isinstance(lora, int) else lora, quantize=quantize)
     if sharding is not None:
         if not adaptation.empty:
             raise UsageError(f"{'--quantize' if quantize else '--lora'} is not traced with --world-size yet")
-        if inference or autocast or dtype:
-            given_flag = "--step inference" if inference else "--autocast" if autocast else "--dtype"
-            raise UsageError(f"{given_flag} is not traced with --world-size yet")
+        if inference:
+            raise serving_ranks_refused(step)
+        if autocast or dtype:
+            raise UsageError(f"{'--autocast' if autocast else '--dtype'} is not traced with --world-size yet")
         probe: Probe = RanksProbe(target, specs, dims, sharding=sharding, optimizer=optimizer, budget=budget,
                                     device=device, trust=trust, main_module=main_module, model_class=model_class)
     else:
         probe = DeviceProbe(target, specs, dims, budget=budget, device=device, optimizer=optimizer,
-                             autocast=autocast, dtype=dtype, inference=inference, trust=trust, main_module=main_module,
-                             gpu=gpu, adaptation=adaptation, model_class=model_class)
+                             autocast=autocast, dtype=dtype, step_kind=step, trust=trust, main_module=main_module,
+                             gpu=gpu, adaptation=adaptation, generation=generation, model_class=model_class)
     limit_bytes = probe.budget.bytes
     cap, limit = MAX_SIZE, None
     if axis == "seq":

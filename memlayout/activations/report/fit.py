@@ -100,12 +100,17 @@ def render_fit_table(report: FitReport, *, width: int = 120) -> str:
         return (f"; at {axis} {a.size + 1} the budget search finds no plan ({a.next_checks} plans traced{tried}; "
                 f"the lowest: {figures})")
 
+    generation = getattr(report.report, "generation", None)
+    if generation is not None:
+        scaled = "the prompt's length, before the new tokens" if axis == "seq" else "the number of sequences"
+        field("step", f"generate, {generation.new_tokens} new tokens, {generation.cache} cache: {axis} is {scaled}")
     w = report.without_plan
     figures = shown(w.peak_bytes, w.compared_bytes)
     field("no plan", f"{axis} {w.size}{', ' + figures if figures else ''}{after(w, False)}")
     p = report.with_plan
     if p is None:
-        field("with plan", "none: a forward-only step has no backward to checkpoint")
+        field("with plan", "none: a forward-only step has no backward to checkpoint" if getattr(report.report, "step", "train") != "generate"
+              else "none: generate has no backward to checkpoint")
     else:
         figures = shown(p.peak_bytes, p.compared_bytes)
         field("with plan", f"{axis} {p.size}{', ' + figures if figures else ''}{after(p, True)}")

@@ -14,6 +14,7 @@ from memlayout.activations.assumptions import ASSUMPTIONS
 from memlayout.activations.fit.size_search import FitReport
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.report.fit import fit_dict
+from memlayout.activations.report.generate import generate_dict
 from memlayout.activations.report.json_parts import (
     adaptation_dict,
     cuda_runtime_dict,
@@ -67,6 +68,7 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
         "predicted_peak_bytes": report.predicted_peak_bytes,
         **({"cuda_runtime": cuda_runtime_dict(report.cuda_capability)} if report.device.startswith("cuda") else {}),
         "step": report.step,
+        **({"generate": generate_dict(report.generation)} if report.generation is not None else {}),
         **adaptation_dict(report),
     }
 

@@ -12,6 +12,7 @@ from memlayout.activations.device.cuda_runtime import cuda_runtime
 from memlayout.activations.fit.size_search import FitReport
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.report.fit import render_fit_table, seconds_text
+from memlayout.activations.report.generate import STEP_TEXT, add_generate_rows
 from memlayout.activations.report.json_parts import model_text
 from memlayout.activations.report.ranks import render_ranks_table
 from memlayout.activations.report.weights import render_weights_table
@@ -69,6 +70,8 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
         grid.add_row("predicted", human_bytes(report.predicted_peak_bytes), "measured",
                      f"{human_bytes(s.peak_bytes)} (the peak, in the real step): "
                      f"{_difference(report.predicted_peak_bytes, s.peak_bytes)}")
+    if report.generation is not None:
+        add_generate_rows(grid, report.generation)
     grid.add_row("activations", human_bytes(s.activation_bytes), "saved for backward", "each storage once, model state excluded")
     grid.add_row("parameters", human_bytes(s.parameter_bytes), "gradients", human_bytes(s.gradient_bytes))
     _adapter_rows(grid, report)
@@ -76,6 +79,8 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     optimizer = "none (forward and backward only)" if report.optimizer == "none" else report.optimizer
     if report.step == "inference":
         optimizer = "none (forward only, under torch.inference_mode, the model in eval mode: no gradients)"
+    elif report.step == "generate":
+        optimizer = STEP_TEXT
     # Its dtype is said where precision was asked for: torch keeps the state in the parameters' dtype.
     precise = report.optimizer_state_dtype and (report.autocast or report.dtype)
     state = human_bytes(s.optimizer_bytes) + (f" in {report.optimizer_state_dtype}" if precise else "")
@@ -86,7 +91,7 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
         f" | autocast {report.autocast}" if report.autocast else "",
         f" | parameters {report.dtype}" if report.dtype else "",
     ))
-    step = " | step: inference" if report.step == "inference" else ""
+    step = f" | step: {report.step}" if report.step != "train" else ""
     subtitle = (f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss} | "
                 f"optimizer: {report.optimizer}{precision}{step}")
     parts_out: list[Any] = [

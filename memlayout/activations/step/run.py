@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from memlayout import _torch
 from memlayout.activations.step import gpu_free_backward
+from memlayout.activations.step.generate import Generation, run_generate
 from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER
 from memlayout.core.object_tree import tree_leaves
 from memlayout.errors import UsageError
@@ -24,14 +25,20 @@ LOSS_FROM_SUM = "sum of floating outputs"
 LOSS_NONE = "none: forward only"
 """How an inference step's "loss" reads: it has none, and no backward."""
 
-STEPS = ("train", "inference")
+STEPS = ("train", "inference", "generate")
 """train: forward, loss, backward and the optimizer's step. inference: forward only, under
-`torch.inference_mode`, with the model in eval mode, as serving code runs it."""
+`torch.inference_mode`, with the model in eval mode, as serving code runs it. generate:
+`model.generate` in the same mode, greedy, for --new-tokens tokens (step/generate.py)."""
 STEP_HELP = (
     "train (the default): forward, loss, backward and --optimizer's step. inference: forward only, under "
     "torch.inference_mode with the model in eval mode: weights plus the activation peak, no gradients, no "
-    "optimizer, no checkpoint plan."
+    "optimizer, no checkpoint plan. generate: model.generate(prompt, max_new_tokens=--new-tokens, "
+    "do_sample=False) in the same mode, the prompt from --input: weights, the key/value cache and the peak's "
+    "temporaries."
 )
+
+
+_FORWARDS = {"inference": "forward", "generate": "generate"}
 
 
 def output_tensors(output: Any) -> Iterator[Any]:
@@ -74,16 +81,23 @@ def resolve_step(step: str, optimizer: str | None, budget: object) -> str:
         UsageError: an unknown step, or an optimizer or a checkpoint budget with an inference step.
     """
     if step not in STEPS:
-        raise UsageError(f"unknown --step {step!r}", "use train or inference")
+        raise UsageError(f"unknown --step {step!r}", "use train, inference or generate")
     if step == "train":
         return DEFAULT_OPTIMIZER if optimizer is None else optimizer
     if optimizer not in (None, "none"):
-        raise UsageError(f"--optimizer {optimizer} does not apply to --step inference: it has no backward and no "
+        raise UsageError(f"--optimizer {optimizer} does not apply to --step {step}: it has no backward and no "
                          "optimizer step", "leave --optimizer out")
     if budget is not None:
-        raise UsageError("--budget plans checkpoints for backward, and --step inference has none",
-                         "give --fit with --budget for the largest batch whose forward fits")
+        raise UsageError(f"--budget plans checkpoints for backward, and --step {step} has none",
+                         f"give --fit with --budget for the largest batch whose {_FORWARDS[step]} fits")
     return "none"
+
+
+def serving_ranks_refused(step: str) -> UsageError:
+    """Why a forward-only step is refused with `--world-size`: serving's ranks (`--tp`) are not predicted yet, and a
+    prediction no real rank has checked is not given."""
+    return UsageError(f"--step {step} is not traced with --world-size yet: serving across ranks (--tp, --fsdp) is "
+                      "not predicted", f"predict one device's {_FORWARDS[step]} without --world-size")
 
 
 class Autocast(NamedTuple):
@@ -149,6 +163,7 @@ def run_step(
     optimizer: Any = None,
     autocast: Autocast | None = None,
     inference: bool = False,
+    generation: Generation | None = None,
 ) -> tuple[Any, str]:
     """Forward, loss, backward, and the optimizer's step. Returns the detached loss and how it was picked.
 
@@ -164,9 +179,14 @@ def run_step(
         autocast: Mixed precision for forward and loss; backward runs outside it, as
             torch's autocast recipe has it (its ops run in the dtypes forward chose).
         inference: Forward only, under `torch.inference_mode`; no loss, backward or optimizer.
+        generation: `model.generate` instead of one forward, under `torch.inference_mode` too
+            (step/generate.py); returns the generated ids and LOSS_NONE.
     """
     notify = on_phase or (lambda _phase: None)
     notify("forward")
+    if generation is not None:
+        with autocast.context() if autocast is not None else nullcontext():
+            return run_generate(model, args, kwargs, generation), LOSS_NONE
     if inference:
         import torch
 

@@ -312,8 +312,12 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
                     rows *= d
                 chosen = self._spread((rows, moved[-1]), int(source.shape[dim])).reshape(moved)
                 chosen = chosen.movedim(-1, dim).contiguous()
-        self.assumed[(str(func), "routing")] += 1
+        self.assumed[(str(func), self.routing_kind())] += 1
         return (out[0], chosen) if isinstance(out, (tuple, list)) else chosen
+
+    def routing_kind(self) -> str:
+        """The assumption an index picked from values the weights decide follows (assumptions.py)."""
+        return "routing"
 
     def _spread(self, rows_by_k: tuple[int, int], size: int) -> torch.Tensor:
         rows, k = rows_by_k

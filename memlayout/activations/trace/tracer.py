@@ -36,6 +36,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from memlayout import _torch
 from memlayout.activations.device.roofline import Roofline
 from memlayout.activations.facts import (
+    GenerationTrace,
     ModuleCall,
     ModuleInfo,
     Phase,
@@ -45,6 +46,7 @@ from memlayout.activations.facts import (
 )
 from memlayout.activations.model.parameter_class import attribute_tensors
 from memlayout.activations.plans import rerun
+from memlayout.activations.step.generate import Generation, cache_of, cache_tensors
 from memlayout.activations.step.grad_accumulation import Accumulations
 from memlayout.activations.step.optimizer import state_tensors
 from memlayout.activations.step.run import Autocast, output_tensors, run_step
@@ -102,6 +104,11 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         """The engine's gradient sums, summed in place where the user's step would (step/grad_accumulation.py)."""
         self.rng_state_bytes = 0
         """The bytes of one `torch.get_rng_state()` when the step holds them (`recording_rng_states`); else 0."""
+        self.generating = False
+        """A generate step: each forward of the model itself and its cache are recorded (`_forward_done`)."""
+        self.forwards: list[tuple[int, int]] = []
+        self.cache_storages: dict[int, None] = {}
+        self.final_cache: tuple[int, ...] = ()
 
     # storages -------------------------------------------------------------
     def storage_of(self, tensor: torch.Tensor, kind: StorageKind, nbytes: int | None = None) -> int | None:
@@ -330,6 +337,17 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         if not call.recompute:
             call.outputs = self._storages_of(output)
             self._tag_pending_nodes()
+        if self.generating and call.path == "" and call.parent is None:
+            self._forward_done(call, output)
+
+    def _forward_done(self, call: CallRecord, output: Any) -> None:
+        """A forward of the model itself ended in a generate step: its span, and the storages its cache holds
+        now (an encoder that generate runs on its own is not one: its call's path is not the model's)."""
+        self.forwards.append((call.start, call.end))
+        cache = cache_of(output)
+        held = self._storages_of(list(cache_tensors(cache))) if cache is not None else ()
+        self.cache_storages.update(dict.fromkeys(held))
+        self.final_cache = held
 
     def _storages_of(self, values: Any) -> tuple[int, ...]:
         found: dict[int, None] = {}
@@ -466,6 +484,8 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             loss=loss, recompute_flops=self.recompute_flops, recompute_seconds=self.recompute_seconds, device=device, mode=mode, notes=notes,
             state_changes=tuple(self.state_changes.items()),
             rerun_state_differs=tuple(self.rerun_state_differs.items()), rng_state_bytes=self.rng_state_bytes,
+            generation=GenerationTrace(tuple(self.forwards), tuple(self.cache_storages), self.final_cache)
+            if self.generating else None,
         )
 
     def _propagate_backward_starts(self) -> None:
@@ -498,6 +518,7 @@ def trace_step(
     autocast: Autocast | None = None,
     inference: bool = False,
     kept: Sequence[Any] = (),
+    generation: Generation | None = None,
     roofline: Roofline | None = None,
 ) -> Trace:
     """Run one step of `model` on the inputs under the tracer and return its facts.
@@ -516,9 +537,11 @@ def trace_step(
             output stays alive to the end, as the caller's would.
         kept: Communication buffers kept outside the model from one step to the next (DDP's
             gradient buckets): counted from the start, as the parameters are.
+        generation: `model.generate` instead (step/generate.py); each forward and the cache are recorded.
         roofline: The target's peak rates, to price each forward op's time (device/roofline.py).
     """
     tracer = StepTracer(model, correct_kernels=mode != "real", optimizer=optimizer, roofline=roofline)
+    tracer.generating = generation is not None
     with ExitStack() as stack:
         for module in model.modules():
             if id(module) in tracer.paths:
@@ -533,8 +556,8 @@ def trace_step(
         stack.enter_context(tracer)
         stack.enter_context(torch.autograd.graph.saved_tensors_hooks(tracer._pack, lambda tensor: tensor))
         loss, how = run_step(model, args, kwargs, on_phase=tracer.set_phase, optimizer=optimizer, autocast=autocast,
-                             inference=inference)
-        if inference:
+                             inference=inference, generation=generation)
+        if inference or generation is not None:
             tracer.forward_end = tracer.seq
     if on_loss is not None:
         on_loss(loss)

@@ -21,6 +21,7 @@ from memlayout.activations.facts import Trace
 from memlayout.activations.model.input_specs import InputSpec, parse_input_spec
 from memlayout.activations.plans.apply import apply_plan
 from memlayout.activations.plans.plan import Plan
+from memlayout.activations.step.generate import Generation
 from memlayout.activations.step.optimizer import build_optimizer
 from memlayout.activations.step.run import Autocast, give_first_gradients, run_step
 from memlayout.activations.trace.fake_cuda import fake_cuda_for
@@ -92,12 +93,22 @@ class StepWorld:
         """Mixed precision around forward and loss (`--autocast`)."""
         self.inference = False
         """Forward only, under `torch.inference_mode` (`--step inference`)."""
+        self.generation: Generation | None = None
+        """`model.generate` instead of one forward (`--step generate`; set by `generate`)."""
         self.adapted: Any = None
         """What `--quantize` and `--lora` did to the model (model/adapt.py's Adapted), or None."""
         self.args: tuple[Any, ...] = ()
         self.kwargs: dict[str, Any] = {}
         self.descriptions: tuple[str, ...] = ()
 
+    def generate(self, generation: Generation) -> None:
+        """Make the step `model.generate`, in eval mode, with a fake step's rules for it (trace/generate_mode.py)."""
+        self.generation = generation
+        self.inference = True
+        if self.step_mode is not None:
+            from memlayout.activations.trace.generate_mode import GenerateStepMode
+
+            self.step_mode = GenerateStepMode(self.fake_mode, keep_values=self.keeps_values)
     @functools.cached_property
     def roofline(self) -> Roofline:
         """The target's peak rates, to price a checkpointed module's rerun (device/roofline.py): the target GPU's
@@ -300,10 +311,12 @@ class StepWorld:
                 self.step_mode.fallbacks.clear()
                 self.step_mode.assumed.clear()
                 self.step_mode.policy = policy
+                if self.generation is not None:
+                    stack.enter_context(self.step_mode.watching(self.model))
             trace = trace_step(
                 self.model, self.args, self.kwargs, device=self.device, mode=self.mode, notes=notes,
                 optimizer=self.optimizer, autocast=self.autocast, inference=self.inference, kept=kept,
-                roofline=self.roofline,
+                roofline=self.roofline, generation=self.generation,
             )
         for parameter in self.model.parameters():
             parameter.grad = None
