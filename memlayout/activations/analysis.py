@@ -245,8 +245,9 @@ def _analyze(
             adaptation = adaptation or Adaptation()
             predicted = analyze(target, inputs, kwargs=kwargs, device=device, trust=trust, optimizer=optimizer,
                                 autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-                                step=step_kind, model_class=model_class, new_tokens=generation.new_tokens if generation else None,
-                                cache=generation.cache if generation else None, lora=adaptation.lora,
+                                step=step_kind, model_class=model_class, lora=adaptation.lora,
+                                new_tokens=generation.new_tokens if generation else None,
+                                cache=generation.cache if generation else None,
                                 quantize=adaptation.quantize).summary.peak_bytes
         except MemlayoutError as exc:
             notes.append(f"no prediction to compare with: on fake tensors, {exc.one_line()}")
@@ -280,8 +281,7 @@ def _analyze(
 
 def roofline_text(step: StepWorld) -> str:
     """The roofline that priced the step's ops, in words: "NVIDIA H100 80GB HBM3 (NVIDIA's datasheet, dense)"."""
-    roofline = step.roofline
-    return f"{roofline.device} ({roofline.source})"
+    return f"{step.roofline.device} ({step.roofline.source})"
 
 
 def step_budget(step: StepWorld, budget: int | float | BudgetSpec | None) -> Budget | None:
@@ -308,15 +308,13 @@ def target_gpu(step: StepWorld) -> GpuSpec | None:
 
 def _cuda_capability(step: StepWorld) -> tuple[int, int] | None:
     """The target GPU's compute capability: the one traced for where none is present, else the present one's."""
-    if not step.device.startswith("cuda"):
+    import torch
+
+    if not step.device.startswith("cuda") or (step.fake_cuda is None and not torch.cuda.is_available()):
         return None
     if step.fake_cuda is not None:
         capability: tuple[int, int] = step.fake_cuda.gpu.capability
         return capability
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
     major, minor = torch.cuda.get_device_capability(torch.device(step.device))
     return (major, minor)
 
@@ -419,9 +417,8 @@ def _inputs_hint(model: Any) -> str:
 def _with_range(step: StepWorld, summary: Summary) -> Summary:
     """The summary with the peak's range over the assumptions' extremes (fake_step.ASSUMPTIONS)."""
     cuda = step.device.startswith("cuda")
-    peaks = [summary.peak_bytes] + [
-        summarize(step.trace(policy=policy), cuda=cuda).peak_bytes for policy in POLICIES if policy != "typical"
-    ]
+    peaks = [summary.peak_bytes, *(summarize(step.trace(policy=p), cuda=cuda).peak_bytes for p in POLICIES
+                                   if p != "typical")]
     return dataclasses.replace(summary, peak_bytes_min=min(peaks), peak_bytes_max=max(peaks))
 
 
@@ -431,10 +428,8 @@ def _step_failed(exc: Exception, step: StepWorld) -> UsageError:
         return UsageError(f"the step reads a value that {step.mode} tensors do not have: {read.describe()}; "
                           f"{_why_no_value(exc, step)}", "pass --real to run the step for real (it takes the memory)")
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return UsageError(
-        f"the step failed on {type(step.model).__name__}: {type(exc).__name__}: {text} (at {where(exc)})",
-        "check the inputs' shapes and dtypes against the model's forward (--debug shows the traceback)",
-    )
+    return UsageError(f"the step failed on {type(step.model).__name__}: {type(exc).__name__}: {text} (at {where(exc)})",
+                      "check the inputs' shapes and dtypes against the model's forward (--debug shows the traceback)")
 
 
 def _why_no_value(exc: BaseException, step: StepWorld) -> str:
