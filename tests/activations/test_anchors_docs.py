@@ -74,12 +74,19 @@ def test_deepspeed_counted_the_parameters_memlayout_counts() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(RAW["generation"]))
-def test_the_formulas_figures_are_what_they_give_today(name: str) -> None:
-    from benchmarks.bench_anchors import hf_mem_cache, textbook_cache
+def test_the_textbook_figures_are_what_it_gives_today(name: str) -> None:
+    from benchmarks.bench_anchors import textbook_cache
 
-    figures = RAW["generation"][name]
-    assert textbook_cache(_config(name)) == figures["textbook"]
-    assert hf_mem_cache(_config(name)) == figures["hf_mem"]
+    assert textbook_cache(_config(name)) == RAW["generation"][name]["textbook"]
+
+
+@pytest.mark.parametrize("name", sorted(RAW["generation"]))
+def test_hf_mems_figures_are_what_it_gives_today(name: str) -> None:
+    # hf-mem is in the bench extra, which `make venv` installs and the torch matrix's venvs do not.
+    pytest.importorskip("hf_mem", reason="hf-mem is in memlayout's bench extra (make venv installs it)")
+    from benchmarks.bench_anchors import hf_mem_cache
+
+    assert hf_mem_cache(_config(name)) == RAW["generation"][name]["hf_mem"]
 
 
 def test_the_real_cache_holds_one_position_fewer_than_the_formula_counts() -> None:
