@@ -130,7 +130,7 @@ def analyze_ranks(
                             allow_offload=allow_offload, device=device, trust=trust, main_module=main_module,
                             autocast=autocast, dtype=dtype, model_class=model_class)
     layouts = rank_layouts(model, resolved)
-    model_class = type(model).__name__
+    built_class = type(model).__name__
     del model
     step_inputs = StepInputs(inputs, kwargs)
     traced = traced_layouts(layouts)
@@ -158,7 +158,7 @@ def analyze_ranks(
             "(rank 0) among them"
         )
     report = RanksReport(
-        target=target_text, target_kind=kind, model_class=model_class, inputs=described["inputs"], device=device,
+        target=target_text, target_kind=kind, model_class=built_class, inputs=described["inputs"], device=device,
         loss=described["loss"], optimizer=optimizer, sharding=resolved, ranks=peaks, layouts=len(layouts),
         notes=tuple(notes), autocast=autocast, dtype=dtype, optimizer_state_dtype=described["state_dtype"],
         class_chosen_by=chosen_by["class"],
