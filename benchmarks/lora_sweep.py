@@ -30,7 +30,6 @@ import argparse
 import json
 import random
 import shlex
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -139,20 +138,10 @@ def check_qlora() -> dict[str, Any]:
 
 
 def run_child(name: str, timeout: float) -> dict[str, Any]:
-    """`check_one` in a fresh process: one architecture's crash or hang ends its record only."""
-    started = time.perf_counter()
-    try:
-        done = subprocess.run([sys.executable, "-m", "benchmarks.lora_sweep", "--one", name], cwd=ROOT,
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        record = {"architecture": name, "status": "failed", "reason": f"stopped at the {timeout:g} s timeout"}
-    else:
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-        record = json.loads(lines[-1]) if done.returncode == 0 and lines else {
-            "architecture": name, "status": "failed",
-            "reason": f"the check exited {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1]}"[:300]}
-    record["seconds"] = round(time.perf_counter() - started, 1)
-    return record
+    """`check_one` in a fresh process (benchmarks/zoo/check.py's `run_check_in_child`)."""
+    from benchmarks.zoo.check import run_check_in_child
+
+    return run_check_in_child("benchmarks.lora_sweep", name, timeout)
 
 
 def tally(records: list[dict[str, Any]], kind: str) -> tuple[int, int]:

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from benchmarks.zoo.catalog import Architecture, Built, NoInputs, by_name
@@ -455,3 +457,21 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def run_check_in_child(module: str, name: str, timeout: float) -> dict[str, Any]:
+    """`python -m MODULE --one NAME` (a sweep's `check_one`) in a fresh process: one architecture's crash or hang
+    ends its record only. The record is the child's last JSON line, or a failed record saying why."""
+    started = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", module, "--one", name], cwd=Path(__file__).resolve().parents[2],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        record = {"architecture": name, "status": "failed", "reason": f"stopped at the {timeout:g} s timeout"}
+    else:
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        record = json.loads(lines[-1]) if done.returncode == 0 and lines else {
+            "architecture": name, "status": "failed",
+            "reason": f"the check exited {done.returncode}: {(done.stderr.strip().splitlines() or [''])[-1]}"[:300]}
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    return record
