@@ -4,6 +4,8 @@ price counts the bytes it moves."""
 
 from __future__ import annotations
 
+import math
+
 import re
 import subprocess
 import sys
@@ -171,6 +173,16 @@ def test_a_norm_layers_rerun_costs_time_though_it_counts_no_flops() -> None:
 
 
 def baseline_bandwidth() -> float:
+    from memlayout.activations.trace import world
+
+    return world.cpu_roofline().memory_bandwidth  # the rates the planner prices with (tests pin them)
+
+
+def test_the_cpu_rates_are_measured_here_and_rounded_down_to_powers_of_two() -> None:
     from memlayout.activations.device.roofline import cpu_roofline
 
-    return cpu_roofline().memory_bandwidth
+    rates = cpu_roofline()
+    for rate in (rates.float32_flops, rates.half_flops, rates.memory_bandwidth):
+        assert rate >= 1 and math.log2(rate).is_integer()
+    # The 512x512 float32 matmul takes about 0.27 GFLOP: a rate above 1e13 would be a mistimed run
+    assert 1e8 < rates.float32_flops < 1e13
