@@ -5,7 +5,6 @@ price counts the bytes it moves."""
 from __future__ import annotations
 
 import math
-
 import re
 import subprocess
 import sys
