@@ -9,6 +9,7 @@ is a line of its own (its error) and one line on stderr; the others go on.
 
 from __future__ import annotations
 
+from contextlib import closing
 from typing import TYPE_CHECKING
 
 from memlayout.cli.progress import paths_progress
@@ -32,11 +33,15 @@ def stream_json_lines(
     from memlayout.report.json_lines import path_line  # orjson
 
     inspected = failed = failing = 0
-    with LineWriter(output) as writer, paths_progress(len(targets)) as bar:
-        for _, reports in iter_path_reports(
-            targets, config=settings.rule_config(deep), select=settings.select, ignore=settings.ignore,
-            per_tensor_ignores=settings.per_tensor_ignores, debug=debug, remote=remote, jobs=jobs,
-        ):
+    finished = iter_path_reports(
+        targets, config=settings.rule_config(deep), select=settings.select, ignore=settings.ignore,
+        per_tensor_ignores=settings.per_tensor_ignores, debug=debug, remote=remote, jobs=jobs,
+    )
+    # closing: an interrupt raised while a line is written leaves the generator suspended, and
+    # its run's HTTP session would be closed only when the interpreter collects it at exit, after
+    # aiohttp has printed "Unclosed connector" below our one line.
+    with LineWriter(output) as writer, paths_progress(len(targets)) as bar, closing(finished):
+        for _, reports in finished:
             for path in reports:
                 inspected += 1
                 if path.report is None:

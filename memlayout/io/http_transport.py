@@ -39,7 +39,7 @@ from multidict import CIMultiDictProxy
 from yarl import URL
 
 from memlayout.errors import RangeNotSupportedError, RemoteReadError
-from memlayout.io.remote_watch import AUTH_HINT, Watch
+from memlayout.io.remote_watch import AUTH_HINT, RUN_ENDED, Watch
 
 MAX_REDIRECTS = 10
 MAX_ATTEMPTS = 3
@@ -140,7 +140,7 @@ class HttpTransport:
         with self._closing:
             if self._closed:
                 coroutine.close()
-                raise RemoteReadError("the run ended before this read (memlayout was interrupted)")
+                raise RemoteReadError(RUN_ENDED)
             future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         return future.result()
 

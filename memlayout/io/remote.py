@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from memlayout.errors import RangeNotSupportedError, RemoteReadError
-from memlayout.io.remote_watch import AUTH_HINT, Tally, Watch
+from memlayout.io.remote_watch import AUTH_HINT, RUN_ENDED, Tally, Watch
 
 if TYPE_CHECKING:
     from memlayout.io.http_transport import HttpTransport, Reply
@@ -109,10 +109,15 @@ class RemoteTransport:
         self._lock = threading.Lock()
         self._http: HttpTransport | None = None
         self._filesystems: dict[str, Any] = {}
+        self._closed = False
 
     def http(self) -> HttpTransport:
-        """The run's HTTP session, started on first use."""
+        """The run's HTTP session, started on first use; none once the run has closed it."""
         with self._lock:
+            if self._closed:
+                # A path's thread still at work when the run is interrupted opens no new session:
+                # nothing would close it, and aiohttp would report it unclosed at exit.
+                raise RemoteReadError(RUN_ENDED)
             if self._http is None:
                 try:
                     from memlayout.io.http_transport import HttpTransport
@@ -122,8 +127,10 @@ class RemoteTransport:
             return self._http
 
     def filesystem(self, protocol: str) -> Any:
-        """The run's fsspec filesystem for `protocol` (s3, gs, ...), made on first use."""
+        """The run's fsspec filesystem for `protocol` (s3, gs, ...), made on first use; none once the run closed."""
         with self._lock:
+            if self._closed:
+                raise RemoteReadError(RUN_ENDED)
             if protocol not in self._filesystems:
                 try:
                     import fsspec
@@ -144,6 +151,7 @@ class RemoteTransport:
         with self._lock:
             http, self._http = self._http, None
             self._filesystems.clear()
+            self._closed = True
         if http is not None:
             http.close()
 

@@ -16,6 +16,8 @@ AUTH_HINT = (
     "a private or gated Hugging Face repository needs a token: set the HF_TOKEN environment variable "
     "(memlayout sends it only to the Hub's endpoint)"
 )
+RUN_ENDED = "the run ended before this read (memlayout was interrupted)"
+"""A read asked for after the run closed its transport: a path's thread still at work when it was interrupted."""
 
 
 @dataclass

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -321,12 +322,14 @@ def inspect_paths(
     select, ignore = tuple(select), tuple(ignore)
     given = tuple(paths)
     by_path: dict[int, list[PathReport]] = {}
-    for index, reports in iter_path_reports(
+    finished = iter_path_reports(
         given, config, select, ignore, per_tensor_ignores, progress, debug, exchange, remote, jobs
-    ):
-        by_path[index] = reports
-        if done is not None:
-            done(reports)
+    )
+    with closing(finished):  # an exception in `done` closes the run's transport now, not at exit
+        for index, reports in finished:
+            by_path[index] = reports
+            if done is not None:
+                done(reports)
     reports = [report for index in range(len(given)) for report in by_path[index]]
     return BatchReport(
         tuple(reports), fail_on=FailOn(fail_on), rules=selected_rules(select, ignore), deep=config.deep, given=given
@@ -344,7 +347,7 @@ def iter_path_reports(
     exchange: RankExchange | None = None,
     remote: RemoteOptions | None = None,
     jobs: int = 1,
-) -> Iterator[tuple[int, list[PathReport]]]:
+) -> Generator[tuple[int, list[PathReport]], None, None]:
     """Each given path's reports (one, or a folder's several) as soon as it is done, with its index among `paths`.
 
     With `jobs` above 1 that many paths are inspected at once, in threads, and
