@@ -55,7 +55,7 @@ nginx:
 test: $(STAMP) browser nginx
 	$(PY) -m pytest -q -n 2
 
-# The torch matrix: the whole suite again on the newest torch a user gets from
+# The torch matrix: the suite's torch-dependent tests again on the newest torch a user gets from
 # `pip install 'memlayout[torch]'` on Linux, a CUDA build (run here without a GPU,
 # as on CI and most laptops), and on the oldest torch pyproject's range claims.
 # Each torch has its own venv, .venv-torch-<version>, with the same extras as
@@ -78,8 +78,17 @@ TORCH_MATRIX := $(TORCH_NEWEST) $(filter-out $(TORCH_VERSION),$(TORCH_OLDEST))
 	.venv-torch-$*/bin/python -m pip install -q -c .venv-torch-$*/constraints.txt -e ".[torch,dev,zoo,remote,lora]"
 	touch $@
 
+# What the matrix runs again: the tests of what torch's version changes (the predictions,
+# the formats as torch writes and loads them, flatten's round trips, the rules' torch facts,
+# the private APIs). The rest (the commands end to end, HTTP reading, report rendering, diff,
+# packaging, the docs site, fuzzing) is memlayout's own code over those, and runs once, in
+# make test: the whole suite twice took CI's 2-core machine 68 min, past its hour.
+MATRIX_TESTS := tests/activations tests/load tests/flatten tests/rules tests/corpus tests/realworld \
+	tests/test_private_torch_apis.py tests/test_real_models.py tests/test_cyclic_gc.py tests/test_threads.py \
+	tests/test_nothing_at_import.py tests/cli/test_gpu_needs_the_cuda_build.py
+
 test-torch-%: .venv-torch-%/.installed browser nginx
-	.venv-torch-$*/bin/python -m pytest -q -n 2
+	.venv-torch-$*/bin/python -m pytest -q -n 2 $(MATRIX_TESTS)
 
 test-torch-matrix: $(addprefix test-torch-,$(TORCH_MATRIX))
 
