@@ -153,17 +153,32 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for one architecture")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="run again the architectures the results file records as failed (a timeout on a busy "
+                             "machine), with this run's --timeout and --jobs, and keep the others' records")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.one:
         print(json.dumps(check_one(options.one)))
         return 0
+    previous = json.loads(RESULTS.read_text()) if options.retry_failed else None
     names = options.arch or candidates()
-    if options.sample is not None and not options.arch:
+    if previous is not None:
+        names = [r["architecture"] for r in previous["records"] if r["status"] == "failed"]
+    elif options.sample is not None and not options.arch:
         names = sorted(random.Random(options.seed).sample(names, min(options.sample, len(names))))
     started = time.perf_counter()
     with ThreadPoolExecutor(options.jobs) as pool:
         records = list(pool.map(lambda name: run_child(name, options.timeout), names))
+    wall_seconds = round(time.perf_counter() - started, 1)
+    command = shlex.join(["python", "-m", "benchmarks.generate_sweep", *argv])
+    retried = None
+    if previous is not None:
+        # The draw stays the first run's; the retry's own command and time are recorded beside it.
+        again = {r["architecture"]: r for r in records}
+        records = [again.get(r["architecture"], r) for r in previous["records"]]
+        retried = {"command": command, "architectures": sorted(again), "wall_seconds": wall_seconds}
+        command, wall_seconds = previous["command"], previous["wall_seconds"]
     from benchmarks.zoo.run import versions
 
     runnable = [r for r in records if r["status"] != "unsupported"]
@@ -174,10 +189,9 @@ def main(argv: list[str]) -> int:
         print(f"{record['architecture']}: {record['status']}, predicted/measured {ratios} {record.get('reason', '')}")
     print(f"within 2% of the allocator's peak, both caches: {len(within)} of {len(runnable)} runnable "
           f"({len(records)} drawn)")
-    result = {"command": shlex.join(["python", "-m", "benchmarks.generate_sweep", *argv]), "versions": versions(),
-              "new_tokens": NEW_TOKENS, "prompt": PROMPT, "wall_seconds": round(time.perf_counter() - started, 1),
-              "architectures": len(records), "runnable": len(runnable), "within_2pct": len(within),
-              "records": records}
+    result = {"command": command, "versions": versions(), "new_tokens": NEW_TOKENS, "prompt": PROMPT,
+              "wall_seconds": wall_seconds, "architectures": len(records), "runnable": len(runnable),
+              "within_2pct": len(within), "records": records, **({"retried": retried} if retried else {})}
     from memlayout.io.atomic_write import write_text
 
     write_text(str(RESULTS), json.dumps(result, indent=1) + "\n")
