@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from memlayout.activations.budget import Budget
 from memlayout.activations.facts import Trace
@@ -62,12 +62,20 @@ class PlanResult:
         return self.peak_bytes if self.compared_bytes is None else self.compared_bytes
 
 
+class TraceFailure(NamedTuple):
+    """A plan whose traced step failed (`error`) or whose rerun was no replay (`differs`), kept to replay."""
+
+    error: Exception | None
+    differs: tuple[tuple[str, str], ...]
+
+
 class _Excluded(Exception):
     """A traced plan failed; the modules to blame are now in the exclusions, and the search starts again."""
 
 
 def plan_for_budget(
-    step: StepWorld, baseline: Trace, summary: Summary, modules: tuple[ModuleFacts, ...], budget: Budget | int
+    step: StepWorld, baseline: Trace, summary: Summary, modules: tuple[ModuleFacts, ...], budget: Budget | int, *,
+    prune: bool = True, traced: dict[Plan, Summary | TraceFailure] | None = None,
 ) -> PlanResult:
     """The cheapest plan whose traced step fits `budget`; BudgetUnreachableError names the lowest figure if none does.
 
@@ -75,6 +83,14 @@ def plan_for_budget(
     (budget.py): on CUDA the reserved peak plus the CUDA runtime. The planner estimates live peaks, so
     it aims below the budget by what the baseline's figure adds to its live peak, and lower again by
     what each traced plan missed by.
+
+    `prune` False skips the last stage, which drops the modules a plan found by tracing does not need:
+    whether a plan fits is decided before it, so `--fit`'s probes, which ask only that, skip it, and the
+    search at the answer runs it. `traced` keeps the plans traced at this size from one search to the
+    next (the caller's, for the same step and inputs), so that search traces only what is new.
+    A failed trace is kept there too, and replayed, so the search takes the same path as the first.
+    Nothing learned at one size is carried to another: the search's path depends on the order in which
+    it learns what fails, and `--fit`'s search at a size must be the one `--budget` runs there.
     """
     if isinstance(budget, int):
         budget = Budget(budget, f"{budget} bytes")
@@ -85,7 +101,9 @@ def plan_for_budget(
     if budget.fits(summary):
         return PlanResult(budget.bytes, Plan(), summary.peak_bytes, summary.allocator_peak_bytes, summary.peak_bytes,
                           0, 0, (), tuple(excluded.items()), _compared(budget, summary), budget.figure)
-    checked: dict[Plan, Summary] = {Plan(): summary}
+    memo: dict[Plan, Summary | TraceFailure] = traced if traced is not None else {}
+    checked: dict[Plan, Summary] = {plan: result for plan, result in memo.items() if isinstance(result, Summary)}
+    checked.setdefault(Plan(), summary)
     estimates: dict[Plan, int] = {Plan(): summary.peak_bytes}
     limits: list[str] = []
 
@@ -93,18 +111,31 @@ def plan_for_budget(
         """The plan's traced summary; a plan whose step fails names its modules in `excluded`."""
         if plan in checked:
             return checked[plan]
-        try:
-            traced = step.trace(plan)
-        except MemlayoutError:
-            raise
-        except Exception as exc:
-            _blame(plan, exc, trace, excluded)
-            raise _Excluded() from exc
-        if traced.rerun_state_differs:
-            _exclude_unfaithful(plan, traced.rerun_state_differs, excluded)
+        known = memo.get(plan)
+        if isinstance(known, TraceFailure):
+            error, differs = known
+        else:
+            error, differs = None, ()
+            try:
+                step_trace = step.trace(plan)
+            except MemlayoutError:
+                raise
+            except Exception as exc:
+                error = exc.with_traceback(None)  # kept without its frames, which hold a failed step's fake tensors
+            else:
+                differs = step_trace.rerun_state_differs
+            memo[plan] = (TraceFailure(error, differs) if error is not None or differs
+                          else summarize(step_trace, cuda=cuda))
+        if error is not None:
+            _blame(plan, error, trace, excluded)
+            raise _Excluded() from error
+        if differs:
+            _exclude_unfaithful(plan, differs, excluded)
             raise _Excluded()
-        checked[plan] = summarize(traced, cuda=cuda)
-        return checked[plan]
+        result = memo[plan]
+        assert isinstance(result, Summary)
+        checked[plan] = result
+        return result
 
     planner: Planner | None = None
 
@@ -130,7 +161,8 @@ def plan_for_budget(
     for _ in range(len(modules) + 1):  # each round excludes at least one module
         planner = Planner(baseline, excluded)
         try:
-            found = search_plan(planner, budget, trace, estimates, overhead=budget.overhead(summary), limits=limits)
+            found = search_plan(planner, budget, trace, estimates, overhead=budget.overhead(summary), limits=limits,
+                                prune=prune)
         except _Excluded:
             continue
         if found is not None:
@@ -147,12 +179,13 @@ def _compared(budget: Budget, summary: Summary) -> int | None:
 
 def search_plan(
     planner: Planner, budget: Budget, trace: Callable[[Plan], Summary], estimates: dict[Plan, int], *,
-    overhead: int = 0, limits: list[str] | None = None,
+    overhead: int = 0, limits: list[str] | None = None, prune: bool = True,
 ) -> Plan | None:
     """The cheapest plan found whose traced step fits the budget, or None.
 
     `overhead` is what the compared figure adds to the live peak (0 on the CPU); `limits`
-    collects where the search stopped at a limit of its own rather than for want of plans.
+    collects where the search stopped at a limit of its own rather than for want of plans;
+    `prune` False keeps a whole-level plan whole (plan_for_budget says when).
     """
 
     def check(chosen: list[int]) -> tuple[Plan, Summary]:
@@ -180,6 +213,8 @@ def search_plan(
     if not fitting:
         return None
     chosen, plan, measured = min(fitting, key=lambda item: (item[2].recompute_seconds, item[2].peak_bytes))
+    if not prune:
+        return plan
     # A whole-level plan checkpoints modules the budget does not need (two of eight
     # residual blocks reach what all eight do): drop each while the traced step
     # still fits, the costliest and the latest in the model first.

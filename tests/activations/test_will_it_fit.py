@@ -40,6 +40,8 @@ def _decision_holds(budget: int | float, **options: object) -> int:
 
     found = act.analyze(GPT2, at(size), budget=budget, **options)  # type: ignore[arg-type]
     assert found.plan is not None and found.plan.plan == planned.plan.plan  # type: ignore[union-attr]
+    # The probes skip the search's pruning, which the answer's own search runs: its figures are the pruned plan's.
+    assert (planned.peak_bytes, planned.compared_bytes) == (found.plan.peak_bytes, found.plan.compared_bytes)
     assert found.plan.judged_bytes <= found.plan.budget_bytes
     with pytest.raises(BudgetUnreachableError):
         act.analyze(GPT2, at(size + 1), budget=budget, **options)  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ from memlayout.activations.model.adapters import parameter_split
 from memlayout.activations.model.input_specs import InputSpec, position_limit
 from memlayout.activations.ranks import analyze_ranks
 from memlayout.activations.ranks.facts import RanksReport
-from memlayout.activations.search import PlanResult, plan_for_budget
+from memlayout.activations.search import PlanResult, TraceFailure, plan_for_budget
 from memlayout.activations.step.run import torch_dtype
 from memlayout.activations.summary import module_facts, summarize
 from memlayout.errors import (
@@ -36,9 +36,11 @@ from memlayout.errors import (
 )
 
 if TYPE_CHECKING:
+    from memlayout.activations.plans.plan import Plan
     from memlayout.activations.ranks.facts import RanksPlan
     from memlayout.activations.ranks.parallel import ShardingOptions
     from memlayout.activations.step.generate import Generation
+    from memlayout.activations.summary import Summary
 
 KEPT_TRACES = 3
 """Traces of the plain step kept for the plan search and the report; older ones are traced again if needed."""
@@ -107,7 +109,7 @@ class Probe:
     def plain(self, size: int) -> FitProbe:
         raise NotImplementedError
 
-    def planned(self, size: int) -> FitProbe:
+    def planned(self, size: int, prune: bool = False) -> FitProbe:
         raise NotImplementedError
 
     def plan_at(self, size: int) -> PlanResult | RanksPlan | None:
@@ -146,6 +148,10 @@ class DeviceProbe(Probe):
         """size -> (trace, summary) of the plain step, for the report and the plan search."""
         self.searched: dict[int, PlanResult] = {}
         """size -> the budget search's plan there (found, or the lowest it reached)."""
+        self.plans_traced: dict[int, dict[Plan, Summary | TraceFailure]] = {}
+        """size -> the plans the budget search traced there, kept for the search at the answer (`plan_at`)."""
+        self.pruned: set[int] = set()
+        """The sizes whose search in `searched` ran to the end, its plan pruned (`plan_at`)."""
 
     def _budget(self, spec: BudgetSpec | None) -> Budget:
         gpu = target_gpu(self.step)
@@ -193,13 +199,17 @@ class DeviceProbe(Probe):
     def specs_size(self) -> int:
         return self.specs[[s.describe() for s in self.specs].index(self.dims[0].input)].shape[self.dims[0].dim]
 
-    def planned(self, size: int) -> FitProbe:
+    def planned(self, size: int, prune: bool = False) -> FitProbe:
         """The `--budget` search at this size, as `analyze(..., budget=...)` runs it: the size fits with a plan
-        exactly when that search finds one, so `--fit` and `--budget` cannot disagree."""
+        exactly when that search finds one, so `--fit` and `--budget` cannot disagree.
+
+        A probe asks only whether a plan fits, which the search decides before it prunes the plan
+        it found; `plan_at` runs the last stage at the answer, from the plans traced here."""
         try:
             trace, summary = self._trace(size)
             self._at(size)
-            found = plan_for_budget(self.step, trace, summary, module_facts(trace), self.budget)
+            found = plan_for_budget(self.step, trace, summary, module_facts(trace), self.budget, prune=prune,
+                                    traced=self.plans_traced.setdefault(size, {}))
         except BudgetUnreachableError as exc:
             lowest: PlanResult = exc.lowest
             self.searched[size] = lowest
@@ -212,9 +222,11 @@ class DeviceProbe(Probe):
                         guide_bytes=found.lowest_estimate_bytes, checks=found.checks, cut_short=found.cut_short)
 
     def plan_at(self, size: int) -> PlanResult | None:
-        """The budget search's plan at this size: the cheapest it finds that fits, or the lowest it reached."""
-        if size not in self.searched:
-            self.planned(size)
+        """The budget search's plan at this size, as `--budget` finds it: the cheapest that fits, pruned, or the
+        lowest it reached."""
+        if size not in self.pruned:
+            self.planned(size, prune=True)
+            self.pruned.add(size)
         return self.searched.get(size)
 
     def state_bytes(self) -> int:
@@ -278,7 +290,8 @@ class RanksProbe(Probe):
     def _given(self) -> int:
         return self.specs[[s.describe() for s in self.specs].index(self.dims[0].input)].shape[self.dims[0].dim]
 
-    def planned(self, size: int) -> FitProbe:
+    def planned(self, size: int, prune: bool = False) -> FitProbe:
+        del prune  # analyze_ranks runs its whole search, pruning included, at every size
         try:
             report = analyze_ranks(self.target, specs_at(self.specs, self.dims, size), budget=self.budget.bytes,
                                    **self.options)

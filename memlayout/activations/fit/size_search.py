@@ -347,6 +347,9 @@ def fit(
         plan = probe.plan_at(best) if best else None
         at = planned.get(best) or plain.get(best)
         with_answer = dataclasses.replace(_answer(best, at, planned.get(best + 1), cap, limit), plan=plan)
+        if isinstance(plan, PlanResult) and best in planned:  # the probe's plan, pruned: its own peak
+            with_answer = dataclasses.replace(with_answer, peak_bytes=plan.peak_bytes,
+                                              compared_bytes=plan.compared_bytes)
     if without.size == 0 and (with_answer is None or with_answer.size == 0):
         lowest = [p.judged_bytes for p in probes if p.size == 1 and p.judged_bytes is not None]
         raise NothingFitsError(axis, limit_bytes, min(lowest) if lowest else None)
