@@ -177,9 +177,13 @@ def main(argv: list[str]) -> int:
         # The draw stays the first run's; the retry's own command and time are recorded beside it.
         again = {r["architecture"]: r for r in records}
         records = [again.get(r["architecture"], r) for r in previous["records"]]
-        retried = {"command": command, "architectures": sorted(again), "wall_seconds": wall_seconds}
-        command, wall_seconds = previous["command"], previous["wall_seconds"]
     from benchmarks.zoo.run import versions
+
+    run_versions = versions()
+    if previous is not None:
+        retried = {"command": command, "versions": run_versions, "architectures": sorted(again),
+                   "wall_seconds": wall_seconds}
+        command, wall_seconds, run_versions = previous["command"], previous["wall_seconds"], previous["versions"]
 
     runnable = [r for r in records if r["status"] != "unsupported"]
     within = [r for r in runnable if r.get("within_2pct")]
@@ -189,7 +193,7 @@ def main(argv: list[str]) -> int:
         print(f"{record['architecture']}: {record['status']}, predicted/measured {ratios} {record.get('reason', '')}")
     print(f"within 2% of the allocator's peak, both caches: {len(within)} of {len(runnable)} runnable "
           f"({len(records)} drawn)")
-    result = {"command": command, "versions": versions(), "new_tokens": NEW_TOKENS, "prompt": PROMPT,
+    result = {"command": command, "versions": run_versions, "new_tokens": NEW_TOKENS, "prompt": PROMPT,
               "wall_seconds": wall_seconds, "architectures": len(records), "runnable": len(runnable),
               "within_2pct": len(within), "records": records, **({"retried": retried} if retried else {})}
     from memlayout.io.atomic_write import write_text
