@@ -9,8 +9,11 @@ the folder and reads the first 512 bytes of every file to recognize it by
 content. The goal: the walk in under twice the time `find FOLDER` takes to list
 it. Beside it, for information, the floor of any walk by content: opening each
 file, reading its first bytes and closing it, in a bare loop of the same
-calls. Each is timed in round-robin rounds, best round counted; `find` runs as
-a process, as a user runs it.
+calls, and the same loop in C (`benchmarks/c/first_bytes.c`) and in C through
+io_uring (`first_bytes_uring.c`, three linked requests per file, one system call
+per 256 files), each compiled with `cc -O2` when a compiler (and liburing) is
+there. Each is timed in round-robin rounds, best round counted; `find` and the C
+programs run as processes, as a user runs them.
 """
 
 from __future__ import annotations
@@ -76,6 +79,17 @@ def read_first_bytes(folder: Path) -> int:
     return total
 
 
+def compiled(source: str, *libraries: str) -> Path | None:
+    """`benchmarks/c/<source>` built with `cc -O2` into the data folder; None without a compiler or its libraries."""
+    compiler = shutil.which("cc")
+    program = DATA / Path(source).stem
+    if compiler is None:
+        return None
+    built = subprocess.run([compiler, "-O2", "-o", str(program), str(Path(__file__).parent / "c" / source),
+                            *libraries], capture_output=True, check=False)
+    return program if built.returncode == 0 else None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     quick = quick_requested(argv)
@@ -85,20 +99,26 @@ def main(argv: list[str] | None = None) -> int:
     found = [Path(p).name for p in folder_members(str(folder))]
     assert found == ["embedding.npy", "notes.txt", "weights.safetensors"], found
     find = shutil.which("find") or "find"
-    best = round_robin(
-        {
-            "find": lambda: subprocess.run([find, str(folder)], stdout=subprocess.DEVNULL, check=True),
-            "walk": lambda: folder_members(str(folder)),
-            "first bytes": lambda: read_first_bytes(folder),
-        },
-        5 if quick else 21,
-    )
+    timed = {
+        "find": lambda: subprocess.run([find, str(folder)], stdout=subprocess.DEVNULL, check=True),
+        "walk": lambda: folder_members(str(folder)),
+        "first bytes": lambda: read_first_bytes(folder),
+    }
+    c_loops = {"first bytes in C": compiled("first_bytes.c"),
+               "first bytes in C, io_uring": compiled("first_bytes_uring.c", "-luring")}
+    for label, program in c_loops.items():
+        if program is not None:
+            timed[label] = lambda program=program: subprocess.run([str(program), str(folder)],
+                                                                  stdout=subprocess.DEVNULL, check=True)
+    best = round_robin(timed, 5 if quick else 21)
     peer = best["find"]
     rows = [
         Row(f"memlayout's walk of {FILES:,} small files (3 picked by content)", ms(best["walk"]),
             f"find FOLDER {ms(peer)}", best["walk"] / peer, f"<= {GOAL}x", best["walk"] <= GOAL * peer),
         Row(f"open, read {HEAD} bytes, close each file (the floor of a walk by content)", ms(best["first bytes"]),
             f"find FOLDER {ms(peer)}", best["first bytes"] / peer, "(info)", True),
+        *(Row(f"the same loop, {label.removeprefix('first bytes ')} (a process, as find is)", ms(best[label]),
+              f"find FOLDER {ms(peer)}", best[label] / peer, "(info)", True) for label in c_loops if label in best),
         Row("memlayout's walk", ms(best["walk"]), f"the floor {ms(best['first bytes'])}",
             best["walk"] / best["first bytes"], "(info)", True),
     ]
