@@ -55,7 +55,7 @@ def table_markdown(results: dict[str, Any] | None = None) -> str:
             f"| {gib(zero2)}{_ratio(zero2, truth)} |"
         )
     lines += ["", f"Generation: a prompt of {settings['prompt']} tokens, {settings['new_tokens']} new tokens, greedy, "
-              f"transformers' default cache, {settings['dtype']}. Each formula's ratio is to the real cache.", "",
+              f"transformers' default cache, {settings['dtype']}. Each cache's ratio is to the real cache.", "",
               "| model | a real generate's cache (positions held) | memlayout --step generate "
               "| textbook: 2 * layers * kv_heads * head_dim * tokens * bytes | hf-mem | a real GPU generate |",
               "|---|---|---|---|---|---|"]
@@ -68,8 +68,11 @@ def table_markdown(results: dict[str, Any] | None = None) -> str:
                        if hf_mem["cache_bytes"] is not None else f"fails: {hf_mem['error']}")
         real_cell = (f"{mib(real['cache_bytes'])} ({', '.join(map(str, real['positions']))})" if real
                      else "not built: too large for this machine")
+        ours = figures["memlayout"]
+        ours_cell = (f"{mib(ours['cache_bytes'])}{_ratio(ours['cache_bytes'], truth)} cache; "
+                     f"the step's peak {mib(ours['peak_bytes'])}")
         lines.append(
-            f"| {name} | {real_cell} | {figures['memlayout']} "
+            f"| {name} | {real_cell} | {ours_cell} "
             f"| {mib(book['cache_bytes'])}{_ratio(book['cache_bytes'], truth)} "
             f"(2 * {book['layers']} * {book['kv_heads']} * {book['head_dim']} * {book['tokens']} * 4) "
             f"| {hf_mem_cell} | {figures['gpu']} |"
@@ -83,8 +86,10 @@ def table_markdown(results: dict[str, Any] | None = None) -> str:
             parts.insert(1, f"the real step: {figures['real']['command']}")
         commands.append(f"- {name}, training: " + "; ".join(parts))
     for name, figures in raw["generation"].items():
+        parts = [f"memlayout: `{figures['memlayout']['command']}`"]
         if figures.get("real"):
-            commands.append(f"- {name}, generation: {figures['real']['command']}; hf-mem "
+            parts.append(f"the real generate: {figures['real']['command']}")
+        commands.append(f"- {name}, generation: " + "; ".join(parts) + f"; hf-mem "
                             f"{figures['hf_mem']['version']}: compute_safetensors_kv_cache_size(config.json, 'F32')")
     return ("\n".join(lines) + "\n\nEach figure's source, run by `python benchmarks/bench_anchors.py` from the "
             "repository's root:\n\n" + "\n".join(commands) + "\n")

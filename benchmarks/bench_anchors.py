@@ -29,7 +29,10 @@ Llama 7B:
 - hf-mem's own `compute_safetensors_kv_cache_size` (hf_mem.safetensors.kv_cache)
   on the config.json, with max_model_len = prompt + new tokens and the F32 dtype
   (its `--kv-cache-dtype` has no float32 choice; the config names none);
-- memlayout: `--step generate` is not yet measured here (the results file says so per row); the generate sweep (benchmarks/generate_sweep.py) compares it with real generates.
+- memlayout: `analyze(..., step="generate", new_tokens=32)`, what `memlayout activations
+  CONFIG --input input_ids=int64[1,128]<VOCAB --step generate --new-tokens 32` prints:
+  the cache at the end and the step's peak (the generate sweep, benchmarks/generate_sweep.py,
+  compares that peak with real generates' allocator events).
 
 No GPU column is measured: this machine has none, and the results say so.
 
@@ -85,6 +88,18 @@ def memlayout_training(folder: Path) -> dict[str, Any]:
             "parameters": weights["parameters"]["count"],
             "command": f"memlayout activations {relative} " + " ".join(f"--input '{s}'" for s in specs),
             "weights_command": f"memlayout activations {relative} --weights"}
+
+
+def memlayout_generate(folder: Path) -> dict[str, Any]:
+    from memlayout.activations import analyze
+
+    spec = f"input_ids=int64[1,{PROMPT}]<{_config(folder)['vocab_size']}"
+    report = analyze(str(folder), [spec], step="generate", new_tokens=NEW_TOKENS)
+    assert report.generation is not None
+    return {"class": report.model_class, "cache_bytes": report.generation.cache_bytes,
+            "peak_bytes": report.summary.peak_bytes,
+            "command": f"memlayout activations {folder.relative_to(ROOT)} --input '{spec}' --step generate "
+                       f"--new-tokens {NEW_TOKENS}"}
 
 
 def _real_model(folder: Path, model_class: str) -> Any:
@@ -265,11 +280,11 @@ def main() -> None:
         folder = ROOT / "benchmarks" / "configs" / name
         config = _config(folder)
         figures = {"textbook": textbook_cache(config), "hf_mem": hf_mem_cache(config),
-                   "memlayout": "not measured by this benchmark yet (the generate sweep compares --step generate with real generates)", "gpu": NO_GPU}
+                   "memlayout": memlayout_generate(folder), "gpu": NO_GPU}
         if run_real:
             figures["real"] = real_cache(folder)
             real = figures["real"]["cache_bytes"]
-            for tool in ("textbook", "hf_mem"):
+            for tool in ("memlayout", "textbook", "hf_mem"):
                 figure = figures[tool]["cache_bytes"]
                 if figure is not None:
                     rows.append(Row(f"{name}: KV cache, {tool}", f"{figure:,} B", f"a real generate: {real:,} B",

@@ -35,6 +35,7 @@ def test_the_page_names_the_tables_the_site_build_renders() -> None:
 
 
 @pytest.mark.parametrize("quoted", ["2,299,818,584", "2,299,818,592", "KeyError: 'hidden_size'", "125.513 GiB",
+                                    "11,722,752", "3,932,160", "7,163,904", "159.00 MiB",
                                     "101.387 GiB"])
 def test_the_figures_the_prose_quotes_are_the_results(quoted: str) -> None:
     assert quoted in SECTION
@@ -116,3 +117,21 @@ def test_memlayout_step_figure_is_what_the_command_prints_today(monkeypatch: pyt
     result = CliRunner().invoke(app, [*shlex.split(figures["command"])[1:], "--format", "json"])
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["summary"]["peak_bytes"] == figures["peak_bytes"]
+
+
+def test_memlayouts_cache_is_the_real_cache_on_every_model_generated_for_real() -> None:
+    generated = [name for name, figures in RAW["generation"].items() if "real" in figures]
+    assert len(generated) == 3
+    for name in generated:
+        figures = RAW["generation"][name]
+        assert figures["memlayout"]["cache_bytes"] == figures["real"]["cache_bytes"], name
+
+
+def test_memlayout_generate_figures_are_what_the_command_prints_today(monkeypatch: pytest.MonkeyPatch) -> None:
+    figures = RAW["generation"]["gpt2"]["memlayout"]
+    monkeypatch.chdir(ROOT)
+    result = CliRunner().invoke(app, [*shlex.split(figures["command"])[1:], "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["generate"]["cache_bytes"], report["summary"]["peak_bytes"]) == (
+        figures["cache_bytes"], figures["peak_bytes"])
