@@ -385,6 +385,21 @@ def unset_fake_temporarily() -> Any:
     return unset()
 
 
+@contextlib.contextmanager
+def around_dtensor_shape_propagation(around: Any) -> Iterator[None]:
+    """While inside, DTensor's sharding propagation runs inside `around` (a context manager): the class attribute
+    `ShardingPropagator._fake_mode_lock`, which torch enters around the fake op that decides a DTensor op's output
+    shape. On a fake step that op runs under the step's own fake mode, and allocates nothing the step does."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._fake_mode_lock
+    ShardingPropagator._fake_mode_lock = around
+    try:
+        yield
+    finally:
+        ShardingPropagator._fake_mode_lock = original
+
+
 def disable_dispatch_modes() -> Any:
     """`torch.utils._python_dispatch._disable_current_modes()`: a context with every dispatch mode off (a tracer's,
     a fake step's, the fake mode's), so that an op runs on the real kernel alone (kernel_storage.py)."""

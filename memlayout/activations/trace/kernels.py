@@ -162,3 +162,9 @@ def draws_random_numbers(func: Any, args: Any, kwargs: Any) -> bool:
         if argument.name == "train" and value is False:
             return False
     return True
+
+
+def waits_in_place(func: Any) -> bool:
+    """A collective's wait (`_c10d_functional.wait_tensor`): in eager it returns the tensor it waited on, where its
+    fake kernel makes a new one (torch's MemTracker corrects it the same way)."""
+    return str(func) == "_c10d_functional.wait_tensor.default"

@@ -25,6 +25,7 @@ Around the dispatch mode:
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -57,6 +58,7 @@ from memlayout.activations.trace.kernels import (
     forward_flops,
     moved_bytes,
     returns_its_input,
+    waits_in_place,
 )
 from memlayout.activations.trace.module_state import (
     module_attributes,
@@ -104,6 +106,10 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         """The engine's gradient sums, summed in place where the user's step would (step/grad_accumulation.py)."""
         self.rng_state_bytes = 0
         """The bytes of one `torch.get_rng_state()` when the step holds them (`recording_rng_states`); else 0."""
+        self.tensor_parallel = False
+        """The model has tensor-parallel (DTensor) parameters: their ops are traced as the local ops they run."""
+        self.propagating = 0
+        """Inside DTensor's sharding propagation, which runs each op once more on global shapes (fake ones)."""
         self.generating = False
         """A generate step: each forward of the model itself and its cache are recorded (`_forward_done`)."""
         self.forwards: list[tuple[int, int]] = []
@@ -179,6 +185,11 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     # dispatch ---------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if self.tensor_parallel:
+            if _has_dtensor(types):
+                return NotImplemented  # DTensor runs the op as ops on its local tensors, which come back here
+            if self.propagating:
+                return func(*args, **(kwargs or {}))  # DTensor deciding an output's shape: no memory of the step
         kwargs = kwargs or {}
         phase = self.phase
         summing = False
@@ -189,6 +200,8 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         elif phase in (Phase.FORWARD, Phase.LOSS) and self.stack:
             self._check_inputs(func, args, kwargs)
         out = args[0] if returns_its_input(func, args, kwargs) else func(*args, **kwargs)
+        if self.correct_kernels and waits_in_place(func):
+            out = args[0]
         sizes = corrected_output_nbytes(func, args, kwargs) if self.correct_kernels else None
         # Scratch is invisible to real tensors too (--real): only the output sizes are the fake kernel's to correct.
         learned = learned_kernel_memory(func, args, kwargs, keeps_size=self._is_state)
@@ -419,14 +432,14 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.storage_of(tensor, StorageKind.COMMUNICATION)
         for parameter in self.model.parameters():
             # A quantized weight's state (bitsandbytes' absmax and code) is part of the weight, frozen with it.
-            for tensor in (parameter, *attribute_tensors(parameter)):
+            for tensor in (_local(parameter), *attribute_tensors(parameter)):
                 index = self.storage_of(tensor, StorageKind.PARAMETER)
                 if index is not None:
                     self.parameter_storages.add(index)
             if parameter.grad is not None:
                 self.storage_of(parameter.grad, StorageKind.GRADIENT)
         for buffer in self.model.buffers():
-            index = self.storage_of(buffer, StorageKind.BUFFER)
+            index = self.storage_of(_local(buffer), StorageKind.BUFFER)
             if index is not None:
                 self.parameter_storages.add(index)
         for tensor in state_tensors(self.optimizer):
@@ -497,6 +510,31 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
                 parent.backward_start = call.backward_start
 
 
+class _Propagating:
+    """Counts the tracer into DTensor's sharding propagation and out (`_torch.around_dtensor_shape_propagation`)."""
+
+    def __init__(self, tracer: StepTracer) -> None:
+        self.tracer = tracer
+
+    def __enter__(self) -> None:
+        self.tracer.propagating += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.tracer.propagating -= 1
+
+
+def _has_dtensor(types: Any) -> bool:
+    """Whether a DTensor (tensor parallel's) is among an op's argument types: never before its module is loaded."""
+    module = sys.modules.get("torch.distributed.tensor")
+    dtensor = getattr(module, "DTensor", None)
+    return dtensor is not None and any(issubclass(t, dtensor) for t in types)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor-parallel parameter's memory on this rank: its local shard (a DTensor's own storage is the whole)."""
+    return tensor.to_local() if _has_dtensor((type(tensor),)) else tensor  # type: ignore[attr-defined]
+
+
 def _tensors(values: Any) -> Iterable[torch.Tensor]:
     if isinstance(values, tuple) and len(values) == 2 and isinstance(values[1], Mapping):
         yield from output_tensors(values[0])
@@ -542,6 +580,7 @@ def trace_step(
     """
     tracer = StepTracer(model, correct_kernels=mode != "real", optimizer=optimizer, roofline=roofline)
     tracer.generating = generation is not None
+    tracer.tensor_parallel = any(_has_dtensor((type(p),)) for p in model.parameters())
     with ExitStack() as stack:
         for module in model.modules():
             if id(module) in tracer.paths:
@@ -550,6 +589,8 @@ def trace_step(
                     module.register_forward_hook(tracer._post_hook, with_kwargs=True, always_call=True)
                 )
         stack.enter_context(rerun.listening(tracer._rerun))
+        if tracer.tensor_parallel:
+            stack.enter_context(_torch.around_dtensor_shape_propagation(_Propagating(tracer)))
         tracer.register_state(args, kwargs, kept)
         if device == "cpu":
             stack.enter_context(tracer.recording_rng_states())
