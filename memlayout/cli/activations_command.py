@@ -4,6 +4,7 @@
 
 import os
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -13,7 +14,7 @@ from memlayout.activations.budget import parse_budget
 from memlayout.activations.step.generate import CACHE_HELP, NEW_TOKENS_HELP, check_generation
 from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER
 from memlayout.activations.step.optimizer import HELP as OPTIMIZER_HELP
-from memlayout.activations.step.run import STEP_HELP, serving_ranks_refused
+from memlayout.activations.step.run import STEP_HELP
 from memlayout.cli.formats import (
     Command,
     OutputFormat,
@@ -150,7 +151,9 @@ def activations_command(
     ] = None,
     tp: Annotated[
         int, typer.Option("--tp", help="Tensor parallel over K of the ranks, inside FSDP2: attention and MLP "
-                          "projections split column-wise and row-wise.", min=1, metavar="K")
+                          "projections split column-wise and row-wise. With --step inference and --world-size K, "
+                          "the ranks of a tensor-parallel group serving the model (torch 2.14 or later).",
+                          min=1, metavar="K")
     ] = 1,
     ddp: Annotated[
         bool, typer.Option("--ddp", help="Replicate with DistributedDataParallel: every rank holds the whole model, "
@@ -212,6 +215,7 @@ def activations_command(
     """Activation memory of one training step, and a checkpoint plan that fits --budget.
 
     With --world-size N --fsdp, each rank's peak under FSDP2 (and --tp), and a plan that fits the largest rank;
+    with --step inference --world-size K --tp K, each rank of a tensor-parallel group serving the model;
     with --world-size N --ddp, each rank's peak under DistributedDataParallel, with its gradient buckets.
     Without --input (or with --weights), no step: the weights in each dtype and the fixed costs of training them.
     """
@@ -253,6 +257,8 @@ def activations_command(
         param_dtype=param_dtype, reduce_dtype=reduce_dtype, tp=tp, allow_offload=allow_offload, ddp=ddp,
         bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=gradient_as_bucket_view,
     )
+    if sharding is not None and step != "train" and fit_axis is None:
+        sharding = replace(sharding, serving=step)  # tensor-parallel serving (ranks/serving_step.py)
     generation = check_generation(step, new_tokens, cache)
     adaptation = _adaptation(lora, lora_targets, lora_dropout, dora, quantize)
     if adaptation is not None and sharding is not None:
@@ -274,8 +280,6 @@ def activations_command(
         if budget_spec is not None and budget_spec.bytes is None:
             raise UsageError("--budget with --world-size is each rank's peak, as a size",
                              "give it in bytes, e.g. --budget 78GiB")
-        if step != "train":
-            raise serving_ranks_refused(step)
         if real or device == "meta":
             raise UsageError(
                 f"--world-size predicts ranks on fake tensors; {'--real' if real else '--device meta'} does not apply",

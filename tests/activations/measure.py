@@ -170,6 +170,8 @@ def state_bytes(tensors: list[Any]) -> int:
     """Bytes of the distinct storages among these values (tensors; anything else is skipped)."""
     seen: dict[tuple[int, int], int] = {}
     for tensor in tensors:
+        if hasattr(tensor, "to_local"):  # a tensor-parallel parameter: this rank's shard is its memory
+            tensor = tensor.to_local()
         if isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided:
             storage = tensor.untyped_storage()
             seen[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()

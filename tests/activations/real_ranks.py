@@ -128,66 +128,24 @@ def peaks(results: Sequence[dict[str, Any]]) -> dict[int, int]:
     return {r["rank"]: r["peak_bytes"] for r in results}
 
 
-def measure_generate(rank: int, world_size: int, store: str, out: str, builder: str, code: str, prompt: list[int],
-                     new_tokens: int, cache: str, no_token: int) -> None:
-    """One rank: build, shard by `code` (tensor parallel), then greedy `model.generate` in eval mode under
-    inference_mode, twice, the second profiled: its peak by the CPU allocator's events, on top of the rank's
-    own shards, buffers and prompt counted once by storage (tests/activations/measure.py's way)."""
+
+def measure_serving(rank: int, world_size: int, store: str, out: str, builder: str, code: str, prompt: list[int],
+                    vocab: int) -> None:
+    """One rank: build, shard by `code` (tensor parallel), then one forward as tests/activations/measure.py measures
+    one device's (eval mode, `torch.inference_mode`, a first forward unprofiled, the second's peak by the CPU
+    allocator's events on top of the rank's shards, buffers and inputs)."""
     import torch
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
 
-    from tests.activations.measure import allocator_peak, state_bytes
+    from tests.activations.measure import allocator_inference_peak, state_bytes
 
     _join(rank, world_size, store)
     try:
         model = _resolve(builder)().eval()
         _shard_by_code(model, code)
-        ids = torch.randint(0, no_token, tuple(prompt), generator=torch.Generator().manual_seed(0))
-        extra = {"cache_implementation": "static"} if cache == "static" else {}
-        kwargs = {"max_new_tokens": new_tokens, "do_sample": False, "eos_token_id": no_token, **extra}
-
-        def local(tensor: Any) -> Any:
-            return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-        before = state_bytes([*(local(p) for p in model.parameters()), *model.buffers(), ids])
-        with torch.inference_mode():
-            model.generate(ids, **kwargs)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled, torch.inference_mode():
-            generated = model.generate(ids, **kwargs)
-        result = {"rank": rank, "peak_bytes": before + allocator_peak(profiled.profiler.kineto_results.events()),
-                  "tokens": int(generated.shape[1]), "shard_bytes": before - state_bytes([ids])}
-        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
-
-
-def measure_forward(rank: int, world_size: int, store: str, out: str, builder: str, code: str,
-                    input_shape: list[int], vocab: int) -> None:
-    """One rank: build, shard by `code` (tensor parallel), then one forward as serving code runs it (eval mode,
-    `torch.inference_mode`), after a first unprofiled: its peak by the CPU allocator's events on top of the
-    rank's own shards, buffers and inputs counted once by storage (tests/activations/measure.py's way)."""
-    import torch
-    import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
-
-    from tests.activations.measure import allocator_peak, no_collection, state_bytes
-
-    _join(rank, world_size, store)
-    try:
-        model = _resolve(builder)().eval()
-        _shard_by_code(model, code)
-        ids = torch.randint(0, vocab, tuple(input_shape), generator=torch.Generator().manual_seed(0))
-        shards = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
-        before = state_bytes([*shards, *model.buffers(), ids])
-        with torch.inference_mode():
-            model(ids)
-        with (no_collection(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled,
-              torch.inference_mode()):
-            output = model(ids)
-            del output
-        result = {"rank": rank, "peak_bytes": before + allocator_peak(profiled.profiler.kineto_results.events()),
-                  "shard_bytes": state_bytes(shards)}
+        ids = torch.randint(0, vocab, tuple(prompt), generator=torch.Generator().manual_seed(0))
+        result = {"rank": rank, "shard_bytes": state_bytes(list(model.parameters())),
+                  "peak_bytes": allocator_inference_peak(model, (ids,), {})}
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()

@@ -204,9 +204,9 @@ def test_cli_table_gives_the_weights_the_cache_and_the_peaks_forward() -> None:
     (["--new-tokens", "0"], "--new-tokens 0 generates nothing"),
     (["--new-tokens", "8", "--cache", "paged"], "unknown --cache 'paged'"),
     (["--new-tokens", "8", "--world-size", "2", "--tp", "2"],
-     "--step generate is not traced with --world-size yet: serving across ranks (--tp, --fsdp) is not predicted"),
+     "--step generate is not predicted across ranks yet: on 2 real gloo ranks its trace held one or two all-reduce"),
     (["--new-tokens", "8", "--world-size", "2", "--tp", "2", "--fit", "seq", "--budget", "2MB"],
-     "--step generate is not traced with --world-size yet: serving across ranks (--tp, --fsdp) is not predicted"),
+     "--fit with --step generate is not searched across ranks yet"),
 ])
 def test_cli_refuses_what_generate_does_not_take(extra: list[str], message: str) -> None:
     result = CliRunner().invoke(app, [*GENERATE, *extra])

@@ -147,8 +147,11 @@ def test_cli_table_says_the_step_is_forward_only() -> None:
 @pytest.mark.parametrize(("extra", "message"), [
     (["--budget", "8MiB"], "--budget plans checkpoints for backward"),
     (["--optimizer", "adamw"], "--optimizer adamw does not apply to --step inference"),
-    (["--world-size", "2", "--fsdp"], "--step inference is not traced with --world-size"),
-    (["--world-size", "2", "--tp", "2"], "--step inference is not traced with --world-size yet: serving across ranks"),
+    (["--world-size", "2", "--fsdp"], "--step inference with --world-size is traced as tensor-parallel serving, and "
+                                      "--fsdp shards a training step"),
+    (["--world-size", "2"], "--step inference with --world-size 2 needs --tp 2: the ranks are one tensor-parallel"),
+    (["--world-size", "2", "--tp", "2", "--fit", "batch", "--budget", "2MB"],
+     "--fit with --step inference is not searched across ranks yet"),
     (["--step", "eval"], "unknown --step 'eval'"),
 ])
 def test_cli_refuses_what_a_forward_only_step_does_not_have(extra: list[str], message: str) -> None:

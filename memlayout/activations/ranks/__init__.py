@@ -37,8 +37,9 @@ from memlayout.activations.ranks.layouts import rank_layouts, rank_ranges, trace
 from memlayout.activations.ranks.parallel import Sharding, ShardingOptions, resolve_sharding
 from memlayout.activations.ranks.plan import plan_ranks
 from memlayout.activations.ranks.rank_step import StepInputs, meta_copy, trace_rank
+from memlayout.activations.ranks.serving_step import trace_serving_rank
 from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER, check_optimizer
-from memlayout.activations.step.run import Autocast, torch_dtype
+from memlayout.activations.step.run import LOSS_NONE, Autocast, torch_dtype
 from memlayout.errors import UsageError
 
 # ----------------------------------------------------------------------------------------------
@@ -82,7 +83,8 @@ def analyze_ranks(
     dtype: str | None = None,
     model_class: str | None = None,
 ) -> RanksReport:
-    """Predict each rank's peak over a training step under FSDP2 (and tensor parallel), in this process.
+    """Predict each rank's peak over a training step under FSDP2 (and tensor parallel), in this process; or, with
+    `sharding.serving`, each rank's serving step under tensor parallel alone.
 
     Args:
         target: An nn.Module (copied to the meta device, never run) or a TARGET string, as for `analyze`.
@@ -125,6 +127,16 @@ def analyze_ranks(
     build, target_text, kind = _target_builder(target, trust, main_module, model_class, chosen_by)
     model = build()
     resolved = resolve_sharding(model, sharding)
+    if sharding.serving is not None:
+        if budget is not None:
+            raise UsageError(f"--budget plans checkpoints for a training step, and --step {sharding.serving} runs no "
+                             "backward to recompute in", "leave --budget out")
+        if autocast is not None:
+            raise UsageError(f"--autocast is not traced for --step {sharding.serving} across ranks yet",
+                             f"--dtype {autocast} casts the model, as servers load it")
+        del model
+        return _analyze_serving(build, resolved, StepInputs(inputs, kwargs), target_text, kind, chosen_by,
+                                step=sharding.serving, device=device, dtype=dtype)
     if resolved.ddp is not None:
         return _analyze_ddp(target, inputs, kwargs, resolved, model, optimizer=optimizer, budget=budget,
                             allow_offload=allow_offload, device=device, trust=trust, main_module=main_module,
@@ -179,6 +191,20 @@ def analyze_ranks(
     if len(traced) > 1 and not plan.empty:
         plan = replace(plan, ranks=measure(plan.sharding))
     return replace(report, plan=plan, notes=report.notes + plan_notes)
+
+
+def _analyze_serving(
+    build: Callable[[], Any], sharding: Sharding, step_inputs: StepInputs, target_text: str | None, kind: str,
+    chosen_by: dict[str, str], *, step: str, device: str, dtype: str | None,
+) -> RanksReport:
+    """Tensor-parallel serving: every rank alike, rank 0 traced (serving_step.py)."""
+    traced = trace_serving_rank(build, sharding, step_inputs, device=device)
+    notes = list(sharding.notes) + [f"torch warned while tracing: {message}" for message in traced.warnings[:3]]
+    return RanksReport(
+        target=target_text, target_kind=kind, model_class=traced.model_class, inputs=traced.inputs, device=device,
+        loss=LOSS_NONE, optimizer="none", sharding=sharding, ranks=(traced.peak,), layouts=1, notes=tuple(notes),
+        dtype=dtype, class_chosen_by=chosen_by["class"], step=step,
+    )
 
 
 def _analyze_ddp(

@@ -116,6 +116,8 @@ class RanksReport:
     """Why the model is a `model_class` (as `ActivationReport.class_chosen_by`)."""
     ddp: DdpLayout | None = None
     """Under DDP, the Reducer's gradient buckets the traced step reduced, in their order; None under FSDP2."""
+    step: str = "train"
+    """train, or inference for tensor-parallel serving (`sharding.serving`)."""
 
     @property
     def largest(self) -> RankPeak:

@@ -68,12 +68,16 @@ class ShardingOptions:
     to before anything is sharded, as pure low-precision training does; None keeps the model's own."""
     ddp: DdpOptions | None = None
     """`--ddp`: DistributedDataParallel instead of FSDP2 (then `fsdp` is False): every rank holds the whole model."""
+    serving: str | None = None
+    """`--step inference` or `generate`: the ranks serve, one tensor-parallel group, no FSDP2 or DDP; None: training."""
 
     def check(self) -> None:
         """Raises UsageError for options that cannot go together."""
         if self.world_size < 1:
             raise UsageError(f"--world-size {self.world_size} is not a number of ranks", "give 1 or more")
-        if self.ddp is not None:
+        if self.serving is not None:
+            self._check_serving()
+        elif self.ddp is not None:
             self.ddp.check(fsdp=self.fsdp, tp=self.tp)
         elif not self.fsdp:
             raise UsageError(
@@ -91,6 +95,29 @@ class ShardingOptions:
                             ("--dtype", self.model_dtype)):
             if value is not None and value not in DTYPES:
                 raise UsageError(f"{name} {value!r} is not a dtype FSDP2 computes in", f"use one of {', '.join(DTYPES)}")
+
+    def _check_serving(self) -> None:
+        step = f"--step {self.serving}"
+        if self.serving == "generate":
+            raise UsageError(
+                "--step generate is not predicted across ranks yet: on 2 real gloo ranks its trace held one or two "
+                "all-reduce outputs more than the ranks did (882,789 B against 850,017 to 866,401 B on a 2-layer "
+                "Llama), outside the 2% a prediction is held to",
+                "predict --step inference across ranks (each forward of a generate), or one device's generate "
+                "without --world-size")
+        if self.ddp is not None or self.fsdp:
+            raise UsageError(f"{step} with --world-size is traced as tensor-parallel serving, and "
+                             f"{'--ddp' if self.ddp is not None else '--fsdp'} shards a training step",
+                             f"give --world-size {self.world_size} --tp {self.world_size} alone")
+        if self.tp != self.world_size:
+            raise UsageError(f"{step} with --world-size {self.world_size} needs --tp {self.world_size}: the ranks are "
+                             "one tensor-parallel group (each replica of a server is a group of its own)",
+                             f"give --tp {self.world_size}, or --world-size {self.tp} for groups of {self.tp}"
+                             if self.tp > 1 else f"give --tp {self.world_size}")
+        for name, value in (("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype)):
+            if value is not None:
+                raise UsageError(f"{name} is FSDP2's, and {step} ranks run no FSDP2", f"leave {name} out; "
+                                 "--dtype casts the model")
 
     @property
     def data_parallel(self) -> int:
@@ -131,6 +158,10 @@ class Sharding:
     """The model is a Hugging Face model with `config.use_cache`, which checkpointing turns off."""
     ddp: DdpOptions | None = None
     """DistributedDataParallel's options where it replicates the model instead (`wrapped` is then empty)."""
+    serving: bool = False
+    """Tensor parallel alone, for a serving step: no `fully_shard` (`wrapped` is then empty)."""
+    blocks: tuple[str, ...] = ()
+    """Serving: the blocks whose projections the code shards in one loop (training groups by `wrapped`)."""
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -278,6 +309,11 @@ def resolve_sharding(model: Any, options: ShardingOptions) -> Sharding:
     options.check()
     config = getattr(model, "config", None)
     hf_cache = config is not None and hasattr(config, "use_cache")
+    if options.serving is not None:
+        serving_plan, left_whole = tensor_parallel_plan(model, options.tp)
+        return Sharding(world_size=options.world_size, tp=options.tp, wrapped=(), reshard_after_forward=(),
+                        model_dtype=options.model_dtype, tp_plan=serving_plan, hf_cache=hf_cache, serving=True,
+                        blocks=main_blocks(model), notes=tuple(left_whole[:3]))
     if options.ddp is not None:
         return Sharding(world_size=options.world_size, tp=1, wrapped=(), reshard_after_forward=(),
                         model_dtype=options.model_dtype, hf_cache=hf_cache, ddp=options.ddp)
@@ -315,7 +351,7 @@ def _tensor_parallel_lines(sharding: Sharding) -> list[str]:
     """parallelize_module calls: one per group of blocks that share a plan (torchtitan's per-block loop), then the
     projections outside every block, by their full paths (no `*` patterns, which would also try paths that are
     not there)."""
-    blocks = [path for path in sharding.wrapped if path]
+    blocks = [path for path in (sharding.blocks if sharding.serving else sharding.wrapped) if path]
     inside: dict[str, list[tuple[str, str]]] = {}
     outside: list[tuple[str, str]] = []
     for entry in sharding.tp_plan:
@@ -364,8 +400,24 @@ def _checkpointing(sharding: Sharding) -> tuple[list[str], list[str]]:
     return imports, lines
 
 
+def _serving_code(sharding: Sharding) -> str:
+    """Tensor parallel alone, as a server lays a model out over one group of ranks."""
+    lines = ["import torch", "from torch.distributed.device_mesh import init_device_mesh",
+             "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module",
+             "", "", 'def shard(model, device_type="cuda"):',
+             f'    """Lay `model` out over {sharding.tp} ranks (tensor parallel, to serve); call it on every rank."""']
+    if sharding.model_dtype:
+        lines.append(f"    model.to(torch.{sharding.model_dtype})  # the parameters' own dtype, cast before sharding")
+    lines.append(f'    mesh = init_device_mesh(device_type, ({sharding.tp},), mesh_dim_names=("tp",))')
+    lines += _tensor_parallel_lines(sharding)
+    lines.append("    return model")
+    return "\n".join(lines) + "\n"
+
+
 def _code(sharding: Sharding) -> str:
     checkpoint_imports, checkpoint_lines = _checkpointing(sharding)
+    if sharding.serving:
+        return _serving_code(sharding)
     if sharding.ddp is not None:
         return ddp_code(sharding.world_size, sharding.ddp, sharding.model_dtype, checkpoint_imports, checkpoint_lines)
     dp, tp = sharding.data_parallel, sharding.tp

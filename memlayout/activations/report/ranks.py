@@ -42,7 +42,7 @@ def _rank_dict(rank: RankPeak) -> dict[str, Any]:
 def _distributed_dict(sharding: Sharding, layouts: int, ddp: DdpLayout | None) -> dict[str, Any]:
     distributed = {
         "world_size": sharding.world_size,
-        "fsdp": sharding.ddp is None,
+        "fsdp": sharding.ddp is None and not sharding.serving,
         "tp": sharding.tp,
         "data_parallel": sharding.data_parallel,
         "wrapped_modules": list(sharding.wrapped),
@@ -102,6 +102,7 @@ def ranks_report_dict(report: RanksReport) -> dict[str, Any]:
         "notes": list(report.notes),
         "distributed": _distributed_dict(report.sharding, report.layouts, report.ddp),
         "ranks": [_rank_dict(r) for r in report.ranks],
+        "step": report.step,
     }
 
 
@@ -117,7 +118,7 @@ def _where(rank: RankPeak, with_class: bool = True) -> str:
     return f"{name} ({at.class_name}), {at.phase}" if with_class else f"{name}, {at.phase}"
 
 
-def _ranks_table(title: str, ranks: tuple[RankPeak, ...], ddp: bool = False) -> Any:
+def _ranks_table(title: str, ranks: tuple[RankPeak, ...], ddp: bool = False, serving: bool = False) -> Any:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
@@ -132,10 +133,28 @@ def _ranks_table(title: str, ranks: tuple[RankPeak, ...], ddp: bool = False) -> 
             human_bytes(r.temporary_bytes), human_bytes(r.input_bytes), human_bytes(r.communication_bytes),
             _where(r, with_class=False),
         )
-    table.caption = ("params: the whole model on every rank; temps: made in backward; comms: DDP's gradient buckets"
+    table.caption = ("params: each rank's shards; activations and temps: the forward's, alive at the peak; comms: "
+                     "the all-reduces' outputs" if serving else
+                     "params: the whole model on every rank; temps: made in backward; comms: DDP's gradient buckets"
                      if ddp else "params: shards and gathered blocks; temps: made in backward; comms: all-gather and "
                      "reduce-scatter buffers")
     return table
+
+
+def _serving_lines(sharding: Sharding) -> list[str]:
+    lines = [f"tensor parallel over {sharding.tp} ranks, to serve: no FSDP2; each rank holds its shards of the "
+             "projections and the rest of the model whole"]
+    for style in ("colwise", "rowwise"):
+        members = [s.module for s in sharding.tp_plan if s.style == style]
+        lines.append(f"{style}: {_span(members)} ({counted(len(members), 'module')})")
+    return lines
+
+
+def _step_text(report: RanksReport) -> str:
+    """What each rank runs, as the single-device report says it."""
+    if report.step == "inference":
+        return f"forward only, eval mode, torch.inference_mode; fake tensors on {report.device}"
+    return f"forward, backward, optimizer {report.optimizer}; fake tensors on {report.device}"
 
 
 def _sharding_lines(sharding: Sharding) -> list[str]:
@@ -218,20 +237,24 @@ def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = F
     grid.add_row("peak per rank", f"{human_bytes(largest.peak_bytes)} ({largest.peak_bytes:,} bytes) on the largest "
                                   f"rank, {largest.rank}, at {_where(largest)}")
     ddp = report.sharding.ddp is not None and report.ddp is not None
-    layout_lines = _ddp_lines(report.sharding, report.ddp) if report.ddp is not None else _sharding_lines(report.sharding)
+    serving = report.sharding.serving
+    layout_lines = (_ddp_lines(report.sharding, report.ddp) if report.ddp is not None else
+                    _serving_lines(report.sharding) if serving else _sharding_lines(report.sharding))
     for line in layout_lines:
         head, _, rest = line.partition(": ")
         grid.add_row(head, rest)
     grid.add_row("each rank's batch", ", ".join(report.inputs))
-    grid.add_row("step", f"forward, backward, optimizer {report.optimizer}; fake tensors on {report.device}")
+    grid.add_row("step", _step_text(report))
     for line in _precision_lines(report):
         head, _, rest = line.partition(": ")
         grid.add_row(head, rest)
     title = f"memlayout activations: {report.target or report.model_class} on {report.sharding.world_size} ranks"
     parts: list[Any] = [Panel(grid, title=title, title_align="left", expand=False)]
     parts.append(_ranks_table("each rank at its peak (memlayout's trace of the DDP step; every rank alike)" if ddp else
+                              "each rank at its peak (memlayout's trace of the tensor-parallel step; every rank alike)"
+                              if serving else
                               "each rank at its peak (FSDPMemTracker's accounting; one row per shard layout)",
-                              report.ranks, ddp))
+                              report.ranks, ddp, serving))
     plan = report.plan
     if plan is not None:
         lines = [f"plan for a budget of {human_bytes(plan.budget_bytes)} per rank"]

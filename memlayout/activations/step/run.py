@@ -94,10 +94,11 @@ def resolve_step(step: str, optimizer: str | None, budget: object) -> str:
 
 
 def serving_ranks_refused(step: str) -> UsageError:
-    """Why a forward-only step is refused with `--world-size`: serving's ranks (`--tp`) are not predicted yet, and a
-    prediction no real rank has checked is not given."""
-    return UsageError(f"--step {step} is not traced with --world-size yet: serving across ranks (--tp, --fsdp) is "
-                      "not predicted", f"predict one device's {_FORWARDS[step]} without --world-size")
+    """Why `--fit` is refused for a forward-only step with `--world-size`: the size search runs one device's step or
+    training ranks, and serving ranks (ranks/serving_step.py) are predicted at one size only."""
+    return UsageError(f"--fit with --step {step} is not searched across ranks yet",
+                      f"predict one size across ranks without --fit, or --fit one device's {_FORWARDS[step]} "
+                      "without --world-size")
 
 
 class Autocast(NamedTuple):

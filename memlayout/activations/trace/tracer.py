@@ -188,8 +188,10 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         if self.tensor_parallel:
             if _has_dtensor(types):
                 return NotImplemented  # DTensor runs the op as ops on its local tensors, which come back here
-            if self.propagating:
-                return func(*args, **(kwargs or {}))  # DTensor deciding an output's shape: no memory of the step
+            if self.propagating or _on_meta_only(args, kwargs):
+                # DTensor deciding an output's shape or placement (on fake or meta tensors of the global shapes):
+                # no memory of the step
+                return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
         phase = self.phase
         summing = False
@@ -528,6 +530,17 @@ def _has_dtensor(types: Any) -> bool:
     module = sys.modules.get("torch.distributed.tensor")
     dtensor = getattr(module, "DTensor", None)
     return dtensor is not None and any(issubclass(t, dtensor) for t in types)
+
+
+def _on_meta_only(args: Any, kwargs: Any) -> bool:
+    """An op on the meta device alone: DTensor's sharding propagation tries a decomposition on meta tensors."""
+    import torch
+
+    devices = [value.device for value in _torch.tree_flatten((args, kwargs))[0] if isinstance(value, torch.Tensor)]
+    if not devices:
+        device = (kwargs or {}).get("device")
+        return device is not None and torch.device(device).type == "meta"
+    return all(device.type == "meta" for device in devices)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
