@@ -400,6 +400,16 @@ def around_dtensor_shape_propagation(around: Any) -> Iterator[None]:
         ShardingPropagator._fake_mode_lock = original
 
 
+def on_fake_mode_alone(func: Any, args: Any, kwargs: Any) -> Any:
+    """`func` under the active FakeTensorMode with every other dispatch mode off (a tracer's, a fake step's): an op
+    that only derives shapes (DTensor's sharding propagation), with no value made real and nothing counted."""
+    from torch._guards import detect_fake_mode
+
+    fake_mode = detect_fake_mode(args)
+    with disable_dispatch_modes(), fake_mode if fake_mode is not None else contextlib.nullcontext():
+        return func(*args, **kwargs)
+
+
 def disable_dispatch_modes() -> Any:
     """`torch.utils._python_dispatch._disable_current_modes()`: a context with every dispatch mode off (a tracer's,
     a fake step's, the fake mode's), so that an op runs on the real kernel alone (kernel_storage.py)."""

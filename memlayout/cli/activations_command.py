@@ -284,7 +284,7 @@ def activations_command(
             raise UsageError(
                 f"--world-size predicts ranks on fake tensors; {'--real' if real else '--device meta'} does not apply",
                 "measure real ranks under torchrun (the CPU allocator's events, torch.profiler), and predict for "
-                "--device cpu" if sharding.ddp is not None else
+                "--device cpu" if sharding.ddp is not None or sharding.serving is not None else
                 "measure real ranks under torchrun (FSDPMemTracker), and predict for --device cpu or cuda",
             )
         try:

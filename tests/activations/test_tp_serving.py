@@ -122,6 +122,9 @@ def _predicted_code_for(builder: object) -> str:
     (["--world-size", "2", "--tp", "2", "--fsdp"], "--fsdp shards a training step"),
     (["--world-size", "2", "--tp", "2", "--ddp"], "--ddp shards a training step"),
     (["--world-size", "2", "--tp", "2", "--param-dtype", "bfloat16"], "--param-dtype is FSDP2's"),
+    (["--world-size", "2", "--tp", "2", "--device", "cuda"], "traced for --device cpu, not cuda"),
+    (["--world-size", "2", "--tp", "2", "--device", "meta"], "--device meta does not apply"),
+    (["--world-size", "2", "--tp", "2", "--autocast", "bf16"], "--autocast is not traced for --step inference"),
 ])
 def test_serving_ranks_refuse_what_they_do_not_run(extra: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["activations", LLAMA, "--trust", "--input", "int64[2,32]<1000", "--step",

@@ -134,6 +134,10 @@ def analyze_ranks(
         if autocast is not None:
             raise UsageError(f"--autocast is not traced for --step {sharding.serving} across ranks yet",
                              f"--dtype {autocast} casts the model, as servers load it")
+        if device != "cpu":
+            raise UsageError(f"--step {sharding.serving} across ranks is traced for --device cpu, not {device}, yet: "
+                             "the fake CUDA step does not run DTensor's device mesh",
+                             "predict --device cpu (the same shards and ops), or one device's forward on --device cuda")
         del model
         return _analyze_serving(build, resolved, StepInputs(inputs, kwargs), target_text, kind, chosen_by,
                                 step=sharding.serving, device=device, dtype=dtype)

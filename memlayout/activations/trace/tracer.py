@@ -188,10 +188,12 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         if self.tensor_parallel:
             if _has_dtensor(types):
                 return NotImplemented  # DTensor runs the op as ops on its local tensors, which come back here
-            if self.propagating or _on_meta_only(args, kwargs):
-                # DTensor deciding an output's shape or placement (on fake or meta tensors of the global shapes):
-                # no memory of the step
-                return func(*args, **(kwargs or {}))
+            if self.propagating:
+                # DTensor deciding an output's shape on fake tensors of the global shapes: no memory of the step,
+                # and no value for the fake step below to make real
+                return _torch.on_fake_mode_alone(func, args, kwargs or {})
+            if _on_meta_only(args, kwargs):
+                return func(*args, **(kwargs or {}))  # DTensor trying a placement on meta tensors: the same
         kwargs = kwargs or {}
         phase = self.phase
         summing = False
