@@ -158,13 +158,20 @@ class AllocatorOutOfMemoryError(MemlayoutError):
 class NothingFitsError(MemlayoutError):
     """Not even a size of 1 fits the budget, with or without a plan."""
 
-    def __init__(self, axis: str, budget: int, lowest: int | None) -> None:
+    def __init__(self, axis: str, budget: int, lowest: int | None, *, half_precision: bool = False,
+                 ranks: bool = False) -> None:
         from memlayout.format_bytes import human_bytes
 
         self.budget_bytes = budget
         self.lowest_peak_bytes = lowest
         reached = f": at {axis} 1 the lowest peak is {human_bytes(lowest)} ({lowest} bytes)" if lowest else ""
+        # Only what the command did not already do: a hint to pass --dtype bf16 to a bf16 run sends the user round.
+        remedies = ["raise --budget"]
+        if not half_precision:
+            remedies.append("use lower precision (--dtype bf16)")
+        remedies.append("shard across more ranks (a larger --world-size)" if ranks else
+                        "shard across ranks (--world-size)")
         super().__init__(
             f"not even a {axis} of 1 fits a budget of {human_bytes(budget)} ({budget} bytes){reached}",
-            "raise --budget, use lower precision (--dtype bf16), or shard across ranks (--world-size)",
+            ", ".join(remedies[:-1]) + ", or " + remedies[-1],
         )

@@ -178,6 +178,28 @@ def test_a_budget_no_batch_of_one_fits_is_one_line_and_exit_1() -> None:
                     "--budget", str(budget)], 1, "not even a batch of 1 fits")
 
 
+def test_the_nothing_fits_hint_to_lower_precision_works_and_is_not_given_to_a_bf16_run() -> None:
+    """Followed, `--dtype bf16` fits batch 1 under a budget float32 misses; a bf16 run is not told to pass it."""
+    from memlayout.errors import NothingFitsError
+
+    specs = ["--input", "int64[1,64]<500", "--input", "labels=int64[1,64]<500"]
+    bf16 = act.analyze(models.gpt2(), ["int64[1,64]<500", "labels=int64[1,64]<500"], dtype="bf16").summary
+    tight = bf16.parameter_bytes + bf16.buffer_bytes + bf16.optimizer_bytes + 1024
+    result = CliRunner().invoke(app, [*GPT2, *specs, "--dtype", "bf16", "--fit", "batch", "--budget", str(tight)])
+    assert result.exit_code == 1 and "not even a batch of 1 fits" in result.stderr, result.stderr
+    assert "--dtype" not in result.stderr and "raise --budget, or shard across ranks" in result.stderr
+    with pytest.raises(NothingFitsError) as caught:
+        fit("tests.activations.models:gpt2", [parse_input_spec(s) for s in specs[1::2]], budget=tight, dtype="bf16")
+    assert caught.value.lowest_peak_bytes is not None
+    budget = caught.value.lowest_peak_bytes  # bf16's lowest plan at batch 1: it fits, float32's does not
+    refused = CliRunner().invoke(app, [*GPT2, *specs, "--fit", "batch", "--budget", str(budget)])
+    assert refused.exit_code in (1, 2) and "use lower precision (--dtype bf16)" in refused.stderr, refused.stderr
+    followed = CliRunner().invoke(app, [*GPT2, *specs, "--dtype", "bf16", "--fit", "batch", "--budget", str(budget),
+                                        "--format", "json"])
+    assert followed.exit_code == 0, followed.stderr
+    assert json.loads(followed.stdout)["fit"]["with_plan"]["size"] >= 1
+
+
 def test_with_ranks_the_batch_found_is_the_largest_whose_largest_rank_fits() -> None:
     from memlayout.activations.ranks import analyze_ranks
     from memlayout.activations.ranks.parallel import ShardingOptions
