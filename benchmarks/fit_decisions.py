@@ -5,7 +5,8 @@ card as torch reports it is the budget; on the CPU a --budget), then `--budget` 
 answers and at one more, as separate commands, each in a process of its own. The decision holds
 when the first finds a plan (exit 0) whose compared figure (on a GPU: the allocator's reserved
 peak plus the CUDA context, cuBLAS and its workspaces) is within the card, and the second finds
-none (exit 1). Tracing for a GPU needs torch's CUDA build (no GPU): run it with one (the 2.14.1+cu130
+none (exit 1); where `--fit` answers that not even a batch of 1 fits (exit 1), when `--budget` at
+batch 1 finds no plan either. Tracing for a GPU needs torch's CUDA build (no GPU): run it with one (the 2.14.1+cu130
 of the torch matrix). `--fit`'s time is printed beside one plain prediction of the same step.
 
 Usage: python benchmarks/fit_decisions.py [--quick] [--only KEY ...]   (results: benchmarks/results/fit_decisions.json)
@@ -79,6 +80,11 @@ def check(model: str, target: str, precision: str) -> dict[str, Any]:
                               "fit_seconds": seconds, "fit_exit": code, "fit_stderr": stderr.strip()}
     if data is None:
         record["nothing_fits"] = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {code}"
+        # "Not even a batch of 1 fits" is a decision too: --budget at batch 1 must find no plan either.
+        one_argv = command(model, target, precision, 1, *budget)
+        code_one, _, stderr_one, _ = run(one_argv)
+        record.update(next_command=shown(one_argv), next_exit=code_one, next_stderr=stderr_one.strip(),
+                      decision_holds=code == 1 and code_one == 1)
         return record
     fit = data["fit"]
     planned, plain = fit["with_plan"], fit["without_plan"]
@@ -117,7 +123,9 @@ def table_markdown(results: dict[str, Any] | None = None) -> str:
         label, _, length, _ = MODELS[record["model"]]
         head = f"| {label}, {length} | {record['target']} | {record['precision']} "
         if "nothing_fits" in record:
-            lines.append(head + f"| 0 | 0 | {record['nothing_fits'].removeprefix('memlayout: error: ')[:120]} | | | |")
+            after = {0: "plan found", 1: "no plan"}.get(record.get("next_exit", -1), f"exit {record.get('next_exit')}")
+            lines.append(head + f"| 0 | 0 | {record['nothing_fits'].removeprefix('memlayout: error: ')[:120]} "
+                                f"| n/a | {after} | {record['fit_seconds']:.0f} s |")
             continue
         ratio = record["fit_seconds"] / record["predict_seconds"] if record.get("predict_seconds") else 0.0
         at = {0: "plan found", 1: "no plan"}.get(record.get("at_exit", -1), f"exit {record.get('at_exit')}")
