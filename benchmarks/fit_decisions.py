@@ -83,8 +83,10 @@ def check(model: str, target: str, precision: str) -> dict[str, Any]:
         # "Not even a batch of 1 fits" is a decision too: --budget at batch 1 must find no plan either.
         one_argv = command(model, target, precision, 1, *budget)
         code_one, _, stderr_one, _ = run(one_argv)
+        # Exit 2 is the budget below the model's own state, before any step is traced: no batch fits either.
+        below_state = code == 2 and "below the model's own state" in record["nothing_fits"]
         record.update(next_command=shown(one_argv), next_exit=code_one, next_stderr=stderr_one.strip(),
-                      decision_holds=code == 1 and code_one == 1)
+                      decision_holds=(code == 1 or below_state) and code_one == 1)
         return record
     fit = data["fit"]
     planned, plain = fit["with_plan"], fit["without_plan"]

