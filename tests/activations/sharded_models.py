@@ -113,6 +113,14 @@ def transformers_llama() -> nn.Module:
     return llama(vocab=VOCAB)
 
 
+def transformers_llama_small_vocab() -> nn.Module:
+    """The same with a vocabulary of 64: a forward's peak is in the MLP, at the row-wise projection's all-reduce,
+    not at the logits."""
+    from tests.activations.models import llama
+
+    return llama(vocab=64)
+
+
 def token_batch(seed: int = 1) -> dict[str, torch.Tensor]:
     """One rank's batch, 2x128 tokens, with labels."""
     generator = torch.Generator().manual_seed(seed)

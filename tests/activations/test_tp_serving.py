@@ -56,6 +56,28 @@ def test_each_rank_is_within_two_percent_of_a_real_gloo_rank_running_the_printed
 
 
 @pytest.mark.skipif(not SERVES, reason="tensor-parallel serving is traced on torch 2.14 or later")
+def test_a_peak_at_the_row_wise_all_reduce_is_the_real_ranks(tmp_path: Path) -> None:
+    """The module hooks saw the row-wise projection's input as a DTensor, whose storage is its global shape: the
+    trace counted it beside the local shard, two hidden states too many (a 2-layer Mistral of the zoo: 213,668 B
+    predicted against 180,896 B real)."""
+    from tests.activations.real_ranks import measure_serving, run_ranks
+
+    small = "tests.activations.sharded_models:transformers_llama_small_vocab"
+    args = [small if arg == LLAMA else arg.replace(f"<{VOCAB}", "<64") for arg in SERVE]
+    result = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert ".mlp" in report["summary"]["peak_at"]["module"], report["summary"]["peak_at"]
+    predicted = report["summary"]["peak_bytes"]
+    # A real rank sometimes holds one all-reduce output more (16,384 B, 4.5% of this peak) when gloo's worker
+    # thread lets go of it late: the trace is the ranks' peak when it does not, so it is held to the lowest of
+    # two runs' ranks.
+    real = [rank["peak_bytes"] for run in range(2) for rank in
+            run_ranks(measure_serving, 2, tmp_path / str(run), small, report["distributed"]["code"], PROMPT, 64)]
+    assert abs(predicted / min(real) - 1) <= 0.02, (predicted, real)
+
+
+@pytest.mark.skipif(not SERVES, reason="tensor-parallel serving is traced on torch 2.14 or later")
 def test_the_report_says_it_is_a_tensor_parallel_forward() -> None:
     result = CliRunner().invoke(app, SERVE)
     assert result.exit_code == 0, result.stderr

@@ -100,9 +100,9 @@ class ShardingOptions:
         step = f"--step {self.serving}"
         if self.serving == "generate":
             raise UsageError(
-                "--step generate is not predicted across ranks yet: on 2 real gloo ranks its trace held one or two "
-                "all-reduce outputs more than the ranks did (882,789 B against 850,017 to 866,401 B on a 2-layer "
-                "Llama), outside the 2% a prediction is held to",
+                "--step generate is not predicted across ranks yet: real gloo ranks' generate peaks differ from run to "
+                "run by several all-reduce outputs that gloo's worker thread lets go of late (275,137 to 328,897 B "
+                "over 4 runs of a 2-layer Mistral), so no one figure is the ranks' peak",
                 "predict --step inference across ranks (each forward of a generate), or one device's generate "
                 "without --world-size")
         if self.ddp is not None or self.fsdp:

@@ -551,11 +551,14 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _tensors(values: Any) -> Iterable[torch.Tensor]:
+    """The tensors among a module call's inputs or outputs; a tensor-parallel one as its local shard, the memory
+    it has on this rank (a DTensor's own storage would be its global shape's)."""
     if isinstance(values, tuple) and len(values) == 2 and isinstance(values[1], Mapping):
-        yield from output_tensors(values[0])
-        yield from output_tensors(values[1])
+        found = [*output_tensors(values[0]), *output_tensors(values[1])]
     else:
-        yield from output_tensors(values)
+        found = list(output_tensors(values))
+    for tensor in found:
+        yield _local(tensor)
 
 
 def trace_step(
