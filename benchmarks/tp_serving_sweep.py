@@ -1,0 +1,137 @@
+"""Tensor-parallel serving across the zoo: each rank's forward, predicted against 2 real gloo ranks.
+
+Usage: python -m benchmarks.tp_serving_sweep [--sample N] [--seed S] [--timeout SECONDS] [--arch NAME ...]
+
+For each causal language model of the zoo's catalog (or `--sample N` of them drawn with `--seed`), less the Llama
+the tests check, in a process of its own with a timeout: `analyze_ranks` with `--step inference --world-size 2
+--tp 2` on the model as the zoo builds it (its prompt cut to 32 tokens), then 2 real gloo ranks
+(tests/activations/real_ranks.py `measure_serving`), twice, that build the same model, run the
+`parallelize_module` code the report prints, and measure one forward as serving code runs it by the CPU
+allocator's events. A real rank sometimes holds one all-reduce output more than in its other runs (gloo's worker
+thread lets go of it late), so each record keeps every real peak, and is within 2% when the prediction is within
+2% of the lowest. A model whose projections the plan cannot split (a fused
+q/k/v, Conv1D layers) is recorded as unsupported, with the one-line reason memlayout gives. Not part of
+`make bench`: torch 2.14 or later (serving_step.py). Writes `benchmarks/results/tp_serving_sweep.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "tp_serving_sweep.json"
+TOLERANCE = 0.02
+PROMPT = 32
+WORLD = 2
+RUNS = 2
+"""Real runs of each step (each on WORLD ranks)."""
+ARCH_VARIABLE = "MEMLAYOUT_TP_SWEEP_ARCH"
+"""How the real ranks, spawned processes, learn which architecture to build (`build_from_environment`)."""
+TUNED_ON = frozenset({"LlamaForCausalLM"})
+
+
+def build_from_environment() -> Any:
+    """The zoo's model named by ARCH_VARIABLE, in eval mode: what each real rank builds."""
+    from benchmarks.zoo.catalog import by_name
+
+    return by_name()[os.environ[ARCH_VARIABLE]].build().model.eval()
+
+
+def check_one(name: str) -> dict[str, Any]:
+    """One architecture's record: predicted, then measured on real ranks running the printed code."""
+    import torch
+
+    from benchmarks.zoo.catalog import by_name
+    from benchmarks.zoo.check import memlayout_error, one_line
+    from memlayout.activations.ranks import analyze_ranks
+    from memlayout.activations.ranks.parallel import ShardingOptions
+    from memlayout.errors import UsageError
+    from tests.activations.real_ranks import measure_serving, run_ranks
+
+    torch.set_num_threads(1)
+    record: dict[str, Any] = {"architecture": name, "status": "ok"}
+    try:
+        built = by_name()[name].build()
+    except Exception as exc:
+        return {**record, "status": "unsupported", "reason": f"does not build: {one_line(exc)}"}
+    ids = built.kwargs.get("input_ids")
+    if ids is None:
+        return {**record, "status": "unsupported", "reason": "it takes no input_ids"}
+    ids = ids[:, :PROMPT].contiguous()
+    vocab = int(built.model.config.vocab_size)
+    os.environ[ARCH_VARIABLE] = name
+    sharding = ShardingOptions(world_size=WORLD, fsdp=False, tp=WORLD, serving="inference")
+    try:
+        report = analyze_ranks(build_from_environment(), [ids], sharding=sharding)
+    except UsageError as exc:
+        return {**record, "status": "unsupported", "reason": exc.one_line()[:300]}
+    except Exception as exc:
+        return {**record, "status": "failed", "reason": f"no prediction: {memlayout_error(exc)}"}
+    predicted = report.summary.peak_bytes
+    measured: list[int] = []
+    try:
+        for _ in range(RUNS):
+            with tempfile.TemporaryDirectory() as folder:
+                ranks = run_ranks(measure_serving, WORLD, Path(folder), "benchmarks.tp_serving_sweep:build_from_environment",
+                                  report.sharding.code(), list(ids.shape), vocab)
+            measured += [r["peak_bytes"] for r in ranks]
+    except Exception as exc:
+        return {**record, "status": "unsupported", "reason": f"the real ranks fail: {one_line(exc)}"}
+    lowest = min(measured)
+    return {**record, "predicted_peak_bytes": predicted, "measured_peak_bytes": measured,
+            "ratio_to_lowest": round(predicted / lowest, 4), "within_2pct": abs(predicted - lowest) <= TOLERANCE * lowest,
+            "runs_above_lowest": sum(m != lowest for m in measured), "sharded_modules": len(report.sharding.tp_plan)}
+
+
+def candidates() -> list[str]:
+    from benchmarks.zoo.catalog import by_name
+
+    return sorted(n for n, a in by_name().items() if a.family == "causal-lm" and n not in TUNED_ON)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tp_serving_sweep", description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", action="append", default=[], help="an architecture of the catalog (repeatable)")
+    parser.add_argument("--sample", type=int, help="this many architectures, drawn at random")
+    parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for one architecture")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.one:
+        print(json.dumps(check_one(options.one)))
+        return 0
+    from benchmarks.zoo.check import run_check_in_child
+    from benchmarks.zoo.run import versions
+
+    names = options.arch or candidates()
+    if options.sample is not None and not options.arch:
+        names = sorted(random.Random(options.seed).sample(names, min(options.sample, len(names))))
+    started = time.perf_counter()
+    records = [run_check_in_child("benchmarks.tp_serving_sweep", name, options.timeout) for name in names]
+    runnable = [r for r in records if r["status"] != "unsupported"]
+    within = [r for r in runnable if r.get("within_2pct")]
+    for r in records:
+        print(f"{r['architecture']}: {r['status']} {r.get('ratio_to_lowest', '')} {r.get('reason', '')}")
+    print(f"within 2% of the real ranks' lowest peak: {len(within)} of {len(runnable)} runnable "
+          f"({len(records)} drawn)")
+    result = {"command": shlex.join(["python", "-m", "benchmarks.tp_serving_sweep", *argv]), "versions": versions(),
+              "prompt": PROMPT, "world_size": WORLD, "runs": RUNS, "wall_seconds": round(time.perf_counter() - started, 1),
+              "architectures": len(records), "runnable": len(runnable), "within_2pct": len(within),
+              "records": records}
+    from memlayout.io.atomic_write import write_text
+
+    write_text(str(RESULTS), json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
