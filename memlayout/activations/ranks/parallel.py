@@ -22,6 +22,7 @@ from typing import Any
 
 from memlayout.activations.ranks.ddp import DdpOptions, ddp_code
 from memlayout.activations.ranks.module_lists import python_list
+from memlayout.activations.ranks.serving_options import check_serving
 from memlayout.errors import UsageError
 
 COLWISE = "colwise"
@@ -76,7 +77,7 @@ class ShardingOptions:
         if self.world_size < 1:
             raise UsageError(f"--world-size {self.world_size} is not a number of ranks", "give 1 or more")
         if self.serving is not None:
-            self._check_serving()
+            check_serving(self)
         elif self.ddp is not None:
             self.ddp.check(fsdp=self.fsdp, tp=self.tp)
         elif not self.fsdp:
@@ -95,29 +96,6 @@ class ShardingOptions:
                             ("--dtype", self.model_dtype)):
             if value is not None and value not in DTYPES:
                 raise UsageError(f"{name} {value!r} is not a dtype FSDP2 computes in", f"use one of {', '.join(DTYPES)}")
-
-    def _check_serving(self) -> None:
-        step = f"--step {self.serving}"
-        if self.serving == "generate":
-            raise UsageError(
-                "--step generate is not predicted across ranks yet: real gloo ranks' generate peaks differ from run to "
-                "run by several all-reduce outputs that gloo's worker thread lets go of late (275,137 to 328,897 B "
-                "over 4 runs of a 2-layer Mistral), so no one figure is the ranks' peak",
-                "predict --step inference across ranks (each forward of a generate), or one device's generate "
-                "without --world-size")
-        if self.ddp is not None or self.fsdp:
-            raise UsageError(f"{step} with --world-size is traced as tensor-parallel serving, and "
-                             f"{'--ddp' if self.ddp is not None else '--fsdp'} shards a training step",
-                             f"give --world-size {self.world_size} --tp {self.world_size} alone")
-        if self.tp != self.world_size:
-            raise UsageError(f"{step} with --world-size {self.world_size} needs --tp {self.world_size}: the ranks are "
-                             "one tensor-parallel group (each replica of a server is a group of its own)",
-                             f"give --tp {self.world_size}, or --world-size {self.tp} for groups of {self.tp}"
-                             if self.tp > 1 else f"give --tp {self.world_size}")
-        for name, value in (("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype)):
-            if value is not None:
-                raise UsageError(f"{name} is FSDP2's, and {step} ranks run no FSDP2", f"leave {name} out; "
-                                 "--dtype casts the model")
 
     @property
     def data_parallel(self) -> int:
