@@ -24,10 +24,10 @@ from memlayout.activations.analysis import _step_failed, prepare_step
 from memlayout.activations.ranks.ddp import BucketRecorder, DdpLayout, run_ddp_code
 from memlayout.activations.ranks.facts import RankPeak
 from memlayout.activations.ranks.parallel import Sharding
-from memlayout.activations.ranks.rank_step import _torch_quieted, fake_world
+from memlayout.activations.ranks.rank_step import _torch_quieted, fake_world, local_shard_bytes
 from memlayout.activations.step.optimizer import build_optimizer, state_dtype
 from memlayout.activations.step.run import run_step
-from memlayout.activations.summary import PeakAt, Summary, summarize
+from memlayout.activations.summary import PeakAt, summarize
 from memlayout.errors import MemlayoutError
 
 WARM_UP_STEPS = 2
@@ -107,31 +107,10 @@ def trace_ddp_rank(
             raise _step_failed(exc, step) from exc
         recorder.clear()
         summary = summarize(trace)
-        peak = _rank_peak(summary, sharding, step.model)
+        peak = RankPeak.of_trace(summary, sharding.world_size, local_shard_bytes(step.model),
+                                 _unwrapped(summary.peak_at))
     return DdpTrace(peak, layout, step.descriptions, trace.loss, tuple(dict.fromkeys(warned)), tuple(notes),
                     state_dtype(step.optimizer), target_text, kind, model_class, chosen_by)
-
-
-def _rank_peak(summary: Summary, sharding: Sharding, wrapped: Any) -> RankPeak:
-    """The trace's peak in the ranks report's kinds (they add up to the peak), where the model's paths lose DDP's."""
-    at = summary.at_peak
-    return RankPeak(
-        rank=0,
-        same_layout=((0, sharding.world_size - 1),),
-        peak_bytes=summary.peak_bytes,
-        parameter_bytes=at["parameters"],
-        buffer_bytes=at["buffers"],
-        gradient_bytes=at["gradients"],
-        optimizer_bytes=at["optimizer_state"],
-        activation_bytes=at["saved_activations"],
-        temporary_bytes=at["other"],
-        input_bytes=at["inputs"],
-        communication_bytes=at.get("communication", 0),
-        peak_at=_unwrapped(summary.peak_at),
-        shard_bytes=sum(p.numel() * p.element_size() for p in wrapped.parameters()),
-        tracker=dict(at),
-        forward_flops=summary.forward_flops,
-    )
 
 
 def _unwrapped(at: PeakAt) -> PeakAt:

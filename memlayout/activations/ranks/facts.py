@@ -46,6 +46,30 @@ class RankPeak:
     forward_flops: int
 
 
+    @classmethod
+    def of_trace(cls, summary: Summary, world_size: int, shard_bytes: int, peak_at: PeakAt) -> RankPeak:
+        """A rank traced by memlayout's own tracer (DDP, tensor-parallel serving), every rank alike: its summary's
+        peak in the report's kinds (they add up to the peak), `peak_at` named as the user holds the model."""
+        at = summary.at_peak
+        return cls(
+            rank=0,
+            same_layout=((0, world_size - 1),),
+            peak_bytes=summary.peak_bytes,
+            parameter_bytes=at["parameters"],
+            buffer_bytes=at["buffers"],
+            gradient_bytes=at["gradients"],
+            optimizer_bytes=at["optimizer_state"],
+            activation_bytes=at["saved_activations"],
+            temporary_bytes=at["other"],
+            input_bytes=at["inputs"],
+            communication_bytes=at.get("communication", 0),
+            peak_at=peak_at,
+            shard_bytes=shard_bytes,
+            tracker=dict(at),
+            forward_flops=summary.forward_flops,
+        )
+
+
 @dataclass(frozen=True)
 class RankLayout:
     """Ranks whose parameter shards have the same shapes."""

@@ -176,26 +176,39 @@ def trace_rank(
     """Trace one steady-state step of `rank` with `sharding` applied (forward and loss under `autocast`)."""
     warned: list[str] = []
     with fake_world(sharding.world_size, rank), _torch_quieted(warned):
-        step = _sharded_step(build, sharding, step_inputs, device)
+        step = sharded_step(build, sharding, step_inputs, device)
         step.autocast = autocast
         try:
             tracker, how, flops = _tracked_step(step, optimizer)
         except MemlayoutError:
             raise
         except Exception as exc:
-            text = str(exc).splitlines()[0] if str(exc) else ""
-            raise RankStepError(
-                f"the step failed on rank {rank} of {sharding.world_size} with the sharding applied: "
-                f"{type(exc).__name__}: {text}",
-                "a model that reshapes by a head count it keeps as an attribute cannot run tensor parallel as "
-                "it is; --debug shows the traceback" if sharding.tp > 1 else "--debug shows the traceback",
-            ) from exc
+            raise step_failed(exc, rank, sharding) from exc
         peak = _rank_peak(tracker, step.model, rank, same_layout, flops, "optimizer" if step.optimizer else "loss")
     return RankTrace(peak, step.descriptions, how, tuple(dict.fromkeys(warned)), state_dtype(step.optimizer))
 
 
-def _sharded_step(build: Callable[[], Any], sharding: Sharding, step_inputs: StepInputs, device: str) -> Any:
-    """The model built on the meta device, sharded by the sharding's code, then made fake on `device`; its inputs."""
+def step_failed(exc: Exception, rank: int, sharding: Sharding) -> RankStepError:
+    """The one-line error for a model whose own step failed on a rank with the sharding applied."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return RankStepError(
+        f"the step failed on rank {rank} of {sharding.world_size} with the sharding applied: "
+        f"{type(exc).__name__}: {text}",
+        "a model that reshapes by a head count it keeps as an attribute cannot run tensor parallel as "
+        "it is; --debug shows the traceback" if sharding.tp > 1 else "--debug shows the traceback",
+    )
+
+
+def local_shard_bytes(model: Any) -> int:
+    """Bytes of this rank's parameters: a sharded one (a DTensor, FSDP2's or tensor parallel's) by its local shard."""
+    local = (p.to_local() if hasattr(p, "to_local") else p for p in model.parameters())
+    return sum(t.numel() * t.element_size() for t in local)
+
+
+def sharded_step(build: Callable[[], Any], sharding: Sharding, step_inputs: StepInputs, device: str, *,
+                 serving: bool = False) -> Any:
+    """The model built on the meta device, sharded by the sharding's code, then made fake on `device`; its inputs.
+    Training, the model is in train mode; `serving`, in eval mode under inference mode, as serving code runs it."""
     import torch
 
     model = build()
@@ -203,7 +216,12 @@ def _sharded_step(build: Callable[[], Any], sharding: Sharding, step_inputs: Ste
     step = StepWorld("fake", device)
     with step.context():
         model.to_empty(device=device)
-    model.train()
+    if serving:
+        model.eval()  # dropout off, norms on their running statistics
+        step.inference = True
+        step.initial_modules = frozenset((path, type(m).__name__) for path, m in model.named_modules())
+    else:
+        model.train()
     step.model = model
     step.make_inputs(step_inputs.inputs, step_inputs.kwargs)
     if sharding.model_dtype:
@@ -255,10 +273,6 @@ def _rank_peak(tracker: Any, model: Any, rank: int, same_layout: tuple[tuple[int
     totals = dict.fromkeys(set(_KINDS.values()), 0)
     for name, value in named.items():
         totals[_KINDS.get(name, "temporary")] += value
-    local = 0
-    for parameter in model.parameters():
-        tensor = parameter.to_local() if hasattr(parameter, "to_local") else parameter
-        local += tensor.numel() * tensor.element_size()
     return RankPeak(
         rank=rank,
         same_layout=same_layout,
@@ -272,7 +286,7 @@ def _rank_peak(tracker: Any, model: Any, rank: int, same_layout: tuple[tuple[int
         input_bytes=totals["input"],
         communication_bytes=totals["communication"],
         peak_at=_peak_at(tracker, model, total, where, fallback_phase),
-        shard_bytes=local,
+        shard_bytes=local_shard_bytes(model),
         tracker=named,
         forward_flops=flops,
     )

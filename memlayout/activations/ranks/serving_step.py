@@ -23,11 +23,17 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from memlayout.activations.ranks.facts import RankPeak
-from memlayout.activations.ranks.parallel import Sharding, run_code
-from memlayout.activations.ranks.rank_step import StepInputs, _torch_quieted, fake_world
-from memlayout.activations.summary import Summary, summarize
-from memlayout.activations.trace.world import StepWorld
-from memlayout.errors import MemlayoutError, RankStepError, UsageError
+from memlayout.activations.ranks.parallel import Sharding
+from memlayout.activations.ranks.rank_step import (
+    StepInputs,
+    _torch_quieted,
+    fake_world,
+    local_shard_bytes,
+    sharded_step,
+    step_failed,
+)
+from memlayout.activations.summary import summarize
+from memlayout.errors import MemlayoutError, UsageError
 
 FIRST_TORCH = (2, 14)
 """The first torch whose DTensor leaves no caught error, and no activation, behind a serving forward."""
@@ -68,57 +74,14 @@ def trace_serving_rank(
     check_torch(torch.__version__)
     warned: list[str] = []
     with fake_world(sharding.world_size, 0), _torch_quieted(warned):
-        model = build()
-        run_code(sharding.code(), model, torch.device(device).type)
-        step = StepWorld("fake", device)
-        with step.context():
-            model.to_empty(device=device)
-        model.eval()  # as serving code runs it: dropout off, norms on their running statistics
-        step.model = model
-        step.inference = True
-        step.initial_modules = frozenset((path, type(m).__name__) for path, m in model.named_modules())
-        step.make_inputs(step_inputs.inputs, step_inputs.kwargs)
-        if sharding.model_dtype:
-            step.cast_inputs(getattr(torch, sharding.model_dtype))  # as `analyze` feeds a model cast by --dtype
-        if not step.args and not step.kwargs:
-            raise UsageError("no inputs to run the step with",
-                             "give --input SPEC (each rank's batch) or --inputs pkg.mod:make_inputs")
+        step = sharded_step(build, sharding, step_inputs, device, serving=True)
         step.add_optimizer("none")
         try:
             trace = step.trace()
         except MemlayoutError:
             raise
         except Exception as exc:  # the model's own forward failed with its projections split
-            text = str(exc).splitlines()[0] if str(exc) else ""
-            raise RankStepError(
-                f"the step failed on rank 0 of {sharding.world_size} with tensor parallel applied: "
-                f"{type(exc).__name__}: {text}",
-                "a model that reshapes by a head count it keeps as an attribute cannot run tensor parallel as it is; "
-                "--debug shows the traceback",
-            ) from exc
+            raise step_failed(exc, 0, sharding) from exc
         summary = summarize(trace)
-        peak = _rank_peak(summary, sharding, model)
-    return ServingTrace(peak, step.descriptions, tuple(dict.fromkeys(warned)), type(model).__name__)
-
-
-def _rank_peak(summary: Summary, sharding: Sharding, model: Any) -> RankPeak:
-    """The trace's peak in the ranks report's kinds (they add up to the peak)."""
-    at = summary.at_peak
-    shards = (p.to_local() if hasattr(p, "to_local") else p for p in model.parameters())
-    return RankPeak(
-        rank=0,
-        same_layout=((0, sharding.world_size - 1),),
-        peak_bytes=summary.peak_bytes,
-        parameter_bytes=at["parameters"],
-        buffer_bytes=at["buffers"],
-        gradient_bytes=0,
-        optimizer_bytes=0,
-        activation_bytes=at["saved_activations"],
-        temporary_bytes=at["other"],
-        input_bytes=at["inputs"],
-        communication_bytes=at.get("communication", 0),
-        peak_at=summary.peak_at,
-        shard_bytes=sum(t.numel() * t.element_size() for t in shards),
-        tracker=dict(at),
-        forward_flops=summary.forward_flops,
-    )
+        peak = RankPeak.of_trace(summary, sharding.world_size, local_shard_bytes(step.model), summary.peak_at)
+    return ServingTrace(peak, step.descriptions, tuple(dict.fromkeys(warned)), type(step.model).__name__)
