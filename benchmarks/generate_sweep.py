@@ -25,9 +25,7 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
-import random
 import shlex
 import sys
 import time
@@ -147,26 +145,21 @@ def candidates() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.generate_sweep", description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", action="append", default=[], help="an architecture of the catalog (repeatable)")
-    parser.add_argument("--sample", type=int, help="this many architectures of the families, drawn at random")
-    parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds for one architecture")
+    from benchmarks.zoo.check import drawn, sweep_parser
+
+    parser = sweep_parser("benchmarks.generate_sweep", __doc__.splitlines()[0], timeout=900.0)
     parser.add_argument("--retry-failed", action="store_true",
                         help="run again the architectures the results file records as failed (a timeout on a busy "
                              "machine), with this run's --timeout and --jobs, and keep the others' records")
-    parser.add_argument("--one", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.one:
         print(json.dumps(check_one(options.one)))
         return 0
     previous = json.loads(RESULTS.read_text()) if options.retry_failed else None
-    names = options.arch or candidates()
     if previous is not None:
         names = [r["architecture"] for r in previous["records"] if r["status"] == "failed"]
-    elif options.sample is not None and not options.arch:
-        names = sorted(random.Random(options.seed).sample(names, min(options.sample, len(names))))
+    else:
+        names = drawn(candidates, options)
     started = time.perf_counter()
     with ThreadPoolExecutor(options.jobs) as pool:
         records = list(pool.map(lambda name: run_child(name, options.timeout), names))

@@ -18,9 +18,7 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import json
-import random
 import shlex
 import sys
 import time
@@ -73,22 +71,15 @@ def run_child(name: str, timeout: float) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.inference_sweep", description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", action="append", default=[], help="an architecture of the catalog (repeatable)")
-    parser.add_argument("--sample", type=int, help="this many architectures of the catalog, drawn at random")
-    parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for one architecture")
-    parser.add_argument("--one", help=argparse.SUPPRESS)
-    options = parser.parse_args(argv)
+    from benchmarks.zoo.check import drawn, sweep_parser
+
+    options = sweep_parser("benchmarks.inference_sweep", __doc__.splitlines()[0], timeout=300.0).parse_args(argv)
     if options.one:
         print(json.dumps(check_one(options.one)))
         return 0
     from benchmarks.zoo.catalog import by_name
 
-    names = options.arch or sorted(by_name())
-    if options.sample is not None and not options.arch:
-        names = sorted(random.Random(options.seed).sample(names, min(options.sample, len(names))))
+    names = drawn(lambda: sorted(by_name()), options)
     started = time.perf_counter()
     with ThreadPoolExecutor(options.jobs) as pool:
         records = list(pool.map(lambda name: run_child(name, options.timeout), names))

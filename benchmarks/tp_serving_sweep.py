@@ -16,10 +16,8 @@ q/k/v, Conv1D layers) is recorded as unsupported, with the one-line reason memla
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import random
 import shlex
 import sys
 import tempfile
@@ -99,22 +97,18 @@ def candidates() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tp_serving_sweep", description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", action="append", default=[], help="an architecture of the catalog (repeatable)")
-    parser.add_argument("--sample", type=int, help="this many architectures, drawn at random")
-    parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for one architecture")
-    parser.add_argument("--one", help=argparse.SUPPRESS)
-    options = parser.parse_args(argv)
+    from benchmarks.zoo.check import drawn, sweep_parser
+
+    # No --jobs: each architecture's real ranks take both cores.
+    options = sweep_parser("benchmarks.tp_serving_sweep", __doc__.splitlines()[0], timeout=600.0,
+                           jobs=False).parse_args(argv)
     if options.one:
         print(json.dumps(check_one(options.one)))
         return 0
     from benchmarks.zoo.check import run_check_in_child
     from benchmarks.zoo.run import versions
 
-    names = options.arch or candidates()
-    if options.sample is not None and not options.arch:
-        names = sorted(random.Random(options.seed).sample(names, min(options.sample, len(names))))
+    names = drawn(candidates, options)
     started = time.perf_counter()
     records = [run_check_in_child("benchmarks.tp_serving_sweep", name, options.timeout) for name in names]
     runnable = [r for r in records if r["status"] != "unsupported"]

@@ -30,11 +30,14 @@ The record:
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
+import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -457,6 +460,30 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def sweep_parser(module: str, description: str, *, timeout: float, jobs: bool = True) -> argparse.ArgumentParser:
+    """The options every zoo sweep takes: --arch, --sample and --seed (`drawn`), --jobs, --timeout, and the hidden
+    --one its child process runs (`run_check_in_child`)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    parser.add_argument("--arch", action="append", default=[], help="an architecture of the catalog (repeatable)")
+    parser.add_argument("--sample", type=int, help="this many of the sweep's architectures, drawn at random")
+    parser.add_argument("--seed", type=int, default=0, help="the draw's seed")
+    if jobs:
+        parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds for one architecture")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    return parser
+
+
+def drawn(candidates: Callable[[], list[str]], options: argparse.Namespace) -> list[str]:
+    """The architectures a sweep runs: --arch as given, else --sample of the candidates drawn with --seed, else all."""
+    if options.arch:
+        return list(options.arch)
+    names = candidates()
+    if options.sample is None:
+        return names
+    return sorted(random.Random(options.seed).sample(names, min(options.sample, len(names))))
 
 
 def run_check_in_child(module: str, name: str, timeout: float) -> dict[str, Any]:
