@@ -314,6 +314,8 @@ def fit(
             probes.append(plain[size])
         return plain[size]
 
+    # Remedies name only what the command did not already do: a bf16 run is not told to use bf16.
+    half_precision = dtype in ("bf16", "fp16")
     first = probe.plain(given)  # a failure at the size given is the inputs' fault: it propagates
     plain[given] = first
     probes.append(first)
@@ -325,7 +327,7 @@ def fit(
             f"the budget {human_bytes(limit_bytes)} ({limit_bytes} bytes) is below the model's own state{runtime}, "
             f"{human_bytes(weights)} ({weights} bytes: parameters, buffers"
             f"{', optimizer state' if optimizer != 'none' else ''}): no {axis} fits",
-            "raise --budget" if dtype in ("bf16", "fp16") else "raise --budget, or use lower precision (--dtype bf16)",
+            "raise --budget" if half_precision else "raise --budget, or use lower precision (--dtype bf16)",
         )
     size = largest_fitting(probe_plain, given, anchor=(0, weights), budget=limit_bytes, cap=cap)
     without = _answer(size, plain.get(size), plain.get(size + 1), cap, limit)
@@ -353,7 +355,7 @@ def fit(
     if without.size == 0 and (with_answer is None or with_answer.size == 0):
         lowest = [p.judged_bytes for p in probes if p.size == 1 and p.judged_bytes is not None]
         raise NothingFitsError(axis, limit_bytes, min(lowest) if lowest else None,
-                               half_precision=dtype in ("bf16", "fp16"), ranks=sharding is not None)
+                               half_precision=half_precision, ranks=sharding is not None)
     return FitReport(
         axis=axis, dims=dims, given_size=given, budget_bytes=limit_bytes, budget_from=probe.budget.said,
         compared=probe.budget.describe_figure(), without_plan=without, with_plan=with_answer, probes=tuple(probes),
