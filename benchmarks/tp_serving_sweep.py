@@ -7,8 +7,8 @@ the tests check, in a process of its own with a timeout: `analyze_ranks` with `-
 --tp 2` on the model as the zoo builds it (its prompt cut to 32 tokens), then 2 real gloo ranks
 (tests/activations/real_ranks.py `measure_serving`), twice, that build the same model, run the
 `parallelize_module` code the report prints, and measure one forward as serving code runs it by the CPU
-allocator's events. A real rank sometimes holds one all-reduce output more than in its other runs (gloo's worker
-thread lets go of it late), so each record keeps every real peak, and is within 2% when the prediction is within
+allocator's events. A real rank sometimes holds one all-reduce output more than in its other runs (likely gloo
+freeing it late; not proven), so each record keeps every real peak, and is within 2% when the prediction is within
 2% of the lowest. A model whose projections the plan cannot split (a fused
 q/k/v, Conv1D layers) is recorded as unsupported, with the one-line reason memlayout gives. Not part of
 `make bench`: torch 2.14 or later (serving_step.py). Writes `benchmarks/results/tp_serving_sweep.json`.
