@@ -153,3 +153,29 @@ def test_serving_ranks_refuse_what_they_do_not_run(extra: list[str], message: st
                                       "inference", *extra])
     assert result.exit_code == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.skipif(not SERVES, reason="tensor-parallel serving is traced on torch 2.14 or later")
+@pytest.mark.parametrize(("refused", "hint", "followed"), [
+    (["--world-size", "2"], "give --tp 2", ["--world-size", "2", "--tp", "2"]),
+    (["--world-size", "2", "--tp", "2", "--fsdp"], "give --world-size 2 --tp 2 alone",
+     ["--world-size", "2", "--tp", "2"]),
+    (["--world-size", "2", "--tp", "2", "--device", "cuda"], "predict --device cpu",
+     ["--world-size", "2", "--tp", "2", "--device", "cpu"]),
+    (["--world-size", "2", "--tp", "2", "--autocast", "bf16"], "--dtype bf16 casts the model",
+     ["--world-size", "2", "--tp", "2", "--dtype", "bf16"]),
+])
+def test_each_serving_refusals_hint_works_when_followed(refused: list[str], hint: str, followed: list[str]) -> None:
+    base = ["activations", LLAMA, "--trust", "--input", "int64[2,32]<1000", "--step", "inference"]
+    first = CliRunner().invoke(app, [*base, *refused])
+    assert first.exit_code == 2 and hint in first.stderr, first.stderr
+    second = CliRunner().invoke(app, [*base, *followed, "--format", "json"])
+    assert second.exit_code == 0, second.stderr
+    assert json.loads(second.stdout)["distributed"]["tp"] == 2
+
+
+@pytest.mark.skipif(not SERVES, reason="tensor-parallel serving is traced on torch 2.14 or later")
+def test_the_generate_refusals_hint_works_when_followed() -> None:
+    refused = CliRunner().invoke(app, [*SERVE[:-6], "--step", "generate", "--new-tokens", "4", *SERVE[-4:]])
+    assert refused.exit_code == 2 and "predict --step inference across ranks" in refused.stderr, refused.stderr
+    assert _predicted()["step"] == "inference"  # the same ranks, --step inference
