@@ -161,16 +161,17 @@ def largest_fitting(
     bracket. Each next size comes from the straight line through the two probed peaks
     nearest the budget (`anchor`, a size and peak known without a probe, stands in for
     the second at first), since a step's peak grows nearly linearly with its batch;
-    when that fails to halve the bracket, the next size is its midpoint, so the search
-    never takes more probes than plain bisection after growth by doubling would, plus
-    two. The probe is assumed to fit at every size below one that fits.
+    once that has twice failed to halve the bracket, the search bisects, so it never
+    takes more probes than plain bisection after growth by doubling would, plus two.
+    A probe with no guide (a plan found: see FitProbe.guide) is not on the line; the
+    probe is assumed to fit at every size below one that fits.
     """
     peaks: dict[int, int] = {}
     if anchor is not None:
         peaks[anchor[0]] = anchor[1]
     low, high = known_fit, None
     size = min(max(start, known_fit + 1, 1), cap)
-    slow = 0
+    slow, bisecting = 0, False
     while True:
         result = probe(size)
         if result.guide is not None:
@@ -190,8 +191,11 @@ def largest_fitting(
             size = min(cap, max(low + 1, min(guess, 16 * grown) if guess is not None else grown))
             continue
         slow = slow + 1 if width is not None and high - low > width // 2 else 0
-        if guess is None or slow >= 2:
-            size, slow = (low + high) // 2, 0
+        # Twice the line did not halve the bracket: the peak curves away from it (a peak quadratic in the
+        # sequence), so the search bisects from here on.
+        bisecting = bisecting or slow >= 2
+        if guess is None or bisecting:
+            size = (low + high) // 2
         else:
             size = min(max(guess, low + 1), high - 1)
 
