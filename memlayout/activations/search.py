@@ -56,6 +56,9 @@ class PlanResult:
     """The roofline time of what reruns during backward, on the target (device/roofline.py)."""
     cut_short: str | None = None
     """Where the search stopped at a limit of its own before it had tried everything it would: what it tried."""
+    lowest_estimate_bytes: int | None = None
+    """The lowest compared figure the planner estimates reachable at this size (its lowest plan's estimate plus
+    what the figure adds to the live peak); None where no plan was needed."""
 
     @property
     def judged_bytes(self) -> int:
@@ -141,6 +144,7 @@ def plan_for_budget(
     planner: Planner | None = None
 
     def result(plan: Plan, measured: Summary) -> PlanResult:
+        lowest = None if planner is None else planner.estimate(planner.lowest()) + budget.overhead(summary)
         return PlanResult(
             budget_bytes=budget.bytes,
             plan=plan,
@@ -155,6 +159,7 @@ def plan_for_budget(
             compared=budget.figure,
             recompute_seconds=measured.recompute_seconds,
             cut_short="; ".join(limits) or None,
+            lowest_estimate_bytes=lowest,
         )
 
     for _ in range(len(modules) + 1):  # each round excludes at least one module

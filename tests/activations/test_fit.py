@@ -89,6 +89,27 @@ def test_a_sequence_is_capped_at_the_models_positions() -> None:
     assert report.limit is not None and "128" in report.limit
 
 
+@pytest.mark.parametrize("answer", [3, 12, 40, 150])
+def test_an_estimate_that_grows_too_slowly_steers_only_until_a_size_does_not_fit(answer: int) -> None:
+    # Llama-7B at 4,096 tokens on an H100: the planner's estimate of the floor grew at a third of the traced
+    # floor's rate. Drawn between an estimate below the budget and a traced figure above it, the line sent the
+    # search through 37, 8, 11, 24 and 13 for an answer of 12.
+    def floor(n: int) -> int:
+        return 1000 + 37 * n
+
+    budget = floor(answer) + 20
+    calls: list[int] = []
+
+    def probe(n: int) -> FitProbe:
+        calls.append(n)
+        fits = floor(n) <= budget
+        return FitProbe(n, True, budget if fits else floor(n), fits,
+                        estimated_guide_bytes=1000 + 12 * n if fits else None)
+
+    assert largest_fitting(probe, 2, known_fit=1, anchor=(0, 1000), budget=budget) == answer
+    assert len(calls) <= 5, calls  # growth by at most 16x a step, then the traced line, then s and s + 1
+
+
 @pytest.mark.parametrize("peak", [
     lambda n: 1000 + 37 * n,                     # a training step's peak: nearly linear in the batch
     lambda n: 1000 + 5 * n + n * n // 3,         # attention's scores: quadratic in the sequence
@@ -274,7 +295,10 @@ def test_the_search_above_a_known_fit_finds_what_brute_force_finds(peak: Callabl
 
         def probe(n: int, calls: list[int] = calls, budget: int = budget) -> FitProbe:
             calls.append(n)
-            return FitProbe(n, True, peak(n), peak(n) <= budget)
+            fits = peak(n) <= budget
+            # A plan found gives the planner's estimate of the floor (here exact); a size where none fits, the
+            # lowest figure traced.
+            return FitProbe(n, True, budget if fits else peak(n), fits, estimated_guide_bytes=peak(n) if fits else None)
 
         truth = known
         while peak(truth + 1) <= budget:  # every peak here grows with n

@@ -69,6 +69,8 @@ class FitProbe:
     """Why the step failed at this size, in one line; None when it ran."""
     compared_bytes: int | None = None
     """The figure compared with the budget (on CUDA the reserved peak plus the CUDA runtime); None: the peak."""
+    estimated_guide_bytes: int | None = None
+    """With a plan found: the planner's estimate of its lowest plan's figure at this size (see `guide`)."""
     checks: int = 0
     """With a plan: the plans the budget search traced at this size."""
     cut_short: str | None = None
@@ -81,11 +83,18 @@ class FitProbe:
     @property
     def guide(self) -> int | None:
         """What the size search interpolates on, a figure that grows nearly in a line with the size; None:
-        nothing. Where no plan fits, the budget search's lowest figure is the floor a planned step grows along
-        (Llama-7B at 4,096 tokens on an H100: 88.0 GB at batch 13, 127.7 GB at 24, on the line from its state
-        at 0). A plan the search found sits just under the budget at every size, so its figure says nothing of
-        how the step grows."""
-        return None if self.with_plan and self.fits else self.judged_bytes
+        nothing. Where no plan fits, the budget search's lowest figure: the floor a planned step grows along
+        (Llama-7B at 4,096 tokens on an H100: 88.0 GB at batch 13, 127.7 GB at 24, nearly on the line from its
+        state at 0). A plan the search found sits just under the budget at every size, so what stands in for its
+        floor there is the planner's estimate of its lowest plan (`estimated_guide_bytes`)."""
+        return self.estimated_guide_bytes if self.with_plan and self.fits else self.judged_bytes
+
+    @property
+    def guide_measured(self) -> bool:
+        """Whether `guide` was traced, not estimated: the search draws its line between traced figures once it
+        has one above the budget (the planner's estimate of Llama-7B's floor grows at a third of the traced
+        floor's rate, and steered by it the search probed 37 for an answer of 12)."""
+        return not (self.with_plan and self.fits)
 
 
 def specs_at(specs: Sequence[InputSpec], dims: Sequence[ScaledDim], size: int) -> list[InputSpec]:
@@ -221,7 +230,8 @@ class DeviceProbe(Probe):
             return FitProbe(size, True, None, False, exc.one_line())
         self.searched[size] = found
         return FitProbe(size, True, found.peak_bytes, True, compared_bytes=found.compared_bytes,
-                        checks=found.checks, cut_short=found.cut_short)
+                        estimated_guide_bytes=found.lowest_estimate_bytes, checks=found.checks,
+                        cut_short=found.cut_short)
 
     def plan_at(self, size: int) -> PlanResult | None:
         """The budget search's plan at this size, as `--budget` finds it: the cheapest that fits, pruned, or the

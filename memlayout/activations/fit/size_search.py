@@ -163,10 +163,13 @@ def largest_fitting(
     the second at first), since a step's peak grows nearly linearly with its batch;
     once that has twice failed to halve the bracket, the search bisects, so it never
     takes more probes than plain bisection after growth by doubling would, plus two.
-    A probe with no guide (a plan found: see FitProbe.guide) is not on the line; the
+    An estimated guide (a plan found: see FitProbe.guide) steers only the growth; the
     probe is assumed to fit at every size below one that fits.
     """
     peaks: dict[int, int] = {}
+    """size -> a traced figure (the anchor's is known)."""
+    estimates: dict[int, int] = {}
+    """size -> an estimated one: steers the growth, and only until a size does not fit."""
     if anchor is not None:
         peaks[anchor[0]] = anchor[1]
     low, high = known_fit, None
@@ -175,7 +178,7 @@ def largest_fitting(
     while True:
         result = probe(size)
         if result.guide is not None:
-            peaks[size] = result.guide
+            (peaks if result.guide_measured else estimates)[size] = result.guide
         width = None if high is None else high - low
         if result.fits:
             low = size
@@ -185,7 +188,7 @@ def largest_fitting(
             return low
         if high is None and low >= cap:
             return low
-        guess = _crossing(peaks, low, high, budget)
+        guess = _crossing(peaks if high is not None else {**estimates, **peaks}, low, high, budget)
         if high is None:
             grown = max(2 * low, low + 1)
             size = min(cap, max(low + 1, min(guess, 16 * grown) if guess is not None else grown))
