@@ -31,14 +31,16 @@ def bert(layers: int = 2, width: int = 64, heads: int = 4, vocab: int = 500, pos
     return BertForMaskedLM(config).train()
 
 
-def llama(layers: int = 2, width: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 500) -> nn.Module:
-    """The Llama architecture (RMSNorm, rotary embeddings, grouped-query SDPA, SwiGLU) at a small size."""
+def llama(layers: int = 2, width: int = 64, heads: int = 4, kv_heads: int = 2, vocab: int = 500,
+          tie: bool = False) -> nn.Module:
+    """The Llama architecture (RMSNorm, rotary embeddings, grouped-query SDPA, SwiGLU) at a small size; `tie`: the
+    output layer shares the embedding's weight."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=width, intermediate_size=int(width * 8 / 3), num_hidden_layers=layers,
                          num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
-                         max_position_embeddings=256)
+                         max_position_embeddings=256, tie_word_embeddings=tie)
     return LlamaForCausalLM(config).train()
 
 

@@ -121,6 +121,16 @@ def transformers_llama_small_vocab() -> nn.Module:
     return llama(vocab=64)
 
 
+def transformers_llama_tied() -> nn.Module:
+    """The same with its output layer tied to its embedding (`tie_word_embeddings`, as Gemma's and GPT-2's are):
+    one [1000, 64] Parameter in two modules."""
+    from tests.activations.models import llama
+
+    model = llama(vocab=VOCAB, tie=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    return model
+
+
 def token_batch(seed: int = 1) -> dict[str, torch.Tensor]:
     """One rank's batch, 2x128 tokens, with labels."""
     generator = torch.Generator().manual_seed(seed)

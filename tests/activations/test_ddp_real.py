@@ -51,25 +51,15 @@ def real(name: str, view: bool, folder: Path, code: str | None = None) -> list[d
     return real_ranks.run_ranks(real_ddp_ranks.measure_ddp_step, 2, folder, builder, batch, options, code)
 
 
-def real_lower(name: str, view: bool, folder: Path, predicted: int) -> list[dict[str, Any]]:
-    """Each real rank's peak, the lower of up to two runs.
-
-    A gloo rank now and then holds a bucket's all-reduce output past where it is otherwise freed (GPT-2's rank
-    1 once at 4,647,316 B against 3,958,136 B predicted, in 1 of 5 runs here; alone it then ran 4 of 4 within
-    2%), as tensor-parallel ranks do (test_tp_serving.py): a run off by more than 2% is measured again."""
-    ranks = real(name, view, folder)
-    if all(within_2_percent(predicted, rank["peak_bytes"]) for rank in ranks):
-        return ranks
-    again = real(name, view, folder / "again")
-    return [min(first, second, key=lambda rank: rank["peak_bytes"]) for first, second in zip(ranks, again, strict=True)]
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_each_ranks_peak_is_the_real_ranks_with_and_without_gradients_as_bucket_views(name: str, tmp_path: Path) -> None:
     measured = {}
     for view in (False, True):
         report = predict(name, view)
-        measured[view] = (report, real_lower(name, view, tmp_path / str(view), report.ranks[0].peak_bytes))
+        peak = report.ranks[0].peak_bytes
+        measured[view] = (report, real_ranks.lower_of_two_runs(
+            lambda folder, view=view: real(name, view, folder), tmp_path / str(view),
+            lambda real_peak, peak=peak: within_2_percent(peak, real_peak)))
     for report, ranks in measured.values():
         (predicted,) = report.ranks
         assert predicted.same_layout == ((0, 1),)
