@@ -42,6 +42,25 @@ def within(predicted: int, measured: int, share: float) -> bool:
     return abs(predicted - measured) <= share * measured
 
 
+def test_lora_serving_a_generate_matches_a_real_peft_generate(folder: Path) -> None:
+    """A LoRA model served before its adapters are merged: each targeted projection runs its adapter beside it
+    in every forward of generate."""
+    import torch
+
+    from tests.activations.measure import allocator_generate_peak
+
+    directory = str(lora_models.saved("llama", folder))
+    report = act.analyze(directory, ["int64[4,48]<500"], step="generate", new_tokens=8, lora=16)
+    real = lora_models.with_lora(lora_models.BUILDERS["llama"](), r=16)
+    ids = torch.randint(0, 500, (4, 48), generator=torch.Generator().manual_seed(0))
+    # An end-of-sequence id no token can be: the real generate runs every token, as the prediction assumes.
+    measured, out = allocator_generate_peak(real, (ids,), {}, max_new_tokens=8, do_sample=False, eos_token_id=500)
+    assert tuple(out.shape) == (4, 56)
+    assert within(report.summary.peak_bytes, measured, 0.02), (report.summary.peak_bytes, measured)
+    base = act.analyze(directory, ["int64[4,48]<500"], step="generate", new_tokens=8)
+    assert base.summary.peak_bytes < report.summary.peak_bytes  # the adapters are in the figure
+
+
 @pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
 def test_lora_on_a_directory_matches_the_allocator_events_of_a_real_peft_step(name: str, folder: Path) -> None:
     directory = lora_models.saved(name, folder)
