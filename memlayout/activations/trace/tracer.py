@@ -20,12 +20,11 @@ Around the dispatch mode:
 # Over 450 lines on purpose: almost all of it is StepTracer, one dispatch mode whose
 # hooks (ops, module entry and exit, saved tensors, recomputation) share one set of
 # records; the pieces with a job of their own already live in records.py,
-# module_state.py, kernels.py and kernel_storage.py.
+# module_state.py, kernels.py, kernel_storage.py and tensor_parallel.py.
 
 from __future__ import annotations
 
 import functools
-import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -51,6 +50,7 @@ from memlayout.activations.step.generate import Generation, cache_of, cache_tens
 from memlayout.activations.step.grad_accumulation import Accumulations
 from memlayout.activations.step.optimizer import state_tensors
 from memlayout.activations.step.run import Autocast, output_tensors, run_step
+from memlayout.activations.trace import tensor_parallel
 from memlayout.activations.trace.kernel_storage import learned_kernel_memory
 from memlayout.activations.trace.kernels import (
     corrected_output_nbytes,
@@ -186,14 +186,9 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     # dispatch ---------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self.tensor_parallel:
-            if _has_dtensor(types):
-                return NotImplemented  # DTensor runs the op as ops on its local tensors, which come back here
-            if self.propagating:
-                # DTensor deciding an output's shape on fake tensors of the global shapes: no memory of the step,
-                # and no value for the fake step below to make real
-                return _torch.on_fake_mode_alone(func, args, kwargs or {})
-            if _on_meta_only(args, kwargs):
-                return func(*args, **(kwargs or {}))  # DTensor trying a placement on meta tensors: the same
+            untraced = tensor_parallel.outside_the_step(func, types, args, kwargs or {}, self.propagating)
+            if untraced is not tensor_parallel.TRACE:
+                return untraced
         kwargs = kwargs or {}
         phase = self.phase
         summing = False
@@ -436,14 +431,14 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.storage_of(tensor, StorageKind.COMMUNICATION)
         for parameter in self.model.parameters():
             # A quantized weight's state (bitsandbytes' absmax and code) is part of the weight, frozen with it.
-            for tensor in (_local(parameter), *attribute_tensors(parameter)):
+            for tensor in (tensor_parallel.local(parameter), *attribute_tensors(parameter)):
                 index = self.storage_of(tensor, StorageKind.PARAMETER)
                 if index is not None:
                     self.parameter_storages.add(index)
             if parameter.grad is not None:
                 self.storage_of(parameter.grad, StorageKind.GRADIENT)
         for buffer in self.model.buffers():
-            index = self.storage_of(_local(buffer), StorageKind.BUFFER)
+            index = self.storage_of(tensor_parallel.local(buffer), StorageKind.BUFFER)
             if index is not None:
                 self.parameter_storages.add(index)
         for tensor in state_tensors(self.optimizer):
@@ -514,42 +509,6 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
                 parent.backward_start = call.backward_start
 
 
-class _Propagating:
-    """Counts the tracer into DTensor's sharding propagation and out (`_torch.around_dtensor_shape_propagation`)."""
-
-    def __init__(self, tracer: StepTracer) -> None:
-        self.tracer = tracer
-
-    def __enter__(self) -> None:
-        self.tracer.propagating += 1
-
-    def __exit__(self, *exc: object) -> None:
-        self.tracer.propagating -= 1
-
-
-def _has_dtensor(types: Any) -> bool:
-    """Whether a DTensor (tensor parallel's) is among an op's argument types: never before its module is loaded."""
-    module = sys.modules.get("torch.distributed.tensor")
-    dtensor = getattr(module, "DTensor", None)
-    return dtensor is not None and any(issubclass(t, dtensor) for t in types)
-
-
-def _on_meta_only(args: Any, kwargs: Any) -> bool:
-    """An op on the meta device alone: DTensor's sharding propagation tries a decomposition on meta tensors."""
-    import torch
-
-    devices = [value.device for value in _torch.tree_flatten((args, kwargs))[0] if isinstance(value, torch.Tensor)]
-    if not devices:
-        device = (kwargs or {}).get("device")
-        return device is not None and torch.device(device).type == "meta"
-    return all(device.type == "meta" for device in devices)
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """A tensor-parallel parameter's memory on this rank: its local shard (a DTensor's own storage is the whole)."""
-    return tensor.to_local() if _has_dtensor((type(tensor),)) else tensor  # type: ignore[attr-defined]
-
-
 def _tensors(values: Any) -> Iterable[torch.Tensor]:
     """The tensors among a module call's inputs or outputs; a tensor-parallel one as its local shard, the memory
     it has on this rank (a DTensor's own storage would be its global shape's)."""
@@ -558,7 +517,7 @@ def _tensors(values: Any) -> Iterable[torch.Tensor]:
     else:
         found = list(output_tensors(values))
     for tensor in found:
-        yield _local(tensor)
+        yield tensor_parallel.local(tensor)
 
 
 def trace_step(
@@ -598,7 +557,7 @@ def trace_step(
     """
     tracer = StepTracer(model, correct_kernels=mode != "real", optimizer=optimizer, roofline=roofline)
     tracer.generating = generation is not None
-    tracer.tensor_parallel = any(_has_dtensor((type(p),)) for p in model.parameters())
+    tracer.tensor_parallel = tensor_parallel.is_sharded(model)
     with ExitStack() as stack:
         for module in model.modules():
             if id(module) in tracer.paths:
@@ -608,7 +567,7 @@ def trace_step(
                 )
         stack.enter_context(rerun.listening(tracer._rerun))
         if tracer.tensor_parallel:
-            stack.enter_context(_torch.around_dtensor_shape_propagation(_Propagating(tracer)))
+            stack.enter_context(_torch.around_dtensor_shape_propagation(tensor_parallel.Propagating(tracer)))
         tracer.register_state(args, kwargs, kept)
         if device == "cpu":
             stack.enter_context(tracer.recording_rng_states())
