@@ -89,6 +89,26 @@ def test_a_sequence_is_capped_at_the_models_positions() -> None:
     assert report.limit is not None and "128" in report.limit
 
 
+@pytest.mark.parametrize("answer", [16, 60, 300])
+def test_an_estimate_that_runs_ahead_of_the_step_does_not_make_the_search_crawl(answer: int) -> None:
+    # The 1.1B Llama in float32 on an A100 40GB: the planner's estimate of the floor passed the budget at batch
+    # 9 while plans fitted up to 16, and the search probed every size from 9 to 17.
+    def floor(n: int) -> int:
+        return 1000 + 37 * n
+
+    budget = floor(answer) + 20
+    calls: list[int] = []
+
+    def probe(n: int) -> FitProbe:
+        calls.append(n)
+        fits = floor(n) <= budget
+        return FitProbe(n, True, budget if fits else floor(n), fits,
+                        estimated_guide_bytes=1000 + 74 * n if fits else None)
+
+    assert largest_fitting(probe, 2, known_fit=1, anchor=(0, 1000), budget=budget) == answer
+    assert len(calls) <= 2 * math.log2(answer) + 2, calls
+
+
 @pytest.mark.parametrize("answer", [3, 12, 40, 150])
 def test_an_estimate_that_grows_too_slowly_steers_only_until_a_size_does_not_fit(answer: int) -> None:
     # Llama-7B at 4,096 tokens on an H100: the planner's estimate of the floor grew at a third of the traced

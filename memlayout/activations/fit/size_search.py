@@ -177,7 +177,10 @@ def largest_fitting(
     slow, bisecting = 0, False
     while True:
         result = probe(size)
-        if result.guide is not None:
+        # An estimate at or over the budget where a plan was found to fit is contradicted by the trace: the
+        # estimates run ahead of the step.
+        ahead = result.fits and not result.guide_measured and result.guide is not None and result.guide >= budget
+        if result.guide is not None and not ahead:
             (peaks if result.guide_measured else estimates)[size] = result.guide
         width = None if high is None else high - low
         if result.fits:
@@ -191,6 +194,8 @@ def largest_fitting(
         guess = _crossing(peaks if high is not None else {**estimates, **peaks}, low, high, budget)
         if high is None:
             grown = max(2 * low, low + 1)
+            if ahead:  # on the estimates below it the search would crawl (the 1.1B Llama in float32 on an
+                guess = None  # A100 40GB probed 9, 10, ..., 17): double instead
             size = min(cap, max(low + 1, min(guess, 16 * grown) if guess is not None else grown))
             continue
         slow = slow + 1 if width is not None and high - low > width // 2 else 0
