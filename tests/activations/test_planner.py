@@ -101,3 +101,51 @@ def test_the_estimate_counts_the_generator_state_checkpoint_keeps_on_the_cpu(pla
     report = act.analyze(mlp_stack(), ["float32[512,64]"], budget=int(planner.baseline_peak * 0.85))
     assert report.plan is not None and not report.plan.plan.empty
     assert report.plan.estimated_peak_bytes == report.plan.peak_bytes
+
+
+def test_the_prune_does_not_trace_a_drop_priced_far_over_the_room_left() -> None:
+    """A plan that fits with little room keeps a module whose drop the planner prices at more than PRUNE_ROOM times
+    that room, without tracing the plan without it; a drop priced within it is still traced, and kept when it fits
+    (Llama-7B at its --fit answer: 16 drops of a whole block each traced, each 8.4 to 11.3 GB over 0.6 GB of room)."""
+    from types import SimpleNamespace
+
+    from memlayout.activations.budget import Budget
+    from memlayout.activations.plans.plan import Plan
+    from memlayout.activations.search import PRUNE_ROOM, search_plan
+
+    blocks = range(4)
+    priced = {0: 150, 1: 1000, 2: 50, 3: 50}  # what the planner says dropping each block adds
+    traced_cost = {0: 90, 1: 1000, 2: 500, 3: 500}  # what a trace without it measures
+    room = 100
+    assert priced[0] <= PRUNE_ROOM * room < priced[1]
+
+    class Planner:
+        def __init__(self) -> None:
+            self.options = [SimpleNamespace(seconds=1.0, path=f"b{block}") for block in blocks]
+
+        def search(self, target: int) -> None:
+            return None  # straight to the whole-level plans, which the prune then trims
+
+        def lowest(self) -> list[int]:
+            return list(blocks)
+
+        def covers(self) -> list[list[int]]:
+            return []
+
+        def estimate(self, chosen: list[int]) -> int:
+            return 900 + sum(priced[block] for block in blocks if block not in chosen)
+
+        def plan_of(self, chosen: list[int]) -> Plan:
+            return Plan(checkpoint=tuple(f"b{block}" for block in sorted(chosen)))
+
+    traced: list[Plan] = []
+
+    def trace(plan: Plan) -> SimpleNamespace:
+        traced.append(plan)
+        dropped = [block for block in blocks if f"b{block}" not in plan.checkpoint]
+        return SimpleNamespace(peak_bytes=900 + sum(traced_cost[block] for block in dropped), recompute_seconds=0.0)
+
+    found = search_plan(Planner(), Budget(900 + room, "test"), trace, {})  # type: ignore[arg-type]
+    assert found == Plan(checkpoint=("b1", "b2", "b3"))  # block 0's drop, priced within twice the room, fitted
+    assert Plan(checkpoint=("b0", "b2", "b3")) not in traced  # block 1's, priced at 10x the room, was not traced
+    assert len(traced) == 4  # the whole level, then the drops of blocks 3, 2 and 0
