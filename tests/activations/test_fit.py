@@ -89,10 +89,10 @@ def test_a_sequence_is_capped_at_the_models_positions() -> None:
     assert report.limit is not None and "128" in report.limit
 
 
-@pytest.mark.parametrize("answer", [16, 60, 300])
-def test_an_estimate_that_runs_ahead_of_the_step_does_not_make_the_search_crawl(answer: int) -> None:
-    # The 1.1B Llama in float32 on an A100 40GB: the planner's estimate of the floor passed the budget at batch
-    # 9 while plans fitted up to 16, and the search probed every size from 9 to 17.
+def _planned_search(answer: int, estimate_slope: int) -> tuple[int, list[int]]:
+    """The planned size search over a floor of 1000 + 37 n whose largest fitting size is `answer`, each plan
+    found giving the planner's estimate 1000 + `estimate_slope` n as its guide: what it answers, and the sizes
+    it probed."""
     def floor(n: int) -> int:
         return 1000 + 37 * n
 
@@ -103,9 +103,17 @@ def test_an_estimate_that_runs_ahead_of_the_step_does_not_make_the_search_crawl(
         calls.append(n)
         fits = floor(n) <= budget
         return FitProbe(n, True, budget if fits else floor(n), fits,
-                        estimated_guide_bytes=1000 + 74 * n if fits else None)
+                        estimated_guide_bytes=1000 + estimate_slope * n if fits else None)
 
-    assert largest_fitting(probe, 2, known_fit=1, anchor=(0, 1000), budget=budget) == answer
+    return largest_fitting(probe, 2, known_fit=1, anchor=(0, 1000), budget=budget), calls
+
+
+@pytest.mark.parametrize("answer", [16, 60, 300])
+def test_an_estimate_that_runs_ahead_of_the_step_does_not_make_the_search_crawl(answer: int) -> None:
+    # The 1.1B Llama in float32 on an A100 40GB: the planner's estimate of the floor passed the budget at batch
+    # 9 while plans fitted up to 16, and the search probed every size from 9 to 17.
+    found, calls = _planned_search(answer, estimate_slope=74)
+    assert found == answer
     assert len(calls) <= 2 * math.log2(answer) + 2, calls
 
 
@@ -114,19 +122,8 @@ def test_an_estimate_that_grows_too_slowly_steers_only_until_a_size_does_not_fit
     # Llama-7B at 4,096 tokens on an H100: the planner's estimate of the floor grew at a third of the traced
     # floor's rate. Drawn between an estimate below the budget and a traced figure above it, the line sent the
     # search through 37, 8, 11, 24 and 13 for an answer of 12.
-    def floor(n: int) -> int:
-        return 1000 + 37 * n
-
-    budget = floor(answer) + 20
-    calls: list[int] = []
-
-    def probe(n: int) -> FitProbe:
-        calls.append(n)
-        fits = floor(n) <= budget
-        return FitProbe(n, True, budget if fits else floor(n), fits,
-                        estimated_guide_bytes=1000 + 12 * n if fits else None)
-
-    assert largest_fitting(probe, 2, known_fit=1, anchor=(0, 1000), budget=budget) == answer
+    found, calls = _planned_search(answer, estimate_slope=12)
+    assert found == answer
     assert len(calls) <= 5, calls  # growth by at most 16x a step, then the traced line, then s and s + 1
 
 
