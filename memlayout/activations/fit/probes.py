@@ -87,7 +87,7 @@ class FitProbe:
         (Llama-7B at 4,096 tokens on an H100: 88.0 GB at batch 13, 127.7 GB at 24, nearly on the line from its
         state at 0). A plan the search found sits just under the budget at every size, so what stands in for its
         floor there is the planner's estimate of its lowest plan (`estimated_guide_bytes`)."""
-        return self.estimated_guide_bytes if self.with_plan and self.fits else self.judged_bytes
+        return self.judged_bytes if self.guide_measured else self.estimated_guide_bytes
 
     @property
     def guide_measured(self) -> bool:

@@ -45,7 +45,6 @@ class RankPeak:
     trace's (summary.Summary.at_peak) under DDP."""
     forward_flops: int
 
-
     @classmethod
     def of_trace(cls, summary: Summary, world_size: int, shard_bytes: int, peak_at: PeakAt) -> RankPeak:
         """A rank traced by memlayout's own tracer (DDP, tensor-parallel serving), every rank alike: its summary's

@@ -19,6 +19,7 @@ from memlayout.activations.ranks.parallel import Sharding, run_code
 from memlayout.activations.step.optimizer import build_optimizer, state_dtype
 from memlayout.activations.step.run import Autocast, pick_loss, run_step
 from memlayout.activations.summary import PeakAt
+from memlayout.activations.trace import tensor_parallel
 from memlayout.activations.trace.kernels import forward_flops
 from memlayout.activations.trace.world import StepWorld
 from memlayout.errors import MemlayoutError, RankStepError, UsageError
@@ -201,7 +202,7 @@ def step_failed(exc: Exception, rank: int, sharding: Sharding) -> RankStepError:
 
 def local_shard_bytes(model: Any) -> int:
     """Bytes of this rank's parameters: a sharded one (a DTensor, FSDP2's or tensor parallel's) by its local shard."""
-    local = (p.to_local() if hasattr(p, "to_local") else p for p in model.parameters())
+    local = (tensor_parallel.local(p) for p in model.parameters())
     return sum(t.numel() * t.element_size() for t in local)
 
 
