@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -179,6 +180,9 @@ def test_fit_table_gives_both_answers() -> None:
                                       "--budget", "12MiB"])
     assert result.exit_code == 0, result.stderr
     assert "no plan     batch" in result.stdout and "a forward-only step has no backward" in result.stdout
+    # Each size probed is counted once, as a size: a forward-only step's are all of the plain step.
+    assert re.search(r"probes +(\d+) sizes traced \(\1 of the plain step, 0 through the budget search\)",
+                     result.stdout), result.stdout
 
 
 def _one_line_exit(args: list[str], code: int, message: str) -> None:

@@ -123,8 +123,9 @@ def render_fit_table(report: FitReport, *, width: int = 120) -> str:
             field("recompute", f"{seconds}{p.plan.recompute_flops:.3g} FLOP at {axis} {p.size}; --format json has "
                                f"the plan, and --budget at that {axis} finds it")
     plain = sum(1 for probe in report.probes if not probe.with_plan)
-    field("probes", f"{len(report.probes)} fake traces ({plain} of the plain step, {len(report.probes) - plain} "
-                    "with a plan)")
+    # A size through the budget search traces the plain step there and each plan the search tries.
+    field("probes", f"{len(report.probes)} sizes traced ({plain} of the plain step, {len(report.probes) - plain} "
+                    "through the budget search)")
     if report.limit:
         field("limit", f"the search stops at {report.limit}")
     for note in report.report.notes:
