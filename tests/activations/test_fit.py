@@ -330,3 +330,11 @@ def test_the_search_above_a_known_fit_finds_what_brute_force_finds(peak: Callabl
         if truth > known:
             assert truth in calls and truth + 1 in calls  # the answer and the size after it were both probed
         assert len(calls) <= 2 * math.log2(max(truth, 2)) + 6, (budget, calls)
+
+
+def test_the_docs_give_the_fit_sweeps_figures() -> None:
+    root = Path(__file__).resolve().parents[2]
+    sweep = json.loads((root / "benchmarks" / "results" / "fit_sweep.json").read_text())
+    docs = " ".join((root / "docs" / "will-it-fit.md").read_text().split())
+    assert f"{sweep['hold']} of {sweep['decisions']} decisions hold" in docs, "rerun the sweep or mend the docs"
+    assert sweep["command"] in docs
