@@ -1,6 +1,7 @@
 """Tensor-parallel serving across the zoo: each rank's forward, predicted against 2 real gloo ranks.
 
 Usage: python -m benchmarks.tp_serving_sweep [--sample N] [--seed S] [--timeout SECONDS] [--arch NAME ...]
+                                              [--new-tokens N]
 
 For each causal language model of the zoo's catalog (or `--sample N` of them drawn with `--seed`), less the Llama
 the tests check, in a process of its own with a timeout: `analyze_ranks` with `--step inference --world-size 2
@@ -12,6 +13,11 @@ freeing it late; not proven), so each record keeps every real peak, and is withi
 2% of the lowest. A model whose projections the plan cannot split (a fused
 q/k/v, Conv1D layers) is recorded as unsupported, with the one-line reason memlayout gives. Not part of
 `make bench`: torch 2.14 or later (serving_step.py). Writes `benchmarks/results/tp_serving_sweep.json`.
+
+With `--new-tokens N`, the step is a greedy `model.generate` of N tokens after the prompt (transformers' default
+cache) instead, which memlayout refuses across ranks (ranks/serving_options.py): it is traced here by the serving
+rank's own tracer (serving_step.py's `trace_serving_rank`), the real ranks' end-of-sequence id one no token can
+be, so that they run all N. This measures the refusal's reason. Writes `benchmarks/results/tp_generate_sweep.json`.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ RUNS = 2
 ARCH_VARIABLE = "MEMLAYOUT_TP_SWEEP_ARCH"
 """How the real ranks, spawned processes, learn which architecture to build (`build_from_environment`)."""
 TUNED_ON = frozenset({"LlamaForCausalLM"})
+NEW_TOKENS_VARIABLE = "MEMLAYOUT_TP_SWEEP_NEW_TOKENS"
+"""How each architecture's process learns `--new-tokens` (unset: one forward)."""
 
 
 def build_from_environment() -> Any:
@@ -51,7 +59,10 @@ def check_one(name: str) -> dict[str, Any]:
     from benchmarks.zoo.catalog import by_name
     from benchmarks.zoo.check import memlayout_error, one_line
     from memlayout.activations.ranks import analyze_ranks
-    from memlayout.activations.ranks.parallel import ShardingOptions
+    from memlayout.activations.ranks.parallel import ShardingOptions, resolve_sharding
+    from memlayout.activations.ranks.rank_step import StepInputs, meta_copy
+    from memlayout.activations.ranks.serving_step import trace_serving_rank
+    from memlayout.activations.step.generate import Generation
     from memlayout.errors import UsageError
     from tests.activations.real_ranks import measure_serving, run_ranks
 
@@ -67,27 +78,34 @@ def check_one(name: str) -> dict[str, Any]:
     ids = ids[:, :PROMPT].contiguous()
     vocab = int(built.model.config.vocab_size)
     os.environ[ARCH_VARIABLE] = name
+    new_tokens = int(os.environ[NEW_TOKENS_VARIABLE]) if os.environ.get(NEW_TOKENS_VARIABLE) else None
     sharding = ShardingOptions(world_size=WORLD, fsdp=False, tp=WORLD, serving="inference")
     try:
-        report = analyze_ranks(build_from_environment(), [ids], sharding=sharding)
+        if new_tokens is None:
+            report = analyze_ranks(build_from_environment(), [ids], sharding=sharding)
+            predicted, code, plan = report.summary.peak_bytes, report.sharding.code(), report.sharding.tp_plan
+        else:
+            resolved = resolve_sharding(meta_copy(build_from_environment()), sharding)
+            traced = trace_serving_rank(lambda: meta_copy(build_from_environment()), resolved, StepInputs([ids], None),
+                                        device="cpu", generation=Generation(new_tokens=new_tokens, cache="dynamic"))
+            predicted, code, plan = traced.peak.peak_bytes, resolved.code(), resolved.tp_plan
     except UsageError as exc:
         return {**record, "status": "unsupported", "reason": exc.one_line()[:300]}
     except Exception as exc:
         return {**record, "status": "failed", "reason": f"no prediction: {memlayout_error(exc)}"}
-    predicted = report.summary.peak_bytes
     measured: list[int] = []
     try:
         for _ in range(RUNS):
             with tempfile.TemporaryDirectory() as folder:
                 ranks = run_ranks(measure_serving, WORLD, Path(folder), "benchmarks.tp_serving_sweep:build_from_environment",
-                                  report.sharding.code(), list(ids.shape), vocab)
+                                  code, list(ids.shape), vocab, new_tokens)
             measured += [r["peak_bytes"] for r in ranks]
     except Exception as exc:
         return {**record, "status": "unsupported", "reason": f"the real ranks fail: {one_line(exc)}"}
     lowest = min(measured)
     return {**record, "predicted_peak_bytes": predicted, "measured_peak_bytes": measured,
             "ratio_to_lowest": round(predicted / lowest, 4), "within_2pct": abs(predicted - lowest) <= TOLERANCE * lowest,
-            "runs_above_lowest": sum(m != lowest for m in measured), "sharded_modules": len(report.sharding.tp_plan)}
+            "runs_above_lowest": sum(m != lowest for m in measured), "sharded_modules": len(plan)}
 
 
 def candidates() -> list[str]:
@@ -100,8 +118,9 @@ def main(argv: list[str]) -> int:
     from benchmarks.zoo.check import drawn, sweep_parser
 
     # No --jobs: each architecture's real ranks take both cores.
-    options = sweep_parser("benchmarks.tp_serving_sweep", __doc__.splitlines()[0], timeout=600.0,
-                           jobs=False).parse_args(argv)
+    parser = sweep_parser("benchmarks.tp_serving_sweep", __doc__.splitlines()[0], timeout=600.0, jobs=False)
+    parser.add_argument("--new-tokens", type=int, help="predict and measure a generate of this many tokens")
+    options = parser.parse_args(argv)
     if options.one:
         print(json.dumps(check_one(options.one)))
         return 0
@@ -109,6 +128,8 @@ def main(argv: list[str]) -> int:
     from benchmarks.zoo.run import versions
 
     names = drawn(candidates, options)
+    if options.new_tokens is not None:
+        os.environ[NEW_TOKENS_VARIABLE] = str(options.new_tokens)  # inherited by each architecture's process
     started = time.perf_counter()
     records = [run_check_in_child("benchmarks.tp_serving_sweep", name, options.timeout) for name in names]
     runnable = [r for r in records if r["status"] != "unsupported"]
@@ -118,12 +139,13 @@ def main(argv: list[str]) -> int:
     print(f"within 2% of the real ranks' lowest peak: {len(within)} of {len(runnable)} runnable "
           f"({len(records)} drawn)")
     result = {"command": shlex.join(["python", "-m", "benchmarks.tp_serving_sweep", *argv]), "versions": versions(),
-              "prompt": PROMPT, "world_size": WORLD, "runs": RUNS, "wall_seconds": round(time.perf_counter() - started, 1),
+              "prompt": PROMPT, "new_tokens": options.new_tokens, "world_size": WORLD, "runs": RUNS, "wall_seconds": round(time.perf_counter() - started, 1),
               "architectures": len(records), "runnable": len(runnable), "within_2pct": len(within),
               "records": records}
     from memlayout.io.atomic_write import write_text
 
-    write_text(str(RESULTS), json.dumps(result, indent=1) + "\n")
+    results = RESULTS if options.new_tokens is None else RESULTS.with_name("tp_generate_sweep.json")
+    write_text(str(results), json.dumps(result, indent=1) + "\n")
     return 0
 
 

@@ -145,22 +145,33 @@ def peaks(results: Sequence[dict[str, Any]]) -> dict[int, int]:
 
 
 def measure_serving(rank: int, world_size: int, store: str, out: str, builder: str, code: str, prompt: list[int],
-                    vocab: int) -> None:
+                    vocab: int, new_tokens: int | None = None, cache: str = "dynamic") -> None:
     """One rank: build, shard by `code` (tensor parallel), then one forward as tests/activations/measure.py measures
     one device's (eval mode, `torch.inference_mode`, a first forward unprofiled, the second's peak by the CPU
-    allocator's events on top of the rank's shards, buffers and inputs)."""
+    allocator's events on top of the rank's shards, buffers and inputs); with `new_tokens`, a greedy
+    `model.generate` of that many tokens measured the same way (`allocator_generate_peak`), its end-of-sequence id
+    one no token can be, so that it runs them all."""
     import torch
     import torch.distributed as dist
 
-    from tests.activations.measure import allocator_inference_peak, state_bytes
+    from tests.activations.measure import (
+        allocator_generate_peak,
+        allocator_inference_peak,
+        state_bytes,
+    )
 
     _join(rank, world_size, store)
     try:
         model = _resolve(builder)().eval()
         _shard_by_code(model, code)
         ids = torch.randint(0, vocab, tuple(prompt), generator=torch.Generator().manual_seed(0))
-        result = {"rank": rank, "shard_bytes": state_bytes(list(model.parameters())),
-                  "peak_bytes": allocator_inference_peak(model, (ids,), {})}
+        if new_tokens is None:
+            peak = allocator_inference_peak(model, (ids,), {})
+        else:
+            static = {"cache_implementation": "static"} if cache == "static" else {}
+            peak, _ = allocator_generate_peak(model, (ids,), {}, max_new_tokens=new_tokens, do_sample=False,
+                                              eos_token_id=vocab, **static)
+        result = {"rank": rank, "shard_bytes": state_bytes(list(model.parameters())), "peak_bytes": peak}
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()

@@ -20,7 +20,7 @@ on a 4-layer Llama-style model over 2 gloo ranks, 9,714,176 B with the collector
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from memlayout.activations.ranks.facts import RankPeak
 from memlayout.activations.ranks.parallel import Sharding
@@ -34,6 +34,9 @@ from memlayout.activations.ranks.rank_step import (
 )
 from memlayout.activations.summary import summarize
 from memlayout.errors import MemlayoutError, UsageError
+
+if TYPE_CHECKING:
+    from memlayout.activations.step.generate import Generation
 
 FIRST_TORCH = (2, 14)
 """The first torch whose DTensor leaves no caught error, and no activation, behind a serving forward."""
@@ -67,14 +70,20 @@ def trace_serving_rank(
     step_inputs: StepInputs,
     *,
     device: str,
+    generation: Generation | None = None,
 ) -> ServingTrace:
-    """Trace rank 0 of `sharding.world_size` serving: one forward, eval mode, inference mode."""
+    """Trace rank 0 of `sharding.world_size` serving: one forward, eval mode, inference mode.
+
+    With `generation`, one `model.generate` instead: not offered to users (serving_options.py says why), and
+    traced by benchmarks/tp_serving_sweep.py's `--new-tokens`, which measures how far real ranks stray from it."""
     import torch
 
     check_torch(torch.__version__)
     warned: list[str] = []
     with fake_world(sharding.world_size, 0), _torch_quieted(warned):
         step = sharded_step(build, sharding, step_inputs, device, serving=True)
+        if generation is not None:
+            step.generate(generation)
         step.add_optimizer("none")
         try:
             trace = step.trace()
