@@ -230,3 +230,12 @@ def test_results_shown_to_users_read_as_written_for_them() -> None:
     """Benchmark labels end up in the site's tables: no "(the issue's)" from the tracker."""
     texts = [p.read_text() for p in (ROOT / "benchmarks" / "results").glob("*.json")]
     assert not [t for t in texts if "the issue" in t]
+
+
+def test_every_results_file_is_a_harness_table_or_has_a_page_of_its_own() -> None:
+    """The site renders every results file the harness wrote as a table; a sweep's file, which has no harness
+    rows, must be named in PAGES_OF_THEIR_OWN, or the site's build fails on it (fit_sweep.json did)."""
+    rendered = HOOKS._benchmark_results()
+    shown = [p.stem for p in (ROOT / "benchmarks" / "results").glob("*.json")
+             if not p.stem.endswith("-quick") and p.stem not in HOOKS.PAGES_OF_THEIR_OWN]
+    assert shown and all(f"benchmarks/results/{stem}.json" in rendered for stem in shown)
