@@ -181,7 +181,7 @@ def main(argv: list[str]) -> int:
                if isinstance(record.get(key), dict) and record[key].get("holds") is not None]
     held = sum(1 for decision in checked if decision["holds"])
     answered = sum(1 for record in records if record["status"] in ("ok", "missed"))
-    print(f"decisions that hold on real steps: {held} of {checked and len(checked)} "
+    print(f"decisions that hold on real steps: {held} of {len(checked)} "
           f"({answered} of {len(records)} drawn architectures answered)")
     from benchmarks.zoo.run import versions
 
