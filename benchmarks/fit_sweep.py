@@ -31,6 +31,7 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shlex
@@ -47,11 +48,22 @@ FAMILIES = ("causal-lm", "masked-lm")
 BATCH, TOKENS = 4, 64
 
 
+def _specs(vocab: int, size: int) -> list[str]:
+    """The step's inputs at this batch, as --input specs: token ids and labels."""
+    return [f"int64[{size},{TOKENS}]<{vocab}", f"labels=int64[{size},{TOKENS}]<{vocab}"]
+
+
+def _planned(model: Any, plan: Any) -> Any:
+    """`apply_plan` for a plan with something to checkpoint, else nothing."""
+    import memlayout.activations as act
+
+    return contextlib.nullcontext() if plan is None or plan.empty else act.apply_plan(model, plan)
+
+
 def _real_peak(arch: Any, config: Any, size: int, plan: Any = None) -> int:
     """A real CPU step (AdamW, steady state) of the model built for real at this batch, by the allocator's events."""
     import torch
 
-    import memlayout.activations as act
     from benchmarks.zoo.check import seed_other_generators
     from benchmarks.zoo.inputs import text_ids
     from tests.activations.measure import allocator_peak_step
@@ -60,22 +72,17 @@ def _real_peak(arch: Any, config: Any, size: int, plan: Any = None) -> int:
     model = arch.build().model
     generator = torch.Generator().manual_seed(0)
     ids, labels = text_ids(config, (size, TOKENS), generator), text_ids(config, (size, TOKENS), generator)
-    if plan is None or plan.empty:
-        return allocator_peak_step(model, (ids,), {"labels": labels}).peak_bytes
-    with act.apply_plan(model, plan):
+    with _planned(model, plan):
         return allocator_peak_step(model, (ids,), {"labels": labels}).peak_bytes
 
 
-def _predicted(arch: Any, specs: list[str], size: int, plan: Any) -> int:
-    """memlayout's prediction of the step at this batch with the plan applied."""
+def _predicted(arch: Any, vocab: int, size: int, plan: Any = None) -> int:
+    """memlayout's prediction of the step at this batch, with the plan applied when one is given."""
     import memlayout.activations as act
-    from memlayout.activations.fit.probes import ScaledDim, specs_at
-    from memlayout.activations.model.input_specs import parse_input_spec
 
-    parsed = [parse_input_spec(spec) for spec in specs]
     model = arch.build().model
-    with act.apply_plan(model, plan):
-        return act.analyze(model, specs_at(parsed, [ScaledDim(spec, 0) for spec in specs], size)).summary.peak_bytes
+    with _planned(model, plan):
+        return act.analyze(model, _specs(vocab, size)).summary.peak_bytes
 
 
 def _decision(budget: int, size: int, at: int | None, over: int | None) -> dict[str, Any]:
@@ -89,33 +96,23 @@ def _decision(budget: int, size: int, at: int | None, over: int | None) -> dict[
 
 def check_one(name: str) -> dict[str, Any]:
     """One architecture's record: the fit's two answers, each decision checked on real steps."""
-    import torch
-
-    import memlayout.activations as act
-    from benchmarks.zoo.catalog import by_name
-    from benchmarks.zoo.check import memlayout_error, one_line
+    from benchmarks.zoo.check import memlayout_error, one_line, sweep_start
     from memlayout.activations.fit.size_search import fit
 
-    torch.set_num_threads(1)  # the sweep shares the machine; one thread also keeps the kernels' order fixed
-    arch = by_name()[name]
-    record: dict[str, Any] = {"architecture": name, "family": arch.family, "status": "ok"}
-    try:
-        built = arch.build()
-    except Exception as exc:
-        return record | {"status": "unsupported", "reason": f"does not build: {one_line(exc)}"[:300]}
+    arch, built, record = sweep_start(name)
+    if built is None:
+        return record
     config = built.model.config
     vocab = int(getattr(config.get_text_config(decoder=True), "vocab_size", None) or config.vocab_size)
-    specs = [f"int64[{BATCH},{TOKENS}]<{vocab}", f"labels=int64[{BATCH},{TOKENS}]<{vocab}"]
+    specs = _specs(vocab, BATCH)
     try:
         _real_peak(arch, config, 1)
     except Exception as exc:
         return record | {"status": "unsupported", "reason": f"the real step fails: {one_line(exc)}"[:300]}
     try:
-        at_4 = act.analyze(arch.build().model, specs).summary.peak_bytes
-        at_5 = act.analyze(arch.build().model, [spec.replace(f"[{BATCH},", f"[{BATCH + 1},") for spec in specs]
-                           ).summary.peak_bytes
+        at_batch, at_next = _predicted(arch, vocab, BATCH), _predicted(arch, vocab, BATCH + 1)
         share = round(random.Random(name).uniform(0.05, 0.95), 3)
-        budget = at_4 + int(share * (at_5 - at_4))
+        budget = at_batch + int(share * (at_next - at_batch))
         started = time.perf_counter()
         report = fit(arch.build().model, specs, budget=budget)
         seconds = time.perf_counter() - started
@@ -135,7 +132,7 @@ def check_one(name: str) -> dict[str, Any]:
                                             _real_peak(arch, config, planned.size + 1, plan))
             record["with_plan"]["checkpointed"] = len(plan.checkpoint) + len(plan.sequential)
             if not record["with_plan"]["holds"]:
-                record["with_plan"]["predicted_next_peak_bytes"] = _predicted(arch, specs, planned.size + 1, plan)
+                record["with_plan"]["predicted_next_peak_bytes"] = _predicted(arch, vocab, planned.size + 1, plan)
         elif planned is not None:
             record["with_plan"] = {"size": planned.size, "holds": None,
                                    "reason": "no plan reaches past the plain answer"}

@@ -33,20 +33,13 @@ TOLERANCE = 0.02
 
 def check_one(name: str) -> dict[str, Any]:
     """One architecture's record: built, measured for real, predicted."""
-    import torch
-
     import memlayout.activations as act
-    from benchmarks.zoo.catalog import by_name
-    from benchmarks.zoo.check import memlayout_error, one_line, seed_other_generators
+    from benchmarks.zoo.check import memlayout_error, one_line, seed_other_generators, sweep_start
     from tests.activations.measure import allocator_inference_peak
 
-    torch.set_num_threads(1)  # the sweep shares the machine; one thread also keeps the kernels' order fixed
-    arch = by_name()[name]
-    record: dict[str, Any] = {"architecture": name, "family": arch.family, "status": "ok"}
-    try:
-        built = arch.build()
-    except Exception as exc:
-        return record | {"status": "unsupported", "reason": f"does not build: {one_line(exc)}"[:300]}
+    arch, built, record = sweep_start(name)
+    if built is None:
+        return record
     try:
         seed_other_generators()
         measured = allocator_inference_peak(built.model, tuple(built.args), dict(built.kwargs))

@@ -54,21 +54,15 @@ def default_targets(model: Any) -> tuple[str, ...] | None:
 def check_one(name: str) -> dict[str, Any]:
     """One architecture's record: built, adapted and measured for real, predicted, for LoRA then DoRA."""
     import peft
-    import torch
 
     import memlayout.activations as act
-    from benchmarks.zoo.catalog import by_name
-    from benchmarks.zoo.check import memlayout_error, one_line, seed_other_generators
+    from benchmarks.zoo.check import memlayout_error, one_line, seed_other_generators, sweep_start
     from memlayout.activations.model.adapters import ALL_LINEAR, LoraOptions
     from tests.activations.measure import allocator_peak_step
 
-    torch.set_num_threads(1)  # the sweep shares the machine; one thread also keeps the kernels' order fixed
-    arch = by_name()[name]
-    record: dict[str, Any] = {"architecture": name, "family": arch.family, "status": "ok"}
-    try:
-        built = arch.build()
-    except Exception as exc:
-        return record | {"status": "unsupported", "reason": f"does not build: {one_line(exc)}"[:300]}
+    arch, built, record = sweep_start(name)
+    if built is None:
+        return record
     defaults = default_targets(built.model)
     targets = (ALL_LINEAR,) if defaults is None else None
     record["targets"] = "peft's default: " + ",".join(defaults) if defaults else ALL_LINEAR

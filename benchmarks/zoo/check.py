@@ -157,6 +157,21 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
+def sweep_start(name: str) -> tuple[Architecture, Built | None, dict[str, Any]]:
+    """How a sweep's check of one architecture starts: one thread (the sweep shares the machine; one thread also
+    keeps the kernels' order fixed), the model built, and the record's opening. Where the model does not build,
+    `built` is None and the record says so, as "unsupported"."""
+    import torch
+
+    torch.set_num_threads(1)
+    arch = by_name()[name]
+    record: dict[str, Any] = {"architecture": name, "family": arch.family, "status": "ok"}
+    try:
+        return arch, arch.build(), record
+    except Exception as exc:
+        return arch, None, record | {"status": "unsupported", "reason": f"does not build: {one_line(exc)}"[:300]}
+
+
 def memlayout_error(exc: BaseException, limit: int | None = 400) -> str:
     """What `memlayout activations` would print for this error: a MemlayoutError's one line, anything else
     as the CLI's "unexpected ..." (a bug: the figures count these)."""
