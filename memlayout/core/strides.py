@@ -69,6 +69,11 @@ def memory_format(shape: tuple[int, ...], stride: tuple[int, ...]) -> MemoryForm
     return MemoryFormat.STRIDED
 
 
+def expanded_dimensions(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    """The dimensions of more than one element that `expand` made (stride 0): one element in memory, read again."""
+    return tuple(dim for dim, (size, step) in enumerate(zip(shape, stride, strict=True)) if size > 1 and step == 0)
+
+
 def dimension_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
     """The dimensions of more than one element, from the outermost to the innermost in memory (a dimension of one
     element has no place in a layout: its stride means nothing); among equal strides, the earlier dimension first."""

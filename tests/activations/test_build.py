@@ -17,7 +17,7 @@ from memlayout.activations.model.input_specs import parse_input_spec
 from memlayout.cli.app import app
 from memlayout.errors import UsageError
 from tests.activations import edge_models
-from tests.activations.measure import memtracker_step
+from tests.activations.measure import allocator_peak_step, memtracker_step
 
 SPEC = "tests.activations.edge_models:"
 CASES: dict[str, tuple[Callable[[], torch.nn.Module], list[str]]] = {
@@ -46,7 +46,10 @@ def test_a_factory_that_reads_values_builds_and_is_predicted_as_measured(name: s
     assert report.mode == "fake"
     assert any("meta parameters" in note and "_local_scalar_dense" in note for note in report.notes)
     args = real_inputs(specs)
-    real = memtracker_step(build(), args, {})
+    # The allocator's events, which see a kernel's scratch: the tied head's weight gradient is a matmul with the
+    # loss's gradient, an expanded tensor (stride 0) that the kernel first copies, 76,036 B that a storage
+    # counter (MemTracker) does not see.
+    real = allocator_peak_step(build(), args, {})
     assert abs(report.summary.peak_bytes - real.peak_bytes) <= 0.02 * real.peak_bytes, (
         report.summary.peak_bytes, real.peak_bytes)
     unique = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in build().parameters()}

@@ -16,7 +16,7 @@ import memlayout.activations as act
 from memlayout.activations.report.json_report import report_dict
 from memlayout.activations.report.table import render_table
 from tests.activations import edge_models
-from tests.activations.measure import memtracker_step
+from tests.activations.measure import allocator_peak_step, memtracker_step
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
 
@@ -29,7 +29,9 @@ def test_routing_by_the_weights_assumes_balance_and_the_real_step_is_in_the_rang
     for seed in (0, 1):
         ids = tokens(seed=seed)
         report = act.analyze(edge_models.loop_moe(), [ids])
-        real = memtracker_step(edge_models.loop_moe(), (ids,), {})
+        # The allocator's events, which see a kernel's scratch: the summed loss's gradient reaches the last matmul
+        # expanded (stride 0), and the kernel copies it first, which a storage counter (MemTracker) does not see.
+        real = allocator_peak_step(edge_models.loop_moe(), (ids,), {})
         s = report.summary
         assert s.peak_bytes_min is not None and s.peak_bytes_max is not None
         assert s.peak_bytes_min <= real.peak_bytes <= s.peak_bytes_max, (s.peak_bytes_min, real.peak_bytes,

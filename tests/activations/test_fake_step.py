@@ -18,7 +18,7 @@ from memlayout.activations.report.json_report import report_dict
 from memlayout.activations.report.table import render_table
 from memlayout.cli.app import app
 from tests.activations import edge_models
-from tests.activations.measure import memtracker_step
+from tests.activations.measure import allocator_peak_step, memtracker_step
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
 
@@ -36,8 +36,12 @@ def padded(batch: int = 4, length: int = 48, longest: int = 20) -> torch.Tensor:
 
 def assert_predicted(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> act.ActivationReport:
     report = act.analyze(model(), list(args), kwargs=kwargs)
-    real = memtracker_step(model(), args, kwargs)
-    assert report.summary.peak_bytes == real.peak_bytes, (report.summary.peak_bytes, real.peak_bytes)
+    # The allocator's events, which see a kernel's scratch: the summed loss's gradient reaches the last matmul
+    # expanded (stride 0), and the kernel copies it first, which a storage counter (MemTracker) does not see.
+    real = allocator_peak_step(model(), args, kwargs)
+    # Within 64 B: the events also see a few bytes no storage in the trace holds (8 B on the Bart, 12 B on
+    # TrimsPadding with 12 tokens).
+    assert abs(report.summary.peak_bytes - real.peak_bytes) <= 64, (report.summary.peak_bytes, real.peak_bytes)
     return report
 
 
@@ -59,7 +63,7 @@ def test_a_length_read_with_item_sizes_the_step() -> None:
 def test_an_input_spec_is_real_so_its_values_count_too() -> None:
     """--input makes random ids: the mask the model builds from them is all ones, as in the real step."""
     report = act.analyze(edge_models.masked_attention(), ["int64[4,48]<200"])
-    real = memtracker_step(edge_models.masked_attention(), (ids(),), {})
+    real = allocator_peak_step(edge_models.masked_attention(), (ids(),), {})  # as assert_predicted's judge
     assert report.summary.peak_bytes == real.peak_bytes
 
 

@@ -275,6 +275,29 @@ def test_an_output_laid_out_as_the_real_kernel_lays_it_gives_the_real_steps_peak
     assert report.summary.peak_bytes == real
 
 
+def test_attention_on_expanded_keys_is_learned_as_the_real_kernel_runs_it() -> None:
+    """Grouped-query attention with one key head (a tensor-parallel rank's share, or multi-query attention):
+    transformers' `repeat_kv` expands the keys to the query heads as a view (stride 0), and with a mask SDPA takes
+    them as they are. The rule learned at batches 2 to 4 must be learned on such views too: on dense copies the
+    kernel copied them again and the rule read 90,372 B of scratch here."""
+    from memlayout.core.strides import dimension_order
+
+    torch.manual_seed(0)
+    query = torch.randn(4, 32, 2, 8).transpose(1, 2)
+    key, value = (torch.randn(4, 1, 32, 8).expand(4, 2, 32, 8) for _ in range(2))
+    mask = torch.ones(4, 1, 32, 32, dtype=torch.bool).tril()
+    op, args, kwargs = torch.ops.aten.scaled_dot_product_attention.default, (query, key, value, mask), {"scale": 0.35}
+    with torch.inference_mode():
+        learned = learned_kernel_memory(op, args, kwargs)
+        real = measure_kernel(op, args, kwargs)
+        out = op(*args, **kwargs)
+    assert key.stride()[1] == 0
+    assert learned is not None
+    assert learned.output_storage_bytes == real.output_storage_bytes == (out.untyped_storage().nbytes(),)
+    assert abs(learned.scratch_bytes - real.scratch_bytes) <= 64
+    assert learned.output_orders[0] == dimension_order(tuple(out.shape), tuple(out.stride()))
+
+
 def test_the_layout_learned_is_the_real_kernels_at_the_calls_own_size() -> None:
     from memlayout.core.strides import dimension_order
 
