@@ -178,6 +178,17 @@ def state_bytes(tensors: list[Any]) -> int:
     return sum(seen.values())
 
 
+@dataclass(frozen=True)
+class AllocatorCount:
+    """A profile's CPU allocator events, summed in the order they happened."""
+
+    peak_bytes: int
+    """The highest running sum, above what was live before the profile."""
+    unfreed_bytes: int
+    """What the profile saw allocated and never saw freed: what the profiled code returned, and any block freed on
+    a thread the profiler does not watch (see `real_ranks.gloo_releases_first`)."""
+
+
 def allocator_peak(events: Any) -> int:
     """The highest running sum of the CPU allocator's allocations and frees, in the order they happened.
 
@@ -190,6 +201,11 @@ def allocator_peak(events: Any) -> int:
     process that lowered a plan's peak by 51,200 B (test_excluded.py in CI, on 2.14.1). A block from before
     the profile is then never counted, as the allocator would not count it either without such a stale size.
     """
+    return allocator_count(events).peak_bytes
+
+
+def allocator_count(events: Any) -> AllocatorCount:
+    """`allocator_peak`'s running sum, with what it left unfreed."""
     from collections import Counter
 
     import torch.profiler
@@ -207,7 +223,7 @@ def allocator_peak(events: Any) -> int:
             continue
         live += nbytes
         peak = max(peak, live)
-    return peak
+    return AllocatorCount(peak, live)
 
 
 @contextlib.contextmanager
@@ -282,10 +298,17 @@ def allocator_inference_peak(model: torch.nn.Module, args: tuple[Any, ...], kwar
     storage, the profile's allocations and frees summed in order on top. A kernel's scratch counts here, as it
     does in the process's memory; a storage counter sees only what ops return. A first forward runs unprofiled, so
     that one-time allocations (oneDNN's primitive caches) are not taken for the step's."""
+    model.eval()
+    before = state_bytes([*model.parameters(), *model.buffers(), *args, *kwargs.values()])
+    return before + allocator_inference_count(model, args, kwargs).peak_bytes
+
+
+def allocator_inference_count(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> AllocatorCount:
+    """`allocator_inference_peak`'s profile, counted above the model's state and the inputs: its output is freed
+    inside, so anything left unfreed is a free the profiler did not see."""
     from torch.profiler import ProfilerActivity, profile
 
     model.eval()
-    before = state_bytes([*model.parameters(), *model.buffers(), *args, *kwargs.values()])
     torch.manual_seed(0)
     with torch.inference_mode():
         model(*args, **kwargs)
@@ -294,7 +317,7 @@ def allocator_inference_peak(model: torch.nn.Module, args: tuple[Any, ...], kwar
           torch.inference_mode()):
         output = model(*args, **kwargs)
         del output
-    return before + allocator_peak(profiled.profiler.kineto_results.events())
+    return allocator_count(profiled.profiler.kineto_results.events())
 
 
 def inference_peak(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
@@ -318,13 +341,22 @@ def allocator_generate_peak(model: torch.nn.Module, args: tuple[Any, ...], kwarg
     """The peak of `model.generate(*args, **kwargs, **generate)` as serving code runs it (eval mode,
     `torch.inference_mode`), by the CPU allocator's own events as `allocator_inference_peak` takes a forward's, and
     the ids it returned. A first generate runs unprofiled, so that one-time allocations are not taken for its own."""
+    model.eval()
+    before = state_bytes([*model.parameters(), *model.buffers(), *args, *kwargs.values()])
+    count, ids = allocator_generate_count(model, args, kwargs, **generate)
+    return before + count.peak_bytes, ids
+
+
+def allocator_generate_count(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                             **generate: Any) -> tuple[AllocatorCount, torch.Tensor]:
+    """`allocator_generate_peak`'s profile, counted above the model's state and the inputs, and the ids it returned:
+    what it leaves unfreed beyond those ids is a free the profiler did not see."""
     from torch.profiler import ProfilerActivity, profile
 
     model.eval()
-    before = state_bytes([*model.parameters(), *model.buffers(), *args, *kwargs.values()])
     with torch.inference_mode():
         model.generate(*args, **kwargs, **generate)
     with (no_collection(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiled,
           torch.inference_mode()):
         ids = model.generate(*args, **kwargs, **generate)
-    return before + allocator_peak(profiled.profiler.kineto_results.events()), ids
+    return allocator_count(profiled.profiler.kineto_results.events()), ids

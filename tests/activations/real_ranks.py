@@ -12,10 +12,11 @@ memlayout's step, so that a prediction is checked against an independent run.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,19 +145,62 @@ def peaks(results: Sequence[dict[str, Any]]) -> dict[int, int]:
 
 
 
+GLOO_RELEASE_S = 0.001
+"""How long the main thread waits after each collective, so that gloo's worker lets go of its tensors first."""
+SERVING_ATTEMPTS = 6
+"""Profiled steps a serving rank runs at most to get one whose every free the profiler saw."""
+
+
+@contextlib.contextmanager
+def gloo_releases_first() -> Iterator[None]:
+    """Each functional collective's wait, as DTensor's tensor parallel calls it, then sleeps GLOO_RELEASE_S.
+
+    ProcessGroupGloo runs a collective on a worker thread, which holds the work, and so its tensors, until just
+    after the waiting thread wakes. When the main thread drops its own references first, the worker frees the
+    block, and the profiler records only the frees of threads it profiles. A profile then sees the block
+    allocated and never freed, and counts it live to the end: on 2 ranks of the zoo's Gemma2, 1 to 3 frees of
+    4,808 unseen in 7 of 8 runs, each such run's peak 17 to 40 kB (5 to 12%) above the runs that saw every
+    free, which all read the same. With this wait, 10 of 12 runs saw every free."""
+    import torch.distributed._functional_collectives as functional
+
+    original = functional.wait_tensor
+
+    def wait_then_let_gloo_release(tensor: Any) -> Any:
+        waited = original(tensor)
+        time.sleep(GLOO_RELEASE_S)
+        return waited
+
+    functional.wait_tensor = wait_then_let_gloo_release
+    try:
+        yield
+    finally:
+        functional.wait_tensor = original
+
+
+def serving_prompt(shape: list[int], vocab: int) -> Any:
+    """The token ids each serving rank runs on: drawn below `vocab` from seed 0, so that a prediction can be given
+    the same ones."""
+    import torch
+
+    return torch.randint(0, vocab, tuple(shape), generator=torch.Generator().manual_seed(0))
+
+
 def measure_serving(rank: int, world_size: int, store: str, out: str, builder: str, code: str, prompt: list[int],
                     vocab: int, new_tokens: int | None = None, cache: str = "dynamic") -> None:
     """One rank: build, shard by `code` (tensor parallel), then one forward as tests/activations/measure.py measures
     one device's (eval mode, `torch.inference_mode`, a first forward unprofiled, the second's peak by the CPU
     allocator's events on top of the rank's shards, buffers and inputs); with `new_tokens`, a greedy
-    `model.generate` of that many tokens measured the same way (`allocator_generate_peak`), its end-of-sequence id
-    one no token can be, so that it runs them all."""
-    import torch
+    `model.generate` of that many tokens measured the same way, its end-of-sequence id one no token can be, so
+    that it runs them all.
+
+    Under `gloo_releases_first`, and again, up to SERVING_ATTEMPTS times, until a profile saw every free (it
+    leaves unfreed only the ids generate returns). The result says how many profiles it took and whether one was
+    complete; the peak is the complete one's, or the lowest when none was."""
     import torch.distributed as dist
 
     from tests.activations.measure import (
-        allocator_generate_peak,
-        allocator_inference_peak,
+        allocator_generate_count,
+        allocator_inference_count,
         state_bytes,
     )
 
@@ -164,14 +208,24 @@ def measure_serving(rank: int, world_size: int, store: str, out: str, builder: s
     try:
         model = _resolve(builder)().eval()
         _shard_by_code(model, code)
-        ids = torch.randint(0, vocab, tuple(prompt), generator=torch.Generator().manual_seed(0))
-        if new_tokens is None:
-            peak = allocator_inference_peak(model, (ids,), {})
-        else:
-            static = {"cache_implementation": "static"} if cache == "static" else {}
-            peak, _ = allocator_generate_peak(model, (ids,), {}, max_new_tokens=new_tokens, do_sample=False,
-                                              eos_token_id=vocab, **static)
-        result = {"rank": rank, "shard_bytes": state_bytes(list(model.parameters())), "peak_bytes": peak}
+        ids = serving_prompt(prompt, vocab)
+        before = state_bytes([*model.parameters(), *model.buffers(), ids])
+        static = {"cache_implementation": "static"} if cache == "static" else {}
+        peaks_seen: list[int] = []
+        complete = False
+        with gloo_releases_first():
+            while not complete and len(peaks_seen) < SERVING_ATTEMPTS:
+                if new_tokens is None:
+                    count, returned = allocator_inference_count(model, (ids,), {}), 0
+                else:
+                    count, generated = allocator_generate_count(model, (ids,), {}, max_new_tokens=new_tokens,
+                                                                do_sample=False, eos_token_id=vocab, **static)
+                    returned = generated.untyped_storage().nbytes()
+                peaks_seen.append(count.peak_bytes)
+                complete = count.unfreed_bytes == returned
+        peak = peaks_seen[-1] if complete else min(peaks_seen)
+        result = {"rank": rank, "shard_bytes": state_bytes(list(model.parameters())), "peak_bytes": before + peak,
+                  "profiles": len(peaks_seen), "complete": complete}
         Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
