@@ -151,8 +151,8 @@ def activations_command(
     ] = None,
     tp: Annotated[
         int, typer.Option("--tp", help="Tensor parallel over K of the ranks, inside FSDP2: attention and MLP "
-                          "projections split column-wise and row-wise. With --step inference and --world-size K, "
-                          "the ranks of a tensor-parallel group serving the model (torch 2.14 or later).",
+                          "projections split column-wise and row-wise. With --step inference or generate and --world-size "
+                          "K, the ranks of a tensor-parallel group serving the model (torch 2.14 or later).",
                           min=1, metavar="K")
     ] = 1,
     ddp: Annotated[
@@ -215,7 +215,7 @@ def activations_command(
     """Activation memory of one training step, and a checkpoint plan that fits --budget.
 
     With --world-size N --fsdp, each rank's peak under FSDP2 (and --tp), and a plan that fits the largest rank;
-    with --step inference --world-size K --tp K, each rank of a tensor-parallel group serving the model;
+    with --step inference (or generate) --world-size K --tp K, each rank of a tensor-parallel group serving the model;
     with --world-size N --ddp, each rank's peak under DistributedDataParallel, with its gradient buckets.
     Without --input (or with --weights), no step: the weights in each dtype and the fixed costs of training them.
     """
@@ -293,7 +293,7 @@ def activations_command(
                 optimizer=optimizer or DEFAULT_OPTIMIZER, budget=budget_spec.bytes if budget_spec else None,
                 allow_offload=allow_offload,
                 device=device, trust=trust, main_module=main_module, autocast=autocast, dtype=dtype,
-                model_class=model_class,
+                model_class=model_class, generation=generation,
             )
         except RanksBudgetUnreachableError as exc:
             print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)

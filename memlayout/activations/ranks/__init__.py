@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memlayout.activations.analysis import LIVE_MODULE, analyze
 from memlayout.activations.model.build import build_model
@@ -41,6 +41,9 @@ from memlayout.activations.ranks.serving_step import trace_serving_rank
 from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER, check_optimizer
 from memlayout.activations.step.run import LOSS_NONE, Autocast, torch_dtype
 from memlayout.errors import UsageError
+
+if TYPE_CHECKING:
+    from memlayout.activations.step.generate import Generation
 
 # ----------------------------------------------------------------------------------------------
 # The report
@@ -82,6 +85,7 @@ def analyze_ranks(
     autocast: str | None = None,
     dtype: str | None = None,
     model_class: str | None = None,
+    generation: Generation | None = None,
 ) -> RanksReport:
     """Predict each rank's peak over a training step under FSDP2 (and tensor parallel), in this process; or, with
     `sharding.serving`, each rank's serving step under tensor parallel alone.
@@ -104,6 +108,7 @@ def analyze_ranks(
             before tensor parallel and `fully_shard`, as pure low-precision training does; each shard and the
             optimizer's state are then in it. The sharding code the report prints casts first too.
         model_class: The transformers class a config builds, as for `analyze`.
+        generation: With `sharding.serving` "generate", its new tokens and cache (step/generate.py).
 
     Returns:
         A `RanksReport`: one `RankPeak` per distinct rank layout traced, the largest first.
@@ -138,9 +143,11 @@ def analyze_ranks(
             raise UsageError(f"--step {sharding.serving} across ranks is traced for --device cpu, not {device}, yet: "
                              "the fake CUDA step does not run DTensor's device mesh",
                              "predict --device cpu (the same shards and ops), or one device's forward on --device cuda")
+        if (sharding.serving == "generate") != (generation is not None):
+            raise UsageError("--step generate and its --new-tokens go together", "e.g. --step generate --new-tokens 256")
         del model
         return _analyze_serving(build, resolved, StepInputs(inputs, kwargs), target_text, kind, chosen_by,
-                                step=sharding.serving, device=device, dtype=dtype)
+                                step=sharding.serving, device=device, dtype=dtype, generation=generation)
     if resolved.ddp is not None:
         return _analyze_ddp(target, inputs, kwargs, resolved, model, optimizer=optimizer, budget=budget,
                             allow_offload=allow_offload, device=device, trust=trust, main_module=main_module,
@@ -199,10 +206,10 @@ def analyze_ranks(
 
 def _analyze_serving(
     build: Callable[[], Any], sharding: Sharding, step_inputs: StepInputs, target_text: str | None, kind: str,
-    chosen_by: dict[str, str], *, step: str, device: str, dtype: str | None,
+    chosen_by: dict[str, str], *, step: str, device: str, dtype: str | None, generation: Generation | None,
 ) -> RanksReport:
     """Tensor-parallel serving: every rank alike, rank 0 traced (serving_step.py)."""
-    traced = trace_serving_rank(build, sharding, step_inputs, device=device)
+    traced = trace_serving_rank(build, sharding, step_inputs, device=device, generation=generation)
     notes = list(sharding.notes) + [f"torch warned while tracing: {message}" for message in traced.warnings[:3]]
     return RanksReport(
         target=target_text, target_kind=kind, model_class=traced.model_class, inputs=traced.inputs, device=device,

@@ -1,5 +1,5 @@
-"""What tensor-parallel serving ranks (`--step inference --world-size K --tp K`) accept: checked with the other
-sharding options (parallel.py), before anything is built."""
+"""What tensor-parallel serving ranks (`--step inference` or `generate`, `--world-size K --tp K`) accept: checked
+with the other sharding options (parallel.py), before anything is built."""
 
 from __future__ import annotations
 
@@ -29,17 +29,10 @@ class ServingOptions(Protocol):
 
 def check_serving(options: ServingOptions) -> None:
     """Raises UsageError for serving ranks asked with what they do not run: --fsdp or --ddp (they shard a training
-    step), a --tp that is not --world-size, FSDP2's dtypes, or --step generate (not predicted yet)."""
+    step), a --tp that is not --world-size, or FSDP2's dtypes."""
     said, world_size, tp = f"--step {options.serving}", options.world_size, options.tp
     training_flag = "--ddp" if options.ddp is not None else "--fsdp" if options.fsdp else None
     fsdp_dtypes = {"--param-dtype": options.param_dtype, "--reduce-dtype": options.reduce_dtype}
-    if options.serving == "generate":
-        raise UsageError(
-            "--step generate is not predicted across ranks yet: real gloo ranks' generate peaks differ from run to "
-            "run (a 2-layer Emu3, 16 new tokens: 262,957 to 320,813 B over 4 ranks), so no one figure is the ranks' "
-            "peak",
-            "predict --step inference across ranks (each forward of a generate), or one device's generate "
-            "without --world-size")
     if training_flag is not None:
         raise UsageError(f"{said} with --world-size is traced as tensor-parallel serving, and {training_flag} shards "
                          "a training step", f"give --world-size {world_size} --tp {world_size} alone")

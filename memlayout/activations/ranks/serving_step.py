@@ -1,5 +1,5 @@
-"""One rank of tensor-parallel serving (`--step inference` with `--world-size K --tp K`), traced on fake tensors
-under torch's fake process group.
+"""One rank of tensor-parallel serving (`--step inference` or `generate` with `--world-size K --tp K`), traced on
+fake tensors under torch's fake process group.
 
 A serving rank is traced by memlayout's own tracer, as one device's step is (analysis.py) and as a DDP rank is
 (ddp_step.py): tensor parallel changes which ops a rank runs, not how their memory is counted. The model is built on
@@ -72,10 +72,8 @@ def trace_serving_rank(
     device: str,
     generation: Generation | None = None,
 ) -> ServingTrace:
-    """Trace rank 0 of `sharding.world_size` serving: one forward, eval mode, inference mode.
-
-    With `generation`, one `model.generate` instead: not offered to users (serving_options.py says why), and
-    traced by benchmarks/tp_serving_sweep.py's `--new-tokens`, which measures how far real ranks stray from it."""
+    """Trace rank 0 of `sharding.world_size` serving: one forward, or with `generation` one `model.generate`, in
+    eval mode and inference mode."""
     import torch
 
     check_torch(torch.__version__)

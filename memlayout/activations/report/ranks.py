@@ -154,6 +154,8 @@ def _step_text(report: RanksReport) -> str:
     """What each rank runs, as the single-device report says it."""
     if report.step == "inference":
         return f"forward only, eval mode, torch.inference_mode; fake tensors on {report.device}"
+    if report.step == "generate":
+        return f"model.generate, eval mode, torch.inference_mode; fake tensors on {report.device}"
     return f"forward, backward, optimizer {report.optimizer}; fake tensors on {report.device}"
 
 
