@@ -99,7 +99,9 @@ def check_one(name: str) -> dict[str, Any]:
                 ranks += run_ranks(measure_serving, WORLD, Path(folder), "benchmarks.tp_serving_sweep:build_from_environment",
                                    code, list(ids.shape), vocab, new_tokens)
     except Exception as exc:
-        return {**record, "status": "unsupported", "reason": f"the real ranks fail: {one_line(exc)}"}
+        # A rank's exception arrives as a ProcessRaisedException whose first line is a header; its last is the error.
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        return {**record, "status": "failed", "reason": f"the real ranks fail: {one_line(exc)} {lines[-1] if lines else ''}"[:400]}
     measured = [r["peak_bytes"] for r in ranks]
     complete = [r["peak_bytes"] for r in ranks if r["complete"]]
     return {**record, "predicted_peak_bytes": predicted, "measured_peak_bytes": measured,

@@ -39,7 +39,7 @@ def _predicted() -> dict[str, object]:
 
 @pytest.mark.skipif(not SERVES, reason="tensor-parallel serving is traced on torch 2.14 or later")
 def test_each_rank_is_within_two_percent_of_a_real_gloo_rank_running_the_printed_code(tmp_path: Path) -> None:
-    from tests.activations.real_ranks import lower_of_two_runs, measure_serving, run_ranks
+    from tests.activations.real_ranks import measure_serving, run_ranks
 
     report = _predicted()
     distributed = report["distributed"]
@@ -47,12 +47,11 @@ def test_each_rank_is_within_two_percent_of_a_real_gloo_rank_running_the_printed
     assert "fully_shard" not in distributed["code"] and "parallelize_module" in distributed["code"]
     predicted = report["summary"]["peak_bytes"]  # type: ignore[index]
     shards = report["ranks"][0]["shard_bytes"]  # type: ignore[index]
-    # A real rank sometimes holds one all-reduce output more (likely gloo freeing it late; not proven):
-    # 16,384 B here, 1.7% of the peak. Measured: 982,340 B predicted, 982,336 B or 998,720 B real; once, with
-    # other tests running beside, more than 2% over.
-    real = lower_of_two_runs(lambda folder: run_ranks(measure_serving, 2, folder, LLAMA, distributed["code"], PROMPT,
-                                                      VOCAB),
-                             tmp_path, lambda peak: abs(predicted / peak - 1) <= 0.02)
+    # Measured: 982,340 B predicted, 982,336 B real. Before measure_serving waited for gloo's thread and checked
+    # that its profile saw every free, a rank read 998,720 B now and then: an all-reduce output freed on that
+    # thread, which the profiler does not watch, counted live to the end (real_ranks.gloo_releases_first).
+    real = run_ranks(measure_serving, 2, tmp_path, LLAMA, distributed["code"], PROMPT, VOCAB)
+    assert all(rank["complete"] for rank in real), real
     for rank in real:
         assert rank["shard_bytes"] == shards
         assert abs(predicted / rank["peak_bytes"] - 1) <= 0.02, (predicted, real)
@@ -72,12 +71,10 @@ def test_a_peak_at_the_row_wise_all_reduce_is_the_real_ranks(tmp_path: Path) -> 
     report = json.loads(result.stdout)
     assert ".mlp" in report["summary"]["peak_at"]["module"], report["summary"]["peak_at"]
     predicted = report["summary"]["peak_bytes"]
-    # A real rank sometimes holds one all-reduce output more (16,384 B, 4.5% of this peak) from one run
-    # to the next (likely gloo freeing it late; not proven): the trace is the ranks' peak when it does not, so it is held to the lowest of
-    # two runs' ranks.
-    real = [rank["peak_bytes"] for run in range(2) for rank in
-            run_ranks(measure_serving, 2, tmp_path / str(run), small, report["distributed"]["code"], PROMPT, 64)]
-    assert abs(predicted / min(real) - 1) <= 0.02, (predicted, real)
+    ranks = run_ranks(measure_serving, 2, tmp_path, small, report["distributed"]["code"], PROMPT, 64)
+    assert all(rank["complete"] for rank in ranks), ranks  # every free seen (the first test)
+    real = [rank["peak_bytes"] for rank in ranks]
+    assert all(abs(predicted / peak - 1) <= 0.02 for peak in real), (predicted, real)
 
 
 @pytest.mark.skipif(not SERVES, reason="tensor-parallel serving is traced on torch 2.14 or later")
@@ -94,9 +91,9 @@ def test_a_tied_embedding_is_one_weight_on_each_rank_as_on_the_real_ones(tmp_pat
     predicted, shards = report["summary"]["peak_bytes"], report["ranks"][0]["shard_bytes"]
     real = run_ranks(measure_serving, 2, tmp_path, tied, report["distributed"]["code"], PROMPT, VOCAB)
     for rank in real:
+        assert rank["complete"], real  # every free seen (the first test)
         assert rank["shard_bytes"] == shards
-    # The lowest rank: one may hold an all-reduce output more (the first test).
-    assert abs(predicted / min(rank["peak_bytes"] for rank in real) - 1) <= 0.02, (predicted, real)
+        assert abs(predicted / rank["peak_bytes"] - 1) <= 0.02, (predicted, real)
 
 
 @pytest.mark.skipif(not SERVES, reason="tensor-parallel serving is traced on torch 2.14 or later")
@@ -228,3 +225,18 @@ def test_a_generate_across_ranks_is_within_two_percent_of_real_gloo_ranks(cache:
         assert rank["complete"], real  # the profile saw every free (real_ranks.gloo_releases_first)
         assert rank["shard_bytes"] == report["ranks"][0]["shard_bytes"]
         assert abs(predicted / rank["peak_bytes"] - 1) <= 0.02, (predicted, real)
+
+
+def test_the_docs_give_the_tensor_parallel_generate_sweeps_figures() -> None:
+    """docs/will-it-fit.md quotes benchmarks/results/tp_generate_sweep.json: its command, its time, how many
+    models' real ranks ran, how far the furthest was, and Gemma 2's two figures."""
+    root = Path(__file__).resolve().parents[2]
+    sweep = json.loads((root / "benchmarks" / "results" / "tp_generate_sweep.json").read_text())
+    docs = " ".join((root / "docs" / "will-it-fit.md").read_text().split())
+    ran = [r for r in sweep["records"] if r["status"] == "ok"]
+    furthest = max(abs(r["predicted_peak_bytes"] - peak) for r in ran for peak in r["measured_peak_bytes"])
+    assert all(r["within_2pct"] and r["incomplete_profiles"] == 0 for r in ran)
+    assert sweep["command"] in docs and f"{round(sweep['wall_seconds']):,} s" in docs, "rerun the sweep or mend the docs"
+    assert f"the {len(ran)} whose real ranks ran are within {furthest} B of every real rank" in docs
+    gemma = next(r for r in ran if r["architecture"] == "Gemma2ForCausalLM")
+    assert f"{gemma['predicted_peak_bytes']:,} B against {min(gemma['measured_peak_bytes']):,} B" in docs
