@@ -298,7 +298,6 @@ def allocator_inference_peak(model: torch.nn.Module, args: tuple[Any, ...], kwar
     storage, the profile's allocations and frees summed in order on top. A kernel's scratch counts here, as it
     does in the process's memory; a storage counter sees only what ops return. A first forward runs unprofiled, so
     that one-time allocations (oneDNN's primitive caches) are not taken for the step's."""
-    model.eval()
     before = state_bytes([*model.parameters(), *model.buffers(), *args, *kwargs.values()])
     return before + allocator_inference_count(model, args, kwargs).peak_bytes
 
@@ -341,7 +340,6 @@ def allocator_generate_peak(model: torch.nn.Module, args: tuple[Any, ...], kwarg
     """The peak of `model.generate(*args, **kwargs, **generate)` as serving code runs it (eval mode,
     `torch.inference_mode`), by the CPU allocator's own events as `allocator_inference_peak` takes a forward's, and
     the ids it returned. A first generate runs unprofiled, so that one-time allocations are not taken for its own."""
-    model.eval()
     before = state_bytes([*model.parameters(), *model.buffers(), *args, *kwargs.values()])
     count, ids = allocator_generate_count(model, args, kwargs, **generate)
     return before + count.peak_bytes, ids

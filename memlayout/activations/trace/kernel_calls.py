@@ -106,10 +106,10 @@ def described(tensor: Any, shrinks: bool) -> Any:
     layout, device, the order of its dimensions in memory (two transposes of one shape are laid out apart) and
     which it expands."""
     shape = tuple(int(s) for s in tensor.shape)
+    stride = tuple(int(s) for s in tensor.stride())
     return (shrinks, shape[1:] if shrinks else shape, tensor.dtype, tensor.layout, str(tensor.device),
             tensor.is_contiguous(), tensor.is_contiguous(memory_format=_channels_last(tensor)),
-            dimension_order(shape, tuple(int(s) for s in tensor.stride())),
-            expanded_dimensions(shape, tuple(int(s) for s in tensor.stride())))
+            dimension_order(shape, stride), expanded_dimensions(shape, stride))
 
 
 def _channels_last(tensor: Any) -> Any:
