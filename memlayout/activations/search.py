@@ -209,9 +209,9 @@ def search_plan(
         target -= max(budget.judged(measured) - budget.bytes, 1)
         if attempt == MAX_CHECKS - 1 and limits is not None:
             limits.append(f"the estimate-led search stopped after {MAX_CHECKS} traced plans")
-    # Before calling the budget unreachable, trace what the estimate cannot judge:
-    # its own lowest plan, and every module of one level checkpointed together.
-    candidates = [planner.lowest(), *planner.covers()]
+    # Before calling the budget unreachable, trace what the estimate cannot judge: its own lowest plan, and
+    # every module of one level checkpointed together, unless the estimate puts that far over the budget.
+    candidates = [planner.lowest(), *planner.covers(budget.bytes)]
     results = [(chosen, *check(chosen)) for chosen in candidates]
     fitting = [(chosen, plan, measured) for chosen, plan, measured in results if budget.fits(measured)]
     if not fitting:

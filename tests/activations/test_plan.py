@@ -131,6 +131,38 @@ def test_the_lowest_peak_named_is_no_higher_than_a_plan_measured_for_real() -> N
     assert caught.value.lowest.peak_bytes <= every_block
 
 
+COVERED: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+    "gpt2": (lambda: models.gpt2(), lambda: models.token_inputs(4, 32, 500)),
+    "llama": (lambda: models.llama(), lambda: models.token_inputs(4, 32, 500)),
+    "bert": (lambda: models.bert(), lambda: models.token_inputs(4, 32, 500)),
+    "lstm": (lambda: models.lstm_lm(), lambda: models.token_inputs(4, 32, 500, labels=False)),
+    "residual-stack": (lambda: models.residual_stack(),
+                       lambda: ((torch.randn(512, 256, generator=torch.Generator().manual_seed(0)),), {})),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COVERED))
+def test_a_cover_left_out_for_its_estimate_would_not_have_fitted(case: str) -> None:
+    """The budget search leaves out a cover estimated at more than COVER_SKIP times the budget, untraced. That
+    holds only while no cover's traced live peak is that far under its estimate: each cover, traced applied."""
+    from memlayout.activations.plans.plan import COVER_SKIP
+
+    build, make_inputs = COVERED[case]
+    args, kwargs = make_inputs()
+    planner = Planner(act.analyze(build(), list(args), kwargs=kwargs).trace)
+    covers = planner.covers()
+    assert covers
+    for cover in covers:
+        model = build()
+        with act.apply_plan(model, planner.plan_of(cover)):
+            traced = act.analyze(model, list(args), kwargs=kwargs).summary.peak_bytes
+        estimate = planner.estimate(cover)
+        assert traced * COVER_SKIP >= estimate, (planner.plan_of(cover), traced, estimate)
+        # Where the rule leaves the cover out, the budget is under its traced peak: it would not have fitted.
+        budget = (estimate - 1) // COVER_SKIP
+        assert cover not in planner.covers(budget) and traced > budget
+
+
 def test_apply_plan_takes_the_json_plan_and_removes_cleanly() -> None:
     model = models.flat_cnn()
     forward = type(model).forward

@@ -129,7 +129,7 @@ def test_the_prune_does_not_trace_a_drop_priced_far_over_the_room_left() -> None
         def lowest(self) -> list[int]:
             return list(blocks)
 
-        def covers(self) -> list[list[int]]:
+        def covers(self, budget: int | None = None) -> list[list[int]]:
             return []
 
         def estimate(self, chosen: list[int]) -> int:
