@@ -149,6 +149,7 @@ class Planner:
         self._inside = subtree_calls(trace)
         self.options = self._options()
         self._build_matrix()
+        self._lowest: list[int] | None = None
 
     # options ----------------------------------------------------------------
     def _options(self) -> list[Option]:
@@ -334,16 +335,19 @@ class Planner:
         return min(pruned, key=lambda rows: (sum(self._costs[r] for r in rows), len(rows), sorted(rows)))
 
     def lowest(self) -> list[int]:
-        """The options of the lowest estimated peak this planner reaches (a beam search: plans/lowest.py)."""
+        """The options of the lowest estimated peak this planner reaches (a beam search: plans/lowest.py), from
+        the empty plan and, apart, from the covers. Searched once: a search asks for it again each round."""
         import numpy as np
 
-        count = len(self.options)
-        conflicts = np.zeros((count, count), dtype=bool)
-        for a in range(count):
-            for b in range(a, count):
-                conflicts[a, b] = conflicts[b, a] = self.options[a].conflicts_with(self.options[b])
-        rows, peak = lowest_options(self._interval_max, self._rows, self._costs, conflicts)
-        return self._prune(rows, peak)
+        if self._lowest is None:
+            count = len(self.options)
+            conflicts = np.zeros((count, count), dtype=bool)
+            for a in range(count):
+                for b in range(a, count):
+                    conflicts[a, b] = conflicts[b, a] = self.options[a].conflicts_with(self.options[b])
+            rows, peak = lowest_options(self._interval_max, self._rows, self._costs, conflicts, seeds=self.covers())
+            self._lowest = self._prune(rows, peak)
+        return list(self._lowest)
 
     def covers(self, budget: int | None = None) -> list[list[int]]:
         """Plans that checkpoint every module of one level: the shallowest modules, and the deepest.
