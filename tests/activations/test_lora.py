@@ -23,6 +23,22 @@ from tests.activations import lora_models, models
 pytest.importorskip("peft")
 pytest.importorskip("bitsandbytes")
 
+
+
+def _bitsandbytes_packs_for_this_cpu() -> bool:
+    """Whether bitsandbytes takes its AVX512-BF16 CPU path here (`has_avx512bf16`): a Linear4bit's first forward
+    outside training repacks its weight and its absmax to bfloat16 in place, and later forwards run a fused kernel
+    that dequantizes nothing whole. memlayout models the other path, which every CPU without AVX512-BF16 takes."""
+    from bitsandbytes.functional import has_avx512bf16
+
+    return bool(has_avx512bf16())
+
+
+AVX512_BF16_PATH = pytest.mark.xfail(
+    _bitsandbytes_packs_for_this_cpu(), strict=True,
+    reason="bitsandbytes' AVX512-BF16 CPU path (repacked weights, a fused 4-bit kernel) is not modelled yet: the "
+           "real model's state and its inference peak differ from the path memlayout traces",
+)
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
 INPUTS = ["int64[4,32]<500", "labels=int64[4,32]<500"]
 FLAGS = [flag for spec in INPUTS for flag in ("--input", spec)]
@@ -110,6 +126,7 @@ def test_a_dropout_given_is_traced_as_peft_runs_it(folder: Path) -> None:
     assert report.summary.peak_bytes > plain
 
 
+@AVX512_BF16_PATH
 def test_qlora_on_a_llama_directory_matches_a_real_bitsandbytes_step(folder: Path) -> None:
     directory = lora_models.saved("llama", folder)
     report = act.analyze(str(directory), INPUTS, lora=16, quantize="nf4")
@@ -234,7 +251,7 @@ def test_qlora_traces_for_a_gpu_on_the_cuda_build_without_one(folder: Path) -> N
     }
 
 
-@pytest.mark.parametrize("step", ["train", "inference"])
+@pytest.mark.parametrize("step", ["train", pytest.param("inference", marks=AVX512_BF16_PATH)])
 def test_a_4bit_matmul_counts_the_weight_it_dequantizes_inside(step: str, folder: Path) -> None:
     """bitsandbytes' CPU matmul dequantizes the whole weight into a float32 temporary and frees it before returning;
     its fake kernel shows the output alone. Learned from the real kernel, the forward of a Llama with a wide MLP went

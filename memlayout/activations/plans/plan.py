@@ -39,11 +39,9 @@ if TYPE_CHECKING:
 
 
 COVER_SKIP = 3
-"""`covers` leaves out a cover estimated at more than this many times the budget. The estimate of a cover can err
-high: over 242 covers traced by `--fit` (the fit sweep's 40 zoo models on the CPU; GPT-2 124M, a 1.1B and a 7B
-Llama for an H100 and an A100 40GB), it came within 8% under to 142% over the traced live peak (the whole
-decoder of the 1.1B Llama checkpointed as one module), and the covers that fitted were estimated at up to 1.66
-times their budget. Left out wrongly, a cover could only make an answer smaller, never one that runs out."""
+"""`covers` leaves out a cover estimated at more than this many times the budget: over 242 covers `--fit` traced,
+the estimate ran from 8% under to 142% over the traced live peak (benchmarks/README.md, bench_fit.py). Left out
+wrongly, a cover could only make an answer smaller, never one that runs out."""
 
 
 @dataclass(frozen=True)
@@ -356,13 +354,9 @@ class Planner:
         together: in a stack of residual blocks, checkpointing one block moves the
         peak to its rerun, where one more block alone gains nothing, yet checkpointing
         every block lowers the peak further (measured: 39.6 MiB for one block, 37.6 MiB
-        for all eight, tests/activations/test_plan.py). These plans are traced too
-        before a budget is called unreachable.
-
-        With `budget` (live bytes), a cover estimated at more than COVER_SKIP times it is left out, untraced:
-        it would not fit unless its estimate erred higher than any traced so far, and every figure a budget is
-        compared with is at least the live peak.
-        """
+        for all eight, tests/activations/test_plan.py). These plans are traced too before a budget is called
+        unreachable, less, with `budget`, those estimated at over COVER_SKIP times it: every figure compared
+        with a budget is at least the live peak, and no estimate has run that far over it."""
         singles = [row for row, option in enumerate(self.options) if option.segments is None]
         found: list[list[int]] = []
         for deepest_first in (False, True):
