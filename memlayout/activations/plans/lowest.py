@@ -37,7 +37,7 @@ def lowest_options(
     empty plan, whole blocks are the first moves, and a move that swaps a block for a part of it
     raises the peak before it lowers it: HunYuan-MoE's two layers ended at 4,831,788 B
     estimated, each layer whole, while its attention, router, experts, shared MLP and norms
-    each whole reach 3,171,756 B, found from the plan of its deepest modules.
+    each whole reach 3,171,756 B, the lowest of all its plans, found from the covers.
 
     Args:
         start: The baseline's value in each interval.
