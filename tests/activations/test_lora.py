@@ -24,7 +24,6 @@ pytest.importorskip("peft")
 pytest.importorskip("bitsandbytes")
 
 
-
 def _bitsandbytes_packs_for_this_cpu() -> bool:
     """Whether bitsandbytes takes its AVX512-BF16 CPU path here (`has_avx512bf16`): a Linear4bit's first forward
     outside training repacks its weight and its absmax to bfloat16 in place, and later forwards run a fused kernel

@@ -15,7 +15,7 @@ round scores every move from each plan kept at once, and keeps `LOWEST_BEAM` pla
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -24,6 +24,18 @@ LOWEST_BEAM = 4
 """Plans kept at each round."""
 LEXIMAX_DEPTH = 8
 """How many of the highest intervals `_leximax` compares."""
+
+
+def conflict_matrix(options: Sequence[Any]) -> np.ndarray:
+    """conflicts[a, b] when options a and b do not go together (plan.py's `Option.conflicts_with`)."""
+    import numpy as np
+
+    count = len(options)
+    conflicts = np.zeros((count, count), dtype=bool)
+    for a in range(count):
+        for b in range(a, count):
+            conflicts[a, b] = conflicts[b, a] = options[a].conflicts_with(options[b])
+    return conflicts
 
 
 def lowest_options(

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memlayout.activations.facts import ModuleCall, StorageKind, Trace
-from memlayout.activations.plans.lowest import lowest_options
+from memlayout.activations.plans.lowest import conflict_matrix, lowest_options
 from memlayout.activations.summary import live_curve, subtree_calls
 from memlayout.errors import UsageError
 
@@ -335,15 +335,9 @@ class Planner:
     def lowest(self) -> list[int]:
         """The options of the lowest estimated peak this planner reaches (a beam search: plans/lowest.py), from
         the empty plan and, apart, from the covers. Searched once: a search asks for it again each round."""
-        import numpy as np
-
         if self._lowest is None:
-            count = len(self.options)
-            conflicts = np.zeros((count, count), dtype=bool)
-            for a in range(count):
-                for b in range(a, count):
-                    conflicts[a, b] = conflicts[b, a] = self.options[a].conflicts_with(self.options[b])
-            rows, peak = lowest_options(self._interval_max, self._rows, self._costs, conflicts, seeds=self.covers())
+            rows, peak = lowest_options(self._interval_max, self._rows, self._costs, conflict_matrix(self.options),
+                                        seeds=self.covers())
             self._lowest = self._prune(rows, peak)
         return list(self._lowest)
 
