@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import memlayout.activations as act
 from memlayout.activations.plans.plan import Planner
@@ -185,3 +187,22 @@ def test_the_prune_does_not_trace_a_drop_priced_far_over_the_room_left() -> None
     assert found == Plan(checkpoint=("b1", "b2", "b3"))  # block 0's drop, priced within twice the room, fitted
     assert Plan(checkpoint=("b0", "b2", "b3")) not in traced  # block 1's, priced at 10x the room, was not traced
     assert len(traced) == 4  # the whole level, then the drops of blocks 3, 2 and 0
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_the_float_path_of_the_conflicting_sums_is_the_integer_path(data: st.DataObject) -> None:
+    """The beam sums rows in float64 (BLAS) when every sum is exact there; it must give the integer sums."""
+    import numpy as np
+
+    from memlayout.activations.plans.lowest import FLOAT_EXACT, _conflicting_sums
+
+    options, chosen, width = (data.draw(st.integers(1, 12)) for _ in range(3))
+    # Rows near the largest the check lets through: their absolute values together just under FLOAT_EXACT.
+    scale = FLOAT_EXACT // (chosen * width * 2)
+    values = data.draw(st.lists(st.integers(-scale, scale), min_size=chosen * width, max_size=chosen * width))
+    rows = np.array(values, dtype=np.int64).reshape(chosen, width)
+    conflicts = np.array(data.draw(st.lists(st.booleans(), min_size=options * chosen, max_size=options * chosen)),
+                         dtype=bool).reshape(options, chosen)
+    assert np.abs(rows).sum() < FLOAT_EXACT
+    assert np.array_equal(_conflicting_sums(conflicts, rows, True), _conflicting_sums(conflicts, rows, False))

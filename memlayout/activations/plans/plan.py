@@ -25,6 +25,7 @@ again, most expensive first.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -299,6 +300,15 @@ class Planner:
                     self._rows[row, last] += gap.rerun_overhead
         self._costs = np.array([o.seconds for o in self.options], dtype=np.float64)
 
+    @functools.cached_property
+    def _conflicts(self) -> np.ndarray:
+        return conflict_matrix(self.options)
+
+    @functools.cached_property
+    def _conflicting(self) -> list[list[bool]]:
+        """`_conflicts` as Python lists: the greedy search reads it one pair at a time."""
+        return self._conflicts.tolist()  # type: ignore[no-any-return]
+
     def estimate(self, chosen: Iterable[int]) -> int:
         """Estimated peak with these options (indexes into `options`) applied."""
         values = self._interval_max.copy()
@@ -336,7 +346,7 @@ class Planner:
         """The options of the lowest estimated peak this planner reaches (a beam search: plans/lowest.py), from
         the empty plan and, apart, from the covers. Searched once: a search asks for it again each round."""
         if self._lowest is None:
-            rows, peak = lowest_options(self._interval_max, self._rows, self._costs, conflict_matrix(self.options),
+            rows, peak = lowest_options(self._interval_max, self._rows, self._costs, self._conflicts,
                                         seeds=self.covers())
             self._lowest = self._prune(rows, peak)
         return list(self._lowest)
@@ -357,7 +367,7 @@ class Planner:
             ordered = sorted(singles, key=lambda row: self.options[row].path.count("."), reverse=deepest_first)
             chosen: list[int] = []
             for row in ordered:
-                if not any(self.options[row].conflicts_with(self.options[other]) for other in chosen):
+                if not any(self._conflicting[row][other] for other in chosen):
                     chosen.append(row)
             if chosen and sorted(chosen) not in found and (budget is None or self.estimate(chosen) <= COVER_SKIP * budget):
                 found.append(sorted(chosen))
@@ -386,12 +396,14 @@ class Planner:
             return None, None
         peak = int(values.max())
         peaks = (values[None, :] + self._rows).max(axis=1)
+        taken = set(chosen)
         best: tuple[float, int, int, list[int]] | None = None
         finishing: tuple[float, int, int, list[int]] | None = None
-        for row, option in enumerate(self.options):
-            if row in chosen:
+        for row in range(len(self.options)):
+            if row in taken:
                 continue
-            conflicts = [other for other in chosen if option.conflicts_with(self.options[other])]
+            conflicting = self._conflicting[row]
+            conflicts = [other for other in chosen if conflicting[other]]
             new_peak = int(peaks[row])
             added = float(self._costs[row])
             if conflicts:
