@@ -116,13 +116,15 @@ def _beam(
 
 def _conflicting_sums(conflicts: np.ndarray, rows: np.ndarray, exact_in_floats: bool) -> np.ndarray:
     """For each option, the sum of `rows` (the chosen options' rows) it conflicts with (`conflicts`: options x
-    chosen). numpy multiplies integer matrices without BLAS, 20 times slower here; in floats the sums are exact
+    chosen). numpy multiplies integer matrices without BLAS (162 options by 130 chosen by 292
+    intervals, Llama-7B's: 2.6 ms, against 0.26 ms in floats); in floats the sums are exact
     while every partial sum stays under FLOAT_EXACT, which `exact_in_floats` says of all the rows together."""
     import numpy as np
 
     if exact_in_floats:
         return np.rint(conflicts.astype(np.float64) @ rows.astype(np.float64)).astype(np.int64)
-    return conflicts.astype(np.int64) @ rows
+    sums: np.ndarray = conflicts.astype(np.int64) @ rows
+    return sums
 
 
 def _leximax(values: np.ndarray) -> tuple[int, ...]:
