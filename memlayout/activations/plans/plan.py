@@ -25,7 +25,6 @@ again, most expensive first.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -299,15 +298,8 @@ class Planner:
                 if last < width:
                     self._rows[row, last] += gap.rerun_overhead
         self._costs = np.array([o.seconds for o in self.options], dtype=np.float64)
-
-    @functools.cached_property
-    def _conflicts(self) -> np.ndarray:
-        return conflict_matrix(self.options)
-
-    @functools.cached_property
-    def _conflicting(self) -> list[list[bool]]:
-        """`_conflicts` as Python lists: the greedy search reads it one pair at a time."""
-        return self._conflicts.tolist()  # type: ignore[no-any-return]
+        self._conflicts = conflict_matrix(self.options)
+        self._conflicting: list[list[bool]] = self._conflicts.tolist()  # the greedy search reads one pair at a time
 
     def estimate(self, chosen: Iterable[int]) -> int:
         """Estimated peak with these options (indexes into `options`) applied."""
