@@ -106,14 +106,13 @@ def test_lowest_refines_the_covers_where_the_walk_from_nothing_stops_at_whole_la
     experts, shared MLP and norms reach the lowest of all plans. `--fit` answered 13 where 14 fits for real (the
     fit sweep's one miss). Started from the covers too, the beam reaches the lowest of all 65,000-odd plans."""
     from benchmarks.zoo.catalog import by_name
-    from memlayout.activations.plans.lowest import conflict_matrix, lowest_options
+    from memlayout.activations.plans.lowest import lowest_options
 
     model = by_name()["HunYuanMoEV1ForCausalLM"].build().model
     planner = Planner(act.analyze(model, ["int64[13,64]<99", "labels=int64[13,64]<99"]).trace)
     best = _lowest_of_every_plan(planner)
     assert planner.estimate(planner.lowest()) == best
-    _, from_nothing = lowest_options(planner._interval_max, planner._rows, planner._costs,
-                                     conflict_matrix(planner.options))
+    _, from_nothing = lowest_options(planner._interval_max, planner._rows, planner._costs, planner._conflicts)
     assert from_nothing > best  # the case: without the covers to start from, the beam stops above it
 
 
