@@ -177,6 +177,35 @@ def plan_for_budget(
     raise BudgetUnreachableError(budget.bytes, result(plan, measured))
 
 
+def lowest_plan_summary(
+    step: StepWorld, baseline: Trace, modules: tuple[ModuleFacts, ...], traced: dict[Plan, Summary | TraceFailure],
+) -> tuple[Plan, Summary] | None:
+    """The planner's lowest plan at this size, traced: the floor under every plan the budget search can find
+    there, which `--fit` draws its first line through. None when that plan is empty, its step fails or its
+    rerun is no replay (the budget search then learns why, as it would have).
+
+    Traced in the step's world as `plan_for_budget` traces, into the same `traced` memo (the caller's, for
+    this size), so a budget search here later reads it rather than tracing it again: that search traces
+    its planner's lowest plan before it calls a budget unreachable, and its first planner is this one.
+    """
+    planner = Planner(baseline, exclusions(modules, baseline, step.initial_modules))
+    plan = planner.plan_of(planner.lowest())
+    if plan.empty:
+        return None
+    known = traced.get(plan)
+    if known is None:
+        try:
+            step_trace = step.trace(plan)
+        except MemlayoutError:
+            raise
+        except Exception:  # the budget search blames the modules when it meets this plan
+            return None
+        if step_trace.rerun_state_differs:
+            return None
+        known = traced[plan] = summarize(step_trace, cuda=step.device.startswith("cuda"))
+    return (plan, known) if isinstance(known, Summary) else None
+
+
 def _compared(budget: Budget, summary: Summary) -> int | None:
     return None if budget.runtime_bytes is None else budget.judged(summary)
 

@@ -13,12 +13,19 @@ import pytest
 from typer.testing import CliRunner
 
 import memlayout.activations as act
-from memlayout.activations.fit.size_search import FitProbe, fit, largest_fitting, scaled_dims
+from memlayout.activations.fit.size_search import (
+    FLOOR_REACH,
+    FitProbe,
+    fit,
+    largest_fitting,
+    scaled_dims,
+)
 from memlayout.activations.model.input_specs import parse_input_spec
+from memlayout.activations.report.fit import fit_dict, render_fit_table
 from memlayout.cli.app import app
 from memlayout.errors import UsageError
 from tests.activations import models
-from tests.activations.measure import inference_peak, storage_peak_step
+from tests.activations.measure import allocator_peak_step, inference_peak, storage_peak_step
 from tests.activations.sharded_models import BATCH_SPECS
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
@@ -54,6 +61,27 @@ def test_the_batch_found_fits_a_real_step_and_one_more_does_not() -> None:
     at = real_peak(models.gpt2, planned.size, 64, plan)
     over = real_peak(models.gpt2, planned.size + 1, 64, plan)
     assert at <= budget < over, (planned.size, at, over)
+
+
+def test_the_floor_that_aims_the_planned_search_is_a_real_step_with_the_lowest_plan() -> None:
+    # --fit traces the planner's lowest plan once, far above the plain answer, and aims its first size with a
+    # plan at where the line from the model's state through that figure meets the budget.
+    budget = 40 * MIB
+    report = fit(models.gpt2(), ["int64[4,64]<500", "labels=int64[4,64]<500"], budget=budget)
+    floor = report.floor
+    assert floor is not None and floor.size == FLOOR_REACH * (report.without_plan.size + 1)
+    assert not floor.plan.empty
+    model = models.gpt2()
+    args, kwargs = models.token_inputs(floor.size, 64, 500)
+    with act.apply_plan(model, floor.plan):  # type: ignore[arg-type]
+        real = allocator_peak_step(model, args, kwargs).peak_bytes  # type: ignore[arg-type]
+    assert abs(real - floor.compared_bytes) <= 0.02 * real, (real, floor.compared_bytes)
+    planned = [p.size for p in report.probes if p.with_plan]
+    assert report.with_plan is not None and report.with_plan.size + 1 in planned
+    table = render_fit_table(report)
+    assert f"first the lowest plan at batch {floor.size}" in " ".join(table.split())
+    assert json.loads(json.dumps(fit_dict(report)))["floor"] == {"size": floor.size,
+                                                                 "compared_bytes": floor.compared_bytes}
 
 
 def test_the_sequence_found_fits_a_real_step_and_one_more_token_does_not() -> None:
@@ -330,6 +358,58 @@ def test_the_search_above_a_known_fit_finds_what_brute_force_finds(peak: Callabl
         if truth > known:
             assert truth in calls and truth + 1 in calls  # the answer and the size after it were both probed
         assert len(calls) <= 2 * math.log2(max(truth, 2)) + 6, (budget, calls)
+
+
+@pytest.mark.parametrize("floor", [
+    lambda n: 1000 + 37 * n,                      # a planned step's floor: nearly in a line from the state at 0
+    lambda n: max(1900, 1000 + 37 * n),           # the optimizer's step, the same at every size, outweighs it first
+    lambda n: 1000 + 37 * n + 4000 * (n > 40),    # a jump
+    lambda n: 1000 + 5 * n + n * n // 3,          # quadratic, as attention's scores in the sequence
+    lambda n: 1000 + 37 * n + 300 * (n % 5 == 0),  # not monotone: allocator rounding at some sizes
+])
+def test_the_search_from_a_traced_floor_finds_what_brute_force_finds(floor: Callable[[int], int]) -> None:
+    # As fit() searches with a plan: the lowest plan traced once at 16 times the size after the plain answer
+    # draws the first line with the state at 0; each probe is a budget search, fitting exactly where the floor
+    # does.
+    for budget in range(1400, 40000, 577):
+        known = 0
+        while floor(known + 1) <= budget and known < 8:
+            known += 1
+        calls: list[int] = []
+
+        def probe(n: int, calls: list[int] = calls, budget: int = budget) -> FitProbe:
+            calls.append(n)
+            fits = floor(n) <= budget
+            return FitProbe(n, True, budget if fits else floor(n), fits, estimated_guide_bytes=budget // 2 if fits
+                            else None)
+
+        far = 16 * (known + 1)
+        found = largest_fitting(probe, known + 1, known_fit=known, anchor=(0, 1000), floor=(far, floor(far)),
+                                budget=budget)
+        truth = known
+        while floor(truth + 1) <= budget:
+            truth += 1
+        if floor(truth + 1) > budget and all(floor(n) > budget for n in range(truth + 1, truth + 60)):
+            assert found == truth, (budget, found, truth, calls)
+        assert len(calls) == len(set(calls)) and min(calls) > known
+        assert found in (known, *calls) and found + 1 in calls  # the answer and the size after it were probed
+        assert len(calls) <= 2 * math.log2(max(truth, 2)) + 6, (budget, calls)
+
+
+def test_a_floor_on_its_line_takes_the_answer_and_the_size_after_it_and_nothing_else() -> None:
+    def floor(n: int) -> int:
+        return 1000 + 37 * n
+
+    for answer in (3, 12, 40, 150, 1000):
+        budget = floor(answer) + 20
+        calls: list[int] = []
+
+        def probe(n: int, calls: list[int] = calls, budget: int = budget) -> FitProbe:
+            calls.append(n)
+            return FitProbe(n, True, floor(n), floor(n) <= budget)
+
+        found = largest_fitting(probe, 2, known_fit=1, anchor=(0, 1000), floor=(32, floor(32)), budget=budget)
+        assert found == answer and calls == [answer, answer + 1]
 
 
 def test_the_docs_give_the_fit_sweeps_figures() -> None:

@@ -25,7 +25,12 @@ from memlayout.activations.model.adapters import parameter_split
 from memlayout.activations.model.input_specs import InputSpec, position_limit
 from memlayout.activations.ranks import analyze_ranks
 from memlayout.activations.ranks.facts import RanksReport
-from memlayout.activations.search import PlanResult, TraceFailure, plan_for_budget
+from memlayout.activations.search import (
+    PlanResult,
+    TraceFailure,
+    lowest_plan_summary,
+    plan_for_budget,
+)
 from memlayout.activations.step.run import torch_dtype
 from memlayout.activations.summary import module_facts, summarize
 from memlayout.errors import (
@@ -97,6 +102,15 @@ class FitProbe:
         return not (self.with_plan and self.fits)
 
 
+class TracedFloor(NamedTuple):
+    """The planner's lowest plan traced at one size, which aimed `--fit`'s first size through the budget search."""
+
+    size: int
+    compared_bytes: int
+    """Its figure compared with the budget (on CUDA the reserved peak plus the CUDA runtime)."""
+    plan: Plan
+
+
 def specs_at(specs: Sequence[InputSpec], dims: Sequence[ScaledDim], size: int) -> list[InputSpec]:
     """The specs with every scaled dimension set to `size`."""
     by_input = {d.input: d.dim for d in dims}
@@ -125,6 +139,11 @@ class Probe:
 
     def plan_at(self, size: int) -> PlanResult | RanksPlan | None:
         raise NotImplementedError
+
+    def floor(self, size: int) -> TracedFloor | None:
+        """The planner's lowest plan at this size, traced; None where it is not traced."""
+        del size
+        return None
 
     def state_bytes(self) -> int:
         raise NotImplementedError
@@ -232,6 +251,17 @@ class DeviceProbe(Probe):
         return FitProbe(size, True, found.peak_bytes, True, compared_bytes=found.compared_bytes,
                         estimated_guide_bytes=found.lowest_estimate_bytes, checks=found.checks,
                         cut_short=found.cut_short)
+
+    def floor(self, size: int) -> TracedFloor | None:
+        """The planner's lowest plan at this size (search.lowest_plan_summary), traced into the memo the budget
+        search at this size reads; None where that plan is empty or its step fails."""
+        try:
+            trace, _ = self._trace(size)
+        except UsageError:
+            return None
+        self._at(size)
+        lowest = lowest_plan_summary(self.step, trace, module_facts(trace), self.plans_traced.setdefault(size, {}))
+        return None if lowest is None else TracedFloor(size, self.budget.judged(lowest[1]), lowest[0])
 
     def plan_at(self, size: int) -> PlanResult | None:
         """The budget search's plan at this size, as `--budget` finds it: the cheapest that fits, pruned, or the

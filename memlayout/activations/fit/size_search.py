@@ -18,7 +18,10 @@ one sequence) seen by several inputs.
 The answer is given twice: with no checkpointing, and with a plan. A size fits
 with a plan exactly when the `--budget` search (`analyze(..., budget=...)`, search.py)
 finds one there: each planned probe runs that search, so `--fit`'s answer s and
-`--budget` at s and s + 1 cannot disagree. With ranks (`sharding`), each probe
+`--budget` at s and s + 1 cannot disagree. Which sizes it probes is aimed first by
+the planner's lowest plan, traced once far above the plain answer (`FLOOR_REACH`):
+the line from the model's state through it is where the planned step's floor
+crosses the budget. With ranks (`sharding`), each probe
 predicts the ranks (`analyze_ranks`) and the peak is the largest rank's; the inputs
 are one rank's batch.
 
@@ -42,6 +45,7 @@ from memlayout.activations.fit.probes import (
     Probe,
     RanksProbe,
     ScaledDim,
+    TracedFloor,
 )
 from memlayout.activations.model.adapt import Adaptation
 from memlayout.activations.model.adapters import LoraOptions
@@ -61,6 +65,9 @@ if TYPE_CHECKING:
     from memlayout.activations.step.generate import Generation
 
 AXES = ("batch", "seq")
+FLOOR_REACH = 16
+"""Where `--fit` traces the lowest plan first: this many times the size after the plain answer, far enough that
+the activations, which a plan's floor grows with, outweigh what does not grow (the optimizer's step)."""
 MAX_SIZE = 1 << 24
 """The search stops growing here: a model whose step fits this many samples or tokens fits more than anyone asks."""
 RULE = (
@@ -114,6 +121,8 @@ class FitReport:
     """The plain step (no plan) at the answer without checkpointing, or at size 1 when nothing fits without it."""
     compared: str = "the peak of live tensor bytes"
     """The figure of each size compared with the budget, in words (budget.py)."""
+    floor: TracedFloor | None = None
+    """The lowest plan traced far above the plain answer to aim the planned search; None where none was."""
 
     @property
     def world_size(self) -> int | None:
@@ -153,7 +162,7 @@ def scaled_dims(specs: Sequence[InputSpec], axis: str, seq_dim: int | None = Non
 
 def largest_fitting(
     probe: Callable[[int], FitProbe], start: int, *, known_fit: int = 0, anchor: tuple[int, int] | None = None,
-    budget: int, cap: int = MAX_SIZE,
+    floor: tuple[int, int] | None = None, budget: int, cap: int = MAX_SIZE,
 ) -> int:
     """The largest n in [1, cap] whose probe fits, or `known_fit` (0: none known) when none above it does.
 
@@ -165,6 +174,12 @@ def largest_fitting(
     takes more probes than plain bisection after growth by doubling would, plus two.
     An estimated guide (a plan found: see FitProbe.guide) steers only the growth; the
     probe is assumed to fit at every size below one that fits.
+
+    `floor`, a size and a traced figure there on the line a planned step's lowest figure
+    grows along (the planner's lowest plan, traced far above the answer), draws the first
+    line with the anchor: the first probe is where that line reaches the budget. While every probe fits, the search then checks the size after
+    the line's crossing once, and doubles after that: a planned probe that fits traces
+    no floor, so the line cannot learn from it.
     """
     peaks: dict[int, int] = {}
     """size -> a traced figure (the anchor's is known)."""
@@ -174,6 +189,12 @@ def largest_fitting(
         peaks[anchor[0]] = anchor[1]
     low, high = known_fit, None
     size = min(max(start, known_fit + 1, 1), cap)
+    line = None if floor is None or anchor is None else _reach(anchor, floor, budget)
+    if floor is not None:
+        peaks[floor[0]] = floor[1]
+    if line is not None:
+        size = min(max(line, known_fit + 1, 1), cap)
+    passed = False
     slow, bisecting = 0, False
     while True:
         result = probe(size)
@@ -194,6 +215,10 @@ def largest_fitting(
         guess = _crossing(peaks if high is not None else {**estimates, **peaks}, low, high, budget)
         if high is None:
             grown = max(2 * low, low + 1)
+            if line is not None:
+                size = min(cap, grown if passed else low + 1)
+                passed = True
+                continue
             if ahead:  # on the estimates below it the search would crawl (the 1.1B Llama in float32 on an
                 guess = None  # A100 40GB probed 9, 10, ..., 17): double instead
             size = min(cap, max(low + 1, min(guess, 16 * grown) if guess is not None else grown))
@@ -217,10 +242,19 @@ def _crossing(peaks: dict[int, int], low: int, high: int | None, budget: int) ->
     if pair is None:
         return None
     (n1, p1), (n2, p2) = ((n, peaks[n]) for n in pair)
+    guess = _reach((n1, p1), (n2, p2), budget)
+    if guess is None:
+        return None
+    return guess + 1 if guess <= low else guess
+
+
+def _reach(first: tuple[int, int], second: tuple[int, int], budget: int) -> int | None:
+    """The size (rounded down) where the line through two (size, figure) points reaches the budget; None where
+    the line does not rise."""
+    (n1, p1), (n2, p2) = first, second
     if p2 <= p1 or n2 == n1:
         return None
-    guess = n1 + (budget - p1) * (n2 - n1) // (p2 - p1)
-    return guess + 1 if guess <= low else guess
+    return n1 + (budget - p1) * (n2 - n1) // (p2 - p1)
 
 
 def fit(
@@ -345,7 +379,7 @@ def fit(
     without = _answer(size, plain.get(size), plain.get(size + 1), cap, limit)
     # Taken now: the planned search traces other sizes, and a probe keeps only its latest traces.
     report = probe.report_at(max(size, 1))
-    with_answer = None
+    with_answer, floor = None, None
     if with_plan and not inference:
         def probe_planned(n: int) -> FitProbe:
             if n not in planned:
@@ -356,7 +390,14 @@ def fit(
         # Above the plain answer only: every size up to it fits with the empty plan, which is what the budget
         # search returns there. A plan leaves the model's state as it is, so the state at size 0 anchors the
         # line with the plan as it does without.
-        best = largest_fitting(probe_planned, size + 1, known_fit=size, anchor=(0, weights), budget=limit_bytes,
+        # The lowest plan's figure grows nearly in a line from the state at 0 once the activations outweigh the
+        # optimizer's step (Llama-7B at 4,096 tokens on an H100: 72.0 GB at batch 2 and 6, the optimizer's peak;
+        # 88.0 GB at 13 and 174.6 GB at 37, within 0.1 GB of the line). Traced once far above the plain answer,
+        # it aims the first budget search near the answer, rather than a search at every size on the way.
+        far = min(cap, FLOOR_REACH * (size + 1))
+        floor = probe.floor(far) if far > size + 1 else None
+        best = largest_fitting(probe_planned, size + 1, known_fit=size, anchor=(0, weights),
+                               floor=None if floor is None else (floor.size, floor.compared_bytes), budget=limit_bytes,
                                cap=cap)
         plan = probe.plan_at(best) if best else None
         at = planned.get(best) or plain.get(best)
@@ -371,7 +412,7 @@ def fit(
     return FitReport(
         axis=axis, dims=dims, given_size=given, budget_bytes=limit_bytes, budget_from=probe.budget.said,
         compared=probe.budget.describe_figure(), without_plan=without, with_plan=with_answer, probes=tuple(probes),
-        limit=limit if without.size == cap else None, report=report,
+        limit=limit if without.size == cap else None, report=report, floor=floor,
     )
 
 

@@ -53,6 +53,8 @@ def fit_dict(report: FitReport) -> dict[str, Any]:
         "without_plan": answer(report.without_plan),
         "with_plan": answer(report.with_plan),
         "limit": report.limit,
+        "floor": None if report.floor is None else {"size": report.floor.size,
+                                                     "compared_bytes": report.floor.compared_bytes},
         "probes": [
             {"size": p.size, "with_plan": p.with_plan, "peak_bytes": p.peak_bytes, "compared_bytes": p.judged_bytes,
              "fits": p.fits, "failure": p.failure, "checks": p.checks, "cut_short": p.cut_short}
@@ -124,8 +126,11 @@ def render_fit_table(report: FitReport, *, width: int = 120) -> str:
                                f"the plan, and --budget at that {axis} finds it")
     plain = sum(1 for probe in report.probes if not probe.with_plan)
     # A size through the budget search traces the plain step there and each plan the search tries.
+    aimed = "" if report.floor is None else (
+        f"; first the lowest plan at {axis} {report.floor.size}, to aim the budget search "
+        f"({human_bytes(report.floor.compared_bytes)})")
     field("probes", f"{len(report.probes)} sizes traced ({plain} of the plain step, {len(report.probes) - plain} "
-                    "through the budget search)")
+                    f"through the budget search){aimed}")
     if report.limit:
         field("limit", f"the search stops at {report.limit}")
     for note in report.report.notes:
