@@ -328,15 +328,20 @@ def test_a_budget_neither_size_nor_share_is_one_line(text: str) -> None:
         parse_budget(text)
 
 
+@pytest.mark.parametrize("aimed", [False, True], ids=["from-the-size-after", "aimed-by-a-traced-floor"])
 @pytest.mark.parametrize("peak", [
-    lambda n: 1000 + 37 * n,                     # nearly linear, as a planned step's peak is
-    lambda n: 1000 + 37 * n + 4000 * (n > 40),   # a jump (a kernel that switches algorithm at a size)
-    lambda n: 1000 + 5 * n + n * n // 3,         # quadratic
+    lambda n: 1000 + 37 * n,                      # a planned step's floor: nearly in a line from the state at 0
+    lambda n: max(1900, 1000 + 37 * n),           # the optimizer's step, the same at every size, outweighs it first
+    lambda n: 1000 + 37 * n + 4000 * (n > 40),    # a jump (a kernel that switches algorithm at a size)
+    lambda n: 1000 + 5 * n + n * n // 3,          # quadratic, as attention's scores in the sequence
+    lambda n: 1000 + 37 * n + 300 * (n % 5 == 0),  # not monotone: allocator rounding at some sizes
 ])
-def test_the_search_above_a_known_fit_finds_what_brute_force_finds(peak: Callable[[int], int]) -> None:
-    # As fit() searches with a plan: from one above the plain answer, which is known to fit, with the
-    # model's state at size 0 as the anchor of the line.
-    for budget in range(1400, 40000, 613):
+def test_the_search_above_a_known_fit_finds_what_brute_force_finds(peak: Callable[[int], int], aimed: bool) -> None:
+    # As fit() searches with a plan: from one above the plain answer, which is known to fit, with the model's
+    # state at size 0 as the anchor of the line, and (aimed) the lowest plan traced once at FLOOR_REACH times the
+    # size after the plain answer drawing the first line. Each probe is a budget search, fitting where the peak
+    # does.
+    for budget in range(1400, 40000, 577):
         known = 0
         while peak(known + 1) <= budget and known < 8:
             known += 1
@@ -349,47 +354,13 @@ def test_the_search_above_a_known_fit_finds_what_brute_force_finds(peak: Callabl
             # lowest figure traced.
             return FitProbe(n, True, budget if fits else peak(n), fits, estimated_guide_bytes=peak(n) if fits else None)
 
+        far = FLOOR_REACH * (known + 1)
+        found = largest_fitting(probe, known + 1, known_fit=known, anchor=(0, 1000),
+                                floor=(far, peak(far)) if aimed else None, budget=budget)
         truth = known
-        while peak(truth + 1) <= budget:  # every peak here grows with n
+        while peak(truth + 1) <= budget:
             truth += 1
-        found = largest_fitting(probe, known + 1, known_fit=known, anchor=(0, 1000), budget=budget)
-        assert found == truth, (budget, found, truth)
-        assert len(calls) == len(set(calls)) and min(calls) > known
-        if truth > known:
-            assert truth in calls and truth + 1 in calls  # the answer and the size after it were both probed
-        assert len(calls) <= 2 * math.log2(max(truth, 2)) + 6, (budget, calls)
-
-
-@pytest.mark.parametrize("floor", [
-    lambda n: 1000 + 37 * n,                      # a planned step's floor: nearly in a line from the state at 0
-    lambda n: max(1900, 1000 + 37 * n),           # the optimizer's step, the same at every size, outweighs it first
-    lambda n: 1000 + 37 * n + 4000 * (n > 40),    # a jump
-    lambda n: 1000 + 5 * n + n * n // 3,          # quadratic, as attention's scores in the sequence
-    lambda n: 1000 + 37 * n + 300 * (n % 5 == 0),  # not monotone: allocator rounding at some sizes
-])
-def test_the_search_from_a_traced_floor_finds_what_brute_force_finds(floor: Callable[[int], int]) -> None:
-    # As fit() searches with a plan: the lowest plan traced once at 16 times the size after the plain answer
-    # draws the first line with the state at 0; each probe is a budget search, fitting exactly where the floor
-    # does.
-    for budget in range(1400, 40000, 577):
-        known = 0
-        while floor(known + 1) <= budget and known < 8:
-            known += 1
-        calls: list[int] = []
-
-        def probe(n: int, calls: list[int] = calls, budget: int = budget) -> FitProbe:
-            calls.append(n)
-            fits = floor(n) <= budget
-            return FitProbe(n, True, budget if fits else floor(n), fits, estimated_guide_bytes=budget // 2 if fits
-                            else None)
-
-        far = 16 * (known + 1)
-        found = largest_fitting(probe, known + 1, known_fit=known, anchor=(0, 1000), floor=(far, floor(far)),
-                                budget=budget)
-        truth = known
-        while floor(truth + 1) <= budget:
-            truth += 1
-        if floor(truth + 1) > budget and all(floor(n) > budget for n in range(truth + 1, truth + 60)):
+        if all(peak(n) > budget for n in range(truth + 1, truth + 60)):  # where the peak grows past the answer
             assert found == truth, (budget, found, truth, calls)
         assert len(calls) == len(set(calls)) and min(calls) > known
         assert found in (known, *calls) and found + 1 in calls  # the answer and the size after it were probed
