@@ -100,7 +100,6 @@ def plan_for_budget(
         budget = Budget(budget, f"{budget} bytes")
     if budget.bytes < 0:
         raise UsageError(f"the budget {budget.bytes} is negative")
-    cuda = step.device.startswith("cuda")
     excluded = exclusions(modules, baseline, step.initial_modules)
     if budget.fits(summary):
         return PlanResult(budget.bytes, Plan(), summary.peak_bytes, summary.allocator_peak_bytes, summary.peak_bytes,
@@ -115,29 +114,14 @@ def plan_for_budget(
         """The plan's traced summary; a plan whose step fails names its modules in `excluded`."""
         if plan in checked:
             return checked[plan]
-        known = memo.get(plan)
-        if isinstance(known, TraceFailure):
-            error, differs = known
-        else:
-            error, differs = None, ()
-            try:
-                step_trace = step.trace(plan)
-            except MemlayoutError:
-                raise
-            except Exception as exc:
-                error = exc.with_traceback(None)  # kept without its frames, which hold a failed step's fake tensors
-            else:
-                differs = step_trace.rerun_state_differs
-            memo[plan] = (TraceFailure(error, differs) if error is not None or differs
-                          else summarize(step_trace, cuda=cuda))
-        if error is not None:
-            _blame(plan, error, trace, excluded)
-            raise _Excluded() from error
-        if differs:
+        result = _traced_once(step, plan, memo)
+        if isinstance(result, TraceFailure):
+            error, differs = result
+            if error is not None:
+                _blame(plan, error, trace, excluded)
+                raise _Excluded() from error
             _exclude_unfaithful(plan, differs, excluded)
             raise _Excluded()
-        result = memo[plan]
-        assert isinstance(result, Summary)
         checked[plan] = result
         return result
 
@@ -180,30 +164,38 @@ def plan_for_budget(
 def lowest_plan_summary(
     step: StepWorld, baseline: Trace, modules: tuple[ModuleFacts, ...], traced: dict[Plan, Summary | TraceFailure],
 ) -> tuple[Plan, Summary] | None:
-    """The planner's lowest plan at this size, traced: the floor under every plan the budget search can find
-    there, which `--fit` draws its first line through. None when that plan is empty, its step fails or its
-    rerun is no replay (the budget search then learns why, as it would have).
+    """The planner's lowest plan at this size, traced: the lowest figure its estimate aims for, which `--fit`
+    draws its first line through. None when that plan is empty, its step fails or its rerun is no replay (the
+    budget search, meeting the failure kept in `traced`, then learns why, as it would have).
 
-    Traced in the step's world as `plan_for_budget` traces, into the same `traced` memo (the caller's, for
-    this size), so a budget search here later reads it rather than tracing it again: that search traces
-    its planner's lowest plan before it calls a budget unreachable, and its first planner is this one.
+    Traced into the same `traced` memo the budget search at this size reads (the caller's), so that search
+    reads it rather than tracing it again: it traces its planner's lowest plan before it calls a budget
+    unreachable, and its first planner is this one.
     """
     planner = Planner(baseline, exclusions(modules, baseline, step.initial_modules))
     plan = planner.plan_of(planner.lowest())
     if plan.empty:
         return None
-    known = traced.get(plan)
-    if known is None:
+    result = _traced_once(step, plan, traced)
+    return (plan, result) if isinstance(result, Summary) else None
+
+
+def _traced_once(step: StepWorld, plan: Plan, memo: dict[Plan, Summary | TraceFailure]) -> Summary | TraceFailure:
+    """The plan's step traced, or what failed: kept in `memo`, and read from it when it is there."""
+    if plan not in memo:
+        error: Exception | None = None
+        differs: tuple[tuple[str, str], ...] = ()
         try:
             step_trace = step.trace(plan)
         except MemlayoutError:
             raise
-        except Exception:  # the budget search blames the modules when it meets this plan
-            return None
-        if step_trace.rerun_state_differs:
-            return None
-        known = traced[plan] = summarize(step_trace, cuda=step.device.startswith("cuda"))
-    return (plan, known) if isinstance(known, Summary) else None
+        except Exception as exc:
+            error = exc.with_traceback(None)  # kept without its frames, which hold a failed step's fake tensors
+        else:
+            differs = step_trace.rerun_state_differs
+        memo[plan] = (TraceFailure(error, differs) if error is not None or differs
+                      else summarize(step_trace, cuda=step.device.startswith("cuda")))
+    return memo[plan]
 
 
 def _compared(budget: Budget, summary: Summary) -> int | None:
