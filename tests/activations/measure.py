@@ -32,6 +32,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memlayout.activations.step.run import Autocast, pick_loss, run_step
 
 
+def within_2_percent(predicted: int, measured: int) -> bool:
+    """The tolerance a prediction is held to against a real step's measured peak."""
+    return abs(predicted - measured) <= 0.02 * measured
+
+
 @dataclass(frozen=True)
 class RealStep:
     peak_bytes: int

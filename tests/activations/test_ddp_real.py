@@ -19,6 +19,7 @@ from memlayout.activations.ranks import analyze_ranks
 from memlayout.activations.ranks.ddp import DdpOptions
 from memlayout.activations.ranks.parallel import ShardingOptions
 from tests.activations import real_ddp_ranks, real_ranks
+from tests.activations.measure import within_2_percent
 from tests.activations.sharded_models import BATCH_SPECS, IMAGE_SPECS, SHORT_TOKEN_SPECS
 
 TOKENS = "tests.activations.sharded_models:short_token_step_batch"
@@ -33,10 +34,6 @@ CASES = {
 PLANNED = ("tests.activations.sharded_models:transformers_llama", "tests.activations.sharded_models:token_step_batch",
            BATCH_SPECS, 0.1)
 """A Llama whose 2 x 128 tokens make activations most of the peak: a checkpoint plan has something to lower."""
-
-
-def within_2_percent(predicted: int, measured: int) -> bool:
-    return abs(predicted - measured) <= 0.02 * measured
 
 
 def predict(name: str, view: bool) -> Any:

@@ -25,7 +25,12 @@ from memlayout.activations.report.fit import fit_dict, render_fit_table
 from memlayout.cli.app import app
 from memlayout.errors import UsageError
 from tests.activations import models
-from tests.activations.measure import allocator_peak_step, inference_peak, storage_peak_step
+from tests.activations.measure import (
+    allocator_peak_step,
+    inference_peak,
+    storage_peak_step,
+    within_2_percent,
+)
 from tests.activations.sharded_models import BATCH_SPECS
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
@@ -75,7 +80,7 @@ def test_the_floor_that_aims_the_planned_search_is_a_real_step_with_the_lowest_p
     args, kwargs = models.token_inputs(floor.size, 64, 500)
     with act.apply_plan(model, floor.plan):  # type: ignore[arg-type]
         real = allocator_peak_step(model, args, kwargs).peak_bytes  # type: ignore[arg-type]
-    assert abs(real - floor.compared_bytes) <= 0.02 * real, (real, floor.compared_bytes)
+    assert within_2_percent(floor.compared_bytes, real), (real, floor.compared_bytes)
     planned = [p.size for p in report.probes if p.with_plan]
     assert report.with_plan is not None and report.with_plan.size + 1 in planned
     table = render_fit_table(report)

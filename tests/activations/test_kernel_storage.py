@@ -23,11 +23,7 @@ from memlayout.activations.trace.kernel_storage import (
     learned_kernel_memory,
     measure_kernel,
 )
-from tests.activations.measure import allocator_peak_step, storage_peak_step
-
-
-def within_2_percent(predicted: int, measured: int) -> bool:
-    return abs(predicted - measured) <= 0.02 * measured
+from tests.activations.measure import allocator_peak_step, storage_peak_step, within_2_percent
 
 
 class MaskedPatches(nn.Module):

@@ -19,17 +19,13 @@ import memlayout.activations as act
 from memlayout.activations.step.run import Autocast
 from memlayout.cli.app import app
 from tests.activations import models
-from tests.activations.measure import allocator_peak_step
+from tests.activations.measure import allocator_peak_step, within_2_percent
 
 CASES: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
     "gpt2": (lambda: models.gpt2(), lambda: models.token_inputs(4, 32, 500)),
     "llama": (lambda: models.llama(), lambda: models.token_inputs(4, 32, 500)),
     "flat-cnn": (lambda: models.flat_cnn(), lambda: models.image_inputs(4, 32)),
 }
-
-
-def within_2_percent(predicted: int, measured: int) -> bool:
-    return abs(predicted - measured) <= 0.02 * measured
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

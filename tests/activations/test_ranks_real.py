@@ -15,15 +15,12 @@ import pytest
 from memlayout.activations.ranks import analyze_ranks
 from memlayout.activations.ranks.parallel import ShardingOptions
 from tests.activations import real_ranks
+from tests.activations.measure import within_2_percent
 from tests.activations.sharded_models import BATCH_SPECS
 
 UNEVEN = "tests.activations.sharded_models:llama_style"
 EVEN = "tests.activations.sharded_models:llama_style_even"
 BATCH = "tests.activations.sharded_models:token_batch"
-
-
-def within_2_percent(predicted: int, measured: int) -> bool:
-    return abs(predicted - measured) <= 0.02 * measured
 
 
 def measure(folder: Path, predicted: Mapping[int, int], builder: str, code: str | None,
