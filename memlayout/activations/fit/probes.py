@@ -237,7 +237,6 @@ class DeviceProbe(Probe):
         it found; `plan_at` runs the last stage at the answer, from the plans traced here."""
         try:
             trace, summary = self._trace(size)
-            self._at(size)
             found = plan_for_budget(self.step, trace, summary, module_facts(trace), self.budget, prune=prune,
                                     traced=self.plans_traced.setdefault(size, {}))
         except BudgetUnreachableError as exc:
@@ -259,7 +258,6 @@ class DeviceProbe(Probe):
             trace, _ = self._trace(size)
         except UsageError:
             return None
-        self._at(size)
         lowest = lowest_plan_summary(self.step, trace, module_facts(trace), self.plans_traced.setdefault(size, {}))
         return None if lowest is None else TracedFloor(size, self.budget.judged(lowest[1]), lowest[0])
 
