@@ -6,6 +6,8 @@ runs in bash, in order, in a checkout holding `checkpoints/`: the `uses:` steps
 installs memlayout's wheel is what this environment already did. As on the
 runner, a failing step fails the job unless it says `continue-on-error`, and
 after a failure only steps that say `if: always()` still run.
+(tests/test_packaging.py runs the same steps from the wheel they install, on the
+demo checkpoint; here they run on the files a project commits.)
 """
 
 from __future__ import annotations
