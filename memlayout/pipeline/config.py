@@ -93,6 +93,12 @@ def _count(value: Any, where: str) -> int:
     return value
 
 
+def _alignment(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+        raise UsageError(f"{where} must be a power of two, in bytes, not {value!r}", "e.g. alignment = 64")
+    return value
+
+
 def _select(value: Any, where: str) -> tuple[str, ...]:
     return check_codes(_strings(value, where), where)
 
@@ -134,6 +140,7 @@ KEYS = {
     "fragmented-min-storages": ("fragmented_min_storages", _count),
     "min-shard-padding-bytes": ("min_shard_padding_bytes", _count),
     "ties": ("ties", _ties),
+    "alignment": ("alignment", _alignment),
 }
 
 

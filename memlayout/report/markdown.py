@@ -12,7 +12,7 @@ import re
 
 from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BatchReport, PathReport
-from memlayout.report.findings import count_phrase, findings_in_order
+from memlayout.report.findings import count_phrase, finding_file, findings_in_order
 from memlayout.rules import Finding, Severity
 
 SECTION_TITLES = {Severity.ERROR: "Errors", Severity.WARNING: "Warnings", Severity.INFO: "Info"}
@@ -50,7 +50,9 @@ def _summary(batch: BatchReport) -> str:
 def _row(finding: Finding, path: PathReport, with_path: bool) -> str:
     cells = [f"{finding.code} {finding.name}"]
     if with_path:
-        cells.append(_code(path.path))
+        # In a model folder, the weight file (the shard) that holds the finding.
+        assert path.report is not None
+        cells.append(_code(finding_file(path.path, path.report.facts, finding)))
     cells += [escape_text(finding.message), escape_cell(finding.hint)]
     return "| " + " | ".join(cells) + " |"
 
@@ -59,7 +61,9 @@ class MarkdownReporter(Formatter[BatchReport]):
     """Summary line, then a table per severity; the checkpoint column appears with several paths."""
 
     def render(self, batch: BatchReport) -> str:
-        with_path = batch.single is None
+        # One checkpoint needs no column, unless it is a folder of weight files: then each
+        # finding names the file it is in.
+        with_path = batch.single is None or any(p.report.facts.source.files for p in batch.paths if p.report)
         lines = [_summary(batch)]
         for severity in Severity:
             rows = [

@@ -89,6 +89,9 @@ class RuleConfig:
     """ML303 ignores parameters whose shards are padded by fewer bytes, over all ranks."""
     ties: tuple[tuple[str, str], ...] = ()
     """Extra declared ties from `--tie a=b`."""
+    alignment: int | None = None
+    """ML203's boundary, in bytes (a power of two), when the project asks for one (`alignment` in
+    `[tool.memlayout]`, `flatten --align`); None judges each tensor by what its format gives."""
 
 
 @dataclass

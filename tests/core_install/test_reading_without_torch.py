@@ -28,6 +28,9 @@ CHECKPOINTS = (
     "module.pt", "model.safetensors", "gpt2-sharded", "gpt2-bin", "dcp", "scripted.pt", "model.pt2",
     "legacy_state_dict.pt", "legacy_tar_state_dict.pt", "legacy_tar_module.pt",
 )
+NO_FINDINGS = {"dcp", "gpt2-sharded"}
+"""No annotation names these: DCP records no layout, and save_pretrained's safetensors shards are laid out as
+safetensors' own writer lays them out (ML203 judges them by that standard)."""
 EXTRA = "pip install 'memlayout[torch]'"
 SCHEMAS = Path(memlayout.__file__).parent / "report"
 SARIF_SCHEMA = REPO / "tests" / "report" / "sarif-schema-2.1.0.json"
@@ -83,8 +86,11 @@ def test_inspect_reads_every_checkpoint_format_in_each_report_format(checkpoints
     elif fmt == "github":
         # Workflow commands, and a line for each rule a source cannot answer (DCP records no storages).
         assert all(line.startswith(("::", "memlayout: ")) for line in out.splitlines()), out
-        assert all(f"{name}," in out for name in CHECKPOINTS if name != "dcp"), out
-    else:  # table, markdown
+        # A folder's findings are annotated on the file that holds them.
+        assert all(f"{name}," in out or f"{name}/" in out for name in CHECKPOINTS if name not in NO_FINDINGS), out
+    elif fmt == "markdown":
+        assert all(name in out for name in CHECKPOINTS if name not in NO_FINDINGS - {"dcp"}), out
+    else:  # table
         assert all(name in out for name in CHECKPOINTS), out
 
 
@@ -127,9 +133,14 @@ def test_rules_and_explain() -> None:
 
 
 def test_flatten_check_needs_no_torch(checkpoints: Path) -> None:
-    done = run("flatten", "--check", checkpoints / "model.safetensors", checkpoints / "legacy_state_dict.pt")
-    assert done.returncode == 1, done.stderr  # neither is flat yet
-    assert done.stdout.count("would change") == 2, done.stdout
+    paths = (checkpoints / "model.safetensors", checkpoints / "legacy_state_dict.pt")
+    done = run("flatten", "--check", *paths)
+    # Neither is flat yet, but what flatten would fix in them is info: below the default --fail-on.
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count(": passes (") == 2 and done.stdout.count("flatten would still rewrite it") == 2, done.stdout
+    done = run("flatten", "--check", *paths, "--fail-on", "info")
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.count(": would change (") == 2, done.stdout
 
 
 def test_flatten_writing_out_names_the_extra_and_writes_nothing(checkpoints: Path, tmp_path: Path) -> None:
