@@ -66,6 +66,34 @@ class ExactReads:
         self.tell = handle.tell
 
 
+class SequentialReads:
+    """A stream that can only be read forward (a decompressor's output), read exactly as `ExactReads` is.
+
+    `skip` steps over an array's bytes by reading and dropping them, a megabyte at a
+    time, so an array inside a compressed joblib file costs no memory.
+    """
+
+    __slots__ = ("read", "readinto", "readline")
+
+    def __init__(self, stream: Any) -> None:
+        self.read = stream.read
+        self.readinto = stream.readinto
+        self.readline = stream.readline
+
+    def skip(self, count: int) -> int:
+        """Read and drop `count` bytes; returns how many there were (fewer at the stream's end)."""
+        left = count
+        while left > 0:
+            got = len(self.read(min(left, _SKIP_CHUNK)))
+            if got == 0:
+                break
+            left -= got
+        return count - left
+
+
+_SKIP_CHUNK = 1 << 20
+
+
 class ArrayReader(Protocol):
     """What the wrapper's placeholder needs of the unpickler reading a joblib file."""
 
@@ -147,13 +175,20 @@ def skip_wrapped_array(unpickler: ArrayReader, state: Any) -> WrappedArray:
         # Its opcodes count as the outer pickle's: not skipped bytes.
         return WrappedArray(shape, code, 0)
     padding = 0
+    nbytes = count * itemsize
     if state.get("numpy_array_alignment_bytes") is not None:
         length = stream.read(1)
         if len(length) != 1:
             raise CorruptCheckpointError("the file ends before a joblib array's padding")
         padding = 1 + length[0]
-        stream.seek(length[0], os.SEEK_CUR)
-    nbytes = count * itemsize
+        if isinstance(stream, SequentialReads):
+            stream.skip(length[0])
+        else:
+            stream.seek(length[0], os.SEEK_CUR)
+    if isinstance(stream, SequentialReads):
+        if stream.skip(nbytes) < nbytes:
+            raise CorruptCheckpointError(f"the stream ends inside a joblib array of {nbytes:,} bytes")
+        return WrappedArray(shape, code, nbytes, padding)
     start = stream.tell()
     end = stream.seek(0, os.SEEK_END)
     if start + nbytes > end:
@@ -177,7 +212,8 @@ def joblib_wrapper_class(unpickler: ArrayReader) -> type[InertObject]:
     def __setstate__(self: InertObject, state: Any) -> None:
         self.state = state
         unpickler.arrays.append(skip_wrapped_array(unpickler, state))
-        _check_resumed_opcodes(unpickler)
+        if not isinstance(unpickler.stream, SequentialReads):  # the pure-Python unpickler has no memo to guard
+            _check_resumed_opcodes(unpickler)
 
     module, name = JOBLIB_ARRAY_WRAPPER
     return type(

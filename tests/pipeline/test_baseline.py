@@ -33,7 +33,7 @@ def test_baseline_round_trip(project: Path) -> None:
     # 1. Record: the run passes, every finding is known.
     code, data, _ = inspect("model.pt", "--write-baseline", "baseline.json")
     assert code == 0 and data["findings"] == []
-    assert data["baseline"] == {"file": "baseline.json", "written": True, "suppressed": 3, "fixed": []}
+    assert data["baseline"] == {"file": "baseline.json", "written": True, "suppressed": 3, "fixed": [], "rekeyed": []}
     recorded = json.loads(Path("baseline.json").read_text())
     assert sorted(f["code"] for f in recorded["findings"]) == ["ML101", "ML201", "ML203"]
     assert {f["path"] for f in recorded["findings"]} == {"model.pt"}
