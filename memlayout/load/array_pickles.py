@@ -25,7 +25,7 @@ import os
 import re
 from typing import Any, NamedTuple, Protocol
 
-from memlayout.errors import CorruptCheckpointError
+from memlayout.errors import CorruptCheckpointError, UnpackLimitError
 from memlayout.load.pickle_memo import check_stream_memo_indices
 from memlayout.load.pickled_objects import InertObject
 
@@ -69,22 +69,51 @@ class ExactReads:
 class SequentialReads:
     """A stream that can only be read forward (a decompressor's output), read exactly as `ExactReads` is.
 
-    `skip` steps over an array's bytes by reading and dropping them, a megabyte at a
-    time, so an array inside a compressed joblib file costs no memory.
+    `skip` steps over an array's bytes (or a long string's) by reading and dropping
+    them, a megabyte at a time, so what a pickle only carries costs no memory. What
+    the unpickler reads to build objects is counted against `limit`: a few kilobytes
+    of bz2 can decompress to billions of APPENDs, each an object in memory.
     """
 
-    __slots__ = ("read", "readinto", "readline")
+    __slots__ = ("_read", "_readinto", "_readline", "limit", "opcodes", "what")
 
-    def __init__(self, stream: Any) -> None:
-        self.read = stream.read
-        self.readinto = stream.readinto
-        self.readline = stream.readline
+    def __init__(self, stream: Any, limit: int = 1 << 62, what: str = "the stream") -> None:
+        self._read = stream.read
+        self._readinto = stream.readinto
+        self._readline = stream.readline
+        self.limit = limit
+        """Bytes the unpickler may read to build objects (skipped payloads aside)."""
+        self.opcodes = 0
+        self.what = what
+
+    def _count(self, count: int) -> None:
+        self.opcodes += count
+        if self.opcodes > self.limit:
+            raise UnpackLimitError(
+                f"{self.what}: its pickle is more than {self.limit >> 20} MiB of opcodes, memlayout's cap on what it "
+                "builds from a decompressed stream (a few kilobytes of bz2 can hold billions of list appends)"
+            )
+
+    def read(self, count: int = -1) -> bytes:
+        data: bytes = self._read(count)
+        self._count(len(data))
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        count: int = self._readinto(buffer)
+        self._count(count)
+        return count
+
+    def readline(self) -> bytes:
+        data: bytes = self._readline()
+        self._count(len(data))
+        return data
 
     def skip(self, count: int) -> int:
         """Read and drop `count` bytes; returns how many there were (fewer at the stream's end)."""
         left = count
         while left > 0:
-            got = len(self.read(min(left, _SKIP_CHUNK)))
+            got = len(self._read(min(left, _SKIP_CHUNK)))
             if got == 0:
                 break
             left -= got

@@ -25,6 +25,10 @@ from memlayout.format_bytes import human_bytes
 MAX_UNPACKED_BYTES = 8 << 30
 """What one file may unpack to, over every stream and member inside it: 8 GiB. A larger
 file is refused unread, as a bomb would be; unpack it yourself where its size is expected."""
+MAX_PICKLE_BYTES = 256 << 20
+"""What a pickle read from a decompressed stream may spend in opcodes (long strings and bytes, and
+joblib's arrays, stepped over aside): what builds objects in memory, which a few kilobytes of bz2
+can make billions of. A genuine joblib or bare pickle's opcodes are a few megabytes at most."""
 MAX_DEPTH = 4
 """How many containers deep a file is read (a tar.gz of a zip of a joblib.xz is 4)."""
 MAX_MEMBERS = 100_000

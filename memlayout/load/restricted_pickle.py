@@ -149,7 +149,7 @@ class UnpickleResult:
     """Whether any global became a placeholder; without one the tree holds no module."""
 
 
-class _InertGlobals:
+class InertGlobals:
     """What both unpicklers answer `find_class` and `persistent_load` with: records and placeholders."""
 
     checks_memo = True
@@ -254,7 +254,7 @@ class _InertGlobals:
         return storage
 
 
-class RestrictedUnpickler(_InertGlobals, pickle.Unpickler):
+class RestrictedUnpickler(InertGlobals, pickle.Unpickler):
     """An unpickler that builds records and placeholders instead of running code."""
 
     def __init__(
@@ -268,22 +268,6 @@ class RestrictedUnpickler(_InertGlobals, pickle.Unpickler):
         # has `peek`, so the unpickler takes the bytes a buffer at a time. (It reads
         # the BytesIO ahead of the pickle's end; no caller reads the BytesIO after.)
         super().__init__(io.BufferedReader(stream) if type(stream) is io.BytesIO else stream, encoding=encoding)
-        self._begin(stream, storage_records)
-
-
-class StreamedUnpickler(_InertGlobals, pickle._Unpickler):
-    """The same, for a stream that can only be read forward (what a decompressor hands out).
-
-    CPython's pure-Python unpickler: it keeps its memo as a dict, so no index can make
-    it allocate, and the memo check (which reads ahead and seeks back) is not needed.
-    It reads exactly what each opcode needs, as joblib's own unpickler (a subclass of
-    it) relies on to find each array's bytes after the wrapper's BUILD.
-    """
-
-    checks_memo = False
-
-    def __init__(self, stream: SequentialReads, storage_records: bool = False, encoding: str = "ASCII") -> None:
-        super().__init__(stream, encoding=encoding)
         self._begin(stream, storage_records)
 
 

@@ -45,12 +45,10 @@ from memlayout.errors import (
 from memlayout.format_bytes import human_bytes
 from memlayout.io.zip_archive import ZipReader
 from memlayout.io.zip_archive.records import DEFLATED, STORED
-from memlayout.load import FORMATS, HEAD_BYTES, Format
+from memlayout.load import FORMATS, HEAD_BYTES, Format, codecs
 from memlayout.load.array_pickles import ARRAY_GLOBALS, SequentialReads
 from memlayout.load.codecs import (
     CHUNK,
-    MAX_DEPTH,
-    MAX_UNPACKED_BYTES,
     DecompressedStream,
     UnpackBudget,
     opens_a_stream,
@@ -69,7 +67,8 @@ from memlayout.load.detect import (
     unopened_archive,
 )
 from memlayout.load.records import LoadedSource, MemberRecord, PickleGlobal
-from memlayout.load.restricted_pickle import StreamedUnpickler, run_unpickler
+from memlayout.load.restricted_pickle import run_unpickler
+from memlayout.load.streamed_pickle import StreamedUnpickler
 
 _DIRECTORY_FORMATS = ("dcp", "hf-dir")
 _MAX_LATER_PICKLES = 64
@@ -159,10 +158,10 @@ class Unpacking:
 
     def _deeper(self, within: tuple[str, ...], container: str) -> tuple[str, ...]:
         deeper = (*within, container)
-        if len(deeper) > MAX_DEPTH:
+        if len(deeper) > codecs.MAX_DEPTH:
             raise UnpackLimitError(
-                f"{self.path} nests containers more than {MAX_DEPTH} deep ({' > '.join(deeper)}): memlayout reads "
-                f"{MAX_DEPTH} and does not vouch for what the last one holds"
+                f"{self.path} nests containers more than {codecs.MAX_DEPTH} deep ({' > '.join(deeper)}): memlayout reads "
+                f"{codecs.MAX_DEPTH} and does not vouch for what the last one holds"
             )
         return deeper
 
@@ -262,7 +261,7 @@ class Unpacking:
 
     def pickle(self, stream: BinaryIO, member: str, within: tuple[str, ...], head: bytes) -> None:
         """Unpickle a stream as it goes by: a joblib file, a bare pickle and any pickles after it."""
-        reads = SequentialReads(stream)
+        reads = SequentialReads(stream, codecs.MAX_PICKLE_BYTES, self.where(member))
         unpickler = StreamedUnpickler(reads)
         where = self.where(member)
         try:
@@ -292,8 +291,8 @@ class Unpacking:
             written = 0
             while chunk := stream.read(CHUNK):
                 written += len(chunk)
-                if written > MAX_UNPACKED_BYTES:
-                    raise UnpackLimitError(f"{self.where(member)} is more than {human_bytes(MAX_UNPACKED_BYTES)}, "
+                if written > codecs.MAX_UNPACKED_BYTES:
+                    raise UnpackLimitError(f"{self.where(member)} is more than {human_bytes(codecs.MAX_UNPACKED_BYTES)}, "
                                            "memlayout's cap on what it copies out of a container to read")
                 view = memoryview(chunk)
                 while view:
