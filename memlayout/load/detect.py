@@ -126,9 +126,21 @@ def is_compressed(path: str, head: bytes) -> bool:
     return compression_of(head) is not None
 
 
+_LAST: tuple[bytes, str | None] = (b"", None)
+"""The last head asked about and its codec: `load.FORMATS` asks once per codec, of the same bytes."""
+
+
 def compresses_as(codec: str, path: str, head: bytes) -> bool:
-    """Whether the first bytes open a stream of `codec` (bound with functools.partial in `load.FORMATS`)."""
-    return compression_of(head) == codec
+    """Whether the first bytes open a stream of `codec` (bound with functools.partial in `load.FORMATS`).
+
+    Asked of every file a folder walk reads, once per codec: `compression_of` runs once per
+    head, and the other codecs' questions are answered from its result.
+    """
+    global _LAST
+    last = _LAST  # one read of the pair: another thread may replace it, never half of it
+    if last[0] is not head:
+        last = _LAST = (head, compression_of(head))
+    return last[1] == codec
 
 
 def unopened_archive(head: bytes) -> str | None:
