@@ -266,3 +266,14 @@ def test_a_broken_pickle_inside_a_stream_names_what_it_would_have_imported(tmp_p
         load_path(str(tmp_path / "broken.pkl.gz"))
     assert caught.value.named == (("posix", "system"),)  # type: ignore[attr-defined]
     assert not marker.exists()
+
+
+def test_an_lz4_file_without_the_lz4_package_is_refused_not_cleared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    path = tmp_path / "model.joblib"
+    path.write_bytes(b"\x04\x22\x4d\x18" + bytes(60))  # an lz4 frame's magic: what joblib's compress="lz4" opens with
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lz4" else real(name, *a))
+    with pytest.raises(CorruptCheckpointError, match="needs the lz4 package"):
+        load_path(str(path))
