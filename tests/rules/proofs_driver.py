@@ -111,17 +111,23 @@ def run(reach: Reach) -> dict[str, Any]:
 
 
 def main() -> int:
-    # The import proofs import a module of this name: a real one, whose import is blocked before it runs.
+    import shutil
     import tempfile
     from pathlib import Path
 
+    # One scratch folder for everything the proofs make (the modules the import proofs import,
+    # whose import is blocked before it runs; venv's and pip's folders), removed at the end.
     folder = Path(tempfile.mkdtemp(prefix="memlayout-proofs-"))
-    for name in ("memlayout_proof_module", "memlayout_proof_importlib", "memlayout_proof_pkgutil",
-                 "memlayout_proof_cloudpickle"):
-        (folder / f"{name}.py").write_text("x = 1\n")
-    sys.path.insert(0, str(folder))
-    sys.addaudithook(_hook)
-    results = {f"{reach.module}:{reach.name}": run(reach) for reach in REACHES}
+    tempfile.tempdir = str(folder)
+    try:
+        for name in ("memlayout_proof_module", "memlayout_proof_importlib", "memlayout_proof_pkgutil",
+                     "memlayout_proof_cloudpickle"):
+            (folder / f"{name}.py").write_text("x = 1\n")
+        sys.path.insert(0, str(folder))
+        sys.addaudithook(_hook)
+        results = {f"{reach.module}:{reach.name}": run(reach) for reach in REACHES}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # the hook is disarmed between proofs
     sys.__stdout__.write(json.dumps(results) + "\n")  # type: ignore[union-attr]
     return 0
 
