@@ -48,6 +48,23 @@ class CorruptCheckpointError(MemlayoutError):
     default_hint = "the file is truncated or damaged; re-export it from its source"
 
 
+class DamagedPickleError(CorruptCheckpointError):
+    """A pickle breaks off after naming globals outside the allow-list: what unpickling would have
+    imported, and may have called, before it failed. The error says which, for the audit to judge."""
+
+    def __init__(self, message: str, hint: str | None = None, named: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message, hint)
+        self.named = named
+        """(module, name) of each global outside the allow-list named before the damage."""
+
+
+class UnpackLimitError(CorruptCheckpointError):
+    """Unpacking a file (decompressing it, opening its archives) went past one of memlayout's caps:
+    a decompression bomb, archives nested too deep, or too many members to audit."""
+
+    default_hint = "it is refused unread; unpack it yourself where its size is expected, and inspect what it holds"
+
+
 class UnsafeContentError(MemlayoutError):
     """The operation needs real objects from a pickle that memlayout will not execute."""
 

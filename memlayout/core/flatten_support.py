@@ -14,6 +14,7 @@ import enum
 from typing import NamedTuple
 
 from memlayout.core.facts import SourceFact
+from memlayout.load.detect import CONTAINER_FORMATS
 from memlayout.load.main_module import classes_from_main
 
 
@@ -132,6 +133,15 @@ FORMAT_SUPPORT: dict[str, FormatSupport] = {
         "then flatten that file",
     ),
 }
+
+
+_CONTAINER = FormatSupport(
+    "",
+    refusal="a compressed stream or an archive is no checkpoint of its own: flatten rewrites the checkpoint inside",
+    alternative="unpack it (gunzip, unxz, unzip, tar -x; joblib.load for a joblib file you trust), then flatten "
+    "the checkpoint it holds",
+)
+FORMAT_SUPPORT.update({name: _CONTAINER for name in sorted(CONTAINER_FORMATS)})
 
 
 SAFETENSORS_CONVERSION = ("torch-zip", "torch-legacy", "safetensors")

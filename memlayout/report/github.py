@@ -53,7 +53,8 @@ class GithubReporter(Formatter[BatchReport]):
         lines: list[str] = []
         for path in batch.paths:
             if path.report is None:
-                lines.append(_command("error", path, "memlayout: load error", path.error_line))
+                if path.failed:
+                    lines.append(_command("error", path, "memlayout: load error", path.error_line))
                 continue
             lines += [_annotation(finding, path) for finding in findings_in_order(path.report.findings)]
         if batch.baseline is not None:

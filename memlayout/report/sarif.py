@@ -5,8 +5,10 @@ each finding is a result in the artifact of its checkpoint (in a model folder, t
 weight file that holds it). A path that failed to
 load, and a rule a source lacks the data for, are notifications of the invocation. Nothing in the output
 depends on the machine or the time: paths are relative to the working directory,
-and each result's `partialFingerprints` hash only the rule and the tensor names, so
-a dashboard recognizes the same finding across runs, machines and file moves.
+and each result's `partialFingerprints` hash the rule, the tensor names and what else
+the finding is about (ML601's globals), never the path, so a dashboard recognizes
+the same finding across runs, machines and file moves, and a pickle that gains a
+global as a new one.
 """
 
 from __future__ import annotations
@@ -114,6 +116,12 @@ def _result(finding: Finding, location: dict[str, Any], rule_index: dict[str, in
             "wastedBytes": finding.wasted_bytes,
         },
     }
+    if finding.pickle_globals:
+        # ML601: each global with its danger class, for a dashboard to sort and filter on.
+        result["properties"]["globals"] = [
+            {"module": g.module, "name": g.name, "danger": g.danger.value, "does": g.does, "member": g.member}
+            for g in finding.pickle_globals
+        ]
     return result
 
 
@@ -123,13 +131,17 @@ def _baseline_results(batch: BatchReport, rule_index: dict[str, int]) -> list[di
     # a recorded finding that no longer occurs is an "absent" pass.
     assert batch.baseline is not None
     justification = f"recorded in the baseline {batch.baseline.file}"
+    # A finding the baseline recorded under an older fingerprint scheme is shown as "updated":
+    # in the baseline, but its key no longer tells whether what it warns about changed.
+    rekeyed = {(e.path, e.fingerprint) for e in batch.baseline.rekeyed}
     results: list[dict[str, Any]] = []
     for path in batch.paths:
         if path.report is None:
             continue
         locate = _finding_locations(path)
         for finding in findings_in_order(path.report.findings):
-            results.append({**_result(finding, locate(finding), rule_index), "baselineState": "new"})
+            state = "updated" if (path.path, finding.fingerprint) in rekeyed else "new"
+            results.append({**_result(finding, locate(finding), rule_index), "baselineState": state})
         for finding in findings_in_order(path.suppressed):
             results.append({
                 **_result(finding, locate(finding), rule_index),

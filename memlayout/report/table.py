@@ -13,7 +13,7 @@ from rich.text import Text
 from memlayout.format_bytes import counted, human_bytes
 from memlayout.output.interface import Formatter
 from memlayout.output.terminal import text_console
-from memlayout.pipeline.batch import BaselineOutcome, BatchReport
+from memlayout.pipeline.batch import BaselineOutcome, BatchReport, PathReport
 from memlayout.pipeline.inspection import Report
 from memlayout.report.findings import count_phrase
 from memlayout.report.shards import ranks_line
@@ -193,7 +193,20 @@ def _baseline_lines(baseline: BaselineOutcome) -> list[str]:
         lines.append(f"baseline: {len(baseline.fixed)} recorded finding(s) no longer occur; "
                      f"re-run with --write-baseline {baseline.file} to drop them:")
         lines += [f"  fixed {e.code} {e.path}: {', '.join(e.tensors) or '(no tensor)'}" for e in baseline.fixed]
+    if baseline.rekeyed:
+        lines.append(f"baseline: {len(baseline.rekeyed)} finding(s) shown although recorded: the baseline keyed them "
+                     "on their rule and tensors only, and their fingerprints now cover what they are about (a "
+                     f"pickle's globals); review them, then re-run with --write-baseline {baseline.file}:")
+        lines += [f"  shown {e.code} {e.path}" for e in baseline.rekeyed]
     return lines
+
+
+def _kinds(data: list[PathReport]) -> str:
+    """The data files by what they are, most common first: "text (2,500), a PNG image (2,500)"."""
+    counts: dict[str, int] = {}
+    for path in data:
+        counts[path.data or ""] = counts.get(path.data or "", 0) + 1
+    return ", ".join(f"{what} ({count:,})" for what, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 class TableReporter(Formatter[BatchReport]):
@@ -209,15 +222,22 @@ class TableReporter(Formatter[BatchReport]):
         for path in batch.paths:
             if path.report is not None:
                 parts.append(render_table(path.report, width=self.width, color=self.color, show_all=self.show_all))
-            else:
+            elif path.failed:
                 parts.append(f"error: {path.error_line}\n")
         tail: list[str] = []
         if batch.single is None:
             failed = len(batch.failures)
+            data = batch.data
+            read_as_data = f", {len(data)} recognized as data" if data else ""
             tail.append(
-                f"{len(batch.paths)} paths: {len(batch.paths) - failed} inspected, {failed} failed to load; "
+                f"{len(batch.paths)} paths: {len(batch.reports)} inspected{read_as_data}, {failed} failed to load; "
                 f"findings: {count_phrase(batch.findings_by_severity())}"
             )
+            if data:
+                tail.append(f"data (no pickle, no checkpoint): {_kinds(data)}")
+        elif batch.data:
+            tail.append(f"and {counted(len(batch.data), 'other file')} of the folder, read: data (no pickle, "
+                        f"no checkpoint): {_kinds(batch.data)}")
         if batch.baseline is not None:
             tail += _baseline_lines(batch.baseline)
         # Each part ends with a newline, so joining leaves a blank line between paths.

@@ -31,6 +31,8 @@ CHECKPOINTS = (
 NO_FINDINGS = {"dcp", "gpt2-sharded"}
 """No annotation names these: DCP records no layout, and save_pretrained's safetensors shards are laid out as
 safetensors' own writer lays them out (ML203 judges them by that standard)."""
+DATA_FILES = ("gpt2-sharded/generation_config.json",)
+"""Files of the model folders that hold no pickle and no checkpoint: each is an entry of its own, as data."""
 EXTRA = "pip install 'memlayout[torch]'"
 SCHEMAS = Path(memlayout.__file__).parent / "report"
 SARIF_SCHEMA = REPO / "tests" / "report" / "sarif-schema-2.1.0.json"
@@ -69,18 +71,20 @@ def test_inspect_reads_every_checkpoint_format_in_each_report_format(checkpoints
         data = json.loads(out)
         validate(SCHEMAS / "schema_v2.json", data, SCHEMAS / "schema_v1.json")
         errors = [p["error"] for p in data["reports"] if p["error"] is not None]
-        assert len(data["reports"]) == len(CHECKPOINTS) and errors == [], errors
+        assert len(data["reports"]) == len(CHECKPOINTS) + len(DATA_FILES) and errors == [], errors
+        assert [p["path"] for p in data["reports"] if p["data"]] == [str(checkpoints / f) for f in DATA_FILES]
     elif fmt == "jsonl":
         lines = [json.loads(line) for line in out.splitlines()]
         for line in lines:
             validate(SCHEMAS / "schema_jsonl_v1.json", line, SCHEMAS / "schema_v1.json")
-        assert sorted(line["path"] for line in lines) == sorted(str(checkpoints / name) for name in CHECKPOINTS)
+        assert sorted(line["path"] for line in lines) == sorted(str(checkpoints / name)
+                                                                for name in (*CHECKPOINTS, *DATA_FILES))
         assert [line["error"] for line in lines if line["error"] is not None] == []
     elif fmt == "sarif":
         validate(SARIF_SCHEMA, json.loads(out))
     elif fmt == "junit":
         suites = ET.fromstring(out)
-        assert len(suites.findall("testsuite")) == len(CHECKPOINTS)
+        assert len(suites.findall("testsuite")) == len(CHECKPOINTS) + len(DATA_FILES)
     elif fmt == "html":
         assert out.startswith("<!doctype html>") and all(name in out for name in CHECKPOINTS if name != "dcp")
     elif fmt == "github":

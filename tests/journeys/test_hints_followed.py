@@ -538,6 +538,28 @@ def test_ml603_run_the_hinted_conversion(tmp_path: Path) -> None:
     assert follow_every_hinted_command("ML603", finding, before, path) >= 1
 
 
+# ML604 misleading-name
+
+
+@pytest.mark.parametrize("fix", ["rename it after what it is", "re-save it in the format its name claims"])
+def test_ml604_rename_or_resave(fix: str, tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    state = {"weight": torch.randn(4, 4)}
+    torch.save(state, path)  # a torch.save zip under a safetensors name
+    finding, before = finding_of("ML604", path)
+    assert fix.split(" it ")[0] in finding["hint"] and "model.safetensors is named like a safetensors file" in \
+        finding["message"]
+    with pytest.raises(Exception, match="header"):  # safetensors, chosen by the name, cannot read it
+        load_file(path)
+    if fix.startswith("rename"):
+        assert "(a torch.save zip as `.pt`)" in finding["hint"]
+        fixed = path.rename(tmp_path / "model.pt")
+    else:
+        save_file(state, path)
+        fixed = path
+    assert_fixed("ML604", before, fixed)
+
+
 # Every finding on the real files of the corpus and the fixtures, every command its hint names
 
 
