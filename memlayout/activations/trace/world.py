@@ -313,11 +313,7 @@ class StepWorld:
                 self.step_mode.policy = policy
                 if self.generation is not None:
                     stack.enter_context(self.step_mode.watching(self.model))
-            trace = trace_step(
-                self.model, self.args, self.kwargs, device=self.device, mode=self.mode, notes=notes,
-                optimizer=self.optimizer, autocast=self.autocast, inference=self.inference, kept=kept,
-                roofline=self.roofline, generation=self.generation,
-            )
+            trace = trace_step(self, notes, kept)
         for parameter in self.model.parameters():
             parameter.grad = None
         if self.step_mode is not None:
