@@ -23,7 +23,7 @@ from memlayout.cli.formats import (
 )
 from memlayout.output.interface import Formatter
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "memlayout" / "activations" / "schema_v1.json").read_text())
 MIB = 1 << 20
 
 

@@ -24,7 +24,7 @@ from memlayout.activations.device.cuda_runtime import cuda_runtime
 from tests.activations.real_reserved import CASES
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LARGE = pytest.mark.skipif(os.environ.get("MEMLAYOUT_GPU_LARGE") != "1",
                            reason="the 1B case runs with MEMLAYOUT_GPU_LARGE=1 (benchmarks/gpu_check.sh)")
 

@@ -16,7 +16,7 @@ from memlayout import _torch
 from memlayout.activations.device import sdpa_backend as sb
 from memlayout.activations.device.gpus import gpu_spec, spec_for_device_name
 
-PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu" / "probe-h200.json"
+PROBE = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "gpu" / "probe-h200.json"
 
 
 def _switches(cudnn_version: int) -> sb.Switches:
@@ -97,7 +97,7 @@ def test_torch_writes_cudnn_first_at_its_first_attention_call_where_the_gpu_pref
         "print(json.dumps([before.order, after.order, after.present_prefers_cudnn]))\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                            cwd=Path(__file__).resolve().parents[2])
+                            cwd=Path(__file__).resolve().parents[3])
     before, after, prefers = json.loads(result.stdout.strip().splitlines()[-1])
     assert tuple(before) == sb.DEFAULT_ORDER
     assert tuple(after) == (sb.CUDNN_FIRST_ORDER if prefers else sb.DEFAULT_ORDER)

@@ -17,7 +17,7 @@ from memlayout.activations.ranks.ddp import MIB, DdpOptions
 from memlayout.cli.app import app
 from tests.activations.sharded_models import SHORT_TOKEN_SPECS
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "memlayout" / "activations" / "schema_v1.json").read_text())
 LLAMA = "tests.activations.sharded_models:llama_style"
 CONV = "tests.activations.sharded_models:conv_net"
 TOKENS = [arg for spec in SHORT_TOKEN_SPECS for arg in ("--input", spec)]

@@ -20,7 +20,7 @@ from memlayout.cli.app import app
 from tests.activations import edge_models
 from tests.activations.measure import allocator_peak_step, memtracker_step
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "memlayout" / "activations" / "schema_v1.json").read_text())
 
 
 def ids(batch: int = 4, length: int = 48, vocab: int = 200) -> torch.Tensor:

@@ -23,7 +23,7 @@ from tests.activations import models
 
 pytestmark = pytest.mark.cuda_build
 
-PROBE = json.loads((Path(__file__).resolve().parents[2] / "benchmarks/results/gpu/probe-h200.json").read_text())
+PROBE = json.loads((Path(__file__).resolve().parents[3] / "benchmarks/results/gpu/probe-h200.json").read_text())
 _OPTIONS = {"fp32": {}, "autocast-bf16": {"autocast": "bf16"}, "bf16": {"dtype": "bf16"}}
 
 

@@ -144,7 +144,7 @@ def test_allocator_events_agree_with_the_storage_counter_where_no_kernel_has_scr
 
 def test_the_learned_ops_are_the_ones_the_probe_found() -> None:
     """LEARNED_OPS is the probe's measurement (benchmarks/kernel_storage_probe.py), not a list kept by hand."""
-    probe = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "kernel_storage_probe.json"
+    probe = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "kernel_storage_probe.json"
     found = json.loads(probe.read_text())["differing"]
     assert sorted(LEARNED_OPS) == sorted(found)
 
@@ -245,7 +245,7 @@ def test_a_free_torch_reports_with_a_stale_size_does_not_lower_the_judges_peak()
 def test_the_layout_ops_are_the_ones_the_probe_found() -> None:
     from memlayout.activations.trace.kernel_storage import LAYOUT_OPS
 
-    probe = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "kernel_storage_probe.json"
+    probe = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "kernel_storage_probe.json"
     assert sorted(LAYOUT_OPS) == sorted(json.loads(probe.read_text())["layout_differing"])
 
 

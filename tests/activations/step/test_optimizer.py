@@ -16,7 +16,7 @@ from memlayout.cli.app import app
 from tests.activations import models
 from tests.activations.measure import allocator_peak_step, memtracker_step, user_optimizer
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "memlayout" / "activations" / "schema_v1.json").read_text())
 OPTIMIZERS = ("adamw", "adam", "sgd", "none")
 
 

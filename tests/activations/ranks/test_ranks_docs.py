@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from benchmarks.will_it_fit import MARKER, RESULTS, table_markdown
 from memlayout.cli.app import app
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RESULTS_DATA = json.loads(RESULTS.read_text())
 SMALL = [key for key, figures in RESULTS_DATA.items() if figures["case"]["real"]]
 

@@ -12,7 +12,7 @@ import pytest
 from memlayout.activations.device.gpus import GPUS, gpu_spec, spec_for_device_name
 from memlayout.errors import UsageError
 
-PROBES = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu").glob("probe-*.json"))
+PROBES = sorted((Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "gpu").glob("probe-*.json"))
 
 
 @pytest.mark.parametrize("probe", PROBES, ids=[p.stem for p in PROBES])

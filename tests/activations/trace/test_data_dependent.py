@@ -18,7 +18,7 @@ from memlayout.activations.report.table import render_table
 from tests.activations import edge_models
 from tests.activations.measure import allocator_peak_step, memtracker_step
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "memlayout" / "activations" / "schema_v1.json").read_text())
 
 
 def tokens(batch: int = 8, length: int = 32, vocab: int = 200, seed: int = 0) -> torch.Tensor:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from benchmarks.bench_ddp import CASES, fit_markdown, table_markdown
 from memlayout.cli.app import app
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PAGE = (ROOT / "docs" / "will-it-fit.md").read_text()
 RESULTS = json.loads((ROOT / "benchmarks" / "results" / "ddp.json").read_text())
 SECTION = PAGE[PAGE.index("## Many GPUs: DDP ranks"):PAGE.index("## The same models, side by side")]

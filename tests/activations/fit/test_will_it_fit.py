@@ -23,7 +23,7 @@ from memlayout.activations.fit.size_search import fit
 from memlayout.activations.plans.plan import Plan
 from memlayout.errors import BudgetUnreachableError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GPT2 = "tests.activations.models:gpt2"
 SPECS = ["input_ids=int64[2,64]<500", "labels=int64[2,64]<500"]
 

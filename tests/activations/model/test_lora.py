@@ -38,7 +38,7 @@ AVX512_BF16_PATH = pytest.mark.xfail(
     reason="bitsandbytes' AVX512-BF16 CPU path (repacked weights, a fused 4-bit kernel) is not modelled yet: the "
            "real model's state and its inference peak differ from the path memlayout traces",
 )
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "memlayout" / "activations" / "schema_v1.json").read_text())
 INPUTS = ["int64[4,32]<500", "labels=int64[4,32]<500"]
 FLAGS = [flag for spec in INPUTS for flag in ("--input", spec)]
 
@@ -225,7 +225,7 @@ def test_the_install_command_s_extra_brings_both_packages() -> None:
     """Following the hint: the `lora` extra names peft and bitsandbytes, pinned to releases that keep torch."""
     import tomllib
 
-    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
     extra = " ".join(pyproject["project"]["optional-dependencies"]["lora"])
     assert "peft" in extra and "bitsandbytes" in extra
 
@@ -272,7 +272,7 @@ def test_a_4bit_matmul_counts_the_weight_it_dequantizes_inside(step: str, folder
 
 def test_the_docs_give_the_lora_sweeps_figures() -> None:
     """docs/activations.md quotes benchmarks/results/lora_sweep.json: the counts within 2%, the worst, the command."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     sweep = json.loads((root / "benchmarks" / "results" / "lora_sweep.json").read_text())
     docs = " ".join((root / "docs" / "activations.md").read_text().split())
     for kind in ("lora", "dora"):

@@ -230,7 +230,7 @@ def test_a_generate_across_ranks_is_within_two_percent_of_real_gloo_ranks(cache:
 def test_the_docs_give_the_tensor_parallel_generate_sweeps_figures() -> None:
     """docs/will-it-fit.md quotes benchmarks/results/tp_generate_sweep.json: its command, its time, how many
     models' real ranks ran, how far the furthest was, and Gemma 2's two figures."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     sweep = json.loads((root / "benchmarks" / "results" / "tp_generate_sweep.json").read_text())
     docs = " ".join((root / "docs" / "will-it-fit.md").read_text().split())
     ran = [r for r in sweep["records"] if r["status"] == "ok"]

@@ -25,7 +25,7 @@ from memlayout.cli.app import app
 from tests.activations import models
 from tests.activations.measure import allocator_generate_peak
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "memlayout" / "activations" / "schema_v1.json").read_text())
 VOCAB = 500
 NEW_TOKENS = 32
 FIT_TOKENS = 8
@@ -265,7 +265,7 @@ def test_fake_values_written_into_a_real_tensor_keep_its_one_storage() -> None:
 
 
 def test_the_docs_give_the_generate_sweeps_figures() -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     sweep = json.loads((root / "benchmarks" / "results" / "generate_sweep.json").read_text())
     docs = " ".join((root / "docs" / "activations.md").read_text().split())
     assert f"{sweep['within_2pct']} of {sweep['runnable']} runnable within 2%" in docs, "rerun the sweep or mend the docs"

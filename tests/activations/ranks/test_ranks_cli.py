@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from memlayout.cli.app import app
 from tests.activations.sharded_models import BATCH_SPECS
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "memlayout" / "activations" / "schema_v1.json").read_text())
 UNEVEN = "tests.activations.sharded_models:llama_style"
 EVEN = "tests.activations.sharded_models:llama_style_even"
 INPUTS = [arg for spec in BATCH_SPECS for arg in ("--input", spec)]

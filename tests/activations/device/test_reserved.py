@@ -26,9 +26,9 @@ from memlayout.activations.facts import Phase, StorageKind, StorageLife, Trace
 from memlayout.activations.summary import live_curve, summarize
 from memlayout.cli.formats import Command, OutputFormat, RenderOptions, supported, to_format
 from tests.activations import models
-from tests.activations.test_formats import fake_report
+from tests.activations.report.test_formats import fake_report
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "memlayout" / "activations" / "schema_v1.json").read_text())
 MiB = 1 << 20
 
 

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from memlayout.cli.app import app
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TIED = textwrap.dedent('''
     import torch
     from torch import nn

@@ -19,7 +19,7 @@ from memlayout.cli.app import app
 from tests.activations import models
 from tests.activations.measure import allocator_inference_peak
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
+SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "memlayout" / "activations" / "schema_v1.json").read_text())
 GPT2 = ["activations", "tests.activations.models:gpt2", "--input", "int64[2,32]<500"]
 
 class EagerAttention(nn.Module):
@@ -162,7 +162,7 @@ def test_cli_refuses_what_a_forward_only_step_does_not_have(extra: list[str], me
 
 
 def test_the_docs_give_the_inference_sweeps_figures() -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     sweep = json.loads((root / "benchmarks" / "results" / "inference_sweep.json").read_text())
     docs = " ".join((root / "docs" / "activations.md").read_text().split())
     assert f"{sweep['within_2pct']} of {sweep['runnable']} within 2%" in docs, "rerun the sweep or mend the docs"
