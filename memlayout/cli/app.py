@@ -27,6 +27,7 @@ from typer.core import TyperCommand, TyperGroup
 from memlayout import cyclic_gc
 from memlayout.cli.coercion import coerce_without_pydantic
 from memlayout.cli.errors import USAGE_OR_LOAD_ERROR, exit_code
+from memlayout.errors import MemlayoutError
 from memlayout.output.writer import QuietStdout
 from memlayout.version import __version__
 
@@ -112,6 +113,9 @@ class OneLineUsageErrors(TyperGroup):
         except typer.Abort:
             print("memlayout: aborted", file=sys.stderr)
             return 1
+        except MemlayoutError as exc:  # a settings file an option's callback read (activations' --config)
+            print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
+            return USAGE_OR_LOAD_ERROR
         return code if isinstance(code, int) else 0
 
 
@@ -162,6 +166,21 @@ class MemlayoutCommand(TyperCommand):
         option = super().get_help_option(ctx)
         coerce_without_pydantic(option)
         return option
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        """The options under a heading per group where the command groups them (`rich_help_panel`), in the order
+        the groups first appear; click's one "Options" list otherwise."""
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                groups.setdefault(getattr(param, "rich_help_panel", None) or "Options", []).append(record)
+        if list(groups) == ["Options"]:
+            super().format_options(ctx, formatter)
+            return
+        for group, records in groups.items():
+            with formatter.section(group):
+                formatter.write_dl(records)
 
 
 def build_command(name: str) -> Any:

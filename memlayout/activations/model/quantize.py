@@ -30,9 +30,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from memlayout.errors import UsageError
-
-METHODS = ("nf4", "fp4", "int8")
+from memlayout.activations.request.vocabulary import QUANTIZE_METHODS
+from memlayout.errors import SettingError, UsageError
 
 LIBRARY_OPS_WITH_SCRATCH = (
     "bitsandbytes.gemm_4bit.default",
@@ -96,8 +95,8 @@ def quantize_model(model: Any, method: str, *, world: str, device: str,
     Raises:
         UsageError: an unknown method, a model that is not a transformers model, or bitsandbytes missing.
     """
-    if method not in METHODS:
-        raise UsageError(f"unknown --quantize {method!r}", f"use {', '.join(METHODS)}")
+    if method not in QUANTIZE_METHODS:
+        raise SettingError(f"unknown `quantize` {method!r}", f"use {', '.join(QUANTIZE_METHODS)}")
     bnb = require_bitsandbytes()
     import torch
     import transformers

@@ -13,13 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 import memlayout.activations as act
-from memlayout.activations.fit.size_search import (
-    FLOOR_REACH,
-    FitProbe,
-    fit,
-    largest_fitting,
-    scaled_dims,
-)
+from memlayout.activations.fit.bracket import largest_fitting
+from memlayout.activations.fit.size_search import FLOOR_REACH, FitProbe, fit, scaled_dims
 from memlayout.activations.model.input_specs import parse_input_spec
 from memlayout.activations.report.fit import fit_dict, render_fit_table
 from memlayout.cli.app import app
@@ -296,9 +291,10 @@ def test_with_ranks_the_batch_found_is_the_largest_whose_largest_rank_fits() -> 
 
 
 def test_a_gpus_budget_is_its_memory_as_torch_reports_it_against_reserved_plus_the_runtime() -> None:
-    from memlayout.activations.budget import BudgetSpec, card_budget, resolve_budget
+    from memlayout.activations.budget import card_budget, resolve_budget
     from memlayout.activations.device.cuda_runtime import cuda_runtime
     from memlayout.activations.device.gpus import gpu_spec
+    from memlayout.activations.sizes import BudgetSpec
 
     h100 = gpu_spec("h100")
     runtime = cuda_runtime((9, 0))
@@ -319,7 +315,7 @@ def test_a_gpus_budget_is_its_memory_as_torch_reports_it_against_reserved_plus_t
     ("78GiB", (78 * 2**30, None)), ("84899201024", (84899201024, None)), ("1", (1, None)),
 ])
 def test_budget_is_a_size_or_a_share_of_the_gpu(text: str, expected: tuple[int | None, float | None]) -> None:
-    from memlayout.activations.budget import parse_budget
+    from memlayout.activations.sizes import parse_budget
 
     spec = parse_budget(text)
     assert (spec.bytes, spec.fraction) == expected
@@ -327,7 +323,7 @@ def test_budget_is_a_size_or_a_share_of_the_gpu(text: str, expected: tuple[int |
 
 @pytest.mark.parametrize("text", ["1.5", "150%", "0%", "0.0", "lots"])
 def test_a_budget_neither_size_nor_share_is_one_line(text: str) -> None:
-    from memlayout.activations.budget import parse_budget
+    from memlayout.activations.sizes import parse_budget
 
     with pytest.raises(UsageError):
         parse_budget(text)

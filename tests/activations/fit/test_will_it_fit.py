@@ -21,6 +21,7 @@ from memlayout.activations.device.gpus import gpu_spec
 from memlayout.activations.facts import Phase
 from memlayout.activations.fit.size_search import fit
 from memlayout.activations.plans.plan import Plan
+from memlayout.activations.request.step_request import StepRequest
 from memlayout.errors import BudgetUnreachableError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -91,8 +92,8 @@ def test_a_plan_under_cuda_autocast_reruns_in_bf16_as_forward_ran() -> None:
     # 19,968 B in float32; the weights cast to bf16 are 16,640 B.
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(40, 208), torch.nn.GELU(),
                                                       torch.nn.Linear(208, 40)) for _ in range(3)])
-    step, *_ = prepare_step(model, ["float32[24,40]"], kwargs=None, device="cuda", mode="fake", trust=False,
-                            optimizer="none", autocast="bf16", gpu="h100")
+    step, *_ = prepare_step(StepRequest(model, input=("float32[24,40]",), device="cuda", optimizer="none",
+                                        autocast="bf16", gpu="h100"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trace = step.trace(Plan(checkpoint=("1",)))  # a rerun in float32 raises CheckpointError (other metadata)

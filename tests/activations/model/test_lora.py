@@ -145,10 +145,10 @@ def test_qlora_on_a_llama_directory_matches_a_real_bitsandbytes_step(folder: Pat
 
 def _fake_model(directory: Path) -> object:
     from memlayout.activations.analysis import prepare_step
-    from memlayout.activations.model.adapt import Adaptation
+    from memlayout.activations.request.step_request import StepRequest
 
-    step, *_ = prepare_step(str(directory), INPUTS, kwargs=None, device="cpu", mode="fake", trust=False,
-                            optimizer="adamw", adaptation=Adaptation(lora=LoraOptions(16), quantize="nf4"))
+    step, *_ = prepare_step(StepRequest(str(directory), input=tuple(INPUTS), optimizer="adamw", lora=16,
+                                        quantize="nf4"))
     return step.model
 
 
