@@ -24,8 +24,8 @@ next time, so that a second comparison runs the new tree alone.
 from __future__ import annotations
 
 import argparse
-import json
 import difflib
+import json
 import os
 import subprocess
 import sys
