@@ -25,7 +25,7 @@ import typer
 from memlayout import _torch
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.request.vocabulary import Pipeline
-from memlayout.cli.activations_options import COMMAND_LINE_ONLY, flag, signature
+from memlayout.cli.activations_options import COMMAND_LINE_ONLY, CONFIG_ERROR, flag, signature
 from memlayout.cli.formats import (
     Command,
     OutputFormat,
@@ -51,7 +51,9 @@ def activations_command(ctx: typer.Context, **values: Any) -> int:
     Without --input (or with --weights), no step: the weights in each dtype and the fixed costs of training them.
     Settings may also come from [tool.memlayout.activations] in pyproject.toml (--config).
     """
-    del ctx
+    config_error = ctx.meta.get(CONFIG_ERROR)
+    if config_error is not None:
+        raise config_error
     _torch.require("memlayout activations")
     # transformers logs config remarks while building a model from its config; they are
     # not about memory, and stdout/stderr belong to the report and its one-line errors.

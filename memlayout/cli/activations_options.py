@@ -22,6 +22,7 @@ from memlayout.activations.step.optimizer import HELP as OPTIMIZER_HELP
 from memlayout.activations.step.run import STEP_HELP
 from memlayout.cli.formats import Command, OutputFormat
 from memlayout.cli.options import device_option, format_option, mebibytes, probability
+from memlayout.errors import MemlayoutError
 
 CUDA_WHEELS = "https://download.pytorch.org/whl/cu130"
 """The index of torch's CUDA wheels, as memlayout/activations/trace/world.py's refusal names it (a test holds the
@@ -174,16 +175,24 @@ def signature(rows: tuple[Row, ...] = ROWS) -> inspect.Signature:
     return inspect.Signature(parameters, return_annotation=int)
 
 
+CONFIG_ERROR = "memlayout.activations.config_error"
+"""Where `read_config` keeps the file's error for the command to raise (`ctx.meta`)."""
+
+
 def read_config(ctx: typer.Context, value: str | None) -> str | None:
     """`--config`'s callback, run before the other options are read (it is eager): the file's settings become the
     options' defaults (`default_map`), so that each is read as its flag is, and a flag given replaces it.
 
-    Raises:
-        UsageError: the file cannot be read, or a key is unknown or has a value of the wrong type.
+    A file that cannot be read, or has a key that is unknown or a value of the wrong type, is the command's
+    first error (`ctx.meta[CONFIG_ERROR]`): raised there, it is one line, or with --debug its traceback.
     """
     if ctx.resilient_parsing:
         return value
-    settings = resolve_config(value, bool(ctx.params.get("isolated")))
+    try:
+        settings = resolve_config(value, bool(ctx.params.get("isolated")))
+    except MemlayoutError as exc:
+        ctx.meta[CONFIG_ERROR] = exc
+        return value
     text = {row.name for row in ROWS if row.annotation in (str, str | None)}
     defaults = {name: ",".join(given) if name in text and isinstance(given, list) else given
                 for name, given in settings.items()}

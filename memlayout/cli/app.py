@@ -27,7 +27,6 @@ from typer.core import TyperCommand, TyperGroup
 from memlayout import cyclic_gc
 from memlayout.cli.coercion import coerce_without_pydantic
 from memlayout.cli.errors import USAGE_OR_LOAD_ERROR, exit_code
-from memlayout.errors import MemlayoutError
 from memlayout.output.writer import QuietStdout
 from memlayout.version import __version__
 
@@ -113,9 +112,6 @@ class OneLineUsageErrors(TyperGroup):
         except typer.Abort:
             print("memlayout: aborted", file=sys.stderr)
             return 1
-        except MemlayoutError as exc:  # a settings file an option's callback read (activations' --config)
-            print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
-            return USAGE_OR_LOAD_ERROR
         return code if isinstance(code, int) else 0
 
 
