@@ -105,7 +105,7 @@ def gpu_spec(name: str) -> GpuSpec:
     """
     spec = _BY_KEY.get(name.strip().lower())
     if spec is None:
-        raise UsageError(f"unknown --gpu {name!r}", f"use one of {', '.join(sorted(_BY_KEY))}")
+        raise UsageError(f"unknown `gpu` {name!r}", f"use one of {', '.join(sorted(_BY_KEY))}")
     return spec
 
 

@@ -66,7 +66,7 @@ def require_bitsandbytes() -> Any:
     try:
         import bitsandbytes
     except ImportError:
-        raise UsageError("--quantize builds the base with bitsandbytes' layers, and bitsandbytes is not installed",
+        raise UsageError("`quantize` builds the base with bitsandbytes' layers, and bitsandbytes is not installed",
                          INSTALL) from None
     return bitsandbytes
 
@@ -105,9 +105,9 @@ def quantize_model(model: Any, method: str, *, world: str, device: str,
 
     if not isinstance(model, transformers.PreTrainedModel):
         raise UsageError(
-            f"--quantize quantizes as transformers' BitsAndBytesConfig does, which needs a transformers model, and "
+            f"`quantize` quantizes as transformers' BitsAndBytesConfig does, which needs a transformers model, and "
             f"this target built a {type(model).__name__}",
-            "build the model with bitsandbytes' layers in your factory and leave --quantize out",
+            "build the model with bitsandbytes' layers in your factory and leave `quantize` out",
         )
     quantizer = AutoHfQuantizer.from_config(bitsandbytes_config(method), pre_quantized=False)
     originals = {path: (module.weight, module.bias) for path, module in model.named_modules()

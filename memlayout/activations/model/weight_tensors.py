@@ -139,7 +139,7 @@ def module_tensors(model: Any) -> tuple[WeightTensor, ...]:
         for name, tensor in named:
             if isinstance(tensor, (UninitializedParameter, UninitializedBuffer)):
                 raise UsageError(f"{name} is a lazy module's parameter, whose shape its first forward decides",
-                                 "give --input, so that the step runs the forward")
+                                 "give `input`, so that the step runs the forward")
             key = (_torch.storage_id(tensor.untyped_storage()), tensor.storage_offset(), tuple(tensor.shape),
                    tuple(tensor.stride()))
             if key in seen:

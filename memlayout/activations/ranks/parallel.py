@@ -190,7 +190,7 @@ def fsdp_targets(model: Any, patterns: Sequence[str]) -> tuple[str, ...]:
         ]
         if not matched:
             raise UsageError(
-                f"--fsdp-modules {pattern!r} matches no module of {type(model).__name__}",
+                f"`fsdp_modules` {pattern!r} matches no module of {type(model).__name__}",
                 "give a dotted path where * stands for one name (model.layers.*) or a class name (LlamaDecoderLayer)",
             )
         found.update(dict.fromkeys(matched))
@@ -242,16 +242,16 @@ def tensor_parallel_plan(model: Any, tp: int) -> tuple[tuple[TensorParallelStyle
             if dimension % tp:
                 kind = "output" if style == COLWISE else "input"
                 raise UsageError(
-                    f"--tp {tp} does not divide {full}'s {dimension} {kind} features, which the {style} plan shards",
-                    f"pick a --tp that divides {dimension}",
+                    f"`tp` {tp} does not divide {full}'s {dimension} {kind} features, which the {style} plan shards",
+                    f"pick a `tp` that divides {dimension}",
                 )
             plan.append(TensorParallelStyle(full, style))
     if not plan:
         why = f" ({'; '.join(near_misses[:2])})" if near_misses else ""
         raise UsageError(
-            f"--tp found no attention or MLP projections to shard in {type(model).__name__}{why}",
+            f"`tp` found no attention or MLP projections to shard in {type(model).__name__}{why}",
             "tensor parallel needs nn.Linear projections named like q_proj/k_proj/v_proj/o_proj, "
-            "gate_proj/up_proj/down_proj, wq/wk/wv/wo, w1/w2/w3 or fc1/fc2; leave --tp out for FSDP alone",
+            "gate_proj/up_proj/down_proj, wq/wk/wv/wo, w1/w2/w3 or fc1/fc2; leave `tp` out for FSDP alone",
         )
     _check_heads(model, tp)
     return tuple(plan), tuple(f"tensor parallel leaves {miss}: that block is computed whole on every rank"
@@ -265,8 +265,8 @@ def _check_heads(model: Any, tp: int) -> None:
         heads = getattr(config, name, None)
         if isinstance(heads, int) and heads % tp:
             raise UsageError(
-                f"--tp {tp} does not divide the model's {heads} attention heads (config.{name})",
-                f"pick a --tp that divides {heads}",
+                f"`tp` {tp} does not divide the model's {heads} attention heads (config.{name})",
+                f"pick a `tp` that divides {heads}",
             )
 
 

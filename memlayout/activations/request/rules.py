@@ -106,6 +106,8 @@ def _rank_without_world_size(request: Any) -> str | None:
 
 
 def _adapted(request: Any) -> str | None:
+    if request.world_size is None:
+        return None
     return "quantize" if request.quantize else "lora" if request.lora or request.dora else None
 
 
@@ -144,9 +146,10 @@ RULES: tuple[Refusal, ...] = (
             "leave `allow_offload` out"),
     # Ranks: what shapes them needs them, and FSDP2's and DDP's settings do not mix.
     Refusal(ALL, _rank_without_world_size, "`{given}` needs `world_size` N", "e.g. `world_size=8` `{rank_example}=True`"),
-    Refusal(SHARDED, _with("ddp", *FSDP_SETTINGS), "`{given}` is FSDP2's, and the ranks are DistributedDataParallel's",
+    Refusal(SHARDED, lambda r: _sharded(r) and _with("ddp", *FSDP_SETTINGS)(r),
+            "`{given}` is FSDP2's, and the ranks are DistributedDataParallel's",
             "leave `{given}` out, or give `fsdp` instead"),
-    Refusal(SHARDED, lambda r: first_given(r, DDP_SETTINGS) if r.fsdp and not r.ddp else None,
+    Refusal(SHARDED, lambda r: first_given(r, DDP_SETTINGS) if _sharded(r) and r.fsdp and not r.ddp else None,
             "`{given}` is DDP's, and the ranks are FSDP2's", "leave `{given}` out, or give `ddp` instead"),
     # A generate step and its settings go together.
     Refusal(ALL, lambda r: first_given(r, ("new_tokens", "cache")) if r.step != "generate" else None,
@@ -162,7 +165,8 @@ RULES: tuple[Refusal, ...] = (
     Refusal(ALL, lambda r: (r.lora is not None or r.dora) and r.lora_targets == (), "`lora_targets` names no module",
             "e.g. `lora_targets=q_proj,v_proj`, or all-linear"),
     Refusal(SHARDED, _adapted, "`{given}` is not traced with `world_size` yet", "predict one device without `world_size`"),
-    Refusal(SHARDED, _given("gpu"), "`gpu` is not traced with `world_size` yet", "drop `gpu`; {gpu_ranks}"),
+    Refusal(SHARDED, lambda r: _sharded(r) and first_given(r, ("gpu",)), "`gpu` is not traced with `world_size` yet",
+            "drop `gpu`; {gpu_ranks}"),
     # The size search.
     Refusal(FIT, _given("real"), "`fit` searches on fake traces; `real` does not apply",
             "check its answer with `real` at the batch it reports"),

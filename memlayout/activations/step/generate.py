@@ -68,9 +68,9 @@ def check_can_generate(model: Any) -> None:
     can_generate = getattr(model, "can_generate", None)
     if not callable(getattr(model, "generate", None)) or not callable(can_generate) or not can_generate():
         raise UsageError(
-            f"--step generate runs transformers' model.generate, and {type(model).__name__} cannot generate",
+            f"`step` generate runs transformers' model.generate, and {type(model).__name__} cannot generate",
             "give a model with a language-modelling head (a ...ForCausalLM or ...ForConditionalGeneration "
-            "class), or use --step inference for one forward",
+            "class), or use `step` inference for one forward",
         )
 
 

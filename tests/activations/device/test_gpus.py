@@ -63,9 +63,9 @@ def test_gpu_implies_a_cuda_step_and_refuses_another_device() -> None:
 
     assert device_for_gpu("cpu", "fake", "a10g") == "cuda"
     assert device_for_gpu("cuda:1", "fake", "a10g") == "cuda:1"
-    with pytest.raises(UsageError, match="--device is meta"):
+    with pytest.raises(UsageError, match="`device` is meta"):
         device_for_gpu("meta", "fake", "a10g")
-    with pytest.raises(UsageError, match="--real measures"):
+    with pytest.raises(UsageError, match="`real` measures"):
         device_for_gpu("cuda", "real", "a10g")
 
 

@@ -181,7 +181,7 @@ def test_ddp_on_a_gpu_is_refused_in_one_line_with_the_cpu_prediction_as_the_hint
     with pytest.raises(UsageError) as refused:
         analyze_ranks(CONV, ["float32[2,3,8,8]"], sharding=options, device="cuda")
     assert "`ddp` is traced for `device=cpu`, not cuda" in refused.value.one_line()  # the settings, as Python names them
-    assert "predict --device cpu" in refused.value.one_line()
+    assert "predict `device=cpu`" in refused.value.one_line()
     assert analyze_ranks(CONV, ["float32[2,3,8,8]"], sharding=options, device="cpu").ddp is not None
 
 

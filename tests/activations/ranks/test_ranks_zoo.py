@@ -63,7 +63,7 @@ def test_a_fused_qkv_is_left_whole_and_said_so(tmp_path: Path) -> None:
     ("bert", "key, query, value have no row-wise projection beside it"),
 ])
 def test_a_model_with_nothing_to_split_gets_the_reason(name: str, why: str, tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="--tp found no attention or MLP projections") as raised:
+    with pytest.raises(UsageError, match="`tp` found no attention or MLP projections") as raised:
         predict(name, tmp_path)
     assert why in raised.value.one_line()
 

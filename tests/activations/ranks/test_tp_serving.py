@@ -197,7 +197,7 @@ def test_a_generate_across_ranks_without_its_new_tokens_is_refused() -> None:
     from memlayout.activations.ranks import analyze_ranks
     from memlayout.activations.ranks.parallel import ShardingOptions
 
-    with pytest.raises(UsageError, match="--step generate and its --new-tokens go together"):
+    with pytest.raises(UsageError, match="`step=generate` needs `new_tokens` N"):
         analyze_ranks(LLAMA, ["int64[2,32]<1000"], trust=True,
                       sharding=ShardingOptions(world_size=2, fsdp=False, tp=2, serving="generate"))
 

@@ -105,6 +105,19 @@ def test_settings_that_do_not_go_together_are_refused_by_their_names(settings: d
     assert "--" not in raised.value.one_line()  # the library speaks of settings, never of flags
 
 
+@pytest.mark.parametrize("settings", [
+    {"fit": "batch", "budget": "1GiB", "lora": 8, "quantize": "nf4"},
+    {"fit": "seq", "gpu": "h100"},
+    {"fit": "batch", "budget": 10**9, "dtype": "bf16", "autocast": "bf16"},
+    {"step": "generate", "new_tokens": 4, "cache": "static", "fit": "seq", "budget": 10**9},
+    {"world_size": 4, "ddp": True, "bucket_cap_mb": 0.5, "gradient_as_bucket_view": True, "budget": 10**9},
+    {"world_size": 2, "tp": 2, "step": "inference"},
+])
+def test_settings_that_go_together_are_taken(settings: dict[str, Any]) -> None:
+    request = StepRequest(TARGET, input=INPUTS, **settings)
+    assert all(getattr(request, name) == value or name == "budget" for name, value in settings.items())
+
+
 def test_every_rule_names_only_settings_the_request_has() -> None:
     import re
 
