@@ -127,7 +127,7 @@ def weights_report(target: Any, **settings: Any) -> WeightsReport:
         >>> report = weights_report("benchmarks/configs/llama-7b")  # doctest: +SKIP
         >>> report.rows[0].training.total_bytes  # float32 weights, gradients and AdamW's state
     """
-    return predict_weights(call_request(target, None, None, Pipeline.WEIGHTS, settings))
+    return predict_weights(call_request(target, None, None, Pipeline.WEIGHTS, {"weights": True, **settings}))
 
 
 def predict_weights(request: StepRequest) -> WeightsReport:

@@ -142,6 +142,12 @@ RULES: tuple[Refusal, ...] = (
     Refusal(frozenset({Pipeline.WEIGHTS}), _weights_given(adapter=False),
             "`weights=True` answers without tracing a step, and `{given}` is for a step",
             "drop `weights` to trace the step, or drop `{given}`"),
+    # A function that answers one question (analyze, analyze_ranks) is not asked another.
+    Refusal(frozenset({Pipeline.STEP}), _given("world_size", "fit"),
+            "`{given}` asks for another prediction than one step on one device",
+            "call predict, or analyze_ranks for `world_size` and fit for `fit`"),
+    Refusal(RANKS, lambda r: r.world_size is None, "ranks are predicted for `world_size` N of them",
+            "e.g. `world_size=8` `fsdp=True`"),
     Refusal(FIT, _with("allow_offload", "fit"), "`fit` does not search offload plans yet",
             "leave `allow_offload` out"),
     # Ranks: what shapes them needs them, and FSDP2's and DDP's settings do not mix.

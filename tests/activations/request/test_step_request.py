@@ -141,12 +141,19 @@ def test_the_command_line_says_each_setting_as_its_flag() -> None:
 
 def test_python_callers_are_told_the_setting_not_the_flag() -> None:
     import memlayout.activations as act
+    from memlayout.activations.weights import weights_report
 
     with pytest.raises(SettingError, match=r"`world_size` needs `fsdp` or `ddp`") as raised:
         act.analyze_ranks(TARGET, list(INPUTS), world_size=2)
     assert raised.value.settings == ("world_size", "fsdp", "ddp")
     with pytest.raises(SettingError, match="no setting 'world_sise'"):
         act.analyze(TARGET, list(INPUTS), world_sise=2)
+    with pytest.raises(SettingError, match="`world_size` asks for another prediction than one step"):
+        act.analyze(TARGET, list(INPUTS), world_size=2, fsdp=True)
+    with pytest.raises(SettingError, match="ranks are predicted for `world_size` N of them"):
+        act.analyze_ranks(TARGET, list(INPUTS))
+    with pytest.raises(SettingError, match="`weights=True` counts every parameter as trainable, and `lora`"):
+        weights_report(TARGET, lora=8)
 
 
 def write_config(folder: Path, table: str) -> Path:
