@@ -28,9 +28,9 @@ from memlayout.activations.sizes import parse_size
 if TYPE_CHECKING:
     from memlayout.activations.analysis import ActivationReport, analyze
     from memlayout.activations.device.allocator_replay import allocator_peaks
+    from memlayout.activations.pipelines import predict
     from memlayout.activations.plans.apply import AppliedPlan, apply_plan
     from memlayout.activations.plans.plan import Plan, SequentialSegments
-    from memlayout.activations.predict import predict
     from memlayout.activations.ranks import analyze_ranks
     from memlayout.activations.ranks.facts import RanksReport
     from memlayout.activations.ranks.parallel import ShardingOptions
@@ -46,7 +46,7 @@ _LAZY = {
     "SettingError": "memlayout.errors",
     "StepRequest": "memlayout.activations.request.step_request",
     "Pipeline": "memlayout.activations.request.vocabulary",
-    "predict": "memlayout.activations.predict",
+    "predict": "memlayout.activations.pipelines",
     "PlanResult": "memlayout.activations.search",
     "apply_plan": "memlayout.activations.plans.apply",
     "AppliedPlan": "memlayout.activations.plans.apply",

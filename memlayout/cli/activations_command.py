@@ -39,7 +39,7 @@ from memlayout.errors import MemlayoutError, UsageError
 from memlayout.output.writer import write_output
 
 if TYPE_CHECKING:
-    from memlayout.activations.predict import Prediction
+    from memlayout.activations.pipelines import Prediction
 
 
 def activations_command(ctx: typer.Context, **values: Any) -> int:
@@ -84,7 +84,7 @@ def settings_as_flags() -> Iterator[None]:
 
 
 def _predicted(request: StepRequest) -> "Prediction":
-    from memlayout.activations.predict import predict
+    from memlayout.activations.pipelines import predict
 
     if request.pipeline is Pipeline.WEIGHTS:  # a remote checkpoint's transport starts importing now
         remote_reading([str(request.target)], request.timeout, request.download)

@@ -60,7 +60,7 @@ class StepRequest:
     Example:
         >>> request = StepRequest("gpt2/", input=("int64[8,1024]<50257",), world_size=8, fsdp=True,
         ...                       dtype="bf16", budget="78GiB")  # doctest: +SKIP
-        >>> memlayout.activations.predict(request)  # a RanksReport
+        >>> memlayout.activations.pipelines(request)  # a RanksReport
     """
 
     # Target

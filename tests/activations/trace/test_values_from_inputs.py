@@ -108,7 +108,7 @@ def test_a_value_of_the_inputs_through_a_mask_too_large_to_keep_says_so_and_real
     message = str(failed.value)
     assert "follows from the inputs alone" in message and "4.0 MiB" in message
     assert "weights" not in message
-    assert "--real" in failed.value.hint
+    assert "`real=True`" in failed.value.hint  # the setting; the command line says --real
     report = act.analyze(WindowedGlobalAttention(), list(inputs), mode="real")
     assert report.summary.peak_bytes == memtracker_step(WindowedGlobalAttention(), inputs, {}).peak_bytes
 
@@ -118,7 +118,7 @@ def test_a_value_of_the_weights_names_them_and_real_measures_it() -> None:
     with pytest.raises(UsageError) as failed:
         act.analyze(ChecksActivations(), [x])
     assert "computed from the weights" in str(failed.value)
-    assert "--real" in failed.value.hint
+    assert "`real=True`" in failed.value.hint  # the setting; the command line says --real
     report = act.analyze(ChecksActivations(), [x], mode="real")
     assert report.summary.peak_bytes == memtracker_step(ChecksActivations(), (x,), {}).peak_bytes
     # Following the hint gives the measurement, and says there is no prediction beside it.
