@@ -144,6 +144,11 @@ KEYS = {
 }
 
 
+SUBTABLES = frozenset({"activations"})
+"""Tables inside `[tool.memlayout]` that belong to another command: `[tool.memlayout.activations]`
+(memlayout/activations/request/config_file.py)."""
+
+
 def settings_from_table(table: Mapping[str, Any], file: str) -> Settings:
     """Settings from a parsed `[tool.memlayout]` table.
 
@@ -152,6 +157,8 @@ def settings_from_table(table: Mapping[str, Any], file: str) -> Settings:
     """
     values: dict[str, Any] = {}
     for key, value in table.items():
+        if key in SUBTABLES and isinstance(value, Mapping):
+            continue  # another command's settings, which that command reads and checks
         if key not in KEYS:
             raise UsageError(
                 f"{file}: [tool.memlayout] has no setting {key!r}", f"the settings are {', '.join(KEYS)}"

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 import memlayout
 from memlayout.cli.app import app
 from memlayout.cli.formats import Command, OutputFormat, RenderOptions, supported, to_format
-from tests.activations.test_formats import fake_report, module
+from tests.activations.report.test_formats import fake_report, module
 from tests.report.rendering import render
 
 NAMES = ("stray[/bold]", "[red]styled[/red]", "wink:smile:", "[link=https://example.com]here")
