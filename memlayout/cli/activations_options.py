@@ -116,6 +116,12 @@ ROWS: tuple[Row, ...] = (
             "fits --budget, on fake traces, with no checkpointing and with the budget search's plan: batch scales "
             "dim 0 of every --input; seq dim 1 of every integer --input with two or more dims (token ids, labels, "
             "masks), or seq:N dim N of every --input that has it.", metavar="batch|seq|seq:N"),
+    _option("sweep", str | None, None, help="Predict the step at each size of the batch (batch=1,2,4,8) or the sequence "
+            "(seq=512:4096:512, STOP included; seq:N for dim N), scaled as --fit scales it: one row per size with the "
+            "peak, and on a GPU the reserved peak and the figure compared with the card; with --budget, whether each "
+            "fits and the plan at each; with --fit, its answers. The step is traced at a few of the sizes and the "
+            "others evaluated from those traces where their allocations agree (the report says which).",
+            metavar="AXIS=SIZES"),
     # Ranks
     _option("world_size", int | None, None, help="Predict each rank of N (with --fsdp or --ddp) in this process, on "
             "fake tensors under a fake process group; the inputs are one rank's batch.", min=1, metavar="N"),
@@ -156,6 +162,13 @@ ROWS: tuple[Row, ...] = (
     _option("output", str | None, None, "--output", "-o", help="Write the report to FILE instead of stdout.",
             metavar="FILE"),
     _option("depth", int, 3, help="Module depth the table shows.", min=0),
+    _option("plot", str | None, None, help="With --sweep: draw the peak and the reserved peak against the size, the "
+            "card's memory and --budget as lines, and --fit's answers marked, into FILE (.svg or .png with "
+            "matplotlib, .html with plotly; the plot extra).", metavar="FILE"),
+    _option("snapshot", str | None, None, help="Write the predicted step as a memory snapshot in the format "
+            "torch.cuda.memory._snapshot() writes (a pickle: segments, and alloc, free and segment events whose frames "
+            "name the module and the phase), for PyTorch's memory viewer and python -m torch.cuda._memory_viz.",
+            metavar="FILE"),
     # Configuration: the command line's own
     _option("isolated", bool, False, help="Read no configuration file.", is_eager=True),
     _option("config", str | None, None, help="Read settings from FILE instead of the nearest pyproject.toml's "

@@ -21,22 +21,27 @@ from memlayout.activations.request.vocabulary import (
     CACHES,
     FORWARDS,
     OPTIMIZERS,
+    PLOT_SUFFIXES,
     PRECISIONS,
     QUANTIZE_METHODS,
     SHARDED_DTYPES,
     STEPS,
     Pipeline,
     fit_axis,
+    sweep_spec,
 )
 from memlayout.errors import SettingError
 
 ALL = frozenset(Pipeline)
-ONE_STEP = frozenset({Pipeline.STEP, Pipeline.FIT})
+ONE_STEP = frozenset({Pipeline.STEP, Pipeline.FIT, Pipeline.SWEEP})
 SHARDED = frozenset({Pipeline.RANKS, Pipeline.FIT})
 RANKS = frozenset({Pipeline.RANKS})
 FIT = frozenset({Pipeline.FIT})
+SIZES = frozenset({Pipeline.FIT, Pipeline.SWEEP})
+"""The pipelines that scale the inputs' sizes: `fit`, and `sweep` (with or without `fit`)."""
+SWEEP = frozenset({Pipeline.SWEEP})
 
-STEP_SETTINGS = ("input", "inputs", "budget", "fit", "world_size", "real", "step", "autocast", "dtype", "device",
+STEP_SETTINGS = ("input", "inputs", "budget", "fit", "sweep", "world_size", "real", "step", "autocast", "dtype", "device",
                  "gpu", "lora", "lora_targets", "lora_dropout", "dora", "quantize")
 """The settings that ask for a step: without any of them, a request is for the weights alone."""
 ADAPTER_SETTINGS = ("lora", "lora_targets", "lora_dropout", "dora", "quantize")
@@ -101,6 +106,23 @@ def _fit_axis(request: Any) -> bool:
     return False
 
 
+def _sweep_spec(request: Any) -> bool:
+    if request.sweep is not None:
+        sweep_spec(request.sweep)  # raises the rule's own error, with the sweep's rule as its hint
+    return False
+
+
+def _sweep_axis_differs(request: Any) -> str | None:
+    """`fit`'s axis where it is not the sweep's: the plot marks its answers on the sweep's axis."""
+    if request.sweep is None or request.fit is None:
+        return None
+    return request.fit if fit_axis(request.fit) != fit_axis(sweep_spec(request.sweep).fit_text) else None
+
+
+def _plot_suffix(request: Any) -> bool:
+    return request.plot is not None and not str(request.plot).lower().endswith(PLOT_SUFFIXES)
+
+
 def _rank_without_world_size(request: Any) -> str | None:
     return first_given(request, RANK_SETTINGS) if request.world_size is None else None
 
@@ -132,7 +154,9 @@ RULES: tuple[Refusal, ...] = (
     Refusal(ALL, _outside("dtype", PRECISIONS), "unknown precision {dtype!r}", "use bf16, fp16 or fp32"),
     Refusal(ALL, _outside("quantize", QUANTIZE_METHODS), "unknown `quantize` {quantize!r}",
             f"use {', '.join(QUANTIZE_METHODS)}"),
-    Refusal(FIT, _fit_axis, ""),
+    Refusal(SIZES, _fit_axis, ""),
+    Refusal(SWEEP, _sweep_spec, ""),
+    Refusal(ALL, _plot_suffix, "`plot` {plot!r} is not a file it can draw", "name a .svg, .png or .html file"),
     # The inputs.
     Refusal(ALL, _with("inputs", "input"), "give `inputs` or `input`, not both"),
     # The weights alone: every setting of a step is refused rather than ignored.
@@ -150,6 +174,17 @@ RULES: tuple[Refusal, ...] = (
             "e.g. `world_size=8` `fsdp=True`"),
     Refusal(FIT, _with("allow_offload", "fit"), "`fit` does not search offload plans yet",
             "leave `allow_offload` out"),
+    # A sweep: one device, its sizes from `input` specs; what it draws and writes.
+    Refusal(SWEEP, _given("world_size"), "`sweep` is not traced with `world_size` yet",
+            "sweep one device, or predict ranks at one size without `sweep`"),
+    Refusal(SWEEP, _given("allow_offload"), "`sweep` does not search offload plans", "leave `allow_offload` out"),
+    Refusal(SWEEP, _sweep_axis_differs, "`fit` {fit} is not the axis `sweep` {sweep} scales",
+            "give `fit` the sweep's axis, or leave it out"),
+    Refusal(ALL, lambda r: r.plot is not None and r.sweep is None, "`plot` draws the curve of a `sweep`",
+            "add e.g. `sweep=batch=1,2,4,8`"),
+    Refusal(frozenset(Pipeline) - {Pipeline.STEP}, _given("snapshot"),
+            "`snapshot` writes one step on one device, and {pipeline_words}",
+            "predict one step (give `input`, without `sweep`, `fit` or `world_size`)"),
     # Ranks: what shapes them needs them, and FSDP2's and DDP's settings do not mix.
     Refusal(ALL, _rank_without_world_size, "`{given}` needs `world_size` N", "e.g. `world_size=8` `{rank_example}=True`"),
     Refusal(SHARDED, lambda r: _sharded(r) and _with("ddp", *FSDP_SETTINGS)(r),
@@ -173,11 +208,11 @@ RULES: tuple[Refusal, ...] = (
     Refusal(SHARDED, _adapted, "`{given}` is not traced with `world_size` yet", "predict one device without `world_size`"),
     Refusal(SHARDED, lambda r: _sharded(r) and first_given(r, ("gpu",)), "`gpu` is not traced with `world_size` yet",
             "drop `gpu`; {gpu_ranks}"),
-    # The size search.
-    Refusal(FIT, _given("real"), "`fit` searches on fake traces; `real` does not apply",
+    # The size search, and the sweep.
+    Refusal(SIZES, _given("real"), "`{sizes}` predicts on fake traces; `real` does not apply",
             "check its answer with `real` at the batch it reports"),
-    Refusal(FIT, _given("inputs"), "`fit` scales the inputs' sizes, so it needs them as `input` specs, not `inputs`",
-            "give each input as `input` DTYPE[SHAPE], e.g. `input='int64[1,4096]<32000'`"),
+    Refusal(SIZES, _given("inputs"), "`{sizes}` scales the inputs' sizes, so it needs them as `input` specs, not "
+            "`inputs`", "give each input as `input` DTYPE[SHAPE], e.g. `input='int64[1,4096]<32000'`"),
     # The step's kind.
     Refusal(ONE_STEP, lambda r: r.step != "train" and r.optimizer not in (None, "none"),
             "`optimizer` {optimizer} does not apply to `step` {step}: it has no backward and no optimizer step",
@@ -243,6 +278,14 @@ RULES: tuple[Refusal, ...] = (
 )
 
 
+_PIPELINE_WORDS = {
+    Pipeline.WEIGHTS: "without `input` there is no step to write",
+    Pipeline.RANKS: "`world_size` predicts several ranks",
+    Pipeline.FIT: "`fit` predicts several sizes",
+    Pipeline.SWEEP: "`sweep` predicts several sizes",
+}
+
+
 class _Words(Mapping[str, Any]):
     """What a rule's text may name: the setting that set it off, the request's settings, and a few phrases."""
 
@@ -260,6 +303,8 @@ class _Words(Mapping[str, Any]):
             "gpu_ranks": lambda: "`ddp`'s ranks are traced for the CPU (the same buckets)" if request.ddp
             else "`device=cuda` traces ranks",
             "ranks_measured": lambda: SERVING_HINT if request.ddp or request.step != "train" else TRAINING_HINT,
+            "sizes": lambda: "sweep" if request.sweep is not None else "fit",
+            "pipeline_words": lambda: _PIPELINE_WORDS[request.pipeline],
             "serving_tp": lambda: f"give `tp={request.world_size}`, or `world_size={request.tp}` for groups of "
             f"{request.tp}" if request.tp > 1 else f"give `tp={request.world_size}`",
         }

@@ -7,8 +7,9 @@ and a Python caller speak of a setting by one name, and an error names it that w
 budget's text a `BudgetSpec`, a list a tuple), so that the command line and Python
 build equal requests for the same settings.
 
-What a request asks for is one of four pipelines (`Pipeline`): the weights alone, one
-step on one device, each rank of a sharded step, or the largest size that fits.
+What a request asks for is one of five pipelines (`Pipeline`): the weights alone, one
+step on one device, each rank of a sharded step, the largest size that fits, or one
+step at each size of a sweep.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from memlayout.activations.request import rules
 from memlayout.activations.request.vocabulary import (
     DEFAULT_OPTIMIZER,
     Pipeline,
+    SweepSpec,
     fit_axis,
     precision,
+    sweep_spec,
 )
 from memlayout.activations.sizes import BudgetSpec, parse_budget
 from memlayout.errors import SettingError
@@ -33,11 +36,11 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Step": ("step", "optimizer", "new_tokens", "cache", "weights"),
     "Device": ("device", "gpu", "real"),
     "Precision": ("dtype", "autocast"),
-    "Budget and plans": ("budget", "allow_offload", "fit"),
+    "Budget and plans": ("budget", "allow_offload", "fit", "sweep"),
     "Ranks": ("world_size", "fsdp", "fsdp_modules", "no_reshard_after_forward", "param_dtype", "reduce_dtype",
               "tp", "ddp", "bucket_cap_mb", "gradient_as_bucket_view"),
     "Adapters": ("lora", "lora_targets", "lora_dropout", "dora", "quantize"),
-    "Output": ("format", "output", "depth"),
+    "Output": ("format", "output", "depth", "plot", "snapshot"),
 }
 """The settings by the part of a step they describe, in the order `memlayout activations --help` lists them."""
 PYTHON_ONLY = ("target", "kwargs", "pipeline")
@@ -118,6 +121,9 @@ class StepRequest:
     """Let a plan for ranks offload parameters, gradients and optimizer state to the CPU."""
     fit: str | None = None
     """batch, seq or seq:N: the largest batch (or sequence) whose step fits `budget`."""
+    sweep: str | None = None
+    """AXIS=SIZES (`batch=1,2,4,8`, `seq=512:4096:512`): the step at each size, and with `budget` the plan at each;
+    with `fit` too, its answers."""
     # Ranks
     world_size: int | None = None
     """Predict each rank of this many."""
@@ -157,6 +163,10 @@ class StepRequest:
     """Write the report to this file instead of stdout."""
     depth: int = 3
     """The module depth the table shows."""
+    plot: str | None = None
+    """With `sweep`: draw its curve into this file (.svg, .png or .html)."""
+    snapshot: str | None = None
+    """Write the predicted step as a memory snapshot (`torch.cuda.memory._snapshot()`'s pickle) to this file."""
     pipeline: Pipeline | None = None
     """What is asked; None: read off the settings (`Pipeline`). `analyze`, `fit` and the others name theirs."""
 
@@ -185,6 +195,8 @@ class StepRequest:
     def _pipeline(self) -> Pipeline:
         if self.weights or rules.first_given(self, rules.STEP_SETTINGS) is None:
             return Pipeline.WEIGHTS
+        if self.sweep is not None:
+            return Pipeline.SWEEP
         if self.fit is not None:
             return Pipeline.FIT
         return Pipeline.STEP if self.world_size is None else Pipeline.RANKS
@@ -215,6 +227,12 @@ class StepRequest:
     def fit_axis(self) -> tuple[str, int | None]:
         """(batch or seq, the dimension seq:N names or None)."""
         return fit_axis(self.fit or "batch")
+
+    @property
+    def sweep_spec(self) -> SweepSpec:
+        """The sweep's axis and sizes (`sweep` given)."""
+        assert self.sweep is not None
+        return sweep_spec(self.sweep)
 
     @property
     def serving(self) -> bool:
