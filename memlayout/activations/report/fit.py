@@ -57,7 +57,8 @@ def fit_dict(report: FitReport) -> dict[str, Any]:
                                                      "compared_bytes": report.floor.compared_bytes},
         "probes": [
             {"size": p.size, "with_plan": p.with_plan, "peak_bytes": p.peak_bytes, "compared_bytes": p.judged_bytes,
-             "fits": p.fits, "failure": p.failure, "checks": p.checks, "cut_short": p.cut_short}
+             "fits": p.fits, "failure": p.failure, "checks": p.checks, "cut_short": p.cut_short,
+             "evaluated": p.evaluated}
             for p in report.probes
         ],
     }
@@ -91,12 +92,14 @@ def render_fit_table(report: FitReport, *, width: int = 120) -> str:
     for name, text in _answer_fields(report):
         field(name, text)
     plain = sum(1 for probe in report.probes if not probe.with_plan)
+    evaluated = sum(1 for probe in report.probes if probe.evaluated)
     # A size through the budget search traces the plain step there and each plan the search tries.
     aimed = "" if report.floor is None else (
         f"; first the lowest plan at {axis} {report.floor.size}, to aim the budget search "
         f"({human_bytes(report.floor.compared_bytes)})")
-    field("probes", f"{len(report.probes)} sizes traced ({plain} of the plain step, {len(report.probes) - plain} "
-                    f"through the budget search){aimed}")
+    shown = f", {evaluated} of them evaluated from its traces at other sizes" if evaluated else ""
+    field("probes", f"{len(report.probes)} sizes traced ({plain} of the plain step{shown}, "
+                    f"{len(report.probes) - plain} through the budget search){aimed}")
     if report.limit:
         field("limit", f"the search stops at {report.limit}")
     for note in report.report.notes:
