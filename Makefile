@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	echo "torch==$(TORCH_VERSION)" > $(VENV)/constraints.txt
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c $(VENV)/constraints.txt "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[torch,dev,bench,zoo,remote,lora]"
+	$(PY) -m pip install -q -c $(VENV)/constraints.txt -e ".[torch,dev,bench,zoo,remote,lora,plot]"
 	touch $(STAMP)
 
 $(CORE_STAMP): pyproject.toml Makefile
@@ -75,7 +75,7 @@ TORCH_MATRIX := $(TORCH_NEWEST) $(filter-out $(TORCH_VERSION),$(TORCH_OLDEST))
 	echo "torch==$*" > .venv-torch-$*/constraints.txt
 	.venv-torch-$*/bin/python -m pip install -q --upgrade pip
 	.venv-torch-$*/bin/python -m pip install -q -c .venv-torch-$*/constraints.txt "torch==$*"
-	.venv-torch-$*/bin/python -m pip install -q -c .venv-torch-$*/constraints.txt -e ".[torch,dev,zoo,remote,lora]"
+	.venv-torch-$*/bin/python -m pip install -q -c .venv-torch-$*/constraints.txt -e ".[torch,dev,zoo,remote,lora,plot]"
 	touch $@
 
 # What the matrix runs again: the tests of what torch's version changes (the predictions,

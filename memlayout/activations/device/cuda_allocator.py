@@ -204,6 +204,21 @@ class CachingAllocator:
     def peaks(self) -> AllocatorPeaks:
         return AllocatorPeaks(self.peak_allocated, self.peak_reserved, len(self.segments))
 
+    def segment_blocks(self) -> list[tuple[int, int, bool, list[tuple[int, int, bool]]]]:
+        """Each segment held, by address: (address, size, small pool?, its blocks in address order as (address,
+        size, allocated?)), as `torch.cuda.memory_snapshot()` lists them."""
+        held = []
+        for address, size in sorted(self.segments.items()):
+            block: _Block | None = self._blocks[address]
+            first = block
+            blocks = []
+            while block is not None:
+                blocks.append((block.address, block.size, block.allocated))
+                block = block.next
+            assert first is not None
+            held.append((address, size, first.small, blocks))
+        return held
+
     def seed_segment(self, address: int, size: int, small: bool, allocated: Iterable[tuple[int, int]]) -> None:
         """Start from a segment a real allocator already holds: `allocated` are its (address, size) blocks in use;
         the gaps between them are free blocks, coalesced as the allocator keeps them."""
