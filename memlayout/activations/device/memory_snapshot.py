@@ -38,6 +38,12 @@ Frame = dict[str, Any]
 
 STEP_FILE = "memlayout: predicted step"
 """The outermost frame's `filename`: what made the event."""
+ALLOCATOR_SETTINGS = {
+    "PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1, "garbage_collection_threshold": 0.0,
+    "expandable_segments": False, "roundup_power2_divisions": {str(1 << power): 0 for power in range(16)},
+}
+"""`allocator_settings` as `_snapshot()` reports the defaults, which the allocator model follows (cuda_allocator.py):
+no max_split_size, no expandable segments, no power-of-two rounding."""
 
 
 def memory_snapshot(trace: Trace, steps: int = STEPS) -> dict[str, Any]:
@@ -48,7 +54,8 @@ def memory_snapshot(trace: Trace, steps: int = STEPS) -> dict[str, Any]:
         steps: Steps replayed, as `allocator_peaks` replays them (its reserved peak is reached in the second).
 
     Returns:
-        {"segments": [...], "device_traces": [[...]]}: one device, its events and its segments at the end.
+        {"segments": [...], "device_traces": [[...]], "allocator_settings": {...}, "external_annotations": []}:
+        one device, its events and its segments at the end, and the allocator's settings (the defaults).
     """
     allocator = CachingAllocator()
     count = max(len(trace.storages), 1)
@@ -78,11 +85,13 @@ def memory_snapshot(trace: Trace, steps: int = STEPS) -> dict[str, Any]:
         events.append(_event("alloc", address, nbytes, frames, number))
         live[storage_id] = (address, nbytes, frames)
     by_address = {address: (requested, frames) for address, requested, frames in live.values()}
-    return {"segments": _segments(allocator, by_address), "device_traces": [events]}
+    return {"segments": _segments(allocator, by_address), "device_traces": [events],
+            "allocator_settings": ALLOCATOR_SETTINGS, "external_annotations": []}
 
 
 def _event(action: str, address: int, size: int, frames: list[Frame], number: int) -> dict[str, Any]:
-    return {"action": action, "addr": address, "size": size, "stream": 0, "frames": frames, "time_us": number}
+    return {"action": action, "addr": address, "size": size, "stream": 0, "frames": frames, "time_us": number,
+            "compile_context": "N/A", "user_metadata": ""}
 
 
 def _frames(trace: Trace, index: int, step: int) -> list[Frame]:

@@ -181,11 +181,13 @@ class SizeLaws:
         for group in self.groups:
             if first_difference(group.reference, shape) is None:
                 group.add(size, trace)
+                group.current_law()  # a storage that follows no law is known now, not when a size is asked for
                 break
         else:
             if self.groups:
                 nearest = min(self.samples, key=lambda traced: abs(traced - size))
-                differs = first_difference(self._group_of(nearest).reference, shape)
+                theirs = self._group_of(nearest).reference
+                differs = first_difference(theirs, shape) if nearest < size else first_difference(shape, theirs)
                 if self.differs is None:
                     self.differs = f"the step's events differ between {min(nearest, size)} and {max(nearest, size)}: " \
                                    f"{differs}"
@@ -197,6 +199,12 @@ class SizeLaws:
 
     def _group_of(self, size: int) -> _Group:
         return next(group for group in self.groups if size in group.samples)
+
+    def same_events(self, size: int, other: int) -> bool:
+        """Whether two traced sizes' events agree (False where either was not traced, or the laws are broken)."""
+        samples = self.samples
+        return self.broken is None and size in samples and other in samples and \
+            self._group_of(size) is self._group_of(other)
 
     @property
     def samples(self) -> dict[int, Any]:

@@ -123,11 +123,11 @@ def predict_sweep(request: StepRequest) -> SweepReport:
     dims, _ = scaled_dims(specs, spec.axis, spec.seq_dim)
     sized = SizedStep(request, specs, dims)
     budget = _budget(request, sized)
-    summaries, failures = _plain(sized, spec.sizes)
+    reports: list[ActivationReport] = []
+    summaries, failures = _plain(sized, spec.sizes, reports)
     if not summaries:
         raise failures[spec.sizes[0]]
-    first = min(summaries)
-    report = sized.report(first)
+    report = reports[0] if reports else sized.report(min(summaries))
     planned = request.budget is not None and request.step == "train" and budget is not None
     rows = tuple(_row(sized, size, summaries.get(size), failures.get(size), budget, planned) for size in spec.sizes)
     fit = predict_fit(request, sized=sized) if request.fit is not None else None
@@ -149,8 +149,10 @@ def _budget(request: StepRequest, sized: SizedStep) -> Budget | None:
     return card_budget(gpu) if sized.cuda and gpu is not None else None
 
 
-def _plain(sized: SizedStep, sizes: tuple[int, ...]) -> tuple[dict[int, tuple[Summary, str]], dict[int, UsageError]]:
-    """Each size's plain summary, and how it was had (traced or evaluated); the sizes where the step failed."""
+def _plain(sized: SizedStep, sizes: tuple[int, ...], reports: list[ActivationReport],
+           ) -> tuple[dict[int, tuple[Summary, str]], dict[int, UsageError]]:
+    """Each size's plain summary, and how it was had (traced or evaluated); the sizes where the step failed. The
+    report at the smallest size joins `reports` while its trace is at hand (traced first, it is not kept long)."""
     summaries: dict[int, tuple[Summary, str]] = {}
     failures: dict[int, UsageError] = {}
 
@@ -159,9 +161,22 @@ def _plain(sized: SizedStep, sizes: tuple[int, ...]) -> tuple[dict[int, tuple[Su
             summaries[size] = (sized.trace(size)[1], TRACED)
         except UsageError as exc:
             failures[size] = exc
+        else:
+            if size == sizes[0]:
+                reports.append(sized.report(size))
 
-    for size in sample_sizes(sizes):
-        traced(size)
+    # The ends first. Where the smallest sizes take another path than the largest (batch 1 often does), each is
+    # traced until one agrees with the largest: the laws are fitted from there up.
+    low, high = 0, len(sizes) - 1
+    traced(sizes[high])
+    while low < high:
+        traced(sizes[low])
+        if sized.laws.same_events(sizes[low], sizes[high]):
+            break
+        low += 1
+    rest = sizes[low:]
+    if len(rest) > 3:
+        traced(sample_sizes(rest)[2])
     while (wanted := next_sample(sizes, tuple(summaries) + tuple(failures), sized.laws)) is not None:
         traced(wanted)
     for size in sizes:

@@ -131,6 +131,7 @@ def _top(data: PlotData) -> int:
 
 def _matplotlib(data: PlotData, kind: str) -> bytes:
     try:
+        from matplotlib import rc_context
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
     except ImportError:
@@ -162,7 +163,9 @@ def _matplotlib(data: PlotData, kind: str) -> bytes:
     axes.grid(True, linewidth=0.3)
     axes.legend(fontsize=8, loc="upper left")
     buffer = io.BytesIO()
-    figure.savefig(buffer, format=kind, dpi=150 if kind == "png" else None, metadata=_metadata(kind))
+    # An SVG's text as text (searchable, in the viewer's font), not paths of glyphs; its ids salted alike each run.
+    with rc_context({"svg.fonttype": "none", "svg.hashsalt": "memlayout"}):
+        figure.savefig(buffer, format=kind, dpi=150 if kind == "png" else None, metadata=_metadata(kind))
     return buffer.getvalue()
 
 

@@ -209,7 +209,7 @@ RULES: tuple[Refusal, ...] = (
     Refusal(SHARDED, lambda r: _sharded(r) and first_given(r, ("gpu",)), "`gpu` is not traced with `world_size` yet",
             "drop `gpu`; {gpu_ranks}"),
     # The size search, and the sweep.
-    Refusal(SIZES, _given("real"), "`{sizes}` predicts on fake traces; `real` does not apply",
+    Refusal(SIZES, _given("real"), "{sizes_search} on fake traces; `real` does not apply",
             "check its answer with `real` at the batch it reports"),
     Refusal(SIZES, _given("inputs"), "`{sizes}` scales the inputs' sizes, so it needs them as `input` specs, not "
             "`inputs`", "give each input as `input` DTYPE[SHAPE], e.g. `input='int64[1,4096]<32000'`"),
@@ -304,6 +304,7 @@ class _Words(Mapping[str, Any]):
             else "`device=cuda` traces ranks",
             "ranks_measured": lambda: SERVING_HINT if request.ddp or request.step != "train" else TRAINING_HINT,
             "sizes": lambda: "sweep" if request.sweep is not None else "fit",
+            "sizes_search": lambda: "`sweep` predicts" if request.sweep is not None else "`fit` searches",
             "pipeline_words": lambda: _PIPELINE_WORDS[request.pipeline],
             "serving_tp": lambda: f"give `tp={request.world_size}`, or `world_size={request.tp}` for groups of "
             f"{request.tp}" if request.tp > 1 else f"give `tp={request.world_size}`",
