@@ -16,7 +16,8 @@ settings of `memlayout activations` in one frozen object, checked once; each fun
 takes the same settings by name.
 
 `allocator_peaks(report.trace)` replays a traced step through a model of the CUDA
-caching allocator: what `max_memory_allocated()` and `max_memory_reserved()` would read.
+caching allocator: what `max_memory_allocated()` and `max_memory_reserved()` would read;
+`memory_snapshot(report.trace)` is that replay as `torch.cuda.memory._snapshot()`'s dict.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from memlayout.activations.sizes import parse_size
 if TYPE_CHECKING:
     from memlayout.activations.analysis import ActivationReport, analyze
     from memlayout.activations.device.allocator_replay import allocator_peaks
+    from memlayout.activations.device.memory_snapshot import memory_snapshot
+    from memlayout.activations.fit.sweep import SweepReport
     from memlayout.activations.pipelines import predict
     from memlayout.activations.plans.apply import AppliedPlan, apply_plan
     from memlayout.activations.plans.plan import Plan, SequentialSegments
@@ -56,6 +59,8 @@ _LAZY = {
     "ShardingOptions": "memlayout.activations.ranks.parallel",
     "RanksReport": "memlayout.activations.ranks.facts",
     "allocator_peaks": "memlayout.activations.device.allocator_replay",
+    "memory_snapshot": "memlayout.activations.device.memory_snapshot",
+    "SweepReport": "memlayout.activations.fit.sweep",
 }
 
 
@@ -80,10 +85,12 @@ __all__ = [
     "SettingError",
     "ShardingOptions",
     "StepRequest",
+    "SweepReport",
     "allocator_peaks",
     "analyze",
     "analyze_ranks",
     "apply_plan",
+    "memory_snapshot",
     "parse_size",
     "predict",
 ]
