@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from memlayout.activations.analysis import ActivationReport, target_gpu
 from memlayout.activations.budget import Budget, card_budget, resolve_budget
 from memlayout.activations.fit.sized_step import ScaledDim, SizedStep, specs_at
-from memlayout.activations.model.input_specs import InputSpec, position_limit
+from memlayout.activations.model.input_specs import InputSpec
 from memlayout.activations.ranks import predict_ranks
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.request.step_request import StepRequest
@@ -238,12 +238,7 @@ class DeviceProbe(Probe):
         return self.sized.report(size)
 
     def position_limit(self) -> tuple[str, int] | None:
-        limit = position_limit(self.step.model)
-        if limit is None or self.generation is None:
-            return limit
-        # The prompt and the tokens generated after it share the model's positions.
-        name, positions = limit
-        return f"{name} less --new-tokens {self.generation.new_tokens}", positions - self.generation.new_tokens
+        return self.sized.position_limit()
 
 
 class RanksProbe(Probe):

@@ -23,7 +23,7 @@ from memlayout.activations.facts import Trace
 from memlayout.activations.fit.size_laws import SizeLaws
 from memlayout.activations.generate_summary import summarize_generation
 from memlayout.activations.model.adapters import parameter_split
-from memlayout.activations.model.input_specs import InputSpec
+from memlayout.activations.model.input_specs import InputSpec, position_limit
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.step.generate import generation_of
 from memlayout.activations.step.run import torch_dtype
@@ -134,3 +134,15 @@ class SizedStep:
             parameters=parameter_split(step.model), adapted=step.adapted,
             generation=summarize_generation(trace, generation) if generation is not None else None,
         )
+
+    def position_limit(self) -> tuple[str, int] | None:
+        """(what, positions): the longest sequence the model takes, where its config says; None where it does not.
+        Fake tensors do not check an index against a table's size, so a longer one would trace where the real step
+        fails."""
+        limit = position_limit(self.step.model)
+        generation = generation_of(self.request)
+        if limit is None or generation is None:
+            return limit
+        # The prompt and the tokens generated after it share the model's positions.
+        name, positions = limit
+        return f"{name} less --new-tokens {generation.new_tokens}", positions - generation.new_tokens

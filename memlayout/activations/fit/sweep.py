@@ -155,6 +155,16 @@ def _plain(sized: SizedStep, sizes: tuple[int, ...], reports: list[ActivationRep
     report at the smallest size joins `reports` while its trace is at hand (traced first, it is not kept long)."""
     summaries: dict[int, tuple[Summary, str]] = {}
     failures: dict[int, UsageError] = {}
+    limit = sized.position_limit() if sized.request.sweep_spec.axis == "seq" else None
+    if limit is not None:
+        name, positions = limit
+        for size in sizes:
+            if size > positions:
+                failures[size] = UsageError(f"{size} tokens are past the model's {name} ({positions}): fake tensors "
+                                            "do not check an index against its table, and the real step fails there")
+        sizes = tuple(size for size in sizes if size not in failures)
+        if not sizes:
+            return summaries, failures
 
     def traced(size: int) -> None:
         try:

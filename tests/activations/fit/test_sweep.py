@@ -95,6 +95,14 @@ def test_with_fit_its_answers_are_fits_own_on_the_same_model() -> None:
     assert shared
 
 
+def test_a_sequence_past_the_models_positions_is_a_row_that_says_so_untraced() -> None:
+    # Fake tensors do not check an index against the position table, so gpt2()'s 128 positions bound the sweep.
+    report = sweep(GPT2, inputs(2, 16), sweep="seq=64,128,192")
+    past = report.rows[-1]
+    assert past.source == FAILED and past.failure and "max_position_embeddings (128)" in past.failure
+    assert report.traced_sizes == (64, 128)
+
+
 class Chunked(nn.Module):
     """Reads its tokens in chunks of 4: a sequence that is no multiple of 4 fails."""
 
