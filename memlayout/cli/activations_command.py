@@ -86,6 +86,11 @@ def settings_as_flags() -> Iterator[None]:
 def _predicted(request: StepRequest) -> "Prediction":
     from memlayout.activations.pipelines import predict
 
+    if request.plot is not None:  # a missing library is said before the trace, not after it
+        from memlayout.activations.report.plot import require_library
+
+        require_library(request.plot)
+
     if request.pipeline is Pipeline.WEIGHTS:  # a remote checkpoint's transport starts importing now
         remote_reading([str(request.target)], request.timeout, request.download)
     return predict(request)

@@ -97,6 +97,25 @@ def plot_data(report: SweepReport) -> PlotData:
     return PlotData(title, report.axis, tuple(series), tuple(levels), tuple(marks))
 
 
+LIBRARIES = {".svg": "matplotlib", ".png": "matplotlib", ".html": "plotly"}
+"""The library each format of `plot` is drawn with."""
+
+
+def require_library(path: str) -> None:
+    """Refuse, before anything is traced, a plot whose library is not installed.
+
+    Raises:
+        UsageError: the library `path`'s format needs cannot be imported.
+    """
+    import importlib.util
+    import os
+
+    suffix = os.path.splitext(path)[1].lower()
+    package = LIBRARIES.get(suffix)
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise _missing(package, suffix.removeprefix("."))
+
+
 def render_plot(report: SweepReport, suffix: str) -> bytes:
     """The picture in the format `suffix` names: `.svg`, `.png` (matplotlib) or `.html` (plotly).
 

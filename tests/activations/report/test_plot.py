@@ -110,3 +110,18 @@ def test_the_html_needs_no_file_beside_it(report: SweepReport, tmp_path: Path) -
     html = render_plot(report, ".html").decode()
     assert "<script src=" not in html.replace('<script src="data:', "")  # plotly.js is inside the page
     assert html.count("memlayout activations --sweep batch") >= 1
+
+
+def test_a_plot_whose_library_is_missing_is_refused_before_the_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from memlayout.cli.app import app
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "plotly" else found(name, *a))
+    result = CliRunner().invoke(app, ["activations", GPT2, *(f"--input={spec}" for spec in inputs(2)),
+                                      "--sweep", "batch=1,2", "--plot", "curve.html"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "--plot .html needs plotly, which is not installed (pip install 'memlayout[plot]')" in result.stderr
