@@ -19,6 +19,7 @@ from memlayout.activations.report.json_report import ActivationsJson
 from memlayout.activations.report.sweep import render_sweep_table
 from memlayout.cli.app import app
 from tests.activations import models
+from tests.activations.fit.test_fit import real_peak
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "memlayout" / "activations" / "schema_v1.json").read_text())
 LLAMA = "tests.activations.models:llama"
@@ -82,6 +83,22 @@ def test_with_a_budget_each_size_that_does_not_fit_has_the_plan_budget_finds_the
         assert row.plan.result.plan == one.plan.plan
         assert row.plan.result.peak_bytes == one.plan.peak_bytes <= budget
     assert [row.fits for row in report.rows] == [True, False, False]
+
+
+def test_each_rows_decision_is_a_real_steps_at_that_size_with_and_without_its_plan() -> None:
+    # The decision, not only the number: at 11 MiB, batch 5 fits and 6 does not, and 6 is evaluated, not traced.
+    budget = 11 * MIB
+    report = sweep(GPT2, inputs(4, 64), sweep="batch=4:7", budget="11MiB")
+    assert report.evaluated_sizes, report.how
+    assert [row.fits for row in report.rows] == [True, True, False, False]
+    for row in report.rows:
+        real = real_peak(models.gpt2, row.size, 64)
+        assert row.peak_bytes == real and row.fits == (real <= budget), (row, real)
+        if row.fits:
+            continue
+        assert row.plan is not None and row.plan.found and row.plan.result is not None
+        planned = real_peak(models.gpt2, row.size, 64, row.plan.result.plan)
+        assert planned <= budget < real, (row, planned)
 
 
 def test_with_fit_its_answers_are_fits_own_on_the_same_model() -> None:
