@@ -124,7 +124,7 @@ def predict_sweep(request: StepRequest) -> SweepReport:
     sized = SizedStep(request, specs, dims)
     budget = _budget(request, sized)
     reports: list[ActivationReport] = []
-    summaries, failures = _plain(sized, spec.sizes, reports)
+    summaries, failures, untraced = _plain(sized, spec.sizes, reports)
     if not summaries:
         raise failures[spec.sizes[0]]
     report = reports[0] if reports else sized.report(min(summaries))
@@ -137,7 +137,7 @@ def predict_sweep(request: StepRequest) -> SweepReport:
         budget_from=None if budget is None else budget.said,
         compared=(budget or card_budget(gpu) if gpu is not None else Budget(0, "")).describe_figure(),
         card_bytes=None if gpu is None else gpu.total_memory, card=None if gpu is None else gpu.device_name,
-        planned=planned, how=_how(sized, spec.axis, spec.sizes, summaries), report=report, fit=fit,
+        planned=planned, how=_how(sized, spec.axis, spec.sizes, summaries, untraced), report=report, fit=fit,
     )
 
 
@@ -150,9 +150,10 @@ def _budget(request: StepRequest, sized: SizedStep) -> Budget | None:
 
 
 def _plain(sized: SizedStep, sizes: tuple[int, ...], reports: list[ActivationReport],
-           ) -> tuple[dict[int, tuple[Summary, str]], dict[int, UsageError]]:
-    """Each size's plain summary, and how it was had (traced or evaluated); the sizes where the step failed. The
-    report at the smallest size joins `reports` while its trace is at hand (traced first, it is not kept long)."""
+           ) -> tuple[dict[int, tuple[Summary, str]], dict[int, UsageError], frozenset[int]]:
+    """Each size's plain summary, and how it was had (traced or evaluated); the sizes where the step failed, and of
+    those the ones refused untraced (past the model's positions). The report at the smallest size joins `reports`
+    while its trace is at hand (traced first, it is not kept long)."""
     summaries: dict[int, tuple[Summary, str]] = {}
     failures: dict[int, UsageError] = {}
     limit = sized.position_limit() if sized.request.sweep_spec.axis == "seq" else None
@@ -164,7 +165,8 @@ def _plain(sized: SizedStep, sizes: tuple[int, ...], reports: list[ActivationRep
                                             "do not check an index against its table, and the real step fails there")
         sizes = tuple(size for size in sizes if size not in failures)
         if not sizes:
-            return summaries, failures
+            return summaries, failures, frozenset(failures)
+    untraced = frozenset(failures)
 
     def traced(size: int) -> None:
         try:
@@ -197,7 +199,7 @@ def _plain(sized: SizedStep, sizes: tuple[int, ...], reports: list[ActivationRep
             summaries[size] = (evaluated, EVALUATED)
         else:
             traced(size)
-    return summaries, failures
+    return summaries, failures, untraced
 
 
 def _row(sized: SizedStep, size: int, had: tuple[Summary, str] | None, failure: UsageError | None,
@@ -225,9 +227,11 @@ def _plan(sized: SizedStep, size: int, budget: Budget) -> SweepPlan:
     return SweepPlan(True, found)
 
 
-def _how(sized: SizedStep, axis: str, sizes: tuple[int, ...], summaries: dict[int, tuple[Summary, str]]) -> str:
-    """Which sizes were traced and which evaluated, in words, and why where some were not evaluated."""
-    traced = [size for size in sizes if summaries.get(size, (None, TRACED))[1] == TRACED]
+def _how(sized: SizedStep, axis: str, sizes: tuple[int, ...], summaries: dict[int, tuple[Summary, str]],
+         untraced: frozenset[int]) -> str:
+    """Which sizes were traced (a failed trace among them) and which evaluated, in words, and why where some were
+    not evaluated; a size refused before any trace (`untraced`) is neither."""
+    traced = [size for size in sizes if size not in untraced and summaries.get(size, (None, TRACED))[1] == TRACED]
     evaluated = [size for size in sizes if summaries.get(size, (None, ""))[1] == EVALUATED]
     laws = sized.laws
     said = f"traced at {axis} {_sizes_text(traced)}"

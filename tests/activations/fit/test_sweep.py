@@ -118,6 +118,7 @@ def test_a_sequence_past_the_models_positions_is_a_row_that_says_so_untraced() -
     past = report.rows[-1]
     assert past.source == FAILED and past.failure and "max_position_embeddings (128)" in past.failure
     assert report.traced_sizes == (64, 128)
+    assert "traced at seq 64, 128;" in report.how + ";" and "192" not in report.how
 
 
 class Chunked(nn.Module):
