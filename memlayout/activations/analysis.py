@@ -36,6 +36,7 @@ from memlayout.activations.search import PlanResult, plan_for_budget
 from memlayout.activations.sizes import BudgetSpec
 from memlayout.activations.step.generate import check_can_generate, generation_of
 from memlayout.activations.step.optimizer import state_dtype
+from memlayout.activations.step.recipe import recipe_of
 from memlayout.activations.step.run import LOSS_FROM_SUM, Autocast, torch_dtype
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
 from memlayout.activations.trace.world import InputsArg, StepWorld, device_for_gpu
@@ -288,6 +289,7 @@ def prepare_step(request: StepRequest, *, inputs: InputsArg = None, mode: str | 
     step = StepWorld(mode, device_for_gpu(request.device, mode, request.gpu), request.gpu)
     if request.autocast is not None:
         step.autocast = Autocast("cuda" if step.device.startswith("cuda") else "cpu", request.autocast)
+    step.recipe = recipe_of(request)
     notes: list[str] = []
     target_text, kind, chosen_by = _build_into(step, request, notes)
     _adapt(step, request, notes)

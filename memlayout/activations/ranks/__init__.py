@@ -42,6 +42,7 @@ from memlayout.activations.request.python_call import call_request
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.request.vocabulary import Pipeline
 from memlayout.activations.step.generate import generation_of
+from memlayout.activations.step.recipe import recipe_of
 from memlayout.activations.step.run import LOSS_NONE, Autocast
 
 # ----------------------------------------------------------------------------------------------
@@ -167,6 +168,8 @@ class _FsdpRanks:
         self.optimizer, self.device = request.step_optimizer, request.device
         self.autocast = Autocast("cuda" if request.device.startswith("cuda") else "cpu", request.autocast) \
             if request.autocast is not None else None
+        self.recipe = recipe_of(request)
+        self.allocator = request.device.startswith("cuda")
         self.described: dict[str, Any] = {}
         self.warned: dict[str, None] = {}
 
@@ -174,7 +177,8 @@ class _FsdpRanks:
         peaks = []
         for layout in which:
             traced = trace_rank(self.build, sharding, layout.ranks[0], rank_ranges(layout.ranks), self.inputs,
-                                optimizer=self.optimizer, device=self.device, autocast=self.autocast)
+                                optimizer=self.optimizer, device=self.device, autocast=self.autocast,
+                                allocator=self.allocator, recipe=self.recipe)
             self.described["inputs"], self.described["loss"] = traced.inputs, traced.loss
             self.described["state_dtype"] = traced.optimizer_state_dtype
             self.warned.update(dict.fromkeys(traced.warnings))

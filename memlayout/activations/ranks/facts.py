@@ -15,6 +15,20 @@ from memlayout.activations.summary import PeakAt, Summary
 
 
 @dataclass(frozen=True)
+class RankReserved:
+    """What the CUDA caching allocator's model reads for one rank's steps (ranks/allocations.py)."""
+
+    allocated_bytes: int
+    """`torch.cuda.max_memory_allocated()`: the peak of the allocated blocks."""
+    reserved_bytes: int
+    """`torch.cuda.max_memory_reserved()`: the peak of the segments, every stream's pool together."""
+    reserved_by_stream: tuple[tuple[str, int], ...]
+    """(stream, bytes of its segments) at the reserved peak: what each of FSDP2's streams' pools held."""
+    events: int
+    """Allocations and frees of one step, replayed."""
+
+
+@dataclass(frozen=True)
 class RankPeak:
     """One rank's peak over a steady-state training step, as FSDPMemTracker counts it.
 
@@ -44,6 +58,8 @@ class RankPeak:
     """The accounting's own categories at the peak, as it names them: FSDPMemTracker's under FSDP2, memlayout's
     trace's (summary.Summary.at_peak) under DDP."""
     forward_flops: int
+    reserved: RankReserved | None = None
+    """The caching allocator's model fed by this rank's own allocations, on CUDA; None on the CPU."""
 
     @classmethod
     def of_trace(cls, summary: Summary, world_size: int, shard_bytes: int, peak_at: PeakAt) -> RankPeak:

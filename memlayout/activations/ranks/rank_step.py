@@ -10,13 +10,15 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from memlayout import _torch
+from memlayout.activations.ranks.allocations import AllocationLog, recording_tracker
 from memlayout.activations.ranks.facts import RankPeak
 from memlayout.activations.ranks.parallel import Sharding, run_code
 from memlayout.activations.step.optimizer import build_optimizer, state_dtype
+from memlayout.activations.step.recipe import Recipe
 from memlayout.activations.step.run import Autocast, pick_loss, run_step
 from memlayout.activations.summary import PeakAt
 from memlayout.activations.trace import tensor_parallel
@@ -173,19 +175,26 @@ def trace_rank(
     optimizer: str,
     device: str,
     autocast: Autocast | None = None,
+    allocator: bool = False,
+    recipe: Recipe = Recipe(),
 ) -> RankTrace:
-    """Trace one steady-state step of `rank` with `sharding` applied (forward and loss under `autocast`)."""
+    """Trace one steady-state step of `rank` with `sharding` applied (forward and loss under `autocast`); with
+    `allocator`, the caching allocator's model replays the rank's own allocations (ranks/allocations.py)."""
     warned: list[str] = []
     with fake_world(sharding.world_size, rank), _torch_quieted(warned):
         step = sharded_step(build, sharding, step_inputs, device)
         step.autocast = autocast
+        step.recipe = recipe
+        log = AllocationLog(torch_device_type(device)) if allocator else None
         try:
-            tracker, how, flops = _tracked_step(step, optimizer)
+            tracker, how, flops = _tracked_step(step, optimizer, log)
         except MemlayoutError:
             raise
         except Exception as exc:
             raise step_failed(exc, rank, sharding) from exc
         peak = _rank_peak(tracker, step.model, rank, same_layout, flops, "optimizer" if step.optimizer else "loss")
+        if log is not None:
+            peak = replace(peak, reserved=log.reserved())
     return RankTrace(peak, step.descriptions, how, tuple(dict.fromkeys(warned)), state_dtype(step.optimizer))
 
 
@@ -250,7 +259,12 @@ def sharded_step(build: Callable[[], Any], sharding: Sharding, step_inputs: Step
     return step
 
 
-def _tracked_step(step: Any, optimizer: str) -> tuple[Any, str, int]:
+def torch_device_type(device: str) -> str:
+    """cuda for cuda:1, cpu for cpu."""
+    return device.partition(":")[0]
+
+
+def _tracked_step(step: Any, optimizer: str, log: AllocationLog | None = None) -> tuple[Any, str, int]:
     """A first step, untraced, then the steady-state step under FSDPMemTracker.
 
     The first step makes the optimizer's state, as in training (the step measured
@@ -263,7 +277,8 @@ def _tracked_step(step: Any, optimizer: str) -> tuple[Any, str, int]:
 
     counter = _ForwardFlops()
     with step.context(default_device=False):
-        step.optimizer = build_optimizer(step.model, optimizer, device=step.device)
+        step.optimizer = build_optimizer(step.model, optimizer, device=step.device,
+                                         implementation=step.recipe.optimizer_impl)
         with step.autocast.context() if step.autocast is not None else nullcontext():
             with counter.mode:
                 output = step.model(*step.args, **step.kwargs)
@@ -274,10 +289,17 @@ def _tracked_step(step: Any, optimizer: str) -> tuple[Any, str, int]:
         if step.optimizer is not None:
             step.optimizer.step()
             step.optimizer.zero_grad(set_to_none=True)
-        tracker = _torch.FSDPMemTracker(step.model, step.optimizer)
+        if log is None:
+            tracker = _torch.FSDPMemTracker(step.model, step.optimizer)
+        else:
+            log.name_streams(step.model)
+            tracker = recording_tracker(step.model, step.optimizer, log)
         tracker.track_inputs((step.args, step.kwargs))
         with tracker:
-            run_step(step.model, step.args, step.kwargs, optimizer=step.optimizer, autocast=step.autocast)
+            if log is not None:
+                log.mark_step()
+            run_step(step.model, step.args, step.kwargs, optimizer=step.optimizer, autocast=step.autocast,
+                     clip=step.recipe.clip)
     return tracker, how, counter.flops
 
 

@@ -594,7 +594,8 @@ def trace_step(step: StepToTrace, notes: tuple[str, ...] = (), kept: Sequence[An
                         generating=generation is not None)
     with tracer.attached(step.args, step.kwargs, kept=kept, host=step.device == "cpu"):
         loss, how = run_step(model, step.args, step.kwargs, on_phase=tracer.set_phase, optimizer=step.optimizer,
-                             autocast=step.autocast, inference=step.inference, generation=generation)
+                             autocast=step.autocast, inference=step.inference, generation=generation,
+                             clip=step.recipe.clip)
         if step.inference or generation is not None:
             tracer.end_forward_only()
     del loss

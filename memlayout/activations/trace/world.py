@@ -23,6 +23,7 @@ from memlayout.activations.plans.apply import apply_plan
 from memlayout.activations.plans.plan import Plan
 from memlayout.activations.step.generate import Generation
 from memlayout.activations.step.optimizer import build_optimizer
+from memlayout.activations.step.recipe import Recipe
 from memlayout.activations.step.run import Autocast, give_first_gradients, run_step
 from memlayout.activations.trace.fake_cuda import fake_cuda_for
 from memlayout.activations.trace.module_conversions import unchanged_conversions_skip_the_swap
@@ -91,6 +92,8 @@ class StepWorld:
         self.optimizer: Any = None
         self.autocast: Autocast | None = None
         """Mixed precision around forward and loss (`--autocast`)."""
+        self.recipe = Recipe()
+        """The optimizer's implementation and gradient clipping (`--optimizer-impl`, `--clip-grad-norm`)."""
         self.inference = False
         """Forward only, under `torch.inference_mode` (`--step inference`)."""
         self.generation: Generation | None = None
@@ -283,7 +286,8 @@ class StepWorld:
         context: torch keeps an optimizer's step counts on the CPU.
         """
         with self.context():
-            self.optimizer = build_optimizer(self.model, name, device=self.device)
+            self.optimizer = build_optimizer(self.model, name, device=self.device,
+                                             implementation=self.recipe.optimizer_impl)
         if self.optimizer is None:
             return
         with self.step_context():

@@ -63,8 +63,8 @@ def test_help_shows_the_options_in_their_groups() -> None:
     assert result.exit_code == 0
     headings = [line.rstrip(":") for line in result.output.splitlines() if line and not line[0].isspace()
                 and line.endswith(":")]
-    assert headings[:9] == ["Target", "Inputs", "Step", "Device", "Precision", "Budget and plans", "Ranks",
-                            "Adapters", "Output"]
+    assert headings[:10] == ["Target", "Inputs", "Step", "Device", "Precision", "Budget and plans", "Ranks",
+                             "Recipe", "Adapters", "Output"]
     ranks = result.output.split("\nRanks:\n")[1].split("\n\n")[0]
     assert "--world-size" in ranks and "--bucket-cap-mb" in ranks and "--lora" not in ranks
 
