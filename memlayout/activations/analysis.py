@@ -29,6 +29,7 @@ from memlayout.activations.model.build import (
     where,
 )
 from memlayout.activations.model.input_specs import suggested_inputs
+from memlayout.activations.plans.op_policies import user_plan
 from memlayout.activations.request.python_call import call_request
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.request.vocabulary import Pipeline
@@ -293,6 +294,7 @@ def prepare_step(request: StepRequest, *, inputs: InputsArg = None, mode: str | 
     notes: list[str] = []
     target_text, kind, chosen_by = _build_into(step, request, notes)
     _adapt(step, request, notes)
+    step.user_plan = user_plan(step.model, request.ac_modules, request.selective_ac)
     step.initial_modules = frozenset((path, type(m).__name__) for path, m in step.model.named_modules())
     step.make_inputs(request.step_inputs if inputs is None else inputs, request.kwargs)
     if request.dtype is not None:

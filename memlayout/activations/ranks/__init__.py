@@ -194,7 +194,8 @@ def _budget_bytes(request: StepRequest) -> int:
 def _single_device(request: StepRequest) -> Any:
     """The same step on one device, unsharded: what the plan's first candidates are read off."""
     settings = {name: getattr(request, name) for name in ("optimizer", "device", "trust", "main_module", "autocast",
-                                                           "dtype", "model_class")}
+                                                           "dtype", "model_class", "optimizer_impl", "clip_grad_norm",
+                                                           "clip_grad_impl", "selective_ac", "ac_modules")}
     return analyze(request.target, request.step_inputs, kwargs=request.kwargs, **settings)
 
 

@@ -160,8 +160,10 @@ class RanksPlanSearch:
     def _with_plan(self, on: Sharding, chosen: list[int]) -> Sharding:
         assert self.planner is not None
         plan = self.planner.plan_of(chosen)
+        # The modules the user checkpoints (`ac_modules`) stay checkpointed; the plan's are added.
         return on.with_changes(
-            checkpoint=plan.checkpoint, sequential=tuple((s.module, s.segments) for s in plan.sequential)
+            checkpoint=tuple(dict.fromkeys((*on.checkpoint, *plan.checkpoint))),
+            sequential=tuple((s.module, s.segments) for s in plan.sequential),
         )
 
     def checkpointed(self, on: Sharding) -> RanksPlan | None:

@@ -176,7 +176,7 @@ def trace_rank(
     device: str,
     autocast: Autocast | None = None,
     allocator: bool = False,
-    recipe: Recipe = Recipe(),
+    recipe: Recipe | None = None,
 ) -> RankTrace:
     """Trace one steady-state step of `rank` with `sharding` applied (forward and loss under `autocast`); with
     `allocator`, the caching allocator's model replays the rank's own allocations (ranks/allocations.py)."""
@@ -184,7 +184,7 @@ def trace_rank(
     with fake_world(sharding.world_size, rank), _torch_quieted(warned):
         step = sharded_step(build, sharding, step_inputs, device)
         step.autocast = autocast
-        step.recipe = recipe
+        step.recipe = recipe or Recipe()
         log = AllocationLog(torch_device_type(device)) if allocator else None
         try:
             tracker, how, flops = _tracked_step(step, optimizer, log)

@@ -20,6 +20,7 @@ from memlayout.activations.device.roofline import Roofline, cpu_roofline, gpu_ro
 from memlayout.activations.facts import Trace
 from memlayout.activations.model.input_specs import InputSpec, parse_input_spec
 from memlayout.activations.plans.apply import apply_plan
+from memlayout.activations.plans.op_policies import on_top_of
 from memlayout.activations.plans.plan import Plan
 from memlayout.activations.step.generate import Generation
 from memlayout.activations.step.optimizer import build_optimizer
@@ -94,6 +95,8 @@ class StepWorld:
         """Mixed precision around forward and loss (`--autocast`)."""
         self.recipe = Recipe()
         """The optimizer's implementation and gradient clipping (`--optimizer-impl`, `--clip-grad-norm`)."""
+        self.user_plan: Plan | None = None
+        """The checkpointing the user asks for (`--ac-modules`, `--selective-ac`): applied in every trace."""
         self.inference = False
         """Forward only, under `torch.inference_mode` (`--step inference`)."""
         self.generation: Generation | None = None
@@ -305,6 +308,7 @@ class StepWorld:
 
         for parameter in self.model.parameters():
             parameter.grad = None
+        plan = on_top_of(self.user_plan, plan)
         with ExitStack() as stack:
             notes: tuple[str, ...] = ()
             if plan is not None and not plan.empty:
