@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from memlayout.activations.assumptions import POLICIES, UNRANGED
 from memlayout.activations.budget import Budget, resolve_budget
-from memlayout.activations.device.gpus import GpuSpec, spec_for_device_name
+from memlayout.activations.device.gpus import GpuSpec, requested_gpu, spec_for_device_name
 from memlayout.activations.facts import Trace
 from memlayout.activations.generate_summary import GenerateSummary, summarize_generation
 from memlayout.activations.model.adapt import Adapted, adapt_model, adaptation_of
@@ -287,7 +287,8 @@ def prepare_step(request: StepRequest, *, inputs: InputsArg = None, mode: str | 
     makes the inputs at each size, and DDP's ranks give the optimizer its state in steps of their own.
     """
     mode = request.mode if mode is None else mode
-    step = StepWorld(mode, device_for_gpu(request.device, mode, request.gpu), request.gpu)
+    gpu = requested_gpu(request.gpu, request.gpu_memory)
+    step = StepWorld(mode, device_for_gpu(request.device, mode, gpu), gpu)
     if request.autocast is not None:
         step.autocast = Autocast("cuda" if step.device.startswith("cuda") else "cpu", request.autocast)
     step.recipe = recipe_of(request)

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 from memlayout import _torch
-from memlayout.activations.device.gpus import DEFAULT_GPU, gpu_spec, spec_for_device_name
+from memlayout.activations.device.gpus import DEFAULT_GPU, GpuSpec, gpu_spec, spec_for_device_name
 from memlayout.activations.device.roofline import Roofline, cpu_roofline, gpu_roofline
 from memlayout.activations.facts import Trace
 from memlayout.activations.model.input_specs import InputSpec, parse_input_spec
@@ -39,7 +39,7 @@ CUDA_WHEELS = "https://download.pytorch.org/whl/cu130"
 """Where pip finds torch's CUDA builds (on Linux, plain `pip install torch` is one too)."""
 
 
-def device_for_gpu(device: str, mode: str, gpu: str | None) -> str:
+def device_for_gpu(device: str, mode: str, gpu: str | GpuSpec | None) -> str:
     """`--gpu` names the GPU a fake CUDA step is for: it implies --device cuda.
 
     Raises:
@@ -47,7 +47,8 @@ def device_for_gpu(device: str, mode: str, gpu: str | None) -> str:
     """
     if gpu is None:
         return device
-    gpu_spec(gpu)  # an unknown name is the first thing to say
+    if isinstance(gpu, str):
+        gpu_spec(gpu)  # an unknown name is the first thing to say
     if mode == "real":
         raise UsageError("`gpu` names a GPU to trace for, and `real` measures the one present",
                          "drop `gpu`, or drop `real`")
@@ -59,7 +60,7 @@ def device_for_gpu(device: str, mode: str, gpu: str | None) -> str:
 class StepWorld:
     """A model and its inputs in one tensor world (fake, meta or real), ready to trace."""
 
-    def __init__(self, mode: str, device: str, gpu: str | None = None) -> None:
+    def __init__(self, mode: str, device: str, gpu: str | GpuSpec | None = None) -> None:
         import torch
 
         if mode not in MODES:
