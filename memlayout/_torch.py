@@ -255,6 +255,26 @@ def as_one_graph_task(identity: int) -> Any:
     return one_task()
 
 
+def engine_executes(keys: set[Any], key: Callable[[Any], Any]) -> Any:
+    """A context in which `torch._C._will_engine_execute_node(node)` answers whether `key(node)` is in `keys` (the
+    nodes memlayout's backward will run), instead of raising outside torch's engine
+    (`register_multi_grad_hook`'s "all" mode asks it of each tensor's node when the first hook runs)."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def answering() -> Any:
+        original = torch._C._will_engine_execute_node
+        torch._C._will_engine_execute_node = lambda node: key(node) in keys
+        try:
+            yield
+        finally:
+            torch._C._will_engine_execute_node = original
+
+    return answering()
+
+
 def autograd_node_sequence_nr(node: Any) -> int:
     """`Node._sequence_nr()`: the order in which forward made the node; torch's engine runs the highest first
     (AccumulateGrad nodes report UINT64_MAX, so a leaf's gradient lands as soon as it is complete)."""

@@ -165,7 +165,7 @@ class CachingAllocator:
         small = is_small(size)
         block = self._take_free_block(size, small, stream)
         if block is None:
-            block = self._new_segment(segment_size(size), small, stream)
+            block = self._grow(size, small, stream)
         if self._should_split(block, size):
             rest = _Block(block.address + size, block.size - size, small, stream)
             rest.prev, rest.next = block, block.next
@@ -262,6 +262,10 @@ class CachingAllocator:
         _, address = free.pop(position)
         return self._blocks[address]
 
+    def _grow(self, size: int, small: bool, stream: int) -> _Block:
+        """A free block of at least `size` where no cached one fits (alloc_block): a new segment."""
+        return self._new_segment(segment_size(size), small, stream)
+
     def _new_segment(self, size: int, small: bool, stream: int) -> _Block:
         # alloc_block; on failure malloc releases the cached segments and tries once more.
         if self.capacity is not None and self.reserved + size > self.capacity:
@@ -326,7 +330,7 @@ FREE = -1
 
 
 def replay(events: Iterable[Event | StreamEvent], *, capacity: int | None = None,
-           on_alloc: Callable[[int, int | None], None] | None = None) -> AllocatorPeaks:
+           on_alloc: Callable[[int, int | None], None] | None = None, expandable: bool = False) -> AllocatorPeaks:
     """Replay allocations and frees through a fresh allocator and return its peaks.
 
     Args:
@@ -334,6 +338,7 @@ def replay(events: Iterable[Event | StreamEvent], *, capacity: int | None = None
             stream an allocation is made on (0, the default stream, without it).
         capacity: The driver's limit, if any (see CachingAllocator).
         on_alloc: Called with (storage id, address) after each allocation.
+        expandable: Model `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (expandable_segments.py).
 
     Returns:
         The peaks of allocated and reserved bytes, and the segments held at the end.
@@ -343,7 +348,12 @@ def replay(events: Iterable[Event | StreamEvent], *, capacity: int | None = None
         >>> peaks.allocated_bytes >> 20, peaks.reserved_bytes >> 20
         (15, 20)
     """
-    allocator = CachingAllocator(capacity=capacity)
+    if expandable:
+        from memlayout.activations.device.expandable_segments import ExpandableAllocator
+
+        allocator: CachingAllocator = ExpandableAllocator(capacity=capacity)
+    else:
+        allocator = CachingAllocator(capacity=capacity)
     live: dict[int, int | None] = {}
     for storage, nbytes, *stream in events:
         if nbytes == FREE:

@@ -29,8 +29,11 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from memlayout.activations.analysis import LIVE_MODULE, analyze
+from memlayout.activations.device.expandable_segments import allocator_config
+from memlayout.activations.device.gpus import requested_gpu
 from memlayout.activations.model.build import build_model
 from memlayout.activations.model.target import classify
+from memlayout.activations.ranks.card import on_card, ranks_card
 from memlayout.activations.ranks.ddp_step import trace_ddp_rank
 from memlayout.activations.ranks.facts import RankLayout, RankPeak, RanksReport
 from memlayout.activations.ranks.layouts import rank_layouts, rank_ranges, traced_layouts
@@ -42,8 +45,9 @@ from memlayout.activations.request.python_call import call_request
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.request.vocabulary import Pipeline
 from memlayout.activations.step.generate import generation_of
-from memlayout.activations.step.recipe import recipe_of
+from memlayout.activations.step.recipe import recipe_of, recipe_words
 from memlayout.activations.step.run import LOSS_NONE, Autocast
+from memlayout.activations.trace.world import device_for_gpu
 
 # ----------------------------------------------------------------------------------------------
 # The report
@@ -105,6 +109,9 @@ def analyze_ranks(target: Any, inputs: Any = None, *, kwargs: Mapping[str, Any] 
 
 def predict_ranks(request: StepRequest) -> RanksReport:
     """Each rank of the request's `world_size` (see `analyze_ranks`)."""
+    gpu = requested_gpu(request.gpu, request.gpu_memory)
+    if gpu is not None:  # `gpu` (or `gpu_memory`) traces for CUDA, as one device's step does
+        request = replace(request, device=device_for_gpu(request.device, "fake", gpu))
     chosen_by: dict[str, str] = {}
     build, target_text, kind = _target_builder(request, chosen_by)
     model = build()
@@ -145,6 +152,7 @@ def _analyze_fsdp(request: StepRequest, build: Callable[[], Any], model: Any, re
         device=request.device, loss=measured.described["loss"], optimizer=request.step_optimizer, sharding=resolved,
         ranks=peaks, layouts=len(layouts), notes=tuple(notes), autocast=request.autocast, dtype=request.dtype,
         optimizer_state_dtype=measured.described["state_dtype"], class_chosen_by=target.chosen_by["class"],
+        card=measured.card, recipe=recipe_words(request),
     )
     if request.budget is None:
         return report
@@ -169,7 +177,8 @@ class _FsdpRanks:
         self.autocast = Autocast("cuda" if request.device.startswith("cuda") else "cpu", request.autocast) \
             if request.autocast is not None else None
         self.recipe = recipe_of(request)
-        self.allocator = request.device.startswith("cuda")
+        self.card = ranks_card(request)
+        self.allocator = allocator_config() if self.card is not None else None
         self.described: dict[str, Any] = {}
         self.warned: dict[str, None] = {}
 
@@ -178,24 +187,31 @@ class _FsdpRanks:
         for layout in which:
             traced = trace_rank(self.build, sharding, layout.ranks[0], rank_ranges(layout.ranks), self.inputs,
                                 optimizer=self.optimizer, device=self.device, autocast=self.autocast,
-                                allocator=self.allocator, recipe=self.recipe)
+                                allocator=self.allocator, recipe=self.recipe,
+                                gpu=self.card.gpu if self.card is not None else None)
             self.described["inputs"], self.described["loss"] = traced.inputs, traced.loss
             self.described["state_dtype"] = traced.optimizer_state_dtype
             self.warned.update(dict.fromkeys(traced.warnings))
-            peaks.append(traced.peak)
+            peaks.append(on_card(traced.peak, self.card))
         return tuple(peaks)
 
 
 def _budget_bytes(request: StepRequest) -> int:
-    assert request.budget is not None and request.budget.bytes is not None  # request/rules.py: a size, for ranks
-    return request.budget.bytes
+    """Bytes per rank: the budget's size, or its share of the card's memory (request/rules.py: only with `gpu`)."""
+    assert request.budget is not None
+    if request.budget.bytes is not None:
+        return request.budget.bytes
+    card = ranks_card(request)
+    assert card is not None and request.budget.fraction is not None
+    return int(card.gpu.total_memory * request.budget.fraction)
 
 
 def _single_device(request: StepRequest) -> Any:
     """The same step on one device, unsharded: what the plan's first candidates are read off."""
     settings = {name: getattr(request, name) for name in ("optimizer", "device", "trust", "main_module", "autocast",
                                                            "dtype", "model_class", "optimizer_impl", "clip_grad_norm",
-                                                           "clip_grad_impl", "selective_ac", "ac_modules")}
+                                                           "clip_grad_impl", "selective_ac", "ac_modules", "gpu",
+                                                           "gpu_memory")}
     return analyze(request.target, request.step_inputs, kwargs=request.kwargs, **settings)
 
 

@@ -99,8 +99,9 @@ class AllocationLog:
         if old is not None:
             self.events.append((old, FREE, 0))
 
-    def reserved(self, steps: int = STEPS) -> RankReserved:
-        """Replay the state, then the step `steps` times (see the module's docstring)."""
+    def reserved(self, steps: int = STEPS, *, expandable: bool = False) -> RankReserved:
+        """Replay the state, then the step `steps` times (see the module's docstring); `expandable`: with
+        expandable segments (device/expandable_segments.py)."""
         state, step = self.events[:self.step_start], self.events[self.step_start:]
         state_serials = {serial for serial, _, _ in state}
         alive_at_end: dict[int, None] = {}
@@ -120,7 +121,7 @@ class AllocationLog:
             if number + 1 < steps:
                 # zero_grad(set_to_none=True) and the step's own leftovers: what the next step makes again.
                 events.extend((serial + offset, FREE, 0) for serial in alive_at_end)
-        peaks: AllocatorPeaks = replay(events)
+        peaks: AllocatorPeaks = replay(events, expandable=expandable)
         return RankReserved(
             allocated_bytes=peaks.allocated_bytes,
             reserved_bytes=peaks.reserved_bytes,

@@ -139,6 +139,11 @@ RECIPE_SETTINGS = ("optimizer_impl", "clip_grad_norm", "clip_grad_impl", "select
 """The training loop's choices (besides the ranks' `reshard_after_forward`): each shapes a training step."""
 
 
+def _card(request: Any) -> bool:
+    """Whether the request names a card whose memory a budget's share can be of."""
+    return request.gpu is not None or request.gpu_memory is not None
+
+
 def _sharded(request: Any) -> bool:
     return request.world_size is not None
 
@@ -199,8 +204,8 @@ RULES: tuple[Refusal, ...] = (
     Refusal(ALL, lambda r: (r.lora is not None or r.dora) and r.lora_targets == (), "`lora_targets` names no module",
             "e.g. `lora_targets=q_proj,v_proj`, or all-linear"),
     Refusal(SHARDED, _adapted, "`{given}` is not traced with `world_size` yet", "predict one device without `world_size`"),
-    Refusal(SHARDED, lambda r: _sharded(r) and first_given(r, ("gpu",)), "`gpu` is not traced with `world_size` yet",
-            "drop `gpu`; {gpu_ranks}"),
+    Refusal(SHARDED, lambda r: first_given(r, ("gpu", "gpu_memory")) if _sharded(r) and (r.ddp or r.serving) else None,
+            "`{given}` traces FSDP2's ranks for a GPU, and {gpu_ranks}", "drop `{given}`, and predict `device=cpu`"),
     # The size search.
     Refusal(FIT, _given("real"), "`fit` searches on fake traces; `real` does not apply",
             "check its answer with `real` at the batch it reports"),
@@ -217,11 +222,12 @@ RULES: tuple[Refusal, ...] = (
             "predict one size across ranks without `fit`, or `fit` one device's {forward} without `world_size`"),
     Refusal(FIT, lambda r: _sharded(r) and first_given(r, ("autocast", "dtype")),
             "`{given}` is not traced with `world_size` yet"),
-    Refusal(FIT, lambda r: _sharded(r) and (r.budget is None or r.budget.bytes is None),
-            "`fit` with `world_size` needs `budget` as a size: each rank's peak is compared with it",
-            "e.g. `budget=78GiB`"),
-    Refusal(RANKS, lambda r: r.budget is not None and r.budget.bytes is None,
-            "`budget` with `world_size` is each rank's peak, as a size", "give it in bytes, e.g. `budget=78GiB`"),
+    Refusal(FIT, lambda r: _sharded(r) and (r.budget is None or (r.budget.bytes is None and not _card(r))),
+            "`fit` with `world_size` needs `budget` as a size, or a share of the memory of the `gpu` it names: each "
+            "rank is compared with it", "e.g. `budget=78GiB`, or `gpu=h100` `budget=0.9`"),
+    Refusal(RANKS, lambda r: r.budget is not None and r.budget.bytes is None and not _card(r),
+            "`budget` {budget_share} with `world_size` is a share of a GPU's memory, and no `gpu` is named",
+            "give it in bytes (e.g. `budget=78GiB`), or name the card: `gpu=h100` (or `gpu_memory=SIZE`)"),
     Refusal(RANKS, lambda r: "real" if r.real else "device=meta" if r.device == "meta" else None,
             "`world_size` predicts ranks on fake tensors; `{given}` does not apply", "{ranks_measured}"),
     # The ranks' layout.
@@ -315,12 +321,14 @@ class _Words(Mapping[str, Any]):
             "value": lambda: getattr(request, self.found or ""),
             "forward": lambda: FORWARDS.get(request.step, "forward"),
             "rank_example": lambda: "ddp" if self.found in ("ddp", *DDP_SETTINGS) else "fsdp",
-            "gpu_ranks": lambda: "`ddp`'s ranks are traced for the CPU (the same buckets)" if request.ddp
-            else "`device=cuda` traces ranks",
+            "gpu_ranks": lambda: "`ddp`'s ranks are traced for the CPU: DDP's Reducer reduces in hooks that only "
+            "torch's autograd engine runs, and the engine runs no fake CUDA step without a GPU" if request.ddp
+            else f"`step={request.step}` ranks are traced for the CPU (the same shards and ops)",
             "ranks_measured": lambda: SERVING_HINT if request.ddp or request.step != "train" else TRAINING_HINT,
             "serving_tp": lambda: f"give `tp={request.world_size}`, or `world_size={request.tp}` for groups of "
             f"{request.tp}" if request.tp > 1 else f"give `tp={request.world_size}`",
             "value_word": lambda: _sac_words(request),
+            "budget_share": lambda: f"{request.budget.fraction:g}" if request.budget is not None else "",
             "reshard_word": lambda: _reshard_entry(request),
         }
         return phrases[key]() if key in phrases else getattr(request, key)

@@ -75,3 +75,21 @@ def clip_gradients(model: Any, clip: GradClip) -> None:
     if foreach is None:
         foreach = clip_foreach([p.grad for p in parameters], str(parameters[0].device))
     torch.nn.utils.clip_grad_norm_(parameters, clip.max_norm, foreach=foreach)
+
+
+def recipe_words(request: Any) -> tuple[str, ...]:
+    """The recipe's choices a request makes, in words, for a report's notes; () for torch's defaults alone."""
+    words = []
+    if request.optimizer_impl is not None:
+        words.append(f"the optimizer's {request.optimizer_impl} implementation")
+    if request.clip_grad_norm is not None:
+        how = "" if request.clip_grad_impl is None else f", foreach={request.clip_grad_impl == 'foreach'}"
+        words.append(f"clip_grad_norm_(max_norm={request.clip_grad_norm:g}{how}) before the optimizer's step")
+    modules = ", ".join(request.ac_modules) if request.ac_modules else "the main blocks"
+    if request.selective_ac is not None:
+        words.append(f"op-level checkpointing ({request.selective_ac}) of {modules}")
+    elif request.ac_modules:
+        words.append(f"checkpointing of {modules}")
+    if request.reshard_after_forward:
+        words.append(f"reshard_after_forward {', '.join(request.reshard_after_forward)}")
+    return tuple(words)
