@@ -36,7 +36,7 @@ def test_torchtitans_preset_keeps_the_last_block_gathered_and_lightnings_reshard
 
 
 def test_a_resharding_pattern_that_names_no_wrapped_module_is_refused() -> None:
-    with pytest.raises(UsageError, match="`reshard_after_forward` 'layers.9' names no module FSDP2 wraps"):
+    with pytest.raises(UsageError, match=r"`reshard_after_forward` 'layers\.9' names no module FSDP2 wraps"):
         resolve_sharding(_meta_model(), ShardingOptions(world_size=2, reshard_entries=("layers.9=false",)))
 
 
