@@ -28,6 +28,7 @@ from memlayout.activations.model.build import (
     value_read,
     where,
 )
+from memlayout.activations.model.compiled import eager_model
 from memlayout.activations.model.input_specs import suggested_inputs
 from memlayout.activations.plans.op_policies import user_plan
 from memlayout.activations.request.python_call import call_request
@@ -317,11 +318,11 @@ def _build_into(step: StepWorld, request: StepRequest, notes: list[str]) -> tupl
     import torch
 
     if isinstance(request.target, torch.nn.Module):
-        step.model = step.adopt_model(request.target)
+        step.model = eager_model(step.adopt_model(request.target), request.eager)
         return None, "module", LIVE_MODULE
     built = build_model(request.model_target, context=step.context, world=step.mode, device=step.device,
                         adopt=step.adopt_model)
-    step.model = built.model
+    step.model = eager_model(built.model, request.eager)
     notes.extend(built.notes)
     return str(request.target), built.kind.kind, built.class_chosen_by
 

@@ -163,6 +163,9 @@ ROWS: tuple[Row, ...] = (
             "module: torchtitan (every block but the last), lightning (every module), or PATTERN=true|false "
             "(a module path with *, or a class name; a bare true|false is every module); repeatable, the last "
             "that names a module decides.", metavar="PRESET|PATTERN=BOOL"),
+    _option("eager", bool, False, help="For a model compiled with torch.compile: trace its eager step, each compiled "
+            "module's uncompiled one. Without it such a model is refused: a compiled step saves and fuses otherwise "
+            "(AOTAutograd's partitioner, Inductor), and memlayout traces eager steps."),
     # Adapters
     _option("lora", int | None, None, help="Add peft's LoRA adapters of this rank before tracing: only they train, "
             "and the optimizer keeps state for them only. Every other setting is peft's LoraConfig default, its "

@@ -32,6 +32,7 @@ from memlayout.activations.analysis import LIVE_MODULE, analyze
 from memlayout.activations.device.expandable_segments import allocator_config
 from memlayout.activations.device.gpus import requested_gpu
 from memlayout.activations.model.build import build_model
+from memlayout.activations.model.compiled import eager_model
 from memlayout.activations.model.target import classify
 from memlayout.activations.ranks.card import on_card, ranks_card
 from memlayout.activations.ranks.ddp_step import trace_ddp_rank
@@ -60,7 +61,9 @@ def _target_builder(request: StepRequest, chosen_by: dict[str, str]) -> tuple[Ca
     target = request.target
     if isinstance(target, torch.nn.Module):
         chosen_by["class"] = LIVE_MODULE
-        return (lambda: meta_copy(target)), None, "module"
+        if not request.eager:
+            eager_model(target, eager=False)  # a compiled model is refused before anything is copied
+        return (lambda: eager_model(meta_copy(target), request.eager)), None, "module"
     kind = classify(str(target)).kind
 
     def build() -> Any:
@@ -68,7 +71,7 @@ def _target_builder(request: StepRequest, chosen_by: dict[str, str]) -> tuple[Ca
         built = build_model(request.model_target, context=lambda: torch.device("meta"), world="meta", device="meta",
                             adopt=meta_copy)
         chosen_by["class"] = built.class_chosen_by
-        return built.model
+        return eager_model(built.model, request.eager)
 
     return build, str(target), kind
 

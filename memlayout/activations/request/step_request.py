@@ -37,7 +37,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Ranks": ("world_size", "fsdp", "fsdp_modules", "no_reshard_after_forward", "param_dtype", "reduce_dtype",
               "tp", "ddp", "bucket_cap_mb", "gradient_as_bucket_view"),
     "Recipe": ("optimizer_impl", "clip_grad_norm", "clip_grad_impl", "selective_ac", "ac_modules",
-               "reshard_after_forward"),
+               "reshard_after_forward", "eager"),
     "Adapters": ("lora", "lora_targets", "lora_dropout", "dora", "quantize"),
     "Output": ("format", "output", "depth"),
 }
@@ -163,6 +163,8 @@ class StepRequest:
     reshard_after_forward: tuple[str, ...] = ()
     """FSDP2's reshard_after_forward per wrapped module: a preset (torchtitan, lightning) or PATTERN=true|false
     entries, the last that matches a module deciding; unnamed modules reshard (FSDP2's default)."""
+    eager: bool = False
+    """A model compiled with torch.compile: trace its eager step (model/compiled.py); without it, it is refused."""
     # Adapters
     lora: int | None = None
     """peft's LoRA adapters of this rank."""
