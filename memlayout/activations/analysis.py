@@ -8,6 +8,7 @@ hundred MiB. `mode="meta"` uses meta tensors instead (no device semantics);
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -294,7 +295,8 @@ def prepare_step(request: StepRequest, *, inputs: InputsArg = None, mode: str | 
         step.autocast = Autocast("cuda" if step.device.startswith("cuda") else "cpu", request.autocast)
     step.recipe = recipe_of(request)
     notes: list[str] = []
-    target_text, kind, chosen_by = _build_into(step, request, notes)
+    with step.fake_cuda.building() if step.fake_cuda is not None else contextlib.nullcontext():
+        target_text, kind, chosen_by = _build_into(step, request, notes)
     _adapt(step, request, notes)
     step.user_plan = user_plan(step.model, request.ac_modules, request.selective_ac)
     step.initial_modules = frozenset((path, type(m).__name__) for path, m in step.model.named_modules())
@@ -335,6 +337,8 @@ def _adapt(step: StepWorld, request: StepRequest, notes: list[str]) -> None:
         check_can_generate(step.model)
         step.generate(generation)
         notes.append(generation.note())
+    if step.fake_cuda is not None:
+        step.fake_cuda.refuse_what_no_build_traces(step.model)
     if step.device not in ("cpu", "meta"):
         if step.mode == "real":
             with step.context():

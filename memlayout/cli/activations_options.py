@@ -24,9 +24,6 @@ from memlayout.cli.formats import Command, OutputFormat
 from memlayout.cli.options import device_option, format_option, mebibytes, probability
 from memlayout.errors import MemlayoutError
 
-CUDA_WHEELS = "https://download.pytorch.org/whl/cu130"
-"""The index of torch's CUDA wheels, as memlayout/activations/trace/world.py's refusal names it (a test holds the
-two equal): --gpu's help cannot import that module, which loads the tracer, on every start."""
 CONFIGURATION = "Configuration"
 """The group of the options that say where settings come from, and how errors show."""
 PANEL = {name: group for group, names in GROUPS.items() for name in names}
@@ -94,9 +91,8 @@ ROWS: tuple[Row, ...] = (
     Row("device", str, "cpu", _in_panel(device_option("cpu", "cuda", "cuda:N", "meta", help="The device the step is "
         "for (meta: shapes only)."), "Device")),
     _option("gpu", str | None, None, help="Trace for this GPU (implies --device cuda): its capability decides the "
-            "attention kernel, as torch decides it. No GPU is needed here, but torch's CUDA build is (a CPU build "
-            f"refuses it): pip install torch --index-url {CUDA_WHEELS} (on Linux, plain pip install torch is one). "
-            f"{', '.join(spec.key for spec in GPUS)}.", metavar="NAME"),
+            "attention kernel, as torch decides it. Neither a GPU nor torch's CUDA build is needed: the CPU wheel "
+            f"and macOS give the CUDA build's figures. {', '.join(spec.key for spec in GPUS)}.", metavar="NAME"),
     _option("gpu_memory", str | None, None, help="The card's memory, for a card the table lacks (96GiB, 94GB): "
             "--gpu's capability and rates (the h100's without --gpu) with this memory; implies --device cuda.",
             metavar="SIZE"),

@@ -135,10 +135,19 @@ def wanted() -> bool:
 
 
 def cuda_needs_it() -> bool:
-    """Whether torch's engine would fail on fake CUDA tensors: torch has CUDA and there is no device."""
+    """Whether a fake CUDA step's backward runs here rather than in torch's engine: there is no CUDA device.
+
+    On a CUDA build the engine fails as the module's docstring says. A build without CUDA
+    (the Linux CPU wheel), given torch's fake CUDA guard (trace/fake_cuda.py), fails in
+    `Engine::execute` too, before the first node: `InputBuffer::add` for the root's
+    gradient asks `at::accelerator::getCurrentStream`, which raises "Cannot access
+    accelerator device when none is available" (torch 2.13.0+cpu). Where an engine would
+    run (macOS, whose accelerator is MPS), the loop here still runs instead, so that every
+    build predicts the same step, byte for byte.
+    """
     import torch
 
-    return bool(torch.backends.cuda.is_built()) and not torch.cuda.is_available()  # type: ignore[no-untyped-call]
+    return not torch.cuda.is_available()
 
 
 def run_backward(holder: list[Any]) -> None:

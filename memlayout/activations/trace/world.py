@@ -26,17 +26,13 @@ from memlayout.activations.step.generate import Generation
 from memlayout.activations.step.optimizer import build_optimizer
 from memlayout.activations.step.recipe import Recipe
 from memlayout.activations.step.run import Autocast, give_first_gradients, run_step
-from memlayout.activations.trace.fake_cuda import fake_cuda_for
+from memlayout.activations.trace.fake_cuda import fake_cuda_for, give_torch_fake_cuda
 from memlayout.activations.trace.module_conversions import unchanged_conversions_skip_the_swap
 from memlayout.errors import UsageError
 
 MODES = ("fake", "meta", "real")
 
 InputsArg = Sequence[Any] | str | None
-
-
-CUDA_WHEELS = "https://download.pytorch.org/whl/cu130"
-"""Where pip finds torch's CUDA builds (on Linux, plain `pip install torch` is one too)."""
 
 
 def device_for_gpu(device: str, mode: str, gpu: str | GpuSpec | None) -> str:
@@ -67,14 +63,10 @@ class StepWorld:
             raise UsageError(f"unknown mode {mode!r}", "use fake, meta or real")
         if mode == "real" and device == "meta":
             raise UsageError("`real` needs a device with memory", "use `device` cpu or cuda")
-        if device.startswith("cuda") and not torch.backends.cuda.is_built():  # type: ignore[no-untyped-call]
-            raise UsageError(
-                f"`device` cuda needs a torch built with CUDA (no GPU needed), and this one ({torch.__version__}) "
-                "is CPU-only",
-                f"install one with: pip install torch --index-url {CUDA_WHEELS}; or trace for `device` cpu",
-            )
         if device.startswith("cuda") and mode == "real" and not torch.cuda.is_available():
             raise UsageError("`real` `device` cuda needs a CUDA device, and none is available")
+        if device.startswith("cuda") and mode == "fake":
+            give_torch_fake_cuda()
         self.mode = mode
         self.device = "meta" if mode == "meta" else device
         self.fake_mode: Any = None
