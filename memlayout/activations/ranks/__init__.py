@@ -162,7 +162,7 @@ def _analyze_fsdp(request: StepRequest, build: Callable[[], Any], model: Any, re
     # Plans are searched on the largest rank alone (rank 0 holds the largest shards, and the
     # ranks' steps differ only by their shards); the plan found is then traced on every layout.
     plan = plan_ranks(
-        report, _budget_bytes(request), measure=lambda s: measured(s, traced[:1]),
+        report, ranks_budget_bytes(request), measure=lambda s: measured(s, traced[:1]),
         single_device=lambda: _single_device(request), model=build(), allow_offload=request.allow_offload,
     )
     if len(traced) > 1 and not plan.empty:
@@ -199,7 +199,7 @@ class _FsdpRanks:
         return tuple(peaks)
 
 
-def _budget_bytes(request: StepRequest) -> int:
+def ranks_budget_bytes(request: StepRequest) -> int:
     """Bytes per rank: the budget's size, or its share of the card's memory (request/rules.py: only with `gpu`)."""
     assert request.budget is not None
     if request.budget.bytes is not None:
@@ -245,7 +245,7 @@ def _analyze_ddp(request: StepRequest, sharding: Sharding, model: Any) -> RanksR
     if request.budget is None:
         return report
     plan = plan_ranks(
-        report, _budget_bytes(request), measure=lambda with_sharding: (trace_ddp_rank(request, with_sharding).peak,),
+        report, ranks_budget_bytes(request), measure=lambda with_sharding: (trace_ddp_rank(request, with_sharding).peak,),
         single_device=lambda: _single_device(request), model=model, allow_offload=False,
     )
     return replace(report, plan=plan)

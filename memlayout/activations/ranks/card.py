@@ -31,7 +31,7 @@ NCCL_NOTE = ("NCCL's own buffers (its channels' FIFOs, NCCL_BUFFSIZE each, 4 MiB
 def ranks_card(request: Any) -> RanksCard | None:
     """The card a CUDA request's ranks are for (`gpu`, `gpu_memory`, else the present GPU, else the default one);
     None on the CPU."""
-    if not str(request.device).startswith("cuda"):
+    if not (str(request.device).startswith("cuda") or request.gpu is not None or request.gpu_memory is not None):
         return None
     gpu = requested_gpu(request.gpu, request.gpu_memory) or _present() or gpu_spec(DEFAULT_GPU)
     config = allocator_config()

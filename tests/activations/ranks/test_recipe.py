@@ -112,3 +112,16 @@ def test_a_recipe_setting_without_a_step_is_refused() -> None:
 def test_a_budget_share_of_the_named_gpu_is_taken_across_ranks() -> None:
     request = StepRequest(TARGET, input=BATCH_SPECS, world_size=2, fsdp=True, gpu="h100", budget="90%")
     assert request.budget is not None and request.budget.fraction == 0.9
+
+
+def test_an_unreachable_budget_on_a_gpu_names_the_reserved_figure_it_compared() -> None:
+    from types import SimpleNamespace
+
+    from memlayout.errors import RanksBudgetUnreachableError
+
+    sharding = SimpleNamespace(ddp=None, offload=False)
+    on_cpu = SimpleNamespace(sharding=sharding, offload=False, peak_bytes=2**30, judged_bytes=2**30)
+    on_gpu = SimpleNamespace(sharding=sharding, offload=False, peak_bytes=2**30, judged_bytes=3 * 2**29)
+    assert "the lowest peak reached is 1.0 GiB (1073741824 bytes)" in str(RanksBudgetUnreachableError(2**29, on_cpu, "1 plan"))
+    said = str(RanksBudgetUnreachableError(2**29, on_gpu, "1 plan"))
+    assert f"the lowest reserved peak with the CUDA runtime reached is 1.5 GiB ({3 * 2**29} bytes)" in said
