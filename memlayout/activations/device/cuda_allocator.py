@@ -330,15 +330,17 @@ FREE = -1
 
 
 def replay(events: Iterable[Event | StreamEvent], *, capacity: int | None = None,
-           on_alloc: Callable[[int, int | None], None] | None = None, expandable: bool = False) -> AllocatorPeaks:
+           on_alloc: Callable[[int, int | None], None] | None = None,
+           allocator: CachingAllocator | None = None) -> AllocatorPeaks:
     """Replay allocations and frees through a fresh allocator and return its peaks.
 
     Args:
         events: (storage id, nbytes) to allocate, (storage id, FREE) to free it, in order; a third item is the
             stream an allocation is made on (0, the default stream, without it).
-        capacity: The driver's limit, if any (see CachingAllocator).
+        capacity: The driver's limit, if any (see CachingAllocator), for the allocator made here.
         on_alloc: Called with (storage id, address) after each allocation.
-        expandable: Model `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (expandable_segments.py).
+        allocator: A fresh allocator to replay through instead of a CachingAllocator: an
+            `expandable_segments.ExpandableAllocator` models `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.
 
     Returns:
         The peaks of allocated and reserved bytes, and the segments held at the end.
@@ -348,11 +350,7 @@ def replay(events: Iterable[Event | StreamEvent], *, capacity: int | None = None
         >>> peaks.allocated_bytes >> 20, peaks.reserved_bytes >> 20
         (15, 20)
     """
-    if expandable:
-        from memlayout.activations.device.expandable_segments import ExpandableAllocator
-
-        allocator: CachingAllocator = ExpandableAllocator(capacity=capacity)
-    else:
+    if allocator is None:
         allocator = CachingAllocator(capacity=capacity)
     live: dict[int, int | None] = {}
     for storage, nbytes, *stream in events:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
+from memlayout.activations.model.module_patterns import main_blocks, modules_of
 from memlayout.activations.plans.plan import Plan
 from memlayout.activations.request.vocabulary import SAC_PRESETS
 
@@ -122,9 +123,10 @@ def make_policy(policy: OpPolicy) -> Any:
 
 def context_fn(policy: OpPolicy) -> Callable[[], tuple[Any, Any]]:
     """`checkpoint`'s `context_fn` for the policy: each checkpointed call gets contexts (and counts) of its own."""
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+    from torch.utils import checkpoint
 
-    return lambda: create_selective_checkpoint_contexts(make_policy(policy))
+    contexts: Any = checkpoint.create_selective_checkpoint_contexts  # untyped in some torch releases
+    return lambda: contexts(make_policy(policy))
 
 
 class PolicyCode(NamedTuple):
@@ -182,8 +184,6 @@ def user_plan(model: Any, ac_modules: tuple[str, ...], selective_ac: str | None)
     Raises:
         UsageError: a pattern names no module.
     """
-    from memlayout.activations.model.module_patterns import main_blocks, modules_of
-
     if not ac_modules and selective_ac is None:
         return None
     paths = modules_of(model, ac_modules, "ac_modules") if ac_modules else main_blocks(model)

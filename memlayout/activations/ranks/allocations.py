@@ -30,6 +30,7 @@ from typing import Any
 from memlayout import _torch
 from memlayout.activations.device.allocator_replay import STEPS
 from memlayout.activations.device.cuda_allocator import FREE, AllocatorPeaks, StreamEvent, replay
+from memlayout.activations.device.expandable_segments import ExpandableAllocator
 from memlayout.activations.ranks.facts import RankReserved
 
 DEFAULT_STREAM = "default"
@@ -121,7 +122,7 @@ class AllocationLog:
             if number + 1 < steps:
                 # zero_grad(set_to_none=True) and the step's own leftovers: what the next step makes again.
                 events.extend((serial + offset, FREE, 0) for serial in alive_at_end)
-        peaks: AllocatorPeaks = replay(events, expandable=expandable)
+        peaks: AllocatorPeaks = replay(events, allocator=ExpandableAllocator() if expandable else None)
         return RankReserved(
             allocated_bytes=peaks.allocated_bytes,
             reserved_bytes=peaks.reserved_bytes,
@@ -140,7 +141,9 @@ def recording_tracker(model: Any, optimizer: Any, log: AllocationLog) -> Any:
 def _recording_class() -> type:
     from torch.distributed._tools.mem_tracker import _UpdateType
 
-    class RecordingTracker(_torch.FSDPMemTracker):  # type: ignore[misc, name-defined]
+    tracker: Any = _torch.FSDPMemTracker  # typed in some torch releases, not in others
+
+    class RecordingTracker(tracker):  # type: ignore[misc]
         def __init__(self, model: Any, optimizer: Any, log: AllocationLog) -> None:
             super().__init__(model, optimizer)
             self._memlayout_log = log

@@ -25,6 +25,8 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+from memlayout import _torch
+
 DEVICE_INDEX = 0
 """Every rank's device is cuda:0: each real rank has a device of its own, and here the model, its inputs and
 FSDP2's mesh must agree on one (the fake tensors of `to_empty(device="cuda")` are on cuda:0)."""
@@ -136,16 +138,17 @@ def answering(rank: int) -> Iterator[None]:
         "synchronize": lambda device=None: None,
     }
     saved = {name: getattr(torch.cuda, name) for name in answers}
-    accelerator_stream = torch.accelerator.current_stream
+    accelerator: Any = torch.accelerator  # its current_stream's typing differs between torch releases
+    accelerator_stream = accelerator.current_stream
     try:
         for name, answer in answers.items():
             setattr(torch.cuda, name, answer)
-        torch.accelerator.current_stream = lambda device=None: _state.current  # type: ignore[assignment]
+        accelerator.current_stream = lambda device=None: _state.current
         yield
     finally:
         for name, original in saved.items():
             setattr(torch.cuda, name, original)
-        torch.accelerator.current_stream = accelerator_stream  # type: ignore[method-assign]
+        accelerator.current_stream = accelerator_stream
         _state.default = _state.current = None
 
 
@@ -161,8 +164,6 @@ def made_fake(fake_mode: Any) -> Iterator[None]:
     the mode below makes the tensor in `fake_mode`.
     """
     import torch
-
-    from memlayout import _torch
 
     class CudaTensorsFake(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

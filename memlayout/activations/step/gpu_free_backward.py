@@ -98,10 +98,11 @@ def backward_in_python() -> Iterator[None]:
     """Within it, `run_step` runs backward with `run_backward` instead of torch's engine, and the hooks forward puts
     on non-leaf tensors are recorded for it."""
     import torch
-    import torch.autograd.graph as graph
+    import torch.autograd.graph
 
     token = _BACKWARD_IN_PYTHON.set(True)
-    register_hook = torch.Tensor.register_hook
+    register_hook: Any = torch.Tensor.register_hook  # untyped in some torch releases
+    graph: Any = torch.autograd.graph  # its private function's typing differs between torch releases
     grad_fn_of = graph._get_grad_fn_or_grad_acc
 
     def keyed_for_multi_grad_hooks(tensor: Any) -> Any:
@@ -228,7 +229,8 @@ def _final_callbacks() -> Iterator[list[Any]]:
     run once the graph is done (the engine refuses them outside its own backward)."""
     from torch.autograd.variable import Variable
 
-    engine = Variable._execution_engine
+    variable: Any = Variable  # its engine's typing differs between torch releases
+    engine = variable._execution_engine
     callbacks: list[Any] = []
 
     class Engine:
@@ -238,11 +240,11 @@ def _final_callbacks() -> Iterator[list[Any]]:
         def __getattr__(self, name: str) -> Any:
             return getattr(engine, name)
 
-    Variable._execution_engine = Engine()
+    variable._execution_engine = Engine()
     try:
         yield callbacks
     finally:
-        Variable._execution_engine = engine
+        variable._execution_engine = engine
 
 
 def _receive(slots: list[Any], position: int, grad: Any) -> None:

@@ -72,7 +72,7 @@ def build_optimizer(model: Any, name: str, *, device: str, implementation: str |
     parameters = [p for p in model.parameters() if p.requires_grad]
     if not parameters:
         return None
-    how = IMPLEMENTATIONS[implementation] if implementation is not None else {
+    how: dict[str, Any] = IMPLEMENTATIONS[implementation] if implementation is not None else {
         "foreach": torch_picks_foreach(parameters, device)}
     if name == "adamw":
         return torch.optim.AdamW(parameters, lr=LEARNING_RATE, **how)
