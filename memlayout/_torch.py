@@ -196,6 +196,89 @@ def _weights_only_default_globals() -> frozenset[str]:
     return frozenset(unpickler._get_allowed_globals())
 
 
+# --- fake CUDA on any torch build (activations) ------------------------------------
+
+# c10's DeviceType values (c10/core/DeviceType.h): an index into the guard registry, fixed in torch's ABI.
+_CUDA_DEVICE_TYPE = 1
+_LAZY_DEVICE_TYPE = 17
+_GUARD_REGISTRY = "_ZN3c104impl26device_guard_impl_registryE"
+"""`c10::impl::device_guard_impl_registry`, Itanium-mangled (Linux and macOS): one guard per DeviceType."""
+
+
+class FakeCudaGuardUnavailable(RuntimeError):
+    """This torch has no CUDA device guard and memlayout cannot give it torch's fake one (the reason is the text)."""
+
+
+def fake_cuda_device_guard() -> None:
+    """Give a torch built without CUDA the CUDA device guard a CUDA build without a GPU runs fake CUDA tensors with.
+
+    Every C++ path that touches a tensor's device asks its DeviceType's guard
+    (`c10::impl::getDeviceGuardImpl`): `.to("cuda")`, `copy_`, `uniform_`, and each
+    autograd node, which records its input's stream. On a CUDA build without a GPU,
+    `FakeTensorMode.__enter__` calls `torch._C._ensureCUDADeviceGuardSet()`, which puts
+    torch's `FakeGuardImpl<CUDA>` (c10/core/impl/FakeGuardImpl.h: 8 devices, no work) in
+    the CUDA slot of `c10::impl::device_guard_impl_registry` in place of the real guard,
+    whose `deviceCount()` is 0 (c10/core/impl/DeviceGuardImplInterface.cpp). A build
+    without CUDA (the Linux CPU wheel, macOS) has no guard in that slot, and the same
+    function does nothing: "PyTorch is not linked with support for cuda devices".
+
+    So the slot is lent the guard of another device type whose `deviceCount()` is 0, the
+    lazy tensor backend's without a backend registered (torch/csrc/lazy/core/tensor_impl.cpp's
+    `LazyGuardImpl`), and torch's own `_ensureCUDADeviceGuardSet()` then puts its
+    `FakeGuardImpl<CUDA>` there, as on a CUDA build: the same guard, so the same behaviour.
+    The registry is an array of atomic pointers exported by libc10 (read and written with
+    ctypes). Idempotent; a process that has a CUDA guard already is left as it is.
+
+    Raises:
+        FakeCudaGuardUnavailable: libc10 or its registry cannot be found (Windows' MSVC names), or torch did not
+            install its fake guard; the slot is then left empty, as it was.
+    """
+    import ctypes
+
+    import torch
+
+    if torch.backends.cuda.is_built():  # type: ignore[no-untyped-call]
+        return  # FakeTensorMode installs it itself
+    registry = _guard_registry()
+    cuda = ctypes.c_void_p.from_address(registry + _CUDA_DEVICE_TYPE * ctypes.sizeof(ctypes.c_void_p))
+    if cuda.value:
+        return
+    lazy = ctypes.c_void_p.from_address(registry + _LAZY_DEVICE_TYPE * ctypes.sizeof(ctypes.c_void_p)).value
+    if not lazy:
+        raise FakeCudaGuardUnavailable(f"torch {torch.__version__} registers no lazy tensor guard to start from")
+    cuda.value = lazy
+    torch._C._ensureCUDADeviceGuardSet()
+    if cuda.value == lazy:  # torch's function did not replace it: give the slot back empty
+        cuda.value = None
+        raise FakeCudaGuardUnavailable(f"torch {torch.__version__}'s _ensureCUDADeviceGuardSet installed no guard")
+
+
+@functools.cache
+def _guard_registry() -> int:
+    """The address of libc10's `device_guard_impl_registry`."""
+    import ctypes
+    from pathlib import Path
+
+    import torch
+
+    libraries = sorted(Path(torch.__file__).parent.joinpath("lib").glob("libc10.*"))
+    library = next((path for path in libraries if path.suffix in (".so", ".dylib")), None)
+    if library is None:
+        raise FakeCudaGuardUnavailable(f"torch {torch.__version__} has no libc10.so or libc10.dylib")
+    try:
+        return ctypes.addressof(ctypes.c_void_p.in_dll(ctypes.CDLL(str(library)), _GUARD_REGISTRY))
+    except (OSError, ValueError) as exc:
+        raise FakeCudaGuardUnavailable(f"{library.name} exports no device guard registry ({exc})") from None
+
+
+def has_kernel_for(op_name: str, dispatch_key: str) -> bool:
+    """`torch._C._dispatch_has_kernel_for_dispatch_key`: whether the op ("aten::silu_backward") has a kernel of its
+    own for the key ("CUDA", "CompositeImplicitAutograd"), as the dispatcher's table holds it."""
+    import torch
+
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op_name, dispatch_key))
+
+
 # --- dispatch, autograd and fake tensors (activations) -----------------------------
 
 
@@ -253,6 +336,26 @@ def as_one_graph_task(identity: int) -> Any:
             torch._C._current_graph_task_id = original
 
     return one_task()
+
+
+def engine_executes(keys: set[Any], key: Callable[[Any], Any]) -> Any:
+    """A context in which `torch._C._will_engine_execute_node(node)` answers whether `key(node)` is in `keys` (the
+    nodes memlayout's backward will run), instead of raising outside torch's engine
+    (`register_multi_grad_hook`'s "all" mode asks it of each tensor's node when the first hook runs)."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def answering() -> Any:
+        original = torch._C._will_engine_execute_node
+        torch._C._will_engine_execute_node = lambda node: key(node) in keys
+        try:
+            yield
+        finally:
+            torch._C._will_engine_execute_node = original
+
+    return answering()
 
 
 def autograd_node_sequence_nr(node: Any) -> int:

@@ -198,9 +198,12 @@ class RanksBudgetUnreachableError(MemlayoutError):
         else:
             hint = "raise --budget, add ranks (--world-size), shrink each rank's batch" + (
                 "" if lowest.offload or lowest.sharding.offload else ", or allow CPU offload (--allow-offload)")
+        # On CUDA the figure compared is the reserved peak with the runtime beside it (activations/ranks/card.py).
+        judged = getattr(lowest, "judged_bytes", lowest.peak_bytes)
+        what = "peak" if judged == lowest.peak_bytes else "reserved peak with the CUDA runtime"
         super().__init__(
-            f"no plan fits the largest rank in {human_bytes(budget)} ({budget} bytes): the lowest peak reached is "
-            f"{human_bytes(lowest.peak_bytes)} ({lowest.peak_bytes} bytes), with {tried}", hint,
+            f"no plan fits the largest rank in {human_bytes(budget)} ({budget} bytes): the lowest {what} reached is "
+            f"{human_bytes(judged)} ({judged} bytes), with {tried}", hint,
         )
 
 

@@ -715,8 +715,38 @@ def test_the_default_sdpa_priority_is_flash_efficient_math_cudnn() -> None:
     assert _torch.sdp_priority_order()[:4] == [1, 2, 0, 3]
 
 
-@pytest.mark.cuda_build
+FAKE_CUDA_OPS = """
+import torch
+from memlayout import _torch
+{install}
+with _torch.FakeTensorMode():
+    layer = torch.nn.Linear(4, 4, device="cuda")  # its initialiser's uniform_ copies through the device guard
+    moved = torch.ones(2, 4).to("cuda")
+    assert layer(moved).device.type == "cuda"
+print("ok")
+"""
+
+
+def test_the_fake_cuda_guard_makes_fake_cuda_tensors_work_on_every_build() -> None:
+    # In a process of its own: a build without a CUDA guard aborts the process in autograd's C++ (terminate).
+    api = "c10::impl::device_guard_impl_registry, torch._C._ensureCUDADeviceGuardSet"
+    given = subprocess_python(FAKE_CUDA_OPS.format(install="_torch.fake_cuda_device_guard()"))
+    assert given.returncode == 0 and given.stdout.strip() == "ok", changed(api, given.stderr[-2000:])
+    if torch.backends.cuda.is_built():  # type: ignore[no-untyped-call]
+        return
+    # Why it exists: without it the CPU build cannot make a fake CUDA tensor through the guard.
+    bare = subprocess_python(FAKE_CUDA_OPS.format(install=""))
+    assert bare.returncode != 0 and "not linked with support for cuda devices" in bare.stderr, bare.stderr[-2000:]
+
+
+def subprocess_python(code: str) -> Any:
+    import subprocess
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+
+
 def test_cuda_autocast_applies_cudas_policy_to_fake_cuda_tensors_without_a_device() -> None:
+    _torch.fake_cuda_device_guard()
     with _torch.FakeTensorMode():
         a = torch.ones(4, 4, device="cuda")
         with _torch.cuda_autocast_without_device(torch.bfloat16):

@@ -24,9 +24,6 @@ from memlayout.cli.formats import Command, OutputFormat
 from memlayout.cli.options import device_option, format_option, mebibytes, probability
 from memlayout.errors import MemlayoutError
 
-CUDA_WHEELS = "https://download.pytorch.org/whl/cu130"
-"""The index of torch's CUDA wheels, as memlayout/activations/trace/world.py's refusal names it (a test holds the
-two equal): --gpu's help cannot import that module, which loads the tracer, on every start."""
 CONFIGURATION = "Configuration"
 """The group of the options that say where settings come from, and how errors show."""
 PANEL = {name: group for group, names in GROUPS.items() for name in names}
@@ -94,9 +91,11 @@ ROWS: tuple[Row, ...] = (
     Row("device", str, "cpu", _in_panel(device_option("cpu", "cuda", "cuda:N", "meta", help="The device the step is "
         "for (meta: shapes only)."), "Device")),
     _option("gpu", str | None, None, help="Trace for this GPU (implies --device cuda): its capability decides the "
-            "attention kernel, as torch decides it. No GPU is needed here, but torch's CUDA build is (a CPU build "
-            f"refuses it): pip install torch --index-url {CUDA_WHEELS} (on Linux, plain pip install torch is one). "
-            f"{', '.join(spec.key for spec in GPUS)}.", metavar="NAME"),
+            "attention kernel, as torch decides it. Neither a GPU nor torch's CUDA build is needed: the CPU wheel "
+            f"and macOS give the CUDA build's figures. {', '.join(spec.key for spec in GPUS)}.", metavar="NAME"),
+    _option("gpu_memory", str | None, None, help="The card's memory, for a card the table lacks (96GiB, 94GB): "
+            "--gpu's capability and rates (the h100's without --gpu) with this memory; implies --device cuda.",
+            metavar="SIZE"),
     _option("real", bool, False, help="Run the step for real on --device (uses the memory), as a check."),
     # Precision
     _option("dtype", str | None, None, help=_dtype_help("Cast the model's floating parameters and buffers to this dtype "
@@ -144,6 +143,31 @@ ROWS: tuple[Row, ...] = (
             "buckets close at, in MiB (DDP's default: 25, the first bucket 1).", metavar="MIB"),
     _option("gradient_as_bucket_view", bool, False, help="DDP's gradient_as_bucket_view: each .grad is a view of its "
             "bucket instead of a copy beside it (DDP's default: off)."),
+    # Recipe: what the training loop and its sharding code choose
+    _option("optimizer_impl", str | None, None, help="torch.optim's implementation: for-loop (one tensor at a "
+            "time), foreach (every tensor at once: temporaries the size of the parameters) or fused. Default: as "
+            "torch picks it for the parameters, foreach for plain CUDA tensors, for-loop on the CPU and for the "
+            "DTensors FSDP2 and --tp make.", metavar="for-loop|foreach|fused"),
+    _option("clip_grad_norm", float | None, None, help="torch.nn.utils.clip_grad_norm_ to this max norm after "
+            "backward, before the optimizer's step, as most training loops do.", metavar="MAX"),
+    _option("clip_grad_impl", str | None, None, help="With --clip-grad-norm: foreach or for-loop (clip_grad_norm_'s "
+            "foreach). Default: as torch picks it, foreach for plain tensors, for-loop for DTensors.",
+            metavar="foreach|for-loop"),
+    _option("selective_ac", str | None, None, help="Op-level activation checkpointing of --ac-modules "
+            "(torch.utils.checkpoint's create_selective_checkpoint_contexts): what to save, a comma list of matmuls, "
+            "every-other-matmul, attention (each device's attention kernels), collectives and max, or torchtitan "
+            "(its save list); or any policy as pkg.module:policy, called as torch calls a policy (ctx, op, *args, "
+            "**kwargs).", metavar="SAVES|pkg.module:policy"),
+    _option("ac_modules", list[str] | None, None, help="Checkpoint these modules' forwards (every op recomputed in "
+            "backward, or --selective-ac's): a dotted path where * is one name, or a class name; repeatable. "
+            "Default with --selective-ac: the blocks of the model's main nn.ModuleList.", metavar="PATTERN"),
+    _option("reshard_after_forward", list[str] | None, None, help="FSDP2's reshard_after_forward per wrapped "
+            "module: torchtitan (every block but the last), lightning (every module), or PATTERN=true|false "
+            "(a module path with *, or a class name; a bare true|false is every module); repeatable, the last "
+            "that names a module decides.", metavar="PRESET|PATTERN=BOOL"),
+    _option("eager", bool, False, help="For a model compiled with torch.compile: trace its eager step, each compiled "
+            "module's uncompiled one. Without it such a model is refused: a compiled step saves and fuses otherwise "
+            "(AOTAutograd's partitioner, Inductor), and memlayout traces eager steps."),
     # Adapters
     _option("lora", int | None, None, help="Add peft's LoRA adapters of this rank before tracing: only they train, "
             "and the optimizer keeps state for them only. Every other setting is peft's LoraConfig default, its "

@@ -168,13 +168,6 @@ def test_the_json_plan_applied_as_printed_fits_for_real() -> None:
     assert torch.equal(planned.loss, plain.loss)
 
 
-@pytest.mark.skipif(torch.backends.cuda.is_built(), reason="this torch can fake CUDA tensors")
-def test_cuda_on_a_cpu_only_torch_is_one_line() -> None:
-    code, out, err = run([*GPT2, "--device", "cuda"])
-    assert code == 2 and out == ""
-    assert err.startswith("memlayout: error: --device cuda needs a torch built with CUDA")
-
-
 def test_meta_device_traces_and_says_what_it_cannot_see() -> None:
     code, out, err = run(["activations", "tests.activations.models:lstm_lm", "--input", "int64[2,16]<500",
                           "--device", "meta", "--format", "json"])

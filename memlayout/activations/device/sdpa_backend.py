@@ -31,6 +31,10 @@ each one):
   and at most 128 (256 on sm 9.0 from cuDNN 9.10; 192/128 on sm 10.x), more than one
   key, no dropout with one query, grouped-query heads allowed.
 Nested tensors and ROCm are not modelled.
+
+The cuDNN version is the one this torch loads; a build without cuDNN (the CPU wheel,
+macOS) takes the one torch's CUDA wheel loads (`CUDA_WHEEL_CUDNN`), so that both builds
+choose alike.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ MATH = "math"
 
 _TORCH_ORDER = {0: MATH, 1: FLASH, 2: EFFICIENT, 3: CUDNN}
 """torch's SDPBackend values (torch.nn.attention.SDPBackend) -> the names here."""
+CUDA_WHEEL_CUDNN = 92400
+"""cuDNN 9.24.0 (`torch.backends.cudnn.version()`'s encoding: major * 10000 + minor * 100 + patch), the
+nvidia-cudnn-cu13 that torch 2.14.1+cu130 pins: what a fake CUDA step assumes where this torch has no cuDNN.
+tests/activations/device/test_sdpa_backend.py holds it equal to the CUDA build's own."""
 DEFAULT_ORDER = (FLASH, EFFICIENT, MATH, CUDNN)
 CUDNN_FIRST_ORDER = (CUDNN, FLASH, EFFICIENT, MATH)
 """The order `priority_order` writes into the process, once, where the GPU prefers cuDNN (sdp_utils.cpp)."""
@@ -96,7 +104,7 @@ def current_switches() -> Switches:
                  CUDNN: backends.cudnn_sdp_enabled, MATH: backends.math_sdp_enabled}
     enabled = {name for name, switch in switch_of.items() if switch()}  # type: ignore[no-untyped-call]
     cudnn_version: Any = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
-    cudnn_version = int(cudnn_version or 0)
+    cudnn_version = int(cudnn_version or CUDA_WHEEL_CUDNN)
     deprioritized = os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "") in ("1", "ON", "on", "true", "TRUE", "y", "YES")
     present_prefers_cudnn = (bool(torch.cuda.is_available())
                              and _prefers_cudnn(torch.cuda.get_device_capability(), cudnn_version, deprioritized))

@@ -13,7 +13,8 @@ from memlayout.activations.analysis import ActivationReport, target_gpu
 from memlayout.activations.budget import Budget, card_budget, resolve_budget
 from memlayout.activations.fit.sized_step import ScaledDim, SizedStep, specs_at
 from memlayout.activations.model.input_specs import InputSpec
-from memlayout.activations.ranks import predict_ranks
+from memlayout.activations.ranks import predict_ranks, ranks_budget_bytes
+from memlayout.activations.ranks.card import ranks_card
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.request.vocabulary import Pipeline
@@ -245,9 +246,11 @@ class RanksProbe(Probe):
     """Ranks: each size predicted by `analyze_ranks` (it builds the sharded model afresh)."""
 
     def __init__(self, request: StepRequest, specs: list[InputSpec], dims: tuple[ScaledDim, ...]) -> None:
-        assert request.budget is not None and request.budget.bytes is not None  # request/rules.py: a size
-        # Each rank's peak of live tensors is compared: the allocator's model is not replayed per rank yet.
-        self.budget = Budget(request.budget.bytes, f"--budget {request.budget.describe()}")
+        assert request.budget is not None  # request/rules.py: a size, or a share of the named GPU's memory
+        # Each rank's judged figure is compared: on CUDA its reserved peak and the runtime beside it (ranks/card.py).
+        card = ranks_card(request)
+        self.budget = Budget(ranks_budget_bytes(request), f"--budget {request.budget.describe()}",
+                             card.runtime.beside_step_bytes if card is not None else None)
         self.request, self.specs, self.dims = request, specs, dims
         self.optimizer = request.step_optimizer
         self.reports: dict[int, RanksReport] = {}
@@ -266,7 +269,7 @@ class RanksProbe(Probe):
 
     def plain(self, size: int) -> FitProbe:
         try:
-            peak = self._report(size).largest.peak_bytes
+            peak = self._report(size).largest.judged_bytes
         except UsageError as exc:
             if size == self._given():
                 raise
@@ -281,12 +284,12 @@ class RanksProbe(Probe):
         try:
             report = self._ranks(size, self.budget.bytes)
         except RanksBudgetUnreachableError as exc:
-            return FitProbe(size, True, exc.lowest.peak_bytes, False)
+            return FitProbe(size, True, exc.lowest.judged_bytes, False)
         except UsageError as exc:
             return FitProbe(size, True, None, False, exc.one_line())
         assert report.plan is not None
         self.plans[size] = report.plan
-        return FitProbe(size, True, report.plan.peak_bytes, True)
+        return FitProbe(size, True, report.plan.judged_bytes, True)
 
     def plan_at(self, size: int) -> RanksPlan | None:
         if size not in self.plans:

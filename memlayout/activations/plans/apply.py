@@ -6,6 +6,9 @@ each nn.Sequential in `plan.sequential` runs its children through
 `checkpoint_sequential(..., use_reentrant=False)`. The module's own hooks run once,
 as before; only what autograd saves changes.
 
+A module in `plan.selective` is checkpointed with an op-level policy's contexts
+(`_selective_forward`, plans/op_policies.py): the outputs of the ops it saves are kept.
+
 Why non-reentrant: the reentrant variant does not work with
 `torch.autograd.grad` (only `.backward()`), ignores inputs that do not require
 grad, and cannot take keyword arguments.
@@ -28,6 +31,7 @@ from typing import Any
 
 from memlayout import _torch
 from memlayout.activations.plans import rerun
+from memlayout.activations.plans.op_policies import OpPolicy, context_fn, parse_policy
 from memlayout.activations.plans.plan import Plan
 from memlayout.errors import UsageError
 
@@ -85,6 +89,8 @@ def apply_plan(model: Any, plan: Plan | Mapping[str, Any], *, preserve_rng_state
     try:
         for path in plan.checkpoint:
             _wrap(applied, _module(model, path), _checkpointed_forward, preserve_rng_state)
+        for path, policy in plan.selective:
+            _wrap(applied, _module(model, path), _selective_forward(parse_policy(policy)), preserve_rng_state)
         for item in plan.sequential:
             module = _module(model, item.module)
             if not isinstance(module, torch.nn.Sequential):
@@ -138,6 +144,40 @@ def _checkpointed_forward(module: Any, original: Any, preserve_rng_state: bool) 
                           context_fn=_rerun_under_forwards_autocast, **kwargs)
 
     return forward
+
+
+def _selective_forward(policy: OpPolicy) -> Any:
+    """A module checkpointed by an op-level policy: its contexts, and the rerun's autocast as forward's had it."""
+    contexts = context_fn(policy)
+
+    def both() -> tuple[Any, Any]:
+        forward, recompute = contexts()
+        _, autocast = _rerun_under_forwards_autocast()
+
+        @contextlib.contextmanager
+        def rerun_in_both() -> Any:
+            with autocast, recompute:
+                yield
+
+        return forward, rerun_in_both()
+
+    def make(module: Any, original: Any, preserve_rng_state: bool) -> Any:
+        import torch
+        from torch.utils.checkpoint import checkpoint
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with rerun.announced(module):
+                return original(*args, **kwargs)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if not torch.is_grad_enabled():
+                return original(*args, **kwargs)
+            return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state,
+                              context_fn=both, **kwargs)
+
+        return forward
+
+    return make
 
 
 def _sequential_forward(segments: int) -> Any:

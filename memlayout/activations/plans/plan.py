@@ -59,15 +59,18 @@ class Plan:
     checkpoint: tuple[str, ...] = ()
     """Modules to wrap with `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`."""
     sequential: tuple[SequentialSegments, ...] = ()
+    selective: tuple[tuple[str, str], ...] = ()
+    """(module, policy): checkpointed with an op-level policy (plans/op_policies.py), its saved ops' outputs kept."""
 
     @property
     def empty(self) -> bool:
-        return not self.checkpoint and not self.sequential
+        return not self.checkpoint and not self.sequential and not self.selective
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "checkpoint": list(self.checkpoint),
             "sequential": [{"module": s.module, "segments": s.segments} for s in self.sequential],
+            **({"selective": [{"module": m, "policy": p} for m, p in self.selective]} if self.selective else {}),
         }
 
     @classmethod
@@ -83,9 +86,10 @@ class Plan:
                 SequentialSegments(module=str(item["module"]), segments=int(item["segments"]))
                 for item in plan.get("sequential", ())
             )
+            selective = tuple((str(item["module"]), str(item["policy"])) for item in plan.get("selective", ()))
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"the plan is malformed: {exc}", "pass report.plan or a JSON report's 'plan' object") from exc
-        return cls(checkpoint=checkpoint, sequential=sequential)
+        return cls(checkpoint=checkpoint, sequential=sequential, selective=selective)
 
 
 @dataclass(frozen=True)

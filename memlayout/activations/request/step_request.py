@@ -27,18 +27,20 @@ from memlayout.activations.request.vocabulary import (
     precision,
     sweep_spec,
 )
-from memlayout.activations.sizes import BudgetSpec, parse_budget
-from memlayout.errors import SettingError
+from memlayout.activations.sizes import BudgetSpec, parse_budget, parse_size
+from memlayout.errors import SettingError, UsageError
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "Target": ("target", "model_class", "trust", "main_module", "timeout", "download"),
     "Inputs": ("input", "inputs", "kwargs"),
     "Step": ("step", "optimizer", "new_tokens", "cache", "weights"),
-    "Device": ("device", "gpu", "real"),
+    "Device": ("device", "gpu", "gpu_memory", "real"),
     "Precision": ("dtype", "autocast"),
     "Budget and plans": ("budget", "allow_offload", "fit", "sweep"),
     "Ranks": ("world_size", "fsdp", "fsdp_modules", "no_reshard_after_forward", "param_dtype", "reduce_dtype",
               "tp", "ddp", "bucket_cap_mb", "gradient_as_bucket_view"),
+    "Recipe": ("optimizer_impl", "clip_grad_norm", "clip_grad_impl", "selective_ac", "ac_modules",
+               "reshard_after_forward", "eager"),
     "Adapters": ("lora", "lora_targets", "lora_dropout", "dora", "quantize"),
     "Output": ("format", "output", "depth", "plot", "snapshot"),
 }
@@ -106,6 +108,9 @@ class StepRequest:
     """cpu, cuda, cuda:N or meta (shapes only)."""
     gpu: str | None = None
     """The GPU to trace for (a key of device/gpus.py); implies `device` cuda."""
+    gpu_memory: int | None = None
+    """The card's memory in bytes (an int or `"96GiB"`), for a card the GPU table lacks: `gpu`'s capability and
+    rates (the default GPU's without it) with this memory; implies `device` cuda."""
     real: bool = False
     """Run the step for real on `device`, as a check (it takes the memory)."""
     # Precision
@@ -145,6 +150,27 @@ class StepRequest:
     """DDP's bucket_cap_mb."""
     gradient_as_bucket_view: bool = False
     """DDP's gradient_as_bucket_view."""
+    # Recipe: what the training loop and its sharding code choose
+    optimizer_impl: str | None = None
+    """for-loop, foreach or fused: torch.optim's implementation; None: as torch picks it for the parameters (foreach
+    for plain CUDA tensors, for-loop on the CPU and for the DTensors FSDP2 and tensor parallel make)."""
+    clip_grad_norm: float | None = None
+    """`torch.nn.utils.clip_grad_norm_` to this max norm after backward, before the optimizer's step."""
+    clip_grad_impl: str | None = None
+    """With `clip_grad_norm`: foreach or for-loop; None: as torch picks it (foreach for plain tensors on the CPU
+    and CUDA, for-loop for DTensors)."""
+    selective_ac: str | None = None
+    """Op-level activation checkpointing (`create_selective_checkpoint_contexts`) of `ac_modules`: what to save, a
+    comma list of matmuls, every-other-matmul, attention, collectives and max, or torchtitan; or any policy as
+    `pkg.module:policy`."""
+    ac_modules: tuple[str, ...] = ()
+    """The modules whose forward runs under checkpoint (dotted paths with `*`, or class names): every op
+    recomputed, or `selective_ac`'s; empty with `selective_ac`: the main blocks."""
+    reshard_after_forward: tuple[str, ...] = ()
+    """FSDP2's reshard_after_forward per wrapped module: a preset (torchtitan, lightning) or PATTERN=true|false
+    entries, the last that matches a module deciding; unnamed modules reshard (FSDP2's default)."""
+    eager: bool = False
+    """A model compiled with torch.compile: trace its eager step (model/compiled.py); without it, it is refused."""
     # Adapters
     lora: int | None = None
     """peft's LoRA adapters of this rank."""
@@ -181,6 +207,8 @@ class StepRequest:
         values: dict[str, Any] = {
             "input": (self.input,) if isinstance(self.input, str) else tuple(self.input or ()),
             "fsdp_modules": (self.fsdp_modules,) if isinstance(self.fsdp_modules, str) else tuple(self.fsdp_modules or ()),
+            "ac_modules": _texts(self.ac_modules), "reshard_after_forward": _texts(self.reshard_after_forward),
+            "gpu_memory": _gpu_memory(self.gpu_memory),
             "dtype": precision(self.dtype), "autocast": precision(self.autocast),
             "param_dtype": precision(self.param_dtype), "reduce_dtype": precision(self.reduce_dtype),
             "budget": _budget(self.budget), "format": str(getattr(self.format, "value", self.format)),
@@ -238,6 +266,20 @@ class StepRequest:
     def serving(self) -> bool:
         """Ranks that serve (step inference or generate, one tensor-parallel group) rather than train."""
         return self.world_size is not None and self.step != "train" and self.fit is None
+
+
+def _texts(value: Any) -> tuple[str, ...]:
+    """A list setting as a tuple: one text is one item."""
+    return (value,) if isinstance(value, str) else tuple(value or ())
+
+
+def _gpu_memory(value: Any) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    try:
+        return parse_size(str(value))
+    except UsageError:
+        raise SettingError(f"`gpu_memory` {value!r} is not a size", "e.g. `gpu_memory=96GiB`") from None
 
 
 def _budget(value: Any) -> BudgetSpec | None:

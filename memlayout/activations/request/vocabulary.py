@@ -130,3 +130,18 @@ def _sizes(part: str, text: str) -> range | tuple[int, ...]:
         raise SettingError(f"`sweep` {text!r} asks for more than {MAX_SWEEP_SIZES} sizes",
                            "give fewer, or a larger STEP")
     return range(start, stop + 1, step)
+# The training recipe: the loop's optimizer implementation and clipping, op-level checkpointing, resharding.
+OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
+"""torch.optim's implementations (`--optimizer-impl`): one tensor at a time, the foreach kernels, the fused ones."""
+CLIP_IMPLS = ("for-loop", "foreach")
+"""`clip_grad_norm_`'s implementations (`--clip-grad-impl`)."""
+SAC_SAVES = ("matmuls", "every-other-matmul", "attention", "collectives", "max")
+"""What a built-in op-level checkpoint policy (`--selective-ac`) saves: every matmul's output, every other one's
+(torchtitan's), attention's outputs (each device's attention kernels), collectives' outputs, and max reductions."""
+SAC_PRESETS = {"torchtitan": ("every-other-matmul", "attention", "collectives", "max")}
+"""Named policies: torchtitan's `_save_list` with its every-other-`mm` rule (models/llama3/infra/parallelize.py)."""
+RESHARD_PRESETS = {
+    "torchtitan": "every wrapped block but the last (torchtitan's apply_fsdp: FSDP2 would gather it again at once)",
+    "lightning": "every wrapped module (Lightning's FSDPStrategy default, FULL_SHARD; FSDP2's own default)",
+}
+"""`--reshard-after-forward` presets, and what each reshards after forward."""

@@ -67,19 +67,3 @@ def test_gpu_implies_a_cuda_step_and_refuses_another_device() -> None:
         device_for_gpu("meta", "fake", "a10g")
     with pytest.raises(UsageError, match="`real` measures"):
         device_for_gpu("cuda", "real", "a10g")
-
-
-def test_the_cpu_build_says_in_one_line_it_needs_the_cuda_build_and_how_to_install_it() -> None:
-    import torch
-
-    if torch.backends.cuda.is_built():  # type: ignore[no-untyped-call]
-        pytest.skip("this torch is a CUDA build")
-    result = subprocess.run(
-        [sys.executable, "-m", "memlayout", "activations", "tests.activations.models:gpt2", "--gpu", "h100",
-         "--inputs", "tests.activations.models:gpt2_inputs"],
-        capture_output=True, text=True, check=False,
-    )
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert "needs a torch built with CUDA" in result.stderr
-    assert "pip install torch --index-url https://download.pytorch.org/whl/cu130" in result.stderr

@@ -15,6 +15,7 @@ import torch
 from memlayout import _torch
 from memlayout.activations.device import sdpa_backend as sb
 from memlayout.activations.device.gpus import gpu_spec, spec_for_device_name
+from memlayout.activations.trace.fake_cuda import give_torch_fake_cuda
 
 PROBE = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "gpu" / "probe-h200.json"
 
@@ -159,7 +160,6 @@ def test_the_choice_is_torchs_on_the_present_gpu(dtype: torch.dtype, head: int, 
                                                                    3: sb.CUDNN}[theirs]
 
 
-@pytest.mark.cuda_build
 @pytest.mark.parametrize(("gpu", "op"), [
     ("h100", "_scaled_dot_product_cudnn_attention"),
     ("a100-80gb", "_scaled_dot_product_flash_attention"),
@@ -173,6 +173,7 @@ def test_a_fake_cuda_step_runs_the_op_torch_runs_on_the_target(gpu: str, op: str
             seen.append(func.__name__.split(".")[0])
             return func(*args, **(kwargs or {}))
 
+    give_torch_fake_cuda()
     routing = sb.SdpaRouting(gpu_spec(gpu))
     with _torch.FakeTensorMode(), Ops(), routing.mode():
         q, k, v = (torch.randn(2, 8, 128, 64, device="cuda", dtype=torch.float16, requires_grad=True)
@@ -180,3 +181,12 @@ def test_a_fake_cuda_step_runs_the_op_torch_runs_on_the_target(gpu: str, op: str
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert op in seen and "bmm" not in seen  # the fused op, not math's score matrix
     assert out.shape == q.shape and out.dtype == torch.float16
+
+
+def test_the_cudnn_a_build_without_it_assumes_is_the_one_the_cuda_wheel_loads() -> None:
+    # The CUDA build's job holds the record to its own cuDNN; the CPU wheel's (no cuDNN) takes the record.
+    loaded = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
+    if loaded is not None:
+        assert loaded == sb.CUDA_WHEEL_CUDNN, (
+            f"torch {torch.__version__} loads cuDNN {loaded}: record it as sdpa_backend.CUDA_WHEEL_CUDNN")
+    assert sb.current_switches().cudnn_version == sb.CUDA_WHEEL_CUDNN

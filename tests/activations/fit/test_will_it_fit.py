@@ -55,7 +55,6 @@ def test_on_the_cpu_fits_answer_has_a_plan_at_s_and_none_at_s_plus_1() -> None:
     assert size >= 3  # the plan fits more than the plain step would
 
 
-@pytest.mark.cuda_build
 @pytest.mark.parametrize("autocast", [None, "bf16"])
 def test_on_a_gpu_fits_answer_has_a_plan_at_s_and_none_at_s_plus_1(autocast: str | None) -> None:
     one = act.analyze(GPT2, SPECS, gpu="a100-40gb", autocast=autocast)
@@ -67,7 +66,6 @@ def test_on_a_gpu_fits_answer_has_a_plan_at_s_and_none_at_s_plus_1(autocast: str
         _decision_holds(share, gpu="a100-40gb", autocast=autocast)
 
 
-@pytest.mark.cuda_build
 def test_a_gpu_answer_is_judged_by_reserved_plus_the_runtime_against_the_card() -> None:
     from memlayout.activations.device.cuda_runtime import cuda_runtime
 
@@ -86,7 +84,6 @@ def test_a_gpu_answer_is_judged_by_reserved_plus_the_runtime_against_the_card() 
     assert plain.next_compared_bytes is not None and plain.next_compared_bytes > report.budget_bytes
 
 
-@pytest.mark.cuda_build
 def test_a_plan_under_cuda_autocast_reruns_in_bf16_as_forward_ran() -> None:
     # Sizes chosen so that no two tensors have one byte count: the hidden [24, 208] is 9,984 B in bf16 and
     # 19,968 B in float32; the weights cast to bf16 are 16,640 B.
@@ -118,7 +115,6 @@ def test_torchs_warning_when_cuda_autocast_switches_itself_off_is_the_one_silenc
     assert [str(w.message) for w in caught] == ["another warning still reaches the user"]
 
 
-@pytest.mark.cuda_build
 def test_a_successful_gpu_run_with_a_plan_under_autocast_writes_nothing_to_stderr() -> None:
     from memlayout.activations.device.cuda_runtime import cuda_runtime
 

@@ -230,7 +230,6 @@ def test_the_install_command_s_extra_brings_both_packages() -> None:
     assert "peft" in extra and "bitsandbytes" in extra
 
 
-@pytest.mark.cuda_build
 def test_qlora_traces_for_a_gpu_on_the_cuda_build_without_one(folder: Path) -> None:
     """The 4-bit weights are quantized on the meta device and moved to fake CUDA tensors; bitsandbytes' CUDA ops
     run their fake kernels. The state is the CPU's: bitsandbytes quantizes to the same sizes on both."""

@@ -89,7 +89,6 @@ def test_a_step_that_sums_gradients_is_predicted_as_the_user_runs_it(build: Any,
     assert abs(predicted - real) <= 0.02 * real, (predicted, real)
 
 
-@pytest.mark.cuda_build
 @pytest.mark.parametrize(("build", "spec"), [(ManyViews, "float32[64,64]"), (TiedEmbedding, "int64[1,4]<8192")])
 def test_the_gpu_free_backward_sums_as_torchs_engine_does(build: Any, spec: str) -> None:
     """memlayout's own backward loop (fake CUDA tensors, no GPU) follows the same rule as the CPU trace: the two

@@ -19,9 +19,9 @@ import torch
 
 import memlayout.activations as act
 from memlayout import _torch
+from memlayout.activations.step import gpu_free_backward
+from memlayout.activations.trace.fake_cuda import give_torch_fake_cuda
 from tests.activations import models
-
-pytestmark = pytest.mark.cuda_build
 
 PROBE = json.loads((Path(__file__).resolve().parents[3] / "benchmarks/results/gpu/probe-h200.json").read_text())
 _OPTIONS = {"fp32": {}, "autocast-bf16": {"autocast": "bf16"}, "bf16": {"dtype": "bf16"}}
@@ -44,11 +44,15 @@ def _llama_small() -> torch.nn.Module:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: torch's engine runs")
 def test_torchs_engine_cannot_run_backward_on_fake_cuda_tensors_without_a_gpu() -> None:
-    # The reason gpu_free_backward.py exists: if a torch release fixes it, that loop can go.
+    # The reason gpu_free_backward.py exists: if a torch release fixes it, that loop can go. Each build fails in
+    # its own check (gpu_free_backward.cuda_needs_it says which).
+    give_torch_fake_cuda()
+    refusal = ("hasPrimaryContext expects a valid device index" if torch.backends.cuda.is_built()  # type: ignore[no-untyped-call]
+               else "Cannot access accelerator device when none is available")
     with _torch.FakeTensorMode():
         weight = torch.empty(4, 4, device="cuda", requires_grad=True)
         loss = (weight * 2).sum()
-        with pytest.raises(RuntimeError, match="hasPrimaryContext expects a valid device index"):
+        with pytest.raises(RuntimeError, match=refusal):
             loss.backward()
 
 
@@ -89,3 +93,69 @@ def test_the_cli_traces_for_a_named_gpu_and_says_which_attention_ran() -> None:
     from memlayout.activations.device.cuda_runtime import chosen_workspace_size
 
     assert report["cuda_runtime"]["cublas_workspace_bytes"] == chosen_workspace_size((8, 0), {}) < 32 << 20
+
+
+def test_the_ops_a_cuda_build_runs_whole_are_the_ones_recorded() -> None:
+    from memlayout.activations.trace.fake_cuda import WHOLE_ON_CUDA
+
+    if not torch.backends.cuda.is_built():  # type: ignore[no-untyped-call]
+        pytest.skip("the CUDA build's job holds the record to its own dispatcher table")
+    whole = sorted(name.removeprefix("aten::") for name in _dispatched_aten_ops()
+                   if _torch.has_kernel_for(name, "CompositeImplicitAutograd") and _torch.has_kernel_for(name, "CUDA"))
+    assert whole == sorted(WHOLE_ON_CUDA), "record them as fake_cuda.WHOLE_ON_CUDA"
+
+
+def _dispatched_aten_ops() -> set[str]:
+    """Every aten op the dispatcher knows (TorchScript's schemas name a few more, which it does not)."""
+    names = {schema.name for schema in torch._C._jit_get_all_schemas() if schema.name.startswith("aten::")}
+    known = set()
+    for name in names:
+        try:
+            _torch.has_kernel_for(name, "CUDA")
+        except RuntimeError:  # "operator aten::__ixor__ does not exist"
+            continue
+        known.add(name)
+    return known
+
+
+@pytest.mark.parametrize(("module", "whole"), [
+    (torch.nn.SiLU(), "silu_backward"), (torch.nn.Mish(), "mish_backward"), (torch.nn.RMSNorm(8), "_fused_rms_norm"),
+])
+def test_every_build_runs_them_whole_on_fake_cuda_tensors(module: torch.nn.Module, whole: str) -> None:
+    # Split into parts (the CPU wheel's dispatcher without the CUDA kernels), silu's backward allocated four
+    # temporaries the GPU never does.
+    seen: list[str] = []
+
+    class Ops(_torch.TorchDispatchMode):  # type: ignore[misc]
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    give_torch_fake_cuda()
+    with _torch.FakeTensorMode(allow_non_fake_inputs=True), torch.device("cuda"):
+        module = module.to("cuda")
+        x = torch.randn(2, 8, requires_grad=True)
+        with Ops():
+            out = module(x)
+        assert out.device.type == "cuda"
+        if whole.endswith("_backward"):
+            with Ops():
+                gpu_free_backward.run_backward([out.sum()])
+    assert whole in seen and "sigmoid" not in seen and "rsqrt" not in seen, seen
+
+
+@pytest.mark.parametrize("flags", [["--gpu", "h100"], ["--device", "cuda"]])
+def test_an_rnn_is_refused_for_a_gpu_before_tracing_and_the_hint_predicts_the_cpu(flags: list[str]) -> None:
+    # torch's CUDA build runs cuDNN's RNN kernels on fake tensors and stops without a GPU ("CUDA driver version is
+    # insufficient"); the CPU wheel would split the LSTM into ops no GPU runs. Both refuse, in one line, alike.
+    command = [sys.executable, "-m", "memlayout", "activations", "tests.activations.models:lstm_lm",
+               "--input", "int64[4,32]<500", "--format", "json"]
+    refused = subprocess.run([*command, *flags], capture_output=True, text=True, check=False)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.count("\n") == 1 and "LSTM (lstm) runs cuDNN's RNN kernels" in refused.stderr, refused.stderr
+    # The hint, followed: drop --gpu (or give --device cpu), and the CPU's step is predicted.
+    followed = [*command, "--device", "cpu"] if "--device" in flags else command
+    assert ("drop --gpu" if "--gpu" in flags else "--device cpu predicts") in refused.stderr
+    done = subprocess.run(followed, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["device"] == "cpu"
