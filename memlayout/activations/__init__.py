@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from memlayout.activations.analysis import ActivationReport, analyze
     from memlayout.activations.device.allocator_replay import allocator_peaks
     from memlayout.activations.plans.apply import AppliedPlan, apply_plan
-    from memlayout.activations.plans.plan import Plan, SequentialSegments
+    from memlayout.activations.plans.plan import Plan, Segment, SequentialSegments
     from memlayout.activations.ranks import analyze_ranks
     from memlayout.activations.ranks.facts import RanksReport
     from memlayout.activations.ranks.parallel import ShardingOptions
@@ -41,6 +41,7 @@ _LAZY = {
     "AppliedPlan": "memlayout.activations.plans.apply",
     "Plan": "memlayout.activations.plans.plan",
     "SequentialSegments": "memlayout.activations.plans.plan",
+    "Segment": "memlayout.activations.plans.plan",
     "analyze_ranks": "memlayout.activations.ranks",
     "ShardingOptions": "memlayout.activations.ranks.parallel",
     "RanksReport": "memlayout.activations.ranks.facts",
@@ -64,6 +65,7 @@ __all__ = [
     "Plan",
     "PlanResult",
     "RanksReport",
+    "Segment",
     "SequentialSegments",
     "ShardingOptions",
     "allocator_peaks",

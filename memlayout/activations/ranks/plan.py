@@ -118,7 +118,9 @@ def plan_ranks(
     single = single_device()
     # Modules the single-device step shows cannot be checkpointed (they change state, or write into their inputs).
     excluded.update(exclusions(single.modules, single.trace, None))
-    planner = Planner(single.trace, excluded)
+    # A rank's plan is applied by the sharding code it prints (Sharding), which names modules and
+    # checkpoint_sequential's splits: runs of children on their own are left out.
+    planner = Planner(single.trace, excluded, segments=False)
     options: list[tuple[Sharding, int | None, int]] = []
 
     def checkpointed(on: Sharding, chosen: list[int]) -> Sharding:

@@ -120,6 +120,9 @@ def render_fit_table(report: FitReport, *, width: int = 120) -> str:
         if p.plan is not None and not empty:
             checkpoint = list(p.plan.plan.checkpoint) if isinstance(p.plan, PlanResult) else list(
                 p.plan.sharding.checkpoint)
+            if isinstance(p.plan, PlanResult):
+                checkpoint += [f"{s.module or 'the model'} in {s.segments} segments" for s in p.plan.plan.sequential]
+                checkpoint += [f"{s.module or 'the model'} children {s.first}-{s.last}" for s in p.plan.plan.segments]
             field("checkpoint", ", ".join(checkpoint) or "(see --format json)")
             seconds = (f"{seconds_text(p.plan.recompute_seconds)}, " if isinstance(p.plan, PlanResult) else "")
             field("recompute", f"{seconds}{p.plan.recompute_flops:.3g} FLOP at {axis} {p.size}; --format json has "
