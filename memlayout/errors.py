@@ -109,9 +109,13 @@ class BudgetUnreachableError(MemlayoutError):
         self.budget_bytes = budget
         self.lowest = lowest
         """The lowest plan found: an `activations.search.PlanResult` (typed Any: this base layer imports no layer)."""
+        # Why, in the line itself: a search at a reachable budget meets the failing plans only if it traces them,
+        # and one whose estimate fits at its first trace meets none.
+        first, why = lowest.excluded[0] if lowest.excluded else ("", "")
         left_out = (
             f"; {len(lowest.excluded)} modules cannot be checkpointed ({', '.join(p for p, _ in lowest.excluded[:3])}"
-            f"{', ...' if len(lowest.excluded) > 3 else ''}: --format json with a reachable --budget says why)"
+            f"{', ...' if len(lowest.excluded) > 3 else ''}; {first or 'the model'}: "
+            f"{why.split(': ', 1)[0].split(' (', 1)[0]})"
             if lowest.excluded else ""
         )
         figure = ("peak" if lowest.compared == "peak"
