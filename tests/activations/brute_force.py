@@ -32,11 +32,14 @@ class Space:
     modules: Callable[[str], bool]
     """Which modules may be checkpointed on their own."""
     max_modules: int
+    within: int | None = None
+    """Runs among the first this many children only (None: all of them)."""
 
 
-def segmentations(container: Container) -> list[tuple[Segment, ...]]:
-    """Every set of disjoint runs of two or more children that the container runs as a chain."""
-    count = len(container.children)
+def segmentations(container: Container, within: int | None = None) -> list[tuple[Segment, ...]]:
+    """Every set of disjoint runs of two or more children (of the first `within`) that the container runs as a
+    chain."""
+    count = len(container.children) if within is None else within
 
     def from_child(start: int) -> Iterator[tuple[Segment, ...]]:
         if start >= count:
@@ -56,7 +59,7 @@ def plans(model: torch.nn.Module, args: Sequence[Any], kwargs: dict[str, Any], s
     """Every plan of the space, the empty plan included."""
     trace = act.analyze(model, list(args), kwargs=kwargs).trace
     found = {c.path: c for c in containers(trace, frozenset())}
-    per_container = [segmentations(found[path]) for path in space.containers]
+    per_container = [segmentations(found[path], space.within) for path in space.containers]
     called = list(dict.fromkeys(c.path for c in trace.calls if not c.recompute and c.path and space.modules(c.path)))
     result: list[Plan] = []
     for choice in itertools.product(*per_container):
@@ -75,11 +78,23 @@ def _nested(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
-def real_peak(build: Callable[[], torch.nn.Module], args: Sequence[Any], kwargs: dict[str, Any], plan: Any) -> int:
-    """The peak of a real CPU step (AdamW, steady state) with the plan applied, by the allocator's events."""
+def real_peak(build: Callable[[], torch.nn.Module], args: Sequence[Any], kwargs: dict[str, Any], plan: Any, *,
+              one_thread: bool = True) -> int:
+    """The peak of a real CPU step (AdamW, steady state) with the plan applied, by the allocator's events.
+
+    On one thread unless `one_thread` is False: on a busy 2-core machine two threads spin for four times the CPU
+    of one, and the peaks are the same but for a convolution's scratch per thread (29,952 B more on two threads on
+    the brute force's CNN), so plans are compared with each other on one thread, and a plan is held to a budget
+    on torch's own count, as users run it."""
     model = build()
-    with act.apply_plan(model, plan):
-        return allocator_peak_step(model, tuple(args), kwargs).peak_bytes
+    threads = torch.get_num_threads()
+    if one_thread:
+        torch.set_num_threads(1)
+    try:
+        with act.apply_plan(model, plan):
+            return allocator_peak_step(model, tuple(args), kwargs).peak_bytes
+    finally:
+        torch.set_num_threads(threads)
 
 
 def lowest(build: Callable[[], torch.nn.Module], args: Sequence[Any], kwargs: dict[str, Any],

@@ -6,8 +6,9 @@ Two claims, each on four small models (two Sequentials, a ModuleList transformer
   names a figure more than 2% above that;
 - every budget between the search's lowest and the step's peak without a plan gets a plan, and the plan
   holds when applied: the real step's peak fits the budget.
-The spaces here are small enough for CI (12 to 29 real steps a model, 77 in all); test_segments_slow.py runs
-larger ones (hundreds) under the `slow` marker.
+The spaces here are small enough for CI (12 to 32 real steps a model, 96 in all); test_segments_slow.py runs
+larger ones (hundreds) under the `slow` marker. Each stack has three blocks or more: in a stack of two, the
+peak is the first block's backward, which no plan lowers.
 """
 
 from __future__ import annotations
@@ -34,15 +35,15 @@ def _blocks(path: str) -> bool:
 
 
 CASES: dict[str, Case] = {
-    # children: conv, ReLU, conv, ReLU, head: every set of runs (16 plans)
-    "sequential-cnn": (lambda: segment_models.sequential_cnn((8, 16), norm=False),
-                       lambda: segment_models.inputs((8, 3, 32, 32)), Space(("",), _top_level, 0)),
-    # Linear/Tanh x 2: every set of runs, with each child alone (20 plans)
-    "sequential-mlp": (lambda: segment_models.sequential_mlp(depth=2), lambda: segment_models.inputs((1024, 64)),
-                       Space(("",), _top_level, 1)),
-    # four blocks: every set of runs of blocks, with up to two of the other blocks alone (29 plans)
+    # children: conv/ReLU x 3, head: every set of runs of the six conv and ReLU children (32 plans)
+    "sequential-cnn": (lambda: segment_models.sequential_cnn((16, 16, 16), norm=False),
+                       lambda: segment_models.inputs((8, 3, 32, 32)), Space(("",), _top_level, 0, within=6)),
+    # Linear/Tanh x 3: every set of runs (32 plans)
+    "sequential-mlp": (segment_models.sequential_mlp, lambda: segment_models.inputs((1024, 64)),
+                       Space(("",), _top_level, 0)),
+    # four blocks: every set of runs of blocks, with one of the other blocks alone (20 plans)
     "list-transformer": (segment_models.list_transformer, lambda: segment_models.inputs((4, 64, 64)),
-                         Space(("blocks",), _blocks, 2)),
+                         Space(("blocks",), _blocks, 1)),
     # two encoder blocks and two decoder layers: every set of runs of each, with one other block alone (12 plans)
     "encoder-decoder": (segment_models.encoder_decoder, lambda: segment_models.inputs((4, 48, 64), (4, 32, 64)),
                         Space(("encoder", "decoder"), _blocks, 1)),
@@ -54,6 +55,7 @@ def _lowest_found(build: Callable[[], torch.nn.Module], args: tuple[Any, ...], k
         act.analyze(build(), list(args), kwargs=kwargs, budget=1)
     lowest = caught.value.lowest
     line = caught.value.one_line()
+    assert lowest.checks > 0 and not lowest.plan.empty, line
     assert f"of {lowest.checks} plan" in line and f"traced, over {lowest.searched}" in line, line
     assert "segment plans" in lowest.searched and "reachable" not in line
     return lowest
@@ -78,9 +80,9 @@ def test_every_budget_from_the_lowest_found_to_the_peak_gets_a_plan_that_holds(c
     peak = act.analyze(build(), list(args), kwargs=kwargs).summary.peak_bytes
     lowest = _lowest_found(build, args, kwargs).judged_bytes
     assert lowest < peak
-    for share in (0.0, 0.3, 0.7):
+    for share in (0.0, 0.5):
         budget = lowest + int(share * (peak - lowest))
         report = act.analyze(build(), list(args), kwargs=kwargs, budget=budget)
         assert report.plan is not None and report.plan.peak_bytes <= budget
-        real = brute_force.real_peak(build, args, kwargs, report.plan.plan)
+        real = brute_force.real_peak(build, args, kwargs, report.plan.plan, one_thread=False)
         assert real <= budget, (share, real, budget, report.plan.plan)
