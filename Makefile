@@ -89,7 +89,7 @@ TORCH_MATRIX := $(TORCH_NEWEST) $(filter-out $(TORCH_VERSION),$(TORCH_OLDEST))
 MATRIX_TESTS := tests/activations tests/load tests/flatten tests/rules tests/corpus tests/realworld \
 	tests/test_private_torch_apis.py tests/test_real_models.py tests/test_cyclic_gc.py tests/test_threads.py \
 	tests/test_nothing_at_import.py tests/cli/test_gpu_needs_the_cuda_build.py \
-	--ignore=tests/activations/test_ddp_real.py --ignore=tests/activations/test_ranks_real.py
+	--ignore=tests/activations/ranks/test_ddp_real.py --ignore=tests/activations/ranks/test_ranks_real.py
 
 test-torch-%: .venv-torch-%/.installed browser nginx
 	.venv-torch-$*/bin/python -m pytest -q -n 2 $(MATRIX_TESTS)

@@ -43,7 +43,7 @@ CACHES = ("dynamic", "static")
 NO_TOKEN = 1 << 40
 """The real generate's end-of-sequence id: no vocabulary is that large."""
 TUNED_ON = frozenset({"LlamaForCausalLM", "GPT2LMHeadModel", "T5ForConditionalGeneration"})
-"""The architectures tests/activations/test_generate.py checks; the sweep leaves them out."""
+"""The architectures tests/activations/step/test_generate.py checks; the sweep leaves them out."""
 
 
 def _use_cache(config: Any) -> None:

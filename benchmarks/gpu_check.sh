@@ -37,17 +37,17 @@ want probe && step 130 steps.log $PYTHON benchmarks/gpu_probe.py "$OUT/probe.jso
 # The caching allocator model: predicted reserved and allocated against max_memory_reserved/allocated (gpt2
 # tiny, a small Llama and a 1.1B Llama at 2k tokens under bf16 autocast), and cuBLAS's workspace sizes.
 step 200 steps.log env MEMLAYOUT_GPU_LARGE=1 $PYTHON -m pytest -q -s -p no:cacheprovider -o addopts= --timeout 190 \
-  -rfEs tests/activations/test_reserved_gpu.py
+  -rfEs tests/activations/device/test_reserved_gpu.py
 # Every test file with a gpu-marked test, found rather than listed, so a new one is not missed.
 # test_reserved_gpu.py runs real steps in fresh processes, a 1B Llama among them: its own step above.
 mapfile -t GPU_TESTS < <(grep -rlE "pytest\.mark\.gpu|mark\.gpu" tests --include='test_*.py' \
-  | grep -v 'tests/activations/test_reserved_gpu.py' | sort)
+  | grep -v 'tests/activations/device/test_reserved_gpu.py' | sort)
 step ${GPU_TESTS_SECONDS:-220} pytest-gpu.log $PYTHON -m pytest -q -p no:cacheprovider -o addopts= --timeout 60 -rfEs \
   "${GPU_TESTS[@]}" tests/test_private_torch_apis.py tests/core/test_cudnn_layout.py
 # --device cuda predictions with a GPU present: what the H200 predicted (probe-h200.json) and --gpu naming
 # another GPU than this one; memlayout's backward loop (used where no GPU is) against torch's engine.
 step 150 steps.log $PYTHON -m pytest -q -p no:cacheprovider -o addopts= --timeout 140 -rfEs \
-  tests/activations/test_fake_cuda.py tests/activations/test_gpu_free_backward.py
+  tests/activations/trace/test_fake_cuda.py tests/activations/step/test_gpu_free_backward.py
 want flatten && step 45 steps.log $PYTHON benchmarks/bench_flatten_gpu.py --size-mib 256 --tensors 200
 want flatten && cp benchmarks/results/gpu/flatten_gpu.json "$OUT/" 2>/dev/null
 ls -la "$OUT"

@@ -39,7 +39,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "lora_sweep.json"
 TOLERANCE = 0.02
 RANK = 16
 TUNED_ON = ("LlamaForCausalLM", "GPT2LMHeadModel", "BertForMaskedLM")
-"""The architectures the tests check (tests/activations/test_lora.py): left out of a drawn sample."""
+"""The architectures the tests check (tests/activations/model/test_lora.py): left out of a drawn sample."""
 
 
 def default_targets(model: Any) -> tuple[str, ...] | None:
@@ -103,8 +103,7 @@ def check_qlora() -> dict[str, Any]:
 
     import memlayout.activations as act
     from memlayout.activations.analysis import prepare_step
-    from memlayout.activations.model.adapt import Adaptation
-    from memlayout.activations.model.adapters import LoraOptions
+    from memlayout.activations.request.step_request import StepRequest
     from tests.activations import lora_models
 
     torch.set_num_threads(1)
@@ -114,8 +113,8 @@ def check_qlora() -> dict[str, Any]:
         real = lora_models.with_lora(lora_models.quantized_from(directory, "nf4"), r=RANK)
         measured = lora_models.real_peak(real)
         report = act.analyze(str(directory), inputs, lora=RANK, quantize="nf4")
-        step, *_ = prepare_step(str(directory), inputs, kwargs=None, device="cpu", mode="fake", trust=False,
-                                optimizer="adamw", adaptation=Adaptation(lora=LoraOptions(RANK), quantize="nf4"))
+        step, *_ = prepare_step(StepRequest(str(directory), input=tuple(inputs), optimizer="adamw", lora=RANK,
+                                            quantize="nf4"))
     packed = sum(p.untyped_storage().nbytes() for p in step.model.parameters() if p.dtype == torch.uint8)
     split = report.parameters
     assert split is not None

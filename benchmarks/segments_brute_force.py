@@ -1,4 +1,4 @@
-"""The figures behind tests/activations/test_segments_brute_force.py (and test_segments_slow.py with --large): for
+"""The figures behind tests/activations/plans/test_segments_brute_force.py (and test_segments_slow.py with --large): for
 each small model, the lowest real peak of every plan of its space (tests/activations/brute_force.py) against the
 lowest plan the budget search finds, applied to a real step, and the figure its unreachable message names.
 
@@ -21,8 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     import memlayout.activations as act
     from memlayout.io.atomic_write import write_text
     from tests.activations import brute_force
-    from tests.activations.test_segments_brute_force import CASES
-    from tests.activations.test_segments_slow import LARGE
+    from tests.activations.plans.test_segments_brute_force import CASES
+    from tests.activations.plans.test_segments_slow import LARGE
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--large", action="store_true")

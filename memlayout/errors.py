@@ -5,7 +5,11 @@ The CLI turns any `MemlayoutError` into one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
+
+from memlayout.format_bytes import human_bytes
 
 
 class MemlayoutError(Exception):
@@ -22,9 +26,49 @@ class MemlayoutError(Exception):
         """The message and the hint, as the single line the CLI prints."""
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
+    def respell(self, spell: Callable[[str], str | None]) -> None:
+        """Write the settings the message and the hint name as `spell` writes them (a command line: as its flags;
+        see `respelled`)."""
+        self.message, self.hint = respelled(self.message, spell), respelled(self.hint, spell)
+        self.args = (self.message, *self.args[1:])
+
 
 class UsageError(MemlayoutError):
     """The command line or API call asks for something inconsistent."""
+
+
+SETTING = r"`([a-z][a-z0-9_]*)(?:=([^`]*))?`"
+"""A setting named in an error's message or hint, as a Python caller writes it: `world_size`, `world_size=8`
+(compiled where it is used, by `re`'s own cache: every command imports this module, few read a setting)."""
+
+
+class SettingError(UsageError):
+    """A setting of a request that is wrong alone, or settings that do not go together.
+
+    The message and the hint name each setting in backquotes, alone (`world_size`) or
+    with a value (`world_size=8`), as the library and its Python callers name it; a
+    command line shows each as its flag (`respelled`), so one rule reads right in both.
+    """
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The settings the message names, in order."""
+        return tuple(dict.fromkeys(match.group(1) for match in re.finditer(SETTING, self.message)))
+
+
+def respelled(text: str, spell: Callable[[str], str | None]) -> str:
+    """`text` with each setting named in backquotes written as `spell` writes its name (None: left as it is):
+    `spell("world_size")` "--world-size" turns "`world_size=8`" into "--world-size 8", and "`fsdp=True`" into
+    "--fsdp"."""
+
+    def one(match: re.Match[str]) -> str:
+        name, value = match.group(1), match.group(2)
+        written = spell(name)
+        if written is None:
+            return match.group(0)
+        return written if value is None or value == "True" else f"{written} {value}"
+
+    return re.sub(SETTING, one, text)
 
 
 class SourceNotFoundError(MemlayoutError):
@@ -46,6 +90,23 @@ class CorruptCheckpointError(MemlayoutError):
     """The file claims a known format but its contents are inconsistent."""
 
     default_hint = "the file is truncated or damaged; re-export it from its source"
+
+
+class DamagedPickleError(CorruptCheckpointError):
+    """A pickle breaks off after naming globals outside the allow-list: what unpickling would have
+    imported, and may have called, before it failed. The error says which, for the audit to judge."""
+
+    def __init__(self, message: str, hint: str | None = None, named: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message, hint)
+        self.named = named
+        """(module, name) of each global outside the allow-list named before the damage."""
+
+
+class UnpackLimitError(CorruptCheckpointError):
+    """Unpacking a file (decompressing it, opening its archives) went past one of memlayout's caps:
+    a decompression bomb, archives nested too deep, or too many members to audit."""
+
+    default_hint = "it is refused unread; unpack it yourself where its size is expected, and inspect what it holds"
 
 
 class UnsafeContentError(MemlayoutError):
@@ -104,8 +165,6 @@ class BudgetUnreachableError(MemlayoutError):
     """No plan brings the step under the budget."""
 
     def __init__(self, budget: int, lowest: Any) -> None:
-        from memlayout.format_bytes import human_bytes
-
         self.budget_bytes = budget
         self.lowest = lowest
         """The lowest plan found: an `activations.search.PlanResult` (typed Any: this base layer imports no layer)."""
@@ -135,8 +194,6 @@ class RanksBudgetUnreachableError(MemlayoutError):
     """No plan brings the largest rank under the budget."""
 
     def __init__(self, budget: int, lowest: Any, tried: str) -> None:
-        from memlayout.format_bytes import human_bytes
-
         self.budget_bytes = budget
         self.lowest = lowest
         """The lowest plan found: an `activations.ranks.plan.RanksPlan` (typed Any: this base layer imports no layer)."""
@@ -167,8 +224,6 @@ class NothingFitsError(MemlayoutError):
 
     def __init__(self, axis: str, budget: int, lowest: int | None, *, half_precision: bool = False,
                  ranks: bool = False) -> None:
-        from memlayout.format_bytes import human_bytes
-
         self.budget_bytes = budget
         self.lowest_peak_bytes = lowest
         reached = f": at {axis} 1 the lowest peak is {human_bytes(lowest)} ({lowest} bytes)" if lowest else ""

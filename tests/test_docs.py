@@ -195,8 +195,9 @@ def test_the_activations_synopsis_is_generated_from_the_cli() -> None:
     synopsis = HOOKS.MARKERS[marker]()
     assert synopsis.startswith("`memlayout activations TARGET [")
     shown = CliRunner().invoke(app, ["activations", "--help"], env={"COLUMNS": "300"}).stdout
-    # Each option's row of --help starts with its names; its text may name other commands' options.
-    rows = shown[shown.index("Options:") :]
+    # Each option's row of --help starts with its names; its text may name other commands' options. The options
+    # are in groups, the first of them the target's.
+    rows = shown[shown.index("\nTarget:") :]
     options = set(re.findall(r"^  (?:-\w, )?(--[a-z][a-z0-9-]+)", rows, re.M)) - {"--help", "--debug"}
     assert {"--dtype", "--autocast", "--gpu", "--world-size", "--fsdp"} <= options
     assert options == set(re.findall(r"\[(--[a-z][a-z0-9-]+)", synopsis))

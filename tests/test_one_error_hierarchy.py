@@ -23,8 +23,6 @@ SIGNALS_THAT_NEVER_LEAVE = {
     ("load/restricted_pickle.py", "TextPersistentIdError"),
     # Raised from torch's dispatch inside a fake step and found in the cause chain by the analysis.
     ("activations/trace/fake_step.py", "ValueFromInputsError"),
-    # Private: restarts the plan search with more modules excluded.
-    ("activations/search.py", "_Excluded"),
     # Private: tells typer's coercion apart from memlayout's own.
     ("cli/coercion.py", "_TyperCoerces"),
     # Private: a failure worth another try, and a kept redirect target to resolve again, inside one request.

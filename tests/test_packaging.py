@@ -174,8 +174,10 @@ def test_the_github_actions_workflow_installs_and_runs_as_written(
     assert steps[0]["run"].startswith("pip install ")
     for step in steps:
         done = _bash(step["run"], project, env)
-        # Findings exit 1, which the SARIF step lets the upload carry on past and the last step fails on.
-        assert done.returncode == (1 if "memlayout inspect" in step["run"] else 0), step["run"] + done.stderr
+        # Findings exit 1, which the SARIF step lets the upload carry on past and the other steps fail on (the
+        # demo's storage bloat and transposed weight are flatten's to fix too).
+        failing = "memlayout inspect" in step["run"] or "memlayout flatten --check" in step["run"]
+        assert done.returncode == (1 if failing else 0), step["run"] + done.stderr
     schema = json.loads((ROOT / "tests" / "report" / "sarif-schema-2.1.0.json").read_text())
     sarif = json.loads((project / "memlayout.sarif").read_text())
     jsonschema.Draft4Validator(schema).validate(sarif)

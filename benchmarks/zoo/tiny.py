@@ -127,7 +127,7 @@ for _names, _rule in (
     (("mamba_d_head", "mamba_head_dim"), _at_most(HEAD_DIM)),
     # Layer drop skips each layer at random in training, so the measured step would be one draw of many
     # and a plan's check another. memlayout states it as an assumption with a range
-    # (tests/activations/test_data_dependent.py); the sweep measures the step every layer runs in.
+    # (tests/activations/trace/test_data_dependent.py); the sweep measures the step every layer runs in.
     (("layerdrop", "encoder_layerdrop", "decoder_layerdrop", "speech_encoder_layerdrop", "layer_drop"),
      lambda value: 0.0 if isinstance(value, float) else value),
 ):

@@ -11,6 +11,10 @@ function needs it.
 each rank's peak under FSDP2 (and tensor parallel) on fake ranks, and a plan for
 a budget per rank.
 
+`predict(StepRequest(...))` answers whatever a request asks (request/step_request.py): the
+settings of `memlayout activations` in one frozen object, checked once; each function above
+takes the same settings by name.
+
 `allocator_peaks(report.trace)` replays a traced step through a model of the CUDA
 caching allocator: what `max_memory_allocated()` and `max_memory_reserved()` would read.
 """
@@ -24,18 +28,25 @@ from memlayout.activations.sizes import parse_size
 if TYPE_CHECKING:
     from memlayout.activations.analysis import ActivationReport, analyze
     from memlayout.activations.device.allocator_replay import allocator_peaks
+    from memlayout.activations.pipelines import predict
     from memlayout.activations.plans.apply import AppliedPlan, apply_plan
     from memlayout.activations.plans.plan import Plan, Segment, SequentialSegments
     from memlayout.activations.ranks import analyze_ranks
     from memlayout.activations.ranks.facts import RanksReport
     from memlayout.activations.ranks.parallel import ShardingOptions
+    from memlayout.activations.request.step_request import StepRequest
+    from memlayout.activations.request.vocabulary import Pipeline
     from memlayout.activations.search import PlanResult
-    from memlayout.errors import BudgetUnreachableError
+    from memlayout.errors import BudgetUnreachableError, SettingError
 
 _LAZY = {
     "analyze": "memlayout.activations.analysis",
     "ActivationReport": "memlayout.activations.analysis",
     "BudgetUnreachableError": "memlayout.errors",
+    "SettingError": "memlayout.errors",
+    "StepRequest": "memlayout.activations.request.step_request",
+    "Pipeline": "memlayout.activations.request.vocabulary",
+    "predict": "memlayout.activations.pipelines",
     "PlanResult": "memlayout.activations.search",
     "apply_plan": "memlayout.activations.plans.apply",
     "AppliedPlan": "memlayout.activations.plans.apply",
@@ -62,15 +73,19 @@ __all__ = [
     "ActivationReport",
     "AppliedPlan",
     "BudgetUnreachableError",
+    "Pipeline",
     "Plan",
     "PlanResult",
     "RanksReport",
     "Segment",
     "SequentialSegments",
+    "SettingError",
     "ShardingOptions",
+    "StepRequest",
     "allocator_peaks",
     "analyze",
     "analyze_ranks",
     "apply_plan",
     "parse_size",
+    "predict",
 ]

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 from memlayout.activations.assumptions import POLICIES, UNRANGED
-from memlayout.activations.budget import Budget, BudgetSpec, resolve_budget
+from memlayout.activations.budget import Budget, resolve_budget
 from memlayout.activations.device.gpus import GpuSpec, spec_for_device_name
 from memlayout.activations.facts import Trace
 from memlayout.activations.generate_summary import GenerateSummary, summarize_generation
-from memlayout.activations.model.adapt import Adaptation, Adapted, adapt_model
-from memlayout.activations.model.adapters import LoraOptions, ParameterSplit, parameter_split
+from memlayout.activations.model.adapt import Adapted, adapt_model, adaptation_of
+from memlayout.activations.model.adapters import ParameterSplit, parameter_split
 from memlayout.activations.model.build import (
     TensorMover,
     build_model,
@@ -29,13 +29,17 @@ from memlayout.activations.model.build import (
     where,
 )
 from memlayout.activations.model.input_specs import suggested_inputs
+from memlayout.activations.request.python_call import call_request
+from memlayout.activations.request.step_request import StepRequest
+from memlayout.activations.request.vocabulary import Pipeline
 from memlayout.activations.search import PlanResult, plan_for_budget
-from memlayout.activations.step.generate import Generation, check_can_generate, check_generation
-from memlayout.activations.step.optimizer import check_optimizer, state_dtype
-from memlayout.activations.step.run import LOSS_FROM_SUM, Autocast, resolve_step, torch_dtype
+from memlayout.activations.sizes import BudgetSpec
+from memlayout.activations.step.generate import check_can_generate, generation_of
+from memlayout.activations.step.optimizer import state_dtype
+from memlayout.activations.step.run import LOSS_FROM_SUM, Autocast, torch_dtype
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
 from memlayout.activations.trace.world import InputsArg, StepWorld, device_for_gpu
-from memlayout.errors import ActivationsError, MemlayoutError, UsageError
+from memlayout.errors import ActivationsError, MemlayoutError, SettingError, UsageError
 from memlayout.format_bytes import human_bytes
 
 LIVE_MODULE = "the module given"
@@ -72,7 +76,7 @@ class ActivationReport:
     read against the measured `summary.peak_bytes`; None otherwise (or if that run failed)."""
     step: str = "train"
     """train (forward, loss, backward, the optimizer's step) or inference (forward only, under
-    `torch.inference_mode`, the model in eval mode): see step/run.py's STEPS."""
+    `torch.inference_mode`, the model in eval mode): see request/vocabulary.py's STEPS."""
     cuda_capability: tuple[int, int] | None = None
     """(major, minor) of the GPU a CUDA step was traced for (`--gpu`, the GPU present, or the
     default assumed without one); it sizes cuBLAS's workspaces (device/cuda_runtime.py). None off CUDA."""
@@ -99,27 +103,8 @@ class ActivationReport:
         return self.trace.fallbacks
 
 
-def analyze(
-    target: Any,
-    inputs: InputsArg = None,
-    *,
-    kwargs: Mapping[str, Any] | None = None,
-    budget: int | float | BudgetSpec | None = None,
-    device: str = "cpu",
-    mode: str = "fake",
-    trust: bool = False,
-    optimizer: str | None = None,
-    autocast: str | None = None,
-    dtype: str | None = None,
-    main_module: str | None = None,
-    gpu: str | None = None,
-    step: str = "train",
-    model_class: str | None = None,
-    new_tokens: int | None = None,
-    cache: str | None = None,
-    lora: LoraOptions | int | None = None,
-    quantize: str | None = None,
-) -> ActivationReport:
+def analyze(target: Any, inputs: InputsArg = None, *, kwargs: Mapping[str, Any] | None = None,
+            **settings: Any) -> ActivationReport:
     """Trace one training step of a model and report its activation memory (and a plan for `budget`).
 
     Args:
@@ -129,53 +114,44 @@ def analyze(
             (`"int64[4,128]<50257"`, `"labels=int64[4,128]<50257"`); or a
             `pkg.mod:make_inputs` spec returning a tuple or a dict.
         kwargs: Keyword inputs (tensors).
-        budget: What the step must fit in; adds a checkpoint plan. Bytes (an int), or a share of the
-            target GPU's memory (a float in (0, 1], as torch reports it: `total_memory`). On the CPU the
-            live tensors' peak is compared with it; on CUDA the caching allocator's reserved peak plus
-            the CUDA context and workspaces (budget.py).
-        device: The device the step is for: cpu, cuda or meta.
-        mode: fake (default, no memory), meta, or real (runs the step on `device`).
-        trust: Allow unpickling a module file.
-        optimizer: adamw (the default for a training step), adam, sgd (momentum 0.9) or none: the
-            optimizer whose state and `step()` the peak includes (see step/optimizer.py). An inference
-            step has none.
-        autocast: bf16 or fp16: forward and loss under `torch.autocast` for the device's
-            type, with that device's op lists (CPU's differ from CUDA's); None for none.
-        dtype: bf16, fp16 or fp32: cast the model's floating parameters, buffers and inputs first,
-            as pure low-precision training does; the optimizer's state then follows the
-            parameters' dtype (torch's optimizers keep no float32 copy). None keeps the model's.
-        main_module: With `trust`, the module that defines the classes a pickled module
-            saved from a script names as `__main__.X`.
-        gpu: The GPU to trace for (a key of activations/device/gpus.py: h100, a100-80gb, ...); implies
-            device="cuda". Where no GPU is present and none is named, an H100 is assumed.
-        step: train (forward, loss, backward, the optimizer's step), inference (forward only,
-            under `torch.inference_mode`, the model in eval mode; no budget, no optimizer) or generate
-            (`model.generate(inputs, max_new_tokens=new_tokens, do_sample=False)` in that mode; step/generate.py).
-        model_class: The transformers class a config builds (`T5ForConditionalGeneration`, or an auto
-            class such as `AutoModelForSeq2SeqLM`); None: the config's architectures, else the model
-            type's first head with a loss (model/hf_class.py).
-        new_tokens: With step generate, how many tokens to generate (required there, refused elsewhere).
-        cache: With step generate, dynamic (the default, transformers' DynamicCache) or static.
-        lora: LoRA adapters by peft before tracing: a rank, or `LoraOptions` (targets, dropout, DoRA); every
-            setting not given is `peft.LoraConfig()`'s default. Only the adapters train (model/adapters.py).
-        quantize: nf4, fp4 or int8: the base quantized with bitsandbytes as transformers'
-            BitsAndBytesConfig does (model/quantize.py); with `lora`, QLoRA.
+        settings: Any setting of `StepRequest` (request/step_request.py) by name, each as its field's docstring
+            says; those a step reads most:
+            `budget`: what the step must fit in; adds a checkpoint plan. Bytes (an int, or "8GiB"), or a share
+            of the target GPU's memory (a float in (0, 1], as torch reports it: `total_memory`). On the CPU the
+            live tensors' peak is compared with it; on CUDA the caching allocator's reserved peak plus the CUDA
+            context and workspaces (budget.py).
+            `device`: cpu, cuda or meta. `real`: run the step for real on `device` (or `mode="real"`).
+            `optimizer`: adamw (the default for a training step), adam, sgd (momentum 0.9) or none
+            (step/optimizer.py); an inference step has none.
+            `autocast`: bf16 or fp16, forward and loss under `torch.autocast` with the device's op lists.
+            `dtype`: bf16, fp16 or fp32 (or bfloat16, ...): the model's floating parameters, buffers and
+            inputs cast first, as pure low-precision training does; the optimizer's state follows them.
+            `trust`, `main_module`, `model_class`: how TARGET is built (model/target.py, model/hf_class.py).
+            `gpu`: the GPU to trace for (a key of activations/device/gpus.py: h100, a100-80gb, ...); implies
+            device cuda. Where no GPU is present and none is named, an H100 is assumed.
+            `step`: train, inference (forward only, under `torch.inference_mode`, eval mode) or generate
+            (`model.generate(inputs, max_new_tokens=new_tokens, do_sample=False)`; step/generate.py), with
+            `new_tokens` and `cache` (dynamic or static).
+            `lora` (a rank, or `LoraOptions`), `lora_targets`, `lora_dropout`, `dora`: peft's adapters before
+            tracing, only they train (model/adapters.py); `quantize`: nf4, fp4 or int8, the base quantized
+            with bitsandbytes (model/quantize.py), with `lora` QLoRA.
 
     Returns:
         An `ActivationReport`.
 
     Raises:
         BudgetUnreachableError: no plan fits `budget`; it names the lowest peak reached.
-        UsageError: the model cannot be built or stepped on these inputs, or the arguments are wrong.
+        SettingError: settings that do not go together, named as here.
+        UsageError: the model cannot be built or stepped on these inputs.
         ActivationsError: anything else: memlayout's own failure, still one line.
     """
+    return predict_step(call_request(target, inputs, kwargs, Pipeline.STEP, settings))
+
+
+def predict_step(request: StepRequest) -> ActivationReport:
+    """One step of the request's model on one device, and a checkpoint plan for its `budget` (see `analyze`)."""
     try:
-        optimizer = resolve_step(step, optimizer, budget)
-        generation = check_generation(step, new_tokens, cache)
-        adaptation = Adaptation(lora=LoraOptions(lora) if isinstance(lora, int) else lora, quantize=quantize)
-        return _analyze(target, inputs, kwargs=kwargs, budget=budget, device=device, mode=mode, trust=trust,
-                        optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-                        step_kind=step, model_class=model_class, generation=generation, adaptation=adaptation)
+        return _predicted(request)
     except MemlayoutError:
         raise
     except Exception as exc:
@@ -183,37 +159,38 @@ def analyze(
         raise ActivationsError(f"the analysis stopped: {type(exc).__name__}: {text} (at {where(exc)})") from exc
 
 
-def _analyze(
-    target: Any,
-    inputs: InputsArg,
-    *,
-    kwargs: Mapping[str, Any] | None,
-    budget: int | float | BudgetSpec | None,
-    device: str,
-    mode: str,
-    trust: bool,
-    optimizer: str,
-    autocast: str | None = None,
-    dtype: str | None = None,
-    main_module: str | None = None,
-    gpu: str | None = None,
-    step_kind: str = "train",
-    model_class: str | None = None,
-    generation: Generation | None = None,
-    adaptation: Adaptation | None = None,
-) -> ActivationReport:
-    step, notes, target_text, kind, chosen_by = prepare_step(
-        target, inputs, kwargs=kwargs, device=device, mode=mode, trust=trust, optimizer=optimizer, autocast=autocast,
-        dtype=dtype, main_module=main_module, gpu=gpu, step_kind=step_kind, model_class=model_class,
-        generation=generation,
-        adaptation=adaptation,
-    )
+def _predicted(request: StepRequest) -> ActivationReport:
+    step, notes, target_text, kind, chosen_by = prepare_step(request)
     try:
         baseline = step.trace()
     except MemlayoutError:
         raise
     except Exception as exc:  # the model's own forward or backward failed on these inputs
         raise _step_failed(exc, step) from exc
+    notes.extend(_step_notes(request, step, baseline))
+    summary = summarize(baseline, cuda=step.device.startswith("cuda"))
+    if any(kind not in UNRANGED for _, kind, _ in baseline.assumptions):
+        summary = _with_range(step, summary)
+    modules = module_facts(baseline)
+    resolved = step_budget(step, request.budget)
+    plan = plan_for_budget(step, baseline, summary, modules, resolved) if resolved is not None else None
+    generation = generation_of(request)
+    predicted = _prediction(request, notes) if step.mode == "real" else None
+    return ActivationReport(
+        target=target_text, target_kind=kind, model_class=type(step.model).__name__, inputs=step.descriptions,
+        device=step.device, mode=step.mode, loss=baseline.loss, optimizer=request.step_optimizer, summary=summary,
+        modules=modules, plan=plan, notes=tuple(notes), trace=baseline, autocast=request.autocast,
+        dtype=request.dtype, optimizer_state_dtype=state_dtype(step.optimizer),
+        predicted_peak_bytes=predicted, step=request.step,
+        cuda_capability=_cuda_capability(step), class_chosen_by=chosen_by,
+        generation=summarize_generation(baseline, generation) if generation is not None else None,
+        roofline=roofline_text(step), parameters=parameter_split(step.model), adapted=step.adapted,
+    )
+
+
+def _step_notes(request: StepRequest, step: StepWorld, baseline: Trace) -> list[str]:
+    """What the report says about how the step was traced: its loss, meta tensors, the optimizer's dtype, fake CUDA."""
+    notes = []
     if baseline.loss == LOSS_FROM_SUM:
         notes.append(
             "the output has no loss, so backward starts from the sum of its floating outputs; a real loss "
@@ -224,59 +201,28 @@ def _analyze(
             "meta tensors have no device: kernels a device chooses (oneDNN's LSTM on CPU, fused attention) are "
             "not the ones traced; --device cpu or cuda traces those"
         )
-    if dtype in ("bf16", "fp16") and optimizer != "none":
-        notes.append(f"the optimizer's state is {dtype}, as torch's {optimizer} keeps it (each state tensor is "
-                     "zeros_like its parameter); an optimizer that keeps float32 master weights or state needs more")
+    optimizer = request.step_optimizer
+    if request.dtype in ("bf16", "fp16") and optimizer != "none":
+        notes.append(f"the optimizer's state is {request.dtype}, as torch's {optimizer} keeps it (each state tensor "
+                     "is zeros_like its parameter); an optimizer that keeps float32 master weights or state needs "
+                     "more")
     if step.fake_cuda is not None:
         notes.append(step.fake_cuda.note())
-    summary = summarize(baseline, cuda=step.device.startswith("cuda"))
-    if any(kind not in UNRANGED for _, kind, _ in baseline.assumptions):
-        summary = _with_range(step, summary)
-    modules = module_facts(baseline)
-    resolved = step_budget(step, budget)
-    plan = plan_for_budget(step, baseline, summary, modules, resolved) if resolved is not None else None
-    predicted = None
-    if step.mode == "real":
-        # --real is a check of the prediction, so it makes the prediction too: the same
-        # target and inputs, traced on fake tensors as a run without --real traces them.
-        # A step that reads values fails on fake tensors (that is when --real is the hint):
-        # the real report stands, and says there is no prediction to read it against.
-        try:
-            adaptation = adaptation or Adaptation()
-            predicted = analyze(target, inputs, kwargs=kwargs, device=device, trust=trust, optimizer=optimizer,
-                                autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-                                step=step_kind, model_class=model_class, lora=adaptation.lora,
-                                new_tokens=generation.new_tokens if generation else None,
-                                cache=generation.cache if generation else None,
-                                quantize=adaptation.quantize).summary.peak_bytes
-        except MemlayoutError as exc:
-            notes.append(f"no prediction to compare with: on fake tensors, {exc.one_line()}")
-    return ActivationReport(
-        target=target_text,
-        target_kind=kind,
-        model_class=type(step.model).__name__,
-        inputs=step.descriptions,
-        device=step.device,
-        mode=step.mode,
-        loss=baseline.loss,
-        optimizer=optimizer,
-        summary=summary,
-        modules=modules,
-        plan=plan,
-        notes=tuple(notes),
-        trace=baseline,
-        autocast=autocast,
-        dtype=dtype,
-        optimizer_state_dtype=state_dtype(step.optimizer),
-        predicted_peak_bytes=predicted,
-        step=step_kind,
-        cuda_capability=_cuda_capability(step),
-        class_chosen_by=chosen_by,
-        generation=summarize_generation(baseline, generation) if generation is not None else None,
-        roofline=roofline_text(step),
-        parameters=parameter_split(step.model),
-        adapted=step.adapted,
-    )
+    return notes
+
+
+def _prediction(request: StepRequest, notes: list[str]) -> int | None:
+    """With `real`, the peak the same step predicts on fake tensors, to read the real one against.
+
+    `real` is a check of the prediction, so it makes the prediction too: the same target and inputs, traced
+    on fake tensors as a request without `real` traces them. A step that reads values fails on fake tensors
+    (that is when `real` is the hint): the real report stands, and says there is no prediction to read it against.
+    """
+    try:
+        return predict_step(replace(request, real=False, budget=None)).summary.peak_bytes
+    except MemlayoutError as exc:
+        notes.append(f"no prediction to compare with: on fake tensors, {exc.one_line()}")
+        return None
 
 
 def roofline_text(step: StepWorld) -> str:
@@ -319,53 +265,66 @@ def _cuda_capability(step: StepWorld) -> tuple[int, int] | None:
     return (major, minor)
 
 
-def prepare_step(
-    target: Any,
-    inputs: InputsArg,
-    *,
-    kwargs: Mapping[str, Any] | None,
-    device: str,
-    mode: str,
-    trust: bool,
-    optimizer: str,
-    autocast: str | None = None,
-    dtype: str | None = None,
-    main_module: str | None = None,
-    gpu: str | None = None,
-    step_kind: str = "train",
-    model_class: str | None = None,
-    generation: Generation | None = None,
-    adaptation: Adaptation | None = None,
-) -> tuple[StepWorld, list[str], str | None, str, str]:
-    """The model built in its tensor world, its inputs made, its optimizer's state given: ready to trace.
+class PreparedStep(NamedTuple):
+    """A step ready to trace, and what building it said."""
 
-    Returns the step, the notes so far, the target as text (None for a live module), its kind, and why
-    the model is of its class (`ActivationReport.class_chosen_by`).
+    world: StepWorld
+    notes: list[str]
+    target_text: str | None
+    """The target as given; None for a live module."""
+    kind: str
+    class_chosen_by: str
+    """Why the model is of its class (`ActivationReport.class_chosen_by`)."""
+
+
+def prepare_step(request: StepRequest, *, inputs: InputsArg = None, mode: str | None = None,
+                 optimizer: str | None = None) -> PreparedStep:
+    """The request's model built in its tensor world, its inputs made, its optimizer's state given: ready to trace.
+
+    `inputs`, `mode` and `optimizer` stand in for the request's (`step_inputs`, `mode`, `step_optimizer`): `--fit`
+    makes the inputs at each size, and DDP's ranks give the optimizer its state in steps of their own.
     """
+    mode = request.mode if mode is None else mode
+    step = StepWorld(mode, device_for_gpu(request.device, mode, request.gpu), request.gpu)
+    if request.autocast is not None:
+        step.autocast = Autocast("cuda" if step.device.startswith("cuda") else "cpu", request.autocast)
+    notes: list[str] = []
+    target_text, kind, chosen_by = _build_into(step, request, notes)
+    _adapt(step, request, notes)
+    step.initial_modules = frozenset((path, type(m).__name__) for path, m in step.model.named_modules())
+    step.make_inputs(request.step_inputs if inputs is None else inputs, request.kwargs)
+    if request.dtype is not None:
+        step.cast_inputs(torch_dtype(request.dtype))
+    if not step.args and not step.kwargs:
+        raise SettingError("no inputs to run the step with", _inputs_hint(step.model))
+    try:
+        step.add_optimizer(request.step_optimizer if optimizer is None else optimizer)
+    except MemlayoutError:
+        raise
+    except Exception as exc:  # the model's own forward or backward failed on these inputs
+        raise _step_failed(exc, step) from exc
+    return PreparedStep(step, notes, target_text, kind, chosen_by)
+
+
+def _build_into(step: StepWorld, request: StepRequest, notes: list[str]) -> tuple[str | None, str, str]:
+    """The request's model, built (or a live module adopted) in the step's world, placed on its device: the
+    target as text (None for a module), its kind, and why it is of its class."""
     import torch
 
-    if device == "meta":
-        mode = "meta" if mode != "real" else mode
-    check_optimizer(optimizer)
-    if autocast is not None and autocast not in ("bf16", "fp16"):
-        raise UsageError(f"unknown --autocast {autocast!r}", "use bf16 or fp16")
-    cast_to = torch_dtype(dtype) if dtype is not None else None
-    device = device_for_gpu(device, mode, gpu)
-    step = StepWorld(mode, device, gpu)
-    if autocast is not None:
-        step.autocast = Autocast("cuda" if device.startswith("cuda") else "cpu", autocast)
-    notes: list[str] = []
-    if isinstance(target, torch.nn.Module):
-        step.model = step.adopt_model(target)
-        target_text, kind, chosen_by = None, "module", LIVE_MODULE
-    else:
-        built = build_model(
-            str(target), trust=trust, main_module=main_module, context=step.context, world=step.mode, device=step.device,
-            adopt=step.adopt_model, model_class=model_class,
-        )
-        step.model = built.model
-        notes.extend(built.notes)
-        target_text, kind, chosen_by = str(target), built.kind.kind, built.class_chosen_by
+    if isinstance(request.target, torch.nn.Module):
+        step.model = step.adopt_model(request.target)
+        return None, "module", LIVE_MODULE
+    built = build_model(request.model_target, context=step.context, world=step.mode, device=step.device,
+                        adopt=step.adopt_model)
+    step.model = built.model
+    notes.extend(built.notes)
+    return str(request.target), built.kind.kind, built.class_chosen_by
+
+
+def _adapt(step: StepWorld, request: StepRequest, notes: list[str]) -> None:
+    """What comes between building and tracing, in order: generate's setup, the device, the `dtype` cast, the
+    adapters, and the train or eval mode of the step's kind."""
+    generation = generation_of(request)
     if generation is not None:
         check_can_generate(step.model)
         step.generate(generation)
@@ -376,42 +335,30 @@ def prepare_step(
                 step.model.to(step.device)
         else:
             notes.extend(place_fake_model(step.model, step.device, step.context))
-    if cast_to is not None:
-        cast_model(step.model, cast_to, step.mode, step.device, step.context)
-    if adaptation is not None and not adaptation.empty:
+    if request.dtype is not None:
+        cast_model(step.model, torch_dtype(request.dtype), step.mode, step.device, step.context)
+    adaptation = adaptation_of(request)
+    if not adaptation.empty:
         mover = TensorMover(step.mode, step.device, step.context)
         # The step's context: peft's `.to()` of each adapter is a conversion that changes nothing, which fake
         # parameters cannot swap outside it (trace/module_conversions.py).
         step.model, step.adapted = adapt_model(step.model, adaptation, world=step.mode, device=step.device,
                                                move=mover.move, context=step.step_context)
     step.model.train()
-    if step_kind in ("inference", "generate"):
+    if request.step in ("inference", "generate"):
         step.model.eval()  # as serving code runs it: dropout off, norms on their running statistics
         step.inference = True
-    step.initial_modules = frozenset((path, type(m).__name__) for path, m in step.model.named_modules())
-    step.make_inputs(inputs, kwargs)
-    if cast_to is not None:
-        step.cast_inputs(cast_to)
-    if not step.args and not step.kwargs:
-        raise UsageError("no inputs to run the step with", _inputs_hint(step.model))
-    try:
-        step.add_optimizer(optimizer)
-    except MemlayoutError:
-        raise
-    except Exception as exc:  # the model's own forward or backward failed on these inputs
-        raise _step_failed(exc, step) from exc
-    return step, notes, target_text, kind, chosen_by
 
 
 def _inputs_hint(model: Any) -> str:
     """How to give inputs: read off a Hugging Face model's config where it has one, else the general form."""
     suggested = suggested_inputs(model)
     if suggested:
-        flags = " ".join(f"--input '{spec.describe()}'" for spec in suggested)
-        return f"e.g. {flags}, from {type(model).__name__}'s config; or --inputs pkg.mod:make_inputs"
-    return ("give --input DTYPE[SHAPE] once per input, name=DTYPE[SHAPE] for a keyword input, e.g. "
+        flags = " ".join(f"`input='{spec.describe()}'`" for spec in suggested)
+        return f"e.g. {flags}, from {type(model).__name__}'s config; or `inputs=pkg.mod:make_inputs`"
+    return ("give `input=DTYPE[SHAPE]` once per input, name=DTYPE[SHAPE] for a keyword input, e.g. "
             "'float32[8,3,224,224]' for images or 'int64[4,128]<50257' for token ids below 50257; "
-            "or --inputs pkg.mod:make_inputs")
+            "or `inputs=pkg.mod:make_inputs`")
 
 
 def _with_range(step: StepWorld, summary: Summary) -> Summary:
@@ -426,7 +373,7 @@ def _step_failed(exc: Exception, step: StepWorld) -> UsageError:
     read = value_read(exc)
     if read is not None:
         return UsageError(f"the step reads a value that {step.mode} tensors do not have: {read.describe()}; "
-                          f"{_why_no_value(exc, step)}", "pass --real to run the step for real (it takes the memory)")
+                          f"{_why_no_value(exc, step)}", "pass `real=True` to run the step for real (it takes the memory)")
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return UsageError(f"the step failed on {type(step.model).__name__}: {type(exc).__name__}: {text} (at {where(exc)})",
                       "check the inputs' shapes and dtypes against the model's forward (--debug shows the traceback)")

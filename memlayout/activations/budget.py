@@ -17,57 +17,20 @@ given as a fraction is that fraction of the card's memory as torch reports it
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memlayout.activations.device.cuda_runtime import cuda_runtime
 from memlayout.activations.device.gpus import GpuSpec
-from memlayout.activations.sizes import parse_size
-from memlayout.errors import UsageError
+from memlayout.activations.sizes import BudgetSpec
+from memlayout.errors import SettingError, UsageError
 from memlayout.format_bytes import human_bytes
 
 if TYPE_CHECKING:
     from memlayout.activations.summary import Summary
 
-_FRACTION = re.compile(r"^\s*(?:(\d*\.\d+|\d+\.)|(\d+(?:\.\d+)?)\s*%)\s*$")
-"""A share: a bare number with a decimal point (0.9), or a percentage (90%); a bare integer is bytes."""
-
 RESERVED = "reserved"
 PEAK = "peak"
-
-
-@dataclass(frozen=True)
-class BudgetSpec:
-    """A budget as the user gave it: bytes, or a fraction of the target GPU's memory."""
-
-    bytes: int | None = None
-    fraction: float | None = None
-
-    def describe(self) -> str:
-        if self.fraction is not None:
-            return f"{self.fraction:g} of the GPU's memory"
-        return f"{human_bytes(self.bytes or 0)} ({self.bytes} bytes)"
-
-
-def parse_budget(text: str) -> BudgetSpec:
-    """`--budget`'s text: a size (`78GiB`, `84899201024`), or a fraction of the GPU's memory (`0.9`, `90%`).
-
-    Raises:
-        UsageError: neither.
-    """
-    match = _FRACTION.match(text)
-    if match:
-        fraction = float(match.group(1)) if match.group(1) else float(match.group(2)) / 100
-        if not 0 < fraction <= 1:
-            raise UsageError(f"--budget {text!r} is not a fraction in (0, 1]",
-                             "give a share of the GPU's memory such as 0.9 or 90%, or a size such as 78GiB")
-        return BudgetSpec(fraction=fraction)
-    try:
-        return BudgetSpec(bytes=parse_size(text))
-    except UsageError:
-        raise UsageError(f"--budget {text!r} is not a size or a fraction of the GPU's memory",
-                         "write a size (8GiB, 512MiB, 1.5GB) or a share of the GPU's memory (0.9, 90%)") from None
 
 
 @dataclass(frozen=True)
@@ -127,8 +90,8 @@ def resolve_budget(spec: BudgetSpec | int | None, *, cuda: bool, gpu: GpuSpec | 
     runtime = _runtime_bytes(gpu) if cuda else None
     if spec.fraction is not None:
         if not cuda or gpu is None:
-            raise UsageError(f"--budget {spec.fraction:g} is a share of a GPU's memory, and the step is not for one",
-                             "name the GPU with --gpu NAME (no GPU needed here), or give --budget as a size")
+            raise SettingError(f"`budget` {spec.fraction:g} is a share of a GPU's memory, and the step is not for one",
+                               "name the GPU with `gpu=NAME` (no GPU needed here), or give `budget` as a size")
         total = gpu.total_memory
         budget = int(total * spec.fraction)
         said = (f"--budget {spec.fraction:g} of the {gpu.device_name}'s {human_bytes(total)} ({total} bytes, torch's "

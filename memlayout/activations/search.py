@@ -77,8 +77,157 @@ class TraceFailure(NamedTuple):
     differs: tuple[tuple[str, str], ...]
 
 
-class _Excluded(Exception):
-    """A traced plan failed; the modules to blame are now in the exclusions, and the search starts again."""
+class _Restart:
+    """What tracing a plan answers when its step failed: the modules to blame are now excluded, and the search
+    starts again with a planner that leaves them out."""
+
+
+RESTART = _Restart()
+
+
+class TraceMemo:
+    """The plans traced at one size, each once: its summary, or the failure kept to replay it (a step that raised,
+    a rerun that was no replay), without the failed step's tensors."""
+
+    def __init__(self, step: StepWorld, kept: dict[Plan, Summary | TraceFailure] | None = None) -> None:
+        self.step = step
+        self.results: dict[Plan, Summary | TraceFailure] = kept if kept is not None else {}
+        """plan -> what its trace gave: the caller's, to carry from one search at this size to the next."""
+
+    def trace(self, plan: Plan) -> Summary | TraceFailure:
+        """The plan's step traced, or what failed: read from the memo when it is there."""
+        if plan not in self.results:
+            error: Exception | None = None
+            differs: tuple[tuple[str, str], ...] = ()
+            try:
+                step_trace = self.step.trace(plan)
+            except MemlayoutError:
+                raise
+            except Exception as exc:
+                error = exc.with_traceback(None)  # kept without its frames, which hold a failed step's fake tensors
+            else:
+                differs = step_trace.rerun_state_differs
+            self.results[plan] = (TraceFailure(error, differs) if error is not None or differs
+                                  else summarize(step_trace, cuda=self.step.device.startswith("cuda")))
+        return self.results[plan]
+
+    def summaries(self) -> dict[Plan, Summary]:
+        """The plans whose step ran, with their summaries."""
+        return {plan: result for plan, result in self.results.items() if isinstance(result, Summary)}
+
+
+class Exclusions:
+    """The modules no plan may checkpoint, each with why: what the baseline saw them do (`exclusions`), then what
+    a traced plan that failed blamed them for."""
+
+    def __init__(self, why: dict[str, str]) -> None:
+        self.why = why
+
+    def blame(self, plan: Plan, exc: Exception, retrace: Callable[[Plan], Summary | _Restart]) -> None:
+        """Find which modules of a failing plan fail alone, and exclude them (all of them if none fails alone)."""
+        singles = [Plan(checkpoint=(path,)) for path in plan.checkpoint] + [Plan(sequential=(s,))
+                                                                           for s in plan.sequential]
+        singles += [Plan(segments=tuple(s for s in plan.segments if s.module == path))
+                    for path in dict.fromkeys(s.module for s in plan.segments)]
+        if len(singles) > 1:
+            blamed = {}
+            for single in singles:
+                if retrace(single) is RESTART:
+                    blamed.update({p: self.why[p] for p in _paths(single) if p in self.why})
+            if blamed:
+                return
+        reason = _failure_reason(exc)
+        together = _paths(plan)
+        for path in together:
+            self.why[path] = reason if len(together) == 1 else \
+                f"checkpointed together with {', '.join(together)}: {reason}"
+
+    def unfaithful(self, plan: Plan, differs: tuple[tuple[str, str], ...]) -> None:
+        """Exclude each checkpointed module whose rerun started a module inside it from other state than forward
+        did: the step runs without an error, but its gradients are those of another computation."""
+        for checkpointed in _paths(plan):
+            for path, what in differs:
+                if path == checkpointed or path.startswith(checkpointed + ".") or not checkpointed:
+                    where = "" if path == checkpointed else f"in {path}, "
+                    self.why[checkpointed] = (
+                        f"its rerun is no replay: {where}{what} (state kept on the module, which checkpoint does not "
+                        "restore)"
+                    )
+                    break
+
+
+class BudgetSearch:
+    """The budget search at one size: the planner's candidates, each traced once (`memo`), until one fits.
+
+    A candidate whose step fails excludes the modules to blame (`exclusions`), and the search starts again with a
+    planner that leaves them out; each round excludes at least one module, so it ends.
+    """
+
+    def __init__(self, step: StepWorld, baseline: Trace, summary: Summary, modules: tuple[ModuleFacts, ...],
+                 budget: Budget, memo: TraceMemo) -> None:
+        self.step, self.baseline, self.summary, self.modules, self.budget = step, baseline, summary, modules, budget
+        self.memo = memo
+        self.exclusions = Exclusions(exclusions(modules, baseline, step.initial_modules))
+        self.checked = memo.summaries()
+        """plan -> its summary, for every plan this search (or one before it at this size) traced whole."""
+        self.checked.setdefault(Plan(), summary)
+        self.estimates: dict[Plan, int] = {Plan(): summary.peak_bytes}
+        self.limits: list[str] = []
+        """Where the search stopped at a limit of its own rather than for want of plans."""
+        self.planner: Planner | None = None
+
+    def run(self, prune: bool) -> PlanResult:
+        """The cheapest plan whose traced step fits; BudgetUnreachableError names the lowest figure if none does."""
+        for _ in range(len(self.modules) + 1):  # each round excludes at least one module
+            self.planner = Planner(self.baseline, self.exclusions.why)
+            found = search_plan(self.planner, self.budget, self.trace, self.estimates,
+                                overhead=self.budget.overhead(self.summary), limits=self.limits, prune=prune)
+            if found is RESTART:
+                continue
+            if found is not None:
+                assert isinstance(found, Plan)
+                return self.result(found, self.checked[found])
+            break
+        plan, measured = min(self.checked.items(), key=lambda item: (self.budget.judged(item[1]),
+                                                                     item[1].recompute_seconds, item[1].peak_bytes))
+        raise BudgetUnreachableError(self.budget.bytes, self.result(plan, measured))
+
+    def trace(self, plan: Plan) -> Summary | _Restart:
+        """The plan's traced summary; RESTART where its step failed, its modules now excluded."""
+        if plan in self.checked:
+            return self.checked[plan]
+        result = self.memo.trace(plan)
+        if isinstance(result, TraceFailure):
+            error, differs = result
+            if error is not None:
+                self.exclusions.blame(plan, error, self.trace)
+            else:
+                self.exclusions.unfaithful(plan, differs)
+            return RESTART
+        self.checked[plan] = result
+        return result
+
+    def result(self, plan: Plan, measured: Summary) -> PlanResult:
+        """What the search says of a plan it traced: the plan found, or the lowest reached."""
+        budget, planner = self.budget, self.planner
+        lowest = None if planner is None else planner.estimate(planner.lowest()) + budget.overhead(self.summary)
+        return PlanResult(
+            budget_bytes=budget.bytes,
+            plan=plan,
+            peak_bytes=measured.peak_bytes,
+            allocator_peak_bytes=measured.allocator_peak_bytes,
+            estimated_peak_bytes=self.estimates.get(plan, measured.peak_bytes),
+            recompute_flops=measured.recompute_flops,
+            checks=len(self.checked) - 1,
+            pitfalls=pitfalls(plan, self.modules, self.step.model),
+            excluded=tuple(self.exclusions.why.items()),
+            compared_bytes=_compared(budget, measured),
+            compared=budget.figure,
+            recompute_seconds=measured.recompute_seconds,
+            cut_short="; ".join(self.limits) or None,
+            lowest_estimate_bytes=lowest,
+            searched="module plans" if planner is None else searched(planner),
+        )
 
 
 def plan_for_budget(
@@ -104,66 +253,11 @@ def plan_for_budget(
         budget = Budget(budget, f"{budget} bytes")
     if budget.bytes < 0:
         raise UsageError(f"the budget {budget.bytes} is negative")
-    excluded = exclusions(modules, baseline, step.initial_modules)
     if budget.fits(summary):
+        excluded = exclusions(modules, baseline, step.initial_modules)
         return PlanResult(budget.bytes, Plan(), summary.peak_bytes, summary.allocator_peak_bytes, summary.peak_bytes,
                           0, 0, (), tuple(excluded.items()), _compared(budget, summary), budget.figure)
-    memo: dict[Plan, Summary | TraceFailure] = traced if traced is not None else {}
-    checked: dict[Plan, Summary] = {plan: result for plan, result in memo.items() if isinstance(result, Summary)}
-    checked.setdefault(Plan(), summary)
-    estimates: dict[Plan, int] = {Plan(): summary.peak_bytes}
-    limits: list[str] = []
-
-    def trace(plan: Plan) -> Summary:
-        """The plan's traced summary; a plan whose step fails names its modules in `excluded`."""
-        if plan in checked:
-            return checked[plan]
-        result = _traced_once(step, plan, memo)
-        if isinstance(result, TraceFailure):
-            error, differs = result
-            if error is not None:
-                _blame(plan, error, trace, excluded)
-                raise _Excluded() from error
-            _exclude_unfaithful(plan, differs, excluded)
-            raise _Excluded()
-        checked[plan] = result
-        return result
-
-    planner: Planner | None = None
-
-    def result(plan: Plan, measured: Summary) -> PlanResult:
-        lowest = None if planner is None else planner.estimate(planner.lowest()) + budget.overhead(summary)
-        return PlanResult(
-            budget_bytes=budget.bytes,
-            plan=plan,
-            peak_bytes=measured.peak_bytes,
-            allocator_peak_bytes=measured.allocator_peak_bytes,
-            estimated_peak_bytes=estimates.get(plan, measured.peak_bytes),
-            recompute_flops=measured.recompute_flops,
-            checks=len(checked) - 1,
-            pitfalls=pitfalls(plan, modules, step.model),
-            excluded=tuple(excluded.items()),
-            compared_bytes=_compared(budget, measured),
-            compared=budget.figure,
-            recompute_seconds=measured.recompute_seconds,
-            cut_short="; ".join(limits) or None,
-            lowest_estimate_bytes=lowest,
-            searched="module plans" if planner is None else searched(planner),
-        )
-
-    for _ in range(len(modules) + 1):  # each round excludes at least one module
-        planner = Planner(baseline, excluded)
-        try:
-            found = search_plan(planner, budget, trace, estimates, overhead=budget.overhead(summary), limits=limits,
-                                prune=prune)
-        except _Excluded:
-            continue
-        if found is not None:
-            return result(found, checked[found])
-        break
-    plan, measured = min(checked.items(),
-                         key=lambda item: (budget.judged(item[1]), item[1].recompute_seconds, item[1].peak_bytes))
-    raise BudgetUnreachableError(budget.bytes, result(plan, measured))
+    return BudgetSearch(step, baseline, summary, modules, budget, TraceMemo(step, traced)).run(prune)
 
 
 def lowest_plan_summary(
@@ -181,26 +275,8 @@ def lowest_plan_summary(
     plan = planner.plan_of(planner.lowest())
     if plan.empty:
         return None
-    result = _traced_once(step, plan, traced)
+    result = TraceMemo(step, traced).trace(plan)
     return (plan, result) if isinstance(result, Summary) else None
-
-
-def _traced_once(step: StepWorld, plan: Plan, memo: dict[Plan, Summary | TraceFailure]) -> Summary | TraceFailure:
-    """The plan's step traced, or what failed: kept in `memo`, and read from it when it is there."""
-    if plan not in memo:
-        error: Exception | None = None
-        differs: tuple[tuple[str, str], ...] = ()
-        try:
-            step_trace = step.trace(plan)
-        except MemlayoutError:
-            raise
-        except Exception as exc:
-            error = exc.with_traceback(None)  # kept without its frames, which hold a failed step's fake tensors
-        else:
-            differs = step_trace.rerun_state_differs
-        memo[plan] = (TraceFailure(error, differs) if error is not None or differs
-                      else summarize(step_trace, cuda=step.device.startswith("cuda")))
-    return memo[plan]
 
 
 def searched(planner: Planner) -> str:
@@ -216,17 +292,18 @@ def _compared(budget: Budget, summary: Summary) -> int | None:
 
 
 def search_plan(
-    planner: Planner, budget: Budget, trace: Callable[[Plan], Summary], estimates: dict[Plan, int], *,
+    planner: Planner, budget: Budget, trace: Callable[[Plan], Summary | _Restart], estimates: dict[Plan, int], *,
     overhead: int = 0, limits: list[str] | None = None, prune: bool = True,
-) -> Plan | None:
-    """The cheapest plan found whose traced step fits the budget, or None.
+) -> Plan | _Restart | None:
+    """The cheapest plan found whose traced step fits the budget; None where none does, and RESTART where a traced
+    plan failed (`trace` said so): the caller's search starts again without the modules it blamed.
 
     `overhead` is what the compared figure adds to the live peak (0 on the CPU); `limits`
     collects where the search stopped at a limit of its own rather than for want of plans;
     `prune` False keeps a whole-level plan whole (plan_for_budget says when).
     """
 
-    def check(chosen: list[int]) -> tuple[Plan, Summary]:
+    def check(chosen: list[int]) -> tuple[Plan, Summary | _Restart]:
         plan = planner.plan_of(chosen)
         estimates.setdefault(plan, planner.estimate(chosen))
         return plan, trace(plan)
@@ -237,6 +314,8 @@ def search_plan(
         if chosen is None:
             break
         plan, measured = check(chosen)
+        if isinstance(measured, _Restart):
+            return RESTART
         if budget.fits(measured):
             return plan
         # The estimate was short by this much: aim lower by the same amount.
@@ -248,18 +327,25 @@ def search_plan(
     # module plan beats when traced), and every module of one level checkpointed together, unless the
     # estimate puts that far over the budget.
     lowest, unsegmented = planner.lowest(), planner.lowest(segments=False)
-    candidates = [lowest, *([unsegmented] if sorted(unsegmented) != sorted(lowest) else []),
-                  *planner.covers(budget.bytes)]
-    results = [(chosen, *check(chosen)) for chosen in candidates]
-    fitting = [(chosen, plan, measured) for chosen, plan, measured in results if budget.fits(measured)]
+    fitting = []
+    for chosen in [lowest, *([unsegmented] if sorted(unsegmented) != sorted(lowest) else []),
+                   *planner.covers(budget.bytes)]:
+        plan, measured = check(chosen)
+        if isinstance(measured, _Restart):
+            return RESTART
+        if budget.fits(measured):
+            fitting.append((chosen, plan, measured))
     if not fitting:
         return None
     chosen, plan, measured = min(fitting, key=lambda item: (item[2].recompute_seconds, item[2].peak_bytes))
-    if not prune:
-        return plan
-    # A whole-level plan checkpoints modules the budget does not need (two of eight
-    # residual blocks reach what all eight do): drop each while the traced step
-    # still fits, the costliest and the latest in the model first.
+    return _pruned(planner, budget, check, (chosen, plan, measured), limits) if prune else plan
+
+
+def _pruned(planner: Planner, budget: Budget, check: Callable[[list[int]], tuple[Plan, Summary | _Restart]],
+            found: tuple[list[int], Plan, Summary], limits: list[str] | None) -> Plan | _Restart:
+    """A whole-level plan without the modules the budget does not need (two of eight residual blocks reach what
+    all eight do): each dropped while the traced step still fits, the costliest and the latest in the model first."""
+    chosen, plan, measured = found
     rows = sorted(chosen, key=lambda r: (-planner.options[r].seconds, -r))
     if len(rows) > PRUNE_CHECKS and limits is not None:
         limits.append(f"{len(rows) - PRUNE_CHECKS} of the plan's {len(rows)} modules were kept without trying "
@@ -276,6 +362,8 @@ def search_plan(
         if planner.estimate(trial) - planner.estimate(chosen) > PRUNE_ROOM * room:
             continue
         trial_plan, trial_measured = check(trial)
+        if isinstance(trial_measured, _Restart):
+            return RESTART
         if budget.fits(trial_measured):
             chosen, plan, measured = trial, trial_plan, trial_measured
     return plan
@@ -303,40 +391,6 @@ def exclusions(
                 "forward saw"
             )
     return excluded
-
-
-def _blame(plan: Plan, exc: Exception, trace: Callable[[Plan], Summary], excluded: dict[str, str]) -> None:
-    """Find which modules of a failing plan fail alone, and exclude them (all of them if none fails alone)."""
-    singles = [Plan(checkpoint=(path,)) for path in plan.checkpoint] + [Plan(sequential=(s,)) for s in plan.sequential]
-    singles += [Plan(segments=tuple(s for s in plan.segments if s.module == path))
-                for path in dict.fromkeys(s.module for s in plan.segments)]
-    if len(singles) > 1:
-        blamed = {}
-        for single in singles:
-            try:
-                trace(single)
-            except _Excluded:
-                blamed.update({p: excluded[p] for p in _paths(single) if p in excluded})
-        if blamed:
-            return
-    reason = _failure_reason(exc)
-    others = _paths(plan)
-    for path in others:
-        excluded[path] = reason if len(others) == 1 else f"checkpointed together with {', '.join(others)}: {reason}"
-
-
-def _exclude_unfaithful(plan: Plan, differs: tuple[tuple[str, str], ...], excluded: dict[str, str]) -> None:
-    """Exclude each checkpointed module whose rerun started a module inside it from other state than forward
-    did: the step runs without an error, but its gradients are those of another computation."""
-    for checkpointed in _paths(plan):
-        for path, what in differs:
-            if path == checkpointed or path.startswith(checkpointed + ".") or not checkpointed:
-                where = "" if path == checkpointed else f"in {path}, "
-                excluded[checkpointed] = (
-                    f"its rerun is no replay: {where}{what} (state kept on the module, which checkpoint does not "
-                    "restore)"
-                )
-                break
 
 
 def _paths(plan: Plan) -> list[str]:

@@ -30,13 +30,11 @@ from typing import Any
 
 from memlayout.activations.model.input_specs import suggested_inputs
 from memlayout.activations.model.weight_tensors import WeightSource, WeightTensor, weight_source
-from memlayout.activations.step.optimizer import (
-    DEFAULT_OPTIMIZER,
-    check_optimizer,
-    state_bytes_after_a_step,
-)
+from memlayout.activations.request.python_call import call_request
+from memlayout.activations.request.step_request import StepRequest
+from memlayout.activations.request.vocabulary import Pipeline
+from memlayout.activations.step.optimizer import state_bytes_after_a_step
 from memlayout.dtypes import DTYPES
-from memlayout.load.remote_location import RemoteOptions
 
 ROWS = (("float32", "float32", 8), ("bfloat16", "float16/bfloat16", 4), ("int8", "int8", 2), ("int4", "int4", 1))
 """(dtype, label, nibbles (half-bytes) per floating element): the rows `accelerate estimate-memory` prints."""
@@ -111,21 +109,16 @@ class WeightsReport:
         return sum(nbytes for _, _, nbytes in self.as_built)
 
 
-def weights_report(
-    target: Any, *, optimizer: str = DEFAULT_OPTIMIZER, trust: bool = False, main_module: str | None = None,
-    model_class: str | None = None, remote: RemoteOptions | None = None,
-) -> WeightsReport:
+def weights_report(target: Any, **settings: Any) -> WeightsReport:
     """The weights in each dtype and the fixed costs of training them, without inputs (no step is traced).
 
     Args:
         target: An nn.Module (read, never run or copied), or a TARGET string: what `analyze` takes, and any
             checkpoint memlayout reads (a safetensors file, a torch.save file, a weights directory), local or
             remote, read from its headers.
-        optimizer: adamw (default), adam, sgd or none: whose state the training columns hold.
-        trust: Allow unpickling a module file to build it (a checkpoint's headers never need it).
-        main_module: With `trust`, the module for a script's `__main__.X` classes.
-        model_class: The transformers class a config builds, as for `analyze`.
-        remote: How a remote checkpoint is read (timeout, downloads).
+        settings: Any setting of `StepRequest` by name: `optimizer` (adamw, the default, adam, sgd or none:
+            whose state the training columns hold), `trust`, `main_module`, `model_class`, and `timeout` and
+            `download` for a remote checkpoint (or `remote`, a `RemoteOptions`).
 
     Returns:
         A `WeightsReport`.
@@ -134,8 +127,14 @@ def weights_report(
         >>> report = weights_report("benchmarks/configs/llama-7b")  # doctest: +SKIP
         >>> report.rows[0].training.total_bytes  # float32 weights, gradients and AdamW's state
     """
-    check_optimizer(optimizer)
-    source = weight_source(target, trust=trust, main_module=main_module, model_class=model_class, remote=remote)
+    return predict_weights(call_request(target, None, None, Pipeline.WEIGHTS, {"weights": True, **settings}))
+
+
+def predict_weights(request: StepRequest) -> WeightsReport:
+    """The weights of the request's TARGET in each dtype, and the fixed costs of training them with its optimizer."""
+    source = weight_source(request)
+    optimizer = request.step_optimizer
+    target = request.target
     tensors = source.tensors
     parameters = [t for t in tensors if not t.buffer]
     buffers = [t for t in tensors if t.buffer]

@@ -163,6 +163,22 @@ class MemlayoutCommand(TyperCommand):
         coerce_without_pydantic(option)
         return option
 
+    def format_options(self, ctx: Any, formatter: Any) -> None:
+        """The options under a heading per group where the command groups them (`rich_help_panel`), in the order
+        the groups first appear, an option of no group (--help) in the last; click's one "Options" list otherwise."""
+        groups: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                group = getattr(param, "rich_help_panel", None) or (list(groups)[-1] if groups else None)
+                groups.setdefault(group or "Options", []).append(record)
+        if not any(getattr(param, "rich_help_panel", None) for param in self.get_params(ctx)):
+            super().format_options(ctx, formatter)
+            return
+        for group, records in groups.items():
+            with formatter.section(group):
+                formatter.write_dl(records)
+
 
 def build_command(name: str) -> Any:
     """The click command typer builds for one of `COMMANDS`."""

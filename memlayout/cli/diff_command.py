@@ -82,15 +82,9 @@ def diff_command(
         config, isolated, select=select, ignore=ignore, fail_on=fail_on, tie=tie,
         min_duplicate_bytes=min_duplicate_bytes,
     )
-    options = DiffOptions(
-        names=NameMap(prefixes, parse_renames(rename or ())),
-        deep=deep,
-        select=settings.select,
-        ignore=settings.ignore,
-        rules=settings.rule_config(deep),
-        per_tensor_ignores=settings.per_tensor_ignores,
-        remote=remote,
-    )
+    options = DiffOptions(names=NameMap(prefixes, parse_renames(rename or ())), deep=deep, select=settings.select,
+                          ignore=settings.ignore, rules=settings.rule_config(deep),
+                          per_tensor_ignores=settings.per_tensor_ignores, remote=remote)
     with progress_callback(enabled=deep) as progress:
         diff = run_diff(a, b, options, progress=progress)
     render = RenderOptions(color=terminal_color(output_format, output))

@@ -9,9 +9,19 @@ from typing import Any
 
 import typer
 
-from memlayout.errors import MemlayoutError, TorchNotInstalledError
+from memlayout.errors import (
+    BudgetUnreachableError,
+    MemlayoutError,
+    NothingFitsError,
+    RanksBudgetUnreachableError,
+    TorchNotInstalledError,
+)
 
 USAGE_OR_LOAD_ERROR = 2
+BUDGET_UNREACHABLE = 1
+NOTHING_FITS = (BudgetUnreachableError, RanksBudgetUnreachableError, NothingFitsError)
+"""An answer rather than a failure: the step was predicted, and no plan (or no size) fits the budget; exit 1, as a
+finding does, where a command that could not answer exits 2."""
 
 
 def exit_code(run: Callable[[], Any], debug: bool) -> int:
@@ -28,7 +38,7 @@ def exit_code(run: Callable[[], Any], debug: bool) -> int:
         if debug:
             raise
         print(f"memlayout: error: {exc.one_line()}", file=sys.stderr)
-        return USAGE_OR_LOAD_ERROR
+        return BUDGET_UNREACHABLE if isinstance(exc, NOTHING_FITS) else USAGE_OR_LOAD_ERROR
     except KeyboardInterrupt:
         print("memlayout: interrupted", file=sys.stderr)
         return 130

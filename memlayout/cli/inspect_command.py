@@ -126,6 +126,12 @@ def inspect_command(
         typer.Option("--fragmented-min-storages", help="ML204 stays quiet below this many storages. [default: 4]",
                      min=0),
     ] = None,
+    align: Annotated[
+        int | None,
+        typer.Option("--align", help="ML203 asks every tensor for this boundary, in bytes (a power of two), as "
+                     "`flatten --align` writes it. [default: the config's alignment, else each format's own]",
+                     min=1, show_default=False),
+    ] = None,
     min_shard_padding_bytes: Annotated[
         int | None,
         typer.Option("--min-shard-padding-bytes", help="ML303 ignores parameters whose shards are padded by fewer "
@@ -177,6 +183,8 @@ def inspect_command(
                 "inspect takes no --trust: it never runs code from the file, so there is nothing to allow",
                 "drop --trust; only `memlayout flatten` of a pickled module needs it",
             )
+        if align is not None and align & (align - 1):
+            raise UsageError(f"--align {align} is not a power of two", "e.g. --align 64")
         targets = paths_to_inspect(paths, paths_from, shard)
         if not targets:
             print(f"memlayout: --shard {shard} takes none of the paths: nothing to inspect", file=sys.stderr)
@@ -189,6 +197,7 @@ def inspect_command(
             config, isolated, select=select, ignore=ignore, fail_on=fail_on, tie=tie,
             min_duplicate_bytes=min_duplicate_bytes, min_bloat_bytes=min_bloat_bytes,
             fragmented_min_storages=fragmented_min_storages, min_shard_padding_bytes=min_shard_padding_bytes,
+            alignment=align,
         )
         if output_format is OutputFormat.JSONL:
             from memlayout.cli.inspect_stream import stream_json_lines

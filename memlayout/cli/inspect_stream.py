@@ -44,7 +44,7 @@ def stream_json_lines(
         for _, reports in finished:
             for path in reports:
                 inspected += 1
-                if path.report is None:
+                if path.failed:
                     failed += 1
                     bar.say(f"memlayout: error: {path.error_line}")
                 elif path.fails(settings.fail_on):

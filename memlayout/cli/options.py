@@ -49,6 +49,10 @@ IgnoreOption = Annotated[
 _FAIL_ON_HELP = "Exit 1 when {what} is at or above this severity. [default: the config's fail-on, else warning]"
 InspectFailOnOption = Annotated[FailOn | None, typer.Option("--fail-on", help=_FAIL_ON_HELP.format(what="a finding"))]
 DiffFailOnOption = Annotated[FailOn | None, typer.Option("--fail-on", help=_FAIL_ON_HELP.format(what="a change"))]
+FlattenFailOnOption = Annotated[
+    FailOn | None,
+    typer.Option("--fail-on", help="With --check: " + _FAIL_ON_HELP.format(what="a finding flatten would fix")),
+]
 InspectTieOption = Annotated[
     list[str] | None,
     typer.Option("--tie", help="Declare TARGET=SOURCE tied (ML103); repeatable.", metavar="A=B"),

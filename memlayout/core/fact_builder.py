@@ -303,6 +303,7 @@ def build_facts(source: LoadedSource) -> Facts:
             also_valid_as=source.also_valid_as,
             files=source.files,
             chunks=tuple(source.chunks),
+            contents=tuple(source.contents),
         ),
         tensors=tensors,
         storages=storage_facts,

@@ -19,6 +19,7 @@ from memlayout.dtypes import dtype_info
 from memlayout.load.records import (
     ChunkRecord,
     DeclaredTie,
+    MemberRecord,
     ModuleRecord,
     PickleGlobal,
     RankRecord,
@@ -149,6 +150,8 @@ class SourceFact:
     """For a directory: the files its loader read, relative to `path`."""
     chunks: tuple[ChunkRecord, ...] = ()
     """The pieces the checkpoint stores each tensor in (DCP); empty for other sources."""
+    contents: tuple[MemberRecord, ...] = ()
+    """For a compressed stream or an archive: every file inside, and what it was read as."""
 
 
 @dataclass(frozen=True)

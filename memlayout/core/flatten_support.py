@@ -14,6 +14,7 @@ import enum
 from typing import NamedTuple
 
 from memlayout.core.facts import SourceFact
+from memlayout.load.detect import CONTAINER_FORMATS
 from memlayout.load.main_module import classes_from_main
 
 
@@ -26,6 +27,20 @@ class Trust(enum.Enum):
     """A torch pickle: only when it names globals outside torch's weights-only allow-list."""
     ALWAYS = "always"
     """The format's own loader runs code from the file (TorchScript)."""
+
+
+FLATTEN_FIXES: dict[str, str] = {
+    "ML201": "copies each tensor alone in its storage into dense order",
+    "ML203": "starts every slot on --align bytes, and a safetensors data section where its own writer would",
+    "ML204": "merges the storages into one flat buffer per device, dtype and requires_grad",
+    "ML301": "copies only the bytes the tensors use",
+    "ML401": "gives each RNN one buffer, laid out as cuDNN's weight space",
+    "ML602": "writes a current torch.save zip",
+}
+"""The findings `memlayout flatten` fixes, and how: what `flatten --check` judges (tests flatten each
+away). A tensor that views another's bytes stays a view, so ML201 and ML203 of such a tensor stay."""
+FIXED_BY_MOVING = ("ML501", "moves every tensor to the --device asked for")
+"""Fixed only where `--device` moves every tensor to one device."""
 
 
 class FormatSupport(NamedTuple):
@@ -46,17 +61,34 @@ class FormatSupport(NamedTuple):
     one_storage_per_file: bool = False
     """Whether each file OUT writes is one storage whatever its dtypes: a safetensors
     file has one data section, which loading maps as one block of bytes."""
+    file_alignment: int = 0
+    """Where the format's own writer starts data that its loader uses in place, in bytes:
+    torch.save's records on 64 (`torch.load(mmap=True)` maps them), safetensors' data section
+    on 8 (its writer pads the header to 8, and stores the largest elements first, so each
+    tensor starts on a multiple of its element size). 0 where the loader copies into fresh memory."""
 
+
+TORCH_RECORD_ALIGNMENT = 64
+"""torch.save starts every storage's record on 64 bytes (`kFieldAlignment`)."""
+SAFETENSORS_SECTION_ALIGNMENT = 8
+"""safetensors' own writer pads its header so the data section starts on 8 bytes ("Force alignment
+to 8 bytes", `prepare` in safetensors' Rust core)."""
 
 _PICKLE_TRUST = "re-saving it needs the real objects, and unpickling them runs code from the file"
 
 FORMAT_SUPPORT: dict[str, FormatSupport] = {
-    "torch-zip": FormatSupport("a torch.save zip", Trust.IF_UNSAFE_GLOBALS),
-    "safetensors": FormatSupport("a safetensors file", pads=False, one_storage_per_file=True),
-    "hf-safetensors": FormatSupport(
-        "a Hugging Face directory (each safetensors file flattened)", pads=False, one_storage_per_file=True
+    "torch-zip": FormatSupport("a torch.save zip", Trust.IF_UNSAFE_GLOBALS, file_alignment=TORCH_RECORD_ALIGNMENT),
+    "safetensors": FormatSupport(
+        "a safetensors file", pads=False, one_storage_per_file=True, file_alignment=SAFETENSORS_SECTION_ALIGNMENT
     ),
-    "hf-pytorch": FormatSupport("a Hugging Face directory (each torch.save file flattened)", Trust.IF_UNSAFE_GLOBALS),
+    "hf-safetensors": FormatSupport(
+        "a Hugging Face directory (each safetensors file flattened)", pads=False, one_storage_per_file=True,
+        file_alignment=SAFETENSORS_SECTION_ALIGNMENT,
+    ),
+    "hf-pytorch": FormatSupport(
+        "a Hugging Face directory (each torch.save file flattened)", Trust.IF_UNSAFE_GLOBALS,
+        file_alignment=TORCH_RECORD_ALIGNMENT,
+    ),
     "live-module": FormatSupport("a torch.save state dict"),
     "state-dict": FormatSupport("a torch.save state dict"),
     "torch-legacy": FormatSupport("a current torch.save zip (the format changes)", Trust.IF_UNSAFE_GLOBALS),
@@ -101,6 +133,15 @@ FORMAT_SUPPORT: dict[str, FormatSupport] = {
         "then flatten that file",
     ),
 }
+
+
+_CONTAINER = FormatSupport(
+    "",
+    refusal="a compressed stream or an archive is no checkpoint of its own: flatten rewrites the checkpoint inside",
+    alternative="unpack it (gunzip, unxz, unzip, tar -x; joblib.load for a joblib file you trust), then flatten "
+    "the checkpoint it holds",
+)
+FORMAT_SUPPORT.update({name: _CONTAINER for name in sorted(CONTAINER_FORMATS)})
 
 
 SAFETENSORS_CONVERSION = ("torch-zip", "torch-legacy", "safetensors")
@@ -175,13 +216,35 @@ def flatten_route(source: SourceFact) -> FlattenRoute:
     return FlattenRoute(command, support.writes, trust_reason, "", "")
 
 
-def alignment_hint(source: SourceFact, alignment: int, sizes_aligned: bool) -> str:
+def stores_back_to_back(source: SourceFact) -> bool:
+    """Whether the format keeps its tensors back to back in one mapped data section (safetensors).
+
+    Args:
+        source: The source's facts.
+
+    Returns:
+        True where each tensor's place in the file follows from the sizes before it, so
+        no rewrite can pad one tensor alone.
+    """
+    support = FORMAT_SUPPORT.get(source.format)
+    return support is not None and not support.pads
+
+
+def file_alignment(source: SourceFact) -> int:
+    """The boundary the format's own writer starts in-place data on (64 for torch.save, 8 for
+    safetensors); 0 where its loader copies into fresh memory."""
+    support = FORMAT_SUPPORT.get(source.format)
+    return support.file_alignment if support is not None else 0
+
+
+def alignment_hint(source: SourceFact, alignment: int | None, sizes_aligned: bool) -> str:
     """ML203's hint: flatten where it can align every tensor, else the copy that aligns.
 
     Args:
         source: The source's facts.
-        alignment: The boundary ML203 checks.
-        sizes_aligned: Every tensor's length is a multiple of `alignment`. A format
+        alignment: The boundary the project asked for (`alignment`, `--align`); None
+            where ML203 judged the format's own standard.
+        sizes_aligned: Every tensor's length is a multiple of the boundary. A format
             without gaps (safetensors) then has every tensor aligned once its data
             section starts on a boundary, which flatten's rewrite makes it do, in
             whatever order it stores them.
@@ -189,27 +252,35 @@ def alignment_hint(source: SourceFact, alignment: int, sizes_aligned: bool) -> s
     Returns:
         The hint text.
     """
+    asked = f" --align {alignment}" if alignment else ""
     support = FORMAT_SUPPORT.get(source.format)
     if support is not None and not support.pads:
+        if alignment is None:
+            return (
+                f"{flatten_hint(source)}: it lays the file out as safetensors' own writer does, the data "
+                "section on an aligned boundary and the largest elements first, so every tensor starts on a "
+                "multiple of its element size; or `.clone()` the tensor after loading"
+            )
         if sizes_aligned:
             return (
-                f"{flatten_hint(source)}: it starts the data section on a 64-byte boundary, and every tensor "
-                f"here is a multiple of {alignment} bytes long, so each one starts aligned; or `.clone()` the "
-                "tensor after loading"
+                f"{flatten_hint(source, asked)}: it starts the data section on a {alignment}-byte boundary, and "
+                f"every tensor here is a multiple of {alignment} bytes long, so each one starts aligned; or "
+                "`.clone()` the tensor after loading"
             )
         return (
             "`.clone()` the tensor after loading (a fresh allocation is aligned); the format stores tensors "
             f"back to back with no gaps, and some here are not a multiple of {alignment} bytes long, so no "
             "rewrite of the file can align every one"
         )
-    return f"{flatten_hint(source)} (slots start on --align bytes, 64 by default), or `.clone()` the tensor"
+    return f"{flatten_hint(source, asked)} (slots start on --align bytes, 64 by default), or `.clone()` the tensor"
 
 
-def flatten_hint(source: SourceFact) -> str:
+def flatten_hint(source: SourceFact, options: str = "") -> str:
     """The flatten step of a finding's hint: a command that works for this source, or what works instead.
 
     Args:
         source: The source's facts.
+        options: Flags the command needs besides --trust (" --align 64"), each with its leading space.
 
     Returns:
         A clause such as "run `memlayout flatten`", "run `memlayout flatten --trust`
@@ -221,6 +292,7 @@ def flatten_hint(source: SourceFact) -> str:
     route = flatten_route(source)
     if route.refusal:
         return route.alternative or route.refusal
+    route = route._replace(command=route.command + options)
     if route.trust_reason:
         support = FORMAT_SUPPORT[source.format]
         where = ", with the classes it names importable" if support.trust is Trust.IF_UNSAFE_GLOBALS else ""

@@ -79,14 +79,8 @@ def run_diff(
     remote = options.remote._replace(fetch_contents=options.deep)
     with load_target(a, remote) as source_a, load_target(b, remote) as source_b:
         # --tie names B's tensors; A's own declarations come from A.
-        # per-tensor-ignores drop findings on both sides, as inspect drops them.
-        report_a = without_ignored_findings(
-            inspect_source(source_a, replace(config, ties=()), options.select, options.ignore, progress),
-            options.per_tensor_ignores,
-        )
-        report_b = without_ignored_findings(
-            inspect_source(source_b, config, options.select, options.ignore, progress), options.per_tensor_ignores
-        )
+        report_a = _inspected(source_a, replace(config, ties=()), options, progress)
+        report_b = _inspected(source_b, config, options, progress)
         values: ValueComparer | None = None
         content_a = content_reader(source_a, report_a.facts) if options.deep else None
         content_b = content_reader(source_b, report_b.facts) if options.deep else None
@@ -105,6 +99,13 @@ def run_diff(
         strip_prefixes=options.names.strip_prefixes, renames=options.names.renames, deep=options.deep,
         name_hint=_name_hint(report_a, report_b, options.names),
     )
+
+
+def _inspected(source: Any, config: Any, options: DiffOptions,
+               progress: Callable[[str, int, int], None] | None) -> Report:
+    """One side inspected as inspect would, per-tensor-ignores dropping its findings as inspect drops them."""
+    return without_ignored_findings(inspect_source(source, config, options.select, options.ignore, progress),
+                                    options.per_tensor_ignores)
 
 
 def _name_hint(a: Report, b: Report, names: NameMap) -> str | None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from memlayout.flatten.plan import DEFAULT_ALIGN
-
 KEEP = "keep"
 """The default `--device`: every tensor stays on the device IN records (see `keeps_devices`)."""
 
@@ -22,7 +20,9 @@ class FlattenOptions:
     """Destination; None with `check` (or `in_place`, where it is IN)."""
     device: str = KEEP
     """KEEP (OUT records each tensor's device as IN does), "auto", "cpu", "cuda" or "cuda:N"."""
-    align: int = DEFAULT_ALIGN
+    align: int | None = None
+    """Slot alignment in bytes, as asked (`--align`, `alignment` in [tool.memlayout]); None: slots on
+    `DEFAULT_ALIGN` bytes, and a safetensors file keeps its own 8-byte data section."""
     trust: bool = False
     main_module: str | None = None
     """With `trust`: the module that defines what a script's pickle names `__main__.Name`.

@@ -97,6 +97,10 @@ class FlatPlan:
 
     buffers: tuple[FlatBuffer, ...]
     align: int
+    asked_align: int | None = None
+    """The alignment asked for (`--align`, `alignment` in [tool.memlayout]); None where `align` is
+    flatten's own default. A format whose own standard is less (safetensors' data section on 8
+    bytes) is left as its writer laid it out unless asked."""
     untouched: tuple[ViewKey, ...] = ()
     """Views left where they are: empty tensors of empty storages, and weights that a
     weight-dropout wrapper recomputes every forward."""
@@ -195,17 +199,19 @@ def _rnn_weights(
     return weights, layout
 
 
-def _check_align(align: int) -> None:
+def check_align(align: int) -> None:
+    """Raise `UsageError` unless `align` is a power of two."""
     if align < 1 or align & (align - 1):
         raise UsageError(f"--align {align} is not a power of two", "use 64 (the default), 16, 128 or 4096")
 
 
-def plan_flatten(facts: Facts, align: int = DEFAULT_ALIGN, device: str | None = None) -> FlatPlan:
+def plan_flatten(facts: Facts, align: int | None = None, device: str | None = None) -> FlatPlan:
     """Decide the flat layout of every tensor in `facts`.
 
     Args:
         facts: Layout facts of a module, state dict or checkpoint with real data.
-        align: Every slot starts at a multiple of this many bytes (a power of two).
+        align: Every slot starts at a multiple of this many bytes (a power of two);
+            None for `DEFAULT_ALIGN`, as flatten's own choice rather than one asked for.
         device: Target device for every buffer ("cpu", "cuda:0"); None keeps each
             tensor's device.
 
@@ -217,7 +223,9 @@ def plan_flatten(facts: Facts, align: int = DEFAULT_ALIGN, device: str | None = 
         UsageError: `align` is not a power of two.
         FlattenError: a tensor has no data (meta device, metadata-only source).
     """
-    _check_align(align)
+    asked = align
+    align = DEFAULT_ALIGN if align is None else align
+    check_align(align)
     shadowed = {name for m in facts.modules if m.rnn for name in m.rnn.unregistered}
     notes: list[str] = []
     untouched: list[ViewKey] = []
@@ -323,7 +331,7 @@ def plan_flatten(facts: Facts, align: int = DEFAULT_ALIGN, device: str | None = 
         buffers.append(
             FlatBuffer(label, key, buffer_device, rep.dtype, nbytes, tuple(slots), key[1] if is_rnn else None)
         )
-    return FlatPlan(tuple(buffers), align, tuple(untouched), tuple(notes), placements)
+    return FlatPlan(tuple(buffers), align, asked, tuple(untouched), tuple(notes), placements)
 
 
 def _label(key: tuple[str, ...]) -> str:

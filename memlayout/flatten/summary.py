@@ -19,27 +19,6 @@ def _rate(result: FlattenResult) -> str:
     return f" ({result.bytes_copied / result.seconds / 1e9:.2f} GB/s copied)"
 
 
-def render_check(result: FlattenResult) -> str:
-    """The `--check` report: already flat, or what flattening would change.
-
-    Args:
-        result: A result from `flatten_path` with `check` set.
-
-    Returns:
-        Lines ending in a newline.
-    """
-    if result.already_flat:
-        count = result.storages_before
-        lines = [f"{result.source}: already flat ({count} storage{'' if count == 1 else 's'})"]
-    else:
-        lines = [f"{result.source}: would change ({result.format}):"]
-        lines += [f"  {change}" for change in result.changes]
-        # The count ML204 quotes ("flatten would use N"), so the two can be read side by side.
-        lines.append(f"  storages  {result.storages_before} -> {result.storages_after}")
-    lines += [f"  note: {note}" for note in result.notes]
-    return "\n".join(lines) + "\n"
-
-
 def _verified_lines(result: FlattenResult) -> list[str]:
     """What reading OUT back proved, one clause a line, each for the kind of change it covers."""
     if not result.verified:

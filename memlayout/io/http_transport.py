@@ -84,6 +84,18 @@ class _Expired(Exception):
     """A kept redirect target refused the request: resolve the original URL again."""
 
 
+def _request_headers(url: str, target: str, headers: dict[str, str], range_value: str | None) -> dict[str, str]:
+    """The headers of one request for `url` at `target`: no Authorization to another origin (a redirect's), and a
+    Range read as the bytes stored (identity), never decompressed."""
+    send = dict(headers) if _origin(target) == _origin(url) else {
+        k: v for k, v in headers.items() if k.lower() != "authorization"
+    }
+    if range_value is not None:
+        send["Range"] = range_value
+        send["Accept-Encoding"] = "identity"
+    return send
+
+
 def _origin(url: str) -> tuple[str, str, int | None]:
     parts = urlsplit(url)
     return parts.scheme, (parts.hostname or "").lower(), parts.port
@@ -293,12 +305,7 @@ class HttpTransport:
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 raise self._timeout(url)
-            send = dict(headers) if _origin(target) == _origin(url) else {
-                k: v for k, v in headers.items() if k.lower() != "authorization"
-            }
-            if range_value is not None:
-                send["Range"] = range_value
-                send["Accept-Encoding"] = "identity"
+            send = _request_headers(url, target, headers, range_value)
             try:
                 async with self._session.get(
                     target, headers=send, allow_redirects=False, timeout=aiohttp.ClientTimeout(total=remaining),

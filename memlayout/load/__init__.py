@@ -8,6 +8,7 @@ file imports its own loader and no other.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -55,12 +56,21 @@ FORMATS: list[Format] = [
     Format("torch-export", "memlayout.load.pt2", "load_pt2", detect.is_pt2_zip),
     Format("torchscript", "memlayout.load.torchscript", "load_torchscript", detect.is_torchscript_zip),
     Format("npz", "memlayout.load.numpy_file", "load_npz", detect.is_npz),
+    # A zip that names no data.pkl is an archive of other files, read member by member.
+    Format("zip", "memlayout.load.containers", "load_zip_archive", detect.is_plain_zip),
     Format("torch-zip", "memlayout.load.torch_zip", "load_torch_zip", detect.is_zip),
     Format("torch-legacy-tar", "memlayout.load.legacy_tar", "load_legacy_tar", detect.has_tar_magic,
            confirm="is_legacy_tar"),
+    Format("tar", "memlayout.load.containers", "load_tar_archive", detect.has_tar_magic),
     Format("torch-legacy", "memlayout.load.legacy", "load_legacy", detect.opens_like_a_pickle,
            confirm="is_legacy_torch"),
     Format("pickle", "memlayout.load.legacy", "load_bare_pickle", detect.opens_like_a_pickle, confirm="is_pickle"),
+    # Compressed streams, last: zlib's and lzma's headers are weak, and confirmed by decompressing.
+    *[
+        Format(codec.name, "memlayout.load.containers", "load_compressed", functools.partial(detect.compresses_as, codec.name),
+               confirm="confirms_compression")
+        for codec in detect.CODECS
+    ],
 ]
 
 
@@ -97,6 +107,10 @@ def _detected(path: str) -> tuple[Format, bytes]:
             return fmt, head
     if not head:
         raise UnrecognizedFormatError(f"{path} is a directory with no model memlayout can read")
+    archive = detect.unopened_archive(head)
+    if archive is not None:
+        raise UnrecognizedFormatError(f"{path} is {archive}, which memlayout does not open: what it holds is "
+                                      "not audited", "extract it and inspect the files")
     raise UnrecognizedFormatError(f"{path} is not a checkpoint format memlayout recognizes")
 
 

@@ -25,7 +25,7 @@ import os
 import re
 from typing import Any, NamedTuple, Protocol
 
-from memlayout.errors import CorruptCheckpointError
+from memlayout.errors import CorruptCheckpointError, UnpackLimitError
 from memlayout.load.pickle_memo import check_stream_memo_indices
 from memlayout.load.pickled_objects import InertObject
 
@@ -64,6 +64,63 @@ class ExactReads:
         self.readline = handle.readline
         self.seek = handle.seek
         self.tell = handle.tell
+
+
+class SequentialReads:
+    """A stream that can only be read forward (a decompressor's output), read exactly as `ExactReads` is.
+
+    `skip` steps over an array's bytes (or a long string's) by reading and dropping
+    them, a megabyte at a time, so what a pickle only carries costs no memory. What
+    the unpickler reads to build objects is counted against `limit`: a few kilobytes
+    of bz2 can decompress to billions of APPENDs, each an object in memory.
+    """
+
+    __slots__ = ("_read", "_readinto", "_readline", "limit", "opcodes", "what")
+
+    def __init__(self, stream: Any, limit: int = 1 << 62, what: str = "the stream") -> None:
+        self._read = stream.read
+        self._readinto = stream.readinto
+        self._readline = stream.readline
+        self.limit = limit
+        """Bytes the unpickler may read to build objects (skipped payloads aside)."""
+        self.opcodes = 0
+        self.what = what
+
+    def _count(self, count: int) -> None:
+        self.opcodes += count
+        if self.opcodes > self.limit:
+            raise UnpackLimitError(
+                f"{self.what}: its pickle is more than {self.limit >> 20} MiB of opcodes, memlayout's cap on what it "
+                "builds from a decompressed stream (a few kilobytes of bz2 can hold billions of list appends)"
+            )
+
+    def read(self, count: int = -1) -> bytes:
+        data: bytes = self._read(count)
+        self._count(len(data))
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        count: int = self._readinto(buffer)
+        self._count(count)
+        return count
+
+    def readline(self) -> bytes:
+        data: bytes = self._readline()
+        self._count(len(data))
+        return data
+
+    def skip(self, count: int) -> int:
+        """Read and drop `count` bytes; returns how many there were (fewer at the stream's end)."""
+        left = count
+        while left > 0:
+            got = len(self._read(min(left, _SKIP_CHUNK)))
+            if got == 0:
+                break
+            left -= got
+        return count - left
+
+
+_SKIP_CHUNK = 1 << 20
 
 
 class ArrayReader(Protocol):
@@ -147,13 +204,20 @@ def skip_wrapped_array(unpickler: ArrayReader, state: Any) -> WrappedArray:
         # Its opcodes count as the outer pickle's: not skipped bytes.
         return WrappedArray(shape, code, 0)
     padding = 0
+    nbytes = count * itemsize
     if state.get("numpy_array_alignment_bytes") is not None:
         length = stream.read(1)
         if len(length) != 1:
             raise CorruptCheckpointError("the file ends before a joblib array's padding")
         padding = 1 + length[0]
-        stream.seek(length[0], os.SEEK_CUR)
-    nbytes = count * itemsize
+        if isinstance(stream, SequentialReads):
+            stream.skip(length[0])
+        else:
+            stream.seek(length[0], os.SEEK_CUR)
+    if isinstance(stream, SequentialReads):
+        if stream.skip(nbytes) < nbytes:
+            raise CorruptCheckpointError(f"the stream ends inside a joblib array of {nbytes:,} bytes")
+        return WrappedArray(shape, code, nbytes, padding)
     start = stream.tell()
     end = stream.seek(0, os.SEEK_END)
     if start + nbytes > end:
@@ -177,7 +241,8 @@ def joblib_wrapper_class(unpickler: ArrayReader) -> type[InertObject]:
     def __setstate__(self: InertObject, state: Any) -> None:
         self.state = state
         unpickler.arrays.append(skip_wrapped_array(unpickler, state))
-        _check_resumed_opcodes(unpickler)
+        if not isinstance(unpickler.stream, SequentialReads):  # the pure-Python unpickler has no memo to guard
+            _check_resumed_opcodes(unpickler)
 
     module, name = JOBLIB_ARRAY_WRAPPER
     return type(

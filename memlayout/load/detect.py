@@ -12,6 +12,9 @@ from __future__ import annotations
 import functools
 import os
 import struct
+from typing import NamedTuple
+
+from memlayout.errors import MemlayoutError
 
 ZIP_LOCAL_HEADER = b"PK\x03\x04"
 NPY_MAGIC = b"\x93NUMPY"
@@ -39,6 +42,114 @@ PT2_OLDER_PROGRAM = "serialized_exported_program.json"
 TAR_MAGIC = b"ustar"
 TAR_MAGIC_AT = 257
 TAR_BLOCK = 512
+
+class Codec(NamedTuple):
+    """A compressed stream memlayout recognizes by its first bytes (what `memlayout.load.unpack` decompresses)."""
+
+    name: str
+    """The format name a file of it is reported as ("gzip")."""
+    magic: bytes
+    """How the stream opens; a weak magic (zlib, lzma) is confirmed by decompressing the first bytes."""
+    writer: str
+    """Who writes it, for the docs: joblib's `compress=` names, gzip, xz."""
+
+
+CODECS: tuple[Codec, ...] = (
+    Codec("gzip", b"\x1f\x8b\x08", "gzip, joblib compress='gzip', torch.save into gzip.open"),
+    Codec("bz2", b"BZh", "bzip2, joblib compress='bz2'"),
+    Codec("xz", b"\xfd7zXZ\x00", "xz, joblib compress='xz', torch.save into lzma.open"),
+    Codec("lz4", b"\x04\x22\x4d\x18", "lz4's frame format, joblib compress='lz4'"),
+    Codec("zstd", b"\x28\xb5\x2f\xfd", "zstd (read where the zstandard package is installed)"),
+    Codec("joblib-zf", b"ZF0x", "joblib before 0.10: 'ZF', the length in hex, then a zlib stream"),
+    Codec("zlib", b"", "zlib, joblib's default compress=True or compress=3"),
+    Codec("lzma", b"", "lzma's alone format, joblib compress='lzma'"),
+)
+"""Every compressed stream memlayout opens, by name."""
+
+ARCHIVE_FORMATS = ("zip", "tar")
+"""Archives of members, read member by member (`memlayout.load.unpack`)."""
+CONTAINER_FORMATS = frozenset([codec.name for codec in CODECS] + list(ARCHIVE_FORMATS))
+"""Formats whose content is other files: what a source of one of them reports it found inside."""
+
+UNOPENED_ARCHIVES = {b"7z\xbc\xaf\x27\x1c": "a 7-Zip archive", b"Rar!\x1a\x07": "a RAR archive"}
+"""Archives memlayout recognizes but does not open (no reader in the standard library): never cleared."""
+
+
+def _is_zlib(head: bytes) -> bool:
+    # RFC 1950's header: deflate (method 8), a window of at most 32 KiB, a check
+    # that makes the two bytes a multiple of 31, and no preset dictionary. Text can
+    # pass ("x^" does), so the unpacker confirms by inflating the first bytes.
+    if len(head) < 2:
+        return False
+    cmf, flags = head[0], head[1]
+    return cmf & 0x0F == 8 and cmf >> 4 <= 7 and (cmf << 8 | flags) % 31 == 0 and not flags & 0x20
+
+
+def _is_lzma_alone(head: bytes) -> bool:
+    # lzma's alone header: a properties byte (lc, lp, pb packed below 225), a
+    # dictionary size that liblzma's encoder writes as 2**n or 2**n + 2**(n-1), the
+    # uncompressed size (all ones when unknown, as lzma.LZMAFile and joblib write it),
+    # then the range coder's first byte, which is always 0. The unpacker then
+    # confirms by decompressing.
+    if len(head) < 14 or head[0] >= 225 or head[13] != 0:
+        return False
+    dictionary = int.from_bytes(head[1:5], "little")
+    if not 1 << 12 <= dictionary <= 3 << 29:
+        return False
+    top = 1 << (dictionary.bit_length() - 1)
+    size = head[5:13]
+    return dictionary in (top, top | top >> 1) and (size == b"\xff" * 8 or int.from_bytes(size, "little") < 1 << 40)
+
+
+def compression_of(head: bytes) -> str | None:
+    """The `CODECS` name of the compressed stream `head` opens, or None.
+
+    Args:
+        head: A file's (or a member's, or a decompressed stream's) first bytes.
+
+    Returns:
+        "gzip", "zlib", ...; None for anything else.
+    """
+    for codec in CODECS:
+        # bz2 opens with "BZh" and the block size, a digit.
+        if codec.magic and head.startswith(codec.magic) and (codec.name != "bz2" or head[3:4].isdigit()):
+            return codec.name
+    if _is_zlib(head):
+        return "zlib"
+    if _is_lzma_alone(head):
+        return "lzma"
+    return None
+
+
+def is_compressed(path: str, head: bytes) -> bool:
+    """Whether the first bytes open a compressed stream memlayout decompresses."""
+    return compression_of(head) is not None
+
+
+_LAST: tuple[bytes, str | None] = (b"", None)
+"""The last head asked about and its codec: `load.FORMATS` asks once per codec, of the same bytes."""
+
+
+def compresses_as(codec: str, path: str, head: bytes) -> bool:
+    """Whether the first bytes open a stream of `codec` (bound with functools.partial in `load.FORMATS`).
+
+    Asked of every file a folder walk reads, once per codec: `compression_of` runs once per
+    head, and the other codecs' questions are answered from its result.
+    """
+    global _LAST
+    last = _LAST  # one read of the pair: another thread may replace it, never half of it
+    if last[0] is not head:
+        last = _LAST = (head, compression_of(head))
+    return last[1] == codec
+
+
+def unopened_archive(head: bytes) -> str | None:
+    """What archive memlayout recognizes but does not open, by its first bytes ("a 7-Zip archive"), or None."""
+    for magic, what in UNOPENED_ARCHIVES.items():
+        if head.startswith(magic):
+            return what
+    return None
+
 
 PICKLE_PROTO = 0x80
 PICKLE_HIGHEST_PROTOCOL = 5
@@ -96,8 +207,30 @@ def is_safetensors(path: str, head: bytes) -> bool:
 
 
 def is_hf_dir(path: str, head: bytes) -> bool:
-    """Whether a directory holds Hugging Face weights by their standard file names (never a file)."""
-    return not head and any(os.path.isfile(os.path.join(path, name)) for name in HF_WEIGHT_FILES)
+    """Whether a directory holds Hugging Face weights under their standard file names (never a file).
+
+    A name is not enough: `model.safetensors` must open as safetensors and
+    `pytorch_model.bin` as a torch.save file, or the folder is no model
+    `from_pretrained` could load, and is walked file by file instead, each file read
+    for what it is (a torch zip named `model.safetensors` is reported as one).
+    """
+    if head:
+        return False
+    for name in HF_WEIGHT_FILES:
+        weights = os.path.join(path, name)
+        if not os.path.isfile(weights):
+            continue
+        if name.endswith(".json"):
+            return True
+        try:
+            with open(weights, "rb") as handle:
+                first = handle.read(TAR_BLOCK)
+        except OSError:
+            return True  # the loader says why it cannot be read
+        if (looks_like_safetensors(first) if name == HF_SAFETENSORS_SINGLE
+                else is_zip(weights, first) or opens_like_a_pickle(weights, first) or has_tar_magic(weights, first)):
+            return True
+    return False
 
 
 def is_dcp_dir(path: str, head: bytes) -> bool:
@@ -110,6 +243,15 @@ def is_dcp_dir(path: str, head: bytes) -> bool:
         return any(name.endswith(DCP_DATA_SUFFIX) for name in os.listdir(path))
     except OSError:
         return False
+
+
+def dcp_file_names(folder: str) -> tuple[str, ...]:
+    """The files of a torch.distributed.checkpoint save in `folder` (`.metadata`, `*.distcp`): read only together."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return ()
+    return tuple(sorted(name for name in names if name == DCP_METADATA_FILE or name.endswith(DCP_DATA_SUFFIX)))
 
 
 def is_pt2_zip(path: str, head: bytes) -> bool:
@@ -154,6 +296,34 @@ def is_npz(path: str, head: bytes) -> bool:
         return False  # most zips: decided without walking the directory
     names = _directory_names(directory)
     return bool(names) and all(name.endswith(b".npy") for name in names)
+
+
+def is_plain_zip(path: str, head: bytes) -> bool:
+    """Whether a zip is an archive of other files: its directory names no `<archive>/data.pkl` (torch.save,
+    TorchScript and torch.export zips all do, and numpy's come first). A zip whose directory memlayout's
+    own reader cannot read is left to torch-zip's loader, which says what is wrong with it."""
+    if not is_zip(path, head):
+        return False
+    from memlayout.io.zip_archive import ZipReader, central_directory_bytes
+
+    directory = central_directory_bytes(path)
+    names = _directory_names(directory)
+    # torch.save's layout: `<archive>/data.pkl`, one folder deep. A data.pkl anywhere else
+    # (picklescan's malicious1.zip has one at the top) is a pickle in an archive, which
+    # torch.load cannot read and pickle.load can.
+    if not names or any(name.endswith(b"/data.pkl") and name.count(b"/") == 1 for name in names):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        ZipReader(fd, os.fstat(fd).st_size, what=path)
+    except (MemlayoutError, OSError, ValueError):
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def lists_a_torch_pickle(path: str) -> bool:

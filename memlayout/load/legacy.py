@@ -27,7 +27,7 @@ import struct
 from collections.abc import Iterable
 from typing import Any, BinaryIO
 
-from memlayout.errors import CorruptCheckpointError
+from memlayout.errors import CorruptCheckpointError, DamagedPickleError
 from memlayout.format_bytes import counted, human_bytes
 from memlayout.load.array_pickles import ARRAY_GLOBALS, ExactReads, WrappedArray
 from memlayout.load.detect import has_proto_signature, opens_like_a_pickle
@@ -290,8 +290,9 @@ def _damaged(exc: CorruptCheckpointError, unpickler: RestrictedUnpickler) -> Cor
     if not refused:
         return exc
     shown = ", ".join(refused[:12]) + (f" and {len(refused) - 12} more" if len(refused) > 12 else "")
-    return CorruptCheckpointError(
+    return DamagedPickleError(
         f"{exc.message}; before that point it names {shown}, which torch.load(weights_only=False) "
         "would import and may call before it failed",
         "never load it with weights_only=False; if you expected a checkpoint, re-export it from its source",
+        named=tuple((g.module, g.name) for g in unpickler.referenced.values() if not g.allowed),
     )

@@ -22,10 +22,11 @@ import struct
 from typing import Any, NamedTuple
 
 from memlayout.dtypes import DTYPES
-from memlayout.errors import CorruptCheckpointError
+from memlayout.errors import CorruptCheckpointError, DamagedPickleError
 from memlayout.format_bytes import counted
 from memlayout.io.zip_archive import ZipReader
 from memlayout.io.zip_archive.records import STORED
+from memlayout.load.array_pickles import ARRAY_GLOBALS
 from memlayout.load.detect import NPY_MAGIC
 from memlayout.load.file_source import StorageSpans, file_source
 from memlayout.load.records import (
@@ -154,7 +155,8 @@ def _array_records(
 def _objects_note(name: str, header: NpyHeader) -> str:
     return (
         f"{name} is an array of Python objects {list(header.shape)}: its elements are a pickle, which "
-        f"{_LOADER} refuses unless allow_pickle=True, and then unpickles with every import it names"
+        f"{_LOADER} refuses unless allow_pickle=True, and then unpickles with every import it names; an array "
+        "of numbers, strings and dicts names only numpy's, and re-saved with a numeric dtype it needs no pickle"
     )
 
 
@@ -165,13 +167,21 @@ def _unpickle_objects(data: Any, what: str) -> list[PickleGlobal]:
     except CorruptCheckpointError as exc:
         named = sorted(f"{g.module}.{g.name}" for g in unpickler.referenced.values())
         if named:
-            raise CorruptCheckpointError(
+            raise DamagedPickleError(
                 f"{exc.message}; before that point it names {', '.join(named[:12])}, which {_LOADER}"
                 "(allow_pickle=True) would import and may call before it failed",
                 f"never load it with allow_pickle=True; {exc.hint}" if exc.hint else "never load it with allow_pickle=True",
+                named=tuple((g.module, g.name) for g in unpickler.referenced.values()
+                            if (g.module, g.name) not in ARRAY_GLOBALS),
             ) from exc
         raise
-    return list(unpickler.referenced.values())
+    # The globals numpy rebuilds arrays and scalars with build data and call nothing the file
+    # names, as in a bare or joblib pickle: an array of numbers, strings and dicts names only
+    # those, and what is left for ML601 is what else allow_pickle=True would import.
+    return [
+        found._replace(allowed=True) if (found.module, found.name) in ARRAY_GLOBALS else found
+        for found in unpickler.referenced.values()
+    ]
 
 
 def load_npy(path: str) -> LoadedSource:

@@ -86,7 +86,27 @@ _NO_KWARGS: dict[str, Any] = {}
 """Shared by every placeholder called without keywords (never mutated): `**kwargs` is a new dict per call."""
 
 
-class InertObject:
+def _record_nothing(state: Any) -> None:
+    return None
+
+
+class _PlaceholderClass(type):
+    """The type of every placeholder class.
+
+    A pickle can BUILD the class object itself, not an instance of it: picklescan's
+    sys_module_override_sploit.pkl names `torch._utils` as a global and sets its
+    state, to replace what `torch._utils` holds. `getattr(cls, "__setstate__")`
+    would then be the plain function, called without an instance; this data
+    descriptor on the metaclass, which wins over the class's own attribute for the
+    class and never for an instance, makes it record nothing instead.
+    """
+
+    @property
+    def __setstate__(cls) -> Any:
+        return _record_nothing
+
+
+class InertObject(metaclass=_PlaceholderClass):
     """Base of placeholders for classes memlayout refuses to import.
 
     NEWOBJ, REDUCE and BUILD on a placeholder only store their inputs, so a pickled

@@ -170,6 +170,23 @@ class PickleGlobal(NamedTuple):
     module: str
     name: str
     allowed: bool
+    member: str = ""
+    """Where the pickle that names it is, inside a compressed stream or an archive ("model/extra.pkl",
+    members of nested archives joined by "!"); "" for the file's own pickles."""
+
+
+class MemberRecord(NamedTuple):
+    """One file found inside a compressed stream or an archive, and what it was read as."""
+
+    member: str
+    """Its name inside ("model/extra.pkl"), members of nested archives joined by "!"; "" for the
+    one stream a compressed file holds."""
+    within: tuple[str, ...]
+    """The containers around it, outermost first: ("gzip", "tar")."""
+    format: str
+    """The format it was read as (a `FORMATS` name), or "data" for what holds no pickle or checkpoint."""
+    what: str = ""
+    """For data, what it is ("text", "a PNG image"); "" otherwise."""
 
 
 class StorageReader(Protocol):
@@ -230,6 +247,8 @@ class LoadedSource:
     A folder walk inspects the directory's other files on their own."""
     chunks: list[ChunkRecord] = field(default_factory=list)
     """The pieces a checkpoint stores each tensor in, where it records them (DCP); empty otherwise."""
+    contents: list[MemberRecord] = field(default_factory=list)
+    """For a compressed stream or an archive: every file found inside, and what it was read as."""
 
     def close(self) -> None:
         """Release the files and maps behind `reader`; safe to call more than once."""

@@ -25,6 +25,7 @@ from memlayout.errors import CorruptCheckpointError
 from memlayout.load.array_pickles import (
     JOBLIB_ARRAY_WRAPPER,
     ExactReads,
+    SequentialReads,
     WrappedArray,
     joblib_wrapper_class,
 )
@@ -148,26 +149,20 @@ class UnpickleResult:
     """Whether any global became a placeholder; without one the tree holds no module."""
 
 
-class RestrictedUnpickler(pickle.Unpickler):
-    """An unpickler that builds records and placeholders instead of running code."""
+class InertGlobals:
+    """What both unpicklers answer `find_class` and `persistent_load` with: records and placeholders."""
 
-    def __init__(
-        self, stream: io.BufferedIOBase | io.BytesIO | ExactReads, storage_records: bool = True, encoding: str = "ASCII"
-    ) -> None:
-        # `encoding` decodes Python 2 `str` objects, as in pickle.Unpickler; torch.load
-        # passes "utf-8", which a Python 2 file's class sources can need.
-        # CPython's C unpickler asks a stream without `peek` for each opcode's bytes
-        # with a call to its `read`: 1.3 million calls for the pickle of a 40,000-tensor
-        # state dict, 40% of unpickling it. A BufferedReader over an in-memory pickle
-        # has `peek`, so the unpickler takes the bytes a buffer at a time. (It reads
-        # the BytesIO ahead of the pickle's end; no caller reads the BytesIO after.)
-        super().__init__(io.BufferedReader(stream) if type(stream) is io.BytesIO else stream, encoding=encoding)
+    checks_memo = True
+    """Whether `run_unpickler` must check the memo indices first: CPython's C unpickler grows its memo
+    as a dense array (`memlayout.load.pickle_memo`); the pure-Python one keeps a dict."""
+
+    def _begin(self, stream: Any, storage_records: bool) -> None:
         self.stream = stream
         """What `run_unpickler` checks before loading (see `memlayout.load.pickle_memo`)."""
         self.start = stream.tell() if isinstance(stream, ExactReads) else 0
         """Where the pickle starts in an `ExactReads` stream: memo indices are counted from there."""
         self.arrays: list[WrappedArray] = []
-        """The arrays joblib wrote between the opcodes, skipped (read from an `ExactReads` stream only)."""
+        """The arrays joblib wrote between the opcodes, skipped (read from a stream read exactly only)."""
         self._placeholders: dict[tuple[str, str], type[InertObject]] = {}
         self._storages: dict[str, PickledStorage] = {}
         self._itemsizes: dict[str, int] = {}
@@ -176,9 +171,9 @@ class RestrictedUnpickler(pickle.Unpickler):
 
     def read_nested_pickle(self, what: str) -> None:
         """Read one more pickle from this unpickler's stream, its globals joining this one's (a joblib array of objects)."""
-        nested = RestrictedUnpickler(self.stream, storage_records=False)
+        nested = type(self)(self.stream, storage_records=False)  # type: ignore[call-arg]
         nested.referenced = self.referenced
-        run_unpickler(nested, what)
+        run_unpickler(nested, what)  # type: ignore[arg-type]  # a concrete unpickler: this is a mixin
 
     @property
     def made_placeholders(self) -> bool:
@@ -191,7 +186,7 @@ class RestrictedUnpickler(pickle.Unpickler):
             self.referenced[key] = PickleGlobal(module, name, weights_only_allows(module, name))
         if key in _SAFE_GLOBALS:
             return _SAFE_GLOBALS[key]
-        if key == JOBLIB_ARRAY_WRAPPER and isinstance(self.stream, ExactReads):
+        if key == JOBLIB_ARRAY_WRAPPER and isinstance(self.stream, (ExactReads, SequentialReads)):
             # Only a stream read exactly is joblib's: any other reader (torch.load's
             # unpickler among them) sees the wrapper as a class, and no raw bytes.
             if key not in self._placeholders:
@@ -259,6 +254,23 @@ class RestrictedUnpickler(pickle.Unpickler):
         return storage
 
 
+class RestrictedUnpickler(InertGlobals, pickle.Unpickler):
+    """An unpickler that builds records and placeholders instead of running code."""
+
+    def __init__(
+        self, stream: io.BufferedIOBase | io.BytesIO | ExactReads, storage_records: bool = True, encoding: str = "ASCII"
+    ) -> None:
+        # `encoding` decodes Python 2 `str` objects, as in pickle.Unpickler; torch.load
+        # passes "utf-8", which a Python 2 file's class sources can need.
+        # CPython's C unpickler asks a stream without `peek` for each opcode's bytes
+        # with a call to its `read`: 1.3 million calls for the pickle of a 40,000-tensor
+        # state dict, 40% of unpickling it. A BufferedReader over an in-memory pickle
+        # has `peek`, so the unpickler takes the bytes a buffer at a time. (It reads
+        # the BytesIO ahead of the pickle's end; no caller reads the BytesIO after.)
+        super().__init__(io.BufferedReader(stream) if type(stream) is io.BytesIO else stream, encoding=encoding)
+        self._begin(stream, storage_records)
+
+
 # What a damaged stream raises from inside the unpickler. MemoryError comes from a
 # length field far beyond the data: the unpickler allocates before it reads.
 _UNPICKLE_ERRORS = (
@@ -311,7 +323,7 @@ class _BytearrayReportFilter:
 _DROP_BYTEARRAY_REPORT = _BytearrayReportFilter()
 
 
-def run_unpickler(unpickler: pickle.Unpickler, what: str) -> Any:
+def run_unpickler(unpickler: pickle.Unpickler | pickle._Unpickler, what: str) -> Any:
     """`unpickler.load()`, with a damaged stream raised as one `CorruptCheckpointError`.
 
     CPython 3.11's unpickler, given a BYTEARRAY8 whose length cannot be allocated,
@@ -324,7 +336,7 @@ def run_unpickler(unpickler: pickle.Unpickler, what: str) -> Any:
     make the C unpickler allocate without bound (`memlayout.load.pickle_memo`).
     """
     stream = getattr(unpickler, "stream", None)
-    if stream is not None:
+    if stream is not None and getattr(unpickler, "checks_memo", True):
         check_stream_memo_indices(stream, what)
     with _DROP_BYTEARRAY_REPORT:
         try:

@@ -20,6 +20,8 @@ from memlayout.pipeline.batch import (
     PathReport,
     without_findings,
 )
+from memlayout.rules import Finding
+from memlayout.rules.registry import FINGERPRINT_SCHEME
 
 
 def apply_baseline_flags(batch: BatchReport, baseline: str | None, write_baseline: str | None) -> BatchReport:
@@ -43,7 +45,10 @@ def apply_baseline_flags(batch: BatchReport, baseline: str | None, write_baselin
     return batch
 
 
-BASELINE_VERSION = 1
+BASELINE_VERSION = 2
+"""2: each finding records its fingerprint's scheme (`FINGERPRINT_SCHEME`). Files of version 1,
+whose fingerprints cover the rule and the tensors only, are still read."""
+_READ_VERSIONS = (1, 2)
 _KEY = "memlayout-baseline"
 
 
@@ -82,18 +87,22 @@ def read_baseline(file: str) -> list[BaselineEntry]:
 
 
 def _entries(data: Any, file: str) -> list[BaselineEntry]:
-    if not isinstance(data, dict) or data.get(_KEY) != BASELINE_VERSION or not isinstance(data.get("findings"), list):
+    if not isinstance(data, dict) or data.get(_KEY) not in _READ_VERSIONS or not isinstance(data.get("findings"), list):
         raise UsageError(
-            f"{file} is not a memlayout baseline (version {BASELINE_VERSION})", "write it with --write-baseline"
+            f"{file} is not a memlayout baseline (version {' or '.join(map(str, _READ_VERSIONS))})",
+            "write it with --write-baseline",
         )
+    # A version-1 file's fingerprints are all of scheme 1; a version-2 file says each one's.
+    default_scheme = 1 if data[_KEY] == 1 else FINGERPRINT_SCHEME
     entries = []
     for item in data["findings"]:
         try:
             entries.append(BaselineEntry(
                 path=str(item["path"]), code=str(item["code"]), fingerprint=str(item["fingerprint"]),
                 tensors=tuple(str(t) for t in item.get("tensors", ())),
+                scheme=int(item.get("scheme", default_scheme)),
             ))
-        except (TypeError, KeyError) as exc:
+        except (TypeError, KeyError, ValueError) as exc:
             raise UsageError(f"{file}: a finding lacks {exc}", "write the file again with --write-baseline") from None
     return entries
 
@@ -103,7 +112,7 @@ def baseline_text(entries: Iterable[BaselineEntry]) -> str:
     import json
 
     findings = [
-        {"path": e.path, "code": e.code, "fingerprint": e.fingerprint, "tensors": list(e.tensors)}
+        {"path": e.path, "code": e.code, "fingerprint": e.fingerprint, "scheme": e.scheme, "tensors": list(e.tensors)}
         for e in sorted(set(entries), key=lambda e: (e.path, e.code, e.fingerprint))
     ]
     return json.dumps({_KEY: BASELINE_VERSION, "findings": findings}, indent=2) + "\n"
@@ -129,19 +138,38 @@ def apply_baseline(
     batch: BatchReport, entries: Iterable[BaselineEntry], file: str, written: bool = False
 ) -> BatchReport:
     """`batch` with the recorded findings moved out of each report into `suppressed`, and the
-    recorded findings of inspected paths that no longer occur listed as fixed."""
-    recorded = {(e.path, e.fingerprint) for e in entries}
+    recorded findings of inspected paths that no longer occur listed as fixed.
+
+    An entry of fingerprint scheme 1 (rule and tensors only) still hides a finding whose
+    fingerprint is the same under both schemes; one whose fingerprint now covers more
+    (ML601's globals) is shown and listed as rekeyed: the old key would hide a pickle
+    that gained `os.system` as readily as the one that was accepted.
+    """
+    entries = list(entries)
+    recorded = {(e.path, e.fingerprint) for e in entries if e.scheme == FINGERPRINT_SCHEME}
+    recorded_v1 = {(e.path, e.fingerprint) for e in entries if e.scheme == 1}
     inspected = _inspected(batch, file)
     paths: list[PathReport] = []
     seen: set[tuple[str, str]] = set()
+    rekeyed: list[BaselineEntry] = []
     suppressed_total = 0
     for path in batch.paths:
         if path.report is None:
             paths.append(path)
             continue
         key = baseline_path_key(path.path, file)
-        known = [f for f in path.report.findings if (key, f.fingerprint) in recorded]
-        seen.update((key, f.fingerprint) for f in (*path.report.findings, *path.suppressed))
+        known: list[Finding] = []
+        for finding in path.report.findings:
+            if (key, finding.fingerprint) in recorded:
+                known.append(finding)
+            elif (key, finding.fingerprint_v1) in recorded_v1:
+                if finding.fingerprint == finding.fingerprint_v1:
+                    known.append(finding)
+                else:
+                    rekeyed.append(BaselineEntry(path.path, finding.code, finding.fingerprint,
+                                                 tuple(sorted(finding.tensors))))
+        for finding in (*path.report.findings, *path.suppressed):
+            seen.update(((key, finding.fingerprint), (key, finding.fingerprint_v1)))
         suppressed_total += len(known)
         paths.append(replace(
             path, report=without_findings(path.report, known) if known else path.report,
@@ -152,7 +180,8 @@ def apply_baseline(
         for e in sorted(set(entries), key=lambda e: (e.path, e.code, e.fingerprint))
         if e.path in inspected and (e.path, e.fingerprint) not in seen
     )
-    outcome = BaselineOutcome(file=file, suppressed=suppressed_total, fixed=fixed, written=written)
+    outcome = BaselineOutcome(file=file, suppressed=suppressed_total, fixed=fixed, written=written,
+                              rekeyed=tuple(rekeyed))
     return replace(batch, paths=tuple(paths), baseline=outcome)
 
 

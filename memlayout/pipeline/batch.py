@@ -6,9 +6,10 @@ be loaded; the `BatchReport` over all of them is what every reporter renders, an
 its `exit_code` is the one place the CLI's exit status is decided.
 
 Baselines adopt memlayout in a project that already has findings: `--write-baseline
-FILE` records every current finding by its fingerprint (the rule code and the
-sorted tensor names, hashed: `Finding.fingerprint`), so later runs with `--baseline
-FILE` report only new findings. A recorded finding that no longer occurs is
+FILE` records every current finding by its fingerprint (the rule code, the sorted
+tensor names and what else the finding is about, such as the globals a pickle names,
+hashed: `Finding.fingerprint`), so later runs with `--baseline FILE` report only new
+findings: a pickle that gains a global is a new finding. A recorded finding that no longer occurs is
 reported as fixed, so the file can be shrunk by writing it again. Paths in the file
 are relative to the file's own folder, so the baseline works from any working
 directory and on any machine that has the project checked out. A baseline applies
@@ -24,9 +25,10 @@ from contextlib import closing
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from memlayout.errors import MemlayoutError, UnrecognizedFormatError
+from memlayout.errors import DamagedPickleError, MemlayoutError, UnrecognizedFormatError
+from memlayout.load.detect import dcp_file_names
 from memlayout.load.remote_location import RemoteOptions, remote_location
-from memlayout.pipeline.folder_walk import folder_members
+from memlayout.pipeline.folder_walk import folder_entries
 from memlayout.pipeline.inspection import Report, run_inspection, summarize
 from memlayout.pipeline.many_paths import in_flight
 from memlayout.rules import (
@@ -36,6 +38,8 @@ from memlayout.rules import (
     is_ignored_for_its_tensors,
     is_selected,
 )
+from memlayout.rules.pickle_dangers import JudgedGlobal, judge
+from memlayout.rules.registry import FINGERPRINT_SCHEME
 from memlayout.severity import FailOn, Severity
 
 if TYPE_CHECKING:  # the exchange is only for ranks under a launcher; a file inspect never loads it
@@ -58,10 +62,17 @@ class PathReport:
     """The one-line reason the path failed to load, with its hint; None when it loaded."""
     suppressed: tuple[Finding, ...] = ()
     """Findings hidden because the baseline records them (they are not in `report`)."""
+    data: str | None = None
+    """For a file of a walked folder that holds no pickle and no checkpoint: what it is ("text",
+    "a PNG image"); None otherwise. Such a file was read and is no failure."""
+    pickle_globals: tuple[JudgedGlobal, ...] = ()
+    """For a path that failed on a damaged pickle: the globals outside the allow-list it named before
+    the damage (which unpickling would have imported, and may have called), each with its danger class."""
 
     @property
     def failed(self) -> bool:
-        return self.report is None
+        """Whether the path could not be read: no report, and not recognized as data."""
+        return self.report is None and self.data is None
 
     @property
     def error_line(self) -> str:
@@ -73,10 +84,10 @@ class PathReport:
         """Whether this path makes the run fail: a finding at or above `fail_on`, or a load error.
 
         A load error counts as an error-severity result, so `--fail-on never` is the
-        only threshold it does not fail.
+        only threshold it does not fail. A file recognized as data fails nothing.
         """
         if self.report is None:
-            return FailOn(fail_on).fails(Severity.ERROR)
+            return self.data is None and FailOn(fail_on).fails(Severity.ERROR)
         return self.report.fails(fail_on)
 
 
@@ -88,9 +99,13 @@ class BaselineEntry:
     """The inspected path, relative to the baseline file's folder (an import spec as given)."""
     code: str
     fingerprint: str
-    """`Finding.fingerprint`: the rule code and the sorted tensor names, hashed."""
+    """`Finding.fingerprint`: the rule code, the sorted tensor names and what else the finding is
+    about (ML601's globals), hashed."""
     tensors: tuple[str, ...] = ()
     """For people reading the file; matching uses the path and the fingerprint."""
+    scheme: int = FINGERPRINT_SCHEME
+    """How `fingerprint` was made (`memlayout.rules.registry.FINGERPRINT_SCHEME`): 1 in baselines
+    written before findings were keyed on what they are about."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +120,10 @@ class BaselineOutcome:
     """Recorded findings of the inspected paths that no longer occur: the baseline can shrink."""
     written: bool = False
     """The file was (re)written by `--write-baseline` in this run."""
+    rekeyed: tuple[BaselineEntry, ...] = ()
+    """Findings the baseline recorded under an older fingerprint scheme that did not cover what they
+    are about (ML601's globals): shown, not hidden, since the old key cannot tell whether what they
+    warn about changed. Each as this run names it, with its current fingerprint."""
 
 
 @dataclass(frozen=True)
@@ -130,9 +149,12 @@ class BatchReport:
         several-path shapes even when it holds one checkpoint, so a script sees one
         shape for one command line.
         """
-        given = self.given or tuple(p.path for p in self.paths)
-        if len(self.paths) == 1 and given == (self.paths[0].path,):
-            return self.paths[0]
+        # A model folder's other files that hold no pickle and no checkpoint (its config.json)
+        # are listed beside the one report, not made paths of their own.
+        read = [p for p in self.paths if p.data is None]
+        given = self.given or tuple(p.path for p in read)
+        if len(read) == 1 and given == (read[0].path,):
+            return read[0]
         return None
 
     @property
@@ -141,7 +163,12 @@ class BatchReport:
 
     @property
     def failures(self) -> list[PathReport]:
-        return [p for p in self.paths if p.report is None]
+        return [p for p in self.paths if p.failed]
+
+    @property
+    def data(self) -> list[PathReport]:
+        """The files of walked folders recognized as data: read, holding no pickle and no checkpoint."""
+        return [p for p in self.paths if p.data is not None]
 
     def findings_by_severity(self) -> dict[str, int]:
         """Finding counts over every path, by severity (every severity present, zeros included)."""
@@ -152,7 +179,7 @@ class BatchReport:
         return counts
 
     def exit_code(self) -> int:
-        """The worst over all paths: 2 when a path could not be inspected, 1 when a finding fails one."""
+        """The worst over all paths: 2 when a path could not be read, 1 when a finding fails one."""
         return exit_status(
             len(self.paths), len(self.failures), sum(1 for p in self.paths if p.report is not None and p.fails(self.fail_on))
         )
@@ -221,11 +248,12 @@ class _Walk:
     walked: set[str] = field(default_factory=set)
     walking: threading.Lock = field(default_factory=threading.Lock)
 
-    def inspect(self, path: str, given: bool) -> Iterator[PathReport]:
-        """`path`'s report, its error, or (for a folder that is no model) the reports of its checkpoints.
+    def inspect(self, path: str, given: bool, contents_are_data: bool = False) -> Iterator[PathReport]:
+        """`path`'s report, its error, or (for a folder that is no model) the reports of its members.
 
         `given` is False for a sub-folder found while walking a given folder: one with
-        no checkpoint inside is skipped, not an error.
+        no member inside is skipped, not an error. `contents_are_data` is True for a
+        walked file recognized by content: a container of no pickle nor checkpoint is data.
         """
         from memlayout.load.import_spec import looks_like_spec
 
@@ -242,8 +270,16 @@ class _Walk:
         except UnrecognizedFormatError as exc:
             _share_failure(exchange, exc.one_line())
             found = list(self._walk(path)) if os.path.isdir(path) else []
-            if found:
+            if found and given and all(p.data is not None for p in found):
+                # A folder the user named that holds nothing memlayout reads: most likely not the
+                # folder they meant. Its files are listed all the same.
+                yield PathReport(path, error=exc.one_line())
                 yield from found
+            elif found:
+                yield from found
+            elif contents_are_data:
+                # A compressed stream or an archive found in a walk, with no pickle or checkpoint inside.
+                yield PathReport(path, data=exc.message.removeprefix(f"{path} is "))
             elif given or not os.path.isdir(path):
                 if self.debug:
                     raise
@@ -252,7 +288,14 @@ class _Walk:
             _share_failure(exchange, exc.one_line())
             if self.debug:
                 raise
-            yield PathReport(path, error=exc.one_line())
+            named = exc.named if isinstance(exc, DamagedPickleError) else ()
+            yield PathReport(path, error=exc.one_line(), pickle_globals=tuple(judge(m, n, False) for m, n in named))
+            if os.path.isdir(path):
+                # A model folder whose model could not be read (a truncated shard, an index
+                # naming a missing one): its files are still each audited on their own, the
+                # failing one included, read for what it is. A DCP folder's data files are
+                # only readable through its .metadata, and are left out.
+                yield from self._walk(path, taken=dcp_file_names(path))
         except Exception as exc:  # a bug or an unforeseen input: this path fails, the others go on
             _share_failure(exchange, f"unexpected {type(exc).__name__}: {exc}")
             if self.debug:
@@ -273,8 +316,18 @@ class _Walk:
             if real in self.walked:
                 return
             self.walked.add(real)
-        for member in folder_members(folder, taken):
-            yield from self.inspect(member, given=False)
+        try:
+            entries = folder_entries(folder, taken)
+        except OSError as exc:
+            yield PathReport(folder, error=f"{folder}: the folder cannot be listed: {exc.strerror}")
+            return
+        for entry in entries:
+            if entry.kind == "data":
+                yield PathReport(entry.path, data=entry.what)
+            elif entry.kind == "unreadable":
+                yield PathReport(entry.path, error=f"{entry.path}: {entry.what}")
+            else:
+                yield from self.inspect(entry.path, given=False, contents_are_data=entry.kind == "read")
 
 
 def inspect_paths(

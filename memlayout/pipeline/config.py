@@ -93,6 +93,12 @@ def _count(value: Any, where: str) -> int:
     return value
 
 
+def _alignment(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+        raise UsageError(f"{where} must be a power of two, in bytes, not {value!r}", "e.g. alignment = 64")
+    return value
+
+
 def _select(value: Any, where: str) -> tuple[str, ...]:
     return check_codes(_strings(value, where), where)
 
@@ -134,7 +140,13 @@ KEYS = {
     "fragmented-min-storages": ("fragmented_min_storages", _count),
     "min-shard-padding-bytes": ("min_shard_padding_bytes", _count),
     "ties": ("ties", _ties),
+    "alignment": ("alignment", _alignment),
 }
+
+
+SUBTABLES = frozenset({"activations"})
+"""Tables inside `[tool.memlayout]` that belong to another command: `[tool.memlayout.activations]`
+(memlayout/activations/request/config_file.py)."""
 
 
 def settings_from_table(table: Mapping[str, Any], file: str) -> Settings:
@@ -145,6 +157,8 @@ def settings_from_table(table: Mapping[str, Any], file: str) -> Settings:
     """
     values: dict[str, Any] = {}
     for key, value in table.items():
+        if key in SUBTABLES and isinstance(value, Mapping):
+            continue  # another command's settings, which that command reads and checks
         if key not in KEYS:
             raise UsageError(
                 f"{file}: [tool.memlayout] has no setting {key!r}", f"the settings are {', '.join(KEYS)}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BatchReport, PathReport
-from memlayout.report.findings import count_phrase, findings_in_order
+from memlayout.report.findings import count_phrase, finding_file, findings_in_order
 from memlayout.report.sarif import artifact_uri
 from memlayout.rules import Finding, Severity
 
@@ -27,18 +27,22 @@ def escape_property(text: str) -> str:
     return escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def _command(kind: str, path: PathReport, title: str, message: str) -> str:
+def _command(kind: str, path: PathReport, title: str, message: str, file: str | None = None) -> str:
     properties = []
     # `file=` is a path in the repository; an import spec or a live object has none.
-    if artifact_uri(path.path) is not None:
-        properties.append(f"file={escape_property(path.path)}")
+    where = file or path.path
+    if artifact_uri(where) is not None:
+        properties.append(f"file={escape_property(where)}")
     properties.append(f"title={escape_property(title)}")
     return f"::{kind} {','.join(properties)}::{escape_data(message)}\n"
 
 
 def _annotation(finding: Finding, path: PathReport) -> str:
+    # In a model folder, the annotation goes on the weight file (the shard) that holds the finding.
+    assert path.report is not None
     return _command(
-        COMMANDS[finding.severity], path, f"{finding.code} {finding.name}", f"{finding.message}\nhint: {finding.hint}"
+        COMMANDS[finding.severity], path, f"{finding.code} {finding.name}", f"{finding.message}\nhint: {finding.hint}",
+        finding_file(path.path, path.report.facts, finding),
     )
 
 
@@ -49,7 +53,8 @@ class GithubReporter(Formatter[BatchReport]):
         lines: list[str] = []
         for path in batch.paths:
             if path.report is None:
-                lines.append(_command("error", path, "memlayout: load error", path.error_line))
+                if path.failed:
+                    lines.append(_command("error", path, "memlayout: load error", path.error_line))
                 continue
             lines += [_annotation(finding, path) for finding in findings_in_order(path.report.findings)]
         if batch.baseline is not None:

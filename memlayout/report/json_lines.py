@@ -16,7 +16,7 @@ import orjson
 
 from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BatchReport, PathReport
-from memlayout.report.json_report import report_dict
+from memlayout.report.json_report import globals_entries, report_dict
 
 SCHEMA_VERSION = 1
 
@@ -27,9 +27,12 @@ def path_line(path: PathReport) -> str:
         "jsonl": SCHEMA_VERSION,
         "path": path.path,
         "report": None if path.report is None else report_dict(path.report),
-        "error": None if path.report is not None else path.error_line,
+        "error": path.error_line if path.failed else None,
+        "data": path.data,
         "suppressed": len(path.suppressed),
     }
+    if path.pickle_globals:
+        entry["globals"] = globals_entries(path.pickle_globals)
     return orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE).decode()
 
 

@@ -8,7 +8,7 @@ key bumps `schema`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from memlayout.core.facts import Facts, alias_groups_with_ties
@@ -19,6 +19,8 @@ from memlayout.pipeline.batch import BaselineOutcome, BatchReport
 from memlayout.pipeline.inspection import Report
 from memlayout.report.json_text import LazyArray, json_pieces
 from memlayout.report.shards import ranks_entries, shard_entries
+from memlayout.rules import Finding
+from memlayout.rules.pickle_dangers import JudgedGlobal
 from memlayout.version import __version__
 
 SCHEMA_VERSION = 1
@@ -35,6 +37,16 @@ def report_document(report: Report) -> dict[str, Any]:
     return document
 
 
+def _contents(facts: Facts) -> dict[str, Any]:
+    # Only a compressed stream or an archive has contents; other sources' documents are unchanged.
+    if not facts.source.contents:
+        return {}
+    return {"contents": [
+        {"member": m.member, "within": list(m.within), "format": m.format, "what": m.what}
+        for m in facts.source.contents
+    ]}
+
+
 def _document(report: Report) -> dict[str, Any]:
     facts = report.facts
     return {
@@ -46,6 +58,7 @@ def _document(report: Report) -> dict[str, Any]:
             "legacy_format": facts.source.legacy_format,
             "notes": list(facts.source.notes),
             "formats": [facts.source.format, *facts.source.also_valid_as],
+            **_contents(facts),
         },
         "summary": {
             "tensors": report.summary.tensors,
@@ -80,22 +93,34 @@ def _document(report: Report) -> dict[str, Any]:
             }
             for m in facts.modules
         ),
-        "findings": LazyArray(
-            {
-                "code": f.code,
-                "name": f.name,
-                "severity": f.severity.value,
-                "tensors": list(f.tensors),
-                "message": f.message,
-                "hint": f.hint,
-                "storage": f.storage,
-                "wasted_bytes": f.wasted_bytes,
-                "fingerprint": f.fingerprint,
-            }
-            for f in report.findings
-        ),
+        "findings": LazyArray(_finding_entry(f) for f in report.findings),
         "skipped_rules": [{"code": s.code, "name": s.name, "reason": s.reason} for s in report.skipped],
     }
+
+
+def _finding_entry(f: Finding) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "code": f.code,
+        "name": f.name,
+        "severity": f.severity.value,
+        "tensors": list(f.tensors),
+        "message": f.message,
+        "hint": f.hint,
+        "storage": f.storage,
+        "wasted_bytes": f.wasted_bytes,
+        "fingerprint": f.fingerprint,
+    }
+    if f.pickle_globals:
+        entry["globals"] = globals_entries(f.pickle_globals)
+    return entry
+
+
+def globals_entries(judged: Iterable[JudgedGlobal]) -> list[dict[str, str]]:
+    """ML601's globals as JSON: module, name, danger class, why, and the member that names it."""
+    return [
+        {"module": g.module, "name": g.name, "danger": g.danger.value, "does": g.does, "member": g.member}
+        for g in judged
+    ]
 
 
 def _tensor_entries(facts: Facts) -> Iterator[dict[str, Any]]:
@@ -168,6 +193,10 @@ def baseline_dict(baseline: BaselineOutcome) -> dict[str, Any]:
             {"path": e.path, "code": e.code, "fingerprint": e.fingerprint, "tensors": list(e.tensors)}
             for e in baseline.fixed
         ],
+        "rekeyed": [
+            {"path": e.path, "code": e.code, "fingerprint": e.fingerprint, "tensors": list(e.tensors)}
+            for e in baseline.rekeyed
+        ],
     }
 
 
@@ -181,8 +210,9 @@ def batch_dict(batch: BatchReport) -> dict[str, Any]:
         "exit_code": batch.exit_code(),
         "summary": {
             "paths": len(batch.paths),
-            "inspected": len(batch.paths) - failed,
+            "inspected": len(batch.reports),
             "failed": failed,
+            "data": len(batch.data),
             "findings": batch.findings_by_severity(),
         },
         "reports": [
@@ -190,7 +220,9 @@ def batch_dict(batch: BatchReport) -> dict[str, Any]:
                 "path": p.path,
                 "report": None if p.report is None else report_dict(p.report),
                 "error": p.error,
+                "data": p.data,
                 "suppressed": len(p.suppressed),
+                **({"globals": globals_entries(p.pickle_globals)} if p.pickle_globals else {}),
             }
             for p in batch.paths
         ],
@@ -215,6 +247,9 @@ class JsonReporter(Formatter[BatchReport]):
         single = batch.single
         if single is not None and single.report is not None:
             data = report_document(single.report)
+            if batch.data:
+                # A model folder's other files, each read and found to be data (added within schema 1).
+                data["data_files"] = [{"path": p.path, "data": p.data} for p in batch.data]
             if batch.baseline is not None:
                 data["baseline"] = baseline_dict(batch.baseline)
         else:

@@ -46,6 +46,15 @@ def _failed_suite(path: PathReport) -> ET.Element:
     return suite
 
 
+def _data_suite(path: PathReport) -> ET.Element:
+    # A file of a walked folder that holds no pickle and no checkpoint: read, nothing to check.
+    suite = ET.Element("testsuite", name=xml_text(path.path))
+    _counts(suite, 1, 0, 0, 1)
+    case = ET.SubElement(suite, "testcase", classname=xml_text(path.path), name="read")
+    ET.SubElement(case, "skipped", message=xml_text(f"data: {path.data}"))
+    return suite
+
+
 def _suite(path: PathReport, batch: BatchReport) -> ET.Element:
     assert path.report is not None
     by_code: dict[str, list[Finding]] = {}
@@ -87,7 +96,10 @@ class JunitReporter(Formatter[BatchReport]):
 
     def render(self, batch: BatchReport) -> str:
         root = ET.Element("testsuites", name="memlayout")
-        suites = [_suite(p, batch) if p.report is not None else _failed_suite(p) for p in batch.paths]
+        suites = [
+            _suite(p, batch) if p.report is not None else _data_suite(p) if p.data is not None else _failed_suite(p)
+            for p in batch.paths
+        ]
         root.extend(suites)
         totals = {key: sum(int(s.get(key, "0")) for s in suites) for key in ("tests", "failures", "errors", "skipped")}
         for key, value in totals.items():

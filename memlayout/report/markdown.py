@@ -12,8 +12,9 @@ import re
 
 from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BatchReport, PathReport
-from memlayout.report.findings import count_phrase, findings_in_order
+from memlayout.report.findings import count_phrase, finding_file, findings_in_order
 from memlayout.rules import Finding, Severity
+from memlayout.rules.pickle_dangers import Danger
 
 SECTION_TITLES = {Severity.ERROR: "Errors", Severity.WARNING: "Warnings", Severity.INFO: "Info"}
 _MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_{}\[\]<>#+!|~&:])")
@@ -42,16 +43,35 @@ def _summary(batch: BatchReport) -> str:
     line = f"**memlayout {outcome}** (`--fail-on {batch.fail_on.value}`): {counts} in {where}"
     if batch.failures:
         line += f"; {len(batch.failures)} failed to load"
+    if batch.data:
+        line += f"; {len(batch.data)} recognized as data"
     if batch.baseline is not None:
         line += f"; {batch.baseline.suppressed} known from the baseline"
     return line
 
 
+def _globals(finding: Finding) -> str:
+    # ML601: each global with its danger class, worst first, on the finding's own line of the table.
+    order = {Danger.RUNS_CODE: 0, Danger.CONSTRUCTS_OBJECT: 1, Danger.ALLOW_LISTED: 2}
+    listed = sorted(finding.pickle_globals, key=lambda g: (order[g.danger], g.module, g.name))
+    return "<br>".join(
+        f"{escape_text(g.module + '.' + g.name)}: **{g.danger.value}**"
+        + (f" ({escape_text(g.does)})" if g.danger is Danger.RUNS_CODE else "")
+        + (f" in {_code(g.member)}" if g.member else "")
+        for g in listed
+    )
+
+
 def _row(finding: Finding, path: PathReport, with_path: bool) -> str:
     cells = [f"{finding.code} {finding.name}"]
     if with_path:
-        cells.append(_code(path.path))
-    cells += [escape_text(finding.message), escape_cell(finding.hint)]
+        # In a model folder, the weight file (the shard) that holds the finding.
+        assert path.report is not None
+        cells.append(_code(finding_file(path.path, path.report.facts, finding)))
+    message = escape_text(finding.message)
+    if finding.pickle_globals:
+        message += "<br>" + _globals(finding)
+    cells += [message, escape_cell(finding.hint)]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -59,7 +79,9 @@ class MarkdownReporter(Formatter[BatchReport]):
     """Summary line, then a table per severity; the checkpoint column appears with several paths."""
 
     def render(self, batch: BatchReport) -> str:
-        with_path = batch.single is None
+        # One checkpoint needs no column, unless it is a folder of weight files: then each
+        # finding names the file it is in.
+        with_path = batch.single is None or any(p.report.facts.source.files for p in batch.paths if p.report)
         lines = [_summary(batch)]
         for severity in Severity:
             rows = [
@@ -82,6 +104,17 @@ class MarkdownReporter(Formatter[BatchReport]):
         if batch.failures:
             lines += ["", f"#### Could not load ({len(batch.failures)})", ""]
             lines += [f"- {escape_text(p.error_line)}" for p in batch.failures]
+        if batch.data:
+            counts: dict[str, int] = {}
+            for path in batch.data:
+                counts[path.data or ""] = counts.get(path.data or "", 0) + 1
+            lines += ["", f"#### Recognized as data ({len(batch.data)})", ""]
+            lines += [f"- {escape_text(what)}: {count:,}" for what, count in sorted(counts.items(), key=lambda kv: -kv[1])]
+        if batch.baseline is not None and batch.baseline.rekeyed:
+            lines += ["", f"#### Shown although in the baseline ({len(batch.baseline.rekeyed)})", "",
+                      "The baseline keyed these on their rule and tensors only; their fingerprints now cover what "
+                      "they are about (a pickle's globals), so they are shown until the baseline is written again.", ""]
+            lines += [f"- {e.code} in {_code(e.path)}" for e in batch.baseline.rekeyed]
         if batch.baseline is not None and batch.baseline.fixed:
             lines += ["", f"#### Fixed since the baseline ({len(batch.baseline.fixed)})", ""]
             lines += [f"- {e.code} in {_code(e.path)}: {escape_text(', '.join(e.tensors) or 'the checkpoint')}"

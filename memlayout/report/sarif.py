@@ -1,24 +1,27 @@
 """SARIF 2.1.0, for code-scanning dashboards (GitHub code scanning, Azure DevOps, IDEs).
 
 One run for the whole call: the rule descriptors come from the rule registry, and
-each finding is a result in the artifact of its checkpoint. A path that failed to
+each finding is a result in the artifact of its checkpoint (in a model folder, the
+weight file that holds it). A path that failed to
 load, and a rule a source lacks the data for, are notifications of the invocation. Nothing in the output
 depends on the machine or the time: paths are relative to the working directory,
-and each result's `partialFingerprints` hash only the rule and the tensor names, so
-a dashboard recognizes the same finding across runs, machines and file moves.
+and each result's `partialFingerprints` hash the rule, the tensor names and what else
+the finding is about (ML601's globals), never the path, so a dashboard recognizes
+the same finding across runs, machines and file moves, and a pickle that gains a
+global as a new one.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePath
 from typing import Any
 from urllib.parse import quote
 
 from memlayout.output.interface import Formatter
 from memlayout.pipeline.batch import BatchReport, PathReport
-from memlayout.report.findings import findings_in_order
+from memlayout.report.findings import finding_file, findings_in_order
 from memlayout.report.json_text import LazyArray, StreamedList, StreamedObject, json_pieces
 from memlayout.report.rule_docs import explain_markdown, explain_text
 from memlayout.rules import RULES, Finding, Rule, Severity
@@ -65,11 +68,31 @@ def rule_descriptor(rule: Rule) -> dict[str, Any]:
     }
 
 
-def _location(path: PathReport) -> dict[str, Any]:
-    uri = artifact_uri(path.path)
+def _location(path: PathReport, file: str | None = None) -> dict[str, Any]:
+    where = file or path.path
+    uri = artifact_uri(where)
     if uri is None:
-        return {"logicalLocations": [{"fullyQualifiedName": path.path, "kind": "module"}]}
+        return {"logicalLocations": [{"fullyQualifiedName": where, "kind": "module"}]}
     return {"physicalLocation": {"artifactLocation": {"uri": uri}}}
+
+
+def _finding_locations(path: PathReport) -> Callable[[Finding], dict[str, Any]]:
+    """Each finding's location: the path's own, asked of the file system once, or in a model
+    folder the weight file (shard) that holds the finding, once per file."""
+    assert path.report is not None
+    facts = path.report.facts
+    if not facts.source.files:
+        location = _location(path)
+        return lambda finding: location
+    by_file: dict[str, dict[str, Any]] = {}
+
+    def locate(finding: Finding) -> dict[str, Any]:
+        file = finding_file(path.path, facts, finding)
+        if file not in by_file:
+            by_file[file] = _location(path, file)
+        return by_file[file]
+
+    return locate
 
 
 def result_message(finding: Finding) -> str:
@@ -93,6 +116,12 @@ def _result(finding: Finding, location: dict[str, Any], rule_index: dict[str, in
             "wastedBytes": finding.wasted_bytes,
         },
     }
+    if finding.pickle_globals:
+        # ML601: each global with its danger class, for a dashboard to sort and filter on.
+        result["properties"]["globals"] = [
+            {"module": g.module, "name": g.name, "danger": g.danger.value, "does": g.does, "member": g.member}
+            for g in finding.pickle_globals
+        ]
     return result
 
 
@@ -102,16 +131,20 @@ def _baseline_results(batch: BatchReport, rule_index: dict[str, int]) -> list[di
     # a recorded finding that no longer occurs is an "absent" pass.
     assert batch.baseline is not None
     justification = f"recorded in the baseline {batch.baseline.file}"
+    # A finding the baseline recorded under an older fingerprint scheme is shown as "updated":
+    # in the baseline, but its key no longer tells whether what it warns about changed.
+    rekeyed = {(e.path, e.fingerprint) for e in batch.baseline.rekeyed}
     results: list[dict[str, Any]] = []
     for path in batch.paths:
         if path.report is None:
             continue
-        location = _location(path)
+        locate = _finding_locations(path)
         for finding in findings_in_order(path.report.findings):
-            results.append({**_result(finding, location, rule_index), "baselineState": "new"})
+            state = "updated" if (path.path, finding.fingerprint) in rekeyed else "new"
+            results.append({**_result(finding, locate(finding), rule_index), "baselineState": state})
         for finding in findings_in_order(path.suppressed):
             results.append({
-                **_result(finding, location, rule_index),
+                **_result(finding, locate(finding), rule_index),
                 "baselineState": "unchanged",
                 "suppressions": [{"kind": "external", "status": "accepted", "justification": justification}],
             })
@@ -165,9 +198,12 @@ def sarif_log(batch: BatchReport, streamed: bool = False) -> dict[str, Any]:
     rule_index = {code: index for index, code in enumerate(codes)}
     artifacts: list[dict[str, Any]] = []
     for path in batch.paths:
-        uri = artifact_uri(path.path)
-        if uri is not None and all(a["location"]["uri"] != uri for a in artifacts):
-            artifacts.append({"location": {"uri": uri}})
+        # A model folder's weight files too: its findings are located in them.
+        files = path.report.facts.source.files if path.report is not None else ()
+        for file in (path.path, *(os.path.join(path.path, name) for name in files)):
+            uri = artifact_uri(file)
+            if uri is not None and all(a["location"]["uri"] != uri for a in artifacts):
+                artifacts.append({"location": {"uri": uri}})
     results: list[dict[str, Any]] | LazyArray
     if batch.baseline is not None:
         results = _baseline_results(batch, rule_index)
@@ -175,10 +211,10 @@ def sarif_log(batch: BatchReport, streamed: bool = False) -> dict[str, Any]:
         # Each path's location once: artifact_uri asks the file system, and one
         # checkpoint can have 40,000 findings.
         made = (
-            _result(finding, location, rule_index)
+            _result(finding, locate(finding), rule_index)
             for path in batch.paths
             if path.report is not None
-            for location in (_location(path),)
+            for locate in (_finding_locations(path),)
             for finding in findings_in_order(path.report.findings)
         )
         results = LazyArray(made) if streamed else list(made)

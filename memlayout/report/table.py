@@ -13,7 +13,7 @@ from rich.text import Text
 from memlayout.format_bytes import counted, human_bytes
 from memlayout.output.interface import Formatter
 from memlayout.output.terminal import text_console
-from memlayout.pipeline.batch import BaselineOutcome, BatchReport
+from memlayout.pipeline.batch import BaselineOutcome, BatchReport, PathReport
 from memlayout.pipeline.inspection import Report
 from memlayout.report.findings import count_phrase
 from memlayout.report.shards import ranks_line
@@ -145,6 +145,21 @@ def _findings(report: Report, show_all: bool) -> Group | Text:
     return Group(*lines)
 
 
+def panel_title(path: str, formats: str, width: int) -> Text:
+    """The title of a path's panel, its path cut at the start where the line is too short for it.
+
+    rich crops a title at the panel's right end, which would cut off the file's name and
+    format, the part that tells a folder's members apart; the folders they sit in go instead.
+    A Text, so the "[format]" suffix and a name's brackets are not console markup.
+    """
+    title = f"memlayout: {path} [{formats}]"
+    room = width - 6  # the corner, the rule and a space on each side of the title
+    keep = room - len(f"memlayout: \u2026 [{formats}]")
+    if len(title) > room and 0 < keep < len(path):
+        title = f"memlayout: \u2026{path[-keep:]} [{formats}]"
+    return Text(title)
+
+
 def render_table(report: Report, width: int = 120, color: bool = False, show_all: bool = False) -> str:
     """The rich report as text; ANSI colors only when `color` is set.
 
@@ -158,9 +173,8 @@ def render_table(report: Report, width: int = 120, color: bool = False, show_all
     buffer = io.StringIO()
     console = text_console(buffer, width, color)
     source = report.facts.source
-    # A Text title: the "[format]" suffix is not console markup.
     formats = " and ".join([source.format, *(f"a valid {other}" for other in source.also_valid_as)])
-    title = Text(f"memlayout: {source.path or '(object)'} [{formats}]")
+    title = panel_title(source.path or "(object)", formats, width)
     console.print(Panel(_summary(report), title=title, title_align="left", expand=False))
     ranks = ranks_line(report.facts)
     if ranks is not None:
@@ -193,7 +207,20 @@ def _baseline_lines(baseline: BaselineOutcome) -> list[str]:
         lines.append(f"baseline: {len(baseline.fixed)} recorded finding(s) no longer occur; "
                      f"re-run with --write-baseline {baseline.file} to drop them:")
         lines += [f"  fixed {e.code} {e.path}: {', '.join(e.tensors) or '(no tensor)'}" for e in baseline.fixed]
+    if baseline.rekeyed:
+        lines.append(f"baseline: {len(baseline.rekeyed)} finding(s) shown although recorded: the baseline keyed them "
+                     "on their rule and tensors only, and their fingerprints now cover what they are about (a "
+                     f"pickle's globals); review them, then re-run with --write-baseline {baseline.file}:")
+        lines += [f"  shown {e.code} {e.path}" for e in baseline.rekeyed]
     return lines
+
+
+def _kinds(data: list[PathReport]) -> str:
+    """The data files by what they are, most common first: "text (2,500), a PNG image (2,500)"."""
+    counts: dict[str, int] = {}
+    for path in data:
+        counts[path.data or ""] = counts.get(path.data or "", 0) + 1
+    return ", ".join(f"{what} ({count:,})" for what, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 class TableReporter(Formatter[BatchReport]):
@@ -209,15 +236,22 @@ class TableReporter(Formatter[BatchReport]):
         for path in batch.paths:
             if path.report is not None:
                 parts.append(render_table(path.report, width=self.width, color=self.color, show_all=self.show_all))
-            else:
+            elif path.failed:
                 parts.append(f"error: {path.error_line}\n")
         tail: list[str] = []
         if batch.single is None:
             failed = len(batch.failures)
+            data = batch.data
+            read_as_data = f", {len(data)} recognized as data" if data else ""
             tail.append(
-                f"{len(batch.paths)} paths: {len(batch.paths) - failed} inspected, {failed} failed to load; "
+                f"{len(batch.paths)} paths: {len(batch.reports)} inspected{read_as_data}, {failed} failed to load; "
                 f"findings: {count_phrase(batch.findings_by_severity())}"
             )
+            if data:
+                tail.append(f"data (no pickle, no checkpoint): {_kinds(data)}")
+        elif batch.data:
+            tail.append(f"and {counted(len(batch.data), 'other file')} of the folder, read: data (no pickle, "
+                        f"no checkpoint): {_kinds(batch.data)}")
         if batch.baseline is not None:
             tail += _baseline_lines(batch.baseline)
         # Each part ends with a newline, so joining leaves a blank line between paths.

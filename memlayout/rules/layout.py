@@ -7,7 +7,12 @@ from collections.abc import Iterator
 
 from memlayout.core.facts import TensorFact
 from memlayout.core.flat_groups import flat_layout_phrase, storages_after_flatten
-from memlayout.core.flatten_support import alignment_hint, flatten_hint
+from memlayout.core.flatten_support import (
+    alignment_hint,
+    file_alignment,
+    flatten_hint,
+    stores_back_to_back,
+)
 from memlayout.core.strides import MemoryFormat, Relation
 from memlayout.rules.registry import Finding, Requirement, RuleContext, RuleExample, rule
 from memlayout.severity import Severity
@@ -156,7 +161,8 @@ def mixed_memory_format(ctx: RuleContext) -> Iterator[Finding]:
     "ML203",
     "misaligned",
     Severity.INFO,
-    "a tensor's data does not start on a 16-byte boundary",
+    "a tensor's data starts off the boundary its format gives (16 bytes; its element size in safetensors), "
+    "or off the project's `alignment`",
     "run `memlayout flatten` (slots start on --align bytes, 64 by default), or `.clone()` the tensor",
     """
 Vectorized loads, TorchInductor's generated kernels and apex's multi-tensor
@@ -167,12 +173,23 @@ alignment the tensor gets. Where torch's loader copies each storage into fresh
 memory (legacy torch.save files, TorchScript, torch.export), the allocator
 aligns the storage and only the tensor's offset inside it counts. Tensors under
 16 bytes are ignored.
+
+Each format is judged by what its own writer gives: torch.save starts every
+record on 64 bytes, so a tensor off 16 there sits at an offset inside its
+storage. safetensors stores tensors back to back, the data section on 8 bytes
+and the largest elements first, so its standard is each tensor on a multiple of
+its element size, which `safe_open` needs to hand out a tensor it can use in
+place; a file whose header length breaks it (an odd header) makes every tensor
+misaligned. 16 or 64 bytes there (mmap, DMA) is a choice: `alignment = 64` in
+`[tool.memlayout]` (or `flatten --align 64`) asks every tensor for it.
 """,
     needs=(Requirement.LAYOUT,),
     detects=(
         "A tensor of 16 bytes or more whose first byte is not on a 16-byte boundary: of its storage, "
         "or of the file where torch uses the file's bytes in place (a torch.save zip under "
-        "`mmap=True`, safetensors)."
+        "`mmap=True`). In a safetensors file, a tensor whose file offset is no multiple of its element "
+        "size (up to 8, the data section's own alignment). With `alignment` set, every tensor of 16 "
+        "bytes or more off that boundary, in every format."
     ),
     example=RuleExample(
         setup="""
@@ -188,34 +205,66 @@ torch.save({"weight": data[1:].clone()}, "model.pt")
     ),
 )
 def misaligned(ctx: RuleContext) -> Iterator[Finding]:
+    asked = ctx.config.alignment
+    source = ctx.facts.source
+    back_to_back = stores_back_to_back(source)
+    # A format without gaps is judged, by default, by the element alignment its own writer gives.
+    by_element = asked is None and back_to_back
+    boundary = asked or ALIGNMENT
+    in_file = file_alignment(source)
     found: list[TensorFact] = []
     for tensor in ctx.facts.tensors:
         if tensor.nbytes < ALIGNMENT:
             continue
-        # Without a base address the storage is fresh memory, aligned by torch's
-        # allocator (64 bytes on CPU, 256 on CUDA): only the offset inside it counts.
-        address = tensor.data_address if tensor.data_address is not None else tensor.offset * tensor.itemsize
-        if address % ALIGNMENT:
+        inner = tensor.offset * tensor.itemsize
+        if tensor.data_address is None:
+            # No base address: the storage is fresh memory, aligned by torch's allocator
+            # (64 bytes on CPU, 256 on CUDA): only the offset inside it counts.
+            off = inner % boundary
+        elif back_to_back:
+            # A rewrite can start the data section anywhere, so the whole file offset counts.
+            off = tensor.data_address % (min(tensor.itemsize, in_file or tensor.itemsize) if by_element else boundary)
+        else:
+            # The file's bytes used in place: a record starts where the format's own writer
+            # puts it (64 bytes for torch.save), and no rewrite in that format does better.
+            base = tensor.data_address - inner
+            off = inner % boundary or base % min(boundary, in_file or boundary)
+        if off:
             found.append(tensor)
-    if not found:
-        return
-    # One finding for the whole source: a safetensors file whose data section is
-    # only 8-byte aligned would otherwise give one line per tensor.
+    # One finding per file: a safetensors file with an odd header would otherwise give one
+    # line per tensor, and in a model folder each weight file is rewritten (and fixed) on its own.
+    by_file: dict[str, list[TensorFact]] = defaultdict(list)
+    for tensor in found:
+        by_file[ctx.facts.storage(tensor.storage).file].append(tensor)
+    for tensors in by_file.values():
+        yield _misaligned_finding(ctx, tensors, asked, boundary, by_element)
+
+
+def _misaligned_finding(
+    ctx: RuleContext, found: list[TensorFact], asked: int | None, boundary: int, by_element: bool
+) -> Finding:
+    source = ctx.facts.source
     names = [t.name for t in found]
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     storages = {t.storage for t in found}
     views = [name for name in names if name in _views_of_other_tensors(ctx)]
-    hint = alignment_hint(ctx.facts.source, ALIGNMENT, all(t.nbytes % ALIGNMENT == 0 for t in ctx.facts.tensors))
+    hint = alignment_hint(source, asked, all(t.nbytes % boundary == 0 for t in ctx.facts.tensors))
     if views:
         hint = (
             f"`.clone()` the tensor (a fresh allocation is aligned); {', '.join(views[:5])} "
             f"{'views' if len(views) == 1 else 'view'} another tensor's bytes, which flatten keeps as a "
             "view at the same offset, so only a copy of its own is aligned"
         )
-    yield misaligned.finding(
+    plural = len(names) != 1
+    if by_element:
+        where = f"a multiple of {'their' if plural else 'its'} element size, where safetensors' own writer puts every tensor"
+    elif asked is not None:
+        where = f"the {asked}-byte boundary the project's alignment asks for"
+    else:
+        where = f"a {ALIGNMENT}-byte boundary"
+    return misaligned.finding(
         names,
-        f"{len(names)} tensor{'s' if len(names) != 1 else ''} ({shown}) "
-        f"{'do' if len(names) != 1 else 'does'} not start on a {ALIGNMENT}-byte boundary",
+        f"{len(names)} tensor{'s' if plural else ''} ({shown}) {'do' if plural else 'does'} not start on {where}",
         storage=next(iter(storages)) if len(storages) == 1 else None,
         hint=hint,
     )

@@ -17,6 +17,12 @@ from memlayout.severity import Severity
 if TYPE_CHECKING:
     from memlayout.core.content import ContentReader
     from memlayout.core.facts import Facts
+    from memlayout.rules.pickle_dangers import JudgedGlobal
+
+FINGERPRINT_SCHEME = 2
+"""How `Finding.fingerprint` is made. 1: the rule code and the sorted tensor names. 2: those, and
+`Finding.subject` where a rule gives one (ML601's globals, ML602's format, ML603's other formats);
+a finding with no subject fingerprints as under scheme 1."""
 
 
 class Finding(NamedTuple):
@@ -41,14 +47,36 @@ class Finding(NamedTuple):
     """The storage involved, when there is one."""
     wasted_bytes: int = 0
     """Bytes this finding costs on disk or in memory (bloat, duplicates)."""
+    subject: tuple[str, ...] = ()
+    """What the finding is about besides its tensors, which its fingerprint covers: ML601's globals
+    with their danger classes, ML603's other formats. Empty where the tensors say it all."""
+    pickle_globals: tuple[JudgedGlobal, ...] = ()
+    """ML601: every global the file's pickles name, each with its danger class."""
 
     @property
     def fingerprint(self) -> str:
-        """Stable across runs and tensor order, for SARIF and baselines."""
-        import hashlib  # only reporters that name findings stably need it (SARIF, baselines)
+        """Stable across runs and tensor order, for SARIF and baselines; changes when what it warns about does.
 
+        The rule code, the sorted tensor names and the sorted `subject`: a pickle that
+        names one more global, or a polyglot valid as one more format, is a new finding
+        that no baseline recorded.
+        """
         text = "\0".join([self.code, *sorted(self.tensors)])
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        if self.subject:
+            # Two NULs: no tensor name list can end where a subject begins.
+            text += "\0\0" + "\0".join(sorted(self.subject))
+        return _digest(text)
+
+    @property
+    def fingerprint_v1(self) -> str:
+        """The fingerprint under scheme 1 (rule and tensors only), as baselines before scheme 2 recorded it."""
+        return _digest("\0".join([self.code, *sorted(self.tensors)]))
+
+
+def _digest(text: str) -> str:
+    import hashlib  # only reporters that name findings stably need it (SARIF, baselines)
+
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 class Requirement(str, enum.Enum):
@@ -89,6 +117,9 @@ class RuleConfig:
     """ML303 ignores parameters whose shards are padded by fewer bytes, over all ranks."""
     ties: tuple[tuple[str, str], ...] = ()
     """Extra declared ties from `--tie a=b`."""
+    alignment: int | None = None
+    """ML203's boundary, in bytes (a power of two), when the project asks for one (`alignment` in
+    `[tool.memlayout]`, `flatten --align`); None judges each tensor by what its format gives."""
 
 
 @dataclass
@@ -169,12 +200,14 @@ class Rule:
         wasted_bytes: int = 0,
         hint: str | None = None,
         severity: Severity | None = None,
+        subject: Iterable[str] = (),
+        pickle_globals: Iterable[JudgedGlobal] = (),
     ) -> Finding:
         """A finding of this rule, with the rule's default severity and hint unless given."""
         # Positional, in Finding's field order: one per finding of a rule's check.
         return Finding(
             self.code, self.name, severity or self.severity, tuple(tensors), message, hint or self.hint, storage,
-            wasted_bytes,
+            wasted_bytes, tuple(subject), tuple(pickle_globals),
         )
 
 

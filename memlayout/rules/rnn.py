@@ -13,6 +13,11 @@ KEPT_BY_TORCH_LOAD = ("torch-zip", "torch-legacy", "torch-legacy-tar", "hf-pytor
 """Formats whose storages `torch.load` rebuilds as the file lays them out."""
 
 
+_COPIES_EVERY_CALL = ("copies-every-call",)
+"""What ML401's warnings are about, beyond their weights: a baseline that accepted the info finding of a
+state dict's layout (no copy per call) does not hide the same weights copied on every call."""
+
+
 @rule(
     "ML401",
     "rnn-not-flat",
@@ -110,6 +115,7 @@ def rnn_not_flat(ctx: RuleContext) -> Iterator[Finding]:
                 rnn.flat_weight_names,
                 f"{label}; torch.load(map_location=\"cuda\") of this pickled module keeps that layout, "
                 "and cuDNN copies its weights on every call",
+                subject=_COPIES_EVERY_CALL,
                 hint="call `module.flatten_parameters()` after loading onto CUDA (or load on the CPU, "
                 f"then `.cuda()`), or {flatten_hint(ctx.facts.source)}",
             )
@@ -132,6 +138,7 @@ def rnn_not_flat(ctx: RuleContext) -> Iterator[Finding]:
             yield rnn_not_flat.finding(
                 rnn.flat_weight_names,
                 f"{label}; cuDNN will copy its weights on every call",
+                subject=_COPIES_EVERY_CALL,
                 hint=f"call `module.flatten_parameters()`, or {flatten_hint(ctx.facts.source)}",
             )
 

@@ -7,47 +7,13 @@ from typing import NamedTuple
 
 from memlayout.core.facts import Facts
 from memlayout.core.flatten_support import conversion_hint, flatten_hint
+from memlayout.load.detect import CONTAINER_FORMATS
+from memlayout.load.names import claimed_formats
+from memlayout.rules.pickle_dangers import Danger, judge
 from memlayout.rules.registry import Finding, RuleContext, RuleExample, rule
 from memlayout.severity import Severity
 
-# Modules whose globals run commands, evaluate code or import arbitrary modules.
-# torch blocks os, sys, posix and nt even from add_safe_globals; the rest are
-# what published pickle exploits (and picklescan's denylist) use.
-CODE_EXECUTION_MODULES = frozenset(
-    [
-        "os", "posix", "nt", "sys", "subprocess", "runpy", "importlib", "pty", "socket",
-        "shutil", "webbrowser", "code", "codeop", "pickle", "_pickle", "marshal", "ctypes",
-        "commands", "platform", "multiprocessing", "asyncio", "pdb", "timeit", "torch.hub",
-    ]
-)
-CODE_EXECUTION_BUILTINS = frozenset(
-    ["eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr", "open", "breakpoint",
-     "globals", "locals", "vars", "input", "apply", "execfile"]
-)
-_BUILTIN_MODULES = frozenset(["builtins", "__builtin__"])
 _SHOWN = 12
-
-
-def runs_code(module: str, name: str) -> bool:
-    """Whether a pickle global is a known code-execution primitive.
-
-    Args:
-        module: The global's module as the pickle spells it.
-        name: The attribute name.
-
-    Returns:
-        True for `os.system`, `builtins.exec`, `subprocess.Popen` and the like.
-    """
-    if module in _BUILTIN_MODULES:
-        return name in CODE_EXECUTION_BUILTINS or name.split(".")[0] in CODE_EXECUTION_MODULES
-    # Protocol 4 resolves a dotted name attribute by attribute, so `pathlib` +
-    # `os.system` is os.system reached through pathlib's import of os (fickling
-    # GHSA-5j3x-jp52-966f).
-    through = name.split(".")[:-1]
-    return (
-        module.split(".")[0] in CODE_EXECUTION_MODULES or module in CODE_EXECUTION_MODULES
-        or any(part in CODE_EXECUTION_MODULES for part in through)
-    )
 
 
 def _as_safetensors(facts: Facts) -> str:
@@ -101,13 +67,23 @@ pickled `nn.Module` they are the model's own classes (the code must be importabl
 and is executed); `os.system`, `builtins.exec`, `subprocess.Popen` and the like
 run arbitrary commands. memlayout lists them from the pickle without importing
 or calling any of them.
+
+Each global is listed with its danger class: runs code or reaches the system (a
+command, a file, the network, an import: a list of globals, each with the scanner
+or advisory that names it and a test that shows it), constructs an arbitrary
+object (outside the allow-list, inert by itself), or allow-listed. The finding is
+an error when some global runs code, a warning when every one only constructs an
+object. Its fingerprint covers the globals and their classes, so a baseline that
+accepted one file's globals does not hide a global the file gains.
 """,
     detects=(
         "A pickle (a torch.save file, TorchScript, DCP metadata, a bare or joblib pickle, a numpy array "
-        "of Python objects) that names globals outside the allowlist of torch's weights-only loader: the "
-        "model's own classes, or callables such as `os.system`. The globals numpy and joblib rebuild an "
-        "array with are allowed in a bare or joblib pickle; a numpy `.npy`/`.npz` array of objects is "
-        "reported whatever it names, since numpy.load refuses every such pickle by default."
+        "of Python objects, a pickle inside a compressed stream or a zip or tar archive) that names globals "
+        "outside the allowlist of torch's weights-only loader: the model's own classes, or callables such as "
+        "`os.system`. The globals numpy and joblib rebuild an array with are allowed in a bare or joblib pickle "
+        "and in a numpy `.npy`/`.npz` array of objects: an array of numbers, strings or dicts is cleared, with a "
+        "note that numpy.load needs allow_pickle=True for it. Error when a global runs code or reaches the system, "
+        "warning when every one only constructs an object."
     ),
     example=RuleExample(
         setup="""
@@ -123,29 +99,35 @@ torch.save(model.state_dict(), "model.pt")
     ),
 )
 def unsafe_pickle(ctx: RuleContext) -> Iterator[Finding]:
-    refused = [g for g in ctx.facts.source.pickle_globals if not g.allowed]
+    judged = [judge(g.module, g.name, g.allowed, g.member) for g in ctx.facts.source.pickle_globals]
+    refused = [g for g in judged if g.danger is not Danger.ALLOW_LISTED]
     if not refused:
         return
     paths = sorted(dict.fromkeys(f"{g.module}.{g.name}" for g in refused))
     modules = sorted({g.module for g in refused})
-    dangerous = sorted({f"{g.module}.{g.name}" for g in refused if runs_code(g.module, g.name)})
+    dangerous = sorted({f"{g.module}.{g.name}" for g in refused if g.danger is Danger.RUNS_CODE})
     unpickling = _UNPICKLING.get(ctx.facts.source.format, _TORCH_LOAD)
+    if ctx.facts.source.format in CONTAINER_FORMATS:
+        unpickling = _UNPACKED
     message = (
         f"{unpickling.refused.format(count=len(paths))}: {_listed(paths)}; {unpickling.runs} would import "
         f"{_listed(modules)} and call or construct them while unpickling"
     )
     if dangerous:
-        message += f", and {_listed(dangerous)} can run arbitrary code"
+        message += f", and {_listed(dangerous)} can run arbitrary code or reach the system"
+    # The class of each global, not only its name: a global that moves to runs-code when the table
+    # learns what it does is a new finding, which a baseline of the old one does not hide.
+    subject = sorted({f"{g.module}\x1f{g.name}\x1f{g.danger.value}" for g in refused})
+    # Severity follows the worst class: an object built from a class of the model's own is a
+    # warning, a global that runs a command or reaches the system an error.
+    severity = Severity.ERROR if dangerous else Severity.WARNING
     convert = conversion_hint(ctx.facts.source)
-    if not convert:
-        yield unsafe_pickle.finding((), message, hint=unpickling.hint)
-        return
-    yield unsafe_pickle.finding(
-        (), message,
-        hint=f"never load it with weights_only=False unless you trust whoever wrote it; to get its tensors as "
+    hint = unpickling.hint if not convert else (
+        f"never load it with weights_only=False unless you trust whoever wrote it; to get its tensors as "
         f"safetensors without running it, {convert}; or, trusting it, load it once where its classes are "
-        "importable and re-save `model.state_dict()`",
+        "importable and re-save `model.state_dict()`"
     )
+    yield unsafe_pickle.finding((), message, hint=hint, severity=severity, subject=subject, pickle_globals=judged)
 
 
 _RESAVE_STATE_DICT = (
@@ -187,6 +169,14 @@ _UNPICKLING = {
     ),
 }
 """How each format's pickles are loaded, where it is not torch.load (every torch format is)."""
+_UNPACKED = _Unpickling(
+    "the pickles inside reference {count} global(s) that torch.load(weights_only=True) refuses",
+    "unpacking it and loading them (torch.load(weights_only=False), joblib.load, pickle.load)",
+    "never load what it holds (joblib.load, pickle.load, torch.load(weights_only=False)) unless you trust "
+    "whoever wrote it; if you do, unpack and load it once where its classes are importable and re-save its data "
+    "in a format that is no pickle (safetensors, or `torch.save(model.state_dict())`, which weights_only=True reads)",
+)
+"""Pickles inside a compressed stream or an archive (`memlayout.load.unpack`): whatever unpacks them loads them."""
 
 
 @rule(
@@ -237,6 +227,7 @@ def legacy_format(ctx: RuleContext) -> Iterator[Finding]:
     yield legacy_format.finding(
         (),
         message,
+        subject=(source.format,),
         hint=f"{flatten_hint(source)}, which writes a current torch.save zip" + (
             f"; or, for safetensors, {convert}" if (convert := conversion_hint(source)) else
             f", or re-save it with a current torch.save (zip format) or {_as_safetensors(ctx.facts)}"
@@ -301,7 +292,72 @@ def polyglot(ctx: RuleContext) -> Iterator[Finding]:
         (),
         f"{source.path or 'the file'} is a {source.format} file and also {others}: torch.load reads it as "
         f"{source.format}, while {readers} see other contents",
+        subject=source.also_valid_as,
         hint=f"do not pass the file on: to keep what torch.load reads, as safetensors and without running it, "
         f"{convert}" if convert else "do not pass the file on: re-save the weights you trust with torch.save or "
         f"{_as_safetensors(ctx.facts)}",
+    )
+
+
+_DIRECTORY_FORMATS = frozenset(["dcp", "hf-dir", "hf-safetensors", "hf-pytorch", "live-module", "state-dict"])
+_WHAT_RUNS = {
+    "safetensors": "safetensors, which runs nothing",
+    "npy": "numpy.load, which runs no pickle by default",
+    "npz": "numpy.load, which runs no pickle by default",
+}
+
+
+@rule(
+    "ML604",
+    "misleading-name",
+    Severity.WARNING,
+    "the file's name claims a format its content is not",
+    "rename the file after what it is (a torch.save zip as `.pt`), or re-save its contents in the format its "
+    "name claims; never choose a loader by the name of a file someone else wrote",
+    """
+memlayout reads every file by its content, but people and most tools go by the
+name: a `model.safetensors` is opened with safetensors, which runs no code, a
+`notes.txt` in an editor, and a scanner that picks its checks by suffix skips a
+`.json`. A torch.save zip named `model.safetensors` is loaded by whatever reads it
+as a checkpoint with torch.load, which runs its pickle; a pickle named `notes.txt`
+is one `pickle.load` away from running. No writer produces such a name by
+accident: a name that lies about a checkpoint is how a payload gets past a review.
+""",
+    detects=(
+        "A file whose suffix claims a format (`.safetensors`, `.npy`, `.npz`, `.pt2`, `.zip`, `.tar`, `.gz`, "
+        "`.xz`, `.bz2`, `.lz4`; or text and images: `.json`, `.txt`, `.md`, `.csv`, `.yaml`, `.png`, `.jpg`) "
+        "while its content is another format memlayout reads. Names worn by several formats (`.pt`, `.pth`, "
+        "`.bin`, `.ckpt`, `.pkl`, `.joblib`, and `.pth.tar`, PyTorch's own name for a torch.save zip) claim "
+        "nothing and are never reported."
+    ),
+    example=RuleExample(
+        setup="""
+import torch
+
+state = {"weight": torch.randn(4, 4)}
+torch.save(state, "model.safetensors")  # a torch.save zip under a safetensors name
+""",
+        command="memlayout inspect model.safetensors",
+        fixed="""
+from safetensors.torch import save_file
+
+save_file(state, "model.safetensors")
+""",
+    ),
+)
+def misleading_name(ctx: RuleContext) -> Iterator[Finding]:
+    source = ctx.facts.source
+    if source.files or source.format in _DIRECTORY_FORMATS:
+        return  # a folder's name is no claim about a file's format
+    claim = claimed_formats(source.path) if source.path else None
+    if claim is None or source.format in claim[1]:
+        return
+    suffix, formats = claim
+    said = f"a {formats[0]} file" if formats else "text or an image, not a model"
+    trusted = f" ({_WHAT_RUNS[formats[0]]})" if formats and formats[0] in _WHAT_RUNS else ""
+    yield misleading_name.finding(
+        (),
+        f"{source.path} is named like {said} ({suffix}) but its content is {source.format}: a reader chosen "
+        f"by the name{trusted} is not what would load it, and a reviewer who trusts the name is misled",
+        subject=(suffix, source.format),
     )

@@ -68,7 +68,7 @@ CASES = {
     "truncated_tar.pt": (write_truncated_tar_checkpoint, "cut short"),
     "random.bin": (write_random_bytes, "not a checkpoint format"),
     "notes.xyz": (write_text_file, "not a checkpoint format"),
-    "plain.zip": (write_zip_without_pickle, "not a torch.save file"),
+    "plain.zip": (write_zip_without_pickle, "no pickle or checkpoint inside"),
     "missing_record.pt": (write_pickle_missing_a_record, "lacks"),
 }
 

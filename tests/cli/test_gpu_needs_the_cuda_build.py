@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from memlayout.activations.trace.world import CUDA_WHEELS
-from memlayout.cli.activations_command import CUDA_WHEELS as HELP_CUDA_WHEELS
+from memlayout.cli.activations_options import CUDA_WHEELS as HELP_CUDA_WHEELS
 from memlayout.cli.app import app
 
 INSTALL = f"pip install torch --index-url {CUDA_WHEELS}"

@@ -18,6 +18,7 @@ import torch
 
 import memlayout.diff
 import memlayout.pipeline.batch
+import memlayout.pipeline.flatten_check
 from memlayout.cli.app import main
 from memlayout.pipeline.config import KEYS
 from memlayout.rules import RuleConfig
@@ -29,6 +30,7 @@ FILE_VALUES: dict[str, Any] = {
     "fragmented-min-storages": 11,
     "min-shard-padding-bytes": 13,
     "ties": [["head.weight", "embed.weight"]],
+    "alignment": 32,
 }
 
 
@@ -55,7 +57,7 @@ def expected() -> dict[str, Any]:
             for key, value in FILE_VALUES.items()}
 
 
-def test_inspect_and_diff_pass_every_file_setting_to_the_rules(
+def test_inspect_diff_and_flatten_check_pass_every_file_setting_to_the_rules(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: dict[str, RuleConfig] = {}
@@ -71,14 +73,19 @@ def test_inspect_and_diff_pass_every_file_setting_to_the_rules(
         seen["diff"] = options.rules
         raise Handed
 
+    def iter_path_reports(paths: Any, config: RuleConfig, *_: Any, **__: Any) -> Any:
+        seen["flatten --check"] = config
+        raise Handed
+
     # The commands import these when they run, from where they live.
     monkeypatch.setattr(memlayout.pipeline.batch, "inspect_paths", inspect_paths)
     monkeypatch.setattr(memlayout.diff, "run_diff", run_diff)
+    monkeypatch.setattr(memlayout.pipeline.flatten_check, "iter_path_reports", iter_path_reports)
     monkeypatch.chdir(project)
-    for argv in (["inspect", "a.pt"], ["diff", "a.pt", "a.pt"]):
+    for argv in (["inspect", "a.pt"], ["diff", "a.pt", "a.pt"], ["flatten", "--check", "a.pt"]):
         with pytest.raises(Handed):
             main(argv)
-    for command in ("inspect", "diff"):
+    for command in ("inspect", "diff", "flatten --check"):
         got = {name: getattr(seen[command], name) for name in expected()}
         assert got == expected(), command
 

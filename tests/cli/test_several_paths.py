@@ -44,7 +44,9 @@ def test_a_path_that_fails_to_load_does_not_stop_the_others(folder: Path) -> Non
     ]
     assert "broken.pt is not a checkpoint format" in data["reports"][1]["error"]
     assert [f["code"] for f in data["reports"][2]["report"]["findings"]] == ["ML301"]
-    assert data["summary"] == {"paths": 3, "inspected": 2, "failed": 1, "findings": {"error": 0, "warning": 1, "info": 0}}
+    assert data["summary"] == {
+        "paths": 3, "inspected": 2, "failed": 1, "data": 0, "findings": {"error": 0, "warning": 1, "info": 0},
+    }
     # The failure is also one line on stderr, whatever the format.
     assert err.splitlines() == [f"memlayout: error: {data['reports'][1]['error']}"]
     assert code == 2 and data["exit_code"] == 2
@@ -80,18 +82,21 @@ def test_a_single_path_keeps_the_schema_1_document(folder: Path) -> None:
     assert json.loads(out)["schema"] == 1
 
 
-def test_a_folder_of_checkpoints_is_each_checkpoint(folder: Path) -> None:
+def test_a_folder_of_checkpoints_is_each_file(folder: Path) -> None:
     Path("sub").mkdir()
     torch.save({"w": torch.randn(4, 4)}, "sub/inner.pth")
-    Path("notes.txt").write_text("not a model")  # no checkpoint suffix: not looked at
+    Path("notes.txt").write_text("not a model")  # read, and said to be text
     Path(".hidden").mkdir()
-    Path(".hidden/x.pt").write_bytes(b"junk")
+    Path(".hidden/x.pt").write_bytes(b"junk")  # hidden files load as well as any other: read
     code, out, _ = invoke("inspect", ".", "-f", "json")
     data = json.loads(out)
-    assert [r["path"] for r in data["reports"]] == [
-        "./bloated.pt", "./broken.pt", "./clean.pt", "./sub/inner.pth", "./weights.safetensors",
-    ]
-    assert code == 2  # broken.pt could not be read
+    outcome = {r["path"]: "report" if r["report"] else "data" if r["data"] else "error" for r in data["reports"]}
+    assert outcome == {
+        "./.hidden/x.pt": "error", "./bloated.pt": "report", "./broken.pt": "error", "./clean.pt": "report",
+        "./notes.txt": "data", "./sub/inner.pth": "report", "./weights.safetensors": "report",
+    }
+    assert data["summary"]["data"] == 1 and data["summary"]["failed"] == 2
+    assert code == 2  # broken.pt and .hidden/x.pt could not be read
 
 
 def test_a_folder_with_no_checkpoint_is_still_an_error(tmp_path: Path) -> None:

@@ -18,11 +18,31 @@ def state_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_check_exits_1_and_says_what_would_change(state_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["flatten", str(state_file), "--check"]) == 1
+def test_check_passes_findings_below_fail_on_and_says_why_flatten_would_still_rewrite(
+    state_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An LSTM state dict: ML204 and ML401 are info (loading it into a built module lays the
+    # weights out for cuDNN), below the default --fail-on warning.
+    assert main(["flatten", str(state_file), "--check"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"{state_file}: passes (torch.save state dict); flatten would still rewrite it: ")
+    assert "storages become" in line and "ML204 fragmented" in line and "below --fail-on warning" in line
+
+
+def test_check_exits_1_at_fail_on_info_and_says_what_would_change(
+    state_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["flatten", str(state_file), "--check", "--fail-on", "info"]) == 1
     out = capsys.readouterr().out
-    assert "would change" in out and "storages become" in out
+    assert f"{state_file}: would change" in out and "storages become" in out
+    assert "  ML204 info fragmented: " in out
     assert state_file.exists()
+
+
+def test_fail_on_is_for_the_check(state_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["flatten", str(state_file), "-o", str(tmp_path / "flat.pt"), "--fail-on", "info"]) == 2
+    assert "--fail-on judges findings, which only --check does" in capsys.readouterr().err
+    assert not (tmp_path / "flat.pt").exists()
 
 
 def test_check_exits_0_on_flat_output(state_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

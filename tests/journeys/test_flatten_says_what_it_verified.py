@@ -78,23 +78,29 @@ def test_no_line_claims_a_check_the_writer_did_not_make(tmp_path: Path) -> None:
 
 
 def test_a_directory_says_what_was_verified_for_each_kind_of_file(tmp_path: Path) -> None:
-    """One shard already flat (copied) and one rewritten: the summary names both checks, each by its kind."""
+    """One shard already flat (copied) and one rewritten: the summary names both checks, each by its kind.
+
+    Both are laid out as safetensors lays a file out; the second is rewritten because the
+    project asks for its data section on 64 bytes (`--align 64`), where save_file puts it on 8.
+    """
     torch.manual_seed(0)
     directory = tmp_path / "model"
     directory.mkdir()
     save_file({"a.weight": torch.randn(16, 16)}, tmp_path / "raw_a.safetensors")
     # Shard 1 is what flatten writes (already flat); shard 2 is as safetensors wrote it.
-    first = memlayout("flatten", str(tmp_path / "raw_a.safetensors"), "-o", str(directory / "model-00001-of-00002.safetensors"))
+    first = memlayout("flatten", str(tmp_path / "raw_a.safetensors"), "-o",
+                      str(directory / "model-00001-of-00002.safetensors"), "--align", "64")
     assert first.returncode == 0, first.stderr
     save_file({"b.weight": torch.randn(4, 3), "b.bias": torch.randn(3, dtype=torch.float16)},
               directory / "model-00002-of-00002.safetensors")
     weight_map = {"a.weight": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors",
                   "b.bias": "model-00002-of-00002.safetensors"}
     (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    checked = memlayout("flatten", "--check", str(directory))
+    assert memlayout("flatten", "--check", str(directory)).returncode == 0
+    checked = memlayout("flatten", "--check", str(directory), "--align", "64")
     assert checked.returncode == 1 and "model-00001" not in checked.stdout, checked.stdout
 
-    done = memlayout("flatten", str(directory), "-o", str(tmp_path / "flat"))
+    done = memlayout("flatten", str(directory), "-o", str(tmp_path / "flat"), "--align", "64")
     assert done.returncode == 0, done.stderr
     clauses = verified_lines(done.stdout)
     assert any(c.startswith("a file already flat, copied: OUT's bytes equal IN's") for c in clauses), clauses

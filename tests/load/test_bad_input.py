@@ -37,7 +37,7 @@ def test_zip_that_is_no_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "docs.zip"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("readme.txt", "hello")
-    assert_one_line_error(run_cli("inspect", str(path)), "data.pkl")
+    assert_one_line_error(run_cli("inspect", str(path)), "zip archive of text: no pickle or checkpoint inside")
 
 
 def test_truncated_pickle(tmp_path: Path) -> None:

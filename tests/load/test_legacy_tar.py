@@ -180,7 +180,7 @@ def test_ustar_without_pax_headers_is_recognized(tmp_path: Path) -> None:
 def test_other_tar_archives_are_not_checkpoints(tmp_path: Path) -> None:
     path = tmp_path / "docs.tar"
     path.write_bytes(_tar({"README": b"hello"}))
-    assert_one_line_error(run_cli("inspect", str(path)), "not a checkpoint format")
+    assert_one_line_error(run_cli("inspect", str(path)), "tar archive of text: no pickle or checkpoint inside")
 
 
 # Hand-built members: the smallest file each damage needs, from a valid baseline.

@@ -83,19 +83,26 @@ def test_an_array_of_objects_names_what_numpy_load_would_import_and_runs_nothing
     assert not marker.exists()
 
 
-def test_an_array_of_plain_objects_is_flagged_as_numpy_load_refuses_it(tmp_path: Path) -> None:
+def test_an_array_of_plain_objects_is_cleared_with_what_numpy_load_needs(tmp_path: Path) -> None:
+    # Numbers, strings and dicts pickle through numpy's own array globals only: allow_pickle=True
+    # imports numpy and nothing else. numpy's default still refuses it, which the note says.
     path = tmp_path / "plain.npy"
-    np.save(path, np.array([{"a": 1}, "b"], dtype=object), allow_pickle=True)
+    np.save(path, np.array([{"a": 1}, "b", np.float64(2.0)], dtype=object), allow_pickle=True)
     with pytest.raises(ValueError, match="allow_pickle=False"):
-        np.load(path)  # numpy's default refuses it: what the finding says
-    (finding,) = [f for f in run_inspection(str(path)).findings if f.code == "ML601"]
-    assert "numpy.load(allow_pickle=True) would import numpy" in finding.message
+        np.load(path)
+    report = run_inspection(str(path))
+    assert "ML601" not in {f.code for f in report.findings}
+    assert "refuses unless allow_pickle=True" in report.facts.source.notes[0]
 
 
 def test_the_hint_of_an_array_of_objects_is_followed(tmp_path: Path) -> None:
+    from fractions import Fraction
+
     path = tmp_path / "mixed.npy"
-    np.save(path, np.array([1.5, 2.5], dtype=object), allow_pickle=True)
+    np.save(path, np.array([Fraction(3, 2), 2.5], dtype=object), allow_pickle=True)
     (finding,) = [f for f in run_inspection(str(path)).findings if f.code == "ML601"]
+    assert "numpy.load(allow_pickle=True) would import fractions" in finding.message
+    assert finding.severity.value == "warning"  # a Fraction is built, nothing runs
     assert "re-save what it holds without objects (an array of a numeric dtype" in finding.hint
     np.save(path, np.load(path, allow_pickle=True).astype(np.float64))  # trusting it, as the hint says
     assert "ML601" not in {f.code for f in run_inspection(str(path)).findings}

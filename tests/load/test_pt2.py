@@ -293,7 +293,7 @@ def test_nested_archive_cannot_point_outside_its_member(older_members: dict[str,
 
 def test_archive_with_neither_pickle_nor_config_names_is_not_taken_for_the_older_layout(tmp_path: Path) -> None:
     path = write_older_layout(tmp_path / "other.zip", {"version": b"8.20", "readme.txt": b"hi"})
-    assert_one_line_error(run_cli("inspect", str(path)), "data.pkl")
+    assert_one_line_error(run_cli("inspect", str(path)), "no pickle or checkpoint inside")
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ def test_baseline_round_trip(project: Path) -> None:
     # 1. Record: the run passes, every finding is known.
     code, data, _ = inspect("model.pt", "--write-baseline", "baseline.json")
     assert code == 0 and data["findings"] == []
-    assert data["baseline"] == {"file": "baseline.json", "written": True, "suppressed": 3, "fixed": []}
+    assert data["baseline"] == {"file": "baseline.json", "written": True, "suppressed": 3, "fixed": [], "rekeyed": []}
     recorded = json.loads(Path("baseline.json").read_text())
     assert sorted(f["code"] for f in recorded["findings"]) == ["ML101", "ML201", "ML203"]
     assert {f["path"] for f in recorded["findings"]} == {"model.pt"}
@@ -142,3 +142,37 @@ def test_baseline_errors_are_one_line(project: Path, setup: str | None, args: li
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
     if setup is not None:
         assert Path("b.json").read_text() == setup  # never overwritten
+
+
+def test_a_pickle_that_gains_a_global_is_a_new_finding_and_the_old_one_is_fixed(project: Path) -> None:
+    import os
+
+    import numpy as np
+
+    class Hook:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return os.system, ("true",)
+
+    torch.save({"w": torch.zeros(2), "best": np.float64(1.0)}, "ckpt.pt")
+    code, data, _ = inspect("ckpt.pt", "--write-baseline", "pickles.json")
+    assert code == 0 and data["baseline"]["suppressed"] == 1
+    recorded = json.loads(Path("pickles.json").read_text())
+    assert recorded["memlayout-baseline"] == 2 and {f["scheme"] for f in recorded["findings"]} == {2}
+    torch.save({"w": torch.zeros(2), "best": np.float64(1.0), "hook": Hook()}, "ckpt.pt")
+    code, data, _ = inspect("ckpt.pt", "--baseline", "pickles.json")
+    assert code == 1 and [f["code"] for f in data["findings"]] == ["ML601"]
+    assert [f["code"] for f in data["baseline"]["fixed"]] == ["ML601"]  # the entry of the scalar alone
+
+
+def test_a_scheme_1_baseline_still_hides_what_its_key_still_tells(project: Path) -> None:
+    # Version 1 keyed every finding on its rule and tensors; for rules whose fingerprint did not
+    # change (here ML101, ML201, ML203), its entries still hide their findings.
+    inspect("model.pt", "--write-baseline", "baseline.json")
+    recorded = json.loads(Path("baseline.json").read_text())
+    recorded["memlayout-baseline"] = 1
+    for entry in recorded["findings"]:
+        del entry["scheme"]
+    Path("baseline.json").write_text(json.dumps(recorded))
+    code, data, _ = inspect("model.pt", "--baseline", "baseline.json")
+    assert code == 0 and data["findings"] == [] and data["baseline"]["suppressed"] == 3
+    assert data["baseline"]["rekeyed"] == [] and data["baseline"]["fixed"] == []

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from memlayout.cli.app import app
 from memlayout.load import HEAD_BYTES
 from memlayout.pipeline import folder_walk
-from memlayout.pipeline.folder_walk import folder_members
+from memlayout.pipeline.folder_walk import folder_entries, folder_members
 
 
 def _inspect(*args: str) -> tuple[int, dict[str, object]]:
@@ -36,15 +36,24 @@ def test_files_are_chosen_by_content_not_by_name(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"hidden": 4}')
     (tmp_path / "empty.cfg").write_bytes(b"")
     (tmp_path / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))
-    with zipfile.ZipFile(tmp_path / "assets.zip", "w") as archive:  # a zip, but no checkpoint
+    with zipfile.ZipFile(tmp_path / "assets.zip", "w") as archive:  # a zip: its members are read
         archive.writestr("a.txt", "text")
     np.save(tmp_path / "table", np.zeros(3))  # .npy
     (tmp_path / "table.npy").rename(tmp_path / "table.dat")
     save_file({"w": torch.zeros(2)}, str(tmp_path / "weights"))  # no suffix at all
     (tmp_path / "broken.pt").write_bytes(b"\x13junk")  # a checkpoint's name, no format: still reported
-    (tmp_path / ".hidden.pkl").write_bytes(pickle.dumps(1))
+    (tmp_path / ".hidden.pkl").write_bytes(pickle.dumps(1))  # hidden files load as well as any other
     (tmp_path / "sub").mkdir()
-    assert _names(folder_members(str(tmp_path))) == ["broken.pt", "notes.txt", "sub", "table.dat", "weights"]
+    assert _names(folder_members(str(tmp_path))) == [
+        ".hidden.pkl", "assets.zip", "broken.pt", "notes.txt", "sub", "table.dat", "weights",
+    ]
+    kinds = {Path(e.path).name: (e.kind, e.what) for e in folder_entries(str(tmp_path))}
+    assert kinds == {
+        ".hidden.pkl": ("read", ""), "assets.zip": ("read", ""), "broken.pt": ("expected", ""),
+        "notes.txt": ("read", ""), "sub": ("folder", ""), "table.dat": ("read", ""), "weights": ("read", ""),
+        "README.md": ("data", "text"), "config.json": ("data", "JSON text"), "empty.cfg": ("data", "an empty file"),
+        "logo.png": ("data", "a PNG image"),
+    }
 
 
 def test_a_model_folders_other_files_are_inspected_beside_the_model(tmp_path: Path) -> None:

@@ -6,8 +6,9 @@ torch.export write during the run):
   shapes, strides, storage offsets, devices and which names share a storage;
 - memlayout reports exactly the findings written down in `expected.py`, and each
   one's justification holds when checked with torch;
-- flatten does what `expected.py` says, agrees with `--check`, and its output
-  holds bitwise what torch.load of the input holds;
+- flatten does what `expected.py` says, `--check` gives the verdict written
+  down there (file by file, and over a folder of the whole corpus), and its
+  output holds bitwise what torch.load of the input holds;
 - every hint of every finding works when followed.
 Timings against torch.load are a benchmark (`benchmarks/bench_realworld.py`).
 """
@@ -30,7 +31,7 @@ import torch
 from memlayout.cli.app import main
 from memlayout.flatten.apply import as_bits
 from memlayout.pipeline.inspection import Report, run_inspection
-from memlayout.rules import Finding
+from memlayout.rules import Finding, RuleConfig
 from tests.invariants import FIXED_BY_FLATTEN, after_flatten_violations
 from tests.realworld.corpus import BY_NAME, fetch_wheel
 from tests.realworld.expected import EXPECTED, GENERATED_EXPECTED, Expected
@@ -189,13 +190,27 @@ def test_each_expected_finding_is_true_of_the_file(name: str, corpus_file: Calla
             for finding in findings:
                 assert len({theirs[n].storage for n in finding.tensors}) > 1
         elif code == "ML203":
-            misaligned = {n for n, t in theirs.items() if t.nbytes >= ALIGNMENT and t.data_address % ALIGNMENT}
-            assert {n for f in findings for n in f.tensors} == misaligned
+            assert {n for f in findings for n in f.tensors} == _misaligned_by_torch(theirs, expected.format)
         else:
             pytest.fail(f"no check with torch for {code} yet: add one before expecting it")
     if "ML203" not in by_code:
-        # Silence is checked too: torch hands out no misaligned tensor where ML203 is quiet.
-        assert not [n for n, t in theirs.items() if t.nbytes >= ALIGNMENT and t.data_address % ALIGNMENT]
+        # Silence is checked too: torch hands out no tensor off what its format promises where ML203 is quiet.
+        assert not _misaligned_by_torch(theirs, expected.format)
+    if expected.format in ("safetensors", "hf-safetensors"):
+        # Asked for 16 bytes, ML203 names exactly the tensors safe_open hands out off 16.
+        asked = run_inspection(str(path), RuleConfig(alignment=ALIGNMENT), select=["ML203"])
+        assert {n for f in asked.findings for n in f.tensors} == _misaligned_by_torch(theirs, "16 bytes asked")
+
+
+def _misaligned_by_torch(theirs: dict[str, TorchTensor], file_format: str) -> set[str]:
+    """Tensors of 16 bytes or more off the boundary their format promises: 16 bytes, or in safetensors
+    (whose writer starts the data on 8 bytes, largest elements first) a multiple of their element size."""
+    def boundary(tensor: TorchTensor) -> int:
+        if file_format in ("safetensors", "hf-safetensors"):
+            return min(torch.empty(0, dtype=getattr(torch, tensor.dtype)).element_size(), 8)
+        return ALIGNMENT
+
+    return {n for n, t in theirs.items() if t.nbytes >= ALIGNMENT and t.data_address % boundary(t)}
 
 
 # --- flatten ------------------------------------------------------------------------
@@ -262,11 +277,13 @@ def _flatten_and_compare(
         code, summary, err = _run(["flatten", str(path), "-o", str(out), "--device", "cpu", *trust], capsys)
         check = _run(["flatten", str(path), "--check", *trust], capsys)
     assert code == 0, err
+    assert check[0] == (1 if expected.check == "would change" else 0), check
+    assert f"{path}: {expected.check}" in check[1], check
     if expected.flatten.outcome == "already flat":
-        assert check[0] == 0 and "IN was already flat" in summary
-        assert out.read_bytes() == path.read_bytes()
+        assert "IN was already flat" in summary
+        assert _same_files(out, path)
         return
-    assert check[0] == 1 and "changed" in summary
+    assert "changed" in summary
     assert _run(["flatten", str(out), "--check", *trust], capsys)[0] == 0
     before, after = torch_view(path, expected.format), torch_view(out, expected.format)
     assert before.keys() == after.keys()
@@ -282,6 +299,54 @@ def _flatten_and_compare(
     reports = tmp_path / "after-flatten"
     reports.mkdir()
     assert after_flatten_violations(str(path), str(out), str(reports), moved_to="cpu") == []
+
+
+def _same_files(a: Path, b: Path) -> bool:
+    if b.is_dir():
+        names = sorted(p.name for p in b.iterdir())
+        return sorted(p.name for p in a.iterdir()) == names and all(_same_files(a / n, b / n) for n in names)
+    return a.read_bytes() == b.read_bytes()
+
+
+def test_flatten_check_of_a_folder_of_the_whole_corpus_gives_every_file_its_verdict(
+    corpus_file: Callable[[str], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`flatten --check DIR` as a CI gate runs it, without --trust: one line per file or model, as written down."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for name in sorted(ALL):
+        path = corpus_file(name)
+        (folder / (name + ("" if path.is_dir() else path.suffix))).symlink_to(path)
+    # Run alone, this test writes the corpus's seeds itself, and their writers print.
+    capsys.readouterr()
+    code, out, err = _run(["flatten", "--check", str(folder)], capsys)
+    assert code == 1, (out, err)
+    verdicts = [line for line in out.splitlines() if not line.startswith(" ")][:-1]
+    errors = err.splitlines()
+    assert len(verdicts) + len(errors) == len(ALL), (out, err)
+    for name, expected in ALL.items():
+        path = corpus_file(name)
+        shown = f"{folder / name}{'' if path.is_dir() else path.suffix}"
+        refused = expected.flatten.trust or expected.flatten.outcome == "refused"
+        if refused:
+            (line,) = [line for line in errors if f"{shown}:" in line]
+            assert line.startswith("memlayout: error: "), line
+            assert ("--trust" if expected.flatten.trust else expected.flatten.refusal) in line, line
+        else:
+            (line,) = [line for line in verdicts if line.startswith(f"{shown}: ")]
+            assert line.startswith(f"{shown}: {expected.check}"), line
+    counts = {verdict: sum(1 for e in ALL.values()
+                           if ("not checked" if e.flatten.trust or e.flatten.outcome == "refused" else e.check) == verdict)
+              for verdict in ("already flat", "passes", "would change", "not checked")}
+    # The model folders' generation_config.json files are accounted for, as inspect accounts for
+    # them, and fail nothing: a gate over save_pretrained folders passes when their models do.
+    data = sorted(folder.glob("*/generation_config.json"))
+    assert data, "the corpus's save_pretrained folders each hold one"
+    assert out.splitlines()[-1] == (
+        f"{len(ALL)} paths checked at --fail-on warning: {counts['already flat']} already flat, "
+        f"{counts['passes']} pass as written, {counts['would change']} would change, {counts['not checked']} not checked"
+        f"; {len(data)} other files read as data, nothing to flatten: JSON text ({len(data)})"
+    )
 
 
 # --- hints --------------------------------------------------------------------------
@@ -366,12 +431,21 @@ def findings_cell(expected: Expected) -> str:
     return ", ".join(f"{code}{f' x{n}' if n > 1 else ''}" for code, n in sorted(expected.findings.items())) or "none"
 
 
+def check_cell(expected: Expected) -> str:
+    if expected.flatten.outcome == "refused":
+        return "not checked: flatten refuses it"
+    if expected.flatten.trust:
+        return f"{expected.check} with `--trust`; not checked without"
+    return expected.check
+
+
 def test_the_corpus_table_is_the_expectations() -> None:
     rows = table_rows()
     assert set(rows) == set(ALL)
     for name, expected in ALL.items():
-        file_format, tensors, findings, flatten = rows[name][:4]
+        file_format, tensors, findings, flatten, check = rows[name][:5]
         assert file_format == f"`{expected.format}`", name
         assert tensors == str(expected.tensors), name
         assert findings == findings_cell(expected), name
         assert flatten.startswith(expected.flatten.outcome + (" with `--trust`" if expected.flatten.trust and expected.flatten.outcome != "refused" else "")), name
+        assert check == check_cell(expected), name

@@ -47,11 +47,14 @@ def skipped_codes(report: dict[str, Any]) -> list[str]:
 
 
 def comparable(report: dict[str, Any]) -> dict[str, Any]:
-    """The report less what names the place it was read from: the path and the notes."""
+    """The report less what names the place it was read from: the path, the notes, the local walk's data files."""
     out = json.loads(json.dumps(report))
     out["source"].pop("path")
     out["source"]["notes"] = [n for n in out["source"]["notes"] if not n.startswith("read remotely")]
     out.pop("skipped_rules", None)
+    # A local model folder's walk lists its other files that are data (generation_config.json); a
+    # remote model folder is read by its index and config alone.
+    out.pop("data_files", None)
     return out
 
 

@@ -84,7 +84,7 @@ def test_rule_fires_on_its_case_and_not_on_the_clean_twin(
 
 def test_every_rule_of_this_issue_has_a_case() -> None:
     covered = {code for code, *_ in CASES}
-    implemented_here = {code for code in RULES if code not in ("ML601", "ML602", "ML603")}
+    implemented_here = {code for code in RULES if code not in ("ML601", "ML602", "ML603", "ML604")}
     assert implemented_here <= covered
 
 

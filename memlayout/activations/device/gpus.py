@@ -20,7 +20,7 @@ The driver's reservation differs from card to card and from driver to driver
 - "derived": no report found; NVIDIA's figure less the reservation measured on the
   card of the same memory (the H100 PCIe: the H100's 480 MiB).
 
-tests/activations/test_gpus.py checks the measured rows against the recorded figures
+tests/activations/device/test_gpus.py checks the measured rows against the recorded figures
 and, on a machine with a GPU, the present GPU's row against torch.
 
 **Peak rates** are NVIDIA's datasheet figures, dense (no sparsity): float32 on the CUDA
@@ -105,7 +105,7 @@ def gpu_spec(name: str) -> GpuSpec:
     """
     spec = _BY_KEY.get(name.strip().lower())
     if spec is None:
-        raise UsageError(f"unknown --gpu {name!r}", f"use one of {', '.join(sorted(_BY_KEY))}")
+        raise UsageError(f"unknown `gpu` {name!r}", f"use one of {', '.join(sorted(_BY_KEY))}")
     return spec
 
 

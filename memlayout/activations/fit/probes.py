@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from memlayout.activations.analysis import (
@@ -18,33 +18,35 @@ from memlayout.activations.analysis import (
     roofline_text,
     target_gpu,
 )
-from memlayout.activations.budget import Budget, BudgetSpec, card_budget, resolve_budget
+from memlayout.activations.budget import Budget, card_budget, resolve_budget
 from memlayout.activations.generate_summary import summarize_generation
-from memlayout.activations.model.adapt import Adaptation
 from memlayout.activations.model.adapters import parameter_split
 from memlayout.activations.model.input_specs import InputSpec, position_limit
-from memlayout.activations.ranks import analyze_ranks
+from memlayout.activations.ranks import predict_ranks
 from memlayout.activations.ranks.facts import RanksReport
+from memlayout.activations.request.step_request import StepRequest
+from memlayout.activations.request.vocabulary import Pipeline
 from memlayout.activations.search import (
     PlanResult,
     TraceFailure,
     lowest_plan_summary,
     plan_for_budget,
 )
+from memlayout.activations.sizes import BudgetSpec
+from memlayout.activations.step.generate import generation_of
 from memlayout.activations.step.run import torch_dtype
 from memlayout.activations.summary import module_facts, summarize
 from memlayout.errors import (
     BudgetUnreachableError,
     MemlayoutError,
     RanksBudgetUnreachableError,
+    SettingError,
     UsageError,
 )
 
 if TYPE_CHECKING:
     from memlayout.activations.plans.plan import Plan
     from memlayout.activations.ranks.facts import RanksPlan
-    from memlayout.activations.ranks.parallel import ShardingOptions
-    from memlayout.activations.step.generate import Generation
     from memlayout.activations.summary import Summary
 
 KEPT_TRACES = 3
@@ -130,6 +132,8 @@ class Probe:
 
     budget: Budget
     """What each size must fit in, and the figure compared with it."""
+    optimizer: str
+    """The optimizer the step runs: whose state is part of the model's own."""
 
     def plain(self, size: int) -> FitProbe:
         raise NotImplementedError
@@ -158,21 +162,14 @@ class Probe:
 class DeviceProbe(Probe):
     """One device: the model built once (`prepare_step`), each size a trace of the same model."""
 
-    def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *,
-                 budget: BudgetSpec | None, device: str, optimizer: str, autocast: str | None, dtype: str | None,
-                 step_kind: str, trust: bool, main_module: str | None, gpu: str | None = None,
-                 adaptation: Adaptation | None = None, generation: Generation | None = None,
-                 model_class: str | None = None) -> None:
-        self.specs, self.dims = specs, dims
-        self.optimizer, self.autocast, self.dtype, self.step_kind = optimizer, autocast, dtype, step_kind
-        self.generation = generation
+    def __init__(self, request: StepRequest, specs: list[InputSpec], dims: tuple[ScaledDim, ...]) -> None:
+        self.request, self.specs, self.dims = request, specs, dims
+        self.optimizer = request.step_optimizer
+        self.generation = generation_of(request)
         self.step, self.notes, self.target_text, self.kind, self.class_chosen_by = prepare_step(
-            target, specs, kwargs=None, device=device, mode="meta" if device == "meta" else "fake", trust=trust,
-            optimizer=optimizer, autocast=autocast, dtype=dtype, main_module=main_module, gpu=gpu,
-            step_kind=step_kind, model_class=model_class, adaptation=adaptation, generation=generation,
-        )
+            request, inputs=specs, mode="meta" if request.device == "meta" else "fake")
         self.cuda = self.step.device.startswith("cuda")
-        self.budget = self._budget(budget)
+        self.budget = self._budget(request.budget)
         self.size: int | None = None
         self.traced: dict[int, Any] = {}
         """size -> (trace, summary) of the plain step, for the report and the plan search."""
@@ -187,8 +184,8 @@ class DeviceProbe(Probe):
         gpu = target_gpu(self.step)
         if spec is None:
             if not self.cuda or gpu is None:
-                raise UsageError("--fit needs a budget: give --budget SIZE, or --gpu NAME for that GPU's memory",
-                                 "e.g. --gpu h100, or --budget 78GiB")
+                raise SettingError("`fit` needs a budget: give `budget=SIZE`, or `gpu=NAME` for that GPU's memory",
+                                   "e.g. `gpu=h100`, or `budget=78GiB`")
             return card_budget(gpu)
         budget = resolve_budget(spec, cuda=self.cuda, gpu=gpu)
         assert budget is not None
@@ -198,8 +195,8 @@ class DeviceProbe(Probe):
         if self.size == size:
             return
         self.step.make_inputs(specs_at(self.specs, self.dims, size), None)
-        if self.dtype is not None:
-            self.step.cast_inputs(torch_dtype(self.dtype))
+        if self.request.dtype is not None:
+            self.step.cast_inputs(torch_dtype(self.request.dtype))
         self.size = size
 
     def _trace(self, size: int) -> Any:
@@ -280,7 +277,7 @@ class DeviceProbe(Probe):
             target=self.target_text, target_kind=self.kind, model_class=type(step.model).__name__,
             inputs=step.descriptions, device=step.device, mode=step.mode, loss=trace.loss, optimizer=self.optimizer,
             summary=summary, modules=module_facts(trace), plan=None, notes=tuple(self.notes), trace=trace,
-            autocast=self.autocast, dtype=self.dtype, step=self.step_kind,
+            autocast=self.request.autocast, dtype=self.request.dtype, step=self.request.step,
             class_chosen_by=self.class_chosen_by,
             roofline=roofline_text(step),
             parameters=parameter_split(step.model), adapted=step.adapted,
@@ -299,23 +296,24 @@ class DeviceProbe(Probe):
 class RanksProbe(Probe):
     """Ranks: each size predicted by `analyze_ranks` (it builds the sharded model afresh)."""
 
-    def __init__(self, target: Any, specs: list[InputSpec], dims: tuple[ScaledDim, ...], *, sharding: ShardingOptions,
-                 optimizer: str, budget: BudgetSpec | None, device: str, trust: bool, main_module: str | None,
-                 model_class: str | None = None) -> None:
-        if budget is None or budget.bytes is None:
-            raise UsageError("--fit with --world-size needs --budget as a size: each rank's peak is compared with it",
-                             "e.g. --budget 78GiB")
+    def __init__(self, request: StepRequest, specs: list[InputSpec], dims: tuple[ScaledDim, ...]) -> None:
+        assert request.budget is not None and request.budget.bytes is not None  # request/rules.py: a size
         # Each rank's peak of live tensors is compared: the allocator's model is not replayed per rank yet.
-        self.budget = Budget(budget.bytes, f"--budget {budget.describe()}")
-        self.target, self.specs, self.dims = target, specs, dims
-        self.options: dict[str, Any] = {"sharding": sharding, "optimizer": optimizer, "device": device, "trust": trust,
-                        "main_module": main_module, "model_class": model_class}
+        self.budget = Budget(request.budget.bytes, f"--budget {request.budget.describe()}")
+        self.request, self.specs, self.dims = request, specs, dims
+        self.optimizer = request.step_optimizer
         self.reports: dict[int, RanksReport] = {}
         self.plans: dict[int, RanksPlan] = {}
 
+    def _ranks(self, size: int, budget: int | None) -> RanksReport:
+        """The ranks at this size, with a plan for `budget` (None: the plain step)."""
+        inputs = tuple(specs_at(self.specs, self.dims, size))
+        spec = None if budget is None else BudgetSpec(bytes=budget)
+        return predict_ranks(replace(self.request, input=inputs, fit=None, budget=spec, pipeline=Pipeline.RANKS))
+
     def _report(self, size: int) -> RanksReport:
         if size not in self.reports:
-            self.reports[size] = analyze_ranks(self.target, specs_at(self.specs, self.dims, size), **self.options)
+            self.reports[size] = self._ranks(size, None)
         return self.reports[size]
 
     def plain(self, size: int) -> FitProbe:
@@ -333,8 +331,7 @@ class RanksProbe(Probe):
     def planned(self, size: int, prune: bool = False) -> FitProbe:
         del prune  # analyze_ranks runs its whole search, pruning included, at every size
         try:
-            report = analyze_ranks(self.target, specs_at(self.specs, self.dims, size), budget=self.budget.bytes,
-                                   **self.options)
+            report = self._ranks(size, self.budget.bytes)
         except RanksBudgetUnreachableError as exc:
             return FitProbe(size, True, exc.lowest.peak_bytes, False)
         except UsageError as exc:

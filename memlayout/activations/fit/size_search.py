@@ -33,12 +33,12 @@ card as torch reports it; on the CPU the peak of live tensors.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memlayout.activations.analysis import ActivationReport
-from memlayout.activations.budget import BudgetSpec
+from memlayout.activations.fit.bracket import MAX_SIZE, largest_fitting
 from memlayout.activations.fit.probes import (
     DeviceProbe,
     FitProbe,
@@ -47,33 +47,21 @@ from memlayout.activations.fit.probes import (
     ScaledDim,
     TracedFloor,
 )
-from memlayout.activations.model.adapt import Adaptation
-from memlayout.activations.model.adapters import LoraOptions
 from memlayout.activations.model.input_specs import INTEGRAL, InputSpec, parse_input_spec
 from memlayout.activations.ranks.facts import RanksReport
+from memlayout.activations.request.python_call import call_request
+from memlayout.activations.request.step_request import StepRequest
+from memlayout.activations.request.vocabulary import FIT_RULE, Pipeline
 from memlayout.activations.search import PlanResult
-from memlayout.activations.step.run import resolve_step, serving_ranks_refused
-from memlayout.errors import (
-    NothingFitsError,
-    UsageError,
-)
+from memlayout.errors import NothingFitsError, SettingError
 from memlayout.format_bytes import human_bytes
 
 if TYPE_CHECKING:
     from memlayout.activations.ranks.facts import RanksPlan
-    from memlayout.activations.ranks.parallel import ShardingOptions
-    from memlayout.activations.step.generate import Generation
 
-AXES = ("batch", "seq")
 FLOOR_REACH = 16
 """Where `--fit` traces the lowest plan first: this many times the size after the plain answer, far enough that
 the activations, which a plan's floor grows with, outweigh what does not grow (the optimizer's step)."""
-MAX_SIZE = 1 << 24
-"""The search stops growing here: a model whose step fits this many samples or tokens fits more than anyone asks."""
-RULE = (
-    "batch scales dim 0 of every --input with a dimension; seq scales dim 1 of every integer --input with two or "
-    "more (token ids, labels, masks), or with seq:N dim N of every --input that has it"
-)
 
 
 @dataclass(frozen=True)
@@ -129,14 +117,6 @@ class FitReport:
         return self.report.sharding.world_size if isinstance(self.report, RanksReport) else None
 
 
-def parse_axis(text: str) -> tuple[str, int | None]:
-    """`batch`, `seq` or `seq:N` -> (axis, named seq dim or None)."""
-    axis, _, dim = text.partition(":")
-    if axis not in AXES or (dim and (axis != "seq" or not dim.isdigit() or int(dim) < 1)):
-        raise UsageError(f"--fit {text!r} is not batch, seq or seq:N", RULE)
-    return axis, int(dim) if dim else None
-
-
 def scaled_dims(specs: Sequence[InputSpec], axis: str, seq_dim: int | None = None) -> tuple[tuple[ScaledDim, ...], int]:
     """The dimensions the search scales, and their size as given (the rule: see the module's docstring).
 
@@ -151,163 +131,32 @@ def scaled_dims(specs: Sequence[InputSpec], axis: str, seq_dim: int | None = Non
         chosen = [(spec, seq_dim) for spec in specs if len(spec.shape) > seq_dim]
     what = f"seq:{seq_dim}" if axis == "seq" and seq_dim is not None else axis
     if not chosen:
-        raise UsageError(f"--fit {what}: no --input has the dimension it scales", RULE)
+        raise SettingError(f"`fit` {what}: no `input` has the dimension it scales", FIT_RULE)
     sizes = {spec.shape[dim] for spec, dim in chosen}
     if len(sizes) > 1:
         shown = ", ".join(f"{spec.describe()} dim {dim}" for spec, dim in chosen)
-        raise UsageError(f"--fit {what}: the inputs disagree on its size ({shown})",
+        raise SettingError(f"`fit` {what}: the inputs disagree on its size ({shown})",
                          "give every input the same batch (or sequence) size")
     return tuple(ScaledDim(spec.describe(), dim) for spec, dim in chosen), sizes.pop()
 
 
-def largest_fitting(
-    probe: Callable[[int], FitProbe], start: int, *, known_fit: int = 0, anchor: tuple[int, int] | None = None,
-    floor: tuple[int, int] | None = None, budget: int, cap: int = MAX_SIZE,
-) -> int:
-    """The largest n in [1, cap] whose probe fits, or `known_fit` (0: none known) when none above it does.
-
-    A bracketing search: grow from `start` until a probe does not fit, then narrow the
-    bracket. Each next size comes from the straight line through the two probed peaks
-    nearest the budget (`anchor`, a size and peak known without a probe, stands in for
-    the second at first), since a step's peak grows nearly linearly with its batch;
-    once that has twice failed to halve the bracket, the search bisects, so it never
-    takes more probes than plain bisection after growth by doubling would, plus two.
-    An estimated guide (a plan found: see FitProbe.guide) steers only the growth; the
-    probe is assumed to fit at every size below one that fits.
-
-    `floor`, a size and a traced figure there on the line a planned step's lowest figure
-    grows along (the planner's lowest plan, traced far above the answer), draws the first
-    line with the anchor: the first probe is where that line reaches the budget. While
-    every probe fits, the search then checks the size after the line's crossing once,
-    and doubles after that: a planned probe that fits traces no floor, so the line
-    cannot learn from it.
-    """
-    peaks: dict[int, int] = {}
-    """size -> a traced figure (the anchor's is known)."""
-    estimates: dict[int, int] = {}
-    """size -> an estimated one: steers the growth, and only until a size does not fit."""
-    if anchor is not None:
-        peaks[anchor[0]] = anchor[1]
-    low, high = known_fit, None
-    size = min(max(start, known_fit + 1, 1), cap)
-    line = None if floor is None or anchor is None else _reach(anchor, floor, budget)
-    if floor is not None:
-        peaks[floor[0]] = floor[1]
-    if line is not None:
-        size = min(max(line, known_fit + 1, 1), cap)
-    passed = False
-    slow, bisecting = 0, False
-    while True:
-        result = probe(size)
-        # An estimate at or over the budget where a plan was found to fit is contradicted by the trace: the
-        # estimates run ahead of the step.
-        ahead = result.fits and not result.guide_measured and result.guide is not None and result.guide >= budget
-        if result.guide is not None and not ahead:
-            (peaks if result.guide_measured else estimates)[size] = result.guide
-        width = None if high is None else high - low
-        if result.fits:
-            low = size
-        else:
-            high = size
-        if high is not None and high - low <= 1:
-            return low
-        if high is None and low >= cap:
-            return low
-        guess = _crossing(peaks if high is not None else {**estimates, **peaks}, low, high, budget)
-        if high is None:
-            grown = max(2 * low, low + 1)
-            if line is not None:
-                size = min(cap, grown if passed else low + 1)
-                passed = True
-                continue
-            if ahead:  # on the estimates below it the search would crawl (the 1.1B Llama in float32 on an
-                guess = None  # A100 40GB probed 9, 10, ..., 17): double instead
-            size = min(cap, max(low + 1, min(guess, 16 * grown) if guess is not None else grown))
-            continue
-        slow = slow + 1 if width is not None and high - low > width // 2 else 0
-        # Twice the line did not halve the bracket: the peak curves away from it (a peak quadratic in the
-        # sequence), so the search bisects from here on.
-        bisecting = bisecting or slow >= 2
-        if guess is None or bisecting:
-            size = (low + high) // 2
-        else:
-            size = min(max(guess, low + 1), high - 1)
-
-
-def _crossing(peaks: dict[int, int], low: int, high: int | None, budget: int) -> int | None:
-    """The size where the line through the two probed peaks nearest the budget reaches it (rounded down),
-    and one more when that is the size known to fit: the next probe checks it."""
-    below = sorted(n for n in peaks if n <= low)
-    above = sorted(n for n in peaks if high is not None and n >= high)
-    pair = (below[-1], above[0]) if below and above else tuple(below[-2:]) if len(below) >= 2 else None
-    if pair is None:
-        return None
-    (n1, p1), (n2, p2) = ((n, peaks[n]) for n in pair)
-    guess = _reach((n1, p1), (n2, p2), budget)
-    if guess is None:
-        return None
-    return guess + 1 if guess <= low else guess
-
-
-def _reach(first: tuple[int, int], second: tuple[int, int], budget: int) -> int | None:
-    """The size (rounded down) where the line through two (size, figure) points reaches the budget; None where
-    the line does not rise."""
-    (n1, p1), (n2, p2) = first, second
-    if p2 <= p1 or n2 == n1:
-        return None
-    return n1 + (budget - p1) * (n2 - n1) // (p2 - p1)
-
-
-def fit(
-    target: Any,
-    inputs: Sequence[str | InputSpec],
-    *,
-    axis: str = "batch",
-    seq_dim: int | None = None,
-    budget: int | float | BudgetSpec | None = None,
-    gpu: str | None = None,
-    device: str = "cpu",
-    step: str = "train",
-    optimizer: str | None = None,
-    autocast: str | None = None,
-    dtype: str | None = None,
-    sharding: ShardingOptions | None = None,
-    with_plan: bool = True,
-    trust: bool = False,
-    main_module: str | None = None,
-    model_class: str | None = None,
-    generation: Generation | None = None,
-    lora: LoraOptions | int | None = None,
-    quantize: str | None = None,
-) -> FitReport:
+def fit(target: Any, inputs: Sequence[str | InputSpec], *, with_plan: bool = True, **settings: Any) -> FitReport:
     """The largest batch (or longest sequence) whose step's peak fits `budget`, with and without a plan.
 
     Args:
         target: An nn.Module or a TARGET string, as for `analyze`.
-        inputs: `--input` specs (strings or `InputSpec`s) at any size; the scaled dimension is
+        inputs: `input` specs (strings or `InputSpec`s) at any size; the scaled dimension is
             read off them (see the module's docstring) and the size given is where the search starts.
-        axis: batch or seq.
-        seq_dim: With axis seq, the dimension to scale in every input that has it; None: dim 1 of
-            the integer inputs.
-        budget: What each size must fit in: bytes (each rank's peak with `sharding`), or a share of the target
-            GPU's memory (a float in (0, 1]); None: the target GPU's whole memory. On CUDA the reserved peak
-            plus the CUDA runtime is compared with it (budget.py).
-        gpu: The target GPU (a key of device/gpus.py): the step is traced for it, and its memory is the
-            budget when none is given.
-        device: The device the step is for (cpu, cuda or meta); the step is traced on fake tensors.
-        step: train, inference (forward only; then there is no plan to search) or generate (with
-            `generation`: seq is then the longest prompt, batch the most sequences, that generate fits).
-        optimizer: As for `analyze`.
-        autocast: As for `analyze` (not with `sharding`).
-        dtype: As for `analyze` (not with `sharding`).
-        sharding: Predict ranks (FSDP2, tensor parallel): the peak is the largest rank's.
         with_plan: Also search the largest size the budget search's plan fits.
-        trust: Allow unpickling a module file.
-        main_module: With `trust`, the module for a script's `__main__.X` classes.
-        model_class: As for `analyze`.
-        generation: With step generate, its new tokens and cache (step/generate.py).
-        lora: As for `analyze`: peft's LoRA adapters, only they train.
-        quantize: As for `analyze`: the base quantized with bitsandbytes.
+        settings: Any setting of `StepRequest` by name: `fit` (batch, seq or seq:N; or `axis` batch or seq and
+            `seq_dim`, the dimension to scale in every input that has it), `budget` (what each size must fit in:
+            bytes, each rank's peak with `world_size`, or a share of the target GPU's memory; None: the target
+            GPU's whole memory; on CUDA the reserved peak plus the CUDA runtime is compared with it: budget.py),
+            `gpu` (the step is traced for it, and its memory is the budget when none is given), `device`, `step`
+            (train; inference, which has no plan to search; or generate with `new_tokens`: seq is then the
+            longest prompt, batch the most sequences, that generate fits), `optimizer`, `autocast`, `dtype`,
+            `world_size` and the ranks' settings (or `sharding`; the peak is the largest rank's), `trust`,
+            `main_module`, `model_class`, and the adapters', as for `analyze`.
 
     Returns:
         A `FitReport`.
@@ -316,122 +165,142 @@ def fit(
         NothingFitsError: not even a size of 1 fits.
         UsageError: no input has the dimension, the budget is below the weights, or bad arguments.
     """
-    if axis not in AXES:
-        raise UsageError(f"unknown fit axis {axis!r}", RULE)
-    specs = [parse_input_spec(s) if isinstance(s, str) else s for s in inputs]
+    settings.setdefault("fit", None if "axis" in settings or "seq_dim" in settings else "batch")
+    if settings["fit"] is None:
+        del settings["fit"]
+        settings.setdefault("axis", "batch")
+    return predict_fit(call_request(target, inputs, None, Pipeline.FIT, settings), with_plan=with_plan)
+
+
+def predict_fit(request: StepRequest, *, with_plan: bool = True) -> FitReport:
+    """The request's `fit`: the largest size whose step fits its `budget` (see `fit`)."""
+    axis, seq_dim = request.fit_axis
+    specs = [parse_input_spec(s) if isinstance(s, str) else s for s in request.input]
     if not specs or not all(isinstance(s, InputSpec) for s in specs):
-        raise UsageError("--fit scales the inputs' sizes, so it needs them as --input specs",
-                         "give each input as --input DTYPE[SHAPE], e.g. --input 'int64[1,4096]<32000'")
+        raise SettingError("`fit` scales the inputs' sizes, so it needs them as `input` specs",
+                           "give each input as `input` DTYPE[SHAPE], e.g. `input='int64[1,4096]<32000'`")
     dims, given = scaled_dims(specs, axis, seq_dim)
-    if isinstance(budget, int):
-        budget = BudgetSpec(bytes=budget)
-    elif isinstance(budget, float):
-        budget = BudgetSpec(fraction=budget)
-    optimizer = resolve_step(step, optimizer, None)
-    if (step == "generate") != (generation is not None):
-        raise UsageError("--step generate and its --new-tokens go together", "e.g. --step generate --new-tokens 256")
-    inference = step != "train"
-    adaptation = Adaptation(lora=LoraOptions(lora) if isinstance(lora, int) else lora, quantize=quantize)
-    if sharding is not None:
-        if not adaptation.empty:
-            raise UsageError(f"{'--quantize' if quantize else '--lora'} is not traced with --world-size yet")
-        if inference:
-            raise serving_ranks_refused(step)
-        if autocast or dtype:
-            raise UsageError(f"{'--autocast' if autocast else '--dtype'} is not traced with --world-size yet")
-        probe: Probe = RanksProbe(target, specs, dims, sharding=sharding, optimizer=optimizer, budget=budget,
-                                    device=device, trust=trust, main_module=main_module, model_class=model_class)
-    else:
-        probe = DeviceProbe(target, specs, dims, budget=budget, device=device, optimizer=optimizer,
-                             autocast=autocast, dtype=dtype, step_kind=step, trust=trust, main_module=main_module,
-                             gpu=gpu, adaptation=adaptation, generation=generation, model_class=model_class)
-    limit_bytes = probe.budget.bytes
-    cap, limit = MAX_SIZE, None
+    probe: Probe = RanksProbe(request, specs, dims) if request.world_size is not None \
+        else DeviceProbe(request, specs, dims)
+    search = SizeSearch(probe, axis, _search_cap(probe, axis))
+    # Remedies name only what the command did not already do: a bf16 run is not told to use bf16.
+    half_precision = request.dtype in ("bf16", "fp16")
+    search.check_state(given, half_precision)
+    size = search.plain_answer(given)
+    without = search.answer(size, search.plain.get(size), search.plain.get(size + 1))
+    # Taken now: the planned search traces other sizes, and a probe keeps only its latest traces.
+    report = probe.report_at(max(size, 1))
+    with_answer = search.planned_answer(size) if with_plan and request.step == "train" else None
+    if without.size == 0 and (with_answer is None or with_answer.size == 0):
+        lowest = [p.judged_bytes for p in search.probes if p.size == 1 and p.judged_bytes is not None]
+        raise NothingFitsError(axis, probe.budget.bytes, min(lowest) if lowest else None,
+                               half_precision=half_precision, ranks=request.world_size is not None)
+    return FitReport(
+        axis=axis, dims=dims, given_size=given, budget_bytes=probe.budget.bytes, budget_from=probe.budget.said,
+        compared=probe.budget.describe_figure(), without_plan=without, with_plan=with_answer,
+        probes=tuple(search.probes), limit=search.limit if without.size == search.cap else None, report=report,
+        floor=search.floor,
+    )
+
+
+def _search_cap(probe: Probe, axis: str) -> tuple[int, str | None]:
+    """The largest size the search may reach, and why it stops there (None: MAX_SIZE, no bound of the model's)."""
     if axis == "seq":
         positions = probe.position_limit()
         if positions is not None:
-            cap, limit = positions[1], f"the model's {positions[0]} ({positions[1]})"
-    probes: list[FitProbe] = []
-    plain: dict[int, FitProbe] = {}
-    planned: dict[int, FitProbe] = {}
+            return positions[1], f"the model's {positions[0]} ({positions[1]})"
+    return MAX_SIZE, None
 
-    def probe_plain(size: int) -> FitProbe:
-        if size not in plain:
-            plain[size] = probe.plain(size)
-            probes.append(plain[size])
-        return plain[size]
 
-    # Remedies name only what the command did not already do: a bf16 run is not told to use bf16.
-    half_precision = dtype in ("bf16", "fp16")
-    first = probe.plain(given)  # a failure at the size given is the inputs' fault: it propagates
-    plain[given] = first
-    probes.append(first)
-    # The model's own state at size 0, and on CUDA the runtime beside it: the line's anchor.
-    weights = probe.state_bytes() + (probe.budget.runtime_bytes or 0)
-    if weights >= limit_bytes:
-        runtime = " and the CUDA runtime beside it" if probe.budget.runtime_bytes else ""
-        raise UsageError(
-            f"the budget {human_bytes(limit_bytes)} ({limit_bytes} bytes) is below the model's own state{runtime}, "
-            f"{human_bytes(weights)} ({weights} bytes: parameters, buffers"
-            f"{', optimizer state' if optimizer != 'none' else ''}): no {axis} fits",
-            "raise --budget" if half_precision else "raise --budget, or use lower precision (--dtype bf16)",
-        )
-    size = largest_fitting(probe_plain, given, anchor=(0, weights), budget=limit_bytes, cap=cap)
-    without = _answer(size, plain.get(size), plain.get(size + 1), cap, limit)
-    # Taken now: the planned search traces other sizes, and a probe keeps only its latest traces.
-    report = probe.report_at(max(size, 1))
-    with_answer, floor = None, None
-    if with_plan and not inference:
-        def probe_planned(n: int) -> FitProbe:
-            if n not in planned:
-                planned[n] = probe.planned(n)
-                probes.append(planned[n])
-            return planned[n]
+class SizeSearch:
+    """`--fit`'s two searches over one probe: the plain step's sizes, then, above its answer, the budget search's.
 
-        # Above the plain answer only: every size up to it fits with the empty plan, which is what the budget
-        # search returns there. A plan leaves the model's state as it is, so the state at size 0 anchors the
-        # line with the plan as it does without.
-        # The lowest plan's figure grows nearly in a line from the state at 0 once the activations outweigh the
-        # optimizer's step (Llama-7B at 4,096 tokens on an H100: 72.0 GB at batch 2 and 6, the optimizer's peak;
-        # 88.0 GB at 13 and 174.6 GB at 37, within 0.1 GB of the line). Traced once far above the plain answer,
-        # it aims the first budget search near the answer, rather than a search at every size on the way.
-        # Where nothing fits without a plan, a size of 1 decides whether anything does with one before a floor is
-        # worth tracing (a 1.1B Llama at 2,048 tokens in 16 GiB of CPU: the floor at 16 aimed the search at 3, 15
-        # traces and 34.0 s for an answer of 0 that batch 1 gives in 4 traces and 11.8 s).
-        known = 1 if size == 0 and probe_planned(1).fits else size
-        far = min(cap, FLOOR_REACH * (known + 1))
-        floor = probe.floor(far) if known and far > known + 1 else None
+    Each size is probed once per kind (`plain`, `planned`), and every probe is kept in the order it ran
+    (`probes`), for the report.
+    """
+
+    def __init__(self, probe: Probe, axis: str, cap: tuple[int, str | None]) -> None:
+        self.probe, self.axis = probe, axis
+        self.cap, self.limit = cap
+        self.plain: dict[int, FitProbe] = {}
+        self.planned: dict[int, FitProbe] = {}
+        self.probes: list[FitProbe] = []
+        self.floor: TracedFloor | None = None
+        """The lowest plan traced far above the plain answer to aim the planned search; None where none was."""
+        self.state_bytes = 0
+        """The model's own state at size 0, and on CUDA the runtime beside it: the lines' anchor."""
+
+    def probe_plain(self, size: int) -> FitProbe:
+        if size not in self.plain:
+            self.plain[size] = self.probe.plain(size)
+            self.probes.append(self.plain[size])
+        return self.plain[size]
+
+    def probe_planned(self, size: int) -> FitProbe:
+        if size not in self.planned:
+            self.planned[size] = self.probe.planned(size)
+            self.probes.append(self.planned[size])
+        return self.planned[size]
+
+    def check_state(self, given: int, half_precision: bool) -> None:
+        """Probe the size given (a failure there is the inputs' fault: it propagates), and refuse a budget below
+        the model's own state, at which no size fits."""
+        self.probe_plain(given)
+        budget = self.probe.budget
+        self.state_bytes = self.probe.state_bytes() + (budget.runtime_bytes or 0)
+        if self.state_bytes >= budget.bytes:
+            runtime = " and the CUDA runtime beside it" if budget.runtime_bytes else ""
+            raise SettingError(
+                f"the budget {human_bytes(budget.bytes)} ({budget.bytes} bytes) is below the model's own "
+                f"state{runtime}, {human_bytes(self.state_bytes)} ({self.state_bytes} bytes: parameters, buffers"
+                f"{', optimizer state' if self.probe.optimizer != 'none' else ''}): no {self.axis} fits",
+                "raise `budget`" if half_precision else "raise `budget`, or use lower precision (`dtype=bf16`)",
+            )
+
+    def plain_answer(self, given: int) -> int:
+        """The largest size whose plain step fits (0: not even 1)."""
+        return largest_fitting(self.probe_plain, given, anchor=(0, self.state_bytes), budget=self.probe.budget.bytes,
+                               cap=self.cap)
+
+    def planned_answer(self, plain: int) -> FitAnswer:
+        """The largest size the budget search finds a plan for, searched above the plain answer `plain` only:
+        every size up to it fits with the empty plan, which is what the budget search returns there.
+
+        A plan leaves the model's state as it is, so the state at size 0 anchors the line with the plan as it
+        does without. The lowest plan's figure grows nearly in a line from the state at 0 once the activations
+        outweigh the optimizer's step (Llama-7B at 4,096 tokens on an H100: 72.0 GB at batch 2 and 6, the
+        optimizer's peak; 88.0 GB at 13 and 174.6 GB at 37, within 0.1 GB of the line). Traced once far above the
+        plain answer, it aims the first budget search near the answer, rather than a search at every size on the
+        way. Where nothing fits without a plan, a size of 1 decides whether anything does with one before a floor
+        is worth tracing (a 1.1B Llama at 2,048 tokens in 16 GiB of CPU: the floor at 16 aimed the search at 3,
+        15 traces and 34.0 s for an answer of 0 that batch 1 gives in 4 traces and 11.8 s).
+        """
+        known = 1 if plain == 0 and self.probe_planned(1).fits else plain
+        far = min(self.cap, FLOOR_REACH * (known + 1))
+        self.floor = self.probe.floor(far) if known and far > known + 1 else None
         best = 0 if not known else largest_fitting(
-            probe_planned, known + 1, known_fit=known, anchor=(0, weights),
-            floor=None if floor is None else (floor.size, floor.compared_bytes), budget=limit_bytes, cap=cap)
-        plan = probe.plan_at(best) if best else None
-        at = planned.get(best) or plain.get(best)
-        with_answer = dataclasses.replace(_answer(best, at, planned.get(best + 1), cap, limit), plan=plan)
-        if isinstance(plan, PlanResult) and best in planned:  # the probe's plan, pruned: its own peak
-            with_answer = dataclasses.replace(with_answer, peak_bytes=plan.peak_bytes,
-                                              compared_bytes=plan.compared_bytes)
-    if without.size == 0 and (with_answer is None or with_answer.size == 0):
-        lowest = [p.judged_bytes for p in probes if p.size == 1 and p.judged_bytes is not None]
-        raise NothingFitsError(axis, limit_bytes, min(lowest) if lowest else None,
-                               half_precision=half_precision, ranks=sharding is not None)
-    return FitReport(
-        axis=axis, dims=dims, given_size=given, budget_bytes=limit_bytes, budget_from=probe.budget.said,
-        compared=probe.budget.describe_figure(), without_plan=without, with_plan=with_answer, probes=tuple(probes),
-        limit=limit if without.size == cap else None, report=report, floor=floor,
-    )
+            self.probe_planned, known + 1, known_fit=known, anchor=(0, self.state_bytes),
+            floor=None if self.floor is None else (self.floor.size, self.floor.compared_bytes),
+            budget=self.probe.budget.bytes, cap=self.cap)
+        plan = self.probe.plan_at(best) if best else None
+        at = self.planned.get(best) or self.plain.get(best)
+        answer = dataclasses.replace(self.answer(best, at, self.planned.get(best + 1)), plan=plan)
+        if isinstance(plan, PlanResult) and best in self.planned:  # the probe's plan, pruned: its own peak
+            answer = dataclasses.replace(answer, peak_bytes=plan.peak_bytes, compared_bytes=plan.compared_bytes)
+        return answer
 
-
-def _answer(size: int, at: FitProbe | None, after: FitProbe | None, cap: int, limit: str | None) -> FitAnswer:
-    failure = after.failure if after is not None else None
-    if after is None and size >= cap:
-        failure = f"the search stops at {cap}: {limit}" if limit else f"the search stops at {cap}"
-    return FitAnswer(
-        size=size,
-        peak_bytes=at.peak_bytes if at is not None and size else None,
-        next_peak_bytes=after.peak_bytes if after is not None else None,
-        next_failure=failure,
-        compared_bytes=at.compared_bytes if at is not None and size else None,
-        next_compared_bytes=after.compared_bytes if after is not None else None,
-        next_checks=after.checks if after is not None else 0,
-        next_cut_short=after.cut_short if after is not None else None,
-    )
+    def answer(self, size: int, at: FitProbe | None, after: FitProbe | None) -> FitAnswer:
+        """The answer `size`, with what its probe and the probe of the size after it found."""
+        failure = after.failure if after is not None else None
+        if after is None and size >= self.cap:
+            failure = f"the search stops at {self.cap}: {self.limit}" if self.limit else f"the search stops at {self.cap}"
+        return FitAnswer(
+            size=size,
+            peak_bytes=at.peak_bytes if at is not None and size else None,
+            next_peak_bytes=after.peak_bytes if after is not None else None,
+            next_failure=failure,
+            compared_bytes=at.compared_bytes if at is not None and size else None,
+            next_compared_bytes=after.compared_bytes if after is not None else None,
+            next_checks=after.checks if after is not None else 0,
+            next_cut_short=after.cut_short if after is not None else None,
+        )

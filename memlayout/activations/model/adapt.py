@@ -17,6 +17,7 @@ from typing import Any
 
 from memlayout.activations.model.adapters import AppliedLora, LoraOptions, apply_lora
 from memlayout.activations.model.quantize import Quantized, quantize_model
+from memlayout.activations.request.step_request import StepRequest
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,15 @@ class Adaptation:
     @property
     def empty(self) -> bool:
         return self.lora is None and self.quantize is None
+
+
+def adaptation_of(request: StepRequest) -> Adaptation:
+    """What a request's `quantize`, `lora`, `lora_targets`, `lora_dropout` and `dora` ask for (empty: neither)."""
+    lora = None
+    if request.lora is not None or request.dora:
+        lora = LoraOptions(rank=request.lora, targets=request.lora_targets, dropout=request.lora_dropout,
+                           dora=request.dora)
+    return Adaptation(lora=lora, quantize=request.quantize)
 
 
 @dataclass(frozen=True)

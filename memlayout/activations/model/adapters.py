@@ -98,14 +98,14 @@ def apply_lora(model: Any, options: LoraOptions, context: Callable[[], AbstractC
     given: dict[str, Any] = {}
     if options.rank is not None:
         if options.rank < 1:
-            raise UsageError(f"--lora {options.rank}: the rank is the adapters' inner size, at least 1",
-                             "e.g. --lora 16")
+            raise UsageError(f"`lora` {options.rank}: the rank is the adapters' inner size, at least 1",
+                             "e.g. `lora` 16")
         given["r"] = options.rank
     if options.targets is not None:
         given["target_modules"] = ALL_LINEAR if options.targets == (ALL_LINEAR,) else list(options.targets)
     if options.dropout is not None:
         if not 0 <= options.dropout < 1:
-            raise UsageError(f"--lora-dropout {options.dropout} is not a probability below 1", "e.g. --lora-dropout 0.05")
+            raise UsageError(f"`lora_dropout` {options.dropout} is not a probability below 1", "e.g. `lora_dropout` 0.05")
         given["lora_dropout"] = options.dropout
     if options.dora:
         given["use_dora"] = True
@@ -136,9 +136,9 @@ def _refusal(model: Any, exc: ValueError, options: LoraOptions) -> UsageError:
     if options.targets is None:
         what = f"model type {model_type!r}" if model_type else f"a {type(model).__name__} (not a transformers model)"
         return UsageError(f"peft has no default LoRA target modules for {what}",
-                          f"give --lora-targets NAME,..., e.g. --lora-targets {example}, or --lora-targets {ALL_LINEAR}")
-    return UsageError(f"peft could not apply LoRA to --lora-targets {','.join(options.targets)}: {text}",
-                      f"name layers the model has, e.g. --lora-targets {example}, or --lora-targets {ALL_LINEAR}")
+                          f"give `lora_targets` NAME,..., e.g. `lora_targets` {example}, or `lora_targets` {ALL_LINEAR}")
+    return UsageError(f"peft could not apply LoRA to `lora_targets` {','.join(options.targets)}: {text}",
+                      f"name layers the model has, e.g. `lora_targets` {example}, or `lora_targets` {ALL_LINEAR}")
 
 
 def linear_layer_names(model: Any) -> list[str]:

@@ -32,6 +32,7 @@ from typing import Any
 from memlayout import _torch
 from memlayout.activations.model.parameter_class import moved_parameter
 from memlayout.activations.model.target import ModelSource, TargetKind, checked_model, model_source
+from memlayout.activations.request.step_request import ModelTarget
 from memlayout.errors import MemlayoutError, UsageError
 
 _GLOSS = {
@@ -206,32 +207,27 @@ def parameters_moved_on_registration(mover: TensorMover) -> Iterator[None]:
 
 
 def build_model(
-    target: str,
+    model_target: ModelTarget,
     *,
-    trust: bool,
-    main_module: str | None = None,
     context: Callable[[], AbstractContextManager[Any]],
     world: str,
     device: str,
     adopt: Callable[[Any], Any],
-    model_class: str | None = None,
 ) -> Built:
     """Build TARGET's model in the step's tensor world.
 
     Args:
-        target: The TARGET string.
-        trust: Allow unpickling.
-        main_module: The module that defines what a script's pickle names `__main__.X`.
+        model_target: The TARGET string, and how to build it (trust, the main module, the transformers class).
         context: Enters the world (fake mode, default device).
         world: "fake", "meta" or "real".
         device: The step's device.
         adopt: Copies a model built elsewhere into the world.
-        model_class: `--model-class`: the transformers class a config builds (model/hf_class.py).
 
     Raises:
         UsageError: building failed; a value read names the op and the line.
     """
-    source = model_source(target, trust=trust, main_module=main_module, model_class=model_class)
+    target = model_target.target
+    source = model_source(model_target)
     chosen_by = source.class_chosen_by
     if source.prebuilt:
         return Built(adopt(checked_model(source.build(), target)), source.kind, (), chosen_by)
@@ -245,6 +241,20 @@ def build_model(
         if world == "real" or not source.values_free:
             raise _failed(source, exc) from exc
         first = exc
+    model = _built_on_meta_parameters(source, target, first, world=world, device=device, context=context)
+    first_read = value_read(first)
+    cause = first_read.describe() if first_read is not None else f"{_text(first)} at {where(first)}"
+    note = (
+        f"the model was built with real tensors and meta parameters (each made meta as it was registered, so its "
+        f"initialisers ran on no memory), then made {world}: on {world} tensors alone, building needs {cause}"
+    )
+    return Built(model, source.kind, (note,), chosen_by)
+
+
+def _built_on_meta_parameters(source: ModelSource, target: str, first: Exception, *, world: str, device: str,
+                              context: Callable[[], AbstractContextManager[Any]]) -> Any:
+    """The second way to build: real tensors, each parameter made meta as it is registered, then the whole model
+    moved into the step's world; for a model whose building failed in that world (`first`)."""
     first_read = value_read(first)
     try:
         with parameters_moved_on_registration(TensorMover("meta", "meta", nullcontext)):
@@ -267,12 +277,7 @@ def build_model(
                 HINT,
             ) from exc
         raise _failed(source, exc) from exc
-    cause = first_read.describe() if first_read is not None else f"{_text(first)} at {where(first)}"
-    note = (
-        f"the model was built with real tensors and meta parameters (each made meta as it was registered, so its "
-        f"initialisers ran on no memory), then made {world}: on {world} tensors alone, building needs {cause}"
-    )
-    return Built(model, source.kind, (note,), chosen_by)
+    return model
 
 
 def _failed(source: ModelSource, exc: BaseException) -> UsageError:

@@ -100,17 +100,17 @@ def choose_class(config: Any, requested: str | None, config_name: str) -> Chosen
         if requested in AUTO_MAPPINGS:
             found = _mapped(config, requested)
             if found is None:
-                raise UsageError(f"--model-class {requested}: transformers has no {requested} class for model type "
+                raise UsageError(f"`model_class` {requested}: transformers has no {requested} class for model type "
                                  f"{model_type}", f"pick one of {', '.join(_available(config))}")
             return ChosenClass(found, f"--model-class {requested}")
         cls = getattr(transformers, requested, None)
         if not isinstance(cls, type) or not hasattr(cls, "_from_config"):
-            raise UsageError(f"--model-class {requested}: transformers has no model class of that name",
+            raise UsageError(f"`model_class` {requested}: transformers has no model class of that name",
                              f"for model type {model_type}, pick one of {', '.join(_available(config))}")
         expected = getattr(cls, "config_class", None)
         if isinstance(expected, type) and not isinstance(config, expected):
             raise UsageError(
-                f"--model-class {requested} is built from a {expected.__name__}, and {config_name} is a "
+                f"`model_class` {requested} is built from a {expected.__name__}, and {config_name} is a "
                 f"{type(config).__name__} (model type {model_type})",
                 f"pick one of {', '.join(_available(config))}",
             )
@@ -128,7 +128,7 @@ def choose_class(config: Any, requested: str | None, config_name: str) -> Chosen
             return ChosenClass(found, f"{config_name} names no architectures: {what} for model type {model_type} "
                                       f"({head}); --model-class NAME builds another")
     raise UsageError(f"transformers has no model class for model type {model_type}",
-                     "give --model-class NAME, or pkg.module:build")
+                     "give `model_class` NAME, or pkg.module:build")
 
 
 def _mapped(config: Any, auto_name: str) -> Any:

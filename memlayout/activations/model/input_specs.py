@@ -64,20 +64,20 @@ def parse_input_spec(text: str) -> InputSpec:
     """
     match = _SPEC.match(text)
     if not match:
-        raise UsageError(f"--input {text!r} is not an input spec", HINT)
+        raise UsageError(f"`input` {text!r} is not an input spec", HINT)
     dtype = match.group("dtype")
     if dtype not in FLOATING + INTEGRAL:
-        raise UsageError(f"--input {text!r}: unknown dtype {dtype!r}", f"use one of {', '.join(FLOATING + INTEGRAL)}")
+        raise UsageError(f"`input` {text!r}: unknown dtype {dtype!r}", f"use one of {', '.join(FLOATING + INTEGRAL)}")
     shape_text = match.group("shape").strip()
     try:
         shape = tuple(int(part) for part in shape_text.split(",")) if shape_text else ()
     except ValueError:
-        raise UsageError(f"--input {text!r}: the shape is not a list of integers", HINT) from None
+        raise UsageError(f"`input` {text!r}: the shape is not a list of integers", HINT) from None
     high = int(match.group("high")) if match.group("high") is not None else None
     if high is not None and dtype not in INTEGRAL:
-        raise UsageError(f"--input {text!r}: a bound (<{high}) only applies to integer inputs", HINT)
+        raise UsageError(f"`input` {text!r}: a bound (<{high}) only applies to integer inputs", HINT)
     if high is not None and high < 1:
-        raise UsageError(f"--input {text!r}: the bound must be at least 1", HINT)
+        raise UsageError(f"`input` {text!r}: the bound must be at least 1", HINT)
     return InputSpec(name=match.group("name"), dtype=dtype, shape=shape, high=high)
 
 

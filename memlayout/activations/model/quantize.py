@@ -30,9 +30,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from memlayout.errors import UsageError
-
-METHODS = ("nf4", "fp4", "int8")
+from memlayout.activations.request.vocabulary import QUANTIZE_METHODS
+from memlayout.errors import SettingError, UsageError
 
 LIBRARY_OPS_WITH_SCRATCH = (
     "bitsandbytes.gemm_4bit.default",
@@ -67,7 +66,7 @@ def require_bitsandbytes() -> Any:
     try:
         import bitsandbytes
     except ImportError:
-        raise UsageError("--quantize builds the base with bitsandbytes' layers, and bitsandbytes is not installed",
+        raise UsageError("`quantize` builds the base with bitsandbytes' layers, and bitsandbytes is not installed",
                          INSTALL) from None
     return bitsandbytes
 
@@ -96,8 +95,8 @@ def quantize_model(model: Any, method: str, *, world: str, device: str,
     Raises:
         UsageError: an unknown method, a model that is not a transformers model, or bitsandbytes missing.
     """
-    if method not in METHODS:
-        raise UsageError(f"unknown --quantize {method!r}", f"use {', '.join(METHODS)}")
+    if method not in QUANTIZE_METHODS:
+        raise SettingError(f"unknown `quantize` {method!r}", f"use {', '.join(QUANTIZE_METHODS)}")
     bnb = require_bitsandbytes()
     import torch
     import transformers
@@ -106,9 +105,9 @@ def quantize_model(model: Any, method: str, *, world: str, device: str,
 
     if not isinstance(model, transformers.PreTrainedModel):
         raise UsageError(
-            f"--quantize quantizes as transformers' BitsAndBytesConfig does, which needs a transformers model, and "
+            f"`quantize` quantizes as transformers' BitsAndBytesConfig does, which needs a transformers model, and "
             f"this target built a {type(model).__name__}",
-            "build the model with bitsandbytes' layers in your factory and leave --quantize out",
+            "build the model with bitsandbytes' layers in your factory and leave `quantize` out",
         )
     quantizer = AutoHfQuantizer.from_config(bitsandbytes_config(method), pre_quantized=False)
     originals = {path: (module.weight, module.bias) for path, module in model.named_modules()

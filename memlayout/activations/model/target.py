@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memlayout.activations.model.hf_class import ChosenClass, choose_class
+from memlayout.activations.request.step_request import ModelTarget
 from memlayout.errors import (
     CorruptCheckpointError,
     MemlayoutError,
+    SettingError,
     SourceNotFoundError,
     UnrecognizedFormatError,
     UnsafeContentError,
@@ -111,28 +113,27 @@ class ModelSource:
     """Why the model is of the class it is, as reports say it (see hf_class.py for a config)."""
 
 
-def model_source(
-    target: str, *, trust: bool, main_module: str | None = None, model_class: str | None = None
-) -> ModelSource:
+def model_source(model: ModelTarget) -> ModelSource:
     """Check TARGET and say how its model is built: the spec is imported, the config read, trust checked.
 
-    `main_module` is the module that defines the classes a pickled module's file
+    `model.main_module` is the module that defines the classes a pickled module's file
     names as `__main__.X` (it was saved from a script); only with `trust`.
-    `model_class` (`--model-class`) is the transformers class a config builds,
-    instead of the one hf_class.py's rule chooses; only for a config.
+    `model.model_class` is the transformers class a config builds, instead of the one
+    hf_class.py's rule chooses; only for a config.
 
     Raises:
         SourceNotFoundError, UsageError, UnsafeContentError: one line for the CLI.
     """
     import torch
 
+    target, trust, main_module = model.target, model.trust, model.main_module
     kind = classify(target)
     if main_module is not None and kind.kind != "pickled-module":
-        raise UsageError(f"--main-module applies to a pickled module file, and {target} is none",
-                         "drop --main-module")
-    if model_class is not None and kind.kind != "hf-config":
-        raise UsageError(f"--model-class chooses the class a Hugging Face config builds, and {target} is none",
-                         "drop --model-class; the factory or the file decides the class")
+        raise SettingError(f"`main_module` applies to a pickled module file, and {target} is none",
+                           "drop `main_module`")
+    if model.model_class is not None and kind.kind != "hf-config":
+        raise SettingError(f"`model_class` chooses the class a Hugging Face config builds, and {target} is none",
+                           "drop `model_class`; the factory or the file decides the class")
     if kind.kind == "import-spec":
         from memlayout.load.import_spec import spec_object
 
@@ -146,9 +147,9 @@ def model_source(
     if kind.kind == "hf-config":
         config_path = kind.path or target
         if not os.path.exists(config_path):
-            chosen, config = _remote_hf_class(config_path, trust=trust, model_class=model_class)
+            chosen, config = _remote_hf_class(config_path, model)
         else:
-            chosen, config = _hf_class(config_path, trust=trust, model_class=model_class)
+            chosen, config = _hf_class(config_path, model)
         name = getattr(chosen.cls, "__name__", "the model")
         return ModelSource(kind, f"building {name} from {config_path}", lambda: _build_hf(chosen.cls, config, trust),
                            values_free=True, class_chosen_by=chosen.chosen_by)
@@ -156,10 +157,10 @@ def model_source(
     from_main = classes_from_main(_check_pickled_module(target))
     _refuse_untrusted_pickle(target, trust, from_main)
     if from_main and main_module is None:
-        raise UsageError(
+        raise SettingError(
             f"{target} was saved from a script: its pickle looks up {_listed(from_main)} in __main__, "
             "and memlayout is not that script",
-            f"pass --main-module MODULE, the module on PYTHONPATH that defines {_listed(from_main)}",
+            f"pass `main_module=MODULE`, the module on PYTHONPATH that defines {_listed(from_main)}",
         )
     return ModelSource(kind, f"unpickling {target}", lambda: _load_pickled_module(target, main_module),
                        values_free=False, class_chosen_by=f"pickled in {target}")
@@ -201,12 +202,12 @@ def _check_needs_no_arguments(spec: str, factory: Callable[..., Any]) -> None:
         )
 
 
-def _hf_class(config_path: str, *, trust: bool, model_class: str | None = None,
-              shown_as: str | None = None) -> tuple[ChosenClass, Any]:
-    """The transformers class the config builds (hf_class.py's rule) and the config.
+def _hf_class(config_path: str, model: ModelTarget, shown_as: str | None = None) -> tuple[ChosenClass, Any]:
+    """The transformers class the config builds (hf_class.py's rule, or `model.model_class`) and the config.
 
     `shown_as` names the config in messages, where `config_path` is a local copy of a remote one.
     """
+    trust = model.trust
     try:
         import transformers
     except ImportError:
@@ -228,10 +229,10 @@ def _hf_class(config_path: str, *, trust: bool, model_class: str | None = None,
         config = transformers.AutoConfig.from_pretrained(config_path, trust_remote_code=trust)
     except Exception as exc:
         raise UsageError(f"transformers cannot read {config_path}: {exc}") from None
-    return choose_class(config, model_class, os.path.basename(shown_as or config_path)), config
+    return choose_class(config, model.model_class, os.path.basename(shown_as or config_path)), config
 
 
-def _remote_hf_class(target: str, *, trust: bool, model_class: str | None = None) -> tuple[ChosenClass, Any]:
+def _remote_hf_class(target: str, model: ModelTarget) -> tuple[ChosenClass, Any]:
     """`_hf_class` of a remote config.json, fetched alone into a temporary folder."""
     import tempfile
 
@@ -239,11 +240,11 @@ def _remote_hf_class(target: str, *, trust: bool, model_class: str | None = None
 
     location = remote_location(target)
     assert location is not None  # classify said so
-    if trust:
-        # --trust would let transformers run the repository's own code (auto_map): never for a URL.
-        raise UsageError(
-            f"--trust does not reach remote files: {target} is read as configuration only",
-            "download the repository, read its code, and pass --trust on the local copy",
+    if model.trust:
+        # `trust` would let transformers run the repository's own code (auto_map): never for a URL.
+        raise SettingError(
+            f"`trust` does not reach remote files: {target} is read as configuration only",
+            "download the repository, read its code, and pass `trust=True` on the local copy",
         )
     url, text = fetch_remote_config(location, RemoteOptions())
     with tempfile.TemporaryDirectory(prefix="memlayout-config-") as folder:
@@ -251,7 +252,7 @@ def _remote_hf_class(target: str, *, trust: bool, model_class: str | None = None
         with open(path, "wb") as handle:
             handle.write(text)
         try:
-            return _hf_class(path, trust=False, model_class=model_class, shown_as=url)
+            return _hf_class(path, model._replace(trust=False), shown_as=url)
         except (UsageError, UnsafeContentError) as exc:
             raise type(exc)(exc.message.replace(path, url), exc.hint) from None
 
@@ -311,7 +312,7 @@ def _check_pickled_module(path: str) -> list[PickleGlobal]:
         "a state dict or checkpoint: weights without the model's code"
     raise UsageError(
         f"{path} is a {MODULE_PICKLES[found]} whose top object is no nn.Module ({held})",
-        f"{GIVE_INSTEAD}; --trust would not help, since torch.load returns no model from it",
+        f"{GIVE_INSTEAD}; `trust` would not help, since torch.load returns no model from it",
     )
 
 
@@ -322,11 +323,11 @@ def _listed(names: list[str]) -> str:
 def _refuse_untrusted_pickle(path: str, trust: bool, from_main: list[str]) -> None:
     if not trust:
         # Saved from a script, the file needs both options: say so at once.
-        main = f" --main-module MODULE (the module on PYTHONPATH that defines {_listed(from_main)})" \
+        main = f" `main_module=MODULE` (the module on PYTHONPATH that defines {_listed(from_main)})" \
             if from_main else ""
         raise UnsafeContentError(
             f"{path} would have to be unpickled to build the model, which runs code from the file",
-            f"pass --trust{main} only if you trust whoever wrote it, or give pkg.module:build",
+            f"pass `trust=True`{main} only if you trust whoever wrote it, or give pkg.module:build",
         )
 
 

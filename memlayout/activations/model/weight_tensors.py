@@ -30,8 +30,9 @@ from typing import Any, NamedTuple
 from memlayout import _torch
 from memlayout.activations.model.build import build_model
 from memlayout.activations.model.target import CONFIG, classify
+from memlayout.activations.request.step_request import StepRequest
 from memlayout.dtypes import DTYPES
-from memlayout.errors import UsageError
+from memlayout.errors import SettingError, UsageError
 from memlayout.load import load_path
 from memlayout.load.hf_ties import is_config_tie
 from memlayout.load.records import TensorKind
@@ -101,29 +102,28 @@ def reads_headers(target: str) -> bool:
     return not (path.endswith("/") or (path.endswith(".json") and not path.endswith(".index.json")))
 
 
-def weight_source(
-    target: Any, *, trust: bool = False, main_module: str | None = None, model_class: str | None = None,
-    remote: RemoteOptions | None = None,
-) -> WeightSource:
-    """The distinct tensors of TARGET's model (an nn.Module, or a TARGET string), read as the module says.
+def weight_source(request: StepRequest) -> WeightSource:
+    """The distinct tensors of the request's TARGET (an nn.Module, or a TARGET string), read as the module says;
+    a remote checkpoint as `timeout` and `download` say.
 
     Raises:
         UsageError, SourceNotFoundError, UnsafeContentError, RemoteReadError, ...: one line for the CLI.
     """
     import torch
 
+    target = request.target
     if isinstance(target, torch.nn.Module):
         return WeightSource(module_tensors(target), "module", BUILT, None, target, type(target).__name__,
                             "the module given")
     target = str(target)
     if reads_headers(target):
-        if model_class is not None:
-            raise UsageError(f"--model-class chooses the class a config builds, and {target} is a checkpoint",
-                             "drop --model-class, or give the model's config.json")
-        return header_tensors(target, remote or RemoteOptions())
+        if request.model_class is not None:
+            raise SettingError(f"`model_class` chooses the class a config builds, and {target} is a checkpoint",
+                               "drop `model_class`, or give the model's config.json")
+        return header_tensors(target, RemoteOptions(timeout_s=request.timeout, download=request.download))
     classify(target)  # refuses what builds no model, in one line
-    built = build_model(target, trust=trust, main_module=main_module, context=lambda: torch.device("meta"),
-                        world="meta", device="meta", adopt=lambda model: model, model_class=model_class)
+    built = build_model(request.model_target, context=lambda: torch.device("meta"), world="meta", device="meta",
+                        adopt=lambda model: model)
     return WeightSource(module_tensors(built.model), built.kind.kind, BUILT, None, built.model,
                         type(built.model).__name__, built.class_chosen_by, built.notes)
 
@@ -139,7 +139,7 @@ def module_tensors(model: Any) -> tuple[WeightTensor, ...]:
         for name, tensor in named:
             if isinstance(tensor, (UninitializedParameter, UninitializedBuffer)):
                 raise UsageError(f"{name} is a lazy module's parameter, whose shape its first forward decides",
-                                 "give --input, so that the step runs the forward")
+                                 "give `input`, so that the step runs the forward")
             key = (_torch.storage_id(tensor.untyped_storage()), tensor.storage_offset(), tuple(tensor.shape),
                    tuple(tensor.stride()))
             if key in seen:

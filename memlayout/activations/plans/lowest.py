@@ -8,7 +8,7 @@ not the peak alone: in a two-block GPT-2 the peak sits in the second block while
 first is planned, so a move in the first block leaves the peak where it was, and a
 walk that asks each move to lower the peak stops at a whole block checkpointed
 (3.59 MB estimated), where moves inside both blocks reach 3.20 MB, the lowest of all
-the plans (tests/activations/test_planner.py checks it against brute force). Each
+the plans (tests/activations/plans/test_planner.py checks it against brute force). Each
 round scores every move from each plan kept at once, and keeps `LOWEST_BEAM` plans.
 """
 

@@ -267,7 +267,7 @@ class Planner:
         together: in a stack of residual blocks, checkpointing one block moves the
         peak to its rerun, where one more block alone gains nothing, yet checkpointing
         every block lowers the peak further (measured: 39.6 MiB for one block, 37.6 MiB
-        for all eight, tests/activations/test_plan.py). These plans are traced too before a budget is called
+        for all eight, tests/activations/plans/test_plan.py). These plans are traced too before a budget is called
         unreachable, less, with `budget`, those estimated at over COVER_SKIP times it: every figure compared
         with a budget is at least the live peak, and no estimate has run that far over it."""
         singles = [row for row, option in enumerate(self.options) if option.segments is None and option.span is None]

@@ -21,7 +21,7 @@ and the C++ Reducer, torch/csrc/distributed/c10d/reducer.cpp):
   does by default, backward makes a new one every step).
 - gloo reduces a CPU bucket in place (ProcessGroupGloo hands it the bucket's own memory as
   input and output): nothing goes through torch's allocator, and real ranks' allocator
-  events show no allreduce temporaries (tests/activations/test_ddp_real.py).
+  events show no allreduce temporaries (tests/activations/ranks/test_ddp_real.py).
 - With buffers (BatchNorm's statistics), each forward first broadcasts them from rank 0
   (`broadcast_buffers`, on by default): `_broadcast_coalesced` flattens them into one
   temporary and copies them back.
@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from memlayout import _torch
-from memlayout.errors import UsageError
 
 MIB = 1 << 20
 
@@ -56,15 +55,6 @@ class DdpOptions:
     """`bucket_cap_mb`: the size buckets close at, in MiB; None for DDP's default (25 MiB, the first 1 MiB)."""
     gradient_as_bucket_view: bool = False
     """`gradient_as_bucket_view`: each `.grad` is a view of its bucket instead of a tensor of its own."""
-
-    def check(self, *, fsdp: bool, tp: int) -> None:
-        """Raises UsageError for a bucket cap DDP cannot use, or for sharding asked for beside DDP."""
-        if self.bucket_cap_mb is not None and not self.bucket_cap_mb > 0:
-            raise UsageError(f"--bucket-cap-mb {self.bucket_cap_mb:g} is not a bucket size",
-                             "give a size in MiB above 0, e.g. 25 (DDP's default) or 0.5")
-        if fsdp or tp > 1:
-            raise UsageError(f"--ddp replicates the model on every rank, and {'--fsdp' if fsdp else '--tp'} shards it",
-                             "give --ddp alone, or --fsdp (with --tp K)")
 
     def arguments(self) -> str:
         """The keyword arguments to DistributedDataParallel that differ from its defaults, as Python."""

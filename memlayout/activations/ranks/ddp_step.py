@@ -16,7 +16,6 @@ every rank.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from memlayout import _torch
@@ -25,6 +24,7 @@ from memlayout.activations.ranks.ddp import BucketRecorder, DdpLayout, run_ddp_c
 from memlayout.activations.ranks.facts import RankPeak
 from memlayout.activations.ranks.parallel import Sharding
 from memlayout.activations.ranks.rank_step import _torch_quieted, fake_world, local_shard_bytes
+from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.step.optimizer import build_optimizer, state_dtype
 from memlayout.activations.step.run import run_step
 from memlayout.activations.summary import PeakAt, summarize
@@ -54,30 +54,14 @@ class DdpTrace(NamedTuple):
     """Why the model is of its class (analysis.prepare_step's last value)."""
 
 
-def trace_ddp_rank(
-    target: Any,
-    inputs: Any,
-    kwargs: Mapping[str, Any] | None,
-    sharding: Sharding,
-    *,
-    optimizer: str,
-    device: str,
-    trust: bool,
-    main_module: str | None,
-    autocast: str | None,
-    dtype: str | None,
-    model_class: str | None = None,
-) -> DdpTrace:
+def trace_ddp_rank(request: StepRequest, sharding: Sharding) -> DdpTrace:
     """Trace the steady-state step of rank 0 of `sharding.world_size` under DDP (`sharding.ddp`), its plan applied."""
     warned: list[str] = []
     with fake_world(sharding.world_size, 0), _torch_quieted(warned):
         # The optimizer's state comes from the first untraced step below, which has to run backward for DDP.
-        step, notes, target_text, kind, chosen_by = prepare_step(
-            target, inputs, kwargs=kwargs, device=device, mode="fake", trust=trust, optimizer="none",
-            autocast=autocast, dtype=dtype, main_module=main_module, model_class=model_class,
-        )
+        step, notes, target_text, kind, chosen_by = prepare_step(request, mode="fake", optimizer="none")
         with step.context():
-            step.optimizer = build_optimizer(step.model, optimizer, device=step.device)
+            step.optimizer = build_optimizer(step.model, request.step_optimizer, device=step.device)
         model_class = type(step.model).__name__
         recorder = BucketRecorder()
         try:

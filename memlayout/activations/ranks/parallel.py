@@ -22,7 +22,8 @@ from typing import Any
 
 from memlayout.activations.ranks.ddp import DdpOptions, ddp_code
 from memlayout.activations.ranks.module_lists import python_list
-from memlayout.activations.ranks.serving_options import check_serving
+from memlayout.activations.request.step_request import StepRequest
+from memlayout.activations.request.vocabulary import PRECISIONS
 from memlayout.errors import UsageError
 
 COLWISE = "colwise"
@@ -47,12 +48,12 @@ ROW_NAMES = frozenset({
 # One projection computing q, k and v together: a column-wise split of it would give each
 # rank a slice across q, k and v instead of whole heads of each, so it is left whole.
 FUSED_NAMES = frozenset({"c_attn", "qkv_proj", "query_key_value", "Wqkv", "qkv", "in_proj"})
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
 class ShardingOptions:
-    """What the user asked for on the command line."""
+    """How the ranks are asked to be sharded: a request's `world_size` and the settings of its ranks
+    (`sharding_options`), checked there (request/rules.py)."""
 
     world_size: int
     fsdp: bool = True
@@ -72,34 +73,25 @@ class ShardingOptions:
     serving: str | None = None
     """`--step inference` or `generate`: the ranks serve, one tensor-parallel group, no FSDP2 or DDP; None: training."""
 
-    def check(self) -> None:
-        """Raises UsageError for options that cannot go together."""
-        if self.world_size < 1:
-            raise UsageError(f"--world-size {self.world_size} is not a number of ranks", "give 1 or more")
-        if self.serving is not None:
-            check_serving(self)
-        elif self.ddp is not None:
-            self.ddp.check(fsdp=self.fsdp, tp=self.tp)
-        elif not self.fsdp:
-            raise UsageError(
-                "--world-size needs --fsdp or --ddp: FSDP2 and DistributedDataParallel are what memlayout predicts",
-                "add --fsdp (and --tp K for tensor parallel inside it), or --ddp",
-            )
-        if self.tp < 1:
-            raise UsageError(f"--tp {self.tp} is not a tensor-parallel degree", "give 2 or more, or leave --tp out")
-        if self.world_size % self.tp:
-            raise UsageError(
-                f"--tp {self.tp} does not divide --world-size {self.world_size}",
-                "the ranks form a (data parallel x tensor parallel) grid: pick a world size that is a multiple of --tp",
-            )
-        for name, value in (("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype),
-                            ("--dtype", self.model_dtype)):
-            if value is not None and value not in DTYPES:
-                raise UsageError(f"{name} {value!r} is not a dtype FSDP2 computes in", f"use one of {', '.join(DTYPES)}")
-
     @property
     def data_parallel(self) -> int:
         return self.world_size // self.tp
+
+
+def sharding_options(request: StepRequest) -> ShardingOptions:
+    """The sharding a request's settings ask for: FSDP2 (and tensor parallel), DDP, or serving ranks."""
+    assert request.world_size is not None
+    return ShardingOptions(
+        world_size=request.world_size, fsdp=request.fsdp, fsdp_modules=request.fsdp_modules,
+        reshard_after_forward=not request.no_reshard_after_forward, param_dtype=_torch_name(request.param_dtype),
+        reduce_dtype=_torch_name(request.reduce_dtype), tp=request.tp, model_dtype=_torch_name(request.dtype),
+        ddp=DdpOptions(request.bucket_cap_mb, request.gradient_as_bucket_view) if request.ddp else None,
+        serving=request.step if request.serving else None,
+    )
+
+
+def _torch_name(dtype: str | None) -> str | None:
+    return None if dtype is None else PRECISIONS[dtype]
 
 
 @dataclass(frozen=True)
@@ -198,7 +190,7 @@ def fsdp_targets(model: Any, patterns: Sequence[str]) -> tuple[str, ...]:
         ]
         if not matched:
             raise UsageError(
-                f"--fsdp-modules {pattern!r} matches no module of {type(model).__name__}",
+                f"`fsdp_modules` {pattern!r} matches no module of {type(model).__name__}",
                 "give a dotted path where * stands for one name (model.layers.*) or a class name (LlamaDecoderLayer)",
             )
         found.update(dict.fromkeys(matched))
@@ -250,16 +242,16 @@ def tensor_parallel_plan(model: Any, tp: int) -> tuple[tuple[TensorParallelStyle
             if dimension % tp:
                 kind = "output" if style == COLWISE else "input"
                 raise UsageError(
-                    f"--tp {tp} does not divide {full}'s {dimension} {kind} features, which the {style} plan shards",
-                    f"pick a --tp that divides {dimension}",
+                    f"`tp` {tp} does not divide {full}'s {dimension} {kind} features, which the {style} plan shards",
+                    f"pick a `tp` that divides {dimension}",
                 )
             plan.append(TensorParallelStyle(full, style))
     if not plan:
         why = f" ({'; '.join(near_misses[:2])})" if near_misses else ""
         raise UsageError(
-            f"--tp found no attention or MLP projections to shard in {type(model).__name__}{why}",
+            f"`tp` found no attention or MLP projections to shard in {type(model).__name__}{why}",
             "tensor parallel needs nn.Linear projections named like q_proj/k_proj/v_proj/o_proj, "
-            "gate_proj/up_proj/down_proj, wq/wk/wv/wo, w1/w2/w3 or fc1/fc2; leave --tp out for FSDP alone",
+            "gate_proj/up_proj/down_proj, wq/wk/wv/wo, w1/w2/w3 or fc1/fc2; leave `tp` out for FSDP alone",
         )
     _check_heads(model, tp)
     return tuple(plan), tuple(f"tensor parallel leaves {miss}: that block is computed whole on every rank"
@@ -273,8 +265,8 @@ def _check_heads(model: Any, tp: int) -> None:
         heads = getattr(config, name, None)
         if isinstance(heads, int) and heads % tp:
             raise UsageError(
-                f"--tp {tp} does not divide the model's {heads} attention heads (config.{name})",
-                f"pick a --tp that divides {heads}",
+                f"`tp` {tp} does not divide the model's {heads} attention heads (config.{name})",
+                f"pick a `tp` that divides {heads}",
             )
 
 
@@ -282,9 +274,8 @@ def resolve_sharding(model: Any, options: ShardingOptions) -> Sharding:
     """The sharding of `options` for this model (built on the meta device; nothing is run).
 
     Raises:
-        UsageError: the options do not fit the model.
+        UsageError: the options do not fit the model (the request checked them alone: request/rules.py).
     """
-    options.check()
     config = getattr(model, "config", None)
     hf_cache = config is not None and hasattr(config, "use_cache")
     if options.serving is not None:

@@ -49,7 +49,7 @@ def plan_ranks(
     single_device: Callable[[], Any],
     model: Any,
     allow_offload: bool,
-) -> tuple[RanksPlan, tuple[str, ...]]:
+) -> RanksPlan:
     """The cheapest plan found under which every traced rank's peak is within `budget`.
 
     Args:
@@ -61,133 +61,155 @@ def plan_ranks(
         allow_offload: Whether CPU offload may be used.
 
     Returns:
-        The plan, and notes about moves that were not tried.
+        The plan, traced on the ranks.
 
     Raises:
         RanksBudgetUnreachableError: nothing tried fits; it carries the lowest plan.
     """
     if budget < 0:
         raise UsageError(f"the budget {budget} is negative")
-    baseline = report.sharding
-    measured: dict[Sharding, tuple[RankPeak, ...]] = {baseline: report.ranks}
-    notes: list[str] = []
+    search = RanksPlanSearch(report, budget, measure)
+    if search.largest(report.sharding) <= budget:
+        return search.result(report.sharding, None)
+    resharded = search.fewest_resharded()
+    if isinstance(resharded, Sharding) and search.largest(resharded) <= budget:
+        return search.result(resharded, None)
+    base = resharded if resharded is not None else report.sharding
+    search.start_checkpointing(single_device(), model)
+    found = search.checkpointed(base)
+    if found is not None:
+        return found
+    tried = "every block resharded after forward and " if resharded is not None else ""
+    tried += "the planner's checkpoint plans"
+    # 3. CPU offload, when allowed and when it can free anything: on the CPU it frees nothing, and is not tried.
+    if allow_offload and report.device.startswith("cuda"):
+        offloaded = base.with_changes(offload=True)
+        if search.largest(offloaded) <= budget:
+            return search.result(offloaded, None)
+        found = search.checkpointed(offloaded)
+        if found is not None:
+            return found
+        tried += ", with and without CPU offload"
+    raise RanksBudgetUnreachableError(budget, search.lowest(base), tried)
 
-    def largest(sharding: Sharding) -> int:
-        if sharding not in measured:
-            measured[sharding] = measure(sharding)
-        return max(r.peak_bytes for r in measured[sharding])
 
-    excluded: dict[str, str] = {}
+class RanksPlanSearch:
+    """The moves tried on the ranks, each sharding traced once (`largest`), and what the plan found says of itself."""
 
-    def result(sharding: Sharding, estimate: int | None, found_pitfalls: tuple[str, ...] = (), flops: int = 0) -> RanksPlan:
+    def __init__(self, report: RanksReport, budget: int, measure: Measure) -> None:
+        self.report, self.budget, self.measure = report, budget, measure
+        self.baseline = report.sharding
+        self.measured: dict[Sharding, tuple[RankPeak, ...]] = {self.baseline: report.ranks}
+        self.excluded: dict[str, str] = {}
+        self.options: list[tuple[Sharding, int | None, int]] = []
+        """Every checkpoint plan traced: (sharding, the planner's estimate, recompute FLOPs), for the lowest."""
+        self.planner: Planner | None = None
+        self.single: Any = None
+        self.model: Any = None
+
+    def largest(self, sharding: Sharding) -> int:
+        """The largest rank's peak under `sharding`, traced once."""
+        if sharding not in self.measured:
+            self.measured[sharding] = self.measure(sharding)
+        return max(r.peak_bytes for r in self.measured[sharding])
+
+    def result(self, sharding: Sharding, estimate: int | None, flops: int = 0) -> RanksPlan:
+        baseline = self.baseline
         resharded = tuple(
             path for path, on in sharding.resharded().items() if path and on and not baseline.resharded()[path]
         )
+        found_pitfalls = self._pitfalls(sharding) if self.planner is not None and estimate is not None else ()
         return RanksPlan(
-            budget_bytes=budget, sharding=sharding, resharded=resharded, offload=sharding.offload and not baseline.offload,
-            ranks=measured[sharding], estimated_peak_bytes=estimate, recompute_flops=flops, checks=len(measured) - 1,
-            pitfalls=found_pitfalls, excluded=tuple(excluded.items()),
+            budget_bytes=self.budget, sharding=sharding, resharded=resharded,
+            offload=sharding.offload and not baseline.offload, ranks=self.measured[sharding],
+            estimated_peak_bytes=estimate, recompute_flops=flops, checks=len(self.measured) - 1,
+            pitfalls=found_pitfalls, excluded=tuple(self.excluded.items()),
         )
 
-    if largest(baseline) <= budget:
-        return result(baseline, None), ()
+    def fewest_resharded(self) -> Sharding | None:
+        """1. Reshard after forward: as few modules as fit, the first used in forward first; where resharding every
+        held module does not fit either, that sharding (the base of the next moves); None where none is held."""
+        held = [path for path, on in self.baseline.resharded().items() if path and not on]
+        if not held:
+            return None
+        every = self._resharding(held, len(held))
+        if self.largest(every) > self.budget:
+            return every
+        low, high = 0, len(held)  # resharding `high` modules fits; `low` does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.largest(self._resharding(held, middle)) <= self.budget:
+                high = middle
+            else:
+                low = middle
+        return self._resharding(held, high)
 
-    # 1. Reshard after forward: as few modules as fit, the first used in forward first.
-    held = [path for path, on in baseline.resharded().items() if path and not on]
-    base = baseline
-    if held:
-        def resharding(count: int) -> Sharding:
-            chosen = set(held[:count])
-            return baseline.with_changes(reshard_after_forward=tuple(
-                on or path in chosen for path, on in baseline.resharded().items()
-            ))
+    def _resharding(self, held: list[str], count: int) -> Sharding:
+        chosen = set(held[:count])
+        return self.baseline.with_changes(reshard_after_forward=tuple(
+            on or path in chosen for path, on in self.baseline.resharded().items()
+        ))
 
-        every = resharding(len(held))
-        if largest(every) <= budget:
-            low, high = 0, len(held)  # resharding `high` modules fits; `low` does not
-            while high - low > 1:
-                middle = (low + high) // 2
-                if largest(resharding(middle)) <= budget:
-                    high = middle
-                else:
-                    low = middle
-            return result(resharding(high), None), ()
-        base = every
+    def start_checkpointing(self, single: Any, model: Any) -> None:
+        """2. Activation checkpointing, from the single-device planner on one rank's step (`single`)."""
+        self.single, self.model = single, model
+        # Modules the single-device step shows cannot be checkpointed (they change state, or write into their inputs).
+        self.excluded.update(exclusions(single.modules, single.trace, None))
+        # A rank's plan is applied by the sharding code it prints (Sharding), which names modules and
+        # checkpoint_sequential's splits: runs of children on their own are left out.
+        self.planner = Planner(single.trace, self.excluded, segments=False)
 
-    # 2. Activation checkpointing, from the single-device planner.
-    single = single_device()
-    # Modules the single-device step shows cannot be checkpointed (they change state, or write into their inputs).
-    excluded.update(exclusions(single.modules, single.trace, None))
-    # A rank's plan is applied by the sharding code it prints (Sharding), which names modules and
-    # checkpoint_sequential's splits: runs of children on their own are left out.
-    planner = Planner(single.trace, excluded, segments=False)
-    options: list[tuple[Sharding, int | None, int]] = []
-
-    def checkpointed(on: Sharding, chosen: list[int]) -> Sharding:
-        plan = planner.plan_of(chosen)
+    def _with_plan(self, on: Sharding, chosen: list[int]) -> Sharding:
+        assert self.planner is not None
+        plan = self.planner.plan_of(chosen)
         return on.with_changes(
             checkpoint=plan.checkpoint, sequential=tuple((s.module, s.segments) for s in plan.sequential)
         )
 
-    def search(on: Sharding) -> tuple[Sharding, int, int] | None:
+    def checkpointed(self, on: Sharding) -> RanksPlan | None:
         """The cheapest checkpoint plan on top of `on` that fits, traced; None when none was found."""
-        shift = largest(on) - planner.baseline_peak
+        planner, budget = self.planner, self.budget
+        assert planner is not None
+        shift = self.largest(on) - planner.baseline_peak
         tried: dict[Sharding, list[int]] = {}
         target = budget - shift
         for _ in range(MAX_CHECKS):
             chosen = planner.search(target)
             if chosen is None:
                 break
-            candidate = checkpointed(on, chosen)
+            candidate = self._with_plan(on, chosen)
             tried[candidate] = chosen
-            peak = largest(candidate)
+            peak = self.largest(candidate)
             if peak <= budget:
-                return candidate, planner.estimate(chosen) + shift, planner.recompute_flops(chosen)
+                return self.result(candidate, planner.estimate(chosen) + shift, planner.recompute_flops(chosen))
             target -= max(peak - budget, 1)
         for chosen in (planner.lowest(), *planner.covers()):
-            candidate = checkpointed(on, chosen)
+            candidate = self._with_plan(on, chosen)
             tried.setdefault(candidate, chosen)
-            largest(candidate)
-        fitting = [s for s in tried if largest(s) <= budget]
+            self.largest(candidate)
+        fitting = [s for s in tried if self.largest(s) <= budget]
         for candidate in tried:
-            options.append((candidate, planner.estimate(tried[candidate]) + shift, planner.recompute_flops(tried[candidate])))
+            self.options.append((candidate, planner.estimate(tried[candidate]) + shift,
+                                 planner.recompute_flops(tried[candidate])))
         if not fitting:
             return None
-        best = min(fitting, key=lambda s: (planner.recompute_flops(tried[s]), largest(s)))
+        best = min(fitting, key=lambda s: (planner.recompute_flops(tried[s]), self.largest(s)))
         chosen = tried[best]
         for row in sorted(chosen, key=lambda r: (-planner.options[r].flops, -r))[:PRUNE_CHECKS]:
             trial = [r for r in chosen if r != row]
             if not trial:
                 continue
-            candidate = checkpointed(on, trial)
-            if largest(candidate) <= budget:
+            candidate = self._with_plan(on, trial)
+            if self.largest(candidate) <= budget:
                 best, chosen = candidate, trial
-        return best, planner.estimate(chosen) + shift, planner.recompute_flops(chosen)
+        return self.result(best, planner.estimate(chosen) + shift, planner.recompute_flops(chosen))
 
-    def with_pitfalls(sharding: Sharding) -> tuple[str, ...]:
+    def _pitfalls(self, sharding: Sharding) -> tuple[str, ...]:
         plan = Plan(sharding.checkpoint, tuple(SequentialSegments(m, s) for m, s in sharding.sequential))
         # The sharding code passes use_reentrant=False itself, so the pitfall about it is moot here.
-        return tuple(p for p in pitfalls(plan, single.modules, model) if "use_reentrant" not in p)
+        return tuple(p for p in pitfalls(plan, self.single.modules, self.model) if "use_reentrant" not in p)
 
-    found = search(base)
-    if found is not None:
-        return result(found[0], found[1], with_pitfalls(found[0]), found[2]), tuple(notes)
-    tried = "every block resharded after forward and " if held else ""
-    tried += "the planner's checkpoint plans"
-
-    # 3. CPU offload, when allowed and when it can free anything.
-    if allow_offload and report.device.startswith("cuda"):
-        offloaded = base.with_changes(offload=True)
-        if largest(offloaded) <= budget:
-            return result(offloaded, None), tuple(notes)
-        found = search(offloaded)
-        if found is not None:
-            return result(found[0], found[1], with_pitfalls(found[0]), found[2]), tuple(notes)
-        tried += ", with and without CPU offload"
-    elif allow_offload:
-        notes.append(
-            f"--allow-offload: the step runs on {report.device}, where offloading to the CPU frees nothing, so it "
-            "was not tried"
-        )
-    lowest, estimate, flops = min(options or [(base, None, 0)], key=lambda item: largest(item[0]))
-    raise RanksBudgetUnreachableError(budget, result(lowest, estimate, with_pitfalls(lowest), flops), tried)
+    def lowest(self, base: Sharding) -> RanksPlan:
+        """The lowest plan traced, for the error that says none fits."""
+        lowest, estimate, flops = min(self.options or [(base, None, 0)], key=lambda item: self.largest(item[0]))
+        return self.result(lowest, estimate, flops)

@@ -246,7 +246,7 @@ def sharded_step(build: Callable[[], Any], sharding: Sharding, step_inputs: Step
         step.cast_inputs(getattr(torch, sharding.model_dtype))  # as `analyze` feeds a model cast by --dtype
     if not step.args and not step.kwargs:
         raise UsageError("no inputs to run the step with",
-                         "give --input SPEC (one rank's batch) or --inputs pkg.mod:make_inputs")
+                         "give `input` SPEC (one rank's batch) or `inputs` pkg.mod:make_inputs")
     return step
 
 

@@ -14,7 +14,7 @@ candidate and catching the errors; each caught error's traceback keeps the forwa
 activations, alive until Python's cyclic collector runs. A real rank's peak then depends on when the collector runs:
 on a 4-layer Llama-style model over 2 gloo ranks, 9,714,176 B with the collector off against 3,766,784 B on torch
 2.14.1, where no error is left behind and the prediction is 4 B from the real rank
-(tests/activations/test_tp_serving.py).
+(tests/activations/ranks/test_tp_serving.py).
 """
 
 from __future__ import annotations

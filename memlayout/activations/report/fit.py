@@ -84,49 +84,12 @@ def render_fit_table(report: FitReport, *, width: int = 120) -> str:
     def field(name: str, text: str) -> None:
         lines.append(textwrap.fill(text, width=width, initial_indent=f"  {name:<12}", subsequent_indent=" " * 14))
 
-    def shown(peak: int | None, compared: int | None) -> str:
-        if peak is None:
-            return ""
-        text = f"peak {human_bytes(peak)}"
-        return text if compared is None or compared == peak else f"{text}, compared {human_bytes(compared)}"
-
-    def after(a: FitAnswer, planned: bool) -> str:
-        if a.next_failure:
-            return f"; {axis} {a.size + 1}: {a.next_failure}"
-        if a.next_peak_bytes is None:
-            return ""
-        figures = shown(a.next_peak_bytes, a.next_compared_bytes)
-        if not planned:
-            return f"; {axis} {a.size + 1} would {figures.replace('peak ', 'peak at ', 1)}"
-        tried = f"; {a.next_cut_short}" if a.next_cut_short else ""
-        return (f"; at {axis} {a.size + 1} the budget search finds no plan ({a.next_checks} plans traced{tried}; "
-                f"the lowest: {figures})")
-
     generation = getattr(report.report, "generation", None)
     if generation is not None:
         scaled = "the prompt's length, before the new tokens" if axis == "seq" else "the number of sequences"
         field("step", f"generate, {generation.new_tokens} new tokens, {generation.cache} cache: {axis} is {scaled}")
-    w = report.without_plan
-    figures = shown(w.peak_bytes, w.compared_bytes)
-    field("no plan", f"{axis} {w.size}{', ' + figures if figures else ''}{after(w, False)}")
-    p = report.with_plan
-    if p is None:
-        field("with plan", "none: a forward-only step has no backward to checkpoint" if getattr(report.report, "step", "train") != "generate"
-              else "none: generate has no backward to checkpoint")
-    else:
-        figures = shown(p.peak_bytes, p.compared_bytes)
-        field("with plan", f"{axis} {p.size}{', ' + figures if figures else ''}{after(p, True)}")
-        empty = p.plan is None or (p.plan.plan.empty if isinstance(p.plan, PlanResult) else p.plan.empty)
-        if p.plan is not None and not empty:
-            checkpoint = list(p.plan.plan.checkpoint) if isinstance(p.plan, PlanResult) else list(
-                p.plan.sharding.checkpoint)
-            if isinstance(p.plan, PlanResult):
-                checkpoint += [f"{s.module or 'the model'} in {s.segments} segments" for s in p.plan.plan.sequential]
-                checkpoint += [f"{s.module or 'the model'} children {s.first}-{s.last}" for s in p.plan.plan.segments]
-            field("checkpoint", ", ".join(checkpoint) or "(see --format json)")
-            seconds = (f"{seconds_text(p.plan.recompute_seconds)}, " if isinstance(p.plan, PlanResult) else "")
-            field("recompute", f"{seconds}{p.plan.recompute_flops:.3g} FLOP at {axis} {p.size}; --format json has "
-                               f"the plan, and --budget at that {axis} finds it")
+    for name, text in _answer_fields(report):
+        field(name, text)
     plain = sum(1 for probe in report.probes if not probe.with_plan)
     # A size through the budget search traces the plain step there and each plan the search tries.
     aimed = "" if report.floor is None else (
@@ -139,3 +102,52 @@ def render_fit_table(report: FitReport, *, width: int = 120) -> str:
     for note in report.report.notes:
         field("note", note)
     return "\n".join(lines) + "\n"
+
+
+def _answer_fields(report: FitReport) -> list[tuple[str, str]]:
+    """(field, text) for the answer without a plan, the one with, and the plan."""
+    axis = report.axis
+    w = report.without_plan
+    figures = _shown(w.peak_bytes, w.compared_bytes)
+    fields = [("no plan", f"{axis} {w.size}{', ' + figures if figures else ''}{_after(w, axis, False)}")]
+    p = report.with_plan
+    if p is None:
+        fields.append(("with plan", "none: a forward-only step has no backward to checkpoint"
+                       if getattr(report.report, "step", "train") != "generate"
+                       else "none: generate has no backward to checkpoint"))
+        return fields
+    figures = _shown(p.peak_bytes, p.compared_bytes)
+    fields.append(("with plan", f"{axis} {p.size}{', ' + figures if figures else ''}{_after(p, axis, True)}"))
+    empty = p.plan is None or (p.plan.plan.empty if isinstance(p.plan, PlanResult) else p.plan.empty)
+    if p.plan is not None and not empty:
+        checkpoint = list(p.plan.plan.checkpoint) if isinstance(p.plan, PlanResult) else list(
+            p.plan.sharding.checkpoint)
+        if isinstance(p.plan, PlanResult):
+            checkpoint += [f"{s.module or 'the model'} in {s.segments} segments" for s in p.plan.plan.sequential]
+            checkpoint += [f"{s.module or 'the model'} children {s.first}-{s.last}" for s in p.plan.plan.segments]
+        fields.append(("checkpoint", ", ".join(checkpoint) or "(see --format json)"))
+        seconds = (f"{seconds_text(p.plan.recompute_seconds)}, " if isinstance(p.plan, PlanResult) else "")
+        fields.append(("recompute", f"{seconds}{p.plan.recompute_flops:.3g} FLOP at {axis} {p.size}; --format json "
+                                    f"has the plan, and --budget at that {axis} finds it"))
+    return fields
+
+
+def _shown(peak: int | None, compared: int | None) -> str:
+    if peak is None:
+        return ""
+    text = f"peak {human_bytes(peak)}"
+    return text if compared is None or compared == peak else f"{text}, compared {human_bytes(compared)}"
+
+
+def _after(a: FitAnswer, axis: str, planned: bool) -> str:
+    """What the size after the answer did: the step failed, it would peak over, or the search found no plan."""
+    if a.next_failure:
+        return f"; {axis} {a.size + 1}: {a.next_failure}"
+    if a.next_peak_bytes is None:
+        return ""
+    figures = _shown(a.next_peak_bytes, a.next_compared_bytes)
+    if not planned:
+        return f"; {axis} {a.size + 1} would {figures.replace('peak ', 'peak at ', 1)}"
+    tried = f"; {a.next_cut_short}" if a.next_cut_short else ""
+    return (f"; at {axis} {a.size + 1} the budget search finds no plan ({a.next_checks} plans traced{tried}; "
+            f"the lowest: {figures})")

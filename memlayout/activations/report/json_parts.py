@@ -13,30 +13,31 @@ from memlayout.version import __version__
 
 if TYPE_CHECKING:
     from memlayout.activations.analysis import ActivationReport
+    from memlayout.activations.ranks.facts import RanksReport
     from memlayout.activations.search import PlanResult
 
 SCHEMA_VERSION = 1
 
 
-def head(*, target: str | None, kind: str, model_class: str, inputs: tuple[str, ...], device: str, mode: str,
-         loss: str, optimizer: str, class_chosen_by: str) -> dict[str, Any]:
-    """The keys before `summary`: what was traced, and how."""
+def head(report: ActivationReport | RanksReport) -> dict[str, Any]:
+    """The keys before `summary`: what was traced, and how (ranks are traced on fake tensors)."""
     return {
         "schema": SCHEMA_VERSION,
         "report": "activations",
         "tool": {"name": "memlayout", "version": __version__},
-        "target": {"spec": target, "kind": kind, "class": model_class, "class_chosen_by": class_chosen_by},
-        "inputs": list(inputs),
-        "device": device,
-        "mode": mode,
-        "loss": loss,
-        "optimizer": optimizer,
+        "target": {"spec": report.target, "kind": report.target_kind, "class": report.model_class,
+                   "class_chosen_by": report.class_chosen_by},
+        "inputs": list(report.inputs),
+        "device": report.device,
+        "mode": getattr(report, "mode", "fake"),
+        "loss": report.loss,
+        "optimizer": report.optimizer,
     }
 
 
-def model_text(model_class: str, chosen_by: str) -> str:
+def model_text(class_name: str, chosen_by: str) -> str:
     """The class built and why, as the tables say it: "T5ForConditionalGeneration (architectures in config.json)"."""
-    return f"{model_class} ({chosen_by})" if chosen_by else model_class
+    return f"{class_name} ({chosen_by})" if chosen_by else class_name
 
 
 def summary_dict(s: Summary) -> dict[str, Any]:

@@ -33,9 +33,7 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
     s = report.summary
     plan = report.plan
     return {
-        **head(target=report.target, kind=report.target_kind, model_class=report.model_class, inputs=report.inputs,
-               device=report.device, mode=report.mode, loss=report.loss, optimizer=report.optimizer,
-               class_chosen_by=report.class_chosen_by),
+        **head(report),
         "autocast": report.autocast,
         "dtype": report.dtype,
         "optimizer_state_dtype": report.optimizer_state_dtype,

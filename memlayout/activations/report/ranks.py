@@ -88,9 +88,7 @@ def _plan_dict(plan: RanksPlan) -> dict[str, Any]:
 def ranks_report_dict(report: RanksReport) -> dict[str, Any]:
     """The report as plain JSON-ready data (activations schema 1, with `distributed` and `ranks`)."""
     return {
-        **head(target=report.target, kind=report.target_kind, model_class=report.model_class, inputs=report.inputs,
-               device=report.device, mode="fake", loss=report.loss, optimizer=report.optimizer,
-               class_chosen_by=report.class_chosen_by),
+        **head(report),
         "autocast": report.autocast,
         "dtype": report.dtype,
         "optimizer_state_dtype": report.optimizer_state_dtype,
@@ -226,32 +224,14 @@ def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = F
     from rich.console import Group
     from rich.panel import Panel
     from rich.syntax import Syntax
-    from rich.table import Table
     from rich.text import Text
 
     from memlayout.output.terminal import text_console
 
-    largest = report.largest
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column()
-    grid.add_row("model", model_text(report.model_class, report.class_chosen_by))
-    grid.add_row("peak per rank", f"{human_bytes(largest.peak_bytes)} ({largest.peak_bytes:,} bytes) on the largest "
-                                  f"rank, {largest.rank}, at {_where(largest)}")
     ddp = report.sharding.ddp is not None and report.ddp is not None
     serving = report.sharding.serving
-    layout_lines = (_ddp_lines(report.sharding, report.ddp) if report.ddp is not None else
-                    _serving_lines(report.sharding) if serving else _sharding_lines(report.sharding))
-    for line in layout_lines:
-        head, _, rest = line.partition(": ")
-        grid.add_row(head, rest)
-    grid.add_row("each rank's batch", ", ".join(report.inputs))
-    grid.add_row("step", _step_text(report))
-    for line in _precision_lines(report):
-        head, _, rest = line.partition(": ")
-        grid.add_row(head, rest)
     title = f"memlayout activations: {report.target or report.model_class} on {report.sharding.world_size} ranks"
-    parts: list[Any] = [Panel(grid, title=title, title_align="left", expand=False)]
+    parts: list[Any] = [Panel(_ranks_grid(report), title=title, title_align="left", expand=False)]
     parts.append(_ranks_table("each rank at its peak (memlayout's trace of the DDP step; every rank alike)" if ddp else
                               "each rank at its peak (memlayout's trace of the tensor-parallel step; every rank alike)"
                               if serving else
@@ -259,29 +239,7 @@ def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = F
                               report.ranks, ddp, serving))
     plan = report.plan
     if plan is not None:
-        lines = [f"plan for a budget of {human_bytes(plan.budget_bytes)} per rank"]
-
-        def field(name: str, text: str) -> None:
-            lines.append(textwrap.fill(text, width=width, initial_indent=f"  {name:<11}", subsequent_indent=" " * 13))
-
-        if plan.empty:
-            field("fits", f"nothing to change: the largest rank's peak {human_bytes(plan.peak_bytes)} is within the budget")
-        if plan.resharded:
-            field("reshard", f"reshard_after_forward=True on {_span(list(plan.resharded))} "
-                             f"({counted(len(plan.resharded), 'module')}): one more all-gather each in backward")
-        if plan.sharding.checkpoint:
-            field("checkpoint", ", ".join(plan.sharding.checkpoint))
-        for module, segments in plan.sharding.sequential:
-            field("sequential", f"{module} in {segments} segments (checkpoint_sequential)")
-        if plan.offload:
-            field("offload", "CPUOffloadPolicy on every wrapped module")
-        if not plan.empty:
-            plural = "" if plan.checks == 1 else "s"
-            field("peak", f"{human_bytes(plan.peak_bytes)} on the largest rank, traced with the plan applied "
-                          f"({plan.checks} plan{plural} traced)")
-            for pitfall in plan.pitfalls:
-                field("pitfall", pitfall)
-        parts.append(Text("\n".join(lines)))
+        parts.append(Text("\n".join(_plan_lines(plan, width))))
         if not plan.empty:
             parts.append(_ranks_table("each rank with the plan applied", plan.ranks, ddp))
     code = (plan.sharding if plan is not None else report.sharding).code()
@@ -295,3 +253,54 @@ def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = F
     console = text_console(buffer, width, color, color_system="standard")
     console.print(Group(*parts))
     return buffer.getvalue()
+
+
+def _ranks_grid(report: RanksReport) -> Any:
+    """The boxed summary: the model, the largest rank's peak, the layout of the ranks, the batch, step and precision."""
+    from rich.table import Table
+
+    largest = report.largest
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("model", model_text(report.model_class, report.class_chosen_by))
+    grid.add_row("peak per rank", f"{human_bytes(largest.peak_bytes)} ({largest.peak_bytes:,} bytes) on the largest "
+                                  f"rank, {largest.rank}, at {_where(largest)}")
+    layout_lines = (_ddp_lines(report.sharding, report.ddp) if report.ddp is not None else
+                    _serving_lines(report.sharding) if report.sharding.serving else _sharding_lines(report.sharding))
+    for line in layout_lines:
+        head, _, rest = line.partition(": ")
+        grid.add_row(head, rest)
+    grid.add_row("each rank's batch", ", ".join(report.inputs))
+    grid.add_row("step", _step_text(report))
+    for line in _precision_lines(report):
+        head, _, rest = line.partition(": ")
+        grid.add_row(head, rest)
+    return grid
+
+
+def _plan_lines(plan: RanksPlan, width: int) -> list[str]:
+    """The plan for the budget, one field a line: what it reshards, checkpoints and offloads, and its peak."""
+    lines = [f"plan for a budget of {human_bytes(plan.budget_bytes)} per rank"]
+
+    def field(name: str, text: str) -> None:
+        lines.append(textwrap.fill(text, width=width, initial_indent=f"  {name:<11}", subsequent_indent=" " * 13))
+
+    if plan.empty:
+        field("fits", f"nothing to change: the largest rank's peak {human_bytes(plan.peak_bytes)} is within the budget")
+    if plan.resharded:
+        field("reshard", f"reshard_after_forward=True on {_span(list(plan.resharded))} "
+                         f"({counted(len(plan.resharded), 'module')}): one more all-gather each in backward")
+    if plan.sharding.checkpoint:
+        field("checkpoint", ", ".join(plan.sharding.checkpoint))
+    for module, segments in plan.sharding.sequential:
+        field("sequential", f"{module} in {segments} segments (checkpoint_sequential)")
+    if plan.offload:
+        field("offload", "CPUOffloadPolicy on every wrapped module")
+    if not plan.empty:
+        plural = "" if plan.checks == 1 else "s"
+        field("peak", f"{human_bytes(plan.peak_bytes)} on the largest rank, traced with the plan applied "
+                      f"({plan.checks} plan{plural} traced)")
+        for pitfall in plan.pitfalls:
+            field("pitfall", pitfall)
+    return lines

@@ -44,11 +44,42 @@ def module_label(path: str | None) -> str:
 def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width: int = 120, color: bool = False) -> str:
     """The terminal report: summary, modules down to `depth`, and the plan."""
     from rich.console import Group
-    from rich.panel import Panel
-    from rich.table import Table
-    from rich.text import Text
 
     from memlayout.output.terminal import text_console
+
+    parts_out: list[Any] = [_summary_panel(report), _modules_table(report, depth)]
+    if report.plan is not None:
+        parts_out.append(_plan_text(report, width))
+    parts_out.extend(_notes(report, width))
+    buffer = io.StringIO()
+    console = text_console(buffer, width, color, color_system="standard")
+    console.print(Group(*parts_out))
+    return buffer.getvalue()
+
+
+def _summary_panel(report: ActivationReport) -> Any:
+    """The boxed summary: the model, the peak and what makes it up, the step as traced in the box's edges."""
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.text import Text
+
+    s = report.summary
+    live = ", ".join(f"{name.replace('_', ' ')} {human_bytes(v)}" for name, v in s.at_peak.items() if v)
+    title = f"memlayout activations: {report.target or report.model_class}"
+    precision = "".join((
+        f" | autocast {report.autocast}" if report.autocast else "",
+        f" | parameters {report.dtype}" if report.dtype else "",
+    ))
+    step = f" | step: {report.step}" if report.step != "train" else ""
+    subtitle = (f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss} | "
+                f"optimizer: {report.optimizer}{precision}{step}")
+    return Panel(Group(Text.assemble(("model", "bold"), f"  {model_text(report.model_class, report.class_chosen_by)}"),
+                       _summary_grid(report), Text.assemble(("live at the peak", "bold"), f"  {live}")),
+                 title=title, subtitle=subtitle, title_align="left", expand=False)
+
+
+def _summary_grid(report: ActivationReport) -> Any:
+    from rich.table import Table
 
     s = report.summary
     grid = Table.grid(padding=(0, 2))
@@ -85,20 +116,12 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     precise = report.optimizer_state_dtype and (report.autocast or report.dtype)
     state = human_bytes(s.optimizer_bytes) + (f" in {report.optimizer_state_dtype}" if precise else "")
     grid.add_row("optimizer", optimizer, "its state", state)
-    live = ", ".join(f"{name.replace('_', ' ')} {human_bytes(v)}" for name, v in s.at_peak.items() if v)
-    title = f"memlayout activations: {report.target or report.model_class}"
-    precision = "".join((
-        f" | autocast {report.autocast}" if report.autocast else "",
-        f" | parameters {report.dtype}" if report.dtype else "",
-    ))
-    step = f" | step: {report.step}" if report.step != "train" else ""
-    subtitle = (f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss} | "
-                f"optimizer: {report.optimizer}{precision}{step}")
-    parts_out: list[Any] = [
-        Panel(Group(Text.assemble(("model", "bold"), f"  {model_text(report.model_class, report.class_chosen_by)}"),
-                    grid, Text.assemble(("live at the peak", "bold"), f"  {live}")), title=title, subtitle=subtitle,
-              title_align="left", expand=False)
-    ]
+    return grid
+
+
+def _modules_table(report: ActivationReport, depth: int) -> Any:
+    """One row per module down to `depth`, indented under its parent."""
+    from rich.table import Table
 
     table = Table(title=f"modules (depth <= {depth}; --depth N, or --format json for all)", title_justify="left")
     for name, justify in (("module", "left"), ("class", "left"), ("calls", "right"), ("saved", "right"),
@@ -117,24 +140,24 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     hidden = len(report.modules) - len(shown)
     if hidden:
         table.caption = f"{hidden} deeper modules not shown"
-    parts_out.append(table)
-    if report.plan is not None:
-        parts_out.append(_plan_text(report, width))
+    return table
+
+
+def _notes(report: ActivationReport, width: int) -> list[Any]:
+    """The assumptions the trace made, the fake kernels' fallbacks, and the report's notes, one paragraph each."""
+    from rich.text import Text
+
+    texts = []
     for kind in dict.fromkeys(kind for _, kind, _ in report.data_dependent):
         ops = ", ".join(f"{op} ({count}x)" for op, k, count in report.data_dependent if k == kind)
-        text = f"assumed, as the weights have no values here: {ASSUMPTIONS[kind]} ({ops})"
-        parts_out.append(Text(textwrap.fill(text, width=width, initial_indent="note: ", subsequent_indent="      ")))
+        texts.append(f"assumed, as the weights have no values here: {ASSUMPTIONS[kind]} ({ops})")
     if report.fallbacks:
         ops = ", ".join(f"{op} ({count}x)" for op, count in report.fallbacks)
-        text = (f"these ops' fake kernels refused them or needed values, and their real CPU kernels gave the outputs' "
-                f"shapes, run on zeros where the values came from the weights: {ops}")
-        parts_out.append(Text(textwrap.fill(text, width=width, initial_indent="note: ", subsequent_indent="      ")))
-    for note in report.notes:
-        parts_out.append(Text(textwrap.fill(note, width=width, initial_indent="note: ", subsequent_indent="      ")))
-    buffer = io.StringIO()
-    console = text_console(buffer, width, color, color_system="standard")
-    console.print(Group(*parts_out))
-    return buffer.getvalue()
+        texts.append(f"these ops' fake kernels refused them or needed values, and their real CPU kernels gave the "
+                     f"outputs' shapes, run on zeros where the values came from the weights: {ops}")
+    texts.extend(report.notes)
+    return [Text(textwrap.fill(text, width=width, initial_indent="note: ", subsequent_indent="      "))
+            for text in texts]
 
 
 def _adapter_rows(grid: Any, report: ActivationReport) -> None:

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
+from memlayout.activations.request.step_request import StepRequest
 from memlayout.errors import UsageError
 
-CACHES = ("dynamic", "static")
 CACHE_HELP = (
     "With --step generate, the key/value cache: dynamic (transformers' default DynamicCache, which grows by one "
     "token a step) or static (cache_implementation='static': allocated whole at the prompt's forward)."
@@ -55,25 +55,12 @@ class Generation(NamedTuple):
                 "takes; a batch whose every sequence ends sooner stops sooner")
 
 
-def check_generation(step: str, new_tokens: int | None, cache: str | None) -> Generation | None:
-    """The generation `--step`, `--new-tokens` and `--cache` ask for; None for a step that generates nothing.
-
-    Raises:
-        UsageError: --new-tokens or --cache without --step generate, generate without --new-tokens, or a bad value.
-    """
-    if step != "generate":
-        given = "--new-tokens" if new_tokens is not None else "--cache" if cache is not None else None
-        if given is not None:
-            raise UsageError(f"{given} applies to --step generate only", "add --step generate, or leave it out")
+def generation_of(request: StepRequest) -> Generation | None:
+    """What a request's `step` generate runs (its `new_tokens` and `cache`); None for a step that generates nothing.
+    The request checked them (request/rules.py)."""
+    if request.step != "generate" or request.new_tokens is None:
         return None
-    if new_tokens is None:
-        raise UsageError("--step generate needs --new-tokens N: how many tokens to generate",
-                         "e.g. --step generate --new-tokens 256")
-    if new_tokens < 1:
-        raise UsageError(f"--new-tokens {new_tokens} generates nothing", "give 1 or more")
-    if cache is not None and cache not in CACHES:
-        raise UsageError(f"unknown --cache {cache!r}", "use dynamic or static")
-    return Generation(new_tokens, cache or "dynamic")
+    return Generation(request.new_tokens, request.cache or "dynamic")
 
 
 def check_can_generate(model: Any) -> None:
@@ -81,9 +68,9 @@ def check_can_generate(model: Any) -> None:
     can_generate = getattr(model, "can_generate", None)
     if not callable(getattr(model, "generate", None)) or not callable(can_generate) or not can_generate():
         raise UsageError(
-            f"--step generate runs transformers' model.generate, and {type(model).__name__} cannot generate",
+            f"`step` generate runs transformers' model.generate, and {type(model).__name__} cannot generate",
             "give a model with a language-modelling head (a ...ForCausalLM or ...ForConditionalGeneration "
-            "class), or use --step inference for one forward",
+            "class), or use `step` inference for one forward",
         )
 
 

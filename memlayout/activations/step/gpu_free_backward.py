@@ -137,18 +137,7 @@ def run_backward(holder: list[Any]) -> None:
                     buffers[key][2].append(node)
                 slots = buffers[key][1]
                 if grad is not None:
-                    grad = _validated(grad, _torch.autograd_node_inputs(child)[position])
-                    first = slots[position]
-                    if first is None:
-                        slots[position] = grad
-                    elif _references(first) <= _held_by_its_slot_alone() and can_take_the_sum(first, grad):
-                        # torch's `can_accumulate_inplace` (input_buffer.cpp): what grad_accumulation.py asks of the
-                        # tensors, and held by its slot alone (a node that hands one gradient to two inputs leaves
-                        # it in two slots, and the sum is then out of place).
-                        first.add_(grad)
-                    else:
-                        slots[position] = first + grad
-                    del first
+                    _receive(slots, position, _validated(grad, _torch.autograd_node_inputs(child)[position]))
                 del grad
                 waiting[key] -= 1
                 if waiting[key] == 0:
@@ -160,6 +149,23 @@ def run_backward(holder: list[Any]) -> None:
                 del child, slots
             # The node's last reference: with it go the tensors it saved (torch's release_variables()).
             del node, outputs
+
+
+def _receive(slots: list[Any], position: int, grad: Any) -> None:
+    """A gradient into its input's slot: the first kept, the next summed into it in place where torch's engine sums
+    in place (`can_accumulate_inplace`, input_buffer.cpp), else out of place.
+
+    `first` here is referenced as `_held_by_its_slot_alone` measures: by the slot, this local, and
+    `_references`'s argument."""
+    first = slots[position]
+    if first is None:
+        slots[position] = grad
+    elif _references(first) <= _held_by_its_slot_alone() and can_take_the_sum(first, grad):
+        # What grad_accumulation.py asks of the tensors, and held by its slot alone (a node that hands one
+        # gradient to two inputs leaves it in two slots, and the sum is then out of place).
+        first.add_(grad)
+    else:
+        slots[position] = first + grad
 
 
 def _is_accumulate_grad(node: Any) -> bool:

@@ -22,10 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 from memlayout import _torch
+from memlayout.activations.request.vocabulary import DEFAULT_OPTIMIZER, OPTIMIZERS
 from memlayout.errors import UsageError
 
-OPTIMIZERS = ("adamw", "adam", "sgd", "none")
-DEFAULT_OPTIMIZER = "adamw"
+__all__ = ["DEFAULT_OPTIMIZER", "OPTIMIZERS"]
 LEARNING_RATE = 1e-3
 SGD_MOMENTUM = 0.9
 """The usual recipe for SGD; plain SGD (no momentum) keeps no state and updates in place, as `none` counts it."""

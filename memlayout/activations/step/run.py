@@ -14,21 +14,17 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple
 
 from memlayout import _torch
+from memlayout.activations.request.vocabulary import PRECISIONS, precision
 from memlayout.activations.step import gpu_free_backward
 from memlayout.activations.step.generate import Generation, run_generate
-from memlayout.activations.step.optimizer import DEFAULT_OPTIMIZER
 from memlayout.core.object_tree import tree_leaves
-from memlayout.errors import UsageError
+from memlayout.errors import SettingError, UsageError
 
 LOSS_FROM_OUTPUT = "output.loss"
 LOSS_FROM_SUM = "sum of floating outputs"
 LOSS_NONE = "none: forward only"
 """How an inference step's "loss" reads: it has none, and no backward."""
 
-STEPS = ("train", "inference", "generate")
-"""train: forward, loss, backward and the optimizer's step. inference: forward only, under
-`torch.inference_mode`, with the model in eval mode, as serving code runs it. generate:
-`model.generate` in the same mode, greedy, for --new-tokens tokens (step/generate.py)."""
 STEP_HELP = (
     "train (the default): forward, loss, backward and --optimizer's step. inference: forward only, under "
     "torch.inference_mode with the model in eval mode: weights plus the activation peak, no gradients, no "
@@ -36,9 +32,6 @@ STEP_HELP = (
     "do_sample=False) in the same mode, the prompt from --input: weights, the key/value cache and the peak's "
     "temporaries."
 )
-
-
-_FORWARDS = {"inference": "forward", "generate": "generate"}
 
 
 def output_tensors(output: Any) -> Iterator[Any]:
@@ -74,33 +67,6 @@ def pick_loss(output: Any) -> tuple[Any, str]:
     return total, LOSS_FROM_SUM
 
 
-def resolve_step(step: str, optimizer: str | None, budget: object) -> str:
-    """The optimizer a step of this kind runs (None: adamw for training, none for inference).
-
-    Raises:
-        UsageError: an unknown step, or an optimizer or a checkpoint budget with an inference step.
-    """
-    if step not in STEPS:
-        raise UsageError(f"unknown --step {step!r}", "use train, inference or generate")
-    if step == "train":
-        return DEFAULT_OPTIMIZER if optimizer is None else optimizer
-    if optimizer not in (None, "none"):
-        raise UsageError(f"--optimizer {optimizer} does not apply to --step {step}: it has no backward and no "
-                         "optimizer step", "leave --optimizer out")
-    if budget is not None:
-        raise UsageError(f"--budget plans checkpoints for backward, and --step {step} has none",
-                         f"give --fit with --budget for the largest batch whose {_FORWARDS[step]} fits")
-    return "none"
-
-
-def serving_ranks_refused(step: str) -> UsageError:
-    """Why `--fit` is refused for a forward-only step with `--world-size`: the size search runs one device's step or
-    training ranks, and serving ranks (ranks/serving_step.py) are predicted at one size only."""
-    return UsageError(f"--fit with --step {step} is not searched across ranks yet",
-                      f"predict one size across ranks without --fit, or --fit one device's {_FORWARDS[step]} "
-                      "without --world-size")
-
-
 class Autocast(NamedTuple):
     """Mixed precision as `torch.autocast(device_type, dtype)` gives it, around forward and loss."""
 
@@ -118,17 +84,14 @@ class Autocast(NamedTuple):
         return torch.autocast(self.device_type, dtype=torch_dtype(self.dtype))
 
 
-PRECISION_NAMES = ("bf16", "fp16", "fp32")
-
-
 def torch_dtype(name: str) -> Any:
-    """The torch dtype of a precision name: bf16, fp16 or fp32."""
+    """The torch dtype of a precision by either of its names: bf16 or bfloat16, fp16 or float16, fp32 or float32."""
     import torch
 
-    known = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-    if name not in known:
-        raise UsageError(f"unknown precision {name!r}", "use bf16, fp16 or fp32")
-    return known[name]
+    short = precision(name)
+    if short not in PRECISIONS:
+        raise SettingError(f"unknown precision {name!r}", "use bf16, fp16 or fp32")
+    return getattr(torch, PRECISIONS[short])
 
 
 def give_first_gradients(model: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any],

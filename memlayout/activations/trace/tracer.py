@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -76,7 +76,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Records storages and module calls while one step runs under it."""
 
     def __init__(self, model: torch.nn.Module, *, correct_kernels: bool, optimizer: Any = None,
-                 roofline: Roofline | None = None) -> None:
+                 roofline: Roofline | None = None, generating: bool = False) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.model = model
         self.roofline = roofline
@@ -106,15 +106,38 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         """The engine's gradient sums, summed in place where the user's step would (step/grad_accumulation.py)."""
         self.rng_state_bytes = 0
         """The bytes of one `torch.get_rng_state()` when the step holds them (`recording_rng_states`); else 0."""
-        self.tensor_parallel = False
+        self.tensor_parallel = tensor_parallel.is_sharded(model)
         """The model has tensor-parallel (DTensor) parameters: their ops are traced as the local ops they run."""
         self.propagating = 0
         """Inside DTensor's sharding propagation, which runs each op once more on global shapes (fake ones)."""
-        self.generating = False
+        self.generating = generating
         """A generate step: each forward of the model itself and its cache are recorded (`_forward_done`)."""
         self.forwards: list[tuple[int, int]] = []
         self.cache_storages: dict[int, None] = {}
         self.final_cache: tuple[int, ...] = ()
+
+    @contextmanager
+    def attached(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], *, kept: Sequence[Any] = (),
+                 host: bool = False) -> Iterator[None]:
+        """The tracer on the model while the step runs inside: each module's entry and exit, checkpoint's reruns,
+        DTensor's shape propagation, the state before the step (`register_state`), the dispatch mode itself and
+        the tensors autograd saves; `host` (a CPU step) also counts the RNG states checkpoint keeps. Every hook
+        is removed on the way out, whatever the step raised."""
+        with ExitStack() as stack:
+            for module in self.model.modules():
+                if id(module) in self.paths:
+                    stack.enter_context(module.register_forward_pre_hook(self._on_enter, with_kwargs=True))
+                    stack.enter_context(module.register_forward_hook(self._on_exit, with_kwargs=True,
+                                                                     always_call=True))
+            stack.enter_context(rerun.listening(self._rerun))
+            if self.tensor_parallel:
+                stack.enter_context(_torch.around_dtensor_shape_propagation(tensor_parallel.Propagating(self)))
+            self.register_state(args, kwargs, kept)
+            if host:
+                stack.enter_context(self.recording_rng_states())
+            stack.enter_context(self)
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor))
+            yield
 
     # storages -------------------------------------------------------------
     def storage_of(self, tensor: torch.Tensor, kind: StorageKind, nbytes: int | None = None) -> int | None:
@@ -307,7 +330,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.stack[-1].seconds += seconds
 
     # module hooks -----------------------------------------------------------
-    def _pre_hook(self, module: Any, args: Any, kwargs: Any) -> None:
+    def _on_enter(self, module: Any, args: Any, kwargs: Any) -> None:
         path = self.paths.get(id(module))
         if path is not None:
             self._enter(module, path, args, kwargs)
@@ -339,7 +362,7 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             "backward reran it"
         )
 
-    def _post_hook(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
+    def _on_exit(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
         if self.stack and self.stack[-1].module is module:
             self._leave(output)
 
@@ -388,13 +411,13 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         if entering:
             self._enter(module, self.paths.get(id(module), "?"), (), {})
             self.rerun_depth += 1
-            self.phase = Phase.RECOMPUTE
+            self.set_phase(Phase.RECOMPUTE.value)
             return
         if self.stack and self.stack[-1].module is module:
             self._leave(None)
         self.rerun_depth -= 1
         if self.rerun_depth == 0:
-            self.phase = Phase.BACKWARD
+            self.set_phase(Phase.BACKWARD.value)
 
     # saved tensors ------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -413,7 +436,12 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     # the step -----------------------------------------------------------------
     def set_phase(self, name: str) -> None:
+        """The step enters a phase (step/run.py says when, and checkpoint's reruns: `_rerun`); the one place the
+        phase changes. A forward-only step ends its forward where the step ends (`FORWARD_ONLY_END`)."""
         phase = Phase(name)
+        if phase in (Phase.RECOMPUTE, Phase.BACKWARD) and self.phase in (Phase.RECOMPUTE, Phase.BACKWARD):
+            self.phase = phase  # into a checkpointed module's rerun, or back out of it
+            return
         if phase is Phase.FORWARD:
             self.state_before = python_state(self.model)
         elif self.phase is Phase.FORWARD:
@@ -423,6 +451,10 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         if phase is Phase.BACKWARD:
             self.forward_end = self.seq
         self.phase = phase
+
+    def end_forward_only(self) -> None:
+        """A step with no backward (inference, generate): its forward ends where the step does."""
+        self.forward_end = self.seq
 
     def register_state(self, args: Iterable[Any], kwargs: Mapping[str, Any], kept: Iterable[Any] = ()) -> None:
         """Count the model's parameters, buffers, existing gradients, the optimizer's state, the inputs and the
@@ -520,64 +552,50 @@ def _tensors(values: Any) -> Iterable[torch.Tensor]:
         yield tensor_parallel.local(tensor)
 
 
-def trace_step(
-    model: torch.nn.Module,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    *,
-    device: str,
-    mode: str,
-    notes: tuple[str, ...] = (),
-    on_loss: Callable[[Any], None] | None = None,
-    optimizer: Any = None,
-    autocast: Autocast | None = None,
-    inference: bool = False,
-    kept: Sequence[Any] = (),
-    generation: Generation | None = None,
-    roofline: Roofline | None = None,
-) -> Trace:
-    """Run one step of `model` on the inputs under the tracer and return its facts.
+class StepToTrace(Protocol):
+    """What `trace_step` reads of a step (trace/world.py's StepWorld): the model in its world and how it runs."""
 
-    Args:
-        model: The model, already on fake, meta or real tensors, in train mode.
-        args: Positional inputs.
-        kwargs: Keyword inputs.
-        device: The device the step is for (recorded in the trace).
-        mode: "fake", "meta" or "real"; kernel corrections apply to fake and meta.
-        notes: Carried into the trace.
-        on_loss: Receives the detached loss.
-        optimizer: Steps after backward; its state counts from the start (see step/optimizer.py).
-        autocast: Mixed precision around forward and loss.
-        inference: Forward only, under `torch.inference_mode` (see step/run.py); the model's
-            output stays alive to the end, as the caller's would.
-        kept: Communication buffers kept outside the model from one step to the next (DDP's
-            gradient buckets): counted from the start, as the parameters are.
-        generation: `model.generate` instead (step/generate.py); each forward and the cache are recorded.
-        roofline: The target's peak rates, to price each forward op's time (device/roofline.py).
+    @property
+    def model(self) -> Any: ...
+    @property
+    def args(self) -> tuple[Any, ...]: ...
+    @property
+    def kwargs(self) -> dict[str, Any]: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def optimizer(self) -> Any: ...
+    @property
+    def autocast(self) -> Autocast | None: ...
+    @property
+    def inference(self) -> bool: ...
+    @property
+    def generation(self) -> Generation | None: ...
+    @property
+    def roofline(self) -> Roofline | None: ...
+
+
+def trace_step(step: StepToTrace, notes: tuple[str, ...] = (), kept: Sequence[Any] = ()) -> Trace:
+    """Run one step of `step.model` on its inputs under the tracer and return its facts.
+
+    The model is already on fake, meta or real tensors (`step.mode`; kernel corrections apply to fake and meta),
+    in train mode. With `step.optimizer`, it steps after backward, its state counted from the start (see
+    step/optimizer.py); `step.autocast` is mixed precision around forward and loss; `step.inference` runs forward
+    only, under `torch.inference_mode` (see step/run.py), the model's output alive to the end, as the caller's
+    would be; `step.generation` runs `model.generate` instead (step/generate.py), each forward and the cache
+    recorded; `step.roofline` prices each forward op's time (device/roofline.py). `notes` are carried into the
+    trace; `kept` are communication buffers kept outside the model from one step to the next (DDP's gradient
+    buckets), counted from the start, as the parameters are.
     """
-    tracer = StepTracer(model, correct_kernels=mode != "real", optimizer=optimizer, roofline=roofline)
-    tracer.generating = generation is not None
-    tracer.tensor_parallel = tensor_parallel.is_sharded(model)
-    with ExitStack() as stack:
-        for module in model.modules():
-            if id(module) in tracer.paths:
-                stack.enter_context(module.register_forward_pre_hook(tracer._pre_hook, with_kwargs=True))
-                stack.enter_context(
-                    module.register_forward_hook(tracer._post_hook, with_kwargs=True, always_call=True)
-                )
-        stack.enter_context(rerun.listening(tracer._rerun))
-        if tracer.tensor_parallel:
-            stack.enter_context(_torch.around_dtensor_shape_propagation(tensor_parallel.Propagating(tracer)))
-        tracer.register_state(args, kwargs, kept)
-        if device == "cpu":
-            stack.enter_context(tracer.recording_rng_states())
-        stack.enter_context(tracer)
-        stack.enter_context(torch.autograd.graph.saved_tensors_hooks(tracer._pack, lambda tensor: tensor))
-        loss, how = run_step(model, args, kwargs, on_phase=tracer.set_phase, optimizer=optimizer, autocast=autocast,
-                             inference=inference, generation=generation)
-        if inference or generation is not None:
-            tracer.forward_end = tracer.seq
-    if on_loss is not None:
-        on_loss(loss)
+    model, generation = step.model, step.generation
+    tracer = StepTracer(model, correct_kernels=step.mode != "real", optimizer=step.optimizer, roofline=step.roofline,
+                        generating=generation is not None)
+    with tracer.attached(step.args, step.kwargs, kept=kept, host=step.device == "cpu"):
+        loss, how = run_step(model, step.args, step.kwargs, on_phase=tracer.set_phase, optimizer=step.optimizer,
+                             autocast=step.autocast, inference=step.inference, generation=generation)
+        if step.inference or generation is not None:
+            tracer.end_forward_only()
     del loss
-    return tracer.freeze(how, device, mode, notes)
+    return tracer.freeze(how, step.device, step.mode, notes)

@@ -47,11 +47,11 @@ def device_for_gpu(device: str, mode: str, gpu: str | None) -> str:
         return device
     gpu_spec(gpu)  # an unknown name is the first thing to say
     if mode == "real":
-        raise UsageError("--gpu names a GPU to trace for, and --real measures the one present",
-                         "drop --gpu, or drop --real")
+        raise UsageError("`gpu` names a GPU to trace for, and `real` measures the one present",
+                         "drop `gpu`, or drop `real`")
     if device in ("cpu", "cuda") or device.startswith("cuda:"):
         return "cuda" if device == "cpu" else device
-    raise UsageError(f"--gpu traces for a CUDA device, and --device is {device}", "drop --device, or --gpu")
+    raise UsageError(f"`gpu` traces for a CUDA device, and `device` is {device}", "drop `device`, or `gpu`")
 
 
 class StepWorld:
@@ -63,15 +63,15 @@ class StepWorld:
         if mode not in MODES:
             raise UsageError(f"unknown mode {mode!r}", "use fake, meta or real")
         if mode == "real" and device == "meta":
-            raise UsageError("--real needs a device with memory", "use --device cpu or cuda")
+            raise UsageError("`real` needs a device with memory", "use `device` cpu or cuda")
         if device.startswith("cuda") and not torch.backends.cuda.is_built():  # type: ignore[no-untyped-call]
             raise UsageError(
-                f"--device cuda needs a torch built with CUDA (no GPU needed), and this one ({torch.__version__}) "
+                f"`device` cuda needs a torch built with CUDA (no GPU needed), and this one ({torch.__version__}) "
                 "is CPU-only",
-                f"install one with: pip install torch --index-url {CUDA_WHEELS}; or trace for --device cpu",
+                f"install one with: pip install torch --index-url {CUDA_WHEELS}; or trace for `device` cpu",
             )
         if device.startswith("cuda") and mode == "real" and not torch.cuda.is_available():
-            raise UsageError("--real --device cuda needs a CUDA device, and none is available")
+            raise UsageError("`real` `device` cuda needs a CUDA device, and none is available")
         self.mode = mode
         self.device = "meta" if mode == "meta" else device
         self.fake_mode: Any = None
@@ -313,11 +313,7 @@ class StepWorld:
                 self.step_mode.policy = policy
                 if self.generation is not None:
                     stack.enter_context(self.step_mode.watching(self.model))
-            trace = trace_step(
-                self.model, self.args, self.kwargs, device=self.device, mode=self.mode, notes=notes,
-                optimizer=self.optimizer, autocast=self.autocast, inference=self.inference, kept=kept,
-                roofline=self.roofline, generation=self.generation,
-            )
+            trace = trace_step(self, notes, kept)
         for parameter in self.model.parameters():
             parameter.grad = None
         if self.step_mode is not None:

@@ -6,7 +6,14 @@ sorted by element size, so every tensor stays naturally aligned without padding,
 which the format forbids as a hole). A tie is stored once; its other names, and
 any strided view, go to `__metadata__["memlayout.aliases"]` as (stored name, element
 offset, shape, stride, dtype), which `memlayout.flatten.load_flat` turns back into
-views. The header is padded with spaces so the data section starts on a 64-byte boundary.
+views. The header is padded with spaces so the data section starts on a 64-byte boundary
+(or on `--align` bytes, when asked).
+
+A file already laid out as this rewrite would lay it out is left as it is (copied
+byte for byte), and its data section is judged by the format's own standard:
+safetensors' writer starts it on 8 bytes, which with the largest elements first
+puts every tensor on a multiple of its element size. 64 bytes (for mmap and DMA)
+is asked for with `--align 64` or `alignment = 64` in `[tool.memlayout]`.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memlayout.core.facts import Facts
+from memlayout.core.flatten_support import SAFETENSORS_SECTION_ALIGNMENT
 from memlayout.core.strides import MemoryFormat
 from memlayout.dtypes import SAFETENSORS_DTYPES, dtype_info
 from memlayout.errors import FlattenError, UsageError
@@ -148,7 +156,7 @@ def flat_header(plan: FlatPlan, metadata: dict[str, str] | None = None) -> FlatH
     if meta:
         header["__metadata__"] = meta
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-(8 + len(raw)) % DATA_ALIGN)
+    raw += b" " * (-(8 + len(raw)) % (plan.asked_align or DATA_ALIGN))
     return FlatHeader(raw, entries, aliases)
 
 
@@ -179,9 +187,10 @@ def safetensors_changes(plan: FlatPlan, source: LoadedSource) -> list[str]:
     """What rewriting a safetensors file flat would change; empty when it is already flat.
 
     A safetensors data section is one mapped buffer with no gaps, so flat means:
-    tensors in the order the flat rewrite uses, the data section starting on a
-    64-byte boundary, and the same alias metadata. An already flat file is copied
-    byte for byte, so "already flat" promises an identical OUT.
+    tensors in the order the flat rewrite uses, the data section where the format
+    puts it (8 bytes, safetensors' own standard) or where `--align` asks, and the
+    same alias metadata. An already flat file is copied byte for byte, so "already
+    flat" promises an identical OUT.
 
     Args:
         plan: The plan made from the file's facts.
@@ -200,11 +209,13 @@ def safetensors_changes(plan: FlatPlan, source: LoadedSource) -> list[str]:
     if order != current:
         moved = sum(1 for a, b in zip(order, current, strict=False) if a != b) + abs(len(order) - len(current))
         lines.append(f"{moved} of {counted(len(current), 'tensor')} move to keep each dtype group together in flat order")
-    if header.data_start % DATA_ALIGN:
+    wanted = plan.asked_align or SAFETENSORS_SECTION_ALIGNMENT
+    if header.data_start % wanted:
+        why = "as --align asks" if plan.asked_align else "as safetensors' own writer does"
         lines.append(
             f"the data section starts at byte {header.data_start}, only {header.data_start & -header.data_start}-byte "
-            f"aligned; the header is padded to start it on a {DATA_ALIGN}-byte boundary, which moves every "
-            "tensor's file offset"
+            f"aligned; the header is padded to start it on a {plan.asked_align or DATA_ALIGN}-byte boundary "
+            f"({why}), which moves every tensor's file offset"
         )
     if planned.aliases != json.loads(header.metadata.get(ALIASES_KEY, "{}")):
         lines.append(

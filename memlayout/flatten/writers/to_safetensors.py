@@ -177,7 +177,7 @@ def safetensors_layout(plan: FlatPlan, facts: Facts, metadata: dict[str, str] | 
     header["__metadata__"] = {**(metadata or {}), **{n: k for n, k in dropped.items() if n not in (metadata or {})},
                               **FORMAT_METADATA}
     raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-(8 + len(raw)) % DATA_ALIGN)
+    raw += b" " * (-(8 + len(raw)) % (plan.asked_align or DATA_ALIGN))
     return SafetensorsLayout(tuple(stored), dropped, tuple(copied), raw)
 
 

@@ -204,32 +204,10 @@ def atomic_file(out: str) -> Iterator[OutputFile]:
     """
     resolved = resolve_target(out)
     if resolved.is_stream:
-        output = OutputFile(target=resolved.path, is_stream=True, _resolved=resolved)
-        try:
-            yield output
-            output._flush()
-            if output._spool is not None:
-                _send_all(output._spool, output.fd)
-        except OSError as exc:
-            if exc.errno in WRITE_ERRNOS or exc.errno in (errno.EPIPE, errno.ENXIO, errno.ECONNREFUSED):
-                raise write_error(out, exc) from exc
-            raise
-        finally:
-            if output._spool is not None:
-                os.close(output._spool)
-            if output._fd is not None:
-                os.close(output._fd)
+        with _stream_file(out, resolved) as stream:
+            yield stream
         return
-    if resolved.status is not None and stat.S_ISDIR(resolved.status.st_mode):
-        raise OutputError(f"cannot write {out}: it is a folder", "give the path of a file")
-    directory = os.path.dirname(resolved.path) or "."
-    if not os.path.isdir(directory):
-        raise OutputError(f"cannot write {out}: {directory} does not exist", "create the folder first")
-    remove_stale_temporaries(directory)
-    try:
-        fd, name = _open_temporary(directory)
-    except OSError as exc:
-        raise OutputError(f"cannot write {out}: cannot create a file in {directory}: {describe(exc)}") from exc
+    directory, fd, name = _temporary_beside(out, resolved)
     output = OutputFile(
         target=resolved.path, is_stream=False, _resolved=resolved, _fd=fd,
         _path=name if name is not None else f"/proc/self/fd/{fd}",
@@ -260,6 +238,46 @@ def atomic_file(out: str) -> Iterator[OutputFile]:
         raise
     finally:
         os.close(fd)
+
+
+def _temporary_beside(out: str, resolved: ResolvedTarget) -> tuple[str, int, str | None]:
+    """The folder `out` goes into, and a temporary file opened there (its name; None where it has none yet).
+
+    Raises:
+        OutputError: `out` is a folder, its folder is missing, or no file can be created there.
+    """
+    if resolved.status is not None and stat.S_ISDIR(resolved.status.st_mode):
+        raise OutputError(f"cannot write {out}: it is a folder", "give the path of a file")
+    directory = os.path.dirname(resolved.path) or "."
+    if not os.path.isdir(directory):
+        raise OutputError(f"cannot write {out}: {directory} does not exist", "create the folder first")
+    remove_stale_temporaries(directory)
+    try:
+        fd, name = _open_temporary(directory)
+    except OSError as exc:
+        raise OutputError(f"cannot write {out}: cannot create a file in {directory}: {describe(exc)}") from exc
+    return directory, fd, name
+
+
+@contextlib.contextmanager
+def _stream_file(out: str, resolved: ResolvedTarget) -> Iterator[OutputFile]:
+    """`atomic_file` for a device, FIFO, socket or `/dev/stdout`: written in place, as there is nothing to rename;
+    what was spooled is sent when the block ends."""
+    output = OutputFile(target=resolved.path, is_stream=True, _resolved=resolved)
+    try:
+        yield output
+        output._flush()
+        if output._spool is not None:
+            _send_all(output._spool, output.fd)
+    except OSError as exc:
+        if exc.errno in WRITE_ERRNOS or exc.errno in (errno.EPIPE, errno.ENXIO, errno.ECONNREFUSED):
+            raise write_error(out, exc) from exc
+        raise
+    finally:
+        if output._spool is not None:
+            os.close(output._spool)
+        if output._fd is not None:
+            os.close(output._fd)
 
 
 def _send_all(source: int, target: int) -> None:
