@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", help="a directory holding an earlier memlayout package to compare with "
                         "(git archive COMMIT memlayout | tar -x -C DIR); without it, the search without runs of "
                         "children on their own")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the records go (default: %(default)s)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--side", default="with", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -216,8 +217,8 @@ def main(argv: list[str] | None = None) -> int:
               "summary": summary(records)}
     from memlayout.io.atomic_write import write_text
 
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    write_text(str(RESULTS), json.dumps(result, indent=1) + "\n")
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    write_text(str(options.out), json.dumps(result, indent=1) + "\n")
     print("\n".join(result["summary"]))
     return 0
 
