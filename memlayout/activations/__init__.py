@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from memlayout.activations.fit.sweep import SweepReport
     from memlayout.activations.pipelines import predict
     from memlayout.activations.plans.apply import AppliedPlan, apply_plan
-    from memlayout.activations.plans.plan import Plan, SequentialSegments
+    from memlayout.activations.plans.plan import Plan, Segment, SequentialSegments
     from memlayout.activations.ranks import analyze_ranks
     from memlayout.activations.ranks.facts import RanksReport
     from memlayout.activations.ranks.parallel import ShardingOptions
@@ -55,6 +55,7 @@ _LAZY = {
     "AppliedPlan": "memlayout.activations.plans.apply",
     "Plan": "memlayout.activations.plans.plan",
     "SequentialSegments": "memlayout.activations.plans.plan",
+    "Segment": "memlayout.activations.plans.plan",
     "analyze_ranks": "memlayout.activations.ranks",
     "ShardingOptions": "memlayout.activations.ranks.parallel",
     "RanksReport": "memlayout.activations.ranks.facts",
@@ -81,6 +82,7 @@ __all__ = [
     "Plan",
     "PlanResult",
     "RanksReport",
+    "Segment",
     "SequentialSegments",
     "SettingError",
     "ShardingOptions",

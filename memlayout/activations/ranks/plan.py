@@ -156,7 +156,9 @@ class RanksPlanSearch:
         self.single, self.model = single, model
         # Modules the single-device step shows cannot be checkpointed (they change state, or write into their inputs).
         self.excluded.update(exclusions(single.modules, single.trace, None))
-        self.planner = Planner(single.trace, self.excluded)
+        # A rank's plan is applied by the sharding code it prints (Sharding), which names modules and
+        # checkpoint_sequential's splits: runs of children on their own are left out.
+        self.planner = Planner(single.trace, self.excluded, segments=False)
 
     def _with_plan(self, on: Sharding, chosen: list[int]) -> Sharding:
         assert self.planner is not None

@@ -125,6 +125,9 @@ def _answer_fields(report: FitReport) -> list[tuple[str, str]]:
     if p.plan is not None and not empty:
         checkpoint = list(p.plan.plan.checkpoint) if isinstance(p.plan, PlanResult) else list(
             p.plan.sharding.checkpoint)
+        if isinstance(p.plan, PlanResult):
+            checkpoint += [f"{s.module or 'the model'} in {s.segments} segments" for s in p.plan.plan.sequential]
+            checkpoint += [f"{s.module or 'the model'} children {s.first}-{s.last}" for s in p.plan.plan.segments]
         fields.append(("checkpoint", ", ".join(checkpoint) or "(see --format json)"))
         seconds = (f"{seconds_text(p.plan.recompute_seconds)}, " if isinstance(p.plan, PlanResult) else "")
         fields.append(("recompute", f"{seconds}{p.plan.recompute_flops:.3g} FLOP at {axis} {p.size}; --format json "

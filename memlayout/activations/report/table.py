@@ -218,6 +218,12 @@ def _plan_text(report: ActivationReport, width: int) -> Any:
         field("checkpoint", ", ".join(module_label(p) for p in plan.plan.checkpoint))
     for item in plan.plan.sequential:
         field("sequential", f"{module_label(item.module)} in {item.segments} segments (checkpoint_sequential)")
+    runs: dict[str, list[str]] = {}
+    for segment in plan.plan.segments:
+        runs.setdefault(segment.module, []).append(f"{segment.first}-{segment.last}")
+    for module, spans in runs.items():
+        listed = spans[0] if len(spans) == 1 else f"{', '.join(spans[:-1])} and {spans[-1]}, each"
+        field("segments", f"{module_label(module)}: children {listed} as one segment")
     share = plan.recompute_seconds / report.summary.forward_seconds if report.summary.forward_seconds else 0.0
     plural = "" if plan.checks == 1 else "s"
     field("peak", f"{human_bytes(plan.peak_bytes)}, traced with the plan applied (estimated "
