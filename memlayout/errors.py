@@ -189,11 +189,13 @@ class RanksBudgetUnreachableError(MemlayoutError):
     def __init__(self, budget: int, lowest: Any, tried: str) -> None:
         self.budget_bytes = budget
         self.lowest = lowest
-        """The lowest plan found: an `activations.ranks.plan.RanksPlan` (typed Any: this base layer imports no layer)."""
+        """The lowest plan found: an `activations.ranks.plan.RanksPlan` (typed Any: this base layer imports no
+        layer)."""
         ddp = lowest.sharding.ddp
         if ddp is not None:  # every DDP rank holds the whole model: more ranks and offload lower nothing
             hint = "raise --budget, shrink each rank's batch, " + (
-                "" if ddp.gradient_as_bucket_view else "keep the gradients in DDP's buckets (--gradient-as-bucket-view), "
+                "" if ddp.gradient_as_bucket_view else "keep the gradients in DDP's buckets "
+                                                       "(--gradient-as-bucket-view), "
             ) + "or shard the model instead (--fsdp)"
         else:
             hint = "raise --budget, add ranks (--world-size), shrink each rank's batch" + (

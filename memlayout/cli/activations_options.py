@@ -70,7 +70,8 @@ ROWS: tuple[Row, ...] = (
             "or AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModel, ...). Without it: the config's architectures, "
             "else the model type's first head with a loss (sequence-to-sequence first for an encoder-decoder), else "
             "the base model.", metavar="NAME"),
-    _option("trust", bool, False, help="Allow real unpickling, which runs code from the file. Only for files you trust."),
+    _option("trust", bool, False, help="Allow real unpickling, which runs code from the file. Only for files you "
+                                       "trust."),
     _option("main_module", str | None, None, help="With --trust: the module (on PYTHONPATH) that defines the classes a "
             "model saved from a script pickles as __main__.Name.", metavar="MODULE"),
     _option("timeout", int, 30, help="For URLs and Hub models: give up on a request, its redirects and retries "
@@ -99,8 +100,8 @@ ROWS: tuple[Row, ...] = (
             f"{', '.join(spec.key for spec in GPUS)}.", metavar="NAME"),
     _option("real", bool, False, help="Run the step for real on --device (uses the memory), as a check."),
     # Precision
-    _option("dtype", str | None, None, help=_dtype_help("Cast the model's floating parameters and buffers to this dtype "
-            "first, as pure low-precision training does, and floating inputs with them; the optimizer's state "
+    _option("dtype", str | None, None, help=_dtype_help("Cast the model's floating parameters and buffers to this "
+            "dtype first, as pure low-precision training does, and floating inputs with them; the optimizer's state "
             "follows it"), metavar=DTYPE_METAVAR),
     _option("autocast", str | None, None, help="Run forward and loss under torch.autocast in this dtype, with "
             "--device's own op lists (CPU's differ from CUDA's); backward follows the dtypes forward chose (bf16 or "

@@ -89,7 +89,8 @@ class Format(NamedTuple):
 
     inspect: Callable[[RenderOptions], Formatter[BatchReport]] | None = None
     diff: Callable[[RenderOptions], Formatter[DiffReport]] | None = None
-    activations: Callable[[RenderOptions], Formatter[ActivationReport | RanksReport | FitReport | WeightsReport]] | None = None
+    activations: (Callable[[RenderOptions], Formatter[ActivationReport | RanksReport | FitReport | WeightsReport]]
+                  | None) = None
 
     def of(self, command: Command) -> Callable[[RenderOptions], Formatter[Any]] | None:
         """The formatter factory `command` renders this format with; None where it has none."""

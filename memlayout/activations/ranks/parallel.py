@@ -363,7 +363,8 @@ def _checkpointing(sharding: Sharding) -> tuple[list[str], list[str]]:
         lines.append("        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)")
     for path, segments in sharding.sequential:
         lines.append(f"    module = model.get_submodule({path!r})")
-        lines.append(f"    module.forward = functools.partial(checkpoint_sequential, module, {segments}, use_reentrant=False)")
+        lines.append(f"    module.forward = functools.partial(checkpoint_sequential, module, {segments}, "
+                     "use_reentrant=False)")
     if (sharding.checkpoint or sharding.sequential) and sharding.hf_cache:
         lines.append("    model.config.use_cache = False  # a key/value cache would be filled again by each rerun")
     return imports, lines
@@ -398,7 +399,8 @@ def _code(sharding: Sharding) -> str:
         fsdp_names.insert(0, "CPUOffloadPolicy")
     lines.append(f"from torch.distributed.fsdp import {', '.join(fsdp_names)}")
     if sharding.tp_plan:
-        lines.append("from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module")
+        lines.append("from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, "
+                     "parallelize_module")
     lines += checkpoint_imports
     what = f"FSDP2 over {dp} ranks" + (f" x tensor parallel over {tp}" if tp > 1 else "")
     lines += ["", "", 'def shard(model, device_type="cuda"):',

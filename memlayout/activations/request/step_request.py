@@ -170,7 +170,8 @@ class StepRequest:
         """Each value in its one spelling: tuples for lists, a BudgetSpec for a budget, bf16 for bfloat16."""
         values: dict[str, Any] = {
             "input": (self.input,) if isinstance(self.input, str) else tuple(self.input or ()),
-            "fsdp_modules": (self.fsdp_modules,) if isinstance(self.fsdp_modules, str) else tuple(self.fsdp_modules or ()),
+            "fsdp_modules": ((self.fsdp_modules,) if isinstance(self.fsdp_modules, str)
+                             else tuple(self.fsdp_modules or ())),
             "dtype": precision(self.dtype), "autocast": precision(self.autocast),
             "param_dtype": precision(self.param_dtype), "reduce_dtype": precision(self.reduce_dtype),
             "budget": _budget(self.budget), "format": str(getattr(self.format, "value", self.format)),
