@@ -372,8 +372,7 @@ class Planner:
         add, remove = move
         return [row for row in chosen if row not in remove] + [add]
 
-    def _apply(self, chosen: list[int], values: np.ndarray,
-               move: tuple[int, list[int]]) -> tuple[list[int], np.ndarray]:
+    def _apply(self, chosen: list[int], values: np.ndarray, move: tuple[int, list[int]]) -> tuple[list[int], np.ndarray]:  # noqa: E501  (a split takes plan.py past its 450 lines)
         add, remove = move
         values = values + self._rows[add]
         for row in remove:
