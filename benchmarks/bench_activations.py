@@ -197,7 +197,8 @@ def accuracy_and_plans(quick: bool) -> tuple[list[Row], dict[str, Any]]:
         estimate = torchinfo_estimate(build(), args, kwargs)
         saved_truth = saved_bytes_seen_by_pack_hook(build(), args, kwargs)
         predicted = report.summary.peak_bytes
-        rows.append(Row(f"{name}: peak, memlayout (fake tensors)", mib(predicted), f"MemTracker, real CPU step {mib(truth.peak_bytes)}",
+        rows.append(Row(f"{name}: peak, memlayout (fake tensors)", mib(predicted),
+                        f"MemTracker, real CPU step {mib(truth.peak_bytes)}",
                         predicted / truth.peak_bytes, "within 2%", within(predicted, truth.peak_bytes)))
         rows.append(Row(f"{name}: peak, torchinfo estimate", mib(estimate), f"MemTracker {mib(truth.peak_bytes)}",
                         estimate / truth.peak_bytes, "(anchor)", True))
@@ -232,8 +233,10 @@ def no_real_memory(quick: bool) -> tuple[list[Row], dict[str, Any]]:
     real = in_child("gpt2-real", batch, length)
     label = f"GPT-2 ({GPT2_BIG['layers']} layers, vocab {GPT2_BIG['vocab']}) {batch}x{length}"
     rows = [
-        Row(f"{label}: peak predicted", mib(predicted["peak_bytes"]), f"real step, MemTracker {mib(real['peak_bytes'])}",
-            predicted["peak_bytes"] / real["peak_bytes"], "within 2%", within(predicted["peak_bytes"], real["peak_bytes"])),
+        Row(f"{label}: peak predicted", mib(predicted["peak_bytes"]),
+            f"real step, MemTracker {mib(real['peak_bytes'])}",
+            predicted["peak_bytes"] / real["peak_bytes"], "within 2%",
+            within(predicted["peak_bytes"], real["peak_bytes"])),
         Row(f"{label}: memlayout process peak RSS", mib(predicted["max_rss_bytes"]), "limit 1024.0 MiB",
             predicted["max_rss_bytes"] / GIB, "< 1.00x", predicted["max_rss_bytes"] < GIB),
         Row(f"{label}: memlayout process peak RSS", mib(predicted["max_rss_bytes"]),
@@ -241,7 +244,8 @@ def no_real_memory(quick: bool) -> tuple[list[Row], dict[str, Any]]:
             "(info)", True),
     ]
     if not quick:
-        rows.append(Row(f"{label}: the real step needs", mib(real["peak_bytes"]), "3 GiB", real["peak_bytes"] / (3 * GIB),
+        rows.append(Row(f"{label}: the real step needs", mib(real["peak_bytes"]), "3 GiB",
+                        real["peak_bytes"] / (3 * GIB),
                         "> 1.00x", real["peak_bytes"] > 3 * GIB))
     return rows, {"batch": batch, "length": length, "predict": predicted, "real": real}
 
@@ -259,7 +263,8 @@ def scale(quick: bool) -> tuple[list[Row], dict[str, Any]]:
             "(info)", True),
         Row(f"{label}: memlayout peak RSS", mib(ours["max_rss_bytes"]), "limit 2048.0 MiB",
             ours["max_rss_bytes"] / (2 * GIB), "< 1.00x", ours["max_rss_bytes"] < 2 * GIB),
-        Row(f"{label}: predicted peak", mib(ours["peak_bytes"]), f"MemTracker on fake tensors {mib(peer['peak_bytes'])}",
+        Row(f"{label}: predicted peak", mib(ours["peak_bytes"]),
+            f"MemTracker on fake tensors {mib(peer['peak_bytes'])}",
             ours["peak_bytes"] / peer["peak_bytes"], "within 2%", within(ours["peak_bytes"], peer["peak_bytes"])),
         Row(f"{label}: predicted peak", mib(ours["peak_bytes"]), f"this machine's memory {mib(24 * GIB)}",
             ours["peak_bytes"] / (24 * GIB), "(info: cannot run for real here)", True),

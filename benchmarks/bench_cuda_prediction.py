@@ -82,7 +82,8 @@ def _bert(directory: str) -> str:
     from transformers import BertConfig
 
     BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
-               vocab_size=8000, max_position_embeddings=512, architectures=["BertForMaskedLM"]).save_pretrained(directory)
+               vocab_size=8000, max_position_embeddings=512,
+               architectures=["BertForMaskedLM"]).save_pretrained(directory)
     return directory
 
 

@@ -127,7 +127,8 @@ def accuracy(keys: tuple[str, ...]) -> tuple[list[Row], dict[str, Any]]:
             }
             for rank in truth["ranks"]:
                 rows.append(Row(f"{label}: rank {rank['rank']}", mib(predicted),
-                                f"real gloo rank {rank['rank']} {mib(rank['peak_bytes'])}", predicted / rank["peak_bytes"],
+                                f"real gloo rank {rank['rank']} {mib(rank['peak_bytes'])}",
+                                predicted / rank["peak_bytes"],
                                 "within 2%", within(predicted, rank["peak_bytes"], 0.02)))
             same = buckets == truth["ranks"][0]["bucket_bytes"]
             rows.append(Row(f"{label}: buckets", f"{len(buckets)}, {mib(sum(buckets))}",
@@ -144,7 +145,8 @@ def accuracy(keys: tuple[str, ...]) -> tuple[list[Row], dict[str, Any]]:
     return rows, raw
 
 
-FIT = Case("Llama-style in plain torch, 128 tokens a sample, --fit batch", "tests.activations.sharded_models:llama_style",
+FIT = Case("Llama-style in plain torch, 128 tokens a sample, --fit batch",
+           "tests.activations.sharded_models:llama_style",
            TOKENS, ("input_ids=int64[1,128]<1000", "labels=int64[1,128]<1000"), None)
 
 
@@ -189,8 +191,9 @@ def table_markdown(results: dict[str, Any]) -> str:
             real_peaks = figures["real"]
             ratios = "; ".join(f"{figures['predicted'] / peak:.4f}" for peak in real_peaks)
             lines.append(
-                f"| {case.label} | {'on' if view else 'off'} | {len(figures['buckets'])}, {mib(sum(figures['buckets']))} "
-                f"| {mib(figures['predicted'])} | {', '.join(mib(peak) for peak in real_peaks)} | {ratios} |"
+                f"| {case.label} | {'on' if view else 'off'} | {len(figures['buckets'])}, "
+                f"{mib(sum(figures['buckets']))} | {mib(figures['predicted'])} | "
+                f"{', '.join(mib(peak) for peak in real_peaks)} | {ratios} |"
             )
     return "\n".join(lines)
 

@@ -147,15 +147,18 @@ def main(argv: list[str]) -> int:
         Row(f"{label}: --fit peak RSS", f"{ours['max_rss_bytes'] / 2**20:.1f} MiB", "limit 2048.0 MiB",
             ours["max_rss_bytes"] / (2 * GIB), "< 1.00x", ours["max_rss_bytes"] < 2 * GIB),
         Row(f"{label}: batch, no plan", str(ours["without_plan"]),
-            f"peak {gb(ours['without_plan_peak_bytes'] or 0)}; one more {gb(ours['without_plan_next_peak_bytes'] or 0)}",
+            f"peak {gb(ours['without_plan_peak_bytes'] or 0)}; one more "
+            f"{gb(ours['without_plan_next_peak_bytes'] or 0)}",
             (ours["without_plan_peak_bytes"] or 0) / ours["budget_bytes"], "(info: <= 1.00x of the budget)", True),
         Row(f"{label}: batch, with the plan", str(ours["with_plan"]),
             f"peak {gb(ours['with_plan_peak_bytes'] or 0)}; one more {gb(ours['with_plan_next_peak_bytes'] or 0)}",
-            (ours["with_plan_peak_bytes"] or 0) / ours["budget_bytes"], f"(info: {ours['plan_checkpoints']} modules checkpointed)",
+            (ours["with_plan_peak_bytes"] or 0) / ours["budget_bytes"],
+            f"(info: {ours['plan_checkpoints']} modules checkpointed)",
             True),
     ]
     print_table("memlayout activations --fit: the search's cost against one prediction, and the goals", rows)
-    write_results("bench_fit", rows, {"layers": layers, "gpu": GPU, "budget_bytes": ours["budget_bytes"], "fit": ours, "predict": peer}, quick)
+    write_results("bench_fit", rows, {"layers": layers, "gpu": GPU, "budget_bytes": ours["budget_bytes"], "fit": ours,
+                                      "predict": peer}, quick)
     return 0
 
 

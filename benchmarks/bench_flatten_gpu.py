@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'stream file -> CUDA, peak / flat bytes':40} {stream_seconds:9.3f} {peak_ratio:8.3f}x")
     base_lstm = lstm_times["flatten_parameters()"]
     for how, seconds in lstm_times.items():
-        print(f"{'LSTM fwd+bwd after ' + how:40} {seconds:9.4f} {base_lstm / seconds:8.2f}x  cuDNN copy warning: {warned[how]}")
+        print(f"{'LSTM fwd+bwd after ' + how:40} {seconds:9.4f} {base_lstm / seconds:8.2f}x  cuDNN copy warning: "
+              f"{warned[how]}")
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     record = {

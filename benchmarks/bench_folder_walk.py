@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             ms(audited["audit"]), f"their first bytes {ms(audited['first bytes'])}",
             audited["audit"] / audited["first bytes"], "(info)", True),
         Row("the audit, per file", f"{audited['audit'] / FILES * 1e6:.0f} us",
-            f"{audited['first bytes'] / FILES * 1e6:.1f} us", audited["audit"] / audited["first bytes"], "(info)", True),
+            f"{audited['first bytes'] / FILES * 1e6:.1f} us", audited["audit"] / audited["first bytes"], "(info)",
+            True),
     ]
     print_table(f"bench_folder_walk: choosing a folder's files by content{' (quick)' if quick else ''}", rows)
     raw = {"seconds": best, "files": FILES, "head_bytes": HEAD, "picked": found,

@@ -106,7 +106,8 @@ def open_times(pages: dict[str, Path], repeat: int) -> dict[str, float]:
                 if name.startswith("plain"):
                     page.goto(path.as_uri(), wait_until="load")
                     took = page.evaluate(
-                        "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(performance.now()))))"
+                        "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => "
+                        "r(performance.now()))))"
                     )
                 else:
                     page.goto(path.as_uri())

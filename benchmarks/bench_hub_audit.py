@@ -246,7 +246,8 @@ def main(argv: list[str]) -> int:
     ten_thousand = start_s + per_repo * 10_000
     byte_ratio = ours["bytes"] / slow["needed_bytes"]
     rows = [
-        Row(f"wall, {count} repos at 50 ms", f"{ours['seconds']:.1f} s", f"peer, {THREADS} threads {peer['seconds']:.1f} s",
+        Row(f"wall, {count} repos at 50 ms", f"{ours['seconds']:.1f} s",
+            f"peer, {THREADS} threads {peer['seconds']:.1f} s",
             ours["seconds"] / peer["seconds"], "<= 2x", ours["seconds"] <= 2 * peer["seconds"]),
         Row(f"wall, {count} repos at 0 ms", f"{fast['memlayout']['seconds']:.1f} s",
             f"peer {fast['peer']['seconds']:.1f} s", fast["memlayout"]["seconds"] / fast["peer"]["seconds"],
@@ -260,7 +261,8 @@ def main(argv: list[str]) -> int:
             f"{max(ours['peak_fds'], fast['memlayout']['peak_fds'])}", f"peer {peer['peak_fds']}; limit 200",
             max(ours["peak_fds"], fast["memlayout"]["peak_fds"]) / 200, "< 1x",
             max(ours["peak_fds"], fast["memlayout"]["peak_fds"]) < 200),
-        Row("body bytes fetched", f"{ours['bytes']:,} B", f"needed {slow['needed_bytes']:,} B; peer {peer['bytes']:,} B",
+        Row("body bytes fetched", f"{ours['bytes']:,} B",
+            f"needed {slow['needed_bytes']:,} B; peer {peer['bytes']:,} B",
             byte_ratio, "<= 1.2x", byte_ratio <= 1.2),
         Row("requests", f"{ours['requests']:,}", f"peer {peer['requests']:,}", ours["requests"] / peer["requests"],
             "(information)", True),

@@ -1,4 +1,5 @@
-"""Checkpoints with many tensors: `memlayout inspect` in every format against torch's own loaders, and the per-tensor cost.
+"""Checkpoints with many tensors: `memlayout inspect` in every format against torch's own loaders, and the per-tensor
+cost.
 
 Usage: python benchmarks/bench_many_tensors.py [--quick]
 
@@ -85,7 +86,8 @@ def sources(quick: bool) -> list[Source]:
     scale = 10 if quick else 1
     zip_count, many = 40_000 // scale, 100_000 // scale
     return [
-        Source(f"torch.save, {zip_count:,} tensors", torch_save_file(zip_count), zip_count, "torch.load(mmap=True)", TORCH_LOAD),
+        Source(f"torch.save, {zip_count:,} tensors", torch_save_file(zip_count), zip_count, "torch.load(mmap=True)",
+               TORCH_LOAD),
         Source(
             f"torch.save, {zip_count:,} transposed tensors", torch_save_file(zip_count, transposed=True), zip_count,
             "torch.load(mmap=True)", TORCH_LOAD,

@@ -294,7 +294,8 @@ def will_it_fit(keys: tuple[str, ...]) -> tuple[list[Row], dict[str, Any]]:
         ours, peer = figures["memlayout"], figures["fsdpmemtracker"]
         label = f"{case.label}, {case.world_size} ranks"
         rows.append(Row(f"{label}: memlayout, largest rank", mib(ours["peak_bytes"]),
-                        f"FSDPMemTracker, fake rank 0 {mib(peer['peak_bytes'])}", ours["peak_bytes"] / peer["peak_bytes"],
+                        f"FSDPMemTracker, fake rank 0 {mib(peer['peak_bytes'])}",
+                        ours["peak_bytes"] / peer["peak_bytes"],
                         "within 1%", within(ours["peak_bytes"], peer["peak_bytes"], 0.01)))
         if case.real:
             predicted = {str(r["rank"]): r["peak_bytes"] for r in ours["ranks"]}
@@ -306,7 +307,8 @@ def will_it_fit(keys: tuple[str, ...]) -> tuple[list[Row], dict[str, Any]]:
                         mib(figures["accelerate"]["training_adam_bytes"]), f"memlayout {mib(ours['peak_bytes'])}",
                         figures["accelerate"]["training_adam_bytes"] / ours["peak_bytes"], "(anchor)", True))
         rows.append(Row(f"{label}: DeepSpeed ZeRO-3 model states per GPU", mib(figures["deepspeed"]["per_gpu_bytes"]),
-                        f"memlayout {mib(ours['peak_bytes'])}", figures["deepspeed"]["per_gpu_bytes"] / ours["peak_bytes"],
+                        f"memlayout {mib(ours['peak_bytes'])}",
+                        figures["deepspeed"]["per_gpu_bytes"] / ours["peak_bytes"],
                         "(anchor)", True))
     return rows, raw
 
@@ -320,7 +322,8 @@ def scale(raw_fit: dict[str, Any]) -> list[Row]:
             ours["seconds"] / 60, "<= 1.00x", ours["seconds"] <= 60),
         Row(f"{label}: memlayout peak RSS", mib(ours["max_rss_bytes"]), "limit 2048.0 MiB",
             ours["max_rss_bytes"] / (2 * GIB), "< 1.00x", ours["max_rss_bytes"] < 2 * GIB),
-        Row(f"{label}: largest rank's peak", gib(ours["peak_bytes"]), f"FSDPMemTracker, fake ranks {gib(peer['peak_bytes'])}",
+        Row(f"{label}: largest rank's peak", gib(ours["peak_bytes"]),
+            f"FSDPMemTracker, fake ranks {gib(peer['peak_bytes'])}",
             ours["peak_bytes"] / peer["peak_bytes"], "within 1%", within(ours["peak_bytes"], peer["peak_bytes"], 0.01)),
         Row(f"{label}: memlayout wall time", f"{ours['seconds']:.1f} s",
             f"the peer script {peer['seconds']:.1f} s (no import, no report)", ours["seconds"] / peer["seconds"],
@@ -370,7 +373,8 @@ def plan_for_real() -> tuple[list[Row], dict[str, Any]]:
                         mib(result["peak_bytes"]), f"budget {mib(budget)}", result["peak_bytes"] / budget,
                         "<= 1.00x, losses bitwise equal", result["peak_bytes"] <= budget and same))
     return rows, {"budget": budget, "checkpoint": list(report.plan.sharding.checkpoint),
-                  "predicted": [r.peak_bytes for r in report.plan.ranks], "measured": [r["peak_bytes"] for r in followed],
+                  "predicted": [r.peak_bytes for r in report.plan.ranks],
+                  "measured": [r["peak_bytes"] for r in followed],
                   "command": f"{case.command()} --budget {budget}"}
 
 

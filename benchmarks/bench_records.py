@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 
     times = round_robin({"namedtuple": named_tuple, "frozen": frozen_init, "exec": exec_built}, 3 if quick else 7)
     per = {name: seconds / count * 1e6 for name, seconds in times.items()}
-    sizes = {"namedtuple": _size(TensorFact(*values)), "frozen": _size(FrozenFact(*values)), "exec": _size(make(*values))}
+    sizes = {"namedtuple": _size(TensorFact(*values)), "frozen": _size(FrozenFact(*values)),
+             "exec": _size(make(*values))}
     rows = []
     for peer, label in (("frozen", "frozen dataclass __init__"), ("exec", "exec-built dict constructor (before)")):
         ratio = per["namedtuple"] / per[peer]

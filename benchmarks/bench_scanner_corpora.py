@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {corpus} {label} {path.name}: {result.outcome}: {result.detail[:160]}")
         rows.append(Row("samples that executed anything", str(len(swept.executions)), "none", 0.0,
                         "= 0", not swept.executions))
-        print_table(f"bench_scanner_corpora: the scanners' samples through memlayout inspect{' (quick)' if quick else ''}",
+        print_table("bench_scanner_corpora: the scanners' samples through memlayout "
+                    f"inspect{' (quick)' if quick else ''}",
                     rows)
         lists = _their_lists()
         differences = _differences(lists)

@@ -134,7 +134,8 @@ def main() -> None:
                         f"memlayout {gib(float32['weights_bytes'])}",
                         theirs["dtypes"]["float32"]["total_size"] / float32["weights_bytes"], "(anchor)", True))
         rows.append(Row(f"{name}: memlayout --weights wall time", f"{ours['seconds']:.2f} s",
-                        f"accelerate {theirs['seconds']:.2f} s", ours["seconds"] / theirs["seconds"], "(for information)",
+                        f"accelerate {theirs['seconds']:.2f} s", ours["seconds"] / theirs["seconds"],
+                        "(for information)",
                         True))
         raw[name] = figures
     print_table("memlayout activations --weights beside accelerate estimate-memory and the real model", rows)

@@ -19,7 +19,7 @@ counts what it answered: requests by kind and status, and body bytes sent.
 The Hub and the CDN are two listeners of one aiohttp application, in a thread of
 their own with their own event loop, so the process that measures a client is
 not the one it measures.
-"""
+"""  # noqa: E501  (a Markdown table: a row is one line)
 
 from __future__ import annotations
 

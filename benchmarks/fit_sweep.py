@@ -138,7 +138,8 @@ def check_one(name: str) -> dict[str, Any]:
                                    "reason": "no plan reaches past the plain answer"}
     except Exception as exc:
         return record | {"status": "failed", "reason": f"a real step at the answer fails: {one_line(exc)}"[:300]}
-    decisions = [record[k]["holds"] for k in ("without_plan", "with_plan") if record.get(k, {}).get("holds") is not None]
+    decisions = [record[k]["holds"] for k in ("without_plan", "with_plan")
+                 if record.get(k, {}).get("holds") is not None]
     record["status"] = "ok" if all(decisions) else "missed"
     return record
 

@@ -93,7 +93,8 @@ def context_section() -> dict[str, Any]:
         }
         del a, bias, out
     stats = torch.cuda.memory_stats()
-    record["allocator_stats_keys_sample"] = sorted(k for k in stats if k.startswith(("segment", "num_", "reserved_bytes.all")))
+    record["allocator_stats_keys_sample"] = sorted(k for k in stats
+                                                   if k.startswith(("segment", "num_", "reserved_bytes.all")))
     record["driver_used_at_end"] = total - torch.cuda.mem_get_info()[0]
     record["reserved_at_end"] = torch.cuda.memory_reserved()
     return record
@@ -120,11 +121,13 @@ def sdpa_section() -> list[dict[str, Any]]:
                     out.sum().backward()
                     torch.cuda.synchronize()
                 kernels = sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
-                attention = [n for n in kernels if any(s in n.lower() for s in ("flash", "fmha", "attention", "cudnn", "mem_eff", "sdpa"))]
+                attention = [n for n in kernels
+                             if any(s in n.lower() for s in ("flash", "fmha", "attention", "cudnn", "mem_eff", "sdpa"))]
                 rows.append({
                     "dtype": str(dtype).removeprefix("torch."), "head_dim": head_dim, "causal": causal,
                     "attention_kernels": attention[:12], "kernel_count": len(kernels),
-                    "forward_peak_over_base": forward_peak, "step_peak_over_base": torch.cuda.max_memory_allocated() - base,
+                    "forward_peak_over_base": forward_peak,
+                    "step_peak_over_base": torch.cuda.max_memory_allocated() - base,
                 })
                 del q, k, v, out
     return rows

@@ -66,7 +66,8 @@ def headline_row(headline: Headline) -> dict[str, Any]:
     for row in rows:
         if row["metric"] == headline.metric and row["peer"].startswith(headline.peer):
             return dict(row)
-    raise LookupError(f"benchmarks/results/{headline.benchmark}.json has no row {headline.metric!r} vs {headline.peer!r}")
+    raise LookupError(f"benchmarks/results/{headline.benchmark}.json has no row {headline.metric!r} vs "
+                      f"{headline.peer!r}")
 
 
 def headlines_markdown() -> str:

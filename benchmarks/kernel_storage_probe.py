@@ -122,9 +122,12 @@ def probe(calls: dict[Any, tuple[Any, Any, Any]], found: dict[str, dict[str, Any
             layout["calls"] += 1
             if source not in layout["sources"]:
                 layout["sources"].append(source)
+            strided = [(tuple(v.shape), tuple(v.stride())) for v in torch.utils._pytree.tree_flatten(args)[0]
+                       if isinstance(v, torch.Tensor)]
             layout["example"] = layout["example"] or (
-                f"inputs {[(tuple(v.shape), tuple(v.stride())) for v in torch.utils._pytree.tree_flatten(args)[0] if isinstance(v, torch.Tensor)]}: "
-                f"real output strides {real.output_strides}, fake orders {fake_orders}, real orders {real.output_orders}")
+                f"inputs {strided}: "
+                f"real output strides {real.output_strides}, fake orders {fake_orders}, real orders "
+                f"{real.output_orders}")
         extra_storage = sum((r or 0) - (f or 0) for r, f in zip(real.output_storage_bytes, fake, strict=False))
         entry = found.setdefault(str(func), {"calls": 0, "max_extra_storage_bytes": 0, "max_scratch_bytes": 0,
                                              "sources": [], "example": ""})
@@ -187,7 +190,8 @@ def lstm_lm() -> tuple[Any, tuple[Any, ...]]:
 def main(argv: list[str]) -> int:
     import torch
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_storage_probe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.kernel_storage_probe",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--arch", action="append", default=[], help="a zoo architecture (repeatable)")
     parser.add_argument("--add", action="store_true", help="add to the results file rather than replace it")
     options = parser.parse_args(argv)

@@ -163,7 +163,8 @@ def main(argv: list[str]) -> int:
         reasons = "; ".join(record[kind]["reason"] for kind in ("lora", "dora") if "reason" in record.get(kind, {}))
         print(f"{record['architecture']}: {record['status']}, predicted/measured {ratios} "
               f"{record.get('reason', '')}{reasons}")
-    summary = {kind: dict(zip(("within_2pct", "runnable"), tally(records, kind), strict=True)) for kind in ("lora", "dora")}
+    summary = {kind: dict(zip(("within_2pct", "runnable"), tally(records, kind), strict=True))
+               for kind in ("lora", "dora")}
     print(f"QLoRA (nf4, r {RANK}) on a Llama directory: predicted/measured {qlora.get('ratio', '-')} "
           f"{qlora.get('reason', '')}")
     for kind, counts in summary.items():

@@ -35,7 +35,8 @@ def moe_names(count: int) -> Iterator[tuple[str, tuple[int, ...]]]:
             for expert in range(EXPERTS)
             for w in ("w1", "w2", "w3")
         ]
-        per_layer += [(f"model.layers.{layer}.self_attn.{p}.weight", (8, 8)) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        per_layer += [(f"model.layers.{layer}.self_attn.{p}.weight", (8, 8))
+                      for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
         per_layer += [
             (f"model.layers.{layer}.mlp.gate.weight", (EXPERTS, 8)),
             (f"model.layers.{layer}.input_layernorm.weight", (8,)),

@@ -96,16 +96,19 @@ def check_one(name: str) -> dict[str, Any]:
     try:
         for _ in range(RUNS):
             with tempfile.TemporaryDirectory() as folder:
-                ranks += run_ranks(measure_serving, WORLD, Path(folder), "benchmarks.tp_serving_sweep:build_from_environment",
+                ranks += run_ranks(measure_serving, WORLD, Path(folder),
+                                   "benchmarks.tp_serving_sweep:build_from_environment",
                                    code, list(ids.shape), vocab, new_tokens)
     except Exception as exc:
         # A rank's exception arrives as a ProcessRaisedException whose first line is a header; its last is the error.
         lines = [line for line in str(exc).splitlines() if line.strip()]
-        return {**record, "status": "failed", "reason": f"the real ranks fail: {one_line(exc)} {lines[-1] if lines else ''}"[:400]}
+        return {**record, "status": "failed",
+                "reason": f"the real ranks fail: {one_line(exc)} {lines[-1] if lines else ''}"[:400]}
     measured = [r["peak_bytes"] for r in ranks]
     complete = [r["peak_bytes"] for r in ranks if r["complete"]]
     return {**record, "predicted_peak_bytes": predicted, "measured_peak_bytes": measured,
-            "ratio_to_lowest": round(predicted / min(measured), 4), "ratio_to_highest": round(predicted / max(measured), 4),
+            "ratio_to_lowest": round(predicted / min(measured), 4),
+            "ratio_to_highest": round(predicted / max(measured), 4),
             "within_2pct": bool(complete) and all(abs(predicted - peak) <= TOLERANCE * peak for peak in complete),
             "incomplete_profiles": len(ranks) - len(complete), "profiles": sum(r["profiles"] for r in ranks),
             "sharded_modules": len(plan)}
@@ -142,7 +145,8 @@ def main(argv: list[str]) -> int:
     print(f"within 2% of every real rank's peak: {len(within)} of {len(runnable)} runnable "
           f"({len(records)} drawn)")
     result = {"command": shlex.join(["python", "-m", "benchmarks.tp_serving_sweep", *argv]), "versions": versions(),
-              "prompt": PROMPT, "new_tokens": options.new_tokens, "world_size": WORLD, "runs": RUNS, "wall_seconds": round(time.perf_counter() - started, 1),
+              "prompt": PROMPT, "new_tokens": options.new_tokens, "world_size": WORLD, "runs": RUNS,
+              "wall_seconds": round(time.perf_counter() - started, 1),
               "architectures": len(records), "runnable": len(runnable), "within_2pct": len(within),
               "records": records}
     from memlayout.io.atomic_write import write_text

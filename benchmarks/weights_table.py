@@ -43,6 +43,7 @@ def table_markdown(results: dict[str, Any] | None = None) -> str:
     commands = [f"- {folder}: `{figures['memlayout']['command']}`; accelerate: {figures['accelerate']['command']}"
                 + (f"; the real model: {figures['real']['command']}" if figures.get("real") else "")
                 for folder, figures in raw.items()]
-    return "\n".join(lines) + "\n\nEach figure's command, run from the repository's root:\n\n" + "\n".join(commands) + "\n"
+    return ("\n".join(lines) + "\n\nEach figure's command, run from the repository's root:\n\n" + "\n".join(commands)
+            + "\n")
 
 

@@ -116,7 +116,8 @@ def rnn_weights_replaced(rnn: torch.nn.RNNBase) -> bool:
 
 
 def cudnn_flattens_rnn_weights() -> bool:
-    """Whether this torch lays RNN weights out with cuDNN at all (`torch._use_cudnn_rnn_flatten_weight`; not on ROCm)."""
+    """Whether this torch lays RNN weights out with cuDNN at all (`torch._use_cudnn_rnn_flatten_weight`; not on
+    ROCm)."""
     import torch
 
     return bool(torch._use_cudnn_rnn_flatten_weight())
@@ -651,7 +652,8 @@ def ddp_default_bucket_cap_mb() -> int:
 
 
 def ddp_first_bucket_bytes() -> int:
-    """The first bucket's cap when `bucket_cap_mb` is not given, in bytes (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`)."""
+    """The first bucket's cap when `bucket_cap_mb` is not given, in bytes
+    (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`)."""
     import torch.distributed as dist
 
     cap: int = dist._DEFAULT_FIRST_BUCKET_BYTES  # type: ignore[attr-defined]

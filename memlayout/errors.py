@@ -181,7 +181,8 @@ class BudgetUnreachableError(MemlayoutError):
                   else "reserved peak plus the CUDA context, cuBLAS and its workspaces")
         # Only what was traced is known: "the lowest of the plans traced", never "the lowest reachable".
         traced = (f"the lowest {figure} of {lowest.checks} {'plan' if lowest.checks == 1 else 'plans'} traced, over "
-                  f"{lowest.searched}," if lowest.checks else f"the planner found no plan that lowers the {figure}, which")
+                  f"{lowest.searched}," if lowest.checks
+                  else f"the planner found no plan that lowers the {figure}, which")
         tried = f" ({lowest.cut_short})" if lowest.cut_short else ""
         super().__init__(
             f"no checkpoint plan found fits a budget of {human_bytes(budget)} ({budget} bytes): {traced} is "
@@ -196,11 +197,13 @@ class RanksBudgetUnreachableError(MemlayoutError):
     def __init__(self, budget: int, lowest: Any, tried: str) -> None:
         self.budget_bytes = budget
         self.lowest = lowest
-        """The lowest plan found: an `activations.ranks.plan.RanksPlan` (typed Any: this base layer imports no layer)."""
+        """The lowest plan found: an `activations.ranks.plan.RanksPlan` (typed Any: this base layer imports no
+        layer)."""
         ddp = lowest.sharding.ddp
         if ddp is not None:  # every DDP rank holds the whole model: more ranks and offload lower nothing
             hint = "raise --budget, shrink each rank's batch, " + (
-                "" if ddp.gradient_as_bucket_view else "keep the gradients in DDP's buckets (--gradient-as-bucket-view), "
+                "" if ddp.gradient_as_bucket_view else "keep the gradients in DDP's buckets "
+                                                       "(--gradient-as-bucket-view), "
             ) + "or shard the model instead (--fsdp)"
         else:
             hint = "raise --budget, add ranks (--world-size), shrink each rank's batch" + (

@@ -87,7 +87,8 @@ def _file_violations(source: Any) -> list[str]:
             found.append(f"storage {key!r:.60} spans bytes {start}..{start + (size or 0)} of a {length}-byte file")
     for storage in source.storages.values():
         if storage.has_data and storage.key in reader.sizes and storage.nbytes > reader.sizes[storage.key]:
-            found.append(f"storage {storage.key!r:.60} holds {storage.nbytes} bytes, its span {reader.sizes[storage.key]}")
+            found.append(f"storage {storage.key!r:.60} holds {storage.nbytes} bytes, its span "
+                         f"{reader.sizes[storage.key]}")
     return found
 
 
@@ -102,7 +103,8 @@ def _fact_violations(facts: Any) -> list[str]:
                 found.append(f"name {name!r:.80} reaches two views")
             seen.add(name)
         if view.numel != math.prod(view.shape) or view.nbytes != view.numel * view.itemsize:
-            found.append(f"view {view.name!r:.80}: {view.numel} elements of {view.itemsize} bytes, nbytes {view.nbytes}")
+            found.append(f"view {view.name!r:.80}: {view.numel} elements of {view.itemsize} bytes, nbytes "
+                         f"{view.nbytes}")
         storage = storages[view.storage]
         if layout_recorded and storage.has_data and view.bytes_used.intervals and (
             view.bytes_used.start < 0 or view.bytes_used.end > storage.nbytes

@@ -28,7 +28,8 @@ def test_ci_runs_lint_docs_and_every_installs_tests(
     fake.write_text(
         "#!/bin/sh\n"
         f'echo "$1" >> {log}\n'
-        f'case "$1" in lint) exit {lint};; docs) exit {docs};; test-core) exit {core};; test-torch-matrix) exit {matrix};; test) exit {test};; esac\n'
+        f'case "$1" in lint) exit {lint};; docs) exit {docs};; test-core) exit {core};; test-torch-matrix) exit '
+        f'{matrix};; test) exit {test};; esac\n'
         "exit 99\n"
     )
     fake.chmod(0o755)

@@ -41,7 +41,8 @@ class Step:
 
 def workflow() -> dict[str, object]:
     readme = (REPO / "README.md").read_text()
-    block = readme[readme.index("<!-- --8<-- [start:github-actions] -->") : readme.index("<!-- --8<-- [end:github-actions] -->")]
+    block = readme[readme.index("<!-- --8<-- [start:github-actions] -->")
+                   : readme.index("<!-- --8<-- [end:github-actions] -->")]
     (text,) = re.findall(r"```yaml\n(.*?)```", block, re.S)
     loaded: dict[str, object] = yaml.safe_load(text)
     return loaded

@@ -33,7 +33,8 @@ CLEAN = {
     "memlayout/__init__.py": "",
     "memlayout/__main__.py": "from memlayout.cli.app import main\n",
     "memlayout/cli/__init__.py": "",
-    "memlayout/cli/app.py": "import os\n\ndef main():\n    import rich\n    from memlayout.cli.inspect_command import run\n",
+    "memlayout/cli/app.py": "import os\n\ndef main():\n    import rich\n"
+                            "    from memlayout.cli.inspect_command import run\n",
     "memlayout/cli/inspect_command.py": "import rich\n\ndef run():\n    from memlayout.light import size\n",
     "memlayout/light.py": "import json\n\nsize = 1\n",
     "memlayout/heavy.py": "import torch\n",
@@ -65,7 +66,8 @@ def test_a_heavy_package_at_the_top_of_a_start_up_module_fails(tmp_path: Path) -
 
 def test_heavy_reached_through_a_light_looking_module_counts(tmp_path: Path) -> None:
     rules = _rules()
-    planted = {**CLEAN, "memlayout/cli/app.py": "from memlayout.user import f\n", "memlayout/user.py": "import numpy\n\ndef f():\n    pass\n"}
+    planted = {**CLEAN, "memlayout/cli/app.py": "from memlayout.user import f\n",
+               "memlayout/user.py": "import numpy\n\ndef f():\n    pass\n"}
     found = rules.violations(rules.Package(_package(tmp_path, planted)))
     assert [(v.path.name, v.line) for v in found] == [("user.py", 1)]
 

@@ -65,7 +65,8 @@ def test_internal_overlap_is_seen_in_expanded_views_only() -> None:
     require_attribute(torch, "_debug_has_internal_overlap", "torch._debug_has_internal_overlap")
     row = torch.zeros(1, 8)
     api = "torch._debug_has_internal_overlap"
-    assert _torch.has_internal_overlap(row.expand(4, 8)), changed(api, "an expanded view is not reported as overlapping")
+    assert _torch.has_internal_overlap(row.expand(4, 8)), changed(
+        api, "an expanded view is not reported as overlapping")
     assert not _torch.has_internal_overlap(torch.zeros(4, 8).t()), changed(api, "a transposed tensor is reported")
     assert not _torch.has_internal_overlap(torch.zeros(4, 8)[:, ::2]), changed(api, "a strided slice is reported")
 
@@ -217,7 +218,8 @@ def test_torch_loads_a_pickle_through_a_reader_of_ours(saved: tuple[Path, dict[s
     api = "torch.serialization._load"
     load = require_attribute(torch.serialization, "_load", api)
     parameters = list(inspect.signature(load).parameters)
-    assert parameters[:3] == ["zip_file", "map_location", "pickle_module"], changed(api, f"its parameters: {parameters}")
+    assert parameters[:3] == ["zip_file", "map_location", "pickle_module"], changed(api,
+                                                                                    f"its parameters: {parameters}")
     path, _ = saved
     tree = _torch.load_pickle_from_records(ZipRecords(path), _torch.weights_only_unpickler())
     expected = torch.load(path, weights_only=True)
@@ -356,13 +358,15 @@ def test_cpu_attention_dispatches_the_fused_op_whose_flops_are_counted() -> None
         "aten._scaled_dot_product_flash_attention_for_cpu", f"CPU attention dispatched {sorted(map(str, packets))}"
     )
     names = [a.name for a in _torch.op_schema(op.default).arguments]
-    assert names[:3] == ["query", "key", "value"], changed("aten._scaled_dot_product_flash_attention_for_cpu", f"{names}")
+    assert names[:3] == ["query", "key", "value"], changed("aten._scaled_dot_product_flash_attention_for_cpu",
+                                                           f"{names}")
 
 
 def test_fake_tensors_have_shapes_and_strides_and_no_data() -> None:
     for name in ("FakeTensorMode", "FakeTensor"):
         module, attribute = _torch.PRIVATE_CLASSES[name]
-        require_attribute(sys.modules.get(module) or __import__(module, fromlist=[attribute]), attribute, f"{module}.{attribute}")
+        require_attribute(sys.modules.get(module) or __import__(module, fromlist=[attribute]), attribute,
+                          f"{module}.{attribute}")
     mode = _torch.FakeTensorMode(allow_non_fake_inputs=True)
     real = torch.randn(4, 5)
     with mode:
@@ -598,7 +602,8 @@ def test_fake_mode_names_the_op_that_needs_a_value_and_can_be_set_aside() -> Non
         with _torch.unset_fake_temporarily():
             real = torch.ones(3)
     api = "torch._subclasses.fake_tensor"
-    assert str(read.value.func) == "aten._local_scalar_dense.default", changed(api, f".item() raised for {read.value.func}")
+    assert str(read.value.func) == "aten._local_scalar_dense.default", changed(
+        api, f".item() raised for {read.value.func}")
     assert str(shaped.value.func) == "aten.nonzero.default", changed(api, f"nonzero raised for {shaped.value.func}")
     assert not isinstance(real, _torch.FakeTensor) and real.sum().item() == 3, changed(
         "torch._subclasses.fake_tensor.unset_fake_temporarily", "a tensor made inside it is fake"

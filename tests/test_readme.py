@@ -79,7 +79,8 @@ def test_the_quick_start_shows_three_commands() -> None:
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/usage.md"])
-def test_the_demo_output_shows_the_current_findings(page: str, repo_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_demo_output_shows_the_current_findings(page: str, repo_root: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(repo_root)
     result = CliRunner().invoke(app, ["inspect", "fixtures/demo_checkpoint.pt", "--format", "json"])
     text = (repo_root / page).read_text().replace("\n", " ")

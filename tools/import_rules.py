@@ -211,7 +211,8 @@ def violations(package: Package) -> list[Violation]:
 
 def counts(package: Package) -> dict[str, int]:
     """Import statements (not names) inside functions: all, of light memlayout modules, and those not allowed."""
-    in_function = {(name, i.line, i.module) for name, imports in package.imports.items() for i in imports if i.in_function}
+    in_function = {(name, i.line, i.module) for name, imports in package.imports.items() for i in imports
+                   if i.in_function}
     light = {(name, line) for name, line, module in in_function if package.is_light(module)}
     refused = {(v.path, v.line) for v in violations(package) if "no third-party" in v.text}
     return {

@@ -345,7 +345,8 @@ def _check(arch: Architecture, record: dict[str, Any]) -> None:
                                          if part)
     record["within_2pct"] = abs(predicted - plain.peak_bytes) <= TOLERANCE * plain.peak_bytes
     if not record["within_2pct"]:
-        record["reason"] = (f"{record['reason']}; " if record.get("mode") else "") + (f"predicted {mib(predicted)} against {mib(plain.peak_bytes)} measured "
+        record["reason"] = (f"{record['reason']}; " if record.get("mode") else "") + (
+                            f"predicted {mib(predicted)} against {mib(plain.peak_bytes)} measured "
                             f"({record['ratio']:.3f}x)")
     if plans_wanted():
         _check_plan(arch, plain, record)

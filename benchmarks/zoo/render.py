@@ -82,7 +82,8 @@ def commit(run: dict[str, Any]) -> str:
 
 
 def range_miss(measured: int, low: int, high: int) -> str:
-    """A measured peak outside the predicted range, in bytes: a range and a peak a few bytes apart read the same in MiB."""
+    """A measured peak outside the predicted range, in bytes: a range and a peak a few bytes apart read the same in
+    MiB."""
     side = f"{measured - high:,} B above" if measured > high else f"{low - measured:,} B below"
     return f"the measured peak {measured:,} B is {side} the predicted range {low:,} to {high:,} B"
 
@@ -241,8 +242,8 @@ def two_sizes() -> list[str]:
              "with `profile_memory=True`, allocations and frees summed in order, plus what was live before the "
              "step (`tests/activations/measure.py`'s `allocator_peak_step`). Those see what op-output counters "
              "miss: a kernel's scratch, and an output's storage beyond its shape "
-             "(`memlayout/activations/trace/kernel_storage.py`). `small` is tiny.py's width 32, 2 layers, 4 heads of 8; "
-             "`large` its width 256, 4 layers, 8 heads of 32, FFN 512 (diffusers' and torch.nn's configs do not "
+             "(`memlayout/activations/trace/kernel_storage.py`). `small` is tiny.py's width 32, 2 layers, 4 heads of "
+             "8; `large` its width 256, 4 layers, 8 heads of 32, FFN 512 (diffusers' and torch.nn's configs do not "
              "scale). A timeout counts as a failure; \"runnable\" is every architecture that builds and runs a "
              "real step.", ""]
     for size, records in found.items():
@@ -254,10 +255,13 @@ def two_sizes() -> list[str]:
         worst = [f"{name} {ratio:.3f}" for ratio, name in (ratios[:2] + ratios[-2:])] if ratios else []
         run = sweep.get("full_sweep", {})
         share = f"{100 * len(within) / len(runnable):.1f}%" if runnable else "-"
+        counter_within = sum(1 for r in runnable if r.get("storage_counter_peak_bytes")
+                             and abs(r["storage_counter_peak_bytes"] - r["measured_peak_bytes"])
+                             <= 0.02 * r["measured_peak_bytes"])
         lines.append(f"- **{size}**: {len(records)} architectures, {len(runnable)} runnable, **{len(within)} of "
                      f"{len(runnable)} within 2%** ({share}); lowest and highest ratios: "
                      f"{', '.join(dict.fromkeys(worst)) or '-'}; the storage counter alone would give "
-                     f"{sum(1 for r in runnable if r.get('storage_counter_peak_bytes') and abs(r['storage_counter_peak_bytes'] - r['measured_peak_bytes']) <= 0.02 * r['measured_peak_bytes'])} "
+                     f"{counter_within} "
                      f"of {len(runnable)} within 2% of the allocator's peak.")
         if run:
             stopped = (f"; stopped at its time limit with {len(run['not_checked'])} of the sample not checked"

@@ -221,9 +221,11 @@ def main(argv: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.zoo.run", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", action="append", default=[], help="an architecture to run (repeatable)")
-    parser.add_argument("--family", action="append", default=[], help="every architecture of a family (with --arch: either)")
+    parser.add_argument("--family", action="append", default=[],
+                        help="every architecture of a family (with --arch: either)")
     parser.add_argument("--rerun", choices=("failed", "missing"),
-                        help="failed: only the records not ok within 2%%, or missing; missing: only those never checked")
+                        help="failed: only the records not ok within 2%%, or missing; missing: only those never "
+                             "checked")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per architecture (default 300)")
     parser.add_argument("--jobs", type=int, default=1, help="architectures run at once (default 1)")
     parser.add_argument("--size", choices=("small", "large"), default="small",

@@ -52,7 +52,8 @@ def _at_most(limit: int) -> Callable[[Any], Any]:
 
 def _list_of(limit: int) -> Callable[[Any], Any]:
     def shrink(value: Any) -> Any:
-        if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if (isinstance(value, (list, tuple)) and value
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
             return [min(v, limit) for v in value]
         return _at_most(limit)(value)
 
@@ -158,7 +159,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "blip-2": {"image_token_index": 90},
     "instructblip": {"image_token_index": 90},
     "instructblipvideo": {"image_token_index": 90},
-    "vipllava": {"vision_feature_layers": [-2, -1]},  # the default taps layers 6, -8, -11 of a deep tower  # five halvings of a 32-pixel image leave nothing to unfold
+    # the default taps layers 6, -8, -11 of a deep tower  # five halvings of a 32-pixel image leave nothing to unfold
+    "vipllava": {"vision_feature_layers": [-2, -1]},
     "textnet": {"stem_out_channels": 32},  # the first stage's width
     "hgnet_v2": {"hidden_sizes": [256, 512, 1024, 2048]},  # the head reads the stages' own (unshrunk) widths
     "neomme": {"head_dim": 2 * HEAD_DIM},  # M-RoPE needs a rotated part of a multiple of 4 dims

@@ -383,7 +383,8 @@ def _step_failed(exc: Exception, step: StepWorld) -> UsageError:
     read = value_read(exc)
     if read is not None:
         return UsageError(f"the step reads a value that {step.mode} tensors do not have: {read.describe()}; "
-                          f"{_why_no_value(exc, step)}", "pass `real=True` to run the step for real (it takes the memory)")
+                          f"{_why_no_value(exc, step)}",
+                          "pass `real=True` to run the step for real (it takes the memory)")
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return UsageError(f"the step failed on {type(step.model).__name__}: {type(exc).__name__}: {text} (at {where(exc)})",
                       "check the inputs' shapes and dtypes against the model's forward (--debug shows the traceback)")

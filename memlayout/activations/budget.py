@@ -42,8 +42,8 @@ class Budget:
     said: str
     """Where the budget came from, in words."""
     runtime_bytes: int | None = None
-    """On CUDA, what the CUDA runtime holds beside the step's tensors (the context, cuBLAS's memory and its workspaces' segments), added
-    to the reserved peak; None on the CPU, where the live tensors' peak is compared."""
+    """On CUDA, what the CUDA runtime holds beside the step's tensors (the context, cuBLAS's memory and its workspaces'
+    segments), added to the reserved peak; None on the CPU, where the live tensors' peak is compared."""
 
     @property
     def figure(self) -> str:

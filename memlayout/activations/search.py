@@ -382,7 +382,8 @@ def exclusions(
                 "created during forward: a model built afresh does not have it yet, so a plan cannot name it"
             )
         elif m.mutates_inputs:
-            excluded[m.path] = "writes in place into a tensor it received: its rerun would start from the changed values"
+            excluded[m.path] = ("writes in place into a tensor it received: its rerun would start from the changed "
+                                "values")
         elif m.changes_state is not None:
             inner, _, what = m.changes_state.partition(": ")
             who = "its forward changes" if inner == m.path else f"{inner} inside it changes"
@@ -394,7 +395,8 @@ def exclusions(
 
 
 def _paths(plan: Plan) -> list[str]:
-    return list(dict.fromkeys([*plan.checkpoint, *(s.module for s in plan.sequential), *(s.module for s in plan.segments)]))
+    return list(dict.fromkeys([*plan.checkpoint, *(s.module for s in plan.sequential),
+                               *(s.module for s in plan.segments)]))
 
 
 def _failure_reason(exc: Exception) -> str:

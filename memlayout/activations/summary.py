@@ -57,7 +57,8 @@ class Summary:
     """The same for what reruns in backward (a plan's checkpointed modules)."""
     reserved_peak_bytes: int | None = None
     """The peak of the allocator's segments (`max_memory_reserved()`) over two steps from a fresh allocator
-    (device/allocator_replay.py); CUDA only. The CUDA context and cuBLAS's workspaces are not in it (device/cuda_runtime.py)."""
+    (device/allocator_replay.py); CUDA only. The CUDA context and cuBLAS's workspaces are not in it
+    (device/cuda_runtime.py)."""
 
 
 @dataclass(frozen=True)

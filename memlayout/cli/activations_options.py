@@ -67,7 +67,8 @@ ROWS: tuple[Row, ...] = (
             "or AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModel, ...). Without it: the config's architectures, "
             "else the model type's first head with a loss (sequence-to-sequence first for an encoder-decoder), else "
             "the base model.", metavar="NAME"),
-    _option("trust", bool, False, help="Allow real unpickling, which runs code from the file. Only for files you trust."),
+    _option("trust", bool, False, help="Allow real unpickling, which runs code from the file. Only for files you "
+                                       "trust."),
     _option("main_module", str | None, None, help="With --trust: the module (on PYTHONPATH) that defines the classes a "
             "model saved from a script pickles as __main__.Name.", metavar="MODULE"),
     _option("timeout", int, 30, help="For URLs and Hub models: give up on a request, its redirects and retries "
@@ -98,8 +99,8 @@ ROWS: tuple[Row, ...] = (
             metavar="SIZE"),
     _option("real", bool, False, help="Run the step for real on --device (uses the memory), as a check."),
     # Precision
-    _option("dtype", str | None, None, help=_dtype_help("Cast the model's floating parameters and buffers to this dtype "
-            "first, as pure low-precision training does, and floating inputs with them; the optimizer's state "
+    _option("dtype", str | None, None, help=_dtype_help("Cast the model's floating parameters and buffers to this "
+            "dtype first, as pure low-precision training does, and floating inputs with them; the optimizer's state "
             "follows it"), metavar=DTYPE_METAVAR),
     _option("autocast", str | None, None, help="Run forward and loss under torch.autocast in this dtype, with "
             "--device's own op lists (CPU's differ from CUDA's); backward follows the dtypes forward chose (bf16 or "
@@ -115,9 +116,9 @@ ROWS: tuple[Row, ...] = (
             "fits --budget, on fake traces, with no checkpointing and with the budget search's plan: batch scales "
             "dim 0 of every --input; seq dim 1 of every integer --input with two or more dims (token ids, labels, "
             "masks), or seq:N dim N of every --input that has it.", metavar="batch|seq|seq:N"),
-    _option("sweep", str | None, None, help="Predict the step at each size of the batch (batch=1,2,4,8) or the sequence "
-            "(seq=512:4096:512, STOP included; seq:N for dim N), scaled as --fit scales it: one row per size with the "
-            "peak, and on a GPU the reserved peak and the figure compared with the card; with --budget, whether each "
+    _option("sweep", str | None, None, help="Predict the step at each size of the batch (batch=1,2,4,8) or the "
+            "sequence (seq=512:4096:512, STOP included; seq:N for dim N), scaled as --fit scales it: one row per size "
+            "with the peak, and on a GPU the reserved peak and the figure compared with the card; with --budget, whether each "
             "fits and the plan at each; with --fit, its answers. The step is traced at a few of the sizes and the "
             "others evaluated from those traces where their allocations agree (the report says which).",
             metavar="AXIS=SIZES"),

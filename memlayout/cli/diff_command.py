@@ -40,7 +40,8 @@ def diff_command(
     a: Annotated[
         str, typer.Argument(
             help="The checkpoint before: file, model directory, pkg.module:callable, an https:// URL, "
-            "hf://ORG/NAME@REVISION/PATH (the revision and path optional), or a bare Hub id when no local path of that name exists.",
+            "hf://ORG/NAME@REVISION/PATH (the revision and path optional), or a bare Hub id when no local path of that "
+            "name exists.",
             metavar="A",
         )
     ],

@@ -1,4 +1,5 @@
-"""How every command turns errors into one stderr line and exit code 2: `exit_code`, called once, by `MemlayoutCommand`."""
+"""How every command turns errors into one stderr line and exit code 2: `exit_code`, called once, by
+`MemlayoutCommand`."""
 
 from __future__ import annotations
 

@@ -127,7 +127,8 @@ def flatten_command(
     ] = False,
     debug: DebugOption = False,
 ) -> int:
-    """Rewrite a model into flat, aligned buffers and save it in the same format (or --to safetensors), losing nothing."""
+    """Rewrite a model into flat, aligned buffers and save it in the same format (or --to safetensors), losing
+    nothing."""
     from memlayout.flatten.files import flatten_path
     from memlayout.flatten.options import FlattenOptions
     from memlayout.flatten.plan import check_align

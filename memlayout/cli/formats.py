@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from memlayout.output.interface import Formatter
     from memlayout.pipeline.batch import BatchReport
 
+    ActivationsResult = ActivationReport | RanksReport | FitReport | SweepReport | WeightsReport
+    """What `activations` reports, one of its pipelines' results."""
+
 R = TypeVar("R")
 
 
@@ -90,7 +93,7 @@ class Format(NamedTuple):
 
     inspect: Callable[[RenderOptions], Formatter[BatchReport]] | None = None
     diff: Callable[[RenderOptions], Formatter[DiffReport]] | None = None
-    activations: Callable[[RenderOptions], Formatter[ActivationReport | RanksReport | FitReport | SweepReport | WeightsReport]] | None = None
+    activations: Callable[[RenderOptions], Formatter[ActivationsResult]] | None = None
 
     def of(self, command: Command) -> Callable[[RenderOptions], Formatter[Any]] | None:
         """The formatter factory `command` renders this format with; None where it has none."""
@@ -252,13 +255,13 @@ def _diff_html(options: RenderOptions) -> Formatter[DiffReport]:
     return DiffHtml()
 
 
-def _activations_table(options: RenderOptions) -> Formatter[ActivationReport | RanksReport | FitReport | SweepReport | WeightsReport]:
+def _activations_table(options: RenderOptions) -> Formatter[ActivationsResult]:
     from memlayout.activations.report.table import ActivationsTable
 
     return ActivationsTable(depth=options.depth, width=options.width, color=options.color)
 
 
-def _activations_json(options: RenderOptions) -> Formatter[ActivationReport | RanksReport | FitReport | SweepReport | WeightsReport]:
+def _activations_json(options: RenderOptions) -> Formatter[ActivationsResult]:
     from memlayout.activations.report.json_report import ActivationsJson
 
     return ActivationsJson()

@@ -245,7 +245,8 @@ def parse_ties(values: list[str] | None) -> tuple[tuple[str, str], ...]:
     for value in values or []:
         target, sep, source = value.partition("=")
         if not sep or not target.strip() or not source.strip():
-            raise UsageError(f"--tie {value!r} is not of the form TARGET=SOURCE", "e.g. --tie lm_head.weight=embed.weight")
+            raise UsageError(f"--tie {value!r} is not of the form TARGET=SOURCE",
+                             "e.g. --tie lm_head.weight=embed.weight")
         ties.append((target.strip(), source.strip()))
     return tuple(ties)
 

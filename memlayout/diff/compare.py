@@ -63,7 +63,8 @@ class _Side:
         # name only the other side stores is restored here only when the other side
         # also stores the name it is restored from: one model saved two ways, not a
         # GPT-2 config tying a Llama's lm_head.weight.
-        restoring = [tie for tie in restoring if side._restores_here(key_of(tie.target), key_of(tie.source), other_keys)]
+        restoring = [tie for tie in restoring if side._restores_here(key_of(tie.target), key_of(tie.source),
+                                                                     other_keys)]
         for group in report.facts.alias_groups:
             for pair in group.pairs:
                 names = frozenset((pair.first, pair.second))
@@ -208,7 +209,8 @@ def _attributes(a: _Side, b: _Side, keys: list[str], values: ValueComparer | Non
         yield from _pair_changes(av, bv, tuple(pair_keys), values)
 
 
-def _pair_changes(av: TensorFact, bv: TensorFact, keys: tuple[str, ...], values: ValueComparer | None) -> Iterator[Change]:
+def _pair_changes(av: TensorFact, bv: TensorFact, keys: tuple[str, ...],
+                  values: ValueComparer | None) -> Iterator[Change]:
     label = keys[0] if len(keys) == 1 else f"{keys[0]} (and {', '.join(keys[1:])})"
     in_a, in_b = (av.name,), (bv.name,)
     if av.device != bv.device:
@@ -252,7 +254,8 @@ def _pair_changes(av: TensorFact, bv: TensorFact, keys: tuple[str, ...], values:
         # Contiguous tensors may differ in the strides of size-1 dims, which mean nothing.
         yield Change(
             ChangeKind.STRIDE, Severity.INFO, keys,
-            f"{label}: stride {_shape(av.stride)} -> {_shape(bv.stride)} ({av.memory_format.value} -> {bv.memory_format.value})",
+            f"{label}: stride {_shape(av.stride)} -> {_shape(bv.stride)} ({av.memory_format.value} -> "
+            f"{bv.memory_format.value})",
             before=_shape(av.stride), after=_shape(bv.stride), a_names=in_a, b_names=in_b,
         )
     if compared is not None and not compared.equal and av.dtype == bv.dtype:
@@ -289,7 +292,8 @@ def _ties(a: _Side, b: _Side, reported: set[frozenset[str]]) -> Iterator[Change]
                     source, declared_by = b.restored[key]
                     yield Change(
                         ChangeKind.TIE_RESTORED, Severity.INFO, keys,
-                        f"B stores {source} once; {key} is restored from it by {declared_by}", a_names=in_a, b_names=in_b,
+                        f"B stores {source} once; {key} is restored from it by {declared_by}", a_names=in_a,
+                        b_names=in_b,
                     )
         else:
             yield Change(
@@ -315,13 +319,15 @@ def _declared_ties(a: _Side, b: _Side, reported: set[frozenset[str]]) -> Iterato
             reported.add(pair)
             yield Change(
                 ChangeKind.DECLARED_TIE_BROKEN, Severity.ERROR, keys,
-                f"{target} is declared tied to {source} ({declared_by}); B drops {dropped} and nothing in B restores it",
+                f"{target} is declared tied to {source} ({declared_by}); B drops {dropped} and nothing in B restores "
+                "it",
                 a_names=in_a, b_names=in_b,
             )
         elif not b.same_bytes(bt, bs):
             reported.add(pair)
             at, as_ = a.view(target), a.view(source)
-            before = " (A did not keep it either)" if at is not None and as_ is not None and not a.same_bytes(at, as_) else ""
+            before = (" (A did not keep it either)"
+                      if at is not None and as_ is not None and not a.same_bytes(at, as_) else "")
             yield Change(
                 ChangeKind.DECLARED_TIE_BROKEN, Severity.ERROR, keys,
                 f"{target} is declared tied to {source} ({declared_by}) but they are separate memory in B "
@@ -338,7 +344,8 @@ def _sharing(a: _Side, b: _Side, reported: set[frozenset[str]]) -> Iterator[Chan
         keys = (first, second)
         yield Change(
             ChangeKind.SHARING_LOST, Severity.INFO, keys,
-            f"{first} and {second} share memory in A ({_OVERLAP_WORDS.get(relation, relation.value)}); in B they do not",
+            f"{first} and {second} share memory in A ({_OVERLAP_WORDS.get(relation, relation.value)}); in B they do "
+            "not",
             a_names=a.own_names(keys), b_names=b.own_names(keys),
         )
     gained = [(f, s, Relation.EQUAL) for f, s in b.tie_pairs()] + list(b.overlap_pairs())

@@ -64,5 +64,6 @@ def change_lines(changes: Iterable[Change], fold_over: int = 3) -> list[ChangeLi
         if len(group) <= fold_over or len(key) == 1:
             lines += [ChangeLine(c.kind, c.severity, c.message, (c,)) for c in group]
         else:
-            lines.append(ChangeLine(group[0].kind, group[0].severity, f"{len(group)} tensors: {key[2]} ({_names(group)})", group))
+            lines.append(ChangeLine(group[0].kind, group[0].severity,
+                                    f"{len(group)} tensors: {key[2]} ({_names(group)})", group))
     return lines

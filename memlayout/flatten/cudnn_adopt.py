@@ -118,7 +118,8 @@ def adopt_cudnn_layouts(
         flatten(weights, layout.geometry, _owner(obj, weights))
         storage = weights[0].untyped_storage()
         if storage.data_ptr() == base or any(w.untyped_storage().data_ptr() != storage.data_ptr() for w in weights):
-            notes.append(f"{record.mode} {flat.rnn_module or '(root)'}: torch's cuDNN flatten left it alone; memlayout's layout kept")
+            notes.append(f"{record.mode} {flat.rnn_module or '(root)'}: torch's cuDNN flatten left it alone; "
+                         "memlayout's layout kept")
             continue
         with torch.no_grad():
             for _, _, group in groups:

@@ -354,7 +354,8 @@ def _convert_hf_dir(path: str, options: FlattenOptions, progress: Progress | Non
     ties = tuple(config_ties(path, [n for file_names in names.values() for n in file_names]))
     notes = _ties_across_files(ties, names)
     if options.check:
-        results = [_flatten_file(os.path.join(path, name), None, replace(options, out=None), None, ties) for name in files]
+        results = [_flatten_file(os.path.join(path, name), None, replace(options, out=None), None, ties)
+                   for name in files]
         return _merge_results(path, None, results, files, notes)
     out = _check_paths(path, options)
     assert out is not None
@@ -366,7 +367,8 @@ def _convert_hf_dir(path: str, options: FlattenOptions, progress: Progress | Non
         total = 0
         for name in files:
             target = os.path.join(temporary, converted_name(name))
-            results.append(_flatten_file(os.path.join(path, name), target, replace(options, out=target), progress, ties))
+            results.append(_flatten_file(os.path.join(path, name), target, replace(options, out=target), progress,
+                                         ties))
             header, _ = read_header(target)
             weight_map.update(dict.fromkeys((e.name for e in header.entries), converted_name(name)))
             dropped.update(n for n in header.metadata if n != "format" and header.metadata[n] in weight_map)

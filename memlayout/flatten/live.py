@@ -75,7 +75,8 @@ def groups_of(plan: FlatPlan, buffers: list[torch.Tensor]) -> list[FlatGroup]:
     for flat, buffer in zip(plan.buffers, buffers, strict=True):
         dtype = torch_dtype(flat.dtype)
         itemsize = dtype.itemsize
-        data = buffer.view(dtype) if buffer.numel() % itemsize == 0 else buffer[: buffer.numel() // itemsize * itemsize].view(dtype)
+        data = (buffer.view(dtype) if buffer.numel() % itemsize == 0
+                else buffer[: buffer.numel() // itemsize * itemsize].view(dtype))
         names = tuple(name for slot in flat.slots for view in slot.views for name in view.names)
         groups.append(FlatGroup(flat.label, flat.key, data, names, rnn_module=flat.rnn_module))
     return groups

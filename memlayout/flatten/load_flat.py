@@ -76,7 +76,8 @@ def repoint(model: Any, state: dict[str, Any]) -> None:
             continue  # a non-persistent buffer, never in a state dict
         if new.shape != tensor.shape or new.dtype != tensor.dtype:
             raise FlattenError(
-                f"{name} is {tuple(new.shape)} {new.dtype} in the checkpoint but {tuple(tensor.shape)} {tensor.dtype} in the model"
+                f"{name} is {tuple(new.shape)} {new.dtype} in the checkpoint but {tuple(tensor.shape)} {tensor.dtype} "
+                "in the model"
             )
         pairs.append((tensor, new))
     with torch.no_grad():
@@ -112,7 +113,8 @@ def load_flat_safetensors(path: str, device: str = "cpu") -> dict[str, torch.Ten
         dtype = torch_dtype(entry.dtype)
         start = base + entry.start - header.data_start
         if start % dtype.itemsize:
-            raise FlattenError(f"{entry.name} is not aligned to its element size in {path}", "rewrite it with memlayout flatten")
+            raise FlattenError(f"{entry.name} is not aligned to its element size in {path}",
+                               "rewrite it with memlayout flatten")
         view = torch.empty(0, dtype=dtype, device=data.device)
         view.set_(storage, start // dtype.itemsize, entry.shape, dense_strides(entry.shape, MemoryFormat.CONTIGUOUS))
         state[entry.name] = view
@@ -121,7 +123,8 @@ def load_flat_safetensors(path: str, device: str = "cpu") -> dict[str, torch.Ten
         dtype = torch_dtype(alias["dtype"])
         owner_start = owner.storage_offset() * owner.element_size()
         view = torch.empty(0, dtype=dtype, device=data.device)
-        view.set_(storage, owner_start // dtype.itemsize + alias["offset"], tuple(alias["shape"]), tuple(alias["stride"]))
+        view.set_(storage, owner_start // dtype.itemsize + alias["offset"], tuple(alias["shape"]),
+                  tuple(alias["stride"]))
         state[name] = view
     return {name: tensor for name, tensor in state.items() if not name.startswith("__memlayout_slot_")}
 

@@ -370,7 +370,8 @@ def _place(facts: Facts, member: _Region | TensorFact, cursor: int, align: int) 
 
 
 def _placement(facts: Facts, view: TensorFact, stride: tuple[int, ...], offset: int) -> Placement:
-    return Placement(view_key(view, facts), view.names, view.kind, view.dtype, view.itemsize, view.shape, stride, offset)
+    return Placement(view_key(view, facts), view.names, view.kind, view.dtype, view.itemsize, view.shape, stride,
+                     offset)
 
 
 def is_identity(plan: FlatPlan, facts: Facts) -> bool:

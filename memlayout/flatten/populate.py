@@ -6,8 +6,8 @@ it. `madvise(MADV_POPULATE_WRITE)` (Linux 5.14+) does the same work for a whole
 range in one call with no trap per page; split over the intra-op threads, it and
 the copy that follows at memory speed together beat faulting inside the copy
 (bench_flatten.py; the figures are in benchmarks/README.md). One thread alone was
-slower than faulting inside a two-thread copy, so the range is always split. Where the call is missing or refused, the copy faults the pages
-in as before: this only ever changes speed.
+slower than faulting inside a two-thread copy, so the range is always split. Where the call is missing or refused, the
+copy faults the pages in as before: this only ever changes speed.
 """
 
 from __future__ import annotations

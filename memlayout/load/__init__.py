@@ -67,7 +67,8 @@ FORMATS: list[Format] = [
     Format("pickle", "memlayout.load.legacy", "load_bare_pickle", detect.opens_like_a_pickle, confirm="is_pickle"),
     # Compressed streams, last: zlib's and lzma's headers are weak, and confirmed by decompressing.
     *[
-        Format(codec.name, "memlayout.load.containers", "load_compressed", functools.partial(detect.compresses_as, codec.name),
+        Format(codec.name, "memlayout.load.containers", "load_compressed",
+               functools.partial(detect.compresses_as, codec.name),
                confirm="confirms_compression")
         for codec in detect.CODECS
     ],

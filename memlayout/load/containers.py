@@ -60,7 +60,8 @@ def _source(unpacking: Unpacking, fmt: str) -> LoadedSource:
     for item in read:
         for found_global in item.globals:
             merged.setdefault((found_global.module, found_global.name, found_global.member), found_global)
-    members = [f"{item.record.member or 'its stream'} ({item.record.format if item.record.format != 'data' else item.record.what})"
+    members = [f"{item.record.member or 'its stream'} "
+               f"({item.record.format if item.record.format != 'data' else item.record.what})"
                for item in found]
     shown = "; ".join(members[:_SHOWN]) + (f"; and {len(members) - _SHOWN} more" if len(members) > _SHOWN else "")
     notes = [f"a {fmt} {kind} holding {counted(len(found), 'file')}, read by content without unpacking it to disk: "

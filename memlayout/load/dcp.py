@@ -181,12 +181,14 @@ def _chunk_notes(tensors: list[DcpTensor], files: int) -> list[str]:
     chunk_count = sum(len(t.chunks) for t in tensors)
     notes = [
         f"torch.distributed.checkpoint: {counted(len(tensors), 'tensor')} in {counted(chunk_count, 'chunk')} over "
-        f"{counted(files, 'file')}; metadata only, so content checks are skipped; dcp.load reads .metadata with plain pickle.load"
+        f"{counted(files, 'file')}; metadata only, so content checks are skipped; dcp.load reads .metadata with plain "
+        "pickle.load"
     ]
     sharded = [t for t in tensors if len(t.chunks) > 1]
     for tensor in sharded[:_NOTE_LIMIT]:
         spans = " ".join(
-            "[" + ",".join(f"{o}:{o + s}" for o, s in zip(c.offsets, c.sizes, strict=False)) + "]" for c in tensor.chunks
+            "[" + ",".join(f"{o}:{o + s}" for o, s in zip(c.offsets, c.sizes, strict=False)) + "]"
+            for c in tensor.chunks
         )
         notes.append(f"{tensor.name} {list(tensor.shape)} is sharded in {len(tensor.chunks)} chunks: {spans}")
     if len(sharded) > _NOTE_LIMIT:
@@ -279,7 +281,8 @@ def load_dcp(path: str) -> LoadedSource:
         storages=storages,
         pickle_globals=pickle_globals,
         notes=_chunk_notes(tensors, len(needed)) + (
-            [f"{', '.join(unread)}: not named by .metadata, so dcp.load never reads {'it' if len(unread) == 1 else 'them'}"]
+            [f"{', '.join(unread)}: not named by .metadata, so dcp.load never reads "
+             f"{'it' if len(unread) == 1 else 'them'}"]
             if unread else []
         ),
         layout_unrecorded=LAYOUT_UNRECORDED,

@@ -141,7 +141,8 @@ def refuse_big_endian(path: str, sys_info: Any) -> None:
     Storage bytes are read in place as little-endian; torch.load byte-swaps them.
     """
     if isinstance(sys_info, dict) and sys_info.get("little_endian") is False:
-        raise CorruptCheckpointError(f"{path} was saved on a big-endian machine", "re-save it on a little-endian machine")
+        raise CorruptCheckpointError(f"{path} was saved on a big-endian machine",
+                                     "re-save it on a little-endian machine")
 
 
 def load_legacy(path: str) -> LoadedSource:

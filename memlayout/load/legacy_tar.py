@@ -283,7 +283,8 @@ def _read_storages(
         offset, numel = _key(view[2], path, "a view's offset"), _key(view[3], path, "a view's size")
         base = slices.get(root_key)
         if base is None:
-            raise CorruptCheckpointError(f"{path}: storage view {target} slices storage {root_key}, which the file lacks")
+            raise CorruptCheckpointError(f"{path}: storage view {target} slices storage {root_key}, which the file "
+                                         "lacks")
         if offset < 0 or numel < 0 or offset + numel > base.numel:
             raise CorruptCheckpointError(
                 f"{path}: storage view {target} (elements {offset}..{offset + numel}) "

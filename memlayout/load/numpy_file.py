@@ -98,7 +98,8 @@ def parse_header(data: bytes, what: str) -> NpyHeader:
     try:
         dtype = numpy.lib.format.descr_to_dtype(header["descr"])
     except (TypeError, ValueError) as exc:
-        raise CorruptCheckpointError(f"{what}: the .npy header's dtype {header['descr']!r:.80} is not one numpy reads") from exc
+        raise CorruptCheckpointError(f"{what}: the .npy header's dtype {header['descr']!r:.80} is not one numpy "
+                                     "reads") from exc
     return NpyHeader(start + length, dtype, shape, bool(header["fortran_order"]))
 
 
@@ -143,7 +144,8 @@ def _array_records(
         shape: tuple[int, ...] = (nbytes,)
         stride: tuple[int, ...] = (1,)
         if dtype is None:
-            notes.append(f"{name}: numpy dtype {header.dtype.str} has no torch counterpart; its bytes are shown as uint8")
+            notes.append(f"{name}: numpy dtype {header.dtype.str} has no torch counterpart; its bytes are shown as "
+                         "uint8")
         else:
             shape, stride = header.shape, _strides(header.shape, header.fortran_order)
         # numpy.load reads into fresh memory unless mmap_mode is given: no address in the file.
@@ -170,7 +172,8 @@ def _unpickle_objects(data: Any, what: str) -> list[PickleGlobal]:
             raise DamagedPickleError(
                 f"{exc.message}; before that point it names {', '.join(named[:12])}, which {_LOADER}"
                 "(allow_pickle=True) would import and may call before it failed",
-                f"never load it with allow_pickle=True; {exc.hint}" if exc.hint else "never load it with allow_pickle=True",
+                f"never load it with allow_pickle=True; {exc.hint}" if exc.hint
+                else "never load it with allow_pickle=True",
                 named=tuple((g.module, g.name) for g in unpickler.referenced.values()
                             if (g.module, g.name) not in ARRAY_GLOBALS),
             ) from exc
@@ -208,7 +211,8 @@ def load_npy(path: str) -> LoadedSource:
             )
     nbytes = _numel(header.shape) * header.dtype.itemsize
     if header.data_start + nbytes > size:
-        raise CorruptCheckpointError(f"{path} holds {size - header.data_start:,} bytes of data; its header says {nbytes:,}")
+        raise CorruptCheckpointError(f"{path} holds {size - header.data_start:,} bytes of data; its header says "
+                                     f"{nbytes:,}")
     tensors, storages, notes = _array_records([_Array(ARRAY_NAME, header)], {ARRAY_NAME: header.data_start})
     spans = StorageSpans({ARRAY_NAME: header.data_start}, {ARRAY_NAME: nbytes})
     return file_source(path, "npy", tensors, storages, spans, notes=["numpy array: data, no pickle", *notes])

@@ -135,7 +135,8 @@ def load_pt2(path: str) -> LoadedSource:
         constants_name = prefix + CONSTANTS_CONFIG
         try:
             weights = json.loads(archive.read(configs[0]))
-            constants = json.loads(archive.read(constants_name)) if constants_name in archive.by_name else {"config": {}}
+            constants = (json.loads(archive.read(constants_name)) if constants_name in archive.by_name
+                         else {"config": {}})
             starts, sizes, _ = archive.record_spans(f"{prefix}data/")
         except (CorruptCheckpointError, ValueError) as exc:
             message = exc.message if isinstance(exc, CorruptCheckpointError) else str(exc)
@@ -162,7 +163,8 @@ def load_pt2(path: str) -> LoadedSource:
             notes.append(f"{name} is stored pickled (a tensor subclass); its contents are not read")
         if key not in storages:
             if pickled:
-                nbytes = (offset + sum((s - 1) * st for s, st in zip(shape, stride, strict=False)) + 1) * dtype_info(dtype).itemsize
+                nbytes = ((offset + sum((s - 1) * st for s, st in zip(shape, stride, strict=False)) + 1)
+                          * dtype_info(dtype).itemsize)
                 storages[key] = StorageRecord(key, _device(meta), nbytes if all(shape) else 0, None, has_data=False)
             else:
                 if key not in sizes:

@@ -88,7 +88,8 @@ def _index_name(url: str) -> str | None:
 
 
 def remote_note(files: RemoteFiles) -> str:
-    """What the reads cost beside what the files hold: "read remotely: 1.2 KiB fetched in 2 requests, of 5.0 MiB (1 file)"."""
+    """What the reads cost beside what the files hold: "read remotely: 1.2 KiB fetched in 2 requests, of 5.0 MiB (1
+    file)"."""
     tally = files.tally
     count = len(tally.sizes)
     return (

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 CONFIG = "config.json"
 HEADER_ENTRY_BYTES = 50
-"""A safetensors header entry beyond its name and numbers: `"NAME":{"dtype":"BF16","shape":[..],"data_offsets":[..,..]},`."""
+"""A safetensors header entry beyond its name and numbers:
+`"NAME":{"dtype":"BF16","shape":[..],"data_offsets":[..,..]},`."""
 HEADER_SPARE_BYTES = 48
 """`__metadata__` ({"format":"pt"}), the braces and the padding to 8 bytes."""
 

@@ -170,7 +170,8 @@ class InertGlobals:
         self._storage_records = storage_records
 
     def read_nested_pickle(self, what: str) -> None:
-        """Read one more pickle from this unpickler's stream, its globals joining this one's (a joblib array of objects)."""
+        """Read one more pickle from this unpickler's stream, its globals joining this one's (a joblib array of
+        objects)."""
         nested = type(self)(self.stream, storage_records=False)  # type: ignore[call-arg]
         nested.referenced = self.referenced
         run_unpickler(nested, what)  # type: ignore[arg-type]  # a concrete unpickler: this is a mixin

@@ -126,7 +126,8 @@ def parse_header(path: str, raw: bytes | memoryview, file_size: int) -> Safetens
         raise _fail(path, f"the file is {file_size} bytes, too short for the 8-byte header length")
     (length,) = struct.unpack("<Q", bytes(raw[:HEADER_LENGTH_BYTES]))
     if length > MAX_HEADER_BYTES or HEADER_LENGTH_BYTES + length > file_size:
-        raise _fail(path, f"the header claims {length} bytes but the file has {file_size - HEADER_LENGTH_BYTES} after the length")
+        raise _fail(path, f"the header claims {length} bytes but the file has {file_size - HEADER_LENGTH_BYTES} after "
+                          "the length")
     data_start = HEADER_LENGTH_BYTES + length
     try:
         # orjson, as strict as the safetensors crate's serde_json (UTF-8 only, no
@@ -172,9 +173,11 @@ def parse_header(path: str, raw: bytes | memoryview, file_size: int) -> Safetens
             raise _fail(path, f"tensor {name!r} has data_offsets {offsets!r}; expected [begin, end]")
         begin, end = offsets
         if not 0 <= begin <= end <= data_size:
-            raise _fail(path, f"tensor {name!r} has data_offsets [{begin}, {end}] outside the {data_size}-byte data section")
+            raise _fail(path, f"tensor {name!r} has data_offsets [{begin}, {end}] outside the {data_size}-byte data "
+                              "section")
         if end - begin != expected:
-            raise _fail(path, f"tensor {name!r} {info.get('dtype')}{info.get('shape')} needs {expected} bytes but its offsets span {end - begin}")
+            raise _fail(path, f"tensor {name!r} {info.get('dtype')}{info.get('shape')} needs {expected} bytes but its "
+                              f"offsets span {end - begin}")
         entries.append(SafetensorsEntry(name, dtype, shape, data_start + begin, end - begin))
 
     entries.sort(key=lambda e: (e.start, e.nbytes))

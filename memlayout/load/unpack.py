@@ -160,8 +160,8 @@ class Unpacking:
         deeper = (*within, container)
         if len(deeper) > codecs.MAX_DEPTH:
             raise UnpackLimitError(
-                f"{self.path} nests containers more than {codecs.MAX_DEPTH} deep ({' > '.join(deeper)}): memlayout reads "
-                f"{codecs.MAX_DEPTH} and does not vouch for what the last one holds"
+                f"{self.path} nests containers more than {codecs.MAX_DEPTH} deep ({' > '.join(deeper)}): memlayout "
+                f"reads {codecs.MAX_DEPTH} and does not vouch for what the last one holds"
             )
         return deeper
 
@@ -292,7 +292,8 @@ class Unpacking:
             while chunk := stream.read(CHUNK):
                 written += len(chunk)
                 if written > codecs.MAX_UNPACKED_BYTES:
-                    raise UnpackLimitError(f"{self.where(member)} is more than {human_bytes(codecs.MAX_UNPACKED_BYTES)}, "
+                    raise UnpackLimitError(f"{self.where(member)} is more than "
+                                           f"{human_bytes(codecs.MAX_UNPACKED_BYTES)}, "
                                            "memlayout's cap on what it copies out of a container to read")
                 view = memoryview(chunk)
                 while view:

@@ -82,7 +82,8 @@ def read_baseline(file: str) -> list[BaselineEntry]:
     except OSError as exc:
         raise UsageError(f"--baseline {file}: cannot be read: {exc.strerror}") from exc
     except (ValueError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{file} is not a memlayout baseline (not JSON: {exc})", "write it with --write-baseline") from exc
+        raise UsageError(f"{file} is not a memlayout baseline (not JSON: {exc})",
+                         "write it with --write-baseline") from exc
     return _entries(data, file)
 
 

@@ -181,7 +181,8 @@ class BatchReport:
     def exit_code(self) -> int:
         """The worst over all paths: 2 when a path could not be read, 1 when a finding fails one."""
         return exit_status(
-            len(self.paths), len(self.failures), sum(1 for p in self.paths if p.report is not None and p.fails(self.fail_on))
+            len(self.paths), len(self.failures),
+            sum(1 for p in self.paths if p.report is not None and p.fails(self.fail_on))
         )
 
 

@@ -44,7 +44,8 @@ def read_path_list(source: str) -> list[str]:
             with open(source, encoding="utf-8") as handle:
                 text = handle.read()
     except FileNotFoundError:
-        raise UsageError(f"--paths-from {source}: no such file", "name a file of paths, one a line, or - for stdin") from None
+        raise UsageError(f"--paths-from {source}: no such file",
+                         "name a file of paths, one a line, or - for stdin") from None
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise UsageError(f"--paths-from {source}: cannot be read ({reason})",
@@ -63,7 +64,8 @@ def parse_shard(value: str) -> tuple[int, int]:
         raise UsageError(f"--shard {value!r} is not of the form K/N", "e.g. --shard 1/4 takes paths 1, 5, 9, ...")
     index, count = int(match.group(1)), int(match.group(2))
     if count < 1 or not 1 <= index <= count:
-        raise UsageError(f"--shard {value}: K must be between 1 and N", f"the shards of {count} are 1/{count} to {count}/{count}"
+        raise UsageError(f"--shard {value}: K must be between 1 and N",
+                         f"the shards of {count} are 1/{count} to {count}/{count}"
                          if count >= 1 else "N is the number of shards, at least 1")
     return index, count
 

@@ -89,7 +89,8 @@ def _document(report: Report) -> dict[str, Any]:
                 "class": m.class_name,
                 "rnn": None
                 if m.rnn is None
-                else {"mode": m.rnn.mode, "weights": list(m.rnn.flat_weight_names), "unregistered": list(m.rnn.unregistered)},
+                else {"mode": m.rnn.mode, "weights": list(m.rnn.flat_weight_names),
+                      "unregistered": list(m.rnn.unregistered)},
             }
             for m in facts.modules
         ),
@@ -180,7 +181,8 @@ def _storage_entries(facts: Facts) -> Iterator[dict[str, Any]]:
 
 def report_dict(report: Report) -> dict[str, Any]:
     """The report as plain JSON-ready data (lists and dicts), as `--format json` writes it."""
-    return {key: list(value) if isinstance(value, LazyArray) else value for key, value in report_document(report).items()}
+    return {key: list(value) if isinstance(value, LazyArray) else value
+            for key, value in report_document(report).items()}
 
 
 def baseline_dict(baseline: BaselineOutcome) -> dict[str, Any]:

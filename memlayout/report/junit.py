@@ -3,7 +3,8 @@
 One testsuite per checkpoint and one testcase per selected rule. A testcase fails
 when its rule has findings at or above `--fail-on`; findings below it are listed in
 the testcase's output, and a rule that did not run (a `--deep` rule without --deep,
-or one the source lacks the data for) is skipped with the reason. A checkpoint that failed to load is a testsuite with one errored case.
+or one the source lacks the data for) is skipped with the reason. A checkpoint that failed to load is a testsuite with
+one errored case.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def xml_text(text: str) -> str:
 
 
 def _finding_line(finding: Finding) -> str:
-    return xml_text(f"{finding.code} {finding.severity.value} {finding.name}: {finding.message}\n    hint: {finding.hint}")
+    return xml_text(f"{finding.code} {finding.severity.value} {finding.name}: {finding.message}\n    hint: "
+                    f"{finding.hint}")
 
 
 def _counts(suite: ET.Element, tests: int, failures: int, errors: int, skipped: int) -> None:

@@ -99,7 +99,8 @@ class MarkdownReporter(Formatter[BatchReport]):
         skipped = [(p, s) for p in batch.paths if p.report is not None for s in p.report.skipped]
         if skipped:
             lines += ["", f"#### Rules not run ({len(skipped)})", ""]
-            lines += [f"- {s.code} {s.name}" + (f" on {_code(p.path)}" if with_path else "") + f": {escape_text(s.reason)}"
+            lines += [f"- {s.code} {s.name}" + (f" on {_code(p.path)}" if with_path else "")
+                      + f": {escape_text(s.reason)}"
                       for p, s in skipped]
         if batch.failures:
             lines += ["", f"#### Could not load ({len(batch.failures)})", ""]
@@ -109,7 +110,8 @@ class MarkdownReporter(Formatter[BatchReport]):
             for path in batch.data:
                 counts[path.data or ""] = counts.get(path.data or "", 0) + 1
             lines += ["", f"#### Recognized as data ({len(batch.data)})", ""]
-            lines += [f"- {escape_text(what)}: {count:,}" for what, count in sorted(counts.items(), key=lambda kv: -kv[1])]
+            lines += [f"- {escape_text(what)}: {count:,}"
+                      for what, count in sorted(counts.items(), key=lambda kv: -kv[1])]
         if batch.baseline is not None and batch.baseline.rekeyed:
             lines += ["", f"#### Shown although in the baseline ({len(batch.baseline.rekeyed)})", "",
                       "The baseline keyed these on their rule and tensors only; their fingerprints now cover what "

@@ -26,7 +26,8 @@ def _fix_sentence(rule: Rule) -> str:
 
 def explain_text(rule: Rule) -> str:
     """The rule's whole documentation as plain text, four sections under a title line."""
-    lines = [f"{rule.code} {rule.name}: {rule.summary}", f"(default severity {rule.severity.value}; {rule.family} rules)", ""]
+    lines = [f"{rule.code} {rule.name}: {rule.summary}",
+             f"(default severity {rule.severity.value}; {rule.family} rules)", ""]
     lines += [SECTIONS[0], _paragraphs(rule.detects), ""]
     lines += [SECTIONS[1], _paragraphs(rule.explanation), ""]
     if rule.example is not None:

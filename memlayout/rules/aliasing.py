@@ -64,7 +64,8 @@ def _optimizer_state_hint(ctx: RuleContext) -> str:
     # Name the checkpoint's own model section when there is exactly one, so that the
     # hint is a line to run: resemblyzer keeps its weights under "model_state".
     sections = {t.section for t in ctx.facts.model_tensors()}
-    model = f'checkpoint["{next(iter(sections))}"]' if len(sections) == 1 and "" not in sections else "the model's state_dict"
+    model = (f'checkpoint["{next(iter(sections))}"]' if len(sections) == 1 and "" not in sections
+             else "the model's state_dict")
     return (
         "do not tie optimizer state; for a checkpoint meant for inference, save only the model's weights "
         f"(`torch.save({model}, path)`), which drops the optimizer's copies"
@@ -180,7 +181,8 @@ def duplicate_weights(ctx: RuleContext) -> Iterator[Finding]:
                 continue
             yield duplicate_weights.finding(
                 names,
-                f"{', '.join(names)} hold identical {what} contents in separate memory ({human_bytes(wasted)} duplicated)",
+                f"{', '.join(names)} hold identical {what} contents in separate memory ({human_bytes(wasted)} "
+                "duplicated)",
                 wasted_bytes=wasted,
             )
 

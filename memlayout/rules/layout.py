@@ -257,7 +257,8 @@ def _misaligned_finding(
         )
     plural = len(names) != 1
     if by_element:
-        where = f"a multiple of {'their' if plural else 'its'} element size, where safetensors' own writer puts every tensor"
+        where = (f"a multiple of {'their' if plural else 'its'} element size, where safetensors' own writer puts "
+                 "every tensor")
     elif asked is not None:
         where = f"the {asked}-byte boundary the project's alignment asks for"
     else:

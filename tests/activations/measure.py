@@ -307,7 +307,8 @@ def allocator_inference_peak(model: torch.nn.Module, args: tuple[Any, ...], kwar
     return before + allocator_inference_count(model, args, kwargs).peak_bytes
 
 
-def allocator_inference_count(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> AllocatorCount:
+def allocator_inference_count(model: torch.nn.Module, args: tuple[Any, ...],
+                              kwargs: Mapping[str, Any]) -> AllocatorCount:
     """`allocator_inference_peak`'s profile, counted above the model's state and the inputs: its output is freed
     inside, so anything left unfreed is a free the profiler did not see."""
     from torch.profiler import ProfilerActivity, profile

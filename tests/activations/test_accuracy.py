@@ -60,7 +60,8 @@ def test_tied_weights_count_once() -> None:
     unique = {id(p): p.numel() * p.element_size() for p in model.parameters()}
     assert report.summary.parameter_bytes == sum(unique.values())
     # the head's weight is the embedding's: counting it twice would add vocab x width x 4 bytes
-    assert report.summary.parameter_bytes < sum(p.numel() * 4 for _, p in model.named_parameters(remove_duplicate=False))
+    assert report.summary.parameter_bytes < sum(p.numel() * 4
+                                                for _, p in model.named_parameters(remove_duplicate=False))
 
 
 def test_views_and_in_place_ops_cost_nothing() -> None:

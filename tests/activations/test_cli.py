@@ -16,7 +16,8 @@ from memlayout.cli.app import app
 from tests.activations import models
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "memlayout" / "activations" / "schema_v1.json").read_text())
-GPT2 = ["activations", "tests.activations.models:gpt2", "--input", "int64[2,32]<500", "--input", "labels=int64[2,32]<500"]
+GPT2 = ["activations", "tests.activations.models:gpt2", "--input", "int64[2,32]<500", "--input",
+        "labels=int64[2,32]<500"]
 
 
 def run(args: list[str]) -> tuple[int, str, str]:
@@ -136,7 +137,8 @@ def test_real_run_on_cpu_agrees_with_the_fake_one() -> None:
         ([*GPT2, "--format", "xml"], "Invalid value for '--format' / '-f': 'xml' is not one of 'table', 'json'."),
         ([*GPT2, "--format", "sarif"], "'sarif' is not one of 'table', 'json' (sarif is for inspect)."),
         ([*GPT2, "--real", "--device", "meta"], "--real needs a device with memory"),
-        ([*GPT2, "--device", "tpu"], "Invalid value for '--device': 'tpu' is not one of 'cpu', 'cuda', 'cuda:N', 'meta'."),
+        ([*GPT2, "--device", "tpu"],
+         "Invalid value for '--device': 'tpu' is not one of 'cpu', 'cuda', 'cuda:N', 'meta'."),
         ([*GPT2[:2], "--inputs", "a.b:c", "--input", "float32[2]"], "not both"),
         (["activations", "tests.activations.models:token_inputs", "--input", "float32[2]"], "calling"),
         (["activations", "tests.activations.models:gpt2_inputs", "--input", "float32[2]"], "not an nn.Module"),

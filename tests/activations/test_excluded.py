@@ -29,7 +29,8 @@ def sequences() -> tuple[torch.Tensor, torch.Tensor]:
             torch.randint(0, 200, (4, 24), generator=torch.Generator().manual_seed(1)))
 
 
-def assert_plan_holds(build: Callable[[], torch.nn.Module], args: tuple[Any, ...], share: float) -> act.ActivationReport:
+def assert_plan_holds(build: Callable[[], torch.nn.Module], args: tuple[Any, ...],
+                      share: float) -> act.ActivationReport:
     plain = memtracker_step(build(), args, {})
     budget = int(plain.peak_bytes * share)
     report = act.analyze(build(), list(args), budget=budget)

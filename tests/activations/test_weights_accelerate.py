@@ -111,7 +111,8 @@ def test_accelerates_figures_and_how_each_differs(name: str, tmp_path: Path, mon
     assert training is not None
     tensors = base.parameter_tensors
     assert theirs["float32"][1] == 4 * everything
-    assert training.total_bytes == theirs["float32"][1] - 4 * tied - 3 * (integer_buffers + floating_buffers) + 4 * tensors
+    assert training.total_bytes == (theirs["float32"][1] - 4 * tied - 3 * (integer_buffers + floating_buffers)
+                                    + 4 * tensors)
 
     # 4. Training in float16: accelerate prints the largest of its mixed-precision figures, the optimizer's state
     # (2x the float32 weights), where the sum of what it lists (weights, 1.5x gradients, state) is 4.5x; mixed

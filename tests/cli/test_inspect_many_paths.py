@@ -87,7 +87,8 @@ def test_paths_from_stdin_join_the_paths_given(checkpoints: list[str], tmp_path:
     assert [r["path"] for r in json.loads(done.stdout)["reports"]] == ["m0.pt", "m1.pt", "m2.pt"]
 
 
-def test_the_report_keeps_the_order_of_the_paths_whatever_finishes_first(checkpoints: list[str], tmp_path: Path) -> None:
+def test_the_report_keeps_the_order_of_the_paths_whatever_finishes_first(checkpoints: list[str],
+                                                                         tmp_path: Path) -> None:
     run = run_memlayout("inspect", "--format", "json", "--jobs", "4", *reversed(checkpoints), cwd=tmp_path)
     assert [r["path"] for r in json.loads(run.stdout)["reports"]] == list(reversed(checkpoints))
 
@@ -159,5 +160,6 @@ def test_many_paths_draw_a_bar_on_a_terminal_and_nothing_in_a_pipe(checkpoints: 
     assert "paths" in drawn and "1 failed" in drawn and "\x1b[" in drawn
     assert "memlayout: error: broken.pt" in drawn  # the error line above the bar
     piped = run_memlayout(*args, cwd=tmp_path)
-    assert piped.stderr.splitlines() == [line for line in piped.stderr.splitlines() if line.startswith("memlayout: error:")]
+    assert piped.stderr.splitlines() == [line for line in piped.stderr.splitlines()
+                                         if line.startswith("memlayout: error:")]
     assert "\x1b[" not in piped.stderr

@@ -64,7 +64,8 @@ def test_a_pipe_gets_nothing() -> None:
 
 
 @pytest.mark.parametrize("terminal", [True, False])
-def test_flatten_shows_copy_and_verification_only_on_a_terminal(terminal: bool, repo_root: Path, tmp_path: Path) -> None:
+def test_flatten_shows_copy_and_verification_only_on_a_terminal(terminal: bool, repo_root: Path,
+                                                                tmp_path: Path) -> None:
     out = tmp_path / "flat.pt"
     command = [sys.executable, "-m", "memlayout", "flatten", str(repo_root / "fixtures" / "demo_checkpoint.pt"),
                "-o", str(out)]

@@ -141,7 +141,8 @@ def test_flatten_check_needs_no_torch(checkpoints: Path) -> None:
     done = run("flatten", "--check", *paths)
     # Neither is flat yet, but what flatten would fix in them is info: below the default --fail-on.
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count(": passes (") == 2 and done.stdout.count("flatten would still rewrite it") == 2, done.stdout
+    assert (done.stdout.count(": passes (") == 2
+            and done.stdout.count("flatten would still rewrite it") == 2), done.stdout
     done = run("flatten", "--check", *paths, "--fail-on", "info")
     assert done.returncode == 1, done.stderr
     assert done.stdout.count(": would change (") == 2, done.stdout

@@ -46,8 +46,8 @@ def write_seeds(folder: Path) -> dict[str, Path]:
     Returns:
         name -> path, for: state_dict.pt, module.pt, checkpoint.pt (model +
         optimizer + epoch), views.pt, legacy.pt, legacy_module.pt, tar_state_dict.pt,
-        tar_module.pt, script.pt, model.pt2 (and model_older.pt2, torch <= 2.7's layout), model.safetensors, hf_sharded/ (config,
-        two safetensors shards and their index), hf_bin/ (pytorch_model.bin), dcp/.
+        tar_module.pt, script.pt, model.pt2 (and model_older.pt2, torch <= 2.7's layout), model.safetensors, hf_sharded/
+        (config, two safetensors shards and their index), hf_bin/ (pytorch_model.bin), dcp/.
     """
     import torch
     from safetensors.torch import save_file

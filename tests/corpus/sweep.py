@@ -96,6 +96,7 @@ def sweep(paths: list[Path], cwd: Path) -> Sweep:
     assert status, done.stderr[-3000:]
     watched = json.loads(status[-1].removeprefix("SWEEP "))
     batch = json.loads(done.stdout)
-    entries = batch["reports"] if batch.get("schema") == 2 else [{"path": str(paths[0]), "report": batch, "error": None}]
+    entries = (batch["reports"] if batch.get("schema") == 2
+               else [{"path": str(paths[0]), "report": batch, "error": None}])
     outcomes = {Path(entry["path"]).name: classify(entry) for entry in entries}
     return Sweep(outcomes, watched["executions"], watched["code"])

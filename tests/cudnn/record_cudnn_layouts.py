@@ -82,7 +82,8 @@ def differences(recorded: dict[str, Any]) -> list[str]:
         found.append("flatten_parameters() left the weights in several storages")
     for slot in layout.slots:
         if recorded["offsets"].get(slot.name) != slot.offset:
-            found.append(f"{slot.name}: cuDNN put it at {recorded['offsets'].get(slot.name)}, memlayout at {slot.offset}")
+            found.append(f"{slot.name}: cuDNN put it at {recorded['offsets'].get(slot.name)}, memlayout at "
+                         f"{slot.offset}")
     if recorded["numel"] != layout.numel:
         found.append(f"buffer: cuDNN's holds {recorded['numel']} elements, memlayout's {layout.numel}")
     return found

@@ -52,7 +52,8 @@ def test_dtype_shape_stride_and_contiguity_changes() -> None:
     assert (by_kind[ChangeKind.SHAPE].before, by_kind[ChangeKind.SHAPE].after) == ("[5]", "[7]")
     contiguity = {c.tensors: c for c in diff.changes if c.kind is ChangeKind.CONTIGUITY}
     assert contiguity[("t",)].severity is Severity.INFO and "became contiguous" in contiguity[("t",)].message
-    assert contiguity[("packed",)].severity is Severity.WARNING and "no longer contiguous" in contiguity[("packed",)].message
+    assert (contiguity[("packed",)].severity is Severity.WARNING
+            and "no longer contiguous" in contiguity[("packed",)].message)
     (stride,) = [c for c in diff.changes if c.kind is ChangeKind.STRIDE]
     assert stride.tensors == ("cl",) and "channels_last" in stride.message
 
@@ -93,7 +94,8 @@ def test_a_declared_tie_b_does_not_keep_is_an_error(tmp_path: Path) -> None:
     embed = torch.randn(64, 32)
     directory = tmp_path / "b"
     directory.mkdir()
-    save_file({"model.embed_tokens.weight": embed, "lm_head.weight": embed.clone()}, str(directory / "model.safetensors"))
+    save_file({"model.embed_tokens.weight": embed, "lm_head.weight": embed.clone()},
+              str(directory / "model.safetensors"))
     (directory / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
     diff = run_diff({"model.embed_tokens.weight": embed, "lm_head.weight": embed.clone()}, str(directory))
     (broken,) = [c for c in diff.changes if c.kind is ChangeKind.DECLARED_TIE_BROKEN]
@@ -147,7 +149,8 @@ def test_deep_compares_strided_views_in_logical_order(tmp_path: Path) -> None:
 @pytest.mark.parametrize("target", [torch.bfloat16, torch.float16])
 def test_deep_knows_a_faithful_cast_from_a_lossy_one(tmp_path: Path, target: torch.dtype) -> None:
     # Values chosen to exercise rounding: ties to even, subnormals, NaN, Inf, large.
-    w = torch.cat([torch.randn(1000), torch.tensor([1.00390625, 1.01171875, float("nan"), float("inf"), 1e-40, 60000.0])])
+    w = torch.cat([torch.randn(1000), torch.tensor([1.00390625, 1.01171875, float("nan"), float("inf"), 1e-40,
+                                                    60000.0])])
     torch.save({"w": w}, tmp_path / "a.pt")
     torch.save({"w": w.to(target)}, tmp_path / "cast.pt")
     lossy = w.to(target)

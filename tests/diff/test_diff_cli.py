@@ -81,7 +81,8 @@ def test_many_alike_changes_fold_into_one_line(tmp_path: Path) -> None:
     [
         (["missing.pt", "{a}"], "missing.pt: no such file or directory"),
         (["{a}", "{a}", "--format", "xml"], "'xml' is not one of 'table', 'json', 'markdown', 'html'."),
-        (["{a}", "{a}", "--format", "junit"], "'junit' is not one of 'table', 'json', 'markdown', 'html' (junit is for"),
+        (["{a}", "{a}", "--format", "junit"],
+         "'junit' is not one of 'table', 'json', 'markdown', 'html' (junit is for"),
         (["{a}", "{a}", "--select", "ML999"], "--select: unknown rule code 'ML999'"),
         (["{a}", "{a}", "--ignore", "XY1"], "--ignore: unknown rule code 'XY1'"),
         (["{a}", "{a}", "--map", "nothing"], "--map 'nothing' is not of the form OLD=NEW"),

@@ -31,7 +31,8 @@ def gpt2_and_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     """A tied GPT-2 and an untied Llama, each written by save_pretrained."""
     root = tmp_path_factory.mktemp("two_models")
     torch.manual_seed(0)
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32))
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50,
+                                                                n_positions=32))
     gpt2.save_pretrained(root / "gpt2")
     llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         num_hidden_layers=1, hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=2,

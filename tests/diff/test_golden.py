@@ -43,7 +43,8 @@ def kinds(data: dict[str, Any]) -> list[tuple[str, str]]:
     return [(c["severity"], c["kind"]) for c in data["changes"]]
 
 
-def test_gpt2_against_a_clone_of_every_tensor_loses_the_tie(gpt2_files: dict[str, Path], overwrite_golden: bool) -> None:
+def test_gpt2_against_a_clone_of_every_tensor_loses_the_tie(gpt2_files: dict[str, Path],
+                                                            overwrite_golden: bool) -> None:
     code, data = diff_json(str(gpt2_files["state"]), str(gpt2_files["clone"]), "--deep")
     check_golden("gpt2_clone", data, overwrite_golden)
     assert code == 1
@@ -62,7 +63,8 @@ def test_save_pretrained_round_trip_changes_nothing(gpt2_files: dict[str, Path],
     assert data["matched"] == 28
 
 
-def test_state_dict_against_save_pretrained_is_a_restored_tie(gpt2_files: dict[str, Path], overwrite_golden: bool) -> None:
+def test_state_dict_against_save_pretrained_is_a_restored_tie(gpt2_files: dict[str, Path],
+                                                              overwrite_golden: bool) -> None:
     code, data = diff_json(str(gpt2_files["state"]), str(gpt2_files["saved"]), "--fail-on", "warning")
     check_golden("gpt2_state_vs_save_pretrained", data, overwrite_golden)
     assert code == 0

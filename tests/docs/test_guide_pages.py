@@ -24,7 +24,8 @@ MAX_WORDS = 2_000
 NOT_YET_SPLIT = {"activations.md", "will-it-fit.md"}
 DATE = re.compile(
     r"\b20\d\d-[01]\d-[0-3]\d\b"
-    r"|\b(?:January|February|March|April|May|June|July|August|September|October|November|December) (?:[0-3]?\d, )?20\d\d\b"
+    r"|\b(?:January|February|March|April|May|June|July|August|September|October|November|December)"
+    r" (?:[0-3]?\d, )?20\d\d\b"
 )
 COMMAND = re.compile(r"^```console\n\$ memlayout |^\$ memlayout ", flags=re.MULTILINE)
 

@@ -65,7 +65,8 @@ def test_auto_device_says_which(state_file: Path, tmp_path: Path, capsys: pytest
     assert "auto:" in capsys.readouterr().out
 
 
-def test_the_default_device_says_it_kept_them(state_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_default_device_says_it_kept_them(state_file: Path, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["flatten", str(state_file), "-o", str(tmp_path / "flat.pt")]) == 0
     assert "device    cpu (kept:" in capsys.readouterr().out
 

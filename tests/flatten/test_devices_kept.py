@@ -121,7 +121,8 @@ def test_device_cpu_moves_every_tensor(cuda_file: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="auto moves to CUDA where there is one")
-def test_device_auto_is_the_old_behaviour_by_name(cuda_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_device_auto_is_the_old_behaviour_by_name(cuda_file: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "flat.pt"
     assert main(["flatten", str(cuda_file), "-o", str(out), "--device", "auto"]) == 0
     assert "auto: no CUDA device, using CPU" in capsys.readouterr().out

@@ -20,7 +20,8 @@ from tests.flatten.conftest import assert_flat_invariants, sharing, snapshot
 from tests.flatten.models import LstmLM, TransposedTie
 from tests.flatten.strategies import build_checkpoint, layout_steps
 
-ROUND_TRIP = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+ROUND_TRIP = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                             HealthCheck.function_scoped_fixture])
 
 
 def _flatten(src: Path, out: Path, **options: Any) -> Any:
@@ -87,7 +88,8 @@ def test_output_equal_to_input_is_refused(tmp_path: Path) -> None:
 def test_module_pickle_needs_trust(tmp_path: Path) -> None:
     src, out = tmp_path / "in.pt", tmp_path / "out.pt"
     torch.save(LstmLM(), src)
-    with pytest.raises(UnsafeContentError, match=r"flatten needs --trust: its pickle names tests\.flatten\.models\.LstmLM"):
+    with pytest.raises(UnsafeContentError, match=r"flatten needs --trust: its pickle names "
+                                                 r"tests\.flatten\.models\.LstmLM"):
         _flatten(src, out)
     assert not out.exists()
 

@@ -68,7 +68,8 @@ def test_allocate_still_zeroes_padding_when_pages_come_from_a_reused_heap() -> N
     # populate leaves those bytes, so the gaps must still be zeroed explicitly.
     garbage = [torch.full((4096,), 0xAB, dtype=torch.uint8) for _ in range(64)]
     del garbage
-    plan = FlatPlan((FlatBuffer("tensors uint8 cpu", ("", "tensor", "cpu", "uint8", ""), "cpu", "uint8", 4096, ()),), 64)
+    plan = FlatPlan((FlatBuffer("tensors uint8 cpu", ("", "tensor", "cpu", "uint8", ""), "cpu", "uint8", 4096,
+                                ()),), 64)
     (buffer,) = allocate(plan)
     assert int(buffer.count_nonzero()) == 0
 

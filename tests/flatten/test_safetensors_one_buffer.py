@@ -16,7 +16,8 @@ from memlayout.pipeline.inspection import run_inspection
 
 def _many_tensors(path: Path) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    state = {f"layer{i}.weight": torch.randn(8, 8) for i in range(6)} | {f"layer{i}.bias": torch.randn(8) for i in range(6)}
+    state = ({f"layer{i}.weight": torch.randn(8, 8) for i in range(6)}
+             | {f"layer{i}.bias": torch.randn(8) for i in range(6)})
     state["ids"] = torch.arange(10)
     save_file(state, path)
     return state

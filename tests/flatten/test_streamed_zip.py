@@ -93,7 +93,8 @@ def test_module_pickle_out_is_byte_for_byte_what_torch_save_writes(tmp_path: Pat
     _assert_out_is_what_torch_save_writes(out, tmp_path, trust=True)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
 @given(layout_steps())
 def test_generated_checkpoints_come_out_as_torch_save_writes_them(tmp_path: Path, steps: list[tuple[str, int]]) -> None:
     folder = tmp_path / str(len(list(tmp_path.iterdir())))
@@ -121,7 +122,8 @@ def test_in_is_never_loaded_by_torch(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert loaded[0] != str(src)
 
 
-def test_a_bad_write_fails_verification_and_leaves_out_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_write_fails_verification_and_leaves_out_as_it_was(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from memlayout.flatten.writers import torch_zip_out
 
     src, out = tmp_path / "in.pt", tmp_path / "out.pt"
@@ -252,7 +254,8 @@ def test_torch_reads_out_with_its_calculated_storage_offsets(tmp_path: Path) -> 
     from torch.utils.serialization import config
 
     src, out = tmp_path / "in.pt", tmp_path / "flat.pt"
-    state = {"model": TransposedTie().state_dict(), "slice": torch.randn(100)[3:9], "rnn": torch.nn.GRU(3, 4).state_dict()}
+    state = {"model": TransposedTie().state_dict(), "slice": torch.randn(100)[3:9],
+             "rnn": torch.nn.GRU(3, 4).state_dict()}
     torch.save(state, src)
     _flatten(src, out)
     previous = config.load.calculate_storage_offsets

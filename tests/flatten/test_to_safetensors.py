@@ -1,4 +1,5 @@
-"""`flatten --to safetensors`: what safetensors' and torch's own loaders read from OUT is what torch.load reads from IN."""
+"""`flatten --to safetensors`: what safetensors' and torch's own loaders read from OUT is what torch.load reads from
+IN."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`flatten --to safetensors` on Hugging Face directories of .bin shards: transformers loads OUT and computes the same."""
+"""`flatten --to safetensors` on Hugging Face directories of .bin shards: transformers loads OUT and computes the
+same."""
 
 from __future__ import annotations
 

@@ -131,7 +131,8 @@ def test_the_planner_imports_no_rule_module() -> None:
     import subprocess
     import sys
 
-    code = "import sys, memlayout.flatten.plan; print(sorted(m for m in sys.modules if m.startswith('memlayout.rules')))"
+    code = ("import sys, memlayout.flatten.plan; "
+            "print(sorted(m for m in sys.modules if m.startswith('memlayout.rules')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 

@@ -28,7 +28,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def fuzz_target(name: str, runs: int, out: Path, engine: str | None, seed: int) -> dict[str, Any]:
-    command = [sys.executable, "-m", "tests.fuzz.harness", name, "--runs", str(runs), "--out", str(out), "--seed", str(seed)]
+    command = [sys.executable, "-m", "tests.fuzz.harness", name, "--runs", str(runs), "--out", str(out), "--seed",
+               str(seed)]
     if engine:
         command += ["--engine", engine]
     log = out / f"{name}.log"

@@ -165,7 +165,8 @@ def test_not_a_zip_is_one_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("names", "said"),
-    [(["m/data.pkl", "m/Data.pkl"], "both m/data.pkl and m/Data.pkl"), (["m/data.pkl", "m/data.pkl"], "m/data.pkl twice")],
+    [(["m/data.pkl", "m/Data.pkl"], "both m/data.pkl and m/Data.pkl"),
+     (["m/data.pkl", "m/data.pkl"], "m/data.pkl twice")],
 )
 def test_names_equal_without_case_are_refused(tmp_path: Path, names: list[str], said: str) -> None:
     import warnings

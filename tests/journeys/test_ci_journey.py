@@ -111,7 +111,8 @@ def test_ci_before_with_a_baseline_and_after_flatten(tmp_path: Path) -> None:
 
 def test_the_baselines_note_about_fixed_findings_is_followed_as_it_says(tmp_path: Path) -> None:
     save_training_checkpoint(tmp_path / "model.pt")
-    assert memlayout("inspect", "model.pt", "--isolated", "--write-baseline", "baseline.json", cwd=tmp_path).returncode == 0
+    assert memlayout("inspect", "model.pt", "--isolated", "--write-baseline", "baseline.json",
+                     cwd=tmp_path).returncode == 0
     assert memlayout("flatten", "model.pt", "--in-place", cwd=tmp_path).returncode == 0
 
     done = memlayout("inspect", "model.pt", "--isolated", "--fail-on", "warning", "--baseline", "baseline.json",
@@ -130,7 +131,8 @@ def test_the_baselines_note_about_fixed_findings_is_followed_as_it_says(tmp_path
 
 def test_a_new_warning_after_the_baseline_turns_ci_red(tmp_path: Path) -> None:
     save_training_checkpoint(tmp_path / "model.pt")
-    assert memlayout("inspect", "model.pt", "--isolated", "--write-baseline", "baseline.json", cwd=tmp_path).returncode == 0
+    assert memlayout("inspect", "model.pt", "--isolated", "--write-baseline", "baseline.json",
+                     cwd=tmp_path).returncode == 0
     checkpoint = torch.load(tmp_path / "model.pt")
     checkpoint["model"]["adapter.weight"] = torch.randn(16, 32).t()  # a new transposed weight: ML201
     torch.save(checkpoint, tmp_path / "model.pt")

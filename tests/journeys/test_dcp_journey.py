@@ -52,7 +52,8 @@ def test_replicas_written_twice_are_reported_and_the_lost_copy_is_the_one_dcp_lo
     code, report = _inspect(every_replica)
     (finding,) = [f for f in report["findings"] if f["code"] == "ML106"]
     assert finding["severity"] == "error" and code == 1
-    assert "w: chunk [0:4,0:3] is listed twice (12 elements, both read from __1_0.distcp at byte 0)" in finding["message"]
+    assert ("w: chunk [0:4,0:3] is listed twice (12 elements, both read from __1_0.distcp at byte 0)"
+            in finding["message"])
     assert ".metadata locates one copy for both" in finding["message"]
     assert "__0_0.distcp: not named by .metadata, so dcp.load never reads it" in report["source"]["notes"]
     assert torch.equal(_loaded(every_replica), torch.full((4, 3), 2.0))  # rank 1's; rank 0's replica is gone

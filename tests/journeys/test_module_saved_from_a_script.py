@@ -1,4 +1,5 @@
-"""inspect -> the hint's `flatten --trust --main-module` -> the script loads OUT, for a module a script saved (issue 40).
+"""inspect -> the hint's `flatten --trust --main-module` -> the script loads OUT, for a module a script saved (issue
+40).
 
 A user's training script defines its model class and `torch.save(model)`s it, so
 the pickle names the class `__main__.Tied`. `activations` took `--main-module`,

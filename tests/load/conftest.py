@@ -74,7 +74,8 @@ def pickle_with_locations(tensors: dict[str, tuple[int, str]], legacy: bool = Fa
 
         def __reduce__(self) -> tuple[object, tuple[object, ...]]:
             numel = self.storage.numel
-            return (torch._utils._rebuild_tensor_v2, (self.storage, 0, (numel,), (1,), False, collections.OrderedDict()))
+            return (torch._utils._rebuild_tensor_v2, (self.storage, 0, (numel,), (1,), False,
+                                                      collections.OrderedDict()))
 
     class LocationPickler(pickle.Pickler):
         def persistent_id(self, obj: object) -> object:

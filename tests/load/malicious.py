@@ -104,7 +104,8 @@ def _reduce_exec(marker: str) -> bytes:
 
 def _stack_global_exec(marker: str) -> bytes:
     # Protocol 4 names globals with two strings on the stack, not a GLOBAL line.
-    return PROTO4 + text("builtins") + text("exec") + STACK_GLOBAL + text(python_payload(marker)) + TUPLE1 + REDUCE + STOP
+    return (PROTO4 + text("builtins") + text("exec") + STACK_GLOBAL + text(python_payload(marker)) + TUPLE1 + REDUCE
+            + STOP)
 
 
 def _import_getattr_chain(marker: str) -> bytes:
@@ -123,7 +124,8 @@ def _subprocess_inst(marker: str) -> bytes:
 def _memo_trick(marker: str) -> bytes:
     # Stash os.system in the memo, drop it, and call it later from inside a nested dict.
     stash = global_("os", "system") + put(7) + POP
-    nested = EMPTY_DICT + text("weight") + EMPTY_LIST + get(7) + MARK + text(shell_payload(marker)) + b"t" + REDUCE + APPEND + SETITEM
+    nested = (EMPTY_DICT + text("weight") + EMPTY_LIST + get(7) + MARK + text(shell_payload(marker)) + b"t" + REDUCE
+              + APPEND + SETITEM)
     return PROTO2 + stash + nested + STOP
 
 
@@ -219,7 +221,8 @@ def legacy_poisoned_header(marker: str) -> bytes:
 
 def in_persistent_id(marker: str) -> bytes:
     """A torch zip pickle whose storage persistent id hides a REDUCE of os.system."""
-    pid = MARK + text("storage") + global_("torch", "FloatStorage") + call("os", "system", text(shell_payload(marker))) + text("cpu") + b"K\x01" + b"t"
+    pid = (MARK + text("storage") + global_("torch", "FloatStorage") + call("os", "system", text(shell_payload(marker)))
+           + text("cpu") + b"K\x01" + b"t")
     tensor = (
         global_("torch._utils", "_rebuild_tensor_v2")
         + MARK + pid + b"Q" + b"K\x00" + MARK + b"K\x01" + b"t" + MARK + b"K\x01" + b"t" + b"\x89"

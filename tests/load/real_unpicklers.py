@@ -19,7 +19,8 @@ LOADERS = {
     "pickle.load": ("import pickle", "with open(path, 'rb') as f: pickle.load(f)"),
     "joblib.load": ("import joblib, joblib.numpy_pickle", "joblib.load(path)"),
     "numpy.load": ("import numpy", "numpy.load(path, allow_pickle=True)"),
-    "numpy.load(npz)": ("import numpy, zipfile", "with numpy.load(path, allow_pickle=True) as z: [z[k] for k in z.files]"),
+    "numpy.load(npz)": ("import numpy, zipfile",
+                        "with numpy.load(path, allow_pickle=True) as z: [z[k] for k in z.files]"),
 }
 """(what is imported before the hook is installed, the load itself)."""
 

@@ -50,7 +50,8 @@ def test_weights_only_allowlist_is_torchs_own() -> None:
     torchs = _torchs_list()
     assert torchs == set(_weights_only_unpickler._get_allowed_globals())
     missing = sorted(torchs - WEIGHTS_ONLY_ALLOWED_PATHS)
-    assert not missing, f"torch {TORCH_VERSION} accepts what the copy (from {WEIGHTS_ONLY_COPIED_FROM}) lacks: {missing}"
+    assert not missing, (f"torch {TORCH_VERSION} accepts what the copy (from {WEIGHTS_ONLY_COPIED_FROM}) lacks: "
+                         f"{missing}")
     unasked = sorted(WEIGHTS_ONLY_ALLOWED_PATHS - torchs - NEWER)
     assert not unasked, f"torch {TORCH_VERSION} refuses what the copy accepts without asking it: {unasked}"
     if TORCH_VERSION == WEIGHTS_ONLY_COPIED_FROM:
@@ -65,9 +66,11 @@ def test_the_copy_comes_from_the_newest_torch_of_the_matrix() -> None:
 
 def test_a_global_outside_the_copy_is_decided_by_the_installed_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     # As if the copy were older than torch: torch's own answer wins, both ways.
-    monkeypatch.setattr(weights_only_allowlist, "WEIGHTS_ONLY_ALLOWED", weights_only_allowlist.WEIGHTS_ONLY_ALLOWED - {("torch", "float32")})
+    monkeypatch.setattr(weights_only_allowlist, "WEIGHTS_ONLY_ALLOWED",
+                        weights_only_allowlist.WEIGHTS_ONLY_ALLOWED - {("torch", "float32")})
     assert weights_only_allows("torch", "float32")
-    monkeypatch.setattr(weights_only_allowlist, "WEIGHTS_ONLY_ALLOWED", weights_only_allowlist.WEIGHTS_ONLY_ALLOWED | {("os", "system")})
+    monkeypatch.setattr(weights_only_allowlist, "WEIGHTS_ONLY_ALLOWED",
+                        weights_only_allowlist.WEIGHTS_ONLY_ALLOWED | {("os", "system")})
     monkeypatch.setattr(weights_only_allowlist, "WEIGHTS_ONLY_NEWER_THAN_OLDEST", frozenset({("os", "system")}))
     assert not weights_only_allows("os", "system")
 
@@ -113,9 +116,11 @@ def test_weights_only_allows_agrees_with_torchs_unpickler() -> None:
 
 
 def test_pt2_scalar_types_are_torch_exports_own() -> None:
-    torchs = {int(code): str(dtype).removeprefix("torch.") for code, dtype in serialize._SERIALIZE_TO_TORCH_DTYPE.items()}
+    torchs = {int(code): str(dtype).removeprefix("torch.")
+              for code, dtype in serialize._SERIALIZE_TO_TORCH_DTYPE.items()}
     # An older torch knows fewer codes (2.6 has none from 29, the float8 types, up); a code never changes meaning.
-    assert torchs.items() <= SCALAR_TYPES.items(), f"torch {TORCH_VERSION} differs: {torchs.items() - SCALAR_TYPES.items()}"
+    assert torchs.items() <= SCALAR_TYPES.items(), (f"torch {TORCH_VERSION} differs: "
+                                                    f"{torchs.items() - SCALAR_TYPES.items()}")
     if _makefile_torch("NEWEST") == TORCH_VERSION:
         assert torchs == SCALAR_TYPES
     # And every code torch writes is one it reads back.

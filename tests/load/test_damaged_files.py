@@ -120,7 +120,8 @@ def _rezipped(archive_bytes: bytes, edit: Callable[[bytes], bytes], member_suffi
     return output.getvalue()
 
 
-@pytest.mark.parametrize("name", ["state_dict.pt", "module.pt", "views.pt", "legacy.pt", "model.safetensors", "script.pt"])
+@pytest.mark.parametrize("name", ["state_dict.pt", "module.pt", "views.pt", "legacy.pt", "model.safetensors",
+                                  "script.pt"])
 @FUZZ_SETTINGS
 @given(data=st.data())
 def test_raw_byte_damage_is_a_memlayout_error(originals: dict[str, bytes], name: str, data: st.DataObject) -> None:

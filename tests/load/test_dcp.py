@@ -69,7 +69,8 @@ def test_sharded_tensor_chunks_are_reported(tmp_path: Path) -> None:
         meta.ChunkStorageMetadata(offsets=torch.Size([2, 0]), sizes=torch.Size([2, 3])),
     ]
     properties = meta.TensorProperties(dtype=torch.float16)
-    metadata = meta.Metadata(state_dict_metadata={"w": meta.TensorStorageMetadata(properties, torch.Size([4, 3]), chunks)})
+    metadata = meta.Metadata(state_dict_metadata={"w": meta.TensorStorageMetadata(properties, torch.Size([4, 3]),
+                                                                                  chunks)})
     (tmp_path / ".metadata").write_bytes(pickle.dumps(metadata))
     source = load_path(str(tmp_path))
     (tensor,) = source.tensors
@@ -109,7 +110,8 @@ def test_malicious_metadata_executes_nothing_and_is_named(tmp_path: Path, marker
 
 
 @pytest.mark.parametrize("payload", malicious.PAYLOADS[:3], ids=lambda p: p.name)
-def test_bare_payload_as_metadata_is_refused_without_running(tmp_path: Path, marker: Path, payload: malicious.Payload) -> None:
+def test_bare_payload_as_metadata_is_refused_without_running(tmp_path: Path, marker: Path,
+                                                             payload: malicious.Payload) -> None:
     (tmp_path / ".metadata").write_bytes(payload.build(str(marker)))
     with pytest.raises(CorruptCheckpointError):
         load_path(str(tmp_path))

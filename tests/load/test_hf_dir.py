@@ -23,7 +23,8 @@ def sharded_gpt2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny GPT-2 written by transformers' save_pretrained in several shards."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0, eos_token_id=0)
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0,
+                                     eos_token_id=0)
     model = transformers.GPT2LMHeadModel(config)
     directory = tmp_path_factory.mktemp("gpt2")
     model.save_pretrained(directory, max_shard_size="2KB")
@@ -87,8 +88,10 @@ def test_tie_disabled_in_config_is_quiet(tmp_path: Path) -> None:
 
 
 def test_missing_tie_key_counts_as_tied() -> None:
-    ties = declared_ties({"model_type": "bert"}, ["bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight"])
-    assert [(t.target, t.source) for t in ties] == [("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight")]
+    ties = declared_ties({"model_type": "bert"}, ["bert.embeddings.word_embeddings.weight",
+                                                  "cls.predictions.decoder.weight"])
+    assert [(t.target, t.source) for t in ties] == [("cls.predictions.decoder.weight",
+                                                     "bert.embeddings.word_embeddings.weight")]
 
 
 def test_shared_embedding_is_preferred_for_encoder_decoder_models() -> None:

@@ -25,7 +25,8 @@ def _save_legacy(obj: object, path: Path) -> Path:
 
 def test_state_dict_views_and_bytes(tmp_path: Path) -> None:
     base = torch.arange(10, dtype=torch.float32)
-    path = _save_legacy({"base": base, "view": base[2:5], "half": torch.ones(3, dtype=torch.float16)}, tmp_path / "old.pt")
+    path = _save_legacy({"base": base, "view": base[2:5], "half": torch.ones(3, dtype=torch.float16)},
+                        tmp_path / "old.pt")
     source = load_path(str(path))
     by_name = {t.name: t for t in source.tensors}
     assert source.format == "torch-legacy" and source.legacy_format

@@ -118,7 +118,8 @@ def test_flatten_writes_a_zip_that_is_bitwise_the_legacy_file(tmp_path: Path, pr
     before, after = _torch_load(path, weights_only=False), _torch_load(out, weights_only=True)
     layouts_before, layouts_after = _torch_layouts(before), _torch_layouts(after)
     assert {n: v[:4] for n, v in layouts_before.items()} == {n: v[:4] for n, v in layouts_after.items()}
-    assert _sharing({n: v[4] for n, v in layouts_before.items()}) == _sharing({n: v[4] for n, v in layouts_after.items()})
+    assert (_sharing({n: v[4] for n, v in layouts_before.items()})
+            == _sharing({n: v[4] for n, v in layouts_after.items()}))
     flat = _tensors(after)
     for name, tensor in _tensors(before).items():
         assert torch.equal(as_bits(flat[name]), as_bits(tensor)), name

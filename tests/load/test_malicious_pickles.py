@@ -51,7 +51,8 @@ def test_payload_is_inspected_not_executed_and_named_by_ml601(
 
 
 @pytest.mark.parametrize("payload", malicious.PAYLOADS[:4], ids=lambda p: p.name)
-def test_cli_fails_on_the_unsafe_pickle_without_running_it(tmp_path: Path, marker: Path, payload: malicious.Payload) -> None:
+def test_cli_fails_on_the_unsafe_pickle_without_running_it(tmp_path: Path, marker: Path,
+                                                           payload: malicious.Payload) -> None:
     path = _write(tmp_path, "model.pt", malicious.torch_zip(payload.build(str(marker))))
     result = run_cli("inspect", str(path), "--format", "json")
     assert result.exit_code == 1

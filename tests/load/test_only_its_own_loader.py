@@ -31,7 +31,8 @@ def _loaders_imported(target: Path, cwd: Path) -> list[str]:
         "import json, sys\n"
         "from memlayout.cli.app import main\n"
         "code = main(sys.argv[1:])\n"
-        f"print(json.dumps({{'code': code, 'loaders': sorted(set({LOADERS!r}) & set(sys.modules))}}), file=sys.stderr)\n"
+        f"print(json.dumps({{'code': code, 'loaders': sorted(set({LOADERS!r}) & set(sys.modules))}}), "
+        "file=sys.stderr)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", child, "inspect", str(target), "--format", "json", "--fail-on", "never"],

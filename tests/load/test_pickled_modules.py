@@ -87,7 +87,8 @@ def test_pickled_lstm_gives_its_flat_weight_order(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def gpt2_config() -> object:
     transformers = pytest.importorskip("transformers")
-    return transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0,
+                                   eos_token_id=0)
 
 
 def test_pickled_transformers_model_keeps_its_tie(tmp_path: Path, gpt2_config: object) -> None:

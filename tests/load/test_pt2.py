@@ -330,7 +330,8 @@ def test_refused_payload_in_a_nested_pickle_is_a_one_line_error(
     assert_one_line_error(run_cli("inspect", str(path)), f"{STATE_DICT_MEMBER}: the pickle archive/data.pkl")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_raw_byte_damage_is_a_memlayout_error(older: Path, tmp_path: Path, data: st.DataObject) -> None:
     path = tmp_path / "fuzzed.pt2"

@@ -93,7 +93,8 @@ def test_detection_is_by_content_not_extension(tmp_path: Path) -> None:
 
 
 def test_packed_float4_halves_the_last_dimension(tmp_path: Path) -> None:
-    path = write_raw(tmp_path / "f4.safetensors", {"q": {"dtype": "F4", "shape": [2, 4], "data_offsets": [0, 4]}}, b"\0" * 4)
+    path = write_raw(tmp_path / "f4.safetensors", {"q": {"dtype": "F4", "shape": [2, 4], "data_offsets": [0, 4]}},
+                     b"\0" * 4)
     (tensor,) = load_path(str(path)).tensors
     assert (tensor.dtype, tensor.shape) == ("float4_e2m1fn_x2", (2, 2))
 
@@ -114,8 +115,10 @@ def test_inspect_reports_duplicates_across_tensors(tmp_path: Path) -> None:
 
 
 CORRUPT_CASES: dict[str, tuple[dict[str, Any], bytes, int | None, str]] = {
-    "header length beyond the file": ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, 10_000, "header claims"),
-    "offsets out of range": ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8, None, "outside"),
+    "header length beyond the file": ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, 10_000,
+                                      "header claims"),
+    "offsets out of range": ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8, None,
+                             "outside"),
     "overlapping tensors": (
         {
             "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
@@ -135,7 +138,8 @@ CORRUPT_CASES: dict[str, tuple[dict[str, Any], bytes, int | None, str]] = {
         "hole",
     ),
     "trailing bytes": ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 8, None, "not covered"),
-    "shape and size disagree": ({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, None, "needs 12 bytes"),
+    "shape and size disagree": ({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, None,
+                                "needs 12 bytes"),
     "unknown dtype": ({"w": {"dtype": "F13", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, None, "unknown dtype"),
     "negative shape": ({"w": {"dtype": "U8", "shape": [-1], "data_offsets": [0, 0]}}, b"", None, "shape"),
     "offsets not a pair": ({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0]}}, b"\0", None, "data_offsets"),

@@ -229,7 +229,8 @@ def test_an_encrypted_member_is_refused_not_cleared(tmp_path: Path) -> None:
 
 def test_a_7z_archive_is_refused_as_unopened(tmp_path: Path) -> None:
     (tmp_path / "model.7z").write_bytes(b"7z\xbc\xaf\x27\x1c\x00\x04" + bytes(100))
-    assert_one_line_error(run_cli("inspect", str(tmp_path / "model.7z")), "a 7-Zip archive, which memlayout does not open")
+    assert_one_line_error(run_cli("inspect", str(tmp_path / "model.7z")),
+                          "a 7-Zip archive, which memlayout does not open")
 
 
 def test_billions_of_appends_in_a_few_kilobytes_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -268,7 +269,8 @@ def test_a_broken_pickle_inside_a_stream_names_what_it_would_have_imported(tmp_p
     assert not marker.exists()
 
 
-def test_an_lz4_file_without_the_lz4_package_is_refused_not_cleared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_lz4_file_without_the_lz4_package_is_refused_not_cleared(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
     path = tmp_path / "model.joblib"

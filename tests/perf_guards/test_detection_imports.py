@@ -14,7 +14,8 @@ import json, sys
 from memlayout.load import load_path
 with load_path(sys.argv[1]) as source:
     pass
-print(json.dumps({"format": source.format, "loaded": sorted(n for n in sys.modules if n.startswith("memlayout.load."))}))
+print(json.dumps({"format": source.format,
+                  "loaded": sorted(n for n in sys.modules if n.startswith("memlayout.load."))}))
 """
 
 

@@ -60,7 +60,8 @@ def test_a_finding_flatten_does_not_fix_never_fails_the_check_and_its_line_says_
     assert checked.verdict is Verdict.PASSES and [f.code for f in checked.unfixed] == ["ML103"]
     text = render_verdict(checked, FailOn.WARNING)
     assert "which no finding asks for" in text
-    assert "  note: ML103 error broken-tie: a lost tie; flatten does not fix it here, `memlayout inspect` reports it" in text
+    assert ("  note: ML103 error broken-tie: a lost tie; flatten does not fix it here, `memlayout inspect` reports it"
+            in text)
 
 
 def test_a_file_flatten_would_not_change_is_already_flat_whatever_its_findings() -> None:

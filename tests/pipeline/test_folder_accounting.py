@@ -30,7 +30,8 @@ def _inspect(*args: str) -> tuple[int, dict[str, Any], str]:
 
 
 def _outcomes(report: dict[str, Any]) -> dict[str, str]:
-    return {Path(r["path"]).name: "report" if r["report"] else "data" if r["data"] else "error" for r in report["reports"]}
+    return {Path(r["path"]).name: "report" if r["report"] else "data" if r["data"] else "error"
+            for r in report["reports"]}
 
 
 def test_special_files_and_broken_links_are_listed_as_unreadable(tmp_path: Path) -> None:

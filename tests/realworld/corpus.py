@@ -156,7 +156,8 @@ def _download(wheel: Wheel, wheels: Path) -> Path:
         "--disable-pip-version-check", "--dest", str(wheels), f"{wheel.project}=={wheel.version}",
     ]
     if wheel.platform is not None:
-        command += ["--platform", wheel.platform, "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"]
+        command += ["--platform", wheel.platform, "--python-version", "3.11", "--implementation", "cp", "--abi",
+                    "cp311"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -46,9 +46,11 @@ class Expected:
     note: str = ""
 
 
-LEGACY = "legacy non-zip torch.save: torch.load(mmap=True) refuses it ('mmap can only be used with files saved with ...zipfile')"
+LEGACY = ("legacy non-zip torch.save: torch.load(mmap=True) refuses it "
+          "('mmap can only be used with files saved with ...zipfile')")
 FRAGMENTED = "torch gives its model tensors {storages} separate storages"
-CONV_TRANSPOSED = "torch.load gives these {count} weights with transposed strides (stride[0] == 1): neither contiguous nor channels_last"
+CONV_TRANSPOSED = ("torch.load gives these {count} weights with transposed strides (stride[0] == 1): "
+                   "neither contiguous nor channels_last")
 
 EXPECTED: dict[str, Expected] = {
     "resemblyzer": Expected(

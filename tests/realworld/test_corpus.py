@@ -181,7 +181,8 @@ def test_each_expected_finding_is_true_of_the_file(name: str, corpus_file: Calla
         elif code == "ML102":
             for finding in findings:
                 first, *rest = (theirs[n].tensor for n in finding.tensors)
-                assert first is not None and all(other is not None and torch.equal(as_bits(first), as_bits(other)) for other in rest)
+                assert first is not None and all(other is not None and torch.equal(as_bits(first), as_bits(other))
+                                                 for other in rest)
                 assert all(".state." in n for n in finding.tensors), "optimizer state (an Adam state dict's moments)"
         elif code == "ML601":
             with pytest.raises(pickle.UnpicklingError):
@@ -336,7 +337,8 @@ def test_flatten_check_of_a_folder_of_the_whole_corpus_gives_every_file_its_verd
             (line,) = [line for line in verdicts if line.startswith(f"{shown}: ")]
             assert line.startswith(f"{shown}: {expected.check}"), line
     counts = {verdict: sum(1 for e in ALL.values()
-                           if ("not checked" if e.flatten.trust or e.flatten.outcome == "refused" else e.check) == verdict)
+                           if ("not checked" if e.flatten.trust or e.flatten.outcome == "refused"
+                               else e.check) == verdict)
               for verdict in ("already flat", "passes", "would change", "not checked")}
     # The model folders' generation_config.json files are accounted for, as inspect accounts for
     # them, and fail nothing: a gate over save_pretrained folders passes when their models do.
@@ -344,8 +346,8 @@ def test_flatten_check_of_a_folder_of_the_whole_corpus_gives_every_file_its_verd
     assert data, "the corpus's save_pretrained folders each hold one"
     assert out.splitlines()[-1] == (
         f"{len(ALL)} paths checked at --fail-on warning: {counts['already flat']} already flat, "
-        f"{counts['passes']} pass as written, {counts['would change']} would change, {counts['not checked']} not checked"
-        f"; {len(data)} other files read as data, nothing to flatten: JSON text ({len(data)})"
+        f"{counts['passes']} pass as written, {counts['would change']} would change, {counts['not checked']} not "
+        f"checked; {len(data)} other files read as data, nothing to flatten: JSON text ({len(data)})"
     )
 
 
@@ -447,5 +449,6 @@ def test_the_corpus_table_is_the_expectations() -> None:
         assert file_format == f"`{expected.format}`", name
         assert tensors == str(expected.tensors), name
         assert findings == findings_cell(expected), name
-        assert flatten.startswith(expected.flatten.outcome + (" with `--trust`" if expected.flatten.trust and expected.flatten.outcome != "refused" else "")), name
+        with_trust = " with `--trust`" if expected.flatten.trust and expected.flatten.outcome != "refused" else ""
+        assert flatten.startswith(expected.flatten.outcome + with_trust), name
         assert check == check_cell(expected), name

@@ -111,7 +111,8 @@ def make_model_folder(path: Path, mib: int, seed: int) -> None:
     path.mkdir()
     (path / "config.json").write_text(json.dumps({"model_type": "toy"}))
     # Small first, large last: flatten reorders them, so the output differs from IN.
-    save_file({"bias": torch.randn(64, generator=generator), "weight": torch.randn(numel // 64, 64, generator=generator)},
+    save_file({"bias": torch.randn(64, generator=generator),
+               "weight": torch.randn(numel // 64, 64, generator=generator)},
               path / "model.safetensors")
 
 

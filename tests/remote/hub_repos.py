@@ -1,4 +1,5 @@
-"""Small transformers model folders of the three kinds a Hub audit meets, and a child process watched while it reads them.
+"""Small transformers model folders of the three kinds a Hub audit meets, and a child process watched while it reads
+them.
 
 - one-file: GPT-2 as `save_pretrained` writes it (model.safetensors, config.json, tied);
 - sharded: Llama in 3 or more safetensors shards with their index;
@@ -116,7 +117,8 @@ def watched(args: Iterable[str], env: dict[str, str], fd_limit: int | None = Non
     def drain(name: str, stream: Any) -> None:
         outputs[name] = stream.read()
 
-    readers = [threading.Thread(target=drain, args=(n, s)) for n, s in (("out", process.stdout), ("err", process.stderr))]
+    readers = [threading.Thread(target=drain, args=(n, s))
+               for n, s in (("out", process.stdout), ("err", process.stderr))]
     for reader in readers:
         reader.start()
     while process.poll() is None:

@@ -21,7 +21,7 @@ its pid file, logs and temporary folders in pytest's tmp, serving one folder
 
 The tests skip with one line where nginx is not installed: `make test` installs it
 where apt-get can, as it installs chromium.
-"""
+"""  # noqa: E501  (a Markdown table: a row is one line)
 
 from __future__ import annotations
 

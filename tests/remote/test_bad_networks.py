@@ -107,6 +107,7 @@ def test_diff_follows_the_download_hint_as_inspect_does(nginx: Server, served_fi
 
 def test_diff_times_out_within_the_bound(nginx: Server, served_file: Path) -> None:
     started = time.monotonic()
-    line = one_line_failure(memlayout("diff", "--timeout", "1", str(served_file), f"{nginx.url}/slow/errors.safetensors"))
+    line = one_line_failure(memlayout("diff", "--timeout", "1", str(served_file),
+                                      f"{nginx.url}/slow/errors.safetensors"))
     assert "no complete reply within 1 s" in line and "--timeout SECONDS" in line
     assert time.monotonic() - started < 30

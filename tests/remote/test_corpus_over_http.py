@@ -1,4 +1,5 @@
-"""The real-world corpus (tests/realworld) read over HTTP: the disk's report, or a one-line refusal for local-only formats."""
+"""The real-world corpus (tests/realworld) read over HTTP: the disk's report, or a one-line refusal for local-only
+formats."""
 
 from __future__ import annotations
 

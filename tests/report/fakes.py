@@ -66,7 +66,8 @@ def one_of_each_report(left: str = "encoder.left", path: str | None = "one_of_ea
         source=SourceFact(path=path, format="torch-zip" if path else "state-dict"),
         tensors=(*overlapping, transposed, shifted),
         storages=(storage("s0", 256, overlapping), storage("s1", 256, (transposed,)), storage("s2", 260, (shifted,))),
-        alias_groups=(AliasGroup("s0", (left, "encoder.right"), (AliasPair(left, "encoder.right", Relation.PARTIAL),)),),
+        alias_groups=(AliasGroup("s0", (left, "encoder.right"),
+                                 (AliasPair(left, "encoder.right", Relation.PARTIAL),)),),
         modules=(),
         declared_ties=(),
     )

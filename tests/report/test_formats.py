@@ -269,6 +269,7 @@ def test_every_format_says_which_rules_did_not_run_and_why() -> None:
     sarif = validate_sarif(inspect_formatter(OutputFormat.SARIF).render(batch))
     (note,) = sarif["runs"][0]["invocations"][0]["toolExecutionNotifications"]  # type: ignore[index]
     assert note["associatedRule"]["id"] == "ML102" and reason in note["message"]["text"]
-    assert "- ML102 duplicate-weights: the source records no tensor bytes" in inspect_formatter(OutputFormat.MARKDOWN).render(batch)
+    assert ("- ML102 duplicate-weights: the source records no tensor bytes"
+            in inspect_formatter(OutputFormat.MARKDOWN).render(batch))
     assert f"ML102 duplicate-weights not run on x.pt: {reason}" in inspect_formatter(OutputFormat.GITHUB).render(batch)
     assert json.loads(inspect_formatter(OutputFormat.JSON).render(batch))["skipped_rules"][0]["reason"] == reason

@@ -84,7 +84,8 @@ def test_every_tensor_is_one_segment_and_every_storage_one_bar(browser: Any, cas
     drawn = segment_tensors(page)
     assert sorted(drawn) == list(range(len(report["tensors"])))  # each view exactly once
     assert page.locator(".storage").count() == len(report["storages"])
-    per_bar = page.evaluate("() => [...document.querySelectorAll('.storage')].map(s => [s.dataset.storage, Number(s.dataset.segments)])")
+    per_bar = page.evaluate("() => [...document.querySelectorAll('.storage')].map(s => [s.dataset.storage, "
+                            "Number(s.dataset.segments)])")
     expected = {s["id"]: len(s["ranges"]) for s in report["storages"]}
     assert dict(per_bar) == expected
     # Bloat, padding and the partial overlap are each drawn, in their own way.
@@ -108,9 +109,11 @@ def test_bars_are_scaled_to_bytes(browser: Any, case_file: Path, tmp_path: Path)
         assert width == pytest.approx(widths[largest] * sizes[storage] / sizes[largest], abs=2.5)
 
 
-def test_hovering_a_tied_segment_lights_its_tie_and_shows_a_tooltip(browser: Any, case_file: Path, tmp_path: Path) -> None:
+def test_hovering_a_tied_segment_lights_its_tie_and_shows_a_tooltip(browser: Any, case_file: Path,
+                                                                    tmp_path: Path) -> None:
     page, _, _ = open_page(browser, write_map(tmp_path, case_file))
-    names = page.evaluate("() => JSON.parse(document.getElementById('memlayout-data').textContent).sides[0].tensors.map(t => t[0][0])")
+    names = page.evaluate("() => JSON.parse(document.getElementById('memlayout-data').textContent)"
+                          ".sides[0].tensors.map(t => t[0][0])")
     encoder, decoder, scale = (names.index(n) for n in ("encoder.weight", "decoder.weight", "scale"))
     open_groups(page)
     assert page.locator(".seg.linked").count() == 0
@@ -118,7 +121,8 @@ def test_hovering_a_tied_segment_lights_its_tie_and_shows_a_tooltip(browser: Any
     linked = page.evaluate("() => [...document.querySelectorAll('.seg.linked')].map(s => Number(s.dataset.t))")
     assert linked == [encoder]
     tip = page.inner_text("#tip")
-    for expected in ("decoder.weight", "float32[32, 64]", "stride [1, 32]", "offset 0 elements", "bytes 0..8192", "equal: encoder.weight"):
+    for expected in ("decoder.weight", "float32[32, 64]", "stride [1, 32]", "offset 0 elements", "bytes 0..8192",
+                     "equal: encoder.weight"):
         assert expected in tip
     page.hover(f'.seg[data-t="{scale}"]')
     assert page.locator(".seg.linked").count() == 0  # nothing shares its memory
@@ -166,7 +170,8 @@ def test_a_tensor_name_cannot_break_out_of_the_page(browser: Any, tmp_path: Path
     assert hostile not in html.read_text()
     page, _, errors = open_page(browser, html)
     assert page.title() != "pwned" and page.locator("#x").count() == 0 and errors == []
-    names = page.evaluate("() => JSON.parse(document.getElementById('memlayout-data').textContent).sides[0].tensors.map(t => t[0][0])")
+    names = page.evaluate("() => JSON.parse(document.getElementById('memlayout-data').textContent)"
+                          ".sides[0].tensors.map(t => t[0][0])")
     assert hostile in names
 
 
@@ -198,7 +203,8 @@ def test_diff_view_shows_both_sides_coloured_and_linked(browser: Any, tmp_path: 
                    .sides[Number(m.dataset.side)].tensors[Number(s.dataset.t)][0].join('='),
                  [...s.classList].filter(c => c.startsWith('mark-')).join(' ')])))"""
     )
-    assert marks[0] == {"embed.weight=head.weight": "mark-broken", "norm.weight": "mark-changed", "old.bias": "mark-removed"}
+    assert marks[0] == {"embed.weight=head.weight": "mark-broken", "norm.weight": "mark-changed",
+                        "old.bias": "mark-removed"}
     assert marks[1] == {"embed.weight": "mark-broken", "head.weight": "mark-broken", "norm.weight": "mark-changed",
                         "new.bias": "mark-added"}
     # Hovering the tie in A lights both of its copies in B.
@@ -270,7 +276,8 @@ def test_a_tie_saved_as_one_tensor_shows_every_name_in_the_tie_colour(browser: A
     torch.save({"embed.weight": embed, "head.weight": embed, "plain": torch.randn(256, 64)}, path)
     page, _, errors = open_page(browser, write_map(tmp_path, path))
     open_groups(page)
-    names = page.evaluate("() => JSON.parse(document.getElementById('memlayout-data').textContent).sides[0].tensors.map(t => t[0])")
+    names = page.evaluate("() => JSON.parse(document.getElementById('memlayout-data').textContent)"
+                          ".sides[0].tensors.map(t => t[0])")
     tied = names.index(["embed.weight", "head.weight"])
     plain = names.index(["plain"])
     segment, other = page.locator(f'.seg[data-t="{tied}"]'), page.locator(f'.seg[data-t="{plain}"]')

@@ -32,7 +32,8 @@ def test_demo_report_matches_the_golden_file(
 
 @pytest.mark.parametrize(
     "case",
-    [models.LostTieLM, models.partial_overlap_state, models.WeightDropLSTM, models.nan_state, models.assign_loaded_tied_lm],
+    [models.LostTieLM, models.partial_overlap_state, models.WeightDropLSTM, models.nan_state,
+     models.assign_loaded_tied_lm],
 )
 def test_reports_validate_against_the_schema(case: object) -> None:
     data = report_dict(memlayout.inspect(case()))  # type: ignore[operator]

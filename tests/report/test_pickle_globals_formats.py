@@ -77,7 +77,8 @@ def test_sarif_carries_the_globals_in_the_results_properties() -> None:
 def test_markdown_lists_each_global_with_its_class_worst_first() -> None:
     text = inspect_formatter(OutputFormat.MARKDOWN).render(_batch())
     row = next(line for line in text.splitlines() if line.startswith("| ML601"))
-    assert row.index("posix.system: **runs-code**") < row.index("numpy.\\_core.multiarray.scalar: **constructs-object**")
+    assert row.index("posix.system: **runs-code**") < row.index("numpy.\\_core.multiarray.scalar: "
+                                                                "**constructs-object**")
     assert "in `bundle/hook.pkl`" in row
 
 

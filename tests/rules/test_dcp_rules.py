@@ -107,7 +107,8 @@ def test_a_declared_tie_stored_with_another_dtype_is_ml103_and_its_hint_works(tm
     _dcp().load(fresh.state_dict(), checkpoint_id=str(path))
     # The one tensor holds one copy's values: the float32 ones are lost to the bfloat16 cast.
     assert not torch.equal(fresh.emb.weight, model.emb.weight)
-    finding = next(f for f in run_inspection(str(path), config=RuleConfig(ties=(("head.weight", "emb.weight"),))).findings
+    config = RuleConfig(ties=(("head.weight", "emb.weight"),))
+    finding = next(f for f in run_inspection(str(path), config=config).findings
                    if f.code == "ML103")
     assert "dcp.save(model.state_dict(), checkpoint_id=DIR)" in finding.hint
     _save(model.state_dict(), tmp_path / "resaved")  # from the model that ties them, as the hint says

@@ -27,14 +27,16 @@ def overlapping_dcp_chunks() -> str:
     """A torch.distributed.checkpoint whose "w" is stored as rows 0:3 and 2:4 (ML106)."""
     from tests.load.dcp_writers import save_overlapping_rows
 
-    return str(save_overlapping_rows(Path(tempfile.mkdtemp(prefix="ml106-")) / "ckpt", torch.ones(4, 3), [(0, 3), (2, 4)]))
+    return str(save_overlapping_rows(Path(tempfile.mkdtemp(prefix="ml106-")) / "ckpt", torch.ones(4, 3),
+                                     [(0, 3), (2, 4)]))
 
 
 def tiled_dcp_chunks() -> str:
     """The same tensor stored as rows 0:2 and 2:4, which tile it."""
     from tests.load.dcp_writers import save_overlapping_rows
 
-    return str(save_overlapping_rows(Path(tempfile.mkdtemp(prefix="ml106-")) / "ckpt", torch.ones(4, 3), [(0, 2), (2, 4)]))
+    return str(save_overlapping_rows(Path(tempfile.mkdtemp(prefix="ml106-")) / "ckpt", torch.ones(4, 3),
+                                     [(0, 2), (2, 4)]))
 
 
 TIE_HEAD = RuleConfig(ties=(("head.weight", "embed.weight"),))

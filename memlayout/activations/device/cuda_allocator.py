@@ -286,7 +286,8 @@ class CachingAllocator:
         if self.capacity is not None and self.reserved + size > self.capacity:
             self.release_cached()
             if self.reserved + size > self.capacity:
-                raise AllocatorOutOfMemoryError(f"a {size}-byte segment does not fit: {self.reserved} of {self.capacity} reserved")
+                raise AllocatorOutOfMemoryError(f"a {size}-byte segment does not fit: {self.reserved} of "
+                                                f"{self.capacity} reserved")
         address = next(self._addresses)
         block = _Block(address, size, small, stream)
         self._blocks[address] = block

@@ -1,4 +1,5 @@
-"""The caching allocator with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: one growing segment per pool and stream.
+"""The caching allocator with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: one growing segment per pool and
+stream.
 
 What changes from the default (cuda_allocator.py), each as c10/cuda/CUDACachingAllocator.cpp does it:
 - **Growing, not new segments** (`alloc_block` -> `try_allocate_expandable_block`): where no

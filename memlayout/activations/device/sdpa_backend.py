@@ -105,12 +105,14 @@ def current_switches() -> Switches:
     enabled = {name for name, switch in switch_of.items() if switch()}  # type: ignore[no-untyped-call]
     cudnn_version: Any = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
     cudnn_version = int(cudnn_version or CUDA_WHEEL_CUDNN)
-    deprioritized = os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "") in ("1", "ON", "on", "true", "TRUE", "y", "YES")
+    deprioritized = os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "") in ("1", "ON", "on", "true", "TRUE", "y",
+                                                                             "YES")
     present_prefers_cudnn = (bool(torch.cuda.is_available())
                              and _prefers_cudnn(torch.cuda.get_device_capability(), cudnn_version, deprioritized))
     return Switches(
         enabled=frozenset(enabled),
-        deterministic=torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled(),
+        deterministic=(torch.are_deterministic_algorithms_enabled()
+                       and not torch.is_deterministic_algorithms_warn_only_enabled()),
         cudnn_version=cudnn_version,
         order=tuple(_TORCH_ORDER[b] for b in _torch.sdp_priority_order() if b in _TORCH_ORDER),
         cudnn_deprioritized=deprioritized,

@@ -295,7 +295,8 @@ class SizeSearch:
         """The answer `size`, with what its probe and the probe of the size after it found."""
         failure = after.failure if after is not None else None
         if after is None and size >= self.cap:
-            failure = f"the search stops at {self.cap}: {self.limit}" if self.limit else f"the search stops at {self.cap}"
+            failure = (f"the search stops at {self.cap}: {self.limit}" if self.limit
+                       else f"the search stops at {self.cap}")
         return FitAnswer(
             size=size,
             peak_bytes=at.peak_bytes if at is not None and size else None,

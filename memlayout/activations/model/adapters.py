@@ -88,7 +88,8 @@ def require_peft(flag: str) -> Any:
     return peft
 
 
-def apply_lora(model: Any, options: LoraOptions, context: Callable[[], AbstractContextManager[Any]]) -> tuple[Any, AppliedLora]:
+def apply_lora(model: Any, options: LoraOptions,
+               context: Callable[[], AbstractContextManager[Any]]) -> tuple[Any, AppliedLora]:
     """The model wrapped by `peft.get_peft_model` with a LoraConfig of `options`, built in `context`.
 
     Raises:
@@ -105,7 +106,8 @@ def apply_lora(model: Any, options: LoraOptions, context: Callable[[], AbstractC
         given["target_modules"] = ALL_LINEAR if options.targets == (ALL_LINEAR,) else list(options.targets)
     if options.dropout is not None:
         if not 0 <= options.dropout < 1:
-            raise UsageError(f"`lora_dropout` {options.dropout} is not a probability below 1", "e.g. `lora_dropout` 0.05")
+            raise UsageError(f"`lora_dropout` {options.dropout} is not a probability below 1",
+                             "e.g. `lora_dropout` 0.05")
         given["lora_dropout"] = options.dropout
     if options.dora:
         given["use_dora"] = True
@@ -136,7 +138,8 @@ def _refusal(model: Any, exc: ValueError, options: LoraOptions) -> UsageError:
     if options.targets is None:
         what = f"model type {model_type!r}" if model_type else f"a {type(model).__name__} (not a transformers model)"
         return UsageError(f"peft has no default LoRA target modules for {what}",
-                          f"give `lora_targets` NAME,..., e.g. `lora_targets` {example}, or `lora_targets` {ALL_LINEAR}")
+                          f"give `lora_targets` NAME,..., e.g. `lora_targets` {example}, or `lora_targets` "
+                          f"{ALL_LINEAR}")
     return UsageError(f"peft could not apply LoRA to `lora_targets` {','.join(options.targets)}: {text}",
                       f"name layers the model has, e.g. `lora_targets` {example}, or `lora_targets` {ALL_LINEAR}")
 

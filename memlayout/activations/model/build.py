@@ -151,7 +151,8 @@ class TensorMover:
                         store[name] = self.move(tensor)
 
 
-def cast_model(model: Any, dtype: Any, world: str, device: str, context: Callable[[], AbstractContextManager[Any]]) -> None:
+def cast_model(model: Any, dtype: Any, world: str, device: str,
+               context: Callable[[], AbstractContextManager[Any]]) -> None:
     """Cast the model's floating parameters and buffers to `dtype` in place, as `model.to(dtype)` does (`--dtype`).
 
     Real tensors go through `Module.to`; fake and meta ones are re-made in their
@@ -164,7 +165,8 @@ def cast_model(model: Any, dtype: Any, world: str, device: str, context: Callabl
 
 
 def place_fake_model(model: Any, device: str, context: Callable[[], AbstractContextManager[Any]]) -> list[str]:
-    """Put a fake model's parameters and buffers on `device`, as `model.to(device)` would, and say what could not follow.
+    """Put a fake model's parameters and buffers on `device`, as `model.to(device)` would, and say what could not
+    follow.
 
     `Module._apply` swaps each fake parameter for its moved copy (`torch.utils.swap_tensors`),
     which refuses a tensor that something holds a weak reference to, and the fake mode

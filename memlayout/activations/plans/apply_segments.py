@@ -182,14 +182,16 @@ def _where(args: tuple[Any, ...], kwargs: Mapping[str, Any], value: Any) -> str 
     return next((name for name, arg in kwargs.items() if arg is value), None)
 
 
-def _without(args: tuple[Any, ...], kwargs: Mapping[str, Any], where: str | int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _without(args: tuple[Any, ...], kwargs: Mapping[str, Any],
+             where: str | int) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arguments less the one fed from the child before (not kept: the rerun makes it again)."""
     if isinstance(where, int):
         return (*args[:where], None, *args[where + 1:]), dict(kwargs)
     return args, {name: None if name == where else arg for name, arg in kwargs.items()}
 
 
-def _fed_at(args: tuple[Any, ...], kwargs: dict[str, Any], where: str | int, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _fed_at(args: tuple[Any, ...], kwargs: dict[str, Any], where: str | int,
+            value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if isinstance(where, int):
         return (*args[:where], value, *args[where + 1:]), kwargs
     return args, {**kwargs, where: value}

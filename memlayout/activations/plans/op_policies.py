@@ -167,7 +167,8 @@ def policy_code(texts: list[str]) -> PolicyCode:
                             "                return CheckpointPolicy.PREFER_RECOMPUTE"]
         else:
             definitions += ["", "    def save_ops(ctx, op, *args, **kwargs):"]
-        definitions += ["        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE",
+        definitions += ["        return CheckpointPolicy.MUST_SAVE if op in saved else "
+                        "CheckpointPolicy.PREFER_RECOMPUTE",
                         "", "    return save_ops"]
         context[text] = f"lambda: create_selective_checkpoint_contexts({name}())"
     return PolicyCode(imports, definitions, context)

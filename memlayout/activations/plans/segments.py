@@ -62,7 +62,8 @@ class Container:
             if not positions:
                 continue
             start = positions[0]
-            if [calls[p][0] for p in positions] != list(range(first, last + 1)) or positions[-1] - start != last - first:
+            if ([calls[p][0] for p in positions] != list(range(first, last + 1))
+                    or positions[-1] - start != last - first):
                 return None
             if any((number, p) not in self.links for p in positions[:-1]):
                 return None

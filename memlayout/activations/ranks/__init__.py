@@ -245,7 +245,8 @@ def _analyze_ddp(request: StepRequest, sharding: Sharding, model: Any) -> RanksR
     if request.budget is None:
         return report
     plan = plan_ranks(
-        report, ranks_budget_bytes(request), measure=lambda with_sharding: (trace_ddp_rank(request, with_sharding).peak,),
+        report, ranks_budget_bytes(request),
+        measure=lambda with_sharding: (trace_ddp_rank(request, with_sharding).peak,),
         single_device=lambda: _single_device(request), model=model, allow_offload=False,
     )
     return replace(report, plan=plan)

@@ -41,7 +41,8 @@ def checkpointing(sharding: Any) -> tuple[list[str], list[str]]:
             lines.append(f"                                           context_fn={context})")
     for path, segments in sharding.sequential:
         lines.append(f"    module = model.get_submodule({path!r})")
-        lines.append(f"    module.forward = functools.partial(checkpoint_sequential, module, {segments}, use_reentrant=False)")
+        lines.append(f"    module.forward = functools.partial(checkpoint_sequential, module, {segments}, "
+                     "use_reentrant=False)")
     if (sharding.checkpoint or sharding.sequential or sharding.selective) and sharding.hf_cache:
         lines.append("    model.config.use_cache = False  # a key/value cache would be filled again by each rerun")
     return imports, lines

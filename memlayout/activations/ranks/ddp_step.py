@@ -5,8 +5,8 @@ traced by memlayout's own tracer, as one device's step is (analysis.py), since D
 changes no op of the step: it adds the Reducer's buckets and what it runs around
 forward and in backward's hooks, all of which go through the dispatcher and are seen.
 
-The model is built in the fake world (analysis.prepare_step), then wrapped by the code the report prints (ddp.py), inside FakeTensorMode so that the
-Reducer's buckets are fake too, with DDP's reduction replaced by `ddp.BucketRecorder`
+The model is built in the fake world (analysis.prepare_step), then wrapped by the code the report prints (ddp.py),
+inside FakeTensorMode so that the Reducer's buckets are fake too, with DDP's reduction replaced by `ddp.BucketRecorder`
 (why: ddp.py). Two steps run untraced: the first makes the gradients ready in backward's
 order, the second's forward rebuilds the buckets in it. The third is traced, the buckets
 counted from its start as the parameters are. Every rank runs the same step on its own

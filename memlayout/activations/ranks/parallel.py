@@ -368,7 +368,8 @@ def _code(sharding: Sharding) -> str:
         fsdp_names.insert(0, "CPUOffloadPolicy")
     lines.append(f"from torch.distributed.fsdp import {', '.join(fsdp_names)}")
     if sharding.tp_plan:
-        lines.append("from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module")
+        lines.append("from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, "
+                     "parallelize_module")
     lines += checkpoint_imports
     what = f"FSDP2 over {dp} ranks" + (f" x tensor parallel over {tp}" if tp > 1 else "")
     lines += ["", "", 'def shard(model, device_type="cuda"):',

@@ -1,1 +1,2 @@
-"""The activations reports: the terminal table and the JSON (schema 1) of one device, of ranks and of `--fit`. Never printed here."""
+"""The activations reports: the terminal table and the JSON (schema 1) of one device, of ranks and of `--fit`. Never
+printed here."""

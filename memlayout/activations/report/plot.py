@@ -88,7 +88,8 @@ def plot_data(report: SweepReport) -> PlotData:
         levels.append(Level(f"budget: {human_bytes(report.budget_bytes)}", report.budget_bytes))
     marks = []
     if report.fit is not None:
-        marks.append(Mark(f"--fit, no plan: {report.axis} {report.fit.without_plan.size}", report.fit.without_plan.size))
+        without = report.fit.without_plan.size
+        marks.append(Mark(f"--fit, no plan: {report.axis} {without}", without))
         if report.fit.with_plan is not None:
             marks.append(Mark(f"--fit, with a plan: {report.axis} {report.fit.with_plan.size}",
                               report.fit.with_plan.size))

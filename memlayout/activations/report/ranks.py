@@ -207,7 +207,8 @@ def _sharding_lines(sharding: Sharding) -> list[str]:
     if sharding.tp > 1:
         for style in ("colwise", "rowwise"):
             members = [s.module for s in sharding.tp_plan if s.style == style]
-            lines.append(f"tensor parallel over {sharding.tp}, {style}: {_span(members)} ({counted(len(members), 'module')})")
+            lines.append(f"tensor parallel over {sharding.tp}, {style}: {_span(members)} "
+                         f"({counted(len(members), 'module')})")
     return lines
 
 

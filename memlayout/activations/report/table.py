@@ -105,7 +105,8 @@ def _summary_grid(report: ActivationReport) -> Any:
                      f"{_difference(report.predicted_peak_bytes, s.peak_bytes)}")
     if report.generation is not None:
         add_generate_rows(grid, report.generation)
-    grid.add_row("activations", human_bytes(s.activation_bytes), "saved for backward", "each storage once, model state excluded")
+    grid.add_row("activations", human_bytes(s.activation_bytes), "saved for backward",
+                 "each storage once, model state excluded")
     grid.add_row("parameters", human_bytes(s.parameter_bytes), "gradients", human_bytes(s.gradient_bytes))
     _adapter_rows(grid, report)
     grid.add_row("inputs", human_bytes(s.input_bytes), "forward", flops_text(s.forward_flops))

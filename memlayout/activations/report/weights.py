@@ -28,7 +28,8 @@ def activations_hint(report: WeightsReport) -> tuple[str, str]:
         flags = " ".join(f"--input {shlex.quote(spec)}" for spec in report.suggested_inputs)
         source = f"with the inputs read off {report.model_class}'s config"
     else:
-        flags, source = "--input DTYPE[SHAPE] ...", "giving each input (e.g. --input 'int64[4,128]<50257' for token ids)"
+        flags, source = ("--input DTYPE[SHAPE] ...",
+                         "giving each input (e.g. --input 'int64[4,128]<50257' for token ids)")
     return (f"activations are not counted: they depend on the batch; trace a step for them, {source}",
             f"memlayout activations {target} {flags}")
 

@@ -46,8 +46,8 @@ SIZES = frozenset({Pipeline.FIT, Pipeline.SWEEP})
 """The pipelines that scale the inputs' sizes: `fit`, and `sweep` (with or without `fit`)."""
 SWEEP = frozenset({Pipeline.SWEEP})
 
-STEP_SETTINGS = ("input", "inputs", "budget", "fit", "sweep", "world_size", "real", "step", "autocast", "dtype", "device",
-                 "gpu", "gpu_memory", "lora", "lora_targets", "lora_dropout", "dora", "quantize")
+STEP_SETTINGS = ("input", "inputs", "budget", "fit", "sweep", "world_size", "real", "step", "autocast", "dtype",
+                 "device", "gpu", "gpu_memory", "lora", "lora_targets", "lora_dropout", "dora", "quantize")
 """The settings that ask for a step: without any of them, a request is for the weights alone."""
 ADAPTER_SETTINGS = ("lora", "lora_targets", "lora_dropout", "dora", "quantize")
 FSDP_SETTINGS = ("fsdp_modules", "no_reshard_after_forward", "param_dtype", "reduce_dtype", "allow_offload",
@@ -55,7 +55,8 @@ FSDP_SETTINGS = ("fsdp_modules", "no_reshard_after_forward", "param_dtype", "red
 DDP_SETTINGS = ("bucket_cap_mb", "gradient_as_bucket_view")
 RANK_SETTINGS = ("fsdp", *FSDP_SETTINGS, "tp", "ddp", *DDP_SETTINGS)
 """The settings that shape ranks: each needs `world_size`."""
-SERVING_HINT = "measure real ranks under torchrun (the CPU allocator's events, torch.profiler), and predict for `device=cpu`"
+SERVING_HINT = ("measure real ranks under torchrun (the CPU allocator's events, torch.profiler), and predict for "
+                "`device=cpu`")
 TRAINING_HINT = "measure real ranks under torchrun (FSDPMemTracker), and predict for `device=cpu` or cuda"
 
 _DEFAULTS: dict[type, dict[str, Any]] = {}
@@ -219,7 +220,8 @@ RULES: tuple[Refusal, ...] = (
             "`snapshot` writes one step on one device, and {pipeline_words}",
             "predict one step (give `input`, without `sweep`, `fit` or `world_size`)"),
     # Ranks: what shapes them needs them, and FSDP2's and DDP's settings do not mix.
-    Refusal(ALL, _rank_without_world_size, "`{given}` needs `world_size` N", "e.g. `world_size=8` `{rank_example}=True`"),
+    Refusal(ALL, _rank_without_world_size, "`{given}` needs `world_size` N",
+            "e.g. `world_size=8` `{rank_example}=True`"),
     Refusal(SHARDED, lambda r: _sharded(r) and _with("ddp", *FSDP_SETTINGS)(r),
             "`{given}` is FSDP2's, and the ranks are DistributedDataParallel's",
             "leave `{given}` out, or give `fsdp` instead"),
@@ -229,7 +231,8 @@ RULES: tuple[Refusal, ...] = (
     Refusal(ALL, lambda r: first_given(r, ("new_tokens", "cache")) if r.step != "generate" else None,
             "`{given}` applies to `step=generate` only", "add `step=generate`, or leave it out"),
     Refusal(ALL, lambda r: r.step == "generate" and r.new_tokens is None,
-            "`step=generate` needs `new_tokens` N: how many tokens to generate", "e.g. `step=generate` `new_tokens=256`"),
+            "`step=generate` needs `new_tokens` N: how many tokens to generate",
+            "e.g. `step=generate` `new_tokens=256`"),
     Refusal(ALL, lambda r: r.new_tokens is not None and r.new_tokens < 1, "`new_tokens` {new_tokens} generates nothing",
             "give 1 or more"),
     Refusal(ALL, _outside("cache", CACHES), "unknown `cache` {cache!r}", "use dynamic or static"),
@@ -238,7 +241,8 @@ RULES: tuple[Refusal, ...] = (
             "`{given}` shapes LoRA adapters, and `lora` R asks for them", "e.g. `lora=16`"),
     Refusal(ALL, lambda r: (r.lora is not None or r.dora) and r.lora_targets == (), "`lora_targets` names no module",
             "e.g. `lora_targets=q_proj,v_proj`, or all-linear"),
-    Refusal(SHARDED, _adapted, "`{given}` is not traced with `world_size` yet", "predict one device without `world_size`"),
+    Refusal(SHARDED, _adapted, "`{given}` is not traced with `world_size` yet",
+            "predict one device without `world_size`"),
     Refusal(SHARDED, lambda r: first_given(r, ("gpu", "gpu_memory")) if _sharded(r) and (r.ddp or r.serving) else None,
             "`{given}` traces FSDP2's ranks for a GPU, and {gpu_ranks}", "drop `{given}`, and predict `device=cpu`"),
     # The size search, and the sweep.
@@ -253,7 +257,8 @@ RULES: tuple[Refusal, ...] = (
     Refusal(frozenset({Pipeline.STEP}), lambda r: r.step != "train" and r.budget is not None,
             "`budget` plans checkpoints for backward, and `step` {step} has none",
             "give `fit` with `budget` for the largest batch whose {forward} fits"),
-    Refusal(FIT, lambda r: _sharded(r) and r.step != "train", "`fit` with `step` {step} is not searched across ranks yet",
+    Refusal(FIT, lambda r: _sharded(r) and r.step != "train",
+            "`fit` with `step` {step} is not searched across ranks yet",
             "predict one size across ranks without `fit`, or `fit` one device's {forward} without `world_size`"),
     Refusal(FIT, lambda r: _sharded(r) and first_given(r, ("autocast", "dtype")),
             "`{given}` is not traced with `world_size` yet"),
@@ -269,18 +274,21 @@ RULES: tuple[Refusal, ...] = (
     Refusal(SHARDED, lambda r: _sharded(r) and r.world_size < 1, "`world_size` {world_size} is not a number of ranks",
             "give 1 or more"),
     Refusal(RANKS, lambda r: _serving(r) and ("ddp" if r.ddp else "fsdp" if r.fsdp else None),
-            "`step={step}` with `world_size` is traced as tensor-parallel serving, and `{given}` shards a training step",
+            "`step={step}` with `world_size` is traced as tensor-parallel serving, and `{given}` shards a training "
+            "step",
             "give `world_size={world_size}` `tp={world_size}` alone"),
     Refusal(RANKS, lambda r: _serving(r) and r.tp != r.world_size,
             "`step={step}` with `world_size={world_size}` needs `tp={world_size}`: the ranks are one tensor-parallel "
             "group (each replica of a server is a group of its own)", "{serving_tp}"),
     Refusal(RANKS, lambda r: _serving(r) and first_given(r, ("param_dtype", "reduce_dtype")),
-            "`{given}` is FSDP2's, and `step={step}` ranks run no FSDP2", "leave `{given}` out; `dtype` casts the model"),
+            "`{given}` is FSDP2's, and `step={step}` ranks run no FSDP2",
+            "leave `{given}` out; `dtype` casts the model"),
     Refusal(SHARDED, lambda r: _training_ranks(r) and r.ddp and r.bucket_cap_mb is not None and not r.bucket_cap_mb > 0,
             "`bucket_cap_mb` {bucket_cap_mb:g} is not a bucket size",
             "give a size in MiB above 0, e.g. 25 (DDP's default) or 0.5"),
     Refusal(SHARDED, lambda r: _training_ranks(r) and r.ddp and ("fsdp" if r.fsdp else "tp" if r.tp > 1 else None),
-            "`ddp` replicates the model on every rank, and `{given}` shards it", "give `ddp` alone, or `fsdp` (with `tp` K)"),
+            "`ddp` replicates the model on every rank, and `{given}` shards it",
+            "give `ddp` alone, or `fsdp` (with `tp` K)"),
     Refusal(SHARDED, lambda r: _training_ranks(r) and not r.ddp and not r.fsdp,
             "`world_size` needs `fsdp` or `ddp`: FSDP2 and DistributedDataParallel are what memlayout predicts",
             "add `fsdp` (and `tp` K for tensor parallel inside it), or `ddp`"),
@@ -297,7 +305,8 @@ RULES: tuple[Refusal, ...] = (
             "`budget` plans checkpoints for a training step, and `step` {step} runs no backward to recompute in",
             "leave `budget` out"),
     Refusal(RANKS, lambda r: _serving(r) and r.autocast is not None,
-            "`autocast` is not traced for `step` {step} across ranks yet", "`dtype={autocast}` casts the model, as servers load it"),
+            "`autocast` is not traced for `step` {step} across ranks yet",
+            "`dtype={autocast}` casts the model, as servers load it"),
     Refusal(RANKS, lambda r: _serving(r) and r.device != "cpu",
             "`step` {step} across ranks is traced for `device=cpu`, not {device}, yet: the fake CUDA step does not run "
             "DTensor's device mesh",
@@ -306,8 +315,8 @@ RULES: tuple[Refusal, ...] = (
             "`allow_offload` is FSDP2's CPU offload, and under `ddp` every rank keeps its whole model",
             "leave `allow_offload` out, or predict `fsdp`"),
     Refusal(SHARDED, lambda r: _training_ranks(r) and r.ddp and r.device != "cpu",
-            "`ddp` is traced for `device=cpu`, not {device}: DDP's Reducer reduces in hooks that torch's autograd engine "
-            "runs, and the engine runs no fake CUDA step without a GPU",
+            "`ddp` is traced for `device=cpu`, not {device}: DDP's Reducer reduces in hooks that torch's autograd "
+            "engine runs, and the engine runs no fake CUDA step without a GPU",
             "predict `device=cpu` (the same buckets), or `fsdp` for a GPU"),
     # The training recipe: the optimizer's implementation, clipping, op-level checkpointing, resharding.
     Refusal(ALL, _outside("optimizer_impl", OPTIMIZER_IMPLS), "unknown `optimizer_impl` {optimizer_impl!r}",
@@ -317,7 +326,8 @@ RULES: tuple[Refusal, ...] = (
     Refusal(ALL, _sac_words, "`selective_ac` {selective_ac!r} names nothing to save ({value_word!r})",
             f"save any of {', '.join(SAC_SAVES)} (comma-separated), or {', '.join(SAC_PRESETS)}; or give a policy "
             "as pkg.module:policy"),
-    Refusal(ALL, _reshard_entry, "`reshard_after_forward` {reshard_word!r} is neither a preset nor [PATTERN=]true|false",
+    Refusal(ALL, _reshard_entry,
+            "`reshard_after_forward` {reshard_word!r} is neither a preset nor [PATTERN=]true|false",
             f"use {' or '.join(RESHARD_PRESETS)}, or e.g. `reshard_after_forward=model.layers.31=false`"),
     Refusal(frozenset({Pipeline.WEIGHTS}), _given(*RECIPE_SETTINGS),
             "`{given}` shapes a traced training step, and without `input` no step is traced",

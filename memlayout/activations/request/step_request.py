@@ -206,7 +206,8 @@ class StepRequest:
         """Each value in its one spelling: tuples for lists, a BudgetSpec for a budget, bf16 for bfloat16."""
         values: dict[str, Any] = {
             "input": (self.input,) if isinstance(self.input, str) else tuple(self.input or ()),
-            "fsdp_modules": (self.fsdp_modules,) if isinstance(self.fsdp_modules, str) else tuple(self.fsdp_modules or ()),
+            "fsdp_modules": ((self.fsdp_modules,) if isinstance(self.fsdp_modules, str)
+                             else tuple(self.fsdp_modules or ())),
             "ac_modules": _texts(self.ac_modules), "reshard_after_forward": _texts(self.reshard_after_forward),
             "gpu_memory": _gpu_memory(self.gpu_memory),
             "dtype": precision(self.dtype), "autocast": precision(self.autocast),

@@ -136,7 +136,8 @@ def _pytree_tensors(tree: Any) -> list[torch.Tensor]:
 
 def _nbytes(value: Any) -> int:
     leaves, _ = _torch.tree_flatten(value)
-    return sum(t.untyped_storage().nbytes() for t in leaves if isinstance(t, torch.Tensor) and t.layout == torch.strided)
+    return sum(t.untyped_storage().nbytes() for t in leaves
+               if isinstance(t, torch.Tensor) and t.layout == torch.strided)
 
 
 class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]

@@ -348,7 +348,8 @@ def call_flops(func: Any, metadata: Any) -> int:
     return int(counter.get_total_flops())
 
 
-def _measured_at(batch: int, signature: Any, func: Any, metadata: Any, batched: tuple[bool, ...]) -> KernelMemory | None:
+def _measured_at(batch: int, signature: Any, func: Any, metadata: Any,
+                 batched: tuple[bool, ...]) -> KernelMemory | None:
     """The real kernel's memory at this (small) batch, measured once per signature; None when it would cost over
     LEARN_FLOPS or the kernel refuses zeros."""
     key = (*signature, "batch", batch)

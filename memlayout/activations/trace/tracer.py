@@ -359,8 +359,8 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         before = seen[-1]
         name = next((n for n in sorted(set(now) | set(before)) if now.get(n) != before.get(n)), "?")
         self.rerun_state_differs[path] = (
-            f"self.{name} was {shown_value(before.get(name))} when forward called it and {shown_value(now.get(name))} when "
-            "backward reran it"
+            f"self.{name} was {shown_value(before.get(name))} when forward called it and {shown_value(now.get(name))} "
+            "when backward reran it"
         )
 
     def _on_exit(self, module: Any, args: Any, kwargs: Any, output: Any) -> None:
@@ -507,7 +507,8 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             ModuleCall(
                 id=c.id, path=c.path, class_name=c.class_name, parent=c.parent, recompute=c.recompute,
                 start=c.start, end=c.end, backward_start=c.backward_start, input_storages=c.inputs,
-                output_storages=c.outputs, saved_storages=tuple(dict.fromkeys(c.saved)), flops=c.flops, seconds=c.seconds,
+                output_storages=c.outputs, saved_storages=tuple(dict.fromkeys(c.saved)), flops=c.flops,
+                seconds=c.seconds,
                 uses_randomness=c.uses_randomness,
                 moves_device=c.moves_device, reads_outside_state=c.reads_outside_state,
                 mutates_buffers=c.mutates_buffers, mutates_inputs=c.mutates_inputs,
@@ -526,7 +527,8 @@ class StepTracer(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         )
         return Trace(
             storages=storages, calls=calls, modules=modules, events=self.seq, forward_end=self.forward_end,
-            loss=loss, recompute_flops=self.recompute_flops, recompute_seconds=self.recompute_seconds, device=device, mode=mode, notes=notes,
+            loss=loss, recompute_flops=self.recompute_flops, recompute_seconds=self.recompute_seconds, device=device,
+            mode=mode, notes=notes,
             state_changes=tuple(self.state_changes.items()),
             rerun_state_differs=tuple(self.rerun_state_differs.items()), rng_state_bytes=self.rng_state_bytes,
             generation=GenerationTrace(tuple(self.forwards), tuple(self.cache_storages), self.final_cache)

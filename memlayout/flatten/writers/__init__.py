@@ -102,7 +102,8 @@ def entry_point_writers() -> list[FlattenWriter]:
         try:
             loaded = point.load()
         except Exception as exc:  # a plug-in's import can fail in any way; it is named, not traced
-            raise FlattenError(f"{where} cannot be loaded: {exc}", "fix or uninstall the package that provides it") from exc
+            raise FlattenError(f"{where} cannot be loaded: {exc}",
+                               "fix or uninstall the package that provides it") from exc
         found.append(_checked(loaded, where))
     return found
 

@@ -116,7 +116,8 @@ class LegacyWriter(FlattenWriter):
 
     def changes(self, plan: FlatPlan, facts: Facts, source: LoadedSource) -> list[str]:
         # The format itself changes, so a legacy file is never already flat.
-        return [f"the format: a {_WHICH[source.format]} becomes a current torch.save zip", *describe_changes(plan, facts)]
+        return [f"the format: a {_WHICH[source.format]} becomes a current torch.save zip",
+                *describe_changes(plan, facts)]
 
     def write(self, job: FlattenJob) -> Written:
         tree = load_legacy_tree(

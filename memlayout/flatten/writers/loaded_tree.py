@@ -120,7 +120,8 @@ def _match(tree: Any, job: FlattenJob) -> tuple[dict[str, str], dict[str, list[t
             raise _unexpected(job, f"torch loaded a tensor {record.name} that the file's records do not hold")
         if (record.shape, record.stride) != (fact.shape, fact.stride) or not record.dtype.endswith(fact.dtype):
             raise _unexpected(job, f"{record.name} loads as {record.dtype}{list(record.shape)} stride "
-                              f"{list(record.stride)}, the file records {fact.dtype}{list(fact.shape)} stride {list(fact.stride)}")
+                              f"{list(record.stride)}, the file records {fact.dtype}{list(fact.shape)} stride "
+                              f"{list(fact.stride)}")
         file_key = facts.storage(fact.storage).key
         assert record.object_id is not None
         members.setdefault(file_key, []).append((fact.offset, record.object_id))
@@ -189,5 +190,6 @@ def flatten_loaded_tree(tree: Any, job: FlattenJob, on_host: bool = False) -> Fl
     plan, buffers, _ = adopt_cudnn_layouts(named, plan, buffers, job.facts)
     if not on_host:
         return Flattened(plan, buffers, copied, {})
-    locations.update({_torch.storage_id(buffer.untyped_storage()): flat.device for flat, buffer in zip(plan.buffers, buffers, strict=True)})
+    locations.update({_torch.storage_id(buffer.untyped_storage()): flat.device
+                      for flat, buffer in zip(plan.buffers, buffers, strict=True)})
     return Flattened(plan, buffers, copied, locations)

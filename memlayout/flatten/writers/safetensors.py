@@ -112,7 +112,8 @@ def ordered_header(entries: list[Any]) -> dict[str, Any]:
         code = _CODES.get(entry.dtype)
         if code is None:
             raise FlattenError(f"{entry.name}: dtype {entry.dtype} has no safetensors code")
-        header[entry.name] = {"dtype": code, "shape": list(entry.shape), "data_offsets": [cursor, cursor + entry.nbytes]}
+        header[entry.name] = {"dtype": code, "shape": list(entry.shape),
+                              "data_offsets": [cursor, cursor + entry.nbytes]}
         cursor += entry.nbytes
     return header
 
@@ -208,7 +209,8 @@ def safetensors_changes(plan: FlatPlan, source: LoadedSource) -> list[str]:
     current = [entry.name for entry in header.entries]
     if order != current:
         moved = sum(1 for a, b in zip(order, current, strict=False) if a != b) + abs(len(order) - len(current))
-        lines.append(f"{moved} of {counted(len(current), 'tensor')} move to keep each dtype group together in flat order")
+        lines.append(f"{moved} of {counted(len(current), 'tensor')} move to keep each dtype group together in flat "
+                     "order")
     wanted = plan.asked_align or SAFETENSORS_SECTION_ALIGNMENT
     if header.data_start % wanted:
         why = "as --align asks" if plan.asked_align else "as safetensors' own writer does"
@@ -249,7 +251,8 @@ def flatten_safetensors_file(
     if not safetensors_changes(plan, source):
         return (*_copy_verified(path, out, verify), (BYTE_FOR_BYTE,))
     header, _ = read_header(path)
-    offsets = {key: storage.base_address for key, storage in source.storages.items() if storage.base_address is not None}
+    offsets = {key: storage.base_address for key, storage in source.storages.items()
+               if storage.base_address is not None}
     buffers = allocate(plan)
     copied = copy_from_file(plan, buffers, path, offsets)
     metadata = {k: v for k, v in header.metadata.items() if k != ALIASES_KEY}

@@ -69,7 +69,8 @@ _LABELS = {
     "safetensors": "safetensors file",
 }
 _UNCONVERTED = {
-    "torch-legacy-tar": "write a current torch.save zip first (`memlayout flatten IN -o current.pt`), then convert that",
+    "torch-legacy-tar": "write a current torch.save zip first (`memlayout flatten IN -o current.pt`), then convert "
+                        "that",
     "torchscript": "a TorchScript archive holds code; save the module's state_dict() with torch.save and convert that",
     "torch-export": "save the program's state_dict with torch.save and convert that",
 }
@@ -324,7 +325,8 @@ def _dense_bytes(value: torch.Tensor) -> memoryview:
     import torch
 
     raw = torch.empty(0, dtype=torch.uint8)
-    raw.set_(value.untyped_storage(), value.storage_offset() * value.element_size(), (value.numel() * value.element_size(),), (1,))
+    raw.set_(value.untyped_storage(), value.storage_offset() * value.element_size(),
+             (value.numel() * value.element_size(),), (1,))
     return host_bytes(raw)
 
 

@@ -8,8 +8,8 @@ tensors are re-pointed at views of flat buffers. Then:
   recording its buffer's device (a CUDA checkpoint stays one, on a machine without
   a GPU), and OUT is written record by record in torch.save's own layout, each
   storage's used bytes moved from IN's file to their slot in OUT's by the kernel
-  (`torch_zip_out`), and proved as they are written (`torch_zip_verify`). OUT is read back and proved against IN's CRCs, read as metadata
-  against the plan, and opened by `torch.load(mmap=True)` before it replaces
+  (`torch_zip_out`), and proved as they are written (`torch_zip_verify`). OUT is read back and proved against IN's CRCs,
+  read as metadata against the plan, and opened by `torch.load(mmap=True)` before it replaces
   anything. Memory stays near a few chunks, whatever the model's size.
 - moved to CUDA (`--device cuda`), the buffers are allocated on the device and
   filled from IN's file through pinned staging chunks, and torch.save writes them.
@@ -128,7 +128,8 @@ def _locations_of_in(job: FlattenJob, buffers: list[torch.Tensor], stand_ins: An
         for key, storage in stand_ins.storages.items() if key in job.source.storages
     }
     locations.update(
-        {_torch.storage_id(buffer.untyped_storage()): flat.device for flat, buffer in zip(job.plan.buffers, buffers, strict=True)}
+        {_torch.storage_id(buffer.untyped_storage()): flat.device
+         for flat, buffer in zip(job.plan.buffers, buffers, strict=True)}
     )
     return locations
 
@@ -219,7 +220,8 @@ def _restrided_values_equal(
                 continue
             view = slot.views[0]
             _, offset, shape, stride, dtype = view.source
-            written = torch.frombuffer(bytearray(os.pread(out, slot.nbytes, offsets[index] + slot.start)), dtype=torch.uint8)
+            written = torch.frombuffer(bytearray(os.pread(out, slot.nbytes, offsets[index] + slot.start)),
+                                       dtype=torch.uint8)
             read = torch.frombuffer(
                 bytearray(os.pread(source, slot.source_nbytes, spans.starts[slot.source_storage] + slot.source_start)),
                 dtype=torch.uint8,
@@ -229,7 +231,8 @@ def _restrided_values_equal(
                 read.untyped_storage(), offset - slot.source_start // view.itemsize, shape, stride
             )
             if not torch.equal(as_bits(after), as_bits(before)):
-                raise FlattenError(f"verification failed: {', '.join(view.names)} read back with other values than IN's")
+                raise FlattenError(f"verification failed: {', '.join(view.names)} read back with other values than "
+                                   "IN's")
             count += 1
     return count
 

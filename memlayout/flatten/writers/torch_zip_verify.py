@@ -122,7 +122,8 @@ def _blame(source: int, record: OutRecord, name: str, what: str) -> None:
     # OUT's record does not have the CRC its pieces promised. Either IN's bytes do
     # not match the CRC IN's own directory records (IN is damaged), or the write went wrong.
     for piece in record.pieces:
-        if isinstance(piece, FileRange) and piece.crc is not None and range_crc(source, piece.start, piece.length) != piece.crc:
+        if (isinstance(piece, FileRange) and piece.crc is not None
+                and range_crc(source, piece.start, piece.length) != piece.crc):
             raise CorruptCheckpointError(
                 f"{what}: storage record {piece.record} fails its zip checksum; IN is damaged",
                 "restore IN from a good copy; flatten copies bytes as they are",

@@ -65,14 +65,16 @@ class TorchScriptWriter(FlattenWriter):
         try:
             named = {name: _tensor_at(module, name) for name in names}
         except AttributeError as exc:
-            raise FlattenError(f"{job.path}: torch.jit.load gives a module without a tensor memlayout reads ({exc})") from exc
+            raise FlattenError(f"{job.path}: torch.jit.load gives a module without a tensor memlayout reads "
+                               f"({exc})") from exc
         done = flatten_loaded_tree(named, job)
         with atomic_file(job.out) as output:
             torch.jit.save(module, output.path)
             verified = job.options.verify and not output.is_stream
             if verified:
                 verify_torch_file(
-                    output.path, done.plan, done.buffers, set(names), load=lambda path: self.movable(load_torchscript(path))
+                    output.path, done.plan, done.buffers, set(names),
+                    load=lambda path: self.movable(load_torchscript(path))
                 )
         return Written(done.bytes_copied, verified)
 

@@ -335,7 +335,8 @@ class ZipReader:
             except zlib.error as exc:
                 raise CorruptCheckpointError(f"{entry.name} cannot be decompressed: {exc}") from exc
         elif entry.method != STORED:
-            raise CorruptCheckpointError(f"{entry.name} uses zip compression method {entry.method}, which torch never writes")
+            raise CorruptCheckpointError(f"{entry.name} uses zip compression method {entry.method}, which torch never "
+                                         "writes")
         if len(data) != entry.size or zlib.crc32(data) != entry.crc:
             raise CorruptCheckpointError(f"{entry.name} fails its zip checksum; the file is damaged")
         return data

@@ -141,7 +141,8 @@ def layout_record(name: str, size: int, header_offset: int, alignment: int = STO
         zip64_values += [size, 0]
     if header_offset >= SATURATED:
         zip64_values.append(header_offset)
-    zip64 = struct.pack(f"<HH{len(zip64_values)}Q", ZIP64_EXTRA_ID, 8 * len(zip64_values), *zip64_values) if zip64_values else b""
+    zip64 = (struct.pack(f"<HH{len(zip64_values)}Q", ZIP64_EXTRA_ID, 8 * len(zip64_values), *zip64_values)
+             if zip64_values else b"")
     unpadded = header_offset + LOCAL_HEADER.size + len(name.encode("utf-8")) + len(zip64) + 4
     padding = -unpadded % alignment
     extra = zip64 + _PADDING_ID + struct.pack("<H", padding) + b"Z" * padding

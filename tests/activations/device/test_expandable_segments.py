@@ -32,7 +32,8 @@ def test_a_request_larger_than_the_free_end_grows_it_by_what_is_missing() -> Non
 
 
 def test_a_freed_hole_serves_only_what_fits_it_and_stays_mapped() -> None:
-    peaks = replay([(0, 40 * MiB), (1, 40 * MiB), (0, FREE), (2, 60 * MiB), (3, 30 * MiB)], allocator=ExpandableAllocator())
+    peaks = replay([(0, 40 * MiB), (1, 40 * MiB), (0, FREE), (2, 60 * MiB), (3, 30 * MiB)],
+                   allocator=ExpandableAllocator())
     # 0 and 1 map 80 MiB; 0's 40 MiB hole cannot take 60 MiB (mapped at the end: 140), then takes the 30.
     assert peaks.reserved_bytes == 140 * MiB and peaks.allocated_bytes == 130 * MiB
 

@@ -83,7 +83,8 @@ def test_each_event_names_the_module_and_the_phase(snapshot_file: Path) -> None:
     assert all(e["frames"][-1]["filename"] == STEP_FILE for e in events)
     modules = {frame["filename"] for e in events for frame in e["frames"][:-1]}
     assert {"transformer.h.0.attn", "transformer.h.1.mlp", "lm_head"} <= modules
-    attention = next(e for e in events if e["action"] == "alloc" and e["frames"][0]["filename"] == "transformer.h.0.attn")
+    attention = next(e for e in events
+                     if e["action"] == "alloc" and e["frames"][0]["filename"] == "transformer.h.0.attn")
     assert [frame["filename"] for frame in attention["frames"][:3]] == ["transformer.h.0.attn", "transformer.h.0",
                                                                         "transformer"]
     assert attention["frames"][0]["name"] == "forward of GPT2Attention"

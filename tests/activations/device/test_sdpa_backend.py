@@ -111,7 +111,8 @@ def test_the_choice_on_an_h200_is_the_kernel_the_h200_ran() -> None:
     assert gpu is not None
     for row in probe["sdpa"]:
         call = _call((2, 8, 1024, row["head_dim"]), row["dtype"], causal=row["causal"])
-        assert sb.choose_backend(gpu, call, _switches(probe["device"]["cudnn"])) == _family(row["attention_kernels"]), row
+        assert (sb.choose_backend(gpu, call, _switches(probe["device"]["cudnn"]))
+                == _family(row["attention_kernels"])), row
 
 
 @pytest.mark.parametrize(("gpu", "dtype", "expected"), [

@@ -300,10 +300,12 @@ def test_a_gpus_budget_is_its_memory_as_torch_reports_it_against_reserved_plus_t
     runtime = cuda_runtime((9, 0))
     card = card_budget(h100)
     assert card.bytes == h100.total_memory and card.figure == "reserved"
-    assert card.runtime_bytes == runtime.context_bytes + runtime.outside_allocator_bytes + runtime.workspace_reserved_bytes
+    assert card.runtime_bytes == (runtime.context_bytes + runtime.outside_allocator_bytes
+                                  + runtime.workspace_reserved_bytes)
     assert card.said.startswith("--gpu h100") and "total_memory" in card.said
     share = resolve_budget(BudgetSpec(fraction=0.9), cuda=True, gpu=h100)
-    assert share is not None and share.bytes == int(0.9 * h100.total_memory) and share.runtime_bytes == card.runtime_bytes
+    assert (share is not None and share.bytes == int(0.9 * h100.total_memory)
+            and share.runtime_bytes == card.runtime_bytes)
     cpu = resolve_budget(BudgetSpec(bytes=10**9), cuda=False, gpu=None)
     assert cpu is not None and cpu.figure == "peak" and cpu.runtime_bytes is None
     with pytest.raises(UsageError, match="share of a GPU"):

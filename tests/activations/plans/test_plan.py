@@ -168,7 +168,8 @@ def test_a_cover_left_out_for_its_estimate_would_not_have_fitted(case: str) -> N
 def test_apply_plan_takes_the_json_plan_and_removes_cleanly() -> None:
     model = models.flat_cnn()
     forward = type(model).forward
-    applied = act.apply_plan(model, {"checkpoint": ["0"], "sequential": [{"module": "", "segments": 2}], "peak_bytes": 1})
+    applied = act.apply_plan(model, {"checkpoint": ["0"], "sequential": [{"module": "", "segments": 2}],
+                                     "peak_bytes": 1})
     assert applied.plan == Plan(checkpoint=("0",), sequential=(SequentialSegments("", 2),))
     assert "forward" in vars(model) and "forward" in vars(model[0])
     applied.remove()

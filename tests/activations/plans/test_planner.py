@@ -16,7 +16,8 @@ from memlayout.activations.plans.plan import Planner
 
 def mlp_stack() -> torch.nn.Sequential:
     torch.manual_seed(0)
-    blocks = [torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)) for _ in range(6)]
+    blocks = [torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+              for _ in range(6)]
     return torch.nn.Sequential(*blocks)
 
 

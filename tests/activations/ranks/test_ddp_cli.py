@@ -180,7 +180,8 @@ def test_ddp_on_a_gpu_is_refused_in_one_line_with_the_cpu_prediction_as_the_hint
     options = ShardingOptions(world_size=2, fsdp=False, ddp=DdpOptions())
     with pytest.raises(UsageError) as refused:
         analyze_ranks(CONV, ["float32[2,3,8,8]"], sharding=options, device="cuda")
-    assert "`ddp` is traced for `device=cpu`, not cuda" in refused.value.one_line()  # the settings, as Python names them
+    # the settings, as Python names them
+    assert "`ddp` is traced for `device=cpu`, not cuda" in refused.value.one_line()
     assert "predict `device=cpu`" in refused.value.one_line()
     assert analyze_ranks(CONV, ["float32[2,3,8,8]"], sharding=options, device="cpu").ddp is not None
 

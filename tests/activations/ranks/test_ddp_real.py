@@ -49,7 +49,8 @@ def real(name: str, view: bool, folder: Path, code: str | None = None) -> list[d
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_each_ranks_peak_is_the_real_ranks_with_and_without_gradients_as_bucket_views(name: str, tmp_path: Path) -> None:
+def test_each_ranks_peak_is_the_real_ranks_with_and_without_gradients_as_bucket_views(name: str,
+                                                                                      tmp_path: Path) -> None:
     measured = {}
     for view in (False, True):
         report = predict(name, view)

@@ -117,7 +117,8 @@ def test_the_table_shows_each_rank_and_the_code() -> None:
         ([EVEN, "--fsdp"], "--fsdp needs --world-size N"),
         ([EVEN, "--world-size", "2"], "--world-size needs --fsdp"),
         ([EVEN, "--world-size", "2", "--fsdp", "--real"], "--world-size predicts ranks on fake tensors"),
-        ([EVEN, "--world-size", "2", "--fsdp", "--fsdp-modules", "blocks.*"], "--fsdp-modules 'blocks.*' matches no module"),
+        ([EVEN, "--world-size", "2", "--fsdp", "--fsdp-modules", "blocks.*"],
+         "--fsdp-modules 'blocks.*' matches no module"),
         ([EVEN, "--world-size", "2", "--fsdp", "--param-dtype", "int8"], "--param-dtype 'int8' is not a dtype"),
     ],
 )

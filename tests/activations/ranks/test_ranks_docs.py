@@ -49,5 +49,6 @@ def test_the_memlayout_figure_is_what_its_command_prints_today(key: str, monkeyp
     assert [r["peak_bytes"] for r in report["ranks"]] == [r["peak_bytes"] for r in figures["memlayout"]["ranks"]]
     # and the real ranks the benchmark ran agree with it within 2%
     for rank, measured in figures["real"]["ranks"].items():
-        predicted = next(r["peak_bytes"] for r in report["ranks"] if r["same_layout"][0][0] <= int(rank) <= r["same_layout"][-1][1])
+        predicted = next(r["peak_bytes"] for r in report["ranks"]
+                         if r["same_layout"][0][0] <= int(rank) <= r["same_layout"][-1][1])
         assert abs(predicted - measured) <= 0.02 * measured

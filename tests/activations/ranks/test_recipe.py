@@ -45,7 +45,8 @@ def test_the_printed_code_checkpoints_op_level_before_sharding_and_keeps_the_las
                            reshard_after_forward=("torchtitan",))
     code = report.sharding.code()
     assert code.index("create_selective_checkpoint_contexts(policy_0())") < code.index("fully_shard(")
-    assert "for path in ['layers.3']:\n        fully_shard(model.get_submodule(path), reshard_after_forward=False" in code
+    assert ("for path in ['layers.3']:\n        fully_shard(model.get_submodule(path), reshard_after_forward=False"
+            in code)
     assert any("op-level checkpointing (torchtitan)" in word for word in report.recipe)
     plain = analyze_ranks(TARGET, list(BATCH_SPECS), world_size=2, fsdp=True)
     assert report.largest.activation_bytes < plain.largest.activation_bytes
@@ -98,7 +99,8 @@ def test_clipping_runs_between_backward_and_the_optimizer() -> None:
     ({"world_size": 2, "ddp": True, "gpu": "h100"}, "`gpu` traces FSDP2's ranks for a GPU, and `ddp`'s ranks"),
     ({"world_size": 2, "fsdp": True, "budget": "90%"}, "is a share of a GPU's memory, and no `gpu` is named"),
 ])
-def test_recipe_settings_that_do_not_go_together_are_refused_by_their_names(settings: dict[str, Any], says: str) -> None:
+def test_recipe_settings_that_do_not_go_together_are_refused_by_their_names(settings: dict[str, Any],
+                                                                            says: str) -> None:
     with pytest.raises(SettingError) as raised:
         StepRequest(TARGET, input=BATCH_SPECS, **settings)
     assert says in raised.value.one_line()
@@ -122,6 +124,7 @@ def test_an_unreachable_budget_on_a_gpu_names_the_reserved_figure_it_compared() 
     sharding = SimpleNamespace(ddp=None, offload=False)
     on_cpu = SimpleNamespace(sharding=sharding, offload=False, peak_bytes=2**30, judged_bytes=2**30)
     on_gpu = SimpleNamespace(sharding=sharding, offload=False, peak_bytes=2**30, judged_bytes=3 * 2**29)
-    assert "the lowest peak reached is 1.0 GiB (1073741824 bytes)" in str(RanksBudgetUnreachableError(2**29, on_cpu, "1 plan"))
+    said_on_cpu = str(RanksBudgetUnreachableError(2**29, on_cpu, "1 plan"))
+    assert "the lowest peak reached is 1.0 GiB (1073741824 bytes)" in said_on_cpu
     said = str(RanksBudgetUnreachableError(2**29, on_gpu, "1 plan"))
     assert f"the lowest reserved peak with the CUDA runtime reached is 1.5 GiB ({3 * 2**29} bytes)" in said

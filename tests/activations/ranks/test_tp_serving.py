@@ -236,7 +236,8 @@ def test_the_docs_give_the_tensor_parallel_generate_sweeps_figures() -> None:
     ran = [r for r in sweep["records"] if r["status"] == "ok"]
     furthest = max(abs(r["predicted_peak_bytes"] - peak) for r in ran for peak in r["measured_peak_bytes"])
     assert all(r["within_2pct"] and r["incomplete_profiles"] == 0 for r in ran)
-    assert sweep["command"] in docs and f"{round(sweep['wall_seconds']):,} s" in docs, "rerun the sweep or mend the docs"
+    assert (sweep["command"] in docs
+            and f"{round(sweep['wall_seconds']):,} s" in docs), "rerun the sweep or mend the docs"
     assert f"the {len(ran)} whose real ranks ran are within {furthest} B of every real rank" in docs
     gemma = next(r for r in ran if r["architecture"] == "Gemma2ForCausalLM")
     assert f"{gemma['predicted_peak_bytes']:,} B against {min(gemma['measured_peak_bytes']):,} B" in docs

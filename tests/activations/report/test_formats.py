@@ -56,7 +56,8 @@ def fake_report(with_plan: bool) -> ActivationReport:
     plan = PlanResult(
         budget_bytes=64 * MIB, plan=Plan(checkpoint=("blocks.0",), sequential=(SequentialSegments("blocks", 2),)),
         peak_bytes=60 * MIB, allocator_peak_bytes=None, estimated_peak_bytes=58 * MIB,
-        recompute_flops=1_250_000_000, recompute_seconds=0.002, checks=2, pitfalls=("blocks.0 uses randomness: keep the RNG state",),
+        recompute_flops=1_250_000_000, recompute_seconds=0.002, checks=2,
+        pitfalls=("blocks.0 uses randomness: keep the RNG state",),
         excluded=(("blocks.1", "writes in place into a tensor it received"),),
     ) if with_plan else None
     trace = Trace(storages=(), calls=(), modules=(), events=0, forward_end=0, loss="sum of floating outputs",
@@ -90,7 +91,8 @@ def test_json_holds_the_report_and_follows_its_schema(with_plan: bool) -> None:
     assert data["fallbacks"] == [{"op": "aten._grouped_mm.default", "count": 4}]
     assert [(d["op"], d["kind"], d["count"]) for d in data["data_dependent"]] == [("aten.topk.default", "routing", 2)]
     if with_plan:
-        assert data["plan"]["excluded"] == [{"module": "blocks.1", "reason": "writes in place into a tensor it received"}]
+        assert data["plan"]["excluded"] == [{"module": "blocks.1",
+                                             "reason": "writes in place into a tensor it received"}]
         assert data["plan"]["checkpoint"] == ["blocks.0"]
         assert data["plan"]["sequential"] == [{"module": "blocks", "segments": 2}]
         assert data["plan"]["recompute_flops"] == 1_250_000_000
@@ -104,7 +106,8 @@ def test_the_table_shows_the_peak_the_modules_to_its_depth_and_the_plan() -> Non
     assert "96.0 MiB" in text and "blocks.1 (Block), backward" in text
     assert "modules (depth <= 3;" in text
     assert "blocks.0.mlp " in text and "blocks.0.mlp.act" not in text and "1 deeper modules not shown" in text
-    assert ("live at the peak  parameters 16.0 MiB, inputs 1.0 MiB, optimizer state 32.0 MiB, saved activations 64.0 MiB"
+    assert ("live at the peak  parameters 16.0 MiB, inputs 1.0 MiB, optimizer state 32.0 MiB, "
+            "saved activations 64.0 MiB"
             in " ".join(text.split()).replace("peak parameters", "peak  parameters"))
     assert "random" in text and "updates buffers" in text
     assert "plan for a budget of 64.0 MiB" in text and "blocks in 2 segments (checkpoint_sequential)" in text

@@ -119,7 +119,8 @@ def test_the_caller_s_model_is_not_stepped() -> None:
     assert model.linear.weight.grad is None
 
 
-GPT2 = ["activations", "tests.activations.models:gpt2", "--input", "int64[2,32]<500", "--input", "labels=int64[2,32]<500"]
+GPT2 = ["activations", "tests.activations.models:gpt2", "--input", "int64[2,32]<500", "--input",
+        "labels=int64[2,32]<500"]
 
 
 def test_cli_optimizer_option_and_its_json() -> None:

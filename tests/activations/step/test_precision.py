@@ -100,7 +100,8 @@ def test_the_json_and_the_table_say_the_optimizer_states_dtype() -> None:
 def test_autocast_and_dtype_with_world_size_are_traced_per_rank() -> None:
     import json
 
-    base = ["activations", "tests.activations.sharded_models:llama_style_even", "--input", "input_ids=int64[2,128]<1000",
+    base = ["activations", "tests.activations.sharded_models:llama_style_even", "--input",
+            "input_ids=int64[2,128]<1000",
             "--input", "labels=int64[2,128]<1000", "--world-size", "2", "--fsdp", "--format", "json"]
     plain = json.loads(CliRunner().invoke(app, base).stdout)
     mixed = CliRunner().invoke(app, [*base, "--autocast", "bf16"])

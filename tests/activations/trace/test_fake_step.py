@@ -50,7 +50,8 @@ def test_a_branch_on_the_padding_mask_takes_the_real_step_s_branch(with_padding:
     kwargs = {"attention_mask": padded()} if with_padding else {}
     report = assert_predicted(edge_models.masked_attention, (ids(),), kwargs)
     # the two branches differ: a 48x48 mask per batch, saved for backward in each layer
-    other = act.analyze(edge_models.masked_attention(), [ids()], kwargs={} if with_padding else {"attention_mask": padded()})
+    other = act.analyze(edge_models.masked_attention(), [ids()],
+                        kwargs={} if with_padding else {"attention_mask": padded()})
     assert other.summary.activation_bytes != report.summary.activation_bytes
 
 
