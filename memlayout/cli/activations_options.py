@@ -117,10 +117,11 @@ ROWS: tuple[Row, ...] = (
             "dim 0 of every --input; seq dim 1 of every integer --input with two or more dims (token ids, labels, "
             "masks), or seq:N dim N of every --input that has it.", metavar="batch|seq|seq:N"),
     _option("sweep", str | None, None, help="Predict the step at each size of the batch (batch=1,2,4,8) or the "
-            "sequence (seq=512:4096:512, STOP included; seq:N for dim N), scaled as --fit scales it: one row per size "
-            "with the peak, and on a GPU the reserved peak and the figure compared with the card; with --budget, whether each "
-            "fits and the plan at each; with --fit, its answers. The step is traced at a few of the sizes and the "
-            "others evaluated from those traces where their allocations agree (the report says which).",
+            "sequence (seq=512:4096:512, STOP included; seq:N for dim N), scaled as --fit scales it: one row per "
+            "size with the peak, and on a GPU the reserved peak and the figure compared with the card; with "
+            "--budget, whether each fits and the plan at each; with --fit, its answers. The step is traced at a few "
+            "of the sizes and the others evaluated from those traces where their allocations agree (the report says "
+            "which).",
             metavar="AXIS=SIZES"),
     # Ranks
     _option("world_size", int | None, None, help="Predict each rank of N (with --fsdp or --ddp) in this process, on "
