@@ -134,7 +134,6 @@ def test_a_snapshot_of_several_steps_is_refused_by_its_flag() -> None:
     assert "--snapshot writes one step on one device, and --fit predicts several sizes" in result.stderr
 
 
-@pytest.mark.cuda_build
 def test_for_a_gpu_the_segments_give_the_reserved_peak() -> None:
     report = act.analyze(GPT2, INPUTS, gpu="h100")
     snapshot = pickle.loads(snapshot_bytes(report))

@@ -167,7 +167,6 @@ def test_the_command_writes_the_table_and_the_plot(tmp_path: Path) -> None:
     assert plot.read_text().lstrip().startswith("<?xml") and "<svg" in plot.read_text()
 
 
-@pytest.mark.cuda_build
 def test_on_a_gpu_every_size_is_one_prediction_there_with_the_reserved_peak_and_the_card() -> None:
     report = sweep(LLAMA, inputs(2, 16), sweep="batch=1:6", gpu="h100")
     assert report.evaluated_sizes and report.card_bytes is not None and report.budget_bytes == report.card_bytes
