@@ -1,0 +1,52 @@
+"""Will it fit, asked from a laptop: the journeys of issue 53, each of which failed before it was fixed.
+
+A user with the torch `make` installs (the CPU wheel), or torch's CUDA build and no GPU,
+asks what a step takes on a GPU, and follows what memlayout tells them to do next.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.activations.test_cli import run
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA_TINY = str(ROOT / "benchmarks" / "configs" / "llama-tiny")
+PROMPT = "input_ids=int64[2,64]<1000"
+
+
+def _config(key: str) -> int:
+    return int(json.loads((Path(LLAMA_TINY) / "config.json").read_text())[key])
+
+
+@pytest.mark.parametrize("target", [["--gpu", "l4"], ["--device", "cuda"]])
+def test_serving_a_llama_on_a_gpu_is_predicted_as_on_the_cpu(target: list[str]) -> None:
+    # It stopped in transformers' generate: "Found no NVIDIA driver on your system" (torch's CUDA build, no GPU),
+    # "Could not run 'aten::empty_strided' with arguments from the 'CUDA' backend" (the CPU wheel).
+    code, out, err = run(["activations", LLAMA_TINY, "--input", PROMPT, "--step", "generate", "--new-tokens", "16",
+                          *target, "--format", "json"])
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["device"] == "cuda" and report["step"] == "generate"
+    # The dynamic cache ends holding the prompt and every new token but the last (which is never fed back):
+    # keys and values, per layer, per sequence, per key/value head, in float32.
+    tokens = 64 + 16 - 1
+    head_dim = _config("hidden_size") // _config("num_attention_heads")
+    cache = 2 * _config("num_hidden_layers") * 2 * _config("num_key_value_heads") * head_dim * 4 * tokens
+    assert report["generate"]["cache_bytes"] == cache
+    code, out, err = run(["activations", LLAMA_TINY, "--input", PROMPT, "--step", "generate", "--new-tokens", "16",
+                          "--format", "json"])
+    assert code == 0, err
+    assert json.loads(out)["generate"]["cache_bytes"] == cache
+
+
+def test_a_prompt_served_on_a_gpu_is_the_same_forward_as_inference() -> None:
+    # --step inference on the GPU stopped at the cache's first `torch.tensor([], device=...)` under inference mode.
+    code, out, err = run(["activations", LLAMA_TINY, "--input", PROMPT, "--step", "inference", "--gpu", "l4",
+                          "--format", "json"])
+    assert code == 0, err
+    assert json.loads(out)["summary"]["peak_bytes"] > 0
+
