@@ -50,3 +50,39 @@ def test_a_prompt_served_on_a_gpu_is_the_same_forward_as_inference() -> None:
     assert code == 0, err
     assert json.loads(out)["summary"]["peak_bytes"] > 0
 
+
+def test_the_optimizer_note_says_loras_adapters_keep_their_state_in_float32() -> None:
+    # With --lora and --dtype bf16 the note said "the optimizer's state is bf16": peft keeps the adapters in float32.
+    code, out, err = run(["activations", LLAMA_TINY, "--input", PROMPT, "--input", PROMPT.replace("input_ids", "labels"),
+                          "--lora", "16", "--dtype", "bf16", "--format", "json"])
+    assert code == 0, err
+    notes = [note for note in json.loads(out)["notes"] if "optimizer's state" in note]
+    assert notes and notes[0].startswith("the optimizer's state is float32"), notes
+
+
+def test_when_nothing_fits_the_hint_names_what_was_not_tried_and_not_a_batch_of_one() -> None:
+    # At batch 1 it said "shrink the batch", and named neither bf16, LoRA, QLoRA nor more ranks.
+    code, _, err = run(["activations", LLAMA_TINY, "--input", "input_ids=int64[1,64]<1000",
+                        "--input", "labels=int64[1,64]<1000", "--budget", "1MiB"])
+    assert code != 0
+    hint = " ".join(err.split())
+    assert "shrink the batch" not in hint
+    tries = [hint.index(flag) for flag in ("--dtype bf16", "--lora 16", "--quantize nf4", "--world-size 8")]
+    assert tries == sorted(tries), hint
+    code, _, err = run(["activations", LLAMA_TINY, "--input", "input_ids=int64[4,64]<1000",
+                        "--input", "labels=int64[4,64]<1000", "--autocast", "bf16", "--lora", "16", "--budget", "1MiB"])
+    assert code != 0
+    hint = " ".join(err.split())
+    assert "shrink the batch (it is 4)" in hint and "--dtype bf16" not in hint and "--lora 16 with" in hint
+
+
+def test_a_share_of_a_gpu_without_one_is_refused_before_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --budget 0.9 on the CPU was refused only after the step was traced (35 s for Llama-7B).
+    from memlayout.activations.trace.world import StepWorld
+
+    def traced(self: StepWorld) -> None:
+        raise AssertionError("traced")
+
+    monkeypatch.setattr(StepWorld, "trace", traced)
+    code, _, err = run(["activations", LLAMA_TINY, "--input", PROMPT, "--budget", "0.9"])
+    assert code != 0 and "traced" not in err and "--gpu" in err
