@@ -86,3 +86,22 @@ def test_a_share_of_a_gpu_without_one_is_refused_before_tracing(monkeypatch: pyt
     monkeypatch.setattr(StepWorld, "trace", traced)
     code, _, err = run(["activations", LLAMA_TINY, "--input", PROMPT, "--budget", "0.9"])
     assert code != 0 and "traced" not in err and "--gpu" in err
+
+
+def test_a_generate_step_counts_its_forward_flops() -> None:
+    # --step generate showed "forward 0 FLOP": under inference mode linear, matmul and SDPA reach the tracer whole.
+    flops = {}
+    for target in ([], ["--gpu", "l4"]):
+        code, out, err = run(["activations", LLAMA_TINY, "--input", PROMPT, "--step", "generate", "--new-tokens", "16",
+                              *target, "--format", "json"])
+        assert code == 0, err
+        report = json.loads(out)
+        flops[bool(target)] = {m["path"]: m["forward_flops"] for m in report["modules"]}
+        assert report["summary"]["forward_flops"] == flops[bool(target)][""]
+    hidden, inner, vocab = _config("hidden_size"), _config("intermediate_size"), _config("vocab_size")
+    # The prompt's 2 x 64 tokens, then 15 steps of one token per sequence; the logits of the last position only.
+    tokens = 2 * 64 + 15 * 2
+    assert flops[False]["model.layers.0.mlp.up_proj"] == 2 * tokens * hidden * inner
+    assert flops[False]["lm_head"] == 16 * 2 * 2 * hidden * vocab
+    assert flops[False]["model.layers.0.self_attn"] > 0
+    assert flops[False] == flops[True]
