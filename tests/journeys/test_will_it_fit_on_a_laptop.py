@@ -105,3 +105,19 @@ def test_a_generate_step_counts_its_forward_flops() -> None:
     assert flops[False]["lm_head"] == 16 * 2 * 2 * hidden * vocab
     assert flops[False]["model.layers.0.self_attn"] > 0
     assert flops[False] == flops[True]
+
+
+def test_the_panels_footer_is_whole_at_120_columns() -> None:
+    # rich cut a footer wider than the box: "| optimizer: adamw | pa─╯".
+    from typer.testing import CliRunner
+
+    from memlayout.cli.app import app
+
+    result = CliRunner().invoke(app, ["activations", LLAMA_TINY, "--input", PROMPT, "--input",
+                                      PROMPT.replace("input_ids", "labels"), "--autocast", "bf16", "--dtype", "bf16",
+                                      "--gpu", "h100"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.stderr
+    panel = result.stdout[:result.stdout.index("╰")]
+    assert max(len(line) for line in result.stdout.splitlines()) <= 120
+    text = " ".join(line.strip("│ ") for line in panel.splitlines())
+    assert "optimizer: adamw | autocast bf16 | parameters bf16" in " ".join(text.split())

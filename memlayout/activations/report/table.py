@@ -47,7 +47,7 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
 
     from memlayout.output.terminal import text_console
 
-    parts_out: list[Any] = [_summary_panel(report), _modules_table(report, depth)]
+    parts_out: list[Any] = [_summary_panel(report, width), _modules_table(report, depth)]
     if report.plan is not None:
         parts_out.append(_plan_text(report, width))
     parts_out.extend(_notes(report, width))
@@ -57,8 +57,12 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     return buffer.getvalue()
 
 
-def _summary_panel(report: ActivationReport) -> Any:
-    """The boxed summary: the model, the peak and what makes it up, the step as traced in the box's edges."""
+def _summary_panel(report: ActivationReport, width: int = 120) -> Any:
+    """The boxed summary: the model, the peak and what makes it up, the step as traced in the box's edges.
+
+    rich cuts a subtitle wider than the box (`| optimizer: adamw | pa─╯` at 120 columns): one that does not fit
+    `width` is the box's last line instead, wrapped there.
+    """
     from rich.console import Group
     from rich.panel import Panel
     from rich.text import Text
@@ -73,9 +77,12 @@ def _summary_panel(report: ActivationReport) -> Any:
     step = f" | step: {report.step}" if report.step != "train" else ""
     subtitle = (f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss} | "
                 f"optimizer: {report.optimizer}{precision}{step}")
-    return Panel(Group(Text.assemble(("model", "bold"), f"  {model_text(report.model_class, report.class_chosen_by)}"),
-                       _summary_grid(report), Text.assemble(("live at the peak", "bold"), f"  {live}")),
-                 title=title, subtitle=subtitle, title_align="left", expand=False)
+    lines = [Text.assemble(("model", "bold"), f"  {model_text(report.model_class, report.class_chosen_by)}"),
+             _summary_grid(report), Text.assemble(("live at the peak", "bold"), f"  {live}")]
+    fits = len(subtitle) + 8 <= width  # the corners, a rule on each side, and a space each side of the text
+    if not fits:
+        lines.append(Text.assemble(("traced", "bold"), f"  {subtitle}"))
+    return Panel(Group(*lines), title=title, subtitle=subtitle if fits else None, title_align="left", expand=False)
 
 
 def _summary_grid(report: ActivationReport) -> Any:
