@@ -34,7 +34,7 @@ def _check_each(targets: list[str], options: "FlattenOptions", settings: "Settin
     could not be checked, 0 when every one passes.
     """
     from memlayout.pipeline.flatten_check import CheckBatch, check_paths
-    from memlayout.report.flatten_check import render_summary, render_verdict
+    from memlayout.report.flatten_check import render_data_line, render_summary, render_verdict
 
     checked = []
     for verdict in check_paths(targets, options, settings, debug):
@@ -44,8 +44,12 @@ def _check_each(targets: list[str], options: "FlattenOptions", settings: "Settin
         else:
             write_output(render_verdict(verdict, settings.fail_on), None)
     batch = CheckBatch(tuple(checked), settings.fail_on)
-    if len(targets) > 1 or [c.path for c in checked] != targets:
+    # One model folder given alone keeps its one line, as `inspect` keeps its one report:
+    # its config and tokenizer files are accounted for below it, not made paths.
+    if len(targets) > 1 or [c.path for c in batch.checked] != targets:
         write_output(render_summary(batch), None)
+    else:
+        write_output(render_data_line(batch), None)
     return batch.exit_code()
 
 

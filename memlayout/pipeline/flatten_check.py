@@ -12,7 +12,10 @@ with the project's settings. Each is then planned as flatten would rewrite it
 - **passes**: flatten would still rewrite it, for findings below `--fail-on` or
   for no finding at all, and the verdict says why in one line;
 - **not checked**: the path could not be read, or flatten refuses it (a format it
-  does not rewrite, `--trust` missing); the one-line error says why.
+  does not rewrite, `--trust` missing); the one-line error says why;
+- **data** (passes, and is no path checked): a file of a walked folder that holds
+  no checkpoint and no pickle (a `config.json`, a tokenizer, text, an image), as
+  `inspect` reads it: accounted for in the summary, with nothing to flatten.
 
 Alignment is judged by what each format's own writer gives (ML203): 64 bytes
 only where the project asks (`--align`, `alignment` in `[tool.memlayout]`).
@@ -47,6 +50,7 @@ class Verdict(str, enum.Enum):
     PASSES = "passes"
     WOULD_CHANGE = "would change"
     NOT_CHECKED = "not checked"
+    DATA = "data"
 
 
 @dataclass(frozen=True)
@@ -69,10 +73,12 @@ class CheckedPath:
     failing findings of a file flatten would not change (a view of another tensor's bytes stays a view)."""
     error: str | None = None
     """Why it was not checked, one line naming the path."""
+    data: str | None = None
+    """For a file of a walked folder read as data: what it is ("JSON text"), as `inspect` says it."""
 
     @property
     def passed(self) -> bool:
-        return self.verdict in (Verdict.ALREADY_FLAT, Verdict.PASSES)
+        return self.verdict in (Verdict.ALREADY_FLAT, Verdict.PASSES, Verdict.DATA)
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,16 @@ class CheckBatch:
 
     paths: tuple[CheckedPath, ...]
     fail_on: FailOn
+
+    @property
+    def checked(self) -> tuple[CheckedPath, ...]:
+        """The checkpoints and models judged: every path but the files read as data."""
+        return tuple(p for p in self.paths if p.verdict is not Verdict.DATA)
+
+    @property
+    def data(self) -> tuple[CheckedPath, ...]:
+        """The files of walked folders read as data, which hold nothing to flatten."""
+        return tuple(p for p in self.paths if p.verdict is Verdict.DATA)
 
     def counts(self) -> dict[Verdict, int]:
         """How many paths got each verdict (every verdict present, zeros included)."""
@@ -96,8 +112,12 @@ class CheckBatch:
 
 def exit_status(paths: Iterable[CheckedPath]) -> int:
     """The exit code of a check of these paths: the one rule, for a batch held whole and for one printed
-    as it goes."""
-    verdicts = [path.verdict for path in paths]
+    as it goes.
+
+    A file read as data neither fails the check nor counts as checked: a folder that
+    holds only data has had nothing checked (2), as `inspect` says of it.
+    """
+    verdicts = [path.verdict for path in paths if path.verdict is not Verdict.DATA]
     if not verdicts or all(v is Verdict.NOT_CHECKED for v in verdicts):
         return NOT_CHECKED
     return ALREADY_FLAT if all(v in (Verdict.ALREADY_FLAT, Verdict.PASSES) for v in verdicts) else WOULD_CHANGE
@@ -146,6 +166,10 @@ def judge(path: str, findings: Iterable[Finding], result: FlattenResult, fail_on
 
 
 def _checked(report: PathReport, settings: Settings, options: FlattenOptions, debug: bool) -> CheckedPath:
+    if report.data is not None:
+        # Accounted for as inspect accounts for it, and no failure: a CI gate over a folder of
+        # save_pretrained models and their configs passes when the models do.
+        return CheckedPath(report.path, Verdict.DATA, data=report.data)
     if report.report is None:
         return CheckedPath(report.path, Verdict.NOT_CHECKED, error=report.error_line)
     try:
@@ -180,7 +204,8 @@ def check_paths(
         debug: Re-raise the first error instead of recording it.
 
     Yields:
-        One `CheckedPath` per file or model (a folder of checkpoints gives one per file).
+        One `CheckedPath` per file or model (a folder of checkpoints gives one per file), and
+        one per file of a walked folder read as data (`Verdict.DATA`).
     """
     rules = replace(settings.rule_config(), alignment=options.align)
     for _, reports in iter_path_reports(

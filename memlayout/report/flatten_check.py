@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from memlayout.format_bytes import counted
 from memlayout.pipeline.flatten_check import CheckBatch, CheckedPath, Verdict
 from memlayout.rules import Finding
@@ -45,7 +47,8 @@ def render_verdict(checked: CheckedPath, fail_on: FailOn) -> str:
         fail_on: The --fail-on threshold it was judged at.
 
     Returns:
-        Lines ending in a newline; empty for a path not checked (its error goes to stderr).
+        Lines ending in a newline; empty for a path not checked (its error goes to stderr) and for a
+        file read as data (the summary counts it).
     """
     result = checked.result
     if result is None:
@@ -64,11 +67,26 @@ def render_verdict(checked: CheckedPath, fail_on: FailOn) -> str:
     return "\n".join(lines + _notes(checked)) + "\n"
 
 
+def _data_clause(data: tuple[CheckedPath, ...]) -> str:
+    """The files read as data, by what they are, most common first:
+    "2 other files read as data, nothing to flatten: JSON text (2)"."""
+    kinds = Counter(p.data or "" for p in data)
+    listed = ", ".join(f"{what} ({count:,})" for what, count in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"{counted(len(data), 'other file')} read as data, nothing to flatten: {listed}"
+
+
 def render_summary(batch: CheckBatch) -> str:
-    """The closing line over several paths: how many got each verdict, and the threshold."""
+    """The closing line over several paths: how many got each verdict, the threshold, and the files read as data."""
     counts = batch.counts()
-    return (
-        f"{counted(len(batch.paths), 'path')} checked at --fail-on {batch.fail_on.value}: "
+    line = (
+        f"{counted(len(batch.checked), 'path')} checked at --fail-on {batch.fail_on.value}: "
         f"{counts[Verdict.ALREADY_FLAT]} already flat, {counts[Verdict.PASSES]} pass as written, "
-        f"{counts[Verdict.WOULD_CHANGE]} would change, {counts[Verdict.NOT_CHECKED]} not checked\n"
+        f"{counts[Verdict.WOULD_CHANGE]} would change, {counts[Verdict.NOT_CHECKED]} not checked"
     )
+    return line + (f"; {_data_clause(batch.data)}" if batch.data else "") + "\n"
+
+
+def render_data_line(batch: CheckBatch) -> str:
+    """For one model folder checked alone, the line that accounts for its other files read as data (as
+    `inspect` words it); empty when there are none."""
+    return f"and {_data_clause(batch.data)}\n" if batch.data else ""

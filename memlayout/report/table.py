@@ -145,6 +145,21 @@ def _findings(report: Report, show_all: bool) -> Group | Text:
     return Group(*lines)
 
 
+def panel_title(path: str, formats: str, width: int) -> Text:
+    """The title of a path's panel, its path cut at the start where the line is too short for it.
+
+    rich crops a title at the panel's right end, which would cut off the file's name and
+    format, the part that tells a folder's members apart; the folders they sit in go instead.
+    A Text, so the "[format]" suffix and a name's brackets are not console markup.
+    """
+    title = f"memlayout: {path} [{formats}]"
+    room = width - 6  # the corner, the rule and a space on each side of the title
+    keep = room - len(f"memlayout: \u2026 [{formats}]")
+    if len(title) > room and 0 < keep < len(path):
+        title = f"memlayout: \u2026{path[-keep:]} [{formats}]"
+    return Text(title)
+
+
 def render_table(report: Report, width: int = 120, color: bool = False, show_all: bool = False) -> str:
     """The rich report as text; ANSI colors only when `color` is set.
 
@@ -158,9 +173,8 @@ def render_table(report: Report, width: int = 120, color: bool = False, show_all
     buffer = io.StringIO()
     console = text_console(buffer, width, color)
     source = report.facts.source
-    # A Text title: the "[format]" suffix is not console markup.
     formats = " and ".join([source.format, *(f"a valid {other}" for other in source.also_valid_as)])
-    title = Text(f"memlayout: {source.path or '(object)'} [{formats}]")
+    title = panel_title(source.path or "(object)", formats, width)
     console.print(Panel(_summary(report), title=title, title_align="left", expand=False))
     ranks = ranks_line(report.facts)
     if ranks is not None:

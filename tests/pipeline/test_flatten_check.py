@@ -106,6 +106,11 @@ def test_the_fixes_are_rules_and_each_one_s_hint_offers_flatten() -> None:
         ([Verdict.ALREADY_FLAT, Verdict.NOT_CHECKED], 1),
         ([Verdict.NOT_CHECKED, Verdict.NOT_CHECKED], 2),
         ([], 2),
+        # A file read as data (a config, a tokenizer) fails nothing, and is nothing checked.
+        ([Verdict.ALREADY_FLAT, Verdict.DATA], 0),
+        ([Verdict.WOULD_CHANGE, Verdict.DATA], 1),
+        ([Verdict.DATA, Verdict.DATA], 2),
+        ([Verdict.NOT_CHECKED, Verdict.DATA], 2),
     ],
 )
 def test_the_exit_code(verdicts: list[Verdict], code: int) -> None:
@@ -144,14 +149,40 @@ def test_a_folder_and_paths_from_are_read_as_inspect_reads_them(
     assert lines[0].startswith("checkpoints/bloated.pt: would change")
     assert lines[1] == "checkpoints/nested/clean.pt: already flat (1 storage)"
     assert lines[2] == f"{folder / 'nested' / 'clean.pt'}: already flat (1 storage)"
+    # notes.txt is accounted for, as inspect accounts for it, and fails nothing.
     assert lines[3] == ("4 paths checked at --fail-on warning: 2 already flat, 0 pass as written, 1 would change, "
-                        "1 not checked")
+                        "1 not checked; 1 other file read as data, nothing to flatten: text (1)")
     (error,) = captured.err.splitlines()
     assert error.startswith("memlayout: error: checkpoints/damaged.pt")
     # One path that could not be checked alone is exit 2, as flatten itself.
     assert main(["flatten", "--check", "checkpoints/damaged.pt"]) == 2
     assert main(["flatten", "--check", "--paths-from", str(tmp_path / "missing.txt")]) == 2
     assert "--paths-from" in capsys.readouterr().err
+
+
+def test_a_folder_of_flat_models_and_their_data_files_passes_and_a_folder_of_data_alone_is_not_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    torch.save({"scale": torch.randn(16)}, model / "weights.pt")
+    (model / "tokenizer.json").write_text('{"version": "1.0"}')
+    (model / "README.md").write_text("# a model\n")
+    monkeypatch.chdir(tmp_path)
+
+    assert main(["flatten", "--check", "model"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert captured.out.splitlines() == [
+        "model/weights.pt: already flat (1 storage)",
+        "1 path checked at --fail-on warning: 1 already flat, 0 pass as written, 0 would change, 0 not checked; "
+        "2 other files read as data, nothing to flatten: JSON text (1), text (1)",
+    ]
+    (model / "weights.pt").unlink()
+    # Nothing left to check: the folder is likely not the one meant, as inspect says of it.
+    assert main(["flatten", "--check", "model"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("memlayout: error: model is a directory with no model memlayout can read")
 
 
 def test_the_project_s_settings_reach_the_check(

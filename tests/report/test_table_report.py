@@ -140,3 +140,16 @@ def test_a_tie_saved_as_one_tensor_shows_every_name_in_the_storage_table(tmp_pat
     text = render_table(memlayout.inspect(str(path)), width=160)
     (row,) = [line for line in text.splitlines() if line.startswith("│ s0")]
     assert "embed.weight = head.weight" in row
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_a_long_path_keeps_its_file_name_and_format_in_the_panel_title(tmp_path: Path, width: int) -> None:
+    # rich crops a title at its right end: a deep folder's members would all read alike.
+    folder = tmp_path.joinpath(*(["a-rather-long-folder-name"] * 6))
+    folder.mkdir(parents=True)
+    torch.save(models.cloned_slice_state(), folder / "pytorch_model-00001-of-00002.bin")
+    text = render_table(memlayout.inspect(str(folder / "pytorch_model-00001-of-00002.bin")), width=width)
+    title = text.splitlines()[0]
+    assert len(title) <= width
+    assert title.endswith("/pytorch_model-00001-of-00002.bin [torch-zip] ─╮"), title
+    assert title.startswith("╭─ memlayout: …")
