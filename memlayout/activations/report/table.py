@@ -8,7 +8,7 @@ from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
-from memlayout.activations.device.cuda_runtime import cuda_runtime
+from memlayout.activations.device.cuda_runtime import chosen_workspace_size, cuda_runtime
 from memlayout.activations.fit.size_search import FitReport
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.report.fit import render_fit_table, seconds_text
@@ -187,6 +187,16 @@ def _adapter_rows(grid: Any, report: ActivationReport) -> None:
                      f"dropout {lora.dropout:g})")
 
 
+def _workspace_source(capability: tuple[int, int] | None, per_handle: int) -> str:
+    """Where cuBLAS's workspace per handle comes from (cuda_runtime.chosen_workspace_size): CUBLAS_WORKSPACE_CONFIG,
+    or torch's default for the card, which is larger on sm 9.0 (Hopper) alone."""
+    if per_handle != chosen_workspace_size(capability, {}):
+        return "CUBLAS_WORKSPACE_CONFIG"
+    if capability is None or capability == (9, 0):
+        return "torch's default on Hopper"
+    return f"torch's default on sm {capability[0]}.{capability[1]}"
+
+
 def _cuda_runtime_rows(grid: Any, s: Any, capability: tuple[int, int] | None) -> None:
     """The CUDA context and cuBLAS's workspaces: memory the step's process holds that no tensor of the step is."""
     runtime = cuda_runtime(capability)
@@ -196,8 +206,9 @@ def _cuda_runtime_rows(grid: Any, s: Any, capability: tuple[int, int] | None) ->
                  "the allocator: its kernels and handle, measured on the same GPU")
     grid.add_row("cuBLAS workspaces", human_bytes(runtime.workspace_bytes), "from",
                  f"the allocator, not in the peak: {runtime.cublas_handles} cuBLAS handles (forward's and backward's "
-                 f"threads) x {human_bytes(runtime.cublas_workspace_bytes)} (Hopper's default), and cuBLASLt's "
-                 f"{human_bytes(runtime.cublaslt_workspace_bytes)}")
+                 f"threads) x {human_bytes(runtime.cublas_workspace_bytes)} "
+                 f"({_workspace_source(capability, runtime.cublas_workspace_bytes)}), "
+                 f"and cuBLASLt's {human_bytes(runtime.cublaslt_workspace_bytes)}")
     if s.reserved_peak_bytes is not None:
         total = s.reserved_peak_bytes + runtime.beside_step_bytes
         grid.add_row("on the GPU", human_bytes(total), "is",
