@@ -1,10 +1,10 @@
-"""The headline figures the README shows, picked from the last full `make bench` run.
+"""The headline figures the performance page leads with, picked from the last full `make bench` run.
 
-The README's figures block is rendered from benchmarks/results/*.json by
-`headlines_markdown()`, and a test holds the README to it (`pytest --overwrite`
-rewrites the block after a new run), so the README shows only figures that a
+The page's figures block is rendered from benchmarks/results/*.json by
+`headlines_markdown()`, and a test holds the page to it (`pytest --overwrite`
+rewrites the block after a new run), so the headlines are only figures that a
 results file holds, each with the command that produced it. Every figure of every
-run is on the site's performance page.
+run is further down the same page.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from benchmarks.harness import goal_cell, read_results
 
 @dataclass(frozen=True)
 class Headline:
-    """One README row: which results row it shows, and how to reproduce it."""
+    """One headline row: which results row it shows, and how to reproduce it."""
 
     label: str
     benchmark: str
@@ -70,7 +70,7 @@ def headline_row(headline: Headline) -> dict[str, Any]:
 
 
 def headlines_markdown() -> str:
-    """The README's figures table."""
+    """The headlines table of the performance page."""
     lines = ["| figure | memlayout | compared with | ratio | goal | command |", "|---|---|---|---|---|---|"]
     for headline in HEADLINES:
         row = headline_row(headline)

@@ -20,7 +20,7 @@ QUICK_ENV = "MEMLAYOUT_BENCH_QUICK"
 # Ours first (cheap to skim), then whatever else lives here: bench_flatten.py
 # belongs to the flatten work and runs if present.
 ORDER = ["bench_startup.py", "bench_inspect.py", "bench_deep.py"]
-NEEDS_CUDA_BUILD = {"bench_cuda_prediction.py"}
+NEEDS_CUDA_BUILD = {"bench_cuda_prediction.py", "bench_sweep.py", "bench_torchtitan.py"}
 """Scripts that trace fake CUDA tensors, which need torch's CUDA build (no GPU): `make bench`'s own venv has
 the CPU wheel, so these run with the newest `.venv-torch-<version>` the Makefile's torch matrix built, where
 there is one, and otherwise with this interpreter, where they say what they need and exit 0."""

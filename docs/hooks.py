@@ -134,7 +134,8 @@ PAGES_OF_THEIR_OWN = {
     "activations_zoo_small_peaks", "activations_zoo_small_peaks_sweep",
     "activations_zoo_large_peaks", "activations_zoo_large_peaks_sweep",
     "kernel_storage_probe", "inference_sweep", "generate_sweep", "fit_decisions", "lora_sweep", "tp_serving_sweep",
-    "fit_sweep", "tp_generate_sweep",
+    "fit_sweep", "tp_generate_sweep", "compile_difference", "segments_cnn", "segments_brute_force",
+    "segments_brute_force_large", "segments_sweep", "segments_sweep_cnns",
 }
 """Results files another page renders whole or names (will-it-fit.md, activations-zoo.md, activations.md), not
 harness runs."""

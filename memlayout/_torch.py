@@ -337,6 +337,44 @@ def as_one_graph_task(identity: int) -> Any:
 
     return one_task()
 
+def checkpoint_region(fn: Callable[..., Any], preserve_rng_state: bool, context_fn: Callable[[], Any],
+                      *args: Any, **kwargs: Any) -> Iterator[None]:
+    """`torch.utils.checkpoint._checkpoint_without_reentrant_generator`: non-reentrant checkpoint of the code run
+    between its first `next()` and its second, rerun in backward as `fn(*args, **kwargs)`.
+
+    torch's own composable `checkpoint(module)` (torch/distributed/_composable/checkpoint_activation.py) opens
+    it in a module's forward pre-hook and closes it in its forward hook; memlayout opens it at the first child
+    of a run of an iterated container and closes it at the last (activations/plans/apply_segments.py). The
+    positional arguments after `context_fn` are torch's: determinism_check "default" (the rerun's saved tensors
+    are checked against forward's by shape, dtype and device), debug False, early_stop True.
+    """
+    from torch.utils.checkpoint import _checkpoint_without_reentrant_generator
+
+    generator: Iterator[None] = _checkpoint_without_reentrant_generator(
+        fn, preserve_rng_state, context_fn, "default", False, True, *args, **kwargs)
+    return generator
+
+
+
+def engine_executes(keys: set[Any], key: Callable[[Any], Any]) -> Any:
+    """A context in which `torch._C._will_engine_execute_node(node)` answers whether `key(node)` is in `keys` (the
+    nodes memlayout's backward will run), instead of raising outside torch's engine
+    (`register_multi_grad_hook`'s "all" mode asks it of each tensor's node when the first hook runs)."""
+    import contextlib
+
+    import torch
+
+    @contextlib.contextmanager
+    def answering() -> Any:
+        original = torch._C._will_engine_execute_node
+        torch._C._will_engine_execute_node = lambda node: key(node) in keys
+        try:
+            yield
+        finally:
+            torch._C._will_engine_execute_node = original
+
+    return answering()
+
 
 def autograd_node_sequence_nr(node: Any) -> int:
     """`Node._sequence_nr()`: the order in which forward made the node; torch's engine runs the highest first

@@ -168,18 +168,25 @@ class BudgetUnreachableError(MemlayoutError):
         self.budget_bytes = budget
         self.lowest = lowest
         """The lowest plan found: an `activations.search.PlanResult` (typed Any: this base layer imports no layer)."""
+        # Why, in the line itself: a search at a reachable budget meets the failing plans only if it traces them,
+        # and one whose estimate fits at its first trace meets none.
+        first, why = lowest.excluded[0] if lowest.excluded else ("", "")
         left_out = (
             f"; {len(lowest.excluded)} modules cannot be checkpointed ({', '.join(p for p, _ in lowest.excluded[:3])}"
-            f"{', ...' if len(lowest.excluded) > 3 else ''}: --format json with a reachable --budget says why)"
+            f"{', ...' if len(lowest.excluded) > 3 else ''}; {first or 'the model'}: "
+            f"{why.split(': ', 1)[0].split(' (', 1)[0]})"
             if lowest.excluded else ""
         )
         figure = ("peak" if lowest.compared == "peak"
                   else "reserved peak plus the CUDA context, cuBLAS and its workspaces")
-        tried = f" ({lowest.checks} plans traced; {lowest.cut_short})" if lowest.cut_short else ""
+        # Only what was traced is known: "the lowest of the plans traced", never "the lowest reachable".
+        traced = (f"the lowest {figure} of {lowest.checks} {'plan' if lowest.checks == 1 else 'plans'} traced, over "
+                  f"{lowest.searched}," if lowest.checks else f"the planner found no plan that lowers the {figure}, which")
+        tried = f" ({lowest.cut_short})" if lowest.cut_short else ""
         super().__init__(
-            f"no checkpoint plan fits a budget of {human_bytes(budget)} ({budget} bytes): the lowest reachable "
-            f"{figure} is {human_bytes(lowest.judged_bytes)} ({lowest.judged_bytes} bytes){tried}{left_out}",
-            "raise --budget to at least the lowest peak, or shrink the batch",
+            f"no checkpoint plan found fits a budget of {human_bytes(budget)} ({budget} bytes): {traced} is "
+            f"{human_bytes(lowest.judged_bytes)} ({lowest.judged_bytes} bytes){tried}{left_out}",
+            "raise --budget to at least that figure, or shrink the batch",
         )
 
 
@@ -198,9 +205,12 @@ class RanksBudgetUnreachableError(MemlayoutError):
         else:
             hint = "raise --budget, add ranks (--world-size), shrink each rank's batch" + (
                 "" if lowest.offload or lowest.sharding.offload else ", or allow CPU offload (--allow-offload)")
+        # On CUDA the figure compared is the reserved peak with the runtime beside it (activations/ranks/card.py).
+        judged = getattr(lowest, "judged_bytes", lowest.peak_bytes)
+        what = "peak" if judged == lowest.peak_bytes else "reserved peak with the CUDA runtime"
         super().__init__(
-            f"no plan fits the largest rank in {human_bytes(budget)} ({budget} bytes): the lowest peak reached is "
-            f"{human_bytes(lowest.peak_bytes)} ({lowest.peak_bytes} bytes), with {tried}", hint,
+            f"no plan fits the largest rank in {human_bytes(budget)} ({budget} bytes): the lowest {what} reached is "
+            f"{human_bytes(judged)} ({judged} bytes), with {tried}", hint,
         )
 
 

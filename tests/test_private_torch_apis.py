@@ -696,6 +696,35 @@ def test_one_graph_task_is_what_checkpoint_keys_its_recomputation_by() -> None:
     assert torch._C._current_graph_task_id() == -1
 
 
+def test_a_checkpoint_region_saves_nothing_between_its_nexts_and_reruns_its_function_in_backward() -> None:
+    import contextlib
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 64)
+    x = torch.randn(32, 48, requires_grad=True)  # kept by the region to rerun from: 1,536 elements
+    torch.tanh(linear(x)).sum().backward()
+    expected = x.grad.clone()
+    x.grad = None
+    reruns: list[int] = []
+
+    def rerun(inp: torch.Tensor) -> None:
+        reruns.append(1)
+        torch.tanh(linear(inp))
+
+    saved: list[int] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        region = _torch.checkpoint_region(rerun, True, lambda: (contextlib.nullcontext(), contextlib.nullcontext()), x)
+        next(region)
+        y = torch.tanh(linear(x))  # tanh's output (2,048 elements) goes to the region's frame, not to the hooks
+        with pytest.raises(StopIteration):
+            next(region)
+    assert 32 * 64 not in saved, changed("_checkpoint_without_reentrant_generator", "the region saved tensors")
+    assert reruns == []
+    y.sum().backward()
+    assert reruns == [1], changed("_checkpoint_without_reentrant_generator", f"{len(reruns)} reruns in backward")
+    assert torch.equal(x.grad, expected)
+
+
 def test_a_leafs_hooks_are_the_ones_registered_on_it() -> None:
     leaf = torch.ones(2, requires_grad=True)
     assert _torch.leaf_gradient_hooks(leaf) == [] and _torch.post_accumulate_grad_hooks(leaf) == []

@@ -16,7 +16,8 @@ settings of `memlayout activations` in one frozen object, checked once; each fun
 takes the same settings by name.
 
 `allocator_peaks(report.trace)` replays a traced step through a model of the CUDA
-caching allocator: what `max_memory_allocated()` and `max_memory_reserved()` would read.
+caching allocator: what `max_memory_allocated()` and `max_memory_reserved()` would read;
+`memory_snapshot(report.trace)` is that replay as `torch.cuda.memory._snapshot()`'s dict.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from memlayout.activations.sizes import parse_size
 if TYPE_CHECKING:
     from memlayout.activations.analysis import ActivationReport, analyze
     from memlayout.activations.device.allocator_replay import allocator_peaks
+    from memlayout.activations.device.memory_snapshot import memory_snapshot
+    from memlayout.activations.fit.sweep import SweepReport
     from memlayout.activations.pipelines import predict
     from memlayout.activations.plans.apply import AppliedPlan, apply_plan
-    from memlayout.activations.plans.plan import Plan, SequentialSegments
+    from memlayout.activations.plans.plan import Plan, Segment, SequentialSegments
     from memlayout.activations.ranks import analyze_ranks
     from memlayout.activations.ranks.facts import RanksReport
     from memlayout.activations.ranks.parallel import ShardingOptions
@@ -52,10 +55,13 @@ _LAZY = {
     "AppliedPlan": "memlayout.activations.plans.apply",
     "Plan": "memlayout.activations.plans.plan",
     "SequentialSegments": "memlayout.activations.plans.plan",
+    "Segment": "memlayout.activations.plans.plan",
     "analyze_ranks": "memlayout.activations.ranks",
     "ShardingOptions": "memlayout.activations.ranks.parallel",
     "RanksReport": "memlayout.activations.ranks.facts",
     "allocator_peaks": "memlayout.activations.device.allocator_replay",
+    "memory_snapshot": "memlayout.activations.device.memory_snapshot",
+    "SweepReport": "memlayout.activations.fit.sweep",
 }
 
 
@@ -76,14 +82,17 @@ __all__ = [
     "Plan",
     "PlanResult",
     "RanksReport",
+    "Segment",
     "SequentialSegments",
     "SettingError",
     "ShardingOptions",
     "StepRequest",
+    "SweepReport",
     "allocator_peaks",
     "analyze",
     "analyze_ranks",
     "apply_plan",
+    "memory_snapshot",
     "parse_size",
     "predict",
 ]

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from memlayout.activations.assumptions import POLICIES, UNRANGED
 from memlayout.activations.budget import Budget, resolve_budget
-from memlayout.activations.device.gpus import GpuSpec, spec_for_device_name
+from memlayout.activations.device.gpus import GpuSpec, requested_gpu, spec_for_device_name
 from memlayout.activations.facts import Trace
 from memlayout.activations.generate_summary import GenerateSummary, summarize_generation
 from memlayout.activations.model.adapt import Adapted, adapt_model, adaptation_of
@@ -29,7 +29,9 @@ from memlayout.activations.model.build import (
     value_read,
     where,
 )
+from memlayout.activations.model.compiled import eager_model
 from memlayout.activations.model.input_specs import suggested_inputs
+from memlayout.activations.plans.op_policies import user_plan
 from memlayout.activations.request.python_call import call_request
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.request.vocabulary import Pipeline
@@ -37,6 +39,7 @@ from memlayout.activations.search import PlanResult, plan_for_budget
 from memlayout.activations.sizes import BudgetSpec
 from memlayout.activations.step.generate import check_can_generate, generation_of
 from memlayout.activations.step.optimizer import state_dtype
+from memlayout.activations.step.recipe import recipe_of
 from memlayout.activations.step.run import LOSS_FROM_SUM, Autocast, torch_dtype
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
 from memlayout.activations.trace.world import InputsArg, StepWorld, device_for_gpu
@@ -347,13 +350,16 @@ def prepare_step(request: StepRequest, *, inputs: InputsArg = None, mode: str | 
     makes the inputs at each size, and DDP's ranks give the optimizer its state in steps of their own.
     """
     mode = request.mode if mode is None else mode
-    step = StepWorld(mode, device_for_gpu(request.device, mode, request.gpu), request.gpu)
+    gpu = requested_gpu(request.gpu, request.gpu_memory)
+    step = StepWorld(mode, device_for_gpu(request.device, mode, gpu), gpu)
     if request.autocast is not None:
         step.autocast = Autocast("cuda" if step.device.startswith("cuda") else "cpu", request.autocast)
+    step.recipe = recipe_of(request)
     notes: list[str] = []
     with step.fake_cuda.building() if step.fake_cuda is not None else contextlib.nullcontext():
         target_text, kind, chosen_by = _build_into(step, request, notes)
     _adapt(step, request, notes)
+    step.user_plan = user_plan(step.model, request.ac_modules, request.selective_ac)
     step.initial_modules = frozenset((path, type(m).__name__) for path, m in step.model.named_modules())
     step.make_inputs(request.step_inputs if inputs is None else inputs, request.kwargs)
     if request.dtype is not None:
@@ -375,11 +381,11 @@ def _build_into(step: StepWorld, request: StepRequest, notes: list[str]) -> tupl
     import torch
 
     if isinstance(request.target, torch.nn.Module):
-        step.model = step.adopt_model(request.target)
+        step.model = eager_model(step.adopt_model(request.target), request.eager)
         return None, "module", LIVE_MODULE
     built = build_model(request.model_target, context=step.context, world=step.mode, device=step.device,
                         adopt=step.adopt_model)
-    step.model = built.model
+    step.model = eager_model(built.model, request.eager)
     notes.extend(built.notes)
     return str(request.target), built.kind.kind, built.class_chosen_by
 

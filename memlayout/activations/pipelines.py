@@ -1,9 +1,10 @@
-"""What a request asks for, answered: one function for the four pipelines a `StepRequest` names.
+"""What a request asks for, answered: one function for the five pipelines a `StepRequest` names.
 
-`memlayout activations` is one command whose settings ask one of four questions
+`memlayout activations` is one command whose settings ask one of five questions
 (request/vocabulary.py's `Pipeline`): the weights alone, one step on one device, each
-rank of a sharded step, or the largest size that fits. `predict` answers the one the
-request asks; `analyze`, `analyze_ranks`, `fit` and `weights_report` each answer one.
+rank of a sharded step, the largest size that fits, or the step at each size of a
+sweep. `predict` answers the one the request asks; `analyze`, `analyze_ranks`, `fit`
+and `weights_report` each answer one.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from typing import assert_never
 
 from memlayout.activations.analysis import ActivationReport, predict_step
 from memlayout.activations.fit.size_search import FitReport, predict_fit
+from memlayout.activations.fit.sweep import SweepReport, predict_sweep
 from memlayout.activations.ranks import predict_ranks
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.request.vocabulary import Pipeline
 from memlayout.activations.weights import WeightsReport, predict_weights
 
-Prediction = WeightsReport | ActivationReport | RanksReport | FitReport
+Prediction = WeightsReport | ActivationReport | RanksReport | FitReport | SweepReport
 """What `predict` returns: one report per pipeline."""
 
 
@@ -43,6 +45,8 @@ def predict(request: StepRequest) -> Prediction:
         return predict_ranks(request)
     if pipeline is Pipeline.FIT:
         return predict_fit(request)
+    if pipeline is Pipeline.SWEEP:
+        return predict_sweep(request)
     if pipeline is None:  # __post_init__ reads it off the settings
         raise AssertionError("a StepRequest always has its pipeline")
     assert_never(pipeline)

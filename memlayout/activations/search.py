@@ -57,8 +57,12 @@ class PlanResult:
     cut_short: str | None = None
     """Where the search stopped at a limit of its own before it had tried everything it would: what it tried."""
     lowest_estimate_bytes: int | None = None
-    """The lowest compared figure the planner estimates reachable at this size (its lowest plan's estimate plus
-    what the figure adds to the live peak); None where no plan was needed."""
+    """The lowest compared figure the planner estimates among the plans it searched at this size (its lowest
+    plan's estimate plus what the figure adds to the live peak); None where no plan was needed."""
+    searched: str = "module plans"
+    """What the planner's options were, in words: "module and segment plans" where it offered runs of a
+    container's children (plans/segments.py) beside modules; what an unreachable budget's message says was
+    searched."""
 
     @property
     def judged_bytes(self) -> int:
@@ -123,6 +127,8 @@ class Exclusions:
         """Find which modules of a failing plan fail alone, and exclude them (all of them if none fails alone)."""
         singles = [Plan(checkpoint=(path,)) for path in plan.checkpoint] + [Plan(sequential=(s,))
                                                                            for s in plan.sequential]
+        singles += [Plan(segments=tuple(s for s in plan.segments if s.module == path))
+                    for path in dict.fromkeys(s.module for s in plan.segments)]
         if len(singles) > 1:
             blamed = {}
             for single in singles:
@@ -220,6 +226,7 @@ class BudgetSearch:
             recompute_seconds=measured.recompute_seconds,
             cut_short="; ".join(self.limits) or None,
             lowest_estimate_bytes=lowest,
+            searched="module plans" if planner is None else searched(planner),
         )
 
 
@@ -272,6 +279,14 @@ def lowest_plan_summary(
     return (plan, result) if isinstance(result, Summary) else None
 
 
+def searched(planner: Planner) -> str:
+    """The kinds of plan the planner's options make, in words."""
+    segments = any(o.segments is not None or o.span is not None for o in planner.options)
+    modules = any(o.segments is None and o.span is None for o in planner.options)
+    return ("module and segment plans" if modules and segments else "segment plans" if segments
+            else "module plans")
+
+
 def _compared(budget: Budget, summary: Summary) -> int | None:
     return None if budget.runtime_bytes is None else budget.judged(summary)
 
@@ -307,10 +322,14 @@ def search_plan(
         target -= max(budget.judged(measured) - budget.bytes, 1)
         if attempt == MAX_CHECKS - 1 and limits is not None:
             limits.append(f"the estimate-led search stopped after {MAX_CHECKS} traced plans")
-    # Before calling the budget unreachable, trace what the estimate cannot judge: its own lowest plan, and
-    # every module of one level checkpointed together, unless the estimate puts that far over the budget.
+    # Before calling the budget unreachable, trace what the estimate cannot judge: its own lowest plan, the
+    # lowest without runs of children on their own (the estimate can rank a segment plan first that a
+    # module plan beats when traced), and every module of one level checkpointed together, unless the
+    # estimate puts that far over the budget.
+    lowest, unsegmented = planner.lowest(), planner.lowest(segments=False)
     fitting = []
-    for chosen in [planner.lowest(), *planner.covers(budget.bytes)]:
+    for chosen in [lowest, *([unsegmented] if sorted(unsegmented) != sorted(lowest) else []),
+                   *planner.covers(budget.bytes)]:
         plan, measured = check(chosen)
         if isinstance(measured, _Restart):
             return RESTART
@@ -375,7 +394,7 @@ def exclusions(
 
 
 def _paths(plan: Plan) -> list[str]:
-    return list(plan.checkpoint) + [s.module for s in plan.sequential]
+    return list(dict.fromkeys([*plan.checkpoint, *(s.module for s in plan.sequential), *(s.module for s in plan.segments)]))
 
 
 def _failure_reason(exc: Exception) -> str:
@@ -392,7 +411,7 @@ def pitfalls(plan: Plan, modules: tuple[ModuleFacts, ...], model: Any) -> tuple[
     """The checkpoint pitfalls that apply to this plan's modules, one sentence each."""
     if plan.empty:
         return ()
-    paths = list(plan.checkpoint) + [s.module for s in plan.sequential]
+    paths = _paths(plan)
 
     def inside(path: str) -> list[ModuleFacts]:
         return [m for m in modules if path == "" or m.path == path or m.path.startswith(path + ".")]

@@ -36,7 +36,7 @@ from memlayout.cli.formats import (
 )
 from memlayout.cli.options import remote_reading
 from memlayout.errors import MemlayoutError, UsageError
-from memlayout.output.writer import write_output
+from memlayout.output.writer import write_binary, write_output
 
 if TYPE_CHECKING:
     from memlayout.activations.pipelines import Prediction
@@ -86,6 +86,11 @@ def settings_as_flags() -> Iterator[None]:
 def _predicted(request: StepRequest) -> "Prediction":
     from memlayout.activations.pipelines import predict
 
+    if request.plot is not None:  # a missing library is said before the trace, not after it
+        from memlayout.activations.report.plot import require_library
+
+        require_library(request.plot)
+
     if request.pipeline is Pipeline.WEIGHTS:  # a remote checkpoint's transport starts importing now
         remote_reading([str(request.target)], request.timeout, request.download)
     return predict(request)
@@ -98,4 +103,20 @@ def _write_report(report: "Prediction", request: StepRequest) -> int:
     render = RenderOptions(color=terminal_color(output_format, request.output), depth=depth)
     formatter = supported(to_format(output_format).activations, output_format, Command.ACTIVATIONS)(render)
     write_output(formatter.render_pieces(report), request.output)
+    _write_files(report, request)
     return 0
+
+
+def _write_files(report: "Prediction", request: StepRequest) -> None:
+    """--plot's picture of a sweep and --snapshot's pickle of one step, each written atomically."""
+    from memlayout.activations.analysis import ActivationReport
+    from memlayout.activations.fit.sweep import SweepReport
+
+    if request.plot is not None and isinstance(report, SweepReport):
+        from memlayout.activations.report.plot import render_plot
+
+        write_binary(render_plot(report, os.path.splitext(request.plot)[1]), request.plot)
+    if request.snapshot is not None and isinstance(report, ActivationReport):
+        from memlayout.activations.report.snapshot import snapshot_bytes
+
+        write_binary(snapshot_bytes(report), request.snapshot)

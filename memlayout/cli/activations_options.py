@@ -93,6 +93,9 @@ ROWS: tuple[Row, ...] = (
     _option("gpu", str | None, None, help="Trace for this GPU (implies --device cuda): its capability decides the "
             "attention kernel, as torch decides it. Neither a GPU nor torch's CUDA build is needed: the CPU wheel "
             f"and macOS give the CUDA build's figures. {', '.join(spec.key for spec in GPUS)}.", metavar="NAME"),
+    _option("gpu_memory", str | None, None, help="The card's memory, for a card the table lacks (96GiB, 94GB): "
+            "--gpu's capability and rates (the h100's without --gpu) with this memory; implies --device cuda.",
+            metavar="SIZE"),
     _option("real", bool, False, help="Run the step for real on --device (uses the memory), as a check."),
     # Precision
     _option("dtype", str | None, None, help=_dtype_help("Cast the model's floating parameters and buffers to this dtype "
@@ -112,6 +115,12 @@ ROWS: tuple[Row, ...] = (
             "fits --budget, on fake traces, with no checkpointing and with the budget search's plan: batch scales "
             "dim 0 of every --input; seq dim 1 of every integer --input with two or more dims (token ids, labels, "
             "masks), or seq:N dim N of every --input that has it.", metavar="batch|seq|seq:N"),
+    _option("sweep", str | None, None, help="Predict the step at each size of the batch (batch=1,2,4,8) or the sequence "
+            "(seq=512:4096:512, STOP included; seq:N for dim N), scaled as --fit scales it: one row per size with the "
+            "peak, and on a GPU the reserved peak and the figure compared with the card; with --budget, whether each "
+            "fits and the plan at each; with --fit, its answers. The step is traced at a few of the sizes and the "
+            "others evaluated from those traces where their allocations agree (the report says which).",
+            metavar="AXIS=SIZES"),
     # Ranks
     _option("world_size", int | None, None, help="Predict each rank of N (with --fsdp or --ddp) in this process, on "
             "fake tensors under a fake process group; the inputs are one rank's batch.", min=1, metavar="N"),
@@ -134,6 +143,31 @@ ROWS: tuple[Row, ...] = (
             "buckets close at, in MiB (DDP's default: 25, the first bucket 1).", metavar="MIB"),
     _option("gradient_as_bucket_view", bool, False, help="DDP's gradient_as_bucket_view: each .grad is a view of its "
             "bucket instead of a copy beside it (DDP's default: off)."),
+    # Recipe: what the training loop and its sharding code choose
+    _option("optimizer_impl", str | None, None, help="torch.optim's implementation: for-loop (one tensor at a "
+            "time), foreach (every tensor at once: temporaries the size of the parameters) or fused. Default: as "
+            "torch picks it for the parameters, foreach for plain CUDA tensors, for-loop on the CPU and for the "
+            "DTensors FSDP2 and --tp make.", metavar="for-loop|foreach|fused"),
+    _option("clip_grad_norm", float | None, None, help="torch.nn.utils.clip_grad_norm_ to this max norm after "
+            "backward, before the optimizer's step, as most training loops do.", metavar="MAX"),
+    _option("clip_grad_impl", str | None, None, help="With --clip-grad-norm: foreach or for-loop (clip_grad_norm_'s "
+            "foreach). Default: as torch picks it, foreach for plain tensors, for-loop for DTensors.",
+            metavar="foreach|for-loop"),
+    _option("selective_ac", str | None, None, help="Op-level activation checkpointing of --ac-modules "
+            "(torch.utils.checkpoint's create_selective_checkpoint_contexts): what to save, a comma list of matmuls, "
+            "every-other-matmul, attention (each device's attention kernels), collectives and max, or torchtitan "
+            "(its save list); or any policy as pkg.module:policy, called as torch calls a policy (ctx, op, *args, "
+            "**kwargs).", metavar="SAVES|pkg.module:policy"),
+    _option("ac_modules", list[str] | None, None, help="Checkpoint these modules' forwards (every op recomputed in "
+            "backward, or --selective-ac's): a dotted path where * is one name, or a class name; repeatable. "
+            "Default with --selective-ac: the blocks of the model's main nn.ModuleList.", metavar="PATTERN"),
+    _option("reshard_after_forward", list[str] | None, None, help="FSDP2's reshard_after_forward per wrapped "
+            "module: torchtitan (every block but the last), lightning (every module), or PATTERN=true|false "
+            "(a module path with *, or a class name; a bare true|false is every module); repeatable, the last "
+            "that names a module decides.", metavar="PRESET|PATTERN=BOOL"),
+    _option("eager", bool, False, help="For a model compiled with torch.compile: trace its eager step, each compiled "
+            "module's uncompiled one. Without it such a model is refused: a compiled step saves and fuses otherwise "
+            "(AOTAutograd's partitioner, Inductor), and memlayout traces eager steps."),
     # Adapters
     _option("lora", int | None, None, help="Add peft's LoRA adapters of this rank before tracing: only they train, "
             "and the optimizer keeps state for them only. Every other setting is peft's LoraConfig default, its "
@@ -152,6 +186,13 @@ ROWS: tuple[Row, ...] = (
     _option("output", str | None, None, "--output", "-o", help="Write the report to FILE instead of stdout.",
             metavar="FILE"),
     _option("depth", int, 3, help="Module depth the table shows.", min=0),
+    _option("plot", str | None, None, help="With --sweep: draw the peak and the reserved peak against the size, the "
+            "card's memory and --budget as lines, and --fit's answers marked, into FILE (.svg or .png with "
+            "matplotlib, .html with plotly; the plot extra).", metavar="FILE"),
+    _option("snapshot", str | None, None, help="Write the predicted step as a memory snapshot in the format "
+            "torch.cuda.memory._snapshot() writes (a pickle: segments, and alloc, free and segment events whose frames "
+            "name the module and the phase), for PyTorch's memory viewer and python -m torch.cuda._memory_viz.",
+            metavar="FILE"),
     # Configuration: the command line's own
     _option("isolated", bool, False, help="Read no configuration file.", is_eager=True),
     _option("config", str | None, None, help="Read settings from FILE instead of the nearest pyproject.toml's "

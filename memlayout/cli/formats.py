@@ -33,6 +33,7 @@ else:  # pragma: no cover - Python 3.10
 if TYPE_CHECKING:
     from memlayout.activations.analysis import ActivationReport
     from memlayout.activations.fit.size_search import FitReport
+    from memlayout.activations.fit.sweep import SweepReport
     from memlayout.activations.ranks.facts import RanksReport
     from memlayout.activations.weights import WeightsReport
     from memlayout.diff.changes import DiffReport
@@ -89,7 +90,7 @@ class Format(NamedTuple):
 
     inspect: Callable[[RenderOptions], Formatter[BatchReport]] | None = None
     diff: Callable[[RenderOptions], Formatter[DiffReport]] | None = None
-    activations: Callable[[RenderOptions], Formatter[ActivationReport | RanksReport | FitReport | WeightsReport]] | None = None
+    activations: Callable[[RenderOptions], Formatter[ActivationReport | RanksReport | FitReport | SweepReport | WeightsReport]] | None = None
 
     def of(self, command: Command) -> Callable[[RenderOptions], Formatter[Any]] | None:
         """The formatter factory `command` renders this format with; None where it has none."""
@@ -251,13 +252,13 @@ def _diff_html(options: RenderOptions) -> Formatter[DiffReport]:
     return DiffHtml()
 
 
-def _activations_table(options: RenderOptions) -> Formatter[ActivationReport | RanksReport | FitReport | WeightsReport]:
+def _activations_table(options: RenderOptions) -> Formatter[ActivationReport | RanksReport | FitReport | SweepReport | WeightsReport]:
     from memlayout.activations.report.table import ActivationsTable
 
     return ActivationsTable(depth=options.depth, width=options.width, color=options.color)
 
 
-def _activations_json(options: RenderOptions) -> Formatter[ActivationReport | RanksReport | FitReport | WeightsReport]:
+def _activations_json(options: RenderOptions) -> Formatter[ActivationReport | RanksReport | FitReport | SweepReport | WeightsReport]:
     from memlayout.activations.report.json_report import ActivationsJson
 
     return ActivationsJson()

@@ -43,6 +43,18 @@ def write_output(text: str | Iterable[str], path: str | None) -> None:
             stream.write(piece.encode("utf-8"))
 
 
+def write_binary(data: bytes, path: str) -> None:
+    """Write `data` atomically to `path` (a picture, a pickle): the old file or the whole new one.
+
+    Raises:
+        OutputError: `path` cannot be written; it is left as it was.
+    """
+    from memlayout.io.atomic_write import atomic_file
+
+    with atomic_file(path) as output, output.open() as stream:
+        stream.write(data)
+
+
 class LineWriter:
     """Lines written as they are made (JSON Lines), to stdout or a file, each whole in one write.
 

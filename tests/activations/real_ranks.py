@@ -74,11 +74,13 @@ def _shard_by_code(model: Any, code: str) -> None:
 
 
 def measure_step(rank: int, world_size: int, store: str, out: str, builder: str, code: str | None,
-                 batch_builder: str, autocast: str | None = None, cast: str | None = None) -> None:
+                 batch_builder: str, autocast: str | None = None, cast: str | None = None, foreach: bool = False,
+                 clip: float | None = None) -> None:
     """One rank: build, shard (by `code`, or by the recipe), two AdamW steps under FSDPMemTracker.
 
     `autocast` (a torch dtype name) runs forward and loss under torch.autocast("cpu") in it; `cast` casts the
-    model to that dtype with `model.to` before it is sharded, as pure low-precision training does.
+    model to that dtype with `model.to` before it is sharded, as pure low-precision training does. `foreach` is
+    AdamW's and clipping's implementation; `clip` a max norm for clip_grad_norm_ between backward and the step.
     """
     import contextlib
 
@@ -95,7 +97,7 @@ def measure_step(rank: int, world_size: int, store: str, out: str, builder: str,
             _shard_by_recipe(model, world_size)
         else:
             _shard_by_code(model, code)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=foreach)
         batch = _resolve(batch_builder)(seed=1 + rank)
         tracker = FSDPMemTracker(model, optimizer)
         tracker.track_inputs((batch,))
@@ -106,6 +108,8 @@ def measure_step(rank: int, world_size: int, store: str, out: str, builder: str,
                 with mixed:
                     loss = model(**batch)["loss"]
                 loss.backward()
+                if clip is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=foreach)
                 optimizer.step()
                 optimizer.zero_grad()
                 losses.append(loss.item())

@@ -2,8 +2,8 @@
 
 Every rule here follows `c10/cuda/CUDACachingAllocator.cpp` (the native allocator,
 `DeviceCachingAllocator`), with its default settings: no `max_split_size`, no
-`roundup_power2_divisions`, no expandable segments, one stream. Pure Python, no torch:
-it replays a sequence of allocations and frees and counts bytes.
+`roundup_power2_divisions`, no expandable segments. Pure Python, no torch: it replays a
+sequence of allocations and frees and counts bytes.
 
 - **Rounding** (`round_size`): a request under 512 bytes takes 512 (`kMinBlockSize`);
   others round up to a multiple of 512. A request of 0 bytes allocates nothing
@@ -17,6 +17,13 @@ it replays a sequence of allocations and frees and counts bytes.
 - **Best fit** (`get_free_block`): the free blocks of a pool are ordered by (stream,
   size, address) (`BlockComparatorSize`); `lower_bound` picks the smallest free block
   at least as large as the request, the lowest address among equals.
+- **Streams** (`get_free_block`'s `(*it)->stream != p.stream()`): a request is served only
+  by a free block of its own stream, and a new segment belongs to the stream that asked
+  for it, so each stream keeps a pool of its own. A freed block goes back to the pool
+  of the stream it was allocated on; FSDP2 allocates its all-gather buffers on its
+  copy-in stream and its reduce-scatter outputs on its reduce-scatter stream, and
+  keeps references (not `record_stream`) until the other streams are done with them,
+  so a free is final when it happens. Stream 0 is the default stream.
 - **Splitting** (`should_split`, `alloc_found_block`): the request takes the front of
   the block and the rest stays free at the higher address, if the rest is at least 512
   bytes in the small pool, or more than 1 MiB (`kSmallSize`) in the large pool. Not
@@ -79,12 +86,13 @@ def segment_size(size: int) -> int:
 
 
 class _Block:
-    __slots__ = ("address", "allocated", "next", "prev", "size", "small")
+    __slots__ = ("address", "allocated", "next", "prev", "size", "small", "stream")
 
-    def __init__(self, address: int, size: int, small: bool) -> None:
+    def __init__(self, address: int, size: int, small: bool, stream: int = 0) -> None:
         self.address = address
         self.size = size
         self.small = small
+        self.stream = stream
         self.allocated = False
         self.prev: _Block | None = None
         self.next: _Block | None = None
@@ -100,6 +108,8 @@ class AllocatorPeaks:
     """Peak of the segments' sizes: `torch.cuda.max_memory_reserved()`."""
     segments: int
     """Segments held at the end."""
+    reserved_by_stream: tuple[tuple[int, int], ...] = ()
+    """(stream, bytes of its segments) when the reserved peak was reached, for each stream that held any."""
 
 
 def _ascending_addresses() -> Iterator[int]:
@@ -111,7 +121,7 @@ def _ascending_addresses() -> Iterator[int]:
 
 
 class CachingAllocator:
-    """One device's caching allocator on one stream, with the default settings.
+    """One device's caching allocator, with the default settings: a pool per stream.
 
     Args:
         capacity: Bytes the driver can give; None for no limit. With a limit, a
@@ -130,8 +140,8 @@ class CachingAllocator:
     def __init__(self, capacity: int | None = None, segment_addresses: Iterable[int] | None = None) -> None:
         self.capacity = capacity
         self._addresses = iter(segment_addresses) if segment_addresses is not None else _ascending_addresses()
-        self._free: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
-        """Per pool (small?), the free blocks as sorted (size, address): BlockComparatorSize on one stream."""
+        self._free: dict[tuple[bool, int], list[tuple[int, int]]] = {}
+        """Per pool (small?, stream), the free blocks as sorted (size, address): BlockComparatorSize."""
         self._blocks: dict[int, _Block] = {}
         """Every block by its address, free or allocated."""
         self.segments: dict[int, int] = {}
@@ -142,19 +152,22 @@ class CachingAllocator:
         self.peak_reserved = 0
         self.segment_log: list[tuple[int, int]] = []
         """(address, size) of each cudaMalloc, in order."""
+        self._stream_reserved: dict[int, int] = {}
+        self.peak_reserved_by_stream: dict[int, int] = {}
+        """Each stream's segments when `peak_reserved` was reached."""
 
     # public ---------------------------------------------------------------
-    def malloc(self, nbytes: int) -> int | None:
-        """Allocate `nbytes`; the block's address, or None for 0 bytes (nothing is allocated)."""
+    def malloc(self, nbytes: int, stream: int = 0) -> int | None:
+        """Allocate `nbytes` on `stream`; the block's address, or None for 0 bytes (nothing is allocated)."""
         if nbytes == 0:
             return None
         size = round_size(nbytes)
         small = is_small(size)
-        block = self._take_free_block(size, small)
+        block = self._take_free_block(size, small, stream)
         if block is None:
-            block = self._new_segment(segment_size(size), small)
+            block = self._grow(size, small, stream)
         if self._should_split(block, size):
-            rest = _Block(block.address + size, block.size - size, small)
+            rest = _Block(block.address + size, block.size - size, small, stream)
             rest.prev, rest.next = block, block.next
             if block.next is not None:
                 block.next.prev = rest
@@ -189,27 +202,44 @@ class CachingAllocator:
         """As `torch.cuda.reset_peak_memory_stats()`: the peaks start again from the current figures."""
         self.peak_allocated = self.allocated
         self.peak_reserved = self.reserved
+        self.peak_reserved_by_stream = dict(self._stream_reserved)
 
     def release_cached(self) -> None:
         """`release_cached_blocks` (`torch.cuda.empty_cache()`): free every segment that is one free block."""
-        for small in (True, False):
-            for size, address in list(self._free[small]):
+        for free in self._free.values():
+            for size, address in list(free):
                 block = self._blocks[address]
                 if block.prev is None and block.next is None:
                     self._remove_free(block)
                     del self._blocks[address]
                     del self.segments[address]
                     self.reserved -= size
+                    self._stream_reserved[block.stream] -= size
 
     def peaks(self) -> AllocatorPeaks:
-        return AllocatorPeaks(self.peak_allocated, self.peak_reserved, len(self.segments))
+        by_stream = tuple(sorted((stream, size) for stream, size in self.peak_reserved_by_stream.items() if size))
+        return AllocatorPeaks(self.peak_allocated, self.peak_reserved, len(self.segments), by_stream)
 
-    def seed_segment(self, address: int, size: int, small: bool, allocated: Iterable[tuple[int, int]]) -> None:
+    def segment_blocks(self) -> list[tuple[int, int, bool, list[tuple[int, int, bool]]]]:
+        """Each segment held, by address: (address, size, small pool?, its blocks in address order as (address,
+        size, allocated?)), as `torch.cuda.memory_snapshot()` lists them."""
+        held = []
+        for address, size in sorted(self.segments.items()):
+            block: _Block | None = self._blocks[address]
+            first = block
+            blocks = []
+            while block is not None:
+                blocks.append((block.address, block.size, block.allocated))
+                block = block.next
+            assert first is not None
+            held.append((address, size, first.small, blocks))
+        return held
+
+    def seed_segment(self, address: int, size: int, small: bool, allocated: Iterable[tuple[int, int]],
+                     stream: int = 0) -> None:
         """Start from a segment a real allocator already holds: `allocated` are its (address, size) blocks in use;
         the gaps between them are free blocks, coalesced as the allocator keeps them."""
-        self.segments[address] = size
-        self.reserved += size
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self._count_segment(address, size, stream)
         pieces: list[tuple[int, int, bool]] = []
         cursor = address
         for start, length in sorted(allocated):
@@ -223,7 +253,7 @@ class CachingAllocator:
             pieces.append((cursor, address + size - cursor, False))
         previous: _Block | None = None
         for start, length, in_use in pieces:
-            block = _Block(start, length, small)
+            block = _Block(start, length, small, stream)
             block.prev = previous
             if previous is not None:
                 previous.next = block
@@ -237,30 +267,40 @@ class CachingAllocator:
         self.peak_allocated = max(self.peak_allocated, self.allocated)
 
     # the source's private steps -------------------------------------------
-    def _take_free_block(self, size: int, small: bool) -> _Block | None:
-        # get_free_block: lower_bound on (size, address); max_split_size is unlimited by default, so
+    def _take_free_block(self, size: int, small: bool, stream: int) -> _Block | None:
+        # get_free_block: lower_bound on (stream, size, address); max_split_size is unlimited by default, so
         # neither of its oversize checks applies.
-        free = self._free[small]
+        free = self._free.get((small, stream), [])
         position = bisect.bisect_left(free, (size, -1))
         if position == len(free):
             return None
         _, address = free.pop(position)
         return self._blocks[address]
 
-    def _new_segment(self, size: int, small: bool) -> _Block:
+    def _grow(self, size: int, small: bool, stream: int) -> _Block:
+        """A free block of at least `size` where no cached one fits (alloc_block): a new segment."""
+        return self._new_segment(segment_size(size), small, stream)
+
+    def _new_segment(self, size: int, small: bool, stream: int) -> _Block:
         # alloc_block; on failure malloc releases the cached segments and tries once more.
         if self.capacity is not None and self.reserved + size > self.capacity:
             self.release_cached()
             if self.reserved + size > self.capacity:
                 raise AllocatorOutOfMemoryError(f"a {size}-byte segment does not fit: {self.reserved} of {self.capacity} reserved")
         address = next(self._addresses)
-        block = _Block(address, size, small)
+        block = _Block(address, size, small, stream)
         self._blocks[address] = block
-        self.segments[address] = size
         self.segment_log.append((address, size))
-        self.reserved += size
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self._count_segment(address, size, stream)
         return block
+
+    def _count_segment(self, address: int, size: int, stream: int) -> None:
+        self.segments[address] = size
+        self.reserved += size
+        self._stream_reserved[stream] = self._stream_reserved.get(stream, 0) + size
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
+            self.peak_reserved_by_stream = dict(self._stream_reserved)
 
     @staticmethod
     def _should_split(block: _Block, size: int) -> bool:
@@ -287,10 +327,10 @@ class CachingAllocator:
         block.size += neighbour.size
 
     def _insert_free(self, block: _Block) -> None:
-        bisect.insort(self._free[block.small], (block.size, block.address))
+        bisect.insort(self._free.setdefault((block.small, block.stream), []), (block.size, block.address))
 
     def _remove_free(self, block: _Block) -> None:
-        free = self._free[block.small]
+        free = self._free[(block.small, block.stream)]
         position = bisect.bisect_left(free, (block.size, block.address))
         if position == len(free) or free[position] != (block.size, block.address):
             raise AssertionError(f"free block {block.address:#x} is not in its pool")
@@ -299,17 +339,23 @@ class CachingAllocator:
 
 Event = tuple[int, int]
 """(storage id, nbytes) allocates that storage; (storage id, -1) frees it."""
+StreamEvent = tuple[int, int, int]
+"""(storage id, nbytes, stream) allocates that storage on that stream; (storage id, -1, stream) frees it."""
 FREE = -1
 
 
-def replay(events: Iterable[Event], *, capacity: int | None = None,
-           on_alloc: Callable[[int, int | None], None] | None = None) -> AllocatorPeaks:
+def replay(events: Iterable[Event | StreamEvent], *, capacity: int | None = None,
+           on_alloc: Callable[[int, int | None], None] | None = None,
+           allocator: CachingAllocator | None = None) -> AllocatorPeaks:
     """Replay allocations and frees through a fresh allocator and return its peaks.
 
     Args:
-        events: (storage id, nbytes) to allocate, (storage id, FREE) to free it, in order.
-        capacity: The driver's limit, if any (see CachingAllocator).
+        events: (storage id, nbytes) to allocate, (storage id, FREE) to free it, in order; a third item is the
+            stream an allocation is made on (0, the default stream, without it).
+        capacity: The driver's limit, if any (see CachingAllocator), for the allocator made here.
         on_alloc: Called with (storage id, address) after each allocation.
+        allocator: A fresh allocator to replay through instead of a CachingAllocator: an
+            `expandable_segments.ExpandableAllocator` models `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`.
 
     Returns:
         The peaks of allocated and reserved bytes, and the segments held at the end.
@@ -319,13 +365,14 @@ def replay(events: Iterable[Event], *, capacity: int | None = None,
         >>> peaks.allocated_bytes >> 20, peaks.reserved_bytes >> 20
         (15, 20)
     """
-    allocator = CachingAllocator(capacity=capacity)
+    if allocator is None:
+        allocator = CachingAllocator(capacity=capacity)
     live: dict[int, int | None] = {}
-    for storage, nbytes in events:
+    for storage, nbytes, *stream in events:
         if nbytes == FREE:
             allocator.free(live.pop(storage))
         else:
-            live[storage] = address = allocator.malloc(nbytes)
+            live[storage] = address = allocator.malloc(nbytes, stream[0] if stream else 0)
             if on_alloc is not None:
                 on_alloc(storage, address)
     return allocator.peaks()

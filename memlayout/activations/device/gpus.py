@@ -18,7 +18,10 @@ The driver's reservation differs from card to card and from driver to driver
   (deviceQuery's bytes, or torch's repr), the lowest of the reports that can be cited;
   docs/gpu.md lists each report;
 - "derived": no report found; NVIDIA's figure less the reservation measured on the
-  card of the same memory (the H100 PCIe: the H100's 480 MiB).
+  card of the same memory (the H100 PCIe: the H100's 480 MiB; the H100 NVL: nvidia-smi's
+  95,830 MiB less the same), or a share torch reported (the H100 96GB HBM2e of Meta's
+  Grand Teton hosts, which torchtitan's Table 1 ran on: its logs' `memory: 33.21GiB(34.95%)`
+  and `44.84GiB(47.19%)`, used over `total_memory`, pytorch/torchtitan#1884, both 95.02 GiB).
 
 tests/activations/device/test_gpus.py checks the measured rows against the recorded figures
 and, on a machine with a GPU, the present GPU's row against torch.
@@ -30,7 +33,7 @@ with float32 accumulation, and the memory bandwidth.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memlayout.errors import UsageError
 
@@ -74,6 +77,10 @@ GPUS: tuple[GpuSpec, ...] = (
             3_350 * GIGA),
     GpuSpec("h100-pcie", "NVIDIA H100 PCIe", (9, 0), (81_559 - 480) * MIB, 114, "derived", 51 * TERA, 756 * TERA,
             2_000 * GIGA),
+    GpuSpec("h100-nvl", "NVIDIA H100 NVL", (9, 0), (95_830 - 480) * MIB, 132, "derived", 60 * TERA, 835 * TERA,
+            3_900 * GIGA),
+    GpuSpec("h100-96gb", "NVIDIA H100 96GB HBM2e", (9, 0), 97_300 * MIB, 132, "derived", 67 * TERA, 989 * TERA,
+            2_400 * GIGA),
     GpuSpec("b200", "NVIDIA B200", (10, 0), 191_514_411_008, 148, "reported", 75 * TERA, 2_250 * TERA, 8_000 * GIGA),
     GpuSpec("a100-80gb", "NVIDIA A100-SXM4-80GB", (8, 0), 84_987_740_160, 108, "reported", 19_500 * GIGA,
             312 * TERA, 2_039 * GIGA),
@@ -112,3 +119,20 @@ def gpu_spec(name: str) -> GpuSpec:
 def spec_for_device_name(device_name: str) -> GpuSpec | None:
     """The row of the GPU torch names `device_name` (`get_device_properties().name`), if the table has it."""
     return next((spec for spec in GPUS if spec.device_name == device_name), None)
+
+
+GIVEN_MEMORY = "given"
+"""`memory_source` of a row whose memory `--gpu-memory` gave."""
+
+
+def requested_gpu(name: str | GpuSpec | None, memory: int | None = None) -> GpuSpec | None:
+    """The GPU a step is for: `--gpu`'s row (the default GPU's where only `memory` is given), with `--gpu-memory`'s
+    memory in place of the row's when given; None when neither is.
+
+    Raises:
+        UsageError: an unknown name.
+    """
+    if name is None and memory is None:
+        return None
+    spec = name if isinstance(name, GpuSpec) else gpu_spec(name or DEFAULT_GPU)
+    return spec if memory is None else replace(spec, total_memory=memory, memory_source=GIVEN_MEMORY)

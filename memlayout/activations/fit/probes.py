@@ -6,23 +6,15 @@ specs at that size (`specs_at`) and trace the step again on the model built once
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from memlayout.activations.analysis import (
-    ActivationReport,
-    _step_failed,
-    prepare_step,
-    roofline_text,
-    target_gpu,
-)
+from memlayout.activations.analysis import ActivationReport, target_gpu
 from memlayout.activations.budget import Budget, card_budget, resolve_budget
-from memlayout.activations.generate_summary import summarize_generation
-from memlayout.activations.model.adapters import parameter_split
-from memlayout.activations.model.input_specs import InputSpec, position_limit
-from memlayout.activations.ranks import predict_ranks
+from memlayout.activations.fit.sized_step import ScaledDim, SizedStep, specs_at
+from memlayout.activations.model.input_specs import InputSpec
+from memlayout.activations.ranks import predict_ranks, ranks_budget_bytes
+from memlayout.activations.ranks.card import ranks_card
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.request.vocabulary import Pipeline
@@ -34,31 +26,21 @@ from memlayout.activations.search import (
 )
 from memlayout.activations.sizes import BudgetSpec
 from memlayout.activations.step.generate import generation_of
-from memlayout.activations.step.run import torch_dtype
-from memlayout.activations.summary import module_facts, summarize
+from memlayout.activations.summary import module_facts
 from memlayout.errors import (
     BudgetUnreachableError,
-    MemlayoutError,
     RanksBudgetUnreachableError,
     SettingError,
     UsageError,
 )
 
 if TYPE_CHECKING:
+    from memlayout.activations.facts import Trace
     from memlayout.activations.plans.plan import Plan
     from memlayout.activations.ranks.facts import RanksPlan
     from memlayout.activations.summary import Summary
 
-KEPT_TRACES = 3
-"""Traces of the plain step kept for the plan search and the report; older ones are traced again if needed."""
-
-
-class ScaledDim(NamedTuple):
-    """One input dimension the search scales."""
-
-    input: str
-    """The input's spec as given (`input_ids=int64[4,128]<32000`)."""
-    dim: int
+__all__ = ["DeviceProbe", "FitProbe", "Probe", "RanksProbe", "ScaledDim", "TracedFloor", "specs_at"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +64,8 @@ class FitProbe:
     """With a plan: the plans the budget search traced at this size."""
     cut_short: str | None = None
     """With a plan: where the budget search stopped at a limit of its own (see search.PlanResult)."""
+    evaluated: bool = False
+    """The plain step's figures here were evaluated from its traces at other sizes (size_laws.py), not traced."""
 
     @property
     def judged_bytes(self) -> int | None:
@@ -111,20 +95,6 @@ class TracedFloor(NamedTuple):
     compared_bytes: int
     """Its figure compared with the budget (on CUDA the reserved peak plus the CUDA runtime)."""
     plan: Plan
-
-
-def specs_at(specs: Sequence[InputSpec], dims: Sequence[ScaledDim], size: int) -> list[InputSpec]:
-    """The specs with every scaled dimension set to `size`."""
-    by_input = {d.input: d.dim for d in dims}
-    out = []
-    for spec in specs:
-        dim = by_input.get(spec.describe())
-        if dim is not None:
-            shape = list(spec.shape)
-            shape[dim] = size
-            spec = dataclasses.replace(spec, shape=tuple(shape))
-        out.append(spec)
-    return out
 
 
 class Probe:
@@ -160,19 +130,24 @@ class Probe:
 
 
 class DeviceProbe(Probe):
-    """One device: the model built once (`prepare_step`), each size a trace of the same model."""
+    """One device: the model built once (`SizedStep`), each size a trace of the same model, or the plain step
+    evaluated from its traces at other sizes where their laws cover the size (size_laws.py).
 
-    def __init__(self, request: StepRequest, specs: list[InputSpec], dims: tuple[ScaledDim, ...]) -> None:
+    Args:
+        sized: The step already built at these specs (a sweep's), to trace at the sizes the search asks for.
+    """
+
+    def __init__(self, request: StepRequest, specs: list[InputSpec], dims: tuple[ScaledDim, ...],
+                 sized: SizedStep | None = None) -> None:
         self.request, self.specs, self.dims = request, specs, dims
         self.optimizer = request.step_optimizer
         self.generation = generation_of(request)
-        self.step, self.notes, self.target_text, self.kind, self.class_chosen_by = prepare_step(
-            request, inputs=specs, mode="meta" if request.device == "meta" else "fake")
-        self.cuda = self.step.device.startswith("cuda")
+        self.sized = SizedStep(request, specs, dims) if sized is None else sized
+        self.step = self.sized.step
+        self.notes, self.target_text = self.sized.prepared.notes, self.sized.prepared.target_text
+        self.kind, self.class_chosen_by = self.sized.prepared.kind, self.sized.prepared.class_chosen_by
+        self.cuda = self.sized.cuda
         self.budget = self._budget(request.budget)
-        self.size: int | None = None
-        self.traced: dict[int, Any] = {}
-        """size -> (trace, summary) of the plain step, for the report and the plan search."""
         self.searched: dict[int, PlanResult] = {}
         """size -> the budget search's plan there (found, or the lowest it reached)."""
         self.plans_traced: dict[int, dict[Plan, Summary | TraceFailure]] = {}
@@ -191,29 +166,19 @@ class DeviceProbe(Probe):
         assert budget is not None
         return budget
 
-    def _at(self, size: int) -> None:
-        if self.size == size:
-            return
-        self.step.make_inputs(specs_at(self.specs, self.dims, size), None)
-        if self.request.dtype is not None:
-            self.step.cast_inputs(torch_dtype(self.request.dtype))
-        self.size = size
-
-    def _trace(self, size: int) -> Any:
-        self._at(size)
-        if size not in self.traced:
-            try:
-                trace = self.step.trace()
-            except MemlayoutError:
-                raise
-            except Exception as exc:  # the model's forward refused this size
-                raise _step_failed(exc, self.step) from exc
-            self.traced[size] = (trace, summarize(trace, cuda=self.cuda))
-            while len(self.traced) > KEPT_TRACES:  # a 7B model's trace is tens of MB of records
-                del self.traced[next(iter(self.traced))]
-        return self.traced[size]
+    def _trace(self, size: int) -> tuple[Trace, Summary]:
+        return self.sized.trace(size)
 
     def plain(self, size: int) -> FitProbe:
+        known = self.sized.traced_summary(size)
+        if known is not None:
+            compared = self.budget.judged(known) if self.cuda else None
+            return FitProbe(size, False, known.peak_bytes, self.budget.fits(known), compared_bytes=compared)
+        evaluated = self.sized.evaluated(size)
+        if evaluated is not None:
+            compared = self.budget.judged(evaluated) if self.cuda else None
+            return FitProbe(size, False, evaluated.peak_bytes, self.budget.fits(evaluated), compared_bytes=compared,
+                            evaluated=True)
         try:
             _, summary = self._trace(size)
         except UsageError as exc:
@@ -224,7 +189,7 @@ class DeviceProbe(Probe):
         return FitProbe(size, False, summary.peak_bytes, self.budget.fits(summary), compared_bytes=compared)
 
     def specs_size(self) -> int:
-        return self.specs[[s.describe() for s in self.specs].index(self.dims[0].input)].shape[self.dims[0].dim]
+        return self.sized.given_size
 
     def planned(self, size: int, prune: bool = False) -> FitProbe:
         """The `--budget` search at this size, as `analyze(..., budget=...)` runs it: the size fits with a plan
@@ -271,35 +236,21 @@ class DeviceProbe(Probe):
         return int(summary.parameter_bytes + summary.buffer_bytes + summary.optimizer_bytes)
 
     def report_at(self, size: int) -> ActivationReport:
-        trace, summary = self._trace(size)
-        step = self.step
-        return ActivationReport(
-            target=self.target_text, target_kind=self.kind, model_class=type(step.model).__name__,
-            inputs=step.descriptions, device=step.device, mode=step.mode, loss=trace.loss, optimizer=self.optimizer,
-            summary=summary, modules=module_facts(trace), plan=None, notes=tuple(self.notes), trace=trace,
-            autocast=self.request.autocast, dtype=self.request.dtype, step=self.request.step,
-            class_chosen_by=self.class_chosen_by,
-            roofline=roofline_text(step),
-            parameters=parameter_split(step.model), adapted=step.adapted,
-            generation=summarize_generation(trace, self.generation) if self.generation is not None else None,
-        )
+        return self.sized.report(size)
 
     def position_limit(self) -> tuple[str, int] | None:
-        limit = position_limit(self.step.model)
-        if limit is None or self.generation is None:
-            return limit
-        # The prompt and the tokens generated after it share the model's positions.
-        name, positions = limit
-        return f"{name} less --new-tokens {self.generation.new_tokens}", positions - self.generation.new_tokens
+        return self.sized.position_limit()
 
 
 class RanksProbe(Probe):
     """Ranks: each size predicted by `analyze_ranks` (it builds the sharded model afresh)."""
 
     def __init__(self, request: StepRequest, specs: list[InputSpec], dims: tuple[ScaledDim, ...]) -> None:
-        assert request.budget is not None and request.budget.bytes is not None  # request/rules.py: a size
-        # Each rank's peak of live tensors is compared: the allocator's model is not replayed per rank yet.
-        self.budget = Budget(request.budget.bytes, f"--budget {request.budget.describe()}")
+        assert request.budget is not None  # request/rules.py: a size, or a share of the named GPU's memory
+        # Each rank's judged figure is compared: on CUDA its reserved peak and the runtime beside it (ranks/card.py).
+        card = ranks_card(request)
+        self.budget = Budget(ranks_budget_bytes(request), f"--budget {request.budget.describe()}",
+                             card.runtime.beside_step_bytes if card is not None else None)
         self.request, self.specs, self.dims = request, specs, dims
         self.optimizer = request.step_optimizer
         self.reports: dict[int, RanksReport] = {}
@@ -318,7 +269,7 @@ class RanksProbe(Probe):
 
     def plain(self, size: int) -> FitProbe:
         try:
-            peak = self._report(size).largest.peak_bytes
+            peak = self._report(size).largest.judged_bytes
         except UsageError as exc:
             if size == self._given():
                 raise
@@ -333,12 +284,12 @@ class RanksProbe(Probe):
         try:
             report = self._ranks(size, self.budget.bytes)
         except RanksBudgetUnreachableError as exc:
-            return FitProbe(size, True, exc.lowest.peak_bytes, False)
+            return FitProbe(size, True, exc.lowest.judged_bytes, False)
         except UsageError as exc:
             return FitProbe(size, True, None, False, exc.one_line())
         assert report.plan is not None
         self.plans[size] = report.plan
-        return FitProbe(size, True, report.plan.peak_bytes, True)
+        return FitProbe(size, True, report.plan.judged_bytes, True)
 
     def plan_at(self, size: int) -> RanksPlan | None:
         if size not in self.plans:

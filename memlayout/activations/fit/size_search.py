@@ -47,6 +47,7 @@ from memlayout.activations.fit.probes import (
     ScaledDim,
     TracedFloor,
 )
+from memlayout.activations.fit.sized_step import SizedStep
 from memlayout.activations.model.input_specs import INTEGRAL, InputSpec, parse_input_spec
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.request.python_call import call_request
@@ -172,8 +173,9 @@ def fit(target: Any, inputs: Sequence[str | InputSpec], *, with_plan: bool = Tru
     return predict_fit(call_request(target, inputs, None, Pipeline.FIT, settings), with_plan=with_plan)
 
 
-def predict_fit(request: StepRequest, *, with_plan: bool = True) -> FitReport:
-    """The request's `fit`: the largest size whose step fits its `budget` (see `fit`)."""
+def predict_fit(request: StepRequest, *, with_plan: bool = True, sized: SizedStep | None = None) -> FitReport:
+    """The request's `fit`: the largest size whose step fits its `budget` (see `fit`); `sized`, a sweep's step
+    already built at the same specs, is searched instead of building the model again."""
     axis, seq_dim = request.fit_axis
     specs = [parse_input_spec(s) if isinstance(s, str) else s for s in request.input]
     if not specs or not all(isinstance(s, InputSpec) for s in specs):
@@ -181,7 +183,7 @@ def predict_fit(request: StepRequest, *, with_plan: bool = True) -> FitReport:
                            "give each input as `input` DTYPE[SHAPE], e.g. `input='int64[1,4096]<32000'`")
     dims, given = scaled_dims(specs, axis, seq_dim)
     probe: Probe = RanksProbe(request, specs, dims) if request.world_size is not None \
-        else DeviceProbe(request, specs, dims)
+        else DeviceProbe(request, specs, dims, sized)
     search = SizeSearch(probe, axis, _search_cap(probe, axis))
     # Remedies name only what the command did not already do: a bf16 run is not told to use bf16.
     half_precision = request.dtype in ("bf16", "fp16")

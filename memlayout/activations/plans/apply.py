@@ -3,8 +3,14 @@
 Each module in `plan.checkpoint` gets an instance-level `forward` that runs the
 class's forward through `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`;
 each nn.Sequential in `plan.sequential` runs its children through
-`checkpoint_sequential(..., use_reentrant=False)`. The module's own hooks run once,
-as before; only what autograd saves changes.
+`checkpoint_sequential(..., use_reentrant=False)`'s split; each run of children in
+`plan.segments` is checkpointed as one (plans/apply_segments.py: an nn.Sequential
+through a forward of its own, a container the model iterates through a checkpoint
+region from its first child's call to its last's return). The module's own hooks run
+once, as before; only what autograd saves changes.
+
+A module in `plan.selective` is checkpointed with an op-level policy's contexts
+(`_selective_forward`, plans/op_policies.py): the outputs of the ops it saves are kept.
 
 Why non-reentrant: the reentrant variant does not work with
 `torch.autograd.grad` (only `.backward()`), ignores inputs that do not require
@@ -22,12 +28,15 @@ splits them (it takes no `context_fn`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from memlayout import _torch
 from memlayout.activations.plans import rerun
+from memlayout.activations.plans.apply_segments import checkpoint_regions, sequential_forward
+from memlayout.activations.plans.op_policies import OpPolicy, context_fn, parse_policy
 from memlayout.activations.plans.plan import Plan
 from memlayout.errors import UsageError
 
@@ -69,7 +78,8 @@ def apply_plan(model: Any, plan: Plan | Mapping[str, Any], *, preserve_rng_state
         An `AppliedPlan`; call `remove()` (or use it as a context manager) to undo.
 
     Raises:
-        UsageError: a path is not a module of `model`, or a `sequential` entry is not an nn.Sequential.
+        UsageError: a path is not a module of `model`, a `sequential` entry is not an nn.Sequential, or a
+            `segments` entry names children the container does not have.
 
     Examples:
         >>> import torch, memlayout.activations as act
@@ -85,6 +95,8 @@ def apply_plan(model: Any, plan: Plan | Mapping[str, Any], *, preserve_rng_state
     try:
         for path in plan.checkpoint:
             _wrap(applied, _module(model, path), _checkpointed_forward, preserve_rng_state)
+        for path, policy in plan.selective:
+            _wrap(applied, _module(model, path), _selective_forward(parse_policy(policy)), preserve_rng_state)
         for item in plan.sequential:
             module = _module(model, item.module)
             if not isinstance(module, torch.nn.Sequential):
@@ -93,7 +105,10 @@ def apply_plan(model: Any, plan: Plan | Mapping[str, Any], *, preserve_rng_state
                 )
             if not 1 <= item.segments <= len(module):
                 raise UsageError(f"{item.module!r} has {len(module)} children; {item.segments} segments do not fit")
-            _wrap(applied, module, _sequential_forward(item.segments), preserve_rng_state)
+            size = len(module) // item.segments
+            spans = [(first, first + size - 1) for first in range(0, size * (item.segments - 1), size)]
+            _wrap(applied, module, sequential_forward(spans, _rerun_under_forwards_autocast), preserve_rng_state)
+        _apply_segments(applied, model, plan, preserve_rng_state)
         if not plan.empty:
             _disable_cache(model, applied)
     except BaseException:
@@ -140,36 +155,66 @@ def _checkpointed_forward(module: Any, original: Any, preserve_rng_state: bool) 
     return forward
 
 
-def _sequential_forward(segments: int) -> Any:
+def _selective_forward(policy: OpPolicy) -> Any:
+    """A module checkpointed by an op-level policy: its contexts, and the rerun's autocast as forward's had it."""
+    contexts = context_fn(policy)
+
+    def both() -> tuple[Any, Any]:
+        forward, recompute = contexts()
+        _, autocast = _rerun_under_forwards_autocast()
+
+        @contextlib.contextmanager
+        def rerun_in_both() -> Any:
+            with autocast, recompute:
+                yield
+
+        return forward, rerun_in_both()
+
     def make(module: Any, original: Any, preserve_rng_state: bool) -> Any:
         import torch
         from torch.utils.checkpoint import checkpoint
 
-        def forward(input: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with rerun.announced(module):
+                return original(*args, **kwargs)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
             if not torch.is_grad_enabled():
-                return original(input)
-            # checkpoint_sequential's split: segments of len // segments children, all but the last checkpointed.
-            children = list(module)
-            size = len(children) // segments
-            end = -1
-            for start in range(0, size * (segments - 1), size):
-                end = start + size - 1
-                input = checkpoint(_run_children(children[start:end + 1]), input, use_reentrant=False,
-                                   preserve_rng_state=preserve_rng_state, context_fn=_rerun_under_forwards_autocast)
-            return _run_children(children[end + 1:])(input)
+                return original(*args, **kwargs)
+            return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state,
+                              context_fn=both, **kwargs)
 
         return forward
 
     return make
 
 
-def _run_children(children: list[Any]) -> Any:
-    def run(input: Any) -> Any:
-        for child in children:
-            input = child(input)
-        return input
+def _apply_segments(applied: AppliedPlan, model: Any, plan: Plan, preserve_rng_state: bool) -> None:
+    """Each container's runs (plans/apply_segments.py): an nn.Sequential's through a forward of its own, another
+    container's as checkpoint regions around the model's own loop."""
+    import torch
 
-    return run
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for item in plan.segments:
+        spans.setdefault(item.module, []).append((item.first, item.last))
+    taken = {item.module for item in plan.sequential}
+    for path, runs in spans.items():
+        container = _module(model, path)
+        children = [child for _, child in container.named_children()]
+        runs.sort()
+        if any(not 0 <= first <= last < len(children) for first, last in runs):
+            raise UsageError(f"{path!r} has {len(children)} children; the plan's segments {runs} do not fit")
+        if any(a[1] >= b[0] for a, b in itertools.pairwise(runs)):
+            raise UsageError(f"the plan's segments of {path!r} overlap: {runs}")
+        if isinstance(container, torch.nn.Sequential):
+            if path in taken:
+                raise UsageError(f"the plan runs {path!r} both through checkpoint_sequential and in its own segments")
+            _wrap(applied, container, sequential_forward(runs, _rerun_under_forwards_autocast), preserve_rng_state)
+            continue
+        for first, last in runs:
+            label = f"segment {first}..{last} of {path or 'the model'}"
+            applied._restore.append(checkpoint_regions(label, children[first:last + 1], preserve_rng_state,
+                                                       _rerun_under_forwards_autocast))
 
 
 def _rerun_under_forwards_autocast() -> tuple[Any, Any]:

@@ -4,16 +4,12 @@ Pure: a `Planner` reads a baseline `Trace` and proposes plans; it never runs a
 model. The search (search.py) traces each proposal again with the plan
 applied, and only that trace's peak is reported.
 
-The estimate. Checkpointing one call of a module frees, from the end of its
-forward until its backward begins, every storage that was allocated inside it
-and saved for backward, except its outputs (the next module holds them). Its
-inputs are kept alive until then (checkpoint keeps them to rerun), and when its
-backward begins its forward reruns: the saved storages come back, plus the
-call's transient temporaries. `checkpoint_sequential` with N segments does the
-same for each of its first N-1 segments of children. The live-bytes curve of
-the baseline is cut at those event numbers into intervals; each option's effect
-is one row of a matrix over the intervals, and a plan's estimated peak is the
-maximum of the baseline's interval maxima plus the rows of its options.
+The estimate. An option (a module, or a run of children: plans/segments.py) frees
+storages from the end of its forward until its backward begins, keeps its inputs,
+and reruns at that moment (plans/effects.py). The live-bytes curve of the baseline
+is cut at those event numbers into intervals; each option's effect is one row of a
+matrix over the intervals, and a plan's estimated peak is the maximum of the
+baseline's interval maxima plus the rows of its options.
 
 The search. Cheapest means least recompute time: the roofline time of what is
 rerun on the target (device/roofline.py), each op's FLOPs or the bytes it moves,
@@ -25,13 +21,22 @@ again, most expensive first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from memlayout.activations.facts import ModuleCall, StorageKind, Trace
-from memlayout.activations.plans.lowest import conflict_matrix, lowest_options
-from memlayout.activations.summary import live_curve, subtree_calls
+from memlayout.activations.facts import ModuleCall, Trace
+from memlayout.activations.plans.effects import Effects
+from memlayout.activations.plans.lowest import conflict_matrix, lowest_options, pruned
+from memlayout.activations.plans.options import Option
+from memlayout.activations.plans.segments import (
+    Container,
+    containers,
+    equal_split,
+    equal_split_options,
+    span_options,
+)
+from memlayout.activations.summary import live_curve
 from memlayout.errors import UsageError
 
 if TYPE_CHECKING:
@@ -53,21 +58,37 @@ class SequentialSegments:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """Checkpoint children `first` to `last` (indexes among the children of `module`) as one
+    (plans/segments.py: an nn.Sequential the model calls, or a container it iterates, such as an nn.ModuleList)."""
+
+    module: str
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
 class Plan:
     """What to checkpoint. Paths are dotted module paths from the model."""
 
     checkpoint: tuple[str, ...] = ()
     """Modules to wrap with `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`."""
     sequential: tuple[SequentialSegments, ...] = ()
+    selective: tuple[tuple[str, str], ...] = ()
+    """(module, policy): checkpointed with an op-level policy (plans/op_policies.py), its saved ops' outputs kept."""
+    segments: tuple[Segment, ...] = ()
+    """Runs of children checkpointed as one each, where they are not `checkpoint_sequential`'s equal split."""
 
     @property
     def empty(self) -> bool:
-        return not self.checkpoint and not self.sequential
+        return not self.checkpoint and not self.sequential and not self.selective and not self.segments
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "checkpoint": list(self.checkpoint),
             "sequential": [{"module": s.module, "segments": s.segments} for s in self.sequential],
+            **({"selective": [{"module": m, "policy": p} for m, p in self.selective]} if self.selective else {}),
+            "segments": [{"module": s.module, "first": s.first, "last": s.last} for s in self.segments],
         }
 
     @classmethod
@@ -83,42 +104,14 @@ class Plan:
                 SequentialSegments(module=str(item["module"]), segments=int(item["segments"]))
                 for item in plan.get("sequential", ())
             )
+            selective = tuple((str(item["module"]), str(item["policy"])) for item in plan.get("selective", ()))
+            segments = tuple(
+                Segment(module=str(item["module"]), first=int(item["first"]), last=int(item["last"]))
+                for item in plan.get("segments", ())
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"the plan is malformed: {exc}", "pass report.plan or a JSON report's 'plan' object") from exc
-        return cls(checkpoint=checkpoint, sequential=sequential)
-
-
-@dataclass(frozen=True)
-class _Gap:
-    end: int
-    """Freed after this event..."""
-    backward_start: int
-    """...until this one."""
-    freed: int
-    kept_inputs: int
-    """What checkpoint holds over the gap instead: the call's inputs, and the generator's state on the CPU."""
-    rerun_overhead: int
-    reruns: bool = True
-    """False for a call backward never reaches: checkpoint frees its saved storages and nothing reruns."""
-
-
-@dataclass(frozen=True)
-class Option:
-    """One choice: checkpoint a module, or run a Sequential in N segments."""
-
-    path: str
-    segments: int | None
-    """None for checkpoint(module); N for checkpoint_sequential."""
-    flops: int
-    """Forward FLOPs rerun in backward."""
-    gaps: tuple[_Gap, ...]
-    seconds: float = 0.0
-    """The roofline time of what reruns in backward, on the target."""
-
-    def conflicts_with(self, other: Option) -> bool:
-        """Two options on one module, or on a module and one inside it, do not go together."""
-        a, b = self.path, other.path
-        return a == b or a == "" or b == "" or a.startswith(b + ".") or b.startswith(a + ".")
+        return cls(checkpoint=checkpoint, sequential=sequential, selective=selective, segments=segments)
 
 
 def _paths_order(trace: Trace) -> dict[str, int]:
@@ -128,26 +121,20 @@ def _paths_order(trace: Trace) -> dict[str, int]:
 class Planner:
     """Estimates plan peaks from a baseline trace and searches for the cheapest plan under a target."""
 
-    def __init__(self, trace: Trace, excluded: Iterable[str] = ()) -> None:
-        """`excluded`: module paths that cannot be checkpointed; no option names one."""
-        import numpy as np
-
+    def __init__(self, trace: Trace, excluded: Iterable[str] = (), *, segments: bool = True) -> None:
+        """`excluded`: module paths that cannot be checkpointed; no option names one. `segments` False offers
+        no run of children on its own (plans/segments.py), only modules and `checkpoint_sequential`'s splits."""
         self.trace = trace
         self.excluded = frozenset(excluded)
+        self.with_segments = segments
+        self.containers: dict[str, Container] = {}
         self.curve = live_curve(trace)
         self.baseline_peak = int(self.curve.max()) if len(self.curve) else 0
-        storages = trace.storages
-        self._born = np.fromiter((s.born for s in storages), dtype=np.int64, count=len(storages))
-        freeable = np.fromiter(
-            (s.nbytes if s.saved and s.kind is StorageKind.STEP else 0 for s in storages),
-            dtype=np.int64, count=len(storages),
-        )
-        self._freeable_prefix = np.concatenate(([0], np.cumsum(freeable)))
-        self._freeable = freeable
-        self._inside = subtree_calls(trace)
+        self._effects = Effects(trace, self.curve)
+        self._inside = self._effects.inside
         self.options = self._options()
         self._build_matrix()
-        self._lowest: list[int] | None = None
+        self._lowest: dict[bool, list[int]] = {}
 
     # options ----------------------------------------------------------------
     def _options(self) -> list[Option]:
@@ -163,115 +150,20 @@ class Planner:
                 continue
             # A call run under no_grad (as recurrent models run most of their cycles) saves nothing and
             # is not rerun: checkpoint changes nothing there.
-            reached = [(call, gap) for call in calls for gap in self._gaps(call, call)]
+            reached = [(call, gap) for call in calls for gap in self._effects.gaps(call, call)]
             # Checkpointing the whole model frees nothing before its backward begins.
             if info.path and any(gap.freed > gap.kept_inputs for _, gap in reached):
                 rerun = [trace.calls[i] for call, gap in reached if gap.reruns for i in self._inside[call.id]]
                 options.append(Option(info.path, None, sum(c.flops for c in rerun), tuple(gap for _, gap in reached),
                                       sum(c.seconds for c in rerun)))
-            if info.sequential_children and len(info.sequential_children) >= 2:
-                options.extend(self._sequential_options(info.path, info.sequential_children, calls))
+        in_place = frozenset(c.path for c in trace.calls if c.mutates_inputs)
+        for container in containers(trace, self.excluded):
+            self.containers[container.path] = container
+            effects = self._effects
+            options.extend(equal_split_options(container, self.excluded, in_place, effects.gaps, effects.rerun_calls))
+            if self.with_segments:
+                options.extend(span_options(container, self.excluded, in_place, effects.gaps, effects.rerun_calls))
         return options
-
-    def _sequential_options(self, path: str, children: Sequence[str], calls: list[ModuleCall]) -> list[Option]:
-        trace = self.trace
-        if any(child in self.excluded for child in children):
-            return []  # a segment reruns its children
-        runs: list[list[ModuleCall]] = []
-        for call in calls:
-            inner = [c for c in trace.calls if c.parent == call.id and not c.recompute]
-            if [c.path for c in inner] != list(children):
-                return []  # not a plain Sequential run (children skipped, repeated or reordered)
-            runs.append(inner)
-        options: list[Option] = []
-        count = len(children)
-        for segments in range(2, count + 1):
-            size = count // segments
-            gaps: list[_Gap] = []
-            rerun: list[ModuleCall] = []
-            for run in runs:
-                for first in range(0, size * (segments - 1), size):
-                    chunk = run[first : first + size]
-                    found = self._gaps(chunk[0], chunk[-1])  # none for a run under no_grad
-                    gaps.extend(found)
-                    if any(gap.reruns for gap in found):
-                        rerun.extend(trace.calls[i] for c in chunk for i in self._inside[c.id])
-            if any(g.freed > g.kept_inputs for g in gaps):
-                options.append(Option(path, segments, sum(c.flops for c in rerun), tuple(gaps),
-                                      sum(c.seconds for c in rerun)))
-        return options
-
-    def _gaps(self, first: ModuleCall, last: ModuleCall) -> tuple[_Gap, ...]:
-        """The effect of checkpointing the calls from `first` to `last` (one call, or a segment)."""
-        import numpy as np
-
-        trace = self.trace
-        starts = [trace.calls[i].backward_start for c in self._span(first, last) for i in self._inside[c.id]]
-        known = [s for s in starts if s is not None]
-        if not known:
-            return self._unreached_gaps(first, last)
-        backward_start = min(known)
-        start, end = first.start, last.end
-        low = int(np.searchsorted(self._born, start, side="right"))
-        high = int(np.searchsorted(self._born, end, side="right"))
-        freed = int(self._freeable_prefix[high] - self._freeable_prefix[low])
-        outputs = last.output_storages
-        freed -= sum(int(self._freeable[i]) for i in outputs if low <= i < high)
-        kept_inputs = sum(
-            trace.storages[i].nbytes
-            for i in first.input_storages
-            if trace.storages[i].kind is StorageKind.STEP
-            and trace.storages[i].died is not None
-            and (trace.storages[i].died or 0) <= backward_start
-        )
-        growth = int(self.curve[start : end + 1].max() - self.curve[start]) if end >= start else 0
-        # checkpoint keeps the generator's state from forward to the rerun, whose fork takes one more.
-        rng = trace.rng_state_bytes
-        return (_Gap(end, backward_start, max(freed, 0), kept_inputs + rng, max(growth - max(freed, 0), 0) + rng),)
-
-    def _unreached_gaps(self, first: ModuleCall, last: ModuleCall) -> tuple[_Gap, ...]:
-        """The effect of checkpointing calls that backward never reaches, though autograd saved for them.
-
-        Their graph lives while something holds their output: an encoder's output
-        returned beside the loss that does not depend on it (an encoder-decoder whose
-        decoder has no cross-attention) keeps everything its graph saved until the
-        output is dropped, over the end of forward, where the peak often is.
-        Checkpointed, the call saves placeholders instead, and backward never asks
-        for a rerun. One gap per moment such storages die, each freeing those.
-        Under no_grad nothing is saved and there is nothing to free.
-        """
-        trace = self.trace
-        storages = trace.storages
-        outputs = set(last.output_storages)
-        dies: dict[int, int] = {}
-        for c in self._span(first, last):
-            for call in self._inside[c.id]:
-                for i in trace.calls[call].saved_storages:
-                    died = storages[i].died or trace.events
-                    if storages[i].kind is StorageKind.STEP and i not in outputs and died > last.end:
-                        dies[i] = died
-        if not dies:
-            return ()
-        until = max(dies.values())
-        # checkpoint holds the inputs until the graph (the last of these storages) goes.
-        kept_inputs = sum(
-            storages[i].nbytes
-            for i in first.input_storages
-            if storages[i].kind is StorageKind.STEP and (storages[i].died or trace.events + 1) <= until
-        )
-        freed: dict[int, int] = {}
-        for i, died in dies.items():
-            freed[died] = freed.get(died, 0) + storages[i].nbytes
-        kept_inputs += trace.rng_state_bytes  # the generator's state, kept with the inputs
-        return tuple(
-            _Gap(last.end, died, nbytes, kept_inputs if died == until else 0, 0, reruns=False)
-            for died, nbytes in sorted(freed.items())
-        )
-
-    def _span(self, first: ModuleCall, last: ModuleCall) -> list[ModuleCall]:
-        if first.id == last.id:
-            return [first]
-        return [c for c in self.trace.calls if c.parent == first.parent and first.id <= c.id <= last.id]
 
     # the estimate -------------------------------------------------------------
     def _build_matrix(self) -> None:
@@ -281,22 +173,29 @@ class Planner:
         cuts = {0}
         for option in self.options:
             for gap in option.gaps:
-                cuts.update(point + 1 for point in (gap.end, gap.backward_start) if point + 1 <= events)
-        # Interval j holds events starts[j] .. starts[j+1]-1; a gap (end, backward_start] is whole intervals.
+                cuts.update(point for point in (gap.end + 1, gap.backward_start, gap.backward_start + 1,
+                                                (gap.released or 0) + 1) if point <= events)
+        # Interval j holds events starts[j] .. starts[j+1]-1; a gap (end, backward_start] is whole intervals, and
+        # the rerun's overhead is the gap's last event alone: backward_start is the last event before the call's
+        # first backward op, whose unpacking of a saved tensor starts the rerun, and the rerun frees its
+        # temporaries before that op goes on. Added over the interval after it, the overhead met the next ops'
+        # gradients: a Sequential MLP's first three children checkpointed, 6.50 MB estimated, 5.72 MB measured.
         starts = np.array(sorted(cuts), dtype=np.int64)
         self._interval_max = np.maximum.reduceat(self.curve, starts) if len(self.curve) else np.zeros(1, np.int64)
         width = len(starts)
 
         def interval(event: int) -> int:
-            return int(np.searchsorted(starts, event)) if event <= events else width
+            return int(np.searchsorted(starts, event, side="right")) - 1 if event <= events else width
 
         self._rows = np.zeros((len(self.options), width), dtype=np.int64)
         for row, option in enumerate(self.options):
             for gap in option.gaps:
                 first, last = interval(gap.end + 1), interval(gap.backward_start + 1)
                 self._rows[row, first:last] -= gap.freed - gap.kept_inputs
-                if last < width:
-                    self._rows[row, last] += gap.rerun_overhead
+                if gap.backward_start <= events:
+                    self._rows[row, interval(gap.backward_start)] += gap.rerun_overhead
+                if gap.released is not None and gap.released > gap.backward_start:
+                    self._rows[row, last:interval(gap.released + 1)] += gap.kept_after
         self._costs = np.array([o.seconds for o in self.options], dtype=np.float64)
         self._conflicts = conflict_matrix(self.options)
         self._conflicting: list[list[bool]] = self._conflicts.tolist()  # the greedy search reads one pair at a time
@@ -334,14 +233,36 @@ class Planner:
         pruned = [self._prune(candidate, target) for candidate in candidates]
         return min(pruned, key=lambda rows: (sum(self._costs[r] for r in rows), len(rows), sorted(rows)))
 
-    def lowest(self) -> list[int]:
+    def lowest(self, segments: bool = True) -> list[int]:
         """The options of the lowest estimated peak this planner reaches (a beam search: plans/lowest.py), from
-        the empty plan and, apart, from the covers. Searched once: a search asks for it again each round."""
-        if self._lowest is None:
-            rows, peak = lowest_options(self._interval_max, self._rows, self._costs, self._conflicts,
-                                        seeds=self.covers())
-            self._lowest = self._prune(rows, peak)
-        return list(self._lowest)
+        the empty plan and, apart, from the covers; with `segments` False, among the options that are no run of
+        children on its own (plans/segments.py). Searched once: a search asks for it again each round."""
+        import numpy as np
+
+        if segments not in self._lowest:
+            rows = [r for r, o in enumerate(self.options) if segments or o.span is None]
+            seeds = self.covers() + (self._splits_as_runs() if segments else [])
+            found, _ = lowest_options(self._interval_max, self._rows[rows], self._costs[rows],
+                                      self._conflicts[np.ix_(rows, rows)],
+                                      seeds=[[rows.index(r) for r in seed] for seed in seeds])
+            self._lowest[segments] = pruned(self._interval_max, self._rows, self._costs, [rows[r] for r in found])
+        return list(self._lowest[segments])
+
+    def _splits_as_runs(self) -> list[list[int]]:
+        """Each `checkpoint_sequential` split as its runs, one option each, for the beam to move one boundary at a
+        time: from the split whole, moving a boundary is two moves, the first of which raises the peak (the
+        issue's CNN: 4 equal segments, 101.5 MB estimated and measured; children 0-10 and 11-13, 97.3 MB)."""
+        spans = {(o.path, o.span): row for row, o in enumerate(self.options) if o.span is not None}
+        seeds = []
+        for option in self.options:
+            if option.segments is None:
+                continue
+            size = len(self.containers[option.path].children) // option.segments
+            runs = [spans.get((option.path, (first, first + size - 1)))
+                    for first in range(0, size * (option.segments - 1), size)]
+            if all(row is not None for row in runs):
+                seeds.append([row for row in runs if row is not None])
+        return seeds
 
     def covers(self, budget: int | None = None) -> list[list[int]]:
         """Plans that checkpoint every module of one level: the shallowest modules, and the deepest.
@@ -353,7 +274,7 @@ class Planner:
         for all eight, tests/activations/plans/test_plan.py). These plans are traced too before a budget is called
         unreachable, less, with `budget`, those estimated at over COVER_SKIP times it: every figure compared
         with a budget is at least the live peak, and no estimate has run that far over it."""
-        singles = [row for row, option in enumerate(self.options) if option.segments is None]
+        singles = [row for row, option in enumerate(self.options) if option.segments is None and option.span is None]
         found: list[list[int]] = []
         for deepest_first in (False, True):
             ordered = sorted(singles, key=lambda row: self.options[row].path.count("."), reverse=deepest_first)
@@ -433,10 +354,24 @@ class Planner:
     def plan_of(self, chosen: Iterable[int]) -> Plan:
         """The Plan for these options, paths in the model's definition order."""
         order = _paths_order(self.trace)
-        options = sorted((self.options[row] for row in chosen), key=lambda o: order.get(o.path, 0))
+        options = sorted((self.options[row] for row in chosen), key=lambda o: (order.get(o.path, 0), o.span or (0, 0)))
+        sequential = [SequentialSegments(o.path, o.segments) for o in options if o.segments is not None]
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for option in options:
+            if option.span is not None:
+                spans.setdefault(option.path, []).append(option.span)
+        segments: list[Segment] = []
+        for path, runs in spans.items():
+            container = self.containers[path]
+            split = equal_split(len(container.children), runs) if container.called else None
+            if split is not None:  # the same plan, applied by checkpoint_sequential's split
+                sequential.append(SequentialSegments(path, split))
+            else:
+                segments.extend(Segment(path, first, last) for first, last in runs)
         return Plan(
-            checkpoint=tuple(o.path for o in options if o.segments is None),
-            sequential=tuple(SequentialSegments(o.path, o.segments) for o in options if o.segments is not None),
+            checkpoint=tuple(o.path for o in options if o.segments is None and o.span is None),
+            sequential=tuple(sorted(sequential, key=lambda s: order.get(s.module, 0))),
+            segments=tuple(segments),
         )
 
     def recompute_flops(self, chosen: Iterable[int]) -> int:

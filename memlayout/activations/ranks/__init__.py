@@ -29,8 +29,12 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from memlayout.activations.analysis import LIVE_MODULE, analyze
+from memlayout.activations.device.expandable_segments import allocator_config
+from memlayout.activations.device.gpus import requested_gpu
 from memlayout.activations.model.build import build_model
+from memlayout.activations.model.compiled import eager_model
 from memlayout.activations.model.target import classify
+from memlayout.activations.ranks.card import on_card, ranks_card
 from memlayout.activations.ranks.ddp_step import trace_ddp_rank
 from memlayout.activations.ranks.facts import RankLayout, RankPeak, RanksReport
 from memlayout.activations.ranks.layouts import rank_layouts, rank_ranges, traced_layouts
@@ -42,7 +46,9 @@ from memlayout.activations.request.python_call import call_request
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.request.vocabulary import Pipeline
 from memlayout.activations.step.generate import generation_of
+from memlayout.activations.step.recipe import recipe_of, recipe_words
 from memlayout.activations.step.run import LOSS_NONE, Autocast
+from memlayout.activations.trace.world import device_for_gpu
 
 # ----------------------------------------------------------------------------------------------
 # The report
@@ -55,7 +61,9 @@ def _target_builder(request: StepRequest, chosen_by: dict[str, str]) -> tuple[Ca
     target = request.target
     if isinstance(target, torch.nn.Module):
         chosen_by["class"] = LIVE_MODULE
-        return (lambda: meta_copy(target)), None, "module"
+        if not request.eager:
+            eager_model(target, eager=False)  # a compiled model is refused before anything is copied
+        return (lambda: eager_model(meta_copy(target), request.eager)), None, "module"
     kind = classify(str(target)).kind
 
     def build() -> Any:
@@ -63,7 +71,7 @@ def _target_builder(request: StepRequest, chosen_by: dict[str, str]) -> tuple[Ca
         built = build_model(request.model_target, context=lambda: torch.device("meta"), world="meta", device="meta",
                             adopt=meta_copy)
         chosen_by["class"] = built.class_chosen_by
-        return built.model
+        return eager_model(built.model, request.eager)
 
     return build, str(target), kind
 
@@ -104,6 +112,9 @@ def analyze_ranks(target: Any, inputs: Any = None, *, kwargs: Mapping[str, Any] 
 
 def predict_ranks(request: StepRequest) -> RanksReport:
     """Each rank of the request's `world_size` (see `analyze_ranks`)."""
+    gpu = requested_gpu(request.gpu, request.gpu_memory)
+    if gpu is not None:  # `gpu` (or `gpu_memory`) traces for CUDA, as one device's step does
+        request = replace(request, device=device_for_gpu(request.device, "fake", gpu))
     chosen_by: dict[str, str] = {}
     build, target_text, kind = _target_builder(request, chosen_by)
     model = build()
@@ -144,13 +155,14 @@ def _analyze_fsdp(request: StepRequest, build: Callable[[], Any], model: Any, re
         device=request.device, loss=measured.described["loss"], optimizer=request.step_optimizer, sharding=resolved,
         ranks=peaks, layouts=len(layouts), notes=tuple(notes), autocast=request.autocast, dtype=request.dtype,
         optimizer_state_dtype=measured.described["state_dtype"], class_chosen_by=target.chosen_by["class"],
+        card=measured.card, recipe=recipe_words(request),
     )
     if request.budget is None:
         return report
     # Plans are searched on the largest rank alone (rank 0 holds the largest shards, and the
     # ranks' steps differ only by their shards); the plan found is then traced on every layout.
     plan = plan_ranks(
-        report, _budget_bytes(request), measure=lambda s: measured(s, traced[:1]),
+        report, ranks_budget_bytes(request), measure=lambda s: measured(s, traced[:1]),
         single_device=lambda: _single_device(request), model=build(), allow_offload=request.allow_offload,
     )
     if len(traced) > 1 and not plan.empty:
@@ -167,6 +179,9 @@ class _FsdpRanks:
         self.optimizer, self.device = request.step_optimizer, request.device
         self.autocast = Autocast("cuda" if request.device.startswith("cuda") else "cpu", request.autocast) \
             if request.autocast is not None else None
+        self.recipe = recipe_of(request)
+        self.card = ranks_card(request)
+        self.allocator = allocator_config() if self.card is not None else None
         self.described: dict[str, Any] = {}
         self.warned: dict[str, None] = {}
 
@@ -174,23 +189,32 @@ class _FsdpRanks:
         peaks = []
         for layout in which:
             traced = trace_rank(self.build, sharding, layout.ranks[0], rank_ranges(layout.ranks), self.inputs,
-                                optimizer=self.optimizer, device=self.device, autocast=self.autocast)
+                                optimizer=self.optimizer, device=self.device, autocast=self.autocast,
+                                allocator=self.allocator, recipe=self.recipe,
+                                gpu=self.card.gpu if self.card is not None else None)
             self.described["inputs"], self.described["loss"] = traced.inputs, traced.loss
             self.described["state_dtype"] = traced.optimizer_state_dtype
             self.warned.update(dict.fromkeys(traced.warnings))
-            peaks.append(traced.peak)
+            peaks.append(on_card(traced.peak, self.card))
         return tuple(peaks)
 
 
-def _budget_bytes(request: StepRequest) -> int:
-    assert request.budget is not None and request.budget.bytes is not None  # request/rules.py: a size, for ranks
-    return request.budget.bytes
+def ranks_budget_bytes(request: StepRequest) -> int:
+    """Bytes per rank: the budget's size, or its share of the card's memory (request/rules.py: only with `gpu`)."""
+    assert request.budget is not None
+    if request.budget.bytes is not None:
+        return request.budget.bytes
+    card = ranks_card(request)
+    assert card is not None and request.budget.fraction is not None
+    return int(card.gpu.total_memory * request.budget.fraction)
 
 
 def _single_device(request: StepRequest) -> Any:
     """The same step on one device, unsharded: what the plan's first candidates are read off."""
     settings = {name: getattr(request, name) for name in ("optimizer", "device", "trust", "main_module", "autocast",
-                                                           "dtype", "model_class")}
+                                                           "dtype", "model_class", "optimizer_impl", "clip_grad_norm",
+                                                           "clip_grad_impl", "selective_ac", "ac_modules", "gpu",
+                                                           "gpu_memory")}
     return analyze(request.target, request.step_inputs, kwargs=request.kwargs, **settings)
 
 
@@ -221,7 +245,7 @@ def _analyze_ddp(request: StepRequest, sharding: Sharding, model: Any) -> RanksR
     if request.budget is None:
         return report
     plan = plan_ranks(
-        report, _budget_bytes(request), measure=lambda with_sharding: (trace_ddp_rank(request, with_sharding).peak,),
+        report, ranks_budget_bytes(request), measure=lambda with_sharding: (trace_ddp_rank(request, with_sharding).peak,),
         single_device=lambda: _single_device(request), model=model, allow_offload=False,
     )
     return replace(report, plan=plan)

@@ -151,7 +151,8 @@ def ddp_code(world_size: int, options: DdpOptions, model_dtype: str | None, chec
         checkpoint_imports: The imports the checkpoint lines need.
         checkpoint_lines: Lines, inside `wrap`, that checkpoint modules before the model is wrapped.
     """
-    lines = [*(["import functools", ""] if checkpoint_lines else []), *(["import torch"] if model_dtype else []),
+    uses_torch = model_dtype or any("torch.ops." in line for line in checkpoint_imports)  # an op-level policy's ops
+    lines = [*(["import functools", ""] if checkpoint_lines else []), *(["import torch"] if uses_torch else []),
              "from torch.nn.parallel import DistributedDataParallel", *checkpoint_imports, "", "",
              "def wrap(model):",
              f'    """Wrap `model` in DistributedDataParallel over {world_size} ranks; call it on every rank and train '

@@ -61,7 +61,8 @@ def trace_ddp_rank(request: StepRequest, sharding: Sharding) -> DdpTrace:
         # The optimizer's state comes from the first untraced step below, which has to run backward for DDP.
         step, notes, target_text, kind, chosen_by = prepare_step(request, mode="fake", optimizer="none")
         with step.context():
-            step.optimizer = build_optimizer(step.model, request.step_optimizer, device=step.device)
+            step.optimizer = build_optimizer(step.model, request.step_optimizer, device=step.device,
+                                             implementation=step.recipe.optimizer_impl)
         model_class = type(step.model).__name__
         recorder = BucketRecorder()
         try:

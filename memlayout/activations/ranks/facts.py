@@ -9,9 +9,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from memlayout.activations.device.cuda_runtime import CudaRuntime
+from memlayout.activations.device.gpus import GpuSpec
 from memlayout.activations.ranks.ddp import DdpLayout
 from memlayout.activations.ranks.parallel import Sharding
 from memlayout.activations.summary import PeakAt, Summary
+
+
+@dataclass(frozen=True)
+class RankReserved:
+    """What the CUDA caching allocator's model reads for one rank's steps (ranks/allocations.py)."""
+
+    allocated_bytes: int
+    """`torch.cuda.max_memory_allocated()`: the peak of the allocated blocks."""
+    reserved_bytes: int
+    """`torch.cuda.max_memory_reserved()`: the peak of the segments, every stream's pool together."""
+    reserved_by_stream: tuple[tuple[str, int], ...]
+    """(stream, bytes of its segments) at the reserved peak: what each of FSDP2's streams' pools held."""
+    events: int
+    """Allocations and frees of one step, replayed."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,16 @@ class RankPeak:
     """The accounting's own categories at the peak, as it names them: FSDPMemTracker's under FSDP2, memlayout's
     trace's (summary.Summary.at_peak) under DDP."""
     forward_flops: int
+    reserved: RankReserved | None = None
+    """The caching allocator's model fed by this rank's own allocations, on CUDA; None on the CPU."""
+    compared_bytes: int | None = None
+    """On CUDA: the reserved peak plus what the CUDA runtime holds beside the step (context, cuBLAS, workspaces;
+    device/cuda_runtime.py): what must fit the card, and what a budget is compared with. None on the CPU."""
+
+    @property
+    def judged_bytes(self) -> int:
+        """What a budget is compared with: `compared_bytes` on CUDA, the peak of live tensors on the CPU."""
+        return self.peak_bytes if self.compared_bytes is None else self.compared_bytes
 
     @classmethod
     def of_trace(cls, summary: Summary, world_size: int, shard_bytes: int, peak_at: PeakAt) -> RankPeak:
@@ -67,6 +93,18 @@ class RankPeak:
             tracker=dict(at),
             forward_flops=summary.forward_flops,
         )
+
+
+@dataclass(frozen=True)
+class RanksCard:
+    """The GPU ranks are traced for, and what the CUDA runtime holds beside each rank's step on it."""
+
+    gpu: GpuSpec
+    runtime: CudaRuntime
+    expandable_segments: bool
+    """Whether the allocator was modelled with `expandable_segments:True` (PYTORCH_CUDA_ALLOC_CONF)."""
+    unmodelled: tuple[str, ...] = ()
+    """PYTORCH_CUDA_ALLOC_CONF settings the allocator's model does not follow."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +143,11 @@ class RanksPlan:
         return max(r.peak_bytes for r in self.ranks)
 
     @property
+    def judged_bytes(self) -> int:
+        """The largest rank's figure the budget was compared with (`RankPeak.judged_bytes`)."""
+        return max(r.judged_bytes for r in self.ranks)
+
+    @property
     def empty(self) -> bool:
         return not (self.resharded or self.offload or self.sharding.checkpoint or self.sharding.sequential)
 
@@ -141,10 +184,14 @@ class RanksReport:
     """Under DDP, the Reducer's gradient buckets the traced step reduced, in their order; None under FSDP2."""
     step: str = "train"
     """train, or inference for tensor-parallel serving (`sharding.serving`)."""
+    card: RanksCard | None = None
+    """On CUDA: the GPU the ranks were traced for and what each rank's figures are compared with there."""
+    recipe: tuple[str, ...] = ()
+    """The training recipe's choices, in words (optimizer implementation, clipping, checkpointing)."""
 
     @property
     def largest(self) -> RankPeak:
-        return max(self.ranks, key=lambda r: (r.peak_bytes, -r.rank))
+        return max(self.ranks, key=lambda r: (r.judged_bytes, r.peak_bytes, -r.rank))
 
     @property
     def summary(self) -> Summary:
@@ -152,7 +199,8 @@ class RanksReport:
         r = self.largest
         return Summary(
             peak_bytes=r.peak_bytes,
-            allocator_peak_bytes=None,
+            allocator_peak_bytes=r.reserved.allocated_bytes if r.reserved is not None else None,
+            reserved_peak_bytes=r.reserved.reserved_bytes if r.reserved is not None else None,
             activation_bytes=r.activation_bytes,
             parameter_bytes=r.parameter_bytes,
             buffer_bytes=r.buffer_bytes,

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from fnmatch import fnmatchcase
 from typing import Any
 
+from memlayout.activations.model.module_patterns import main_blocks, modules_of
+from memlayout.activations.ranks.checkpoint_code import checkpointing
 from memlayout.activations.ranks.ddp import DdpOptions, ddp_code
+from memlayout.activations.ranks.module_choice import reshard_after_forward
 from memlayout.activations.ranks.module_lists import python_list
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.request.vocabulary import PRECISIONS
@@ -72,6 +74,12 @@ class ShardingOptions:
     """`--ddp`: DistributedDataParallel instead of FSDP2 (then `fsdp` is False): every rank holds the whole model."""
     serving: str | None = None
     """`--step inference` or `generate`: the ranks serve, one tensor-parallel group, no FSDP2 or DDP; None: training."""
+    reshard_entries: tuple[str, ...] = ()
+    """`--reshard-after-forward`: presets and PATTERN=BOOL entries over `reshard_after_forward` (module_choice.py)."""
+    ac_modules: tuple[str, ...] = ()
+    """Modules to checkpoint (patterns); empty with `selective_ac`: the main blocks."""
+    selective_ac: str | None = None
+    """The op-level policy of the checkpointed modules (plans/op_policies.py); None: every op recomputed."""
 
     @property
     def data_parallel(self) -> int:
@@ -86,7 +94,8 @@ def sharding_options(request: StepRequest) -> ShardingOptions:
         reshard_after_forward=not request.no_reshard_after_forward, param_dtype=_torch_name(request.param_dtype),
         reduce_dtype=_torch_name(request.reduce_dtype), tp=request.tp, model_dtype=_torch_name(request.dtype),
         ddp=DdpOptions(request.bucket_cap_mb, request.gradient_as_bucket_view) if request.ddp else None,
-        serving=request.step if request.serving else None,
+        serving=request.step if request.serving else None, reshard_entries=request.reshard_after_forward,
+        ac_modules=request.ac_modules, selective_ac=request.selective_ac,
     )
 
 
@@ -124,6 +133,8 @@ class Sharding:
     """Modules whose forward runs under `torch.utils.checkpoint` (use_reentrant=False)."""
     sequential: tuple[tuple[str, int], ...] = ()
     """nn.Sequential modules run through `checkpoint_sequential` with this many segments."""
+    selective: tuple[tuple[str, str], ...] = ()
+    """(module, policy): op-level checkpointing (`selective_ac`, plans/op_policies.py) of each module."""
     hf_cache: bool = False
     """The model is a Hugging Face model with `config.use_cache`, which checkpointing turns off."""
     ddp: DdpOptions | None = None
@@ -150,30 +161,6 @@ class Sharding:
         return _code(self)
 
 
-def _segment_match(pattern: str, path: str) -> bool:
-    """A dotted-path glob where `*` stands for one name: `model.layers.*` matches the blocks, not inside them."""
-    parts, names = pattern.split("."), path.split(".")
-    return len(parts) == len(names) and all(fnmatchcase(n, p) for p, n in zip(parts, names, strict=True))
-
-
-def main_blocks(model: Any) -> tuple[str, ...]:
-    """The children of the nn.ModuleList that holds the most parameters (a transformer's layers)."""
-    import torch
-
-    best: tuple[int, str] | None = None
-    for path, module in model.named_modules():
-        if not isinstance(module, torch.nn.ModuleList) or not len(module):
-            continue
-        count = sum(p.numel() for p in module.parameters())
-        if count and (best is None or count > best[0]):
-            best = (count, path)
-    if best is None:
-        return ()
-    path = best[1]
-    module = model.get_submodule(path)
-    return tuple(f"{path}.{name}" if path else name for name, _ in module.named_children())
-
-
 def fsdp_targets(model: Any, patterns: Sequence[str]) -> tuple[str, ...]:
     """The modules to `fully_shard` before the root, in definition order.
 
@@ -182,18 +169,7 @@ def fsdp_targets(model: Any, patterns: Sequence[str]) -> tuple[str, ...]:
     """
     if not patterns:
         return main_blocks(model)
-    found: dict[str, None] = {}
-    for pattern in patterns:
-        matched = [
-            path for path, module in model.named_modules()
-            if path and (_segment_match(pattern, path) or type(module).__name__ == pattern)
-        ]
-        if not matched:
-            raise UsageError(
-                f"`fsdp_modules` {pattern!r} matches no module of {type(model).__name__}",
-                "give a dotted path where * stands for one name (model.layers.*) or a class name (LlamaDecoderLayer)",
-            )
-        found.update(dict.fromkeys(matched))
+    found = modules_of(model, patterns, "fsdp_modules")
     order = {path: index for index, (path, _) in enumerate(model.named_modules())}
     # fully_shard wraps inner modules first: a module inside another is wrapped before it.
     return tuple(sorted(found, key=lambda p: (-p.count("."), order[p])))
@@ -283,9 +259,10 @@ def resolve_sharding(model: Any, options: ShardingOptions) -> Sharding:
         return Sharding(world_size=options.world_size, tp=options.tp, wrapped=(), reshard_after_forward=(),
                         model_dtype=options.model_dtype, tp_plan=serving_plan, hf_cache=hf_cache, serving=True,
                         blocks=main_blocks(model), notes=tuple(left_whole[:3]))
+    checkpointed = _checkpointed(model, options)
     if options.ddp is not None:
         return Sharding(world_size=options.world_size, tp=1, wrapped=(), reshard_after_forward=(),
-                        model_dtype=options.model_dtype, hf_cache=hf_cache, ddp=options.ddp)
+                        model_dtype=options.model_dtype, hf_cache=hf_cache, ddp=options.ddp, **checkpointed)
     blocks = fsdp_targets(model, options.fsdp_modules)
     notes: list[str] = []
     if not blocks:
@@ -302,14 +279,26 @@ def resolve_sharding(model: Any, options: ShardingOptions) -> Sharding:
         world_size=options.world_size,
         tp=options.tp,
         wrapped=wrapped,
-        reshard_after_forward=tuple(options.reshard_after_forward for _ in wrapped),
+        reshard_after_forward=reshard_after_forward(model, wrapped, options.reshard_after_forward,
+                                                    options.reshard_entries),
         param_dtype=options.param_dtype,
         reduce_dtype=options.reduce_dtype,
         model_dtype=options.model_dtype,
         tp_plan=tp_plan,
         hf_cache=hf_cache,
         notes=tuple(notes),
+        **checkpointed,
     )
+
+
+def _checkpointed(model: Any, options: ShardingOptions) -> dict[str, Any]:
+    """The modules the user checkpoints (`ac_modules`), whole or by `selective_ac`'s op-level policy."""
+    if not options.ac_modules and options.selective_ac is None:
+        return {}
+    paths = modules_of(model, options.ac_modules, "ac_modules") if options.ac_modules else main_blocks(model)
+    if options.selective_ac is None:
+        return {"checkpoint": paths}
+    return {"selective": tuple((path, options.selective_ac) for path in paths)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -350,25 +339,6 @@ def _tensor_parallel_lines(sharding: Sharding) -> list[str]:
     return lines
 
 
-def _checkpointing(sharding: Sharding) -> tuple[list[str], list[str]]:
-    """The imports, and the lines inside the function, that checkpoint the plan's modules."""
-    imports = [f"from torch.utils.checkpoint import {name}" for name, used in
-               (("checkpoint", sharding.checkpoint), ("checkpoint_sequential", sharding.sequential)) if used]
-    lines = []
-    if sharding.checkpoint or sharding.sequential:
-        lines.append("    # Activation checkpointing: these forwards rerun in backward instead of keeping activations.")
-    if sharding.checkpoint:
-        lines.append(f"    for path in {python_list(sharding.checkpoint, '    ')}:")
-        lines.append("        module = model.get_submodule(path)")
-        lines.append("        module.forward = functools.partial(checkpoint, module.forward, use_reentrant=False)")
-    for path, segments in sharding.sequential:
-        lines.append(f"    module = model.get_submodule({path!r})")
-        lines.append(f"    module.forward = functools.partial(checkpoint_sequential, module, {segments}, use_reentrant=False)")
-    if (sharding.checkpoint or sharding.sequential) and sharding.hf_cache:
-        lines.append("    model.config.use_cache = False  # a key/value cache would be filled again by each rerun")
-    return imports, lines
-
-
 def _serving_code(sharding: Sharding) -> str:
     """Tensor parallel alone, as a server lays a model out over one group of ranks."""
     lines = ["import torch", "from torch.distributed.device_mesh import init_device_mesh",
@@ -384,7 +354,7 @@ def _serving_code(sharding: Sharding) -> str:
 
 
 def _code(sharding: Sharding) -> str:
-    checkpoint_imports, checkpoint_lines = _checkpointing(sharding)
+    checkpoint_imports, checkpoint_lines = checkpointing(sharding)
     if sharding.serving:
         return _serving_code(sharding)
     if sharding.ddp is not None:

@@ -108,10 +108,11 @@ class RanksPlanSearch:
         self.model: Any = None
 
     def largest(self, sharding: Sharding) -> int:
-        """The largest rank's peak under `sharding`, traced once."""
+        """The largest rank's figure under `sharding`, traced once: on CUDA its reserved peak and the runtime beside
+        it, on the CPU its peak of live tensors (RankPeak.judged_bytes)."""
         if sharding not in self.measured:
             self.measured[sharding] = self.measure(sharding)
-        return max(r.peak_bytes for r in self.measured[sharding])
+        return max(r.judged_bytes for r in self.measured[sharding])
 
     def result(self, sharding: Sharding, estimate: int | None, flops: int = 0) -> RanksPlan:
         baseline = self.baseline
@@ -155,13 +156,17 @@ class RanksPlanSearch:
         self.single, self.model = single, model
         # Modules the single-device step shows cannot be checkpointed (they change state, or write into their inputs).
         self.excluded.update(exclusions(single.modules, single.trace, None))
-        self.planner = Planner(single.trace, self.excluded)
+        # A rank's plan is applied by the sharding code it prints (Sharding), which names modules and
+        # checkpoint_sequential's splits: runs of children on their own are left out.
+        self.planner = Planner(single.trace, self.excluded, segments=False)
 
     def _with_plan(self, on: Sharding, chosen: list[int]) -> Sharding:
         assert self.planner is not None
         plan = self.planner.plan_of(chosen)
+        # The modules the user checkpoints (`ac_modules`) stay checkpointed; the plan's are added.
         return on.with_changes(
-            checkpoint=plan.checkpoint, sequential=tuple((s.module, s.segments) for s in plan.sequential)
+            checkpoint=tuple(dict.fromkeys((*on.checkpoint, *plan.checkpoint))),
+            sequential=tuple((s.module, s.segments) for s in plan.sequential),
         )
 
     def checkpointed(self, on: Sharding) -> RanksPlan | None:

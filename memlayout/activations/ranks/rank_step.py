@@ -7,16 +7,23 @@ step's device (see ranks/__init__.py for why the order matters); torch's
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from memlayout import _torch
+from memlayout.activations.device.expandable_segments import AllocatorConfig
+from memlayout.activations.device.gpus import GpuSpec
+from memlayout.activations.ranks import cuda_devices
+from memlayout.activations.ranks.allocations import AllocationLog, recording_tracker
 from memlayout.activations.ranks.facts import RankPeak
 from memlayout.activations.ranks.parallel import Sharding, run_code
+from memlayout.activations.step import gpu_free_backward
 from memlayout.activations.step.optimizer import build_optimizer, state_dtype
+from memlayout.activations.step.recipe import Recipe
 from memlayout.activations.step.run import Autocast, pick_loss, run_step
 from memlayout.activations.summary import PeakAt
 from memlayout.activations.trace import tensor_parallel
@@ -173,19 +180,28 @@ def trace_rank(
     optimizer: str,
     device: str,
     autocast: Autocast | None = None,
+    allocator: AllocatorConfig | None = None,
+    recipe: Recipe | None = None,
+    gpu: GpuSpec | None = None,
 ) -> RankTrace:
-    """Trace one steady-state step of `rank` with `sharding` applied (forward and loss under `autocast`)."""
+    """Trace one steady-state step of `rank` with `sharding` applied (forward and loss under `autocast`); with
+    `allocator`, the caching allocator's model replays the rank's own allocations (ranks/allocations.py), with its
+    settings; on CUDA without a GPU, the step runs as on `gpu` (trace/fake_cuda.py; None: the default GPU)."""
     warned: list[str] = []
-    with fake_world(sharding.world_size, rank), _torch_quieted(warned):
-        step = sharded_step(build, sharding, step_inputs, device)
+    with fake_world(sharding.world_size, rank), _torch_quieted(warned), device_queries(device, rank):
+        step = sharded_step(build, sharding, step_inputs, device, gpu=gpu)
         step.autocast = autocast
+        step.recipe = recipe or Recipe()
+        log = AllocationLog(torch_device_type(device)) if allocator is not None else None
         try:
-            tracker, how, flops = _tracked_step(step, optimizer)
+            tracker, how, flops = _tracked_step(step, optimizer, log)
         except MemlayoutError:
             raise
         except Exception as exc:
             raise step_failed(exc, rank, sharding) from exc
         peak = _rank_peak(tracker, step.model, rank, same_layout, flops, "optimizer" if step.optimizer else "loss")
+        if log is not None and allocator is not None:
+            peak = replace(peak, reserved=log.reserved(expandable=allocator.expandable_segments))
     return RankTrace(peak, step.descriptions, how, tuple(dict.fromkeys(warned)), state_dtype(step.optimizer))
 
 
@@ -217,14 +233,16 @@ def _ties(model: Any) -> list[list[tuple[Any, str]]]:
 
 
 def sharded_step(build: Callable[[], Any], sharding: Sharding, step_inputs: StepInputs, device: str, *,
-                 serving: bool = False) -> Any:
+                 serving: bool = False, gpu: GpuSpec | None = None) -> Any:
     """The model built on the meta device, sharded by the sharding's code, then made fake on `device`; its inputs.
     Training, the model is in train mode; `serving`, in eval mode under inference mode, as serving code runs it."""
     import torch
 
     model = build()
-    run_code(sharding.code(), model, torch.device(device).type)
-    step = StepWorld("fake", device)
+    step = StepWorld("fake", device, gpu)
+    cuda = torch.device(device).type == "cuda"
+    with cuda_devices.made_fake(step.fake_mode) if cuda else contextlib.nullcontext():
+        run_code(sharding.code(), model, torch.device(device).type)
     ties = _ties(model)
     with step.context():
         model.to_empty(device=device)
@@ -250,7 +268,19 @@ def sharded_step(build: Callable[[], Any], sharding: Sharding, step_inputs: Step
     return step
 
 
-def _tracked_step(step: Any, optimizer: str) -> tuple[Any, str, int]:
+def device_queries(device: str, rank: int) -> Any:
+    """On CUDA, the rank's device answers FSDP2's and DTensor's queries where no GPU is (cuda_devices.py)."""
+    from contextlib import nullcontext
+
+    return cuda_devices.answering(rank) if torch_device_type(device) == "cuda" else nullcontext()
+
+
+def torch_device_type(device: str) -> str:
+    """cuda for cuda:1, cpu for cpu."""
+    return device.partition(":")[0]
+
+
+def _tracked_step(step: Any, optimizer: str, log: AllocationLog | None = None) -> tuple[Any, str, int]:
     """A first step, untraced, then the steady-state step under FSDPMemTracker.
 
     The first step makes the optimizer's state, as in training (the step measured
@@ -262,22 +292,37 @@ def _tracked_step(step: Any, optimizer: str) -> tuple[Any, str, int]:
     from contextlib import nullcontext
 
     counter = _ForwardFlops()
-    with step.context(default_device=False):
-        step.optimizer = build_optimizer(step.model, optimizer, device=step.device)
+    # On fake CUDA without a GPU: attention as the target GPU runs it, and backward in memlayout's loop
+    # (trace/fake_cuda.py), which runs FSDP2's hooks as torch's engine does (step/gpu_free_backward.py).
+    with step.context(default_device=False), step.fake_cuda() if step.fake_cuda is not None else nullcontext():
+        step.optimizer = build_optimizer(step.model, optimizer, device=step.device,
+                                         implementation=step.recipe.optimizer_impl)
         with step.autocast.context() if step.autocast is not None else nullcontext():
             with counter.mode:
                 output = step.model(*step.args, **step.kwargs)
             loss, how = pick_loss(output)
             del output
-        loss.backward()
-        del loss
+        if gpu_free_backward.wanted():
+            holder = [loss]
+            del loss
+            gpu_free_backward.run_backward(holder)
+        else:
+            loss.backward()
+            del loss
         if step.optimizer is not None:
             step.optimizer.step()
             step.optimizer.zero_grad(set_to_none=True)
-        tracker = _torch.FSDPMemTracker(step.model, step.optimizer)
+        if log is None:
+            tracker = _torch.FSDPMemTracker(step.model, step.optimizer)
+        else:
+            log.name_streams(step.model)
+            tracker = recording_tracker(step.model, step.optimizer, log)
         tracker.track_inputs((step.args, step.kwargs))
         with tracker:
-            run_step(step.model, step.args, step.kwargs, optimizer=step.optimizer, autocast=step.autocast)
+            if log is not None:
+                log.mark_step()
+            run_step(step.model, step.args, step.kwargs, optimizer=step.optimizer, autocast=step.autocast,
+                     clip=step.recipe.clip)
     return tracker, how, counter.flops
 
 

@@ -57,7 +57,8 @@ def fit_dict(report: FitReport) -> dict[str, Any]:
                                                      "compared_bytes": report.floor.compared_bytes},
         "probes": [
             {"size": p.size, "with_plan": p.with_plan, "peak_bytes": p.peak_bytes, "compared_bytes": p.judged_bytes,
-             "fits": p.fits, "failure": p.failure, "checks": p.checks, "cut_short": p.cut_short}
+             "fits": p.fits, "failure": p.failure, "checks": p.checks, "cut_short": p.cut_short,
+             "evaluated": p.evaluated}
             for p in report.probes
         ],
     }
@@ -91,12 +92,14 @@ def render_fit_table(report: FitReport, *, width: int = 120) -> str:
     for name, text in _answer_fields(report):
         field(name, text)
     plain = sum(1 for probe in report.probes if not probe.with_plan)
+    evaluated = sum(1 for probe in report.probes if probe.evaluated)
     # A size through the budget search traces the plain step there and each plan the search tries.
     aimed = "" if report.floor is None else (
         f"; first the lowest plan at {axis} {report.floor.size}, to aim the budget search "
         f"({human_bytes(report.floor.compared_bytes)})")
-    field("probes", f"{len(report.probes)} sizes traced ({plain} of the plain step, {len(report.probes) - plain} "
-                    f"through the budget search){aimed}")
+    shown = f", {evaluated} of them evaluated from its traces at other sizes" if evaluated else ""
+    field("probes", f"{len(report.probes)} sizes traced ({plain} of the plain step{shown}, "
+                    f"{len(report.probes) - plain} through the budget search){aimed}")
     if report.limit:
         field("limit", f"the search stops at {report.limit}")
     for note in report.report.notes:
@@ -122,6 +125,9 @@ def _answer_fields(report: FitReport) -> list[tuple[str, str]]:
     if p.plan is not None and not empty:
         checkpoint = list(p.plan.plan.checkpoint) if isinstance(p.plan, PlanResult) else list(
             p.plan.sharding.checkpoint)
+        if isinstance(p.plan, PlanResult):
+            checkpoint += [f"{s.module or 'the model'} in {s.segments} segments" for s in p.plan.plan.sequential]
+            checkpoint += [f"{s.module or 'the model'} children {s.first}-{s.last}" for s in p.plan.plan.segments]
         fields.append(("checkpoint", ", ".join(checkpoint) or "(see --format json)"))
         seconds = (f"{seconds_text(p.plan.recompute_seconds)}, " if isinstance(p.plan, PlanResult) else "")
         fields.append(("recompute", f"{seconds}{p.plan.recompute_flops:.3g} FLOP at {axis} {p.size}; --format json "

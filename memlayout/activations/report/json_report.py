@@ -12,6 +12,7 @@ from typing import Any
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
 from memlayout.activations.fit.size_search import FitReport
+from memlayout.activations.fit.sweep import SweepReport
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.report.fit import fit_dict
 from memlayout.activations.report.generate import generate_dict
@@ -23,6 +24,7 @@ from memlayout.activations.report.json_parts import (
     summary_dict,
 )
 from memlayout.activations.report.ranks import ranks_report_dict
+from memlayout.activations.report.sweep import sweep_json_parts
 from memlayout.activations.report.weights import weights_report_dict
 from memlayout.activations.weights import WeightsReport
 from memlayout.output.interface import Formatter
@@ -71,15 +73,17 @@ def report_dict(report: ActivationReport) -> dict[str, Any]:
     }
 
 
-class ActivationsJson(Formatter["ActivationReport | RanksReport | FitReport | WeightsReport"]):
+class ActivationsJson(Formatter["ActivationReport | RanksReport | FitReport | SweepReport | WeightsReport"]):
     """Every module, the summary and the plan (schema 1); across ranks, each rank and the sharding too; with
-    --fit, the step at the size that fits and the `fit` object; without inputs, the weights report
-    (`weights_schema_v1.json`)."""
+    --fit, the step at the size that fits and the `fit` object; with --sweep, the step at its smallest size and the
+    `sweep` and `sweep_of` objects; without inputs, the weights report (`weights_schema_v1.json`)."""
 
-    def render(self, report: ActivationReport | RanksReport | FitReport | WeightsReport) -> str:
+    def render(self, report: ActivationReport | RanksReport | FitReport | SweepReport | WeightsReport) -> str:
         if isinstance(report, WeightsReport):
             return json.dumps(weights_report_dict(report), indent=2) + "\n"
-        if isinstance(report, FitReport):
+        if isinstance(report, SweepReport):
+            data = {**report_dict(report.report), **sweep_json_parts(report)}
+        elif isinstance(report, FitReport):
             inner = report.report
             data = ranks_report_dict(inner) if isinstance(inner, RanksReport) else report_dict(inner)
             data["fit"] = fit_dict(report)

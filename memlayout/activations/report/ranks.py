@@ -12,8 +12,9 @@ import io
 import textwrap
 from typing import Any
 
+from memlayout.activations.ranks.card import NCCL_NOTE
 from memlayout.activations.ranks.ddp import DdpLayout
-from memlayout.activations.ranks.facts import RankPeak, RanksPlan, RanksReport
+from memlayout.activations.ranks.facts import RankPeak, RanksCard, RanksPlan, RanksReport
 from memlayout.activations.ranks.parallel import Sharding
 from memlayout.activations.report.json_parts import head, model_text, summary_dict
 from memlayout.format_bytes import counted, human_bytes
@@ -36,6 +37,31 @@ def _rank_dict(rank: RankPeak) -> dict[str, Any]:
         "peak_at": {"module": rank.peak_at.module, "class": rank.peak_at.class_name, "phase": rank.peak_at.phase},
         "tracker": dict(rank.tracker),
         "forward_flops": rank.forward_flops,
+        **_reserved_dict(rank),
+    }
+
+
+def _reserved_dict(rank: RankPeak) -> dict[str, Any]:
+    """On CUDA: the caching allocator's model fed by the rank's allocations, and the figure its card compares."""
+    if rank.reserved is None:
+        return {}
+    return {
+        "allocator_peak_bytes": rank.reserved.allocated_bytes,
+        "reserved_peak_bytes": rank.reserved.reserved_bytes,
+        "reserved_by_stream": dict(rank.reserved.reserved_by_stream),
+        "compared_bytes": rank.compared_bytes,
+    }
+
+
+def _card_dict(card: RanksCard) -> dict[str, Any]:
+    runtime = card.runtime
+    return {
+        "gpu": card.gpu.key, "device_name": card.gpu.device_name, "total_memory": card.gpu.total_memory,
+        "memory_source": card.gpu.memory_source, "context_bytes": runtime.context_bytes,
+        "outside_allocator_bytes": runtime.outside_allocator_bytes,
+        "workspace_reserved_bytes": runtime.workspace_reserved_bytes, "beside_step_bytes": runtime.beside_step_bytes,
+        "expandable_segments": card.expandable_segments, "unmodelled_allocator_settings": list(card.unmodelled),
+        "nccl": NCCL_NOTE,
     }
 
 
@@ -72,7 +98,9 @@ def _plan_dict(plan: RanksPlan) -> dict[str, Any]:
         "checkpoint": list(plan.sharding.checkpoint),
         "sequential": [{"module": m, "segments": s} for m, s in plan.sharding.sequential],
         "peak_bytes": plan.peak_bytes,
-        "allocator_peak_bytes": None,
+        "allocator_peak_bytes": max((r.reserved.allocated_bytes for r in plan.ranks if r.reserved is not None),
+                                    default=None),
+        "compared_bytes": plan.judged_bytes,
         "estimated_peak_bytes": plan.estimated_peak_bytes if plan.estimated_peak_bytes is not None else plan.peak_bytes,
         "recompute_flops": plan.recompute_flops,
         "checks": plan.checks,
@@ -101,6 +129,8 @@ def ranks_report_dict(report: RanksReport) -> dict[str, Any]:
         "distributed": _distributed_dict(report.sharding, report.layouts, report.ddp),
         "ranks": [_rank_dict(r) for r in report.ranks],
         "step": report.step,
+        "recipe": list(report.recipe),
+        **({"card": _card_dict(report.card)} if report.card is not None else {}),
     }
 
 
@@ -120,13 +150,16 @@ def _ranks_table(title: str, ranks: tuple[RankPeak, ...], ddp: bool = False, ser
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
-    columns = ("ranks", "peak", "params", "grads", "optimizer", "activations", "temps", "inputs", "comms",
-               "peak at")
+    reserved = any(r.reserved is not None for r in ranks)
+    columns = ("ranks", "peak", *(("reserved",) if reserved else ()), "params", "grads", "optimizer", "activations",
+               "temps", "inputs", "comms", "peak at")
     for name in columns:
         table.add_column(name, justify="left" if name in ("ranks", "peak at") else "right")
     for r in ranks:
         table.add_row(
-            _ranges(r), human_bytes(r.peak_bytes), human_bytes(r.parameter_bytes + r.buffer_bytes),
+            _ranges(r), human_bytes(r.peak_bytes),
+            *((human_bytes(r.reserved.reserved_bytes) if r.reserved is not None else "",) if reserved else ()),
+            human_bytes(r.parameter_bytes + r.buffer_bytes),
             human_bytes(r.gradient_bytes), human_bytes(r.optimizer_bytes), human_bytes(r.activation_bytes),
             human_bytes(r.temporary_bytes), human_bytes(r.input_bytes), human_bytes(r.communication_bytes),
             _where(r, with_class=False),
@@ -247,7 +280,12 @@ def render_ranks_table(report: RanksReport, *, width: int = 120, color: bool = F
                       "wrap(model) returns):" if ddp else
                       "the code that lays the model out as traced (plain torch; call shard(model) on every rank):"))
     parts.append(Syntax(code, "python", theme="ansi_dark", background_color="default") if color else Text(code))
-    for note in report.notes:
+    notes = [*(f"recipe: {', '.join(report.recipe)}",) * bool(report.recipe), *report.notes,
+             *((NCCL_NOTE,) if report.card is not None else ())]
+    if report.card is not None and report.card.unmodelled:
+        notes.append(f"PYTORCH_CUDA_ALLOC_CONF's {', '.join(report.card.unmodelled)} not modelled: the reserved "
+                     "figures are the allocator's without them")
+    for note in notes:
         parts.append(Text(textwrap.fill(note, width=width, initial_indent="note: ", subsequent_indent="      ")))
     buffer = io.StringIO()
     console = text_console(buffer, width, color, color_system="standard")
@@ -266,6 +304,8 @@ def _ranks_grid(report: RanksReport) -> Any:
     grid.add_row("model", model_text(report.model_class, report.class_chosen_by))
     grid.add_row("peak per rank", f"{human_bytes(largest.peak_bytes)} ({largest.peak_bytes:,} bytes) on the largest "
                                   f"rank, {largest.rank}, at {_where(largest)}")
+    for name, text in _card_rows(report):
+        grid.add_row(name, text)
     layout_lines = (_ddp_lines(report.sharding, report.ddp) if report.ddp is not None else
                     _serving_lines(report.sharding) if report.sharding.serving else _sharding_lines(report.sharding))
     for line in layout_lines:
@@ -277,6 +317,26 @@ def _ranks_grid(report: RanksReport) -> Any:
         head, _, rest = line.partition(": ")
         grid.add_row(head, rest)
     return grid
+
+
+def _card_rows(report: RanksReport) -> list[tuple[str, str]]:
+    """On CUDA: the largest rank's reserved peak by stream, and the card's memory against it and the runtime."""
+    card, largest = report.card, report.largest
+    if card is None or largest.reserved is None or largest.compared_bytes is None:
+        return []
+    streams = ", ".join(f"{name} {human_bytes(size)}" for name, size in largest.reserved.reserved_by_stream)
+    how = "expandable segments" if card.expandable_segments else "the default settings"
+    runtime = card.runtime.beside_step_bytes
+    headroom = card.gpu.total_memory - largest.compared_bytes
+    return [
+        ("reserved per rank", f"{human_bytes(largest.reserved.reserved_bytes)} (the caching allocator's segments, "
+                              f"{how}, fed by the rank's own allocations: {streams})"),
+        ("on the card", f"{human_bytes(largest.compared_bytes)} = reserved + {human_bytes(runtime)} of CUDA context, "
+                        f"cuBLAS and its workspaces; {card.gpu.device_name} has {human_bytes(card.gpu.total_memory)} "
+                        f"({card.gpu.memory_source}): "
+                        + (f"{human_bytes(headroom)} to spare" if headroom >= 0 else
+                           f"{human_bytes(-headroom)} over")),
+    ]
 
 
 def _plan_lines(plan: RanksPlan, width: int) -> list[str]:
@@ -299,8 +359,10 @@ def _plan_lines(plan: RanksPlan, width: int) -> list[str]:
         field("offload", "CPUOffloadPolicy on every wrapped module")
     if not plan.empty:
         plural = "" if plan.checks == 1 else "s"
+        compared = ("" if plan.judged_bytes == plan.peak_bytes else
+                    f"; {human_bytes(plan.judged_bytes)} reserved with the CUDA runtime, compared with the budget")
         field("peak", f"{human_bytes(plan.peak_bytes)} on the largest rank, traced with the plan applied "
-                      f"({plan.checks} plan{plural} traced)")
+                      f"({plan.checks} plan{plural} traced){compared}")
         for pitfall in plan.pitfalls:
             field("pitfall", pitfall)
     return lines

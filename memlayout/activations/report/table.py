@@ -10,11 +10,13 @@ from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
 from memlayout.activations.device.cuda_runtime import chosen_workspace_size, cuda_runtime
 from memlayout.activations.fit.size_search import FitReport
+from memlayout.activations.fit.sweep import SweepReport
 from memlayout.activations.ranks.facts import RanksReport
 from memlayout.activations.report.fit import render_fit_table, seconds_text
 from memlayout.activations.report.generate import STEP_TEXT, add_generate_rows
 from memlayout.activations.report.json_parts import model_text
 from memlayout.activations.report.ranks import render_ranks_table
+from memlayout.activations.report.sweep import render_sweep_table
 from memlayout.activations.report.weights import render_weights_table
 from memlayout.activations.weights import WeightsReport
 from memlayout.format_bytes import human_bytes
@@ -234,6 +236,12 @@ def _plan_text(report: ActivationReport, width: int) -> Any:
         field("checkpoint", ", ".join(module_label(p) for p in plan.plan.checkpoint))
     for item in plan.plan.sequential:
         field("sequential", f"{module_label(item.module)} in {item.segments} segments (checkpoint_sequential)")
+    runs: dict[str, list[str]] = {}
+    for segment in plan.plan.segments:
+        runs.setdefault(segment.module, []).append(f"{segment.first}-{segment.last}")
+    for module, spans in runs.items():
+        listed = spans[0] if len(spans) == 1 else f"{', '.join(spans[:-1])} and {spans[-1]}, each"
+        field("segments", f"{module_label(module)}: children {listed} as one segment")
     share = plan.recompute_seconds / report.summary.forward_seconds if report.summary.forward_seconds else 0.0
     plural = "" if plan.checks == 1 else "s"
     field("peak", f"{human_bytes(plan.peak_bytes)}, traced with the plan applied (estimated "
@@ -254,7 +262,7 @@ def _plan_text(report: ActivationReport, width: int) -> Any:
     return Text("\n".join(lines))
 
 
-class ActivationsTable(Formatter["ActivationReport | RanksReport | FitReport | WeightsReport"]):
+class ActivationsTable(Formatter["ActivationReport | RanksReport | FitReport | SweepReport | WeightsReport"]):
     """The terminal report, modules down to `depth`; across ranks, each rank's breakdown and the sharding code;
     without inputs, the weights in each dtype."""
 
@@ -263,11 +271,13 @@ class ActivationsTable(Formatter["ActivationReport | RanksReport | FitReport | W
         self.width = width
         self.color = color
 
-    def render(self, report: ActivationReport | RanksReport | FitReport | WeightsReport) -> str:
+    def render(self, report: ActivationReport | RanksReport | FitReport | SweepReport | WeightsReport) -> str:
         if isinstance(report, WeightsReport):
             return render_weights_table(report, width=self.width, color=self.color)
         if isinstance(report, FitReport):
             return render_fit_table(report, width=self.width)
+        if isinstance(report, SweepReport):
+            return render_sweep_table(report, width=self.width, color=self.color)
         if isinstance(report, RanksReport):
             return render_ranks_table(report, width=self.width, color=self.color)
         return render_table(report, depth=self.depth, width=self.width, color=self.color)

@@ -7,8 +7,9 @@ and a Python caller speak of a setting by one name, and an error names it that w
 budget's text a `BudgetSpec`, a list a tuple), so that the command line and Python
 build equal requests for the same settings.
 
-What a request asks for is one of four pipelines (`Pipeline`): the weights alone, one
-step on one device, each rank of a sharded step, or the largest size that fits.
+What a request asks for is one of five pipelines (`Pipeline`): the weights alone, one
+step on one device, each rank of a sharded step, the largest size that fits, or one
+step at each size of a sweep.
 """
 
 from __future__ import annotations
@@ -21,23 +22,27 @@ from memlayout.activations.request import rules
 from memlayout.activations.request.vocabulary import (
     DEFAULT_OPTIMIZER,
     Pipeline,
+    SweepSpec,
     fit_axis,
     precision,
+    sweep_spec,
 )
-from memlayout.activations.sizes import BudgetSpec, parse_budget
-from memlayout.errors import SettingError
+from memlayout.activations.sizes import BudgetSpec, parse_budget, parse_size
+from memlayout.errors import SettingError, UsageError
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "Target": ("target", "model_class", "trust", "main_module", "timeout", "download"),
     "Inputs": ("input", "inputs", "kwargs"),
     "Step": ("step", "optimizer", "new_tokens", "cache", "weights"),
-    "Device": ("device", "gpu", "real"),
+    "Device": ("device", "gpu", "gpu_memory", "real"),
     "Precision": ("dtype", "autocast"),
-    "Budget and plans": ("budget", "allow_offload", "fit"),
+    "Budget and plans": ("budget", "allow_offload", "fit", "sweep"),
     "Ranks": ("world_size", "fsdp", "fsdp_modules", "no_reshard_after_forward", "param_dtype", "reduce_dtype",
               "tp", "ddp", "bucket_cap_mb", "gradient_as_bucket_view"),
+    "Recipe": ("optimizer_impl", "clip_grad_norm", "clip_grad_impl", "selective_ac", "ac_modules",
+               "reshard_after_forward", "eager"),
     "Adapters": ("lora", "lora_targets", "lora_dropout", "dora", "quantize"),
-    "Output": ("format", "output", "depth"),
+    "Output": ("format", "output", "depth", "plot", "snapshot"),
 }
 """The settings by the part of a step they describe, in the order `memlayout activations --help` lists them."""
 PYTHON_ONLY = ("target", "kwargs", "pipeline")
@@ -103,6 +108,9 @@ class StepRequest:
     """cpu, cuda, cuda:N or meta (shapes only)."""
     gpu: str | None = None
     """The GPU to trace for (a key of device/gpus.py); implies `device` cuda."""
+    gpu_memory: int | None = None
+    """The card's memory in bytes (an int or `"96GiB"`), for a card the GPU table lacks: `gpu`'s capability and
+    rates (the default GPU's without it) with this memory; implies `device` cuda."""
     real: bool = False
     """Run the step for real on `device`, as a check (it takes the memory)."""
     # Precision
@@ -118,6 +126,9 @@ class StepRequest:
     """Let a plan for ranks offload parameters, gradients and optimizer state to the CPU."""
     fit: str | None = None
     """batch, seq or seq:N: the largest batch (or sequence) whose step fits `budget`."""
+    sweep: str | None = None
+    """AXIS=SIZES (`batch=1,2,4,8`, `seq=512:4096:512`): the step at each size, and with `budget` the plan at each;
+    with `fit` too, its answers."""
     # Ranks
     world_size: int | None = None
     """Predict each rank of this many."""
@@ -139,6 +150,27 @@ class StepRequest:
     """DDP's bucket_cap_mb."""
     gradient_as_bucket_view: bool = False
     """DDP's gradient_as_bucket_view."""
+    # Recipe: what the training loop and its sharding code choose
+    optimizer_impl: str | None = None
+    """for-loop, foreach or fused: torch.optim's implementation; None: as torch picks it for the parameters (foreach
+    for plain CUDA tensors, for-loop on the CPU and for the DTensors FSDP2 and tensor parallel make)."""
+    clip_grad_norm: float | None = None
+    """`torch.nn.utils.clip_grad_norm_` to this max norm after backward, before the optimizer's step."""
+    clip_grad_impl: str | None = None
+    """With `clip_grad_norm`: foreach or for-loop; None: as torch picks it (foreach for plain tensors on the CPU
+    and CUDA, for-loop for DTensors)."""
+    selective_ac: str | None = None
+    """Op-level activation checkpointing (`create_selective_checkpoint_contexts`) of `ac_modules`: what to save, a
+    comma list of matmuls, every-other-matmul, attention, collectives and max, or torchtitan; or any policy as
+    `pkg.module:policy`."""
+    ac_modules: tuple[str, ...] = ()
+    """The modules whose forward runs under checkpoint (dotted paths with `*`, or class names): every op
+    recomputed, or `selective_ac`'s; empty with `selective_ac`: the main blocks."""
+    reshard_after_forward: tuple[str, ...] = ()
+    """FSDP2's reshard_after_forward per wrapped module: a preset (torchtitan, lightning) or PATTERN=true|false
+    entries, the last that matches a module deciding; unnamed modules reshard (FSDP2's default)."""
+    eager: bool = False
+    """A model compiled with torch.compile: trace its eager step (model/compiled.py); without it, it is refused."""
     # Adapters
     lora: int | None = None
     """peft's LoRA adapters of this rank."""
@@ -157,6 +189,10 @@ class StepRequest:
     """Write the report to this file instead of stdout."""
     depth: int = 3
     """The module depth the table shows."""
+    plot: str | None = None
+    """With `sweep`: draw its curve into this file (.svg, .png or .html)."""
+    snapshot: str | None = None
+    """Write the predicted step as a memory snapshot (`torch.cuda.memory._snapshot()`'s pickle) to this file."""
     pipeline: Pipeline | None = None
     """What is asked; None: read off the settings (`Pipeline`). `analyze`, `fit` and the others name theirs."""
 
@@ -171,6 +207,8 @@ class StepRequest:
         values: dict[str, Any] = {
             "input": (self.input,) if isinstance(self.input, str) else tuple(self.input or ()),
             "fsdp_modules": (self.fsdp_modules,) if isinstance(self.fsdp_modules, str) else tuple(self.fsdp_modules or ()),
+            "ac_modules": _texts(self.ac_modules), "reshard_after_forward": _texts(self.reshard_after_forward),
+            "gpu_memory": _gpu_memory(self.gpu_memory),
             "dtype": precision(self.dtype), "autocast": precision(self.autocast),
             "param_dtype": precision(self.param_dtype), "reduce_dtype": precision(self.reduce_dtype),
             "budget": _budget(self.budget), "format": str(getattr(self.format, "value", self.format)),
@@ -185,6 +223,8 @@ class StepRequest:
     def _pipeline(self) -> Pipeline:
         if self.weights or rules.first_given(self, rules.STEP_SETTINGS) is None:
             return Pipeline.WEIGHTS
+        if self.sweep is not None:
+            return Pipeline.SWEEP
         if self.fit is not None:
             return Pipeline.FIT
         return Pipeline.STEP if self.world_size is None else Pipeline.RANKS
@@ -217,9 +257,29 @@ class StepRequest:
         return fit_axis(self.fit or "batch")
 
     @property
+    def sweep_spec(self) -> SweepSpec:
+        """The sweep's axis and sizes (`sweep` given)."""
+        assert self.sweep is not None
+        return sweep_spec(self.sweep)
+
+    @property
     def serving(self) -> bool:
         """Ranks that serve (step inference or generate, one tensor-parallel group) rather than train."""
         return self.world_size is not None and self.step != "train" and self.fit is None
+
+
+def _texts(value: Any) -> tuple[str, ...]:
+    """A list setting as a tuple: one text is one item."""
+    return (value,) if isinstance(value, str) else tuple(value or ())
+
+
+def _gpu_memory(value: Any) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    try:
+        return parse_size(str(value))
+    except UsageError:
+        raise SettingError(f"`gpu_memory` {value!r} is not a size", "e.g. `gpu_memory=96GiB`") from None
 
 
 def _budget(value: Any) -> BudgetSpec | None:

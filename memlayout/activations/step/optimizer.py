@@ -32,6 +32,8 @@ SGD_MOMENTUM = 0.9
 _FOREACH_DEVICES = ("cuda", "xpu")
 """Where torch's optimizers default to their foreach kernels (torch.optim.optimizer's
 `_get_foreach_kernels_supported_devices`); elsewhere they update one tensor at a time."""
+IMPLEMENTATIONS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+"""`--optimizer-impl`, as the arguments torch's optimizers take."""
 
 HELP = (
     "The optimizer whose state and step count in the peak: adamw (the default, as most training uses; two "
@@ -51,13 +53,13 @@ def check_optimizer(name: str) -> str:
     return name
 
 
-def build_optimizer(model: Any, name: str, *, device: str) -> Any:
+def build_optimizer(model: Any, name: str, *, device: str, implementation: str | None = None) -> Any:
     """The torch optimizer `name` over the model's trainable parameters; None for "none".
 
     Build it in the tensor world of the model (inside the FakeTensorMode for fake
-    parameters). Its implementation is chosen as torch chooses it for real tensors on
-    `device`: the foreach kernels on CUDA, one tensor at a time on CPU. torch would
-    not pick foreach for fake tensors by itself, and the two differ in temporaries.
+    parameters). `implementation` is for-loop, foreach or fused; None chooses as torch
+    chooses for real tensors on `device` (`torch_picks_foreach`). torch would not pick
+    foreach for fake tensors by itself, and the two differ in temporaries.
 
     Raises:
         UsageError: an unknown name.
@@ -70,12 +72,31 @@ def build_optimizer(model: Any, name: str, *, device: str) -> Any:
     parameters = [p for p in model.parameters() if p.requires_grad]
     if not parameters:
         return None
-    foreach = torch.device(device).type in _FOREACH_DEVICES
+    how: dict[str, Any] = IMPLEMENTATIONS[implementation] if implementation is not None else {
+        "foreach": torch_picks_foreach(parameters, device)}
     if name == "adamw":
-        return torch.optim.AdamW(parameters, lr=LEARNING_RATE, foreach=foreach)
+        return torch.optim.AdamW(parameters, lr=LEARNING_RATE, **how)
     if name == "adam":
-        return torch.optim.Adam(parameters, lr=LEARNING_RATE, foreach=foreach)
-    return torch.optim.SGD(parameters, lr=LEARNING_RATE, momentum=SGD_MOMENTUM, foreach=foreach)
+        return torch.optim.Adam(parameters, lr=LEARNING_RATE, **how)
+    return torch.optim.SGD(parameters, lr=LEARNING_RATE, momentum=SGD_MOMENTUM, **how)
+
+
+def torch_picks_foreach(tensors: list[Any], device: str) -> bool:
+    """Whether torch's optimizers (and `clip_grad_norm_`, given its own devices) pick their foreach kernels for these
+    tensors as real ones on `device`: on a foreach device, and for plain tensors and Parameters only.
+
+    torch.optim.optimizer's `_default_to_fused_or_foreach` checks `type(p)` against `[Tensor, Parameter]`:
+    the DTensors FSDP2 and tensor parallel make (an FSDP2 parameter's type is DTensor) take the for-loop, on
+    CUDA too. A fake tensor stands for a plain one.
+    """
+    import sys
+
+    import torch
+
+    if torch.device(device).type not in _FOREACH_DEVICES:
+        return False
+    dtensor = sys.modules.get("torch.distributed.tensor")  # not imported: no tensor can be a DTensor
+    return dtensor is None or not any(isinstance(t, dtensor.DTensor) for t in tensors)
 
 
 def state_tensors(optimizer: Any) -> list[Any]:

@@ -17,6 +17,7 @@ from memlayout import _torch
 from memlayout.activations.request.vocabulary import PRECISIONS, precision
 from memlayout.activations.step import gpu_free_backward
 from memlayout.activations.step.generate import Generation, run_generate
+from memlayout.activations.step.recipe import GradClip, clip_gradients
 from memlayout.core.object_tree import tree_leaves
 from memlayout.errors import SettingError, UsageError
 
@@ -128,6 +129,7 @@ def run_step(
     autocast: Autocast | None = None,
     inference: bool = False,
     generation: Generation | None = None,
+    clip: GradClip | None = None,
 ) -> tuple[Any, str]:
     """Forward, loss, backward, and the optimizer's step. Returns the detached loss and how it was picked.
 
@@ -145,6 +147,7 @@ def run_step(
         inference: Forward only, under `torch.inference_mode`; no loss, backward or optimizer.
         generation: `model.generate` instead of one forward, under `torch.inference_mode` too
             (step/generate.py); returns the generated ids and LOSS_NONE.
+        clip: `clip_grad_norm_` after backward, before the optimizer's step (step/recipe.py).
     """
     notify = on_phase or (lambda _phase: None)
     notify("forward")
@@ -171,7 +174,10 @@ def run_step(
     else:
         loss.backward()
         del loss
-    if optimizer is not None:
+    if clip is not None or optimizer is not None:
         notify("optimizer")
+    if clip is not None:
+        clip_gradients(model, clip)
+    if optimizer is not None:
         optimizer.step()
     return detached, how

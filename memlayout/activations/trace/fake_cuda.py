@@ -164,7 +164,7 @@ class FakeCudaRuntime:
         return target
 
 
-def fake_cuda_for(gpu: str | None) -> FakeCudaRuntime | None:
+def fake_cuda_for(gpu: str | GpuSpec | None) -> FakeCudaRuntime | None:
     """What a fake CUDA step needs here: None where a GPU is present and `gpu` is None (torch decides).
 
     Raises:
@@ -172,7 +172,7 @@ def fake_cuda_for(gpu: str | None) -> FakeCudaRuntime | None:
     """
     import torch
 
-    spec = gpu_spec(gpu) if gpu is not None else None
+    spec = gpu if isinstance(gpu, GpuSpec) else gpu_spec(gpu) if gpu is not None else None
     present = torch.cuda.is_available()
     if spec is None and present:
         return None

@@ -49,6 +49,7 @@ from memlayout.activations.plans import rerun
 from memlayout.activations.step.generate import Generation, cache_of, cache_tensors
 from memlayout.activations.step.grad_accumulation import Accumulations
 from memlayout.activations.step.optimizer import state_tensors
+from memlayout.activations.step.recipe import Recipe
 from memlayout.activations.step.run import Autocast, output_tensors, run_step
 from memlayout.activations.trace import tensor_parallel
 from memlayout.activations.trace.kernel_storage import learned_kernel_memory
@@ -575,6 +576,8 @@ class StepToTrace(Protocol):
     def generation(self) -> Generation | None: ...
     @property
     def roofline(self) -> Roofline | None: ...
+    @property
+    def recipe(self) -> Recipe: ...
 
 
 def trace_step(step: StepToTrace, notes: tuple[str, ...] = (), kept: Sequence[Any] = ()) -> Trace:
@@ -594,7 +597,8 @@ def trace_step(step: StepToTrace, notes: tuple[str, ...] = (), kept: Sequence[An
                         generating=generation is not None)
     with tracer.attached(step.args, step.kwargs, kept=kept, host=step.device == "cpu"):
         loss, how = run_step(model, step.args, step.kwargs, on_phase=tracer.set_phase, optimizer=step.optimizer,
-                             autocast=step.autocast, inference=step.inference, generation=generation)
+                             autocast=step.autocast, inference=step.inference, generation=generation,
+                             clip=step.recipe.clip)
         if step.inference or generation is not None:
             tracer.end_forward_only()
     del loss

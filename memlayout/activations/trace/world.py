@@ -15,14 +15,16 @@ from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import Any
 
 from memlayout import _torch
-from memlayout.activations.device.gpus import DEFAULT_GPU, gpu_spec, spec_for_device_name
+from memlayout.activations.device.gpus import DEFAULT_GPU, GpuSpec, gpu_spec, spec_for_device_name
 from memlayout.activations.device.roofline import Roofline, cpu_roofline, gpu_roofline
 from memlayout.activations.facts import Trace
 from memlayout.activations.model.input_specs import InputSpec, parse_input_spec
 from memlayout.activations.plans.apply import apply_plan
+from memlayout.activations.plans.op_policies import on_top_of
 from memlayout.activations.plans.plan import Plan
 from memlayout.activations.step.generate import Generation
 from memlayout.activations.step.optimizer import build_optimizer
+from memlayout.activations.step.recipe import Recipe
 from memlayout.activations.step.run import Autocast, give_first_gradients, run_step
 from memlayout.activations.trace.fake_cuda import fake_cuda_for, give_torch_fake_cuda
 from memlayout.activations.trace.module_conversions import unchanged_conversions_skip_the_swap
@@ -33,7 +35,7 @@ MODES = ("fake", "meta", "real")
 InputsArg = Sequence[Any] | str | None
 
 
-def device_for_gpu(device: str, mode: str, gpu: str | None) -> str:
+def device_for_gpu(device: str, mode: str, gpu: str | GpuSpec | None) -> str:
     """`--gpu` names the GPU a fake CUDA step is for: it implies --device cuda.
 
     Raises:
@@ -41,7 +43,8 @@ def device_for_gpu(device: str, mode: str, gpu: str | None) -> str:
     """
     if gpu is None:
         return device
-    gpu_spec(gpu)  # an unknown name is the first thing to say
+    if isinstance(gpu, str):
+        gpu_spec(gpu)  # an unknown name is the first thing to say
     if mode == "real":
         raise UsageError("`gpu` names a GPU to trace for, and `real` measures the one present",
                          "drop `gpu`, or drop `real`")
@@ -53,7 +56,7 @@ def device_for_gpu(device: str, mode: str, gpu: str | None) -> str:
 class StepWorld:
     """A model and its inputs in one tensor world (fake, meta or real), ready to trace."""
 
-    def __init__(self, mode: str, device: str, gpu: str | None = None) -> None:
+    def __init__(self, mode: str, device: str, gpu: str | GpuSpec | None = None) -> None:
         import torch
 
         if mode not in MODES:
@@ -83,6 +86,10 @@ class StepWorld:
         self.optimizer: Any = None
         self.autocast: Autocast | None = None
         """Mixed precision around forward and loss (`--autocast`)."""
+        self.recipe = Recipe()
+        """The optimizer's implementation and gradient clipping (`--optimizer-impl`, `--clip-grad-norm`)."""
+        self.user_plan: Plan | None = None
+        """The checkpointing the user asks for (`--ac-modules`, `--selective-ac`): applied in every trace."""
         self.inference = False
         """Forward only, under `torch.inference_mode` (`--step inference`)."""
         self.generation: Generation | None = None
@@ -288,7 +295,8 @@ class StepWorld:
         context: torch keeps an optimizer's step counts on the CPU.
         """
         with self.context():
-            self.optimizer = build_optimizer(self.model, name, device=self.device)
+            self.optimizer = build_optimizer(self.model, name, device=self.device,
+                                             implementation=self.recipe.optimizer_impl)
         if self.optimizer is None:
             return
         with self.step_context():
@@ -306,6 +314,7 @@ class StepWorld:
 
         for parameter in self.model.parameters():
             parameter.grad = None
+        plan = on_top_of(self.user_plan, plan)
         with ExitStack() as stack:
             notes: tuple[str, ...] = ()
             if plan is not None and not plan.empty:

@@ -168,3 +168,35 @@ def test_the_docstring_examples_run() -> None:
 
     result = doctest.testmod(cuda_allocator)
     assert result.attempted and not result.failed
+
+
+def test_a_block_freed_on_one_stream_serves_only_that_streams_requests() -> None:
+    # get_free_block looks up (stream, size): the all-gather stream's freed 20 MiB segment is no use to the default
+    # stream, which opens one of its own, and serves the all-gather stream's next request again.
+    allocator = CachingAllocator()
+    gathered = allocator.malloc(3 * MiB, stream=1)
+    allocator.free(gathered)
+    allocator.malloc(3 * MiB)
+    assert allocator.reserved == 40 * MiB
+    assert allocator.malloc(3 * MiB, stream=1) == gathered
+    assert allocator.reserved == 40 * MiB
+
+
+def test_streams_replay_as_events_with_a_third_item() -> None:
+    one_stream = replay([(0, 12 * MiB), (0, FREE), (1, 12 * MiB)])
+    two_streams = replay([(0, 12 * MiB, 2), (0, FREE, 2), (1, 12 * MiB, 0)])
+    assert one_stream.reserved_bytes == 12 * MiB
+    assert two_streams.reserved_bytes == 24 * MiB and two_streams.allocated_bytes == 12 * MiB
+
+
+def test_release_on_a_full_device_frees_the_cached_segments_of_every_stream() -> None:
+    allocator = CachingAllocator(capacity=30 * MiB)
+    allocator.free(allocator.malloc(12 * MiB, stream=1))
+    allocator.malloc(20 * MiB)  # 12 + 20 > 30: stream 1's free segment is released first
+    assert allocator.reserved == 20 * MiB
+
+
+def test_the_reserved_peak_says_what_each_stream_held_at_it() -> None:
+    peaks = replay([(0, 12 * MiB, 0), (1, 40 * MiB, 3), (1, FREE, 3), (2, 4 * MiB, 1)])
+    assert peaks.reserved_bytes == 72 * MiB
+    assert peaks.reserved_by_stream == ((0, 12 * MiB), (1, 20 * MiB), (3, 40 * MiB))

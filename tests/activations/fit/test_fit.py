@@ -392,3 +392,25 @@ def test_the_docs_give_the_fit_sweeps_figures() -> None:
     docs = " ".join((root / "docs" / "will-it-fit.md").read_text().split())
     assert f"{sweep['hold']} of {sweep['decisions']} decisions hold" in docs, "rerun the sweep or mend the docs"
     assert sweep["command"] in docs
+
+
+def test_with_ranks_for_a_gpu_each_size_is_judged_by_its_reserved_peak_and_the_runtime() -> None:
+    from memlayout.activations.ranks import analyze_ranks
+    from memlayout.activations.ranks.parallel import ShardingOptions
+
+    target, sharding = "tests.activations.sharded_models:llama_style", ShardingOptions(world_size=2)
+    specs = [parse_input_spec(s) for s in BATCH_SPECS]
+    given = analyze_ranks(target, specs, sharding=sharding, gpu="h100").largest
+    assert given.compared_bytes is not None and given.judged_bytes > given.peak_bytes
+    # The runtime beside the step (context, cuBLAS) is hundreds of MiB, the step's tensors a few: judged by the
+    # peak of live tensors alone, this budget would take a batch many times larger.
+    budget = given.judged_bytes + given.peak_bytes // 2
+
+    def largest_rank(batch: int) -> int:
+        batch_specs = [s.describe().replace(f"[{s.shape[0]},", f"[{batch},", 1) for s in specs]
+        return analyze_ranks(target, batch_specs, sharding=sharding, gpu="h100").largest.judged_bytes
+
+    report = fit(target, specs, budget=budget, sharding=sharding, gpu="h100", with_plan=False)
+    size = report.without_plan.size
+    assert size >= specs[0].shape[0]
+    assert largest_rank(size) <= budget < largest_rank(size + 1)

@@ -51,8 +51,9 @@ def test_flat_sequential_gets_segments_not_single_layers() -> None:
     peak = act.analyze(models.flat_cnn(), list(args)).summary.peak_bytes
     report = act.analyze(models.flat_cnn(), list(args), budget=int(peak * 0.8))
     assert report.plan is not None
-    assert report.plan.plan.checkpoint == ()
-    assert [s.module for s in report.plan.plan.sequential] == [""]
+    plan = report.plan.plan
+    assert plan.checkpoint == ()
+    assert {s.module for s in (*plan.sequential, *plan.segments)} == {""}
     # the rerun of the checkpointed segments is traced as its own phase, and its convolutions counted
     assert 0 < report.plan.recompute_flops < report.summary.forward_flops
 
@@ -102,8 +103,9 @@ def _every_block_checkpointed_for_real() -> tuple[int, int, tuple[Any, ...]]:
 
 def test_a_budget_only_every_block_together_reaches_gets_a_plan() -> None:
     estimated_lowest, every_block, args = _every_block_checkpointed_for_real()
-    # The case: adding one block at a time, the estimate stops above what all blocks reach for real.
-    assert every_block < estimated_lowest
+    # The case: adding one block at a time, the estimate stopped above what all blocks reach for real (75.18 MB
+    # against 73.08 MB), until it counted a rerun's allocations at the event the rerun runs: now it reaches it.
+    assert abs(estimated_lowest - every_block) <= 0.001 * every_block
     plain = allocator_peak_step(models.residual_stack(), args, {})
     report = act.analyze(models.residual_stack(), list(args), budget=every_block)
     assert report.plan is not None and report.plan.peak_bytes <= every_block

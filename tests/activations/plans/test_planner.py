@@ -22,8 +22,10 @@ def mlp_stack() -> torch.nn.Sequential:
 
 @pytest.fixture(scope="module")
 def planner() -> Planner:
+    # Without runs of children on their own, whose sets multiply the plans past enumerating (test_segments.py
+    # checks the lowest plan against every plan of a stack with them).
     report = act.analyze(mlp_stack(), ["float32[512,64]"])
-    return Planner(report.trace)
+    return Planner(report.trace, segments=False)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +73,7 @@ def test_lowest_finds_what_no_single_walk_does_in_a_two_block_gpt2() -> None:
 
     args, kwargs = models.token_inputs(4, 32, 500)
     report = act.analyze(models.gpt2(), list(args), kwargs=kwargs)
-    planner = Planner(report.trace)
+    planner = Planner(report.trace, segments=False)
     options = planner.options
     best = min(
         planner.estimate(rows)
@@ -109,7 +111,7 @@ def test_lowest_refines_the_covers_where_the_walk_from_nothing_stops_at_whole_la
     from memlayout.activations.plans.lowest import lowest_options
 
     model = by_name()["HunYuanMoEV1ForCausalLM"].build().model
-    planner = Planner(act.analyze(model, ["int64[13,64]<99", "labels=int64[13,64]<99"]).trace)
+    planner = Planner(act.analyze(model, ["int64[13,64]<99", "labels=int64[13,64]<99"]).trace, segments=False)
     best = _lowest_of_every_plan(planner)
     assert planner.estimate(planner.lowest()) == best
     _, from_nothing = lowest_options(planner._interval_max, planner._rows, planner._costs, planner._conflicts)
@@ -128,7 +130,7 @@ def test_the_estimate_counts_the_generator_state_checkpoint_keeps_on_the_cpu(pla
     assert trace.rng_state_bytes == torch.get_rng_state().untyped_storage().nbytes() > 0
     meta = act.analyze(mlp_stack(), ["float32[512,64]"], device="meta")
     assert meta.trace is not None and meta.trace.rng_state_bytes == 0  # not the device's memory off the CPU
-    without = Planner(dataclasses.replace(trace, rng_state_bytes=0))
+    without = Planner(dataclasses.replace(trace, rng_state_bytes=0), segments=False)
     rows = [row for row, option in enumerate(planner.options) if option.segments is None][:2]
     assert len(rows) == 2
     # two checkpointed blocks: two states kept over forward; the peak moves by at least one, at most both
@@ -163,7 +165,7 @@ def test_the_prune_does_not_trace_a_drop_priced_far_over_the_room_left() -> None
         def search(self, target: int) -> None:
             return None  # straight to the whole-level plans, which the prune then trims
 
-        def lowest(self) -> list[int]:
+        def lowest(self, segments: bool = True) -> list[int]:
             return list(blocks)
 
         def covers(self, budget: int | None = None) -> list[list[int]]:

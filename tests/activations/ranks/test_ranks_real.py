@@ -24,7 +24,7 @@ BATCH = "tests.activations.sharded_models:token_batch"
 
 
 def measure(folder: Path, predicted: Mapping[int, int], builder: str, code: str | None,
-            *step: str | None) -> list[dict[str, Any]]:
+            *step: Any) -> list[dict[str, Any]]:
     """Two real ranks of `builder` (sharded by `code`, or by the recipe); a rank not within 2% of its `predicted`
     peak is measured again and the lower run kept (real_ranks.lower_of_two_runs)."""
     return real_ranks.lower_of_two_runs(
@@ -124,3 +124,15 @@ def test_autocast_composes_with_fsdp2s_param_dtype_on_real_ranks(tmp_path: Path)
         assert within_2_percent(report.ranks[0].peak_bytes, result["peak_bytes"]), (report.ranks[0], result)
         # FSDP2 keeps the sharded parameters in float32 and gathers them in bf16: the state follows the shards.
         assert result["optimizer_state_dtypes"] == [report.optimizer_state_dtype] == ["float32"]
+
+
+def test_torchtitans_recipe_on_real_ranks_is_each_ranks_peak(tmp_path: Path) -> None:
+    # Op-level checkpointing with torchtitan's save list, the last block kept gathered, AdamW and clipping foreach:
+    # the printed code applies the first two, the loop the others.
+    report = analyze_ranks(LLAMA, list(BATCH_SPECS), world_size=2, fsdp=True, selective_ac="torchtitan",
+                           reshard_after_forward=("torchtitan",), optimizer_impl="foreach", clip_grad_norm=1.0,
+                           clip_grad_impl="foreach")
+    (traced,) = report.ranks
+    real = measure(tmp_path, both(traced.peak_bytes), LLAMA, report.sharding.code(), None, None, True, 1.0)
+    for result in real:
+        assert within_2_percent(traced.peak_bytes, result["peak_bytes"]), (traced, result)

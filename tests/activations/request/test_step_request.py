@@ -63,8 +63,8 @@ def test_help_shows_the_options_in_their_groups() -> None:
     assert result.exit_code == 0
     headings = [line.rstrip(":") for line in result.output.splitlines() if line and not line[0].isspace()
                 and line.endswith(":")]
-    assert headings[:9] == ["Target", "Inputs", "Step", "Device", "Precision", "Budget and plans", "Ranks",
-                            "Adapters", "Output"]
+    assert headings[:10] == ["Target", "Inputs", "Step", "Device", "Precision", "Budget and plans", "Ranks",
+                             "Recipe", "Adapters", "Output"]
     ranks = result.output.split("\nRanks:\n")[1].split("\n\n")[0]
     assert "--world-size" in ranks and "--bucket-cap-mb" in ranks and "--lora" not in ranks
 
@@ -91,7 +91,8 @@ def test_gpu_help_lists_the_gpu_table() -> None:
     ({"input": INPUTS, "fit": "batch", "real": True, "budget": 10}, "`fit` searches on fake traces"),
     ({"input": INPUTS, "world_size": 2}, "`world_size` needs `fsdp` or `ddp`"),
     ({"input": INPUTS, "world_size": 3, "fsdp": True, "tp": 2}, "`tp` 2 does not divide `world_size` 3"),
-    ({"input": INPUTS, "world_size": 2, "fsdp": True, "budget": 0.9}, "`budget` with `world_size` is each rank's"),
+    ({"input": INPUTS, "world_size": 2, "fsdp": True, "budget": 0.9},
+     "`budget` 0.9 with `world_size` is a share of a GPU's memory, and no `gpu` is named"),
     ({"input": INPUTS, "world_size": 2, "ddp": True, "device": "cuda"}, "`ddp` is traced for `device=cpu`"),
     ({"input": INPUTS, "step": "inference", "optimizer": "sgd"}, "`optimizer` sgd does not apply to `step` inference"),
     ({"input": INPUTS, "fit": "width", "budget": 10}, "`fit` 'width' is not batch, seq or seq:N"),
