@@ -532,6 +532,21 @@ def on_fake_mode_alone(func: Any, args: Any, kwargs: Any) -> Any:
         return func(*args, **kwargs)
 
 
+def forget_fake_conversions(tensor: Any) -> None:
+    """Drop the entries of its fake mode's conversion memo that map a tensor to `tensor` (a FakeTensor).
+
+    `FakeTensorConverter.tensor_memo` (`MetaConverter.tensor_memo`, a WeakValueDictionary) remembers the fake
+    tensor each converted tensor became, by a weak reference to it: `nn.Parameter(fake)` leaves one on the
+    parameter, and `torch.utils.swap_tensors` refuses a tensor with a weak reference.
+    """
+    converter = getattr(getattr(tensor, "fake_mode", None), "fake_tensor_converter", None)
+    memo = getattr(converter, "tensor_memo", None)
+    if memo is None:
+        return
+    for key in [key for key, value in list(memo.items()) if value is tensor]:
+        del memo[key]
+
+
 def disable_dispatch_modes() -> Any:
     """`torch.utils._python_dispatch._disable_current_modes()`: a context with every dispatch mode off (a tracer's,
     a fake step's, the fake mode's), so that an op runs on the real kernel alone (kernel_storage.py)."""

@@ -229,7 +229,7 @@ class NothingFitsError(MemlayoutError):
     """Not even a size of 1 fits the budget, with or without a plan."""
 
     def __init__(self, axis: str, budget: int, lowest: int | None, *, half_precision: bool = False,
-                 ranks: bool = False) -> None:
+                 ranks: bool = False, adapters: bool = False) -> None:
         self.budget_bytes = budget
         self.lowest_peak_bytes = lowest
         reached = f": at {axis} 1 the lowest peak is {human_bytes(lowest)} ({lowest} bytes)" if lowest else ""
@@ -237,6 +237,8 @@ class NothingFitsError(MemlayoutError):
         remedies = ["raise --budget"]
         if not half_precision:
             remedies.append("use lower precision (--dtype bf16)")
+        if adapters:  # a training step that trains every weight: LoRA, then QLoRA's 4-bit base
+            remedies.append("train LoRA adapters (--lora 16; with --quantize nf4 for QLoRA)")
         remedies.append("shard across more ranks (a larger --world-size)" if ranks else
                         "shard across ranks (--world-size)")
         super().__init__(

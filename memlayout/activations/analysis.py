@@ -43,7 +43,13 @@ from memlayout.activations.step.recipe import recipe_of
 from memlayout.activations.step.run import LOSS_FROM_SUM, Autocast, torch_dtype
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
 from memlayout.activations.trace.world import InputsArg, StepWorld, device_for_gpu
-from memlayout.errors import ActivationsError, MemlayoutError, SettingError, UsageError
+from memlayout.errors import (
+    ActivationsError,
+    BudgetUnreachableError,
+    MemlayoutError,
+    SettingError,
+    UsageError,
+)
 from memlayout.format_bytes import human_bytes
 
 LIVE_MODULE = "the module given"
@@ -165,6 +171,7 @@ def predict_step(request: StepRequest) -> ActivationReport:
 
 def _predicted(request: StepRequest) -> ActivationReport:
     step, notes, target_text, kind, chosen_by = prepare_step(request)
+    resolved = step_budget(step, request.budget)  # a budget the target cannot take is refused before tracing
     try:
         baseline = step.trace()
     except MemlayoutError:
@@ -176,8 +183,11 @@ def _predicted(request: StepRequest) -> ActivationReport:
     if any(kind not in UNRANGED for _, kind, _ in baseline.assumptions):
         summary = _with_range(step, summary)
     modules = module_facts(baseline)
-    resolved = step_budget(step, request.budget)
-    plan = plan_for_budget(step, baseline, summary, modules, resolved) if resolved is not None else None
+    try:
+        plan = plan_for_budget(step, baseline, summary, modules, resolved) if resolved is not None else None
+    except BudgetUnreachableError as exc:
+        exc.hint = nothing_fits_hint(request, step)
+        raise
     generation = generation_of(request)
     predicted = _prediction(request, notes) if step.mode == "real" else None
     return ActivationReport(
@@ -207,12 +217,63 @@ def _step_notes(request: StepRequest, step: StepWorld, baseline: Trace) -> list[
         )
     optimizer = request.step_optimizer
     if request.dtype in ("bf16", "fp16") and optimizer != "none":
-        notes.append(f"the optimizer's state is {request.dtype}, as torch's {optimizer} keeps it (each state tensor "
-                     "is zeros_like its parameter); an optimizer that keeps float32 master weights or state needs "
-                     "more")
+        notes.append(_optimizer_dtype_note(step.model, optimizer))
     if step.fake_cuda is not None:
         notes.append(step.fake_cuda.note())
     return notes
+
+
+def nothing_fits_hint(request: StepRequest, step: StepWorld) -> str:
+    """What to try when no plan fits: what the request did not already do, the lowest-cost first.
+
+    bf16 weights (or autocast), then LoRA and QLoRA for a training step (the optimizer's state and gradients of
+    the adapters alone), then more ranks (FSDP shards the weights, gradients and state); raising the budget; and
+    shrinking the batch only where it is above 1. A plan was already searched (that is how this came to be asked).
+    """
+    tries: list[str] = []
+    lowered = request.dtype in ("bf16", "fp16") or request.autocast in ("bf16", "fp16")
+    if not lowered:
+        tries.append("weights in bf16 (`dtype=bf16`) or bf16 autocast (`autocast=bf16`)")
+    training = request.step == "train"
+    if training and request.lora is None:
+        tries.append("train LoRA adapters instead of every weight (`lora=16`)")
+    if training and request.quantize is None:
+        tries.append("QLoRA: LoRA on a 4-bit base (`lora=16` with `quantize=nf4`)")
+    if training and request.world_size is None:
+        tries.append("shard the step over more GPUs (`world_size=8` with `fsdp=True`)")
+    batch = _batch(step)
+    tries.append("raise `budget` to at least the lowest figure")
+    if batch is not None and batch > 1:
+        tries.append(f"shrink the batch (it is {batch})")
+    return "try, the lowest-cost first: " + "; ".join(tries)
+
+
+def _batch(step: StepWorld) -> int | None:
+    """The leading size of the step's first input tensor (an input's batch), None where there is none."""
+    import torch
+
+    for value in (*step.args, *step.kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    return None
+
+
+def _optimizer_dtype_note(model: Any, optimizer: str) -> str:
+    """The dtype of the optimizer's state: its trainable parameters' (each state tensor is zeros_like its parameter).
+
+    With `--dtype bf16` that is bf16, except where the trainable parameters stay in float32: peft keeps LoRA's
+    adapters in float32, and so the state of their optimizer.
+    """
+    import torch
+
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "float32"}
+    dtypes = sorted({names.get(p.dtype, str(p.dtype).removeprefix("torch.")) for p in model.parameters()
+                     if p.requires_grad}) if model is not None else []
+    state = " and ".join(dtypes) or "none"
+    more = ("; an optimizer that keeps float32 master weights or state needs more" if dtypes != ["float32"]
+            else "")
+    return (f"the optimizer's state is {state}, the dtype of the parameters it trains (torch's {optimizer} makes "
+            f"each state tensor zeros_like its parameter){more}")
 
 
 def _prediction(request: StepRequest, notes: list[str]) -> int | None:

@@ -69,6 +69,16 @@ def flat_cnn(channels: int = 16, classes: int = 10) -> nn.Sequential:
     ).train()
 
 
+def norm_mlp(width: int = 64, blocks: int = 2) -> nn.Sequential:
+    """torch.nn's RMSNorm, SiLU and Mish: the ops a CUDA build runs whole and a CPU build splits on CUDA tensors
+    (trace/fake_cuda.py's WHOLE_ON_CUDA)."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(blocks):
+        layers += [nn.RMSNorm(width), nn.Linear(width, 4 * width), nn.SiLU(), nn.Linear(4 * width, width), nn.Mish()]
+    return nn.Sequential(*layers).train()
+
+
 class ResidualBlock(nn.Module):
     """x + W2 relu(W1 x): a block whose input stays needed after it, as in a transformer layer."""
 

@@ -196,7 +196,8 @@ def predict_fit(request: StepRequest, *, with_plan: bool = True, sized: SizedSte
     if without.size == 0 and (with_answer is None or with_answer.size == 0):
         lowest = [p.judged_bytes for p in search.probes if p.size == 1 and p.judged_bytes is not None]
         raise NothingFitsError(axis, probe.budget.bytes, min(lowest) if lowest else None,
-                               half_precision=half_precision, ranks=request.world_size is not None)
+                               half_precision=half_precision, ranks=request.world_size is not None,
+                               adapters=request.step == "train" and request.lora is None and request.quantize is None)
     return FitReport(
         axis=axis, dims=dims, given_size=given, budget_bytes=probe.budget.bytes, budget_from=probe.budget.said,
         compared=probe.budget.describe_figure(), without_plan=without, with_plan=with_answer,

@@ -8,7 +8,7 @@ from typing import Any
 
 from memlayout.activations.analysis import ActivationReport
 from memlayout.activations.assumptions import ASSUMPTIONS
-from memlayout.activations.device.cuda_runtime import cuda_runtime
+from memlayout.activations.device.cuda_runtime import chosen_workspace_size, cuda_runtime
 from memlayout.activations.fit.size_search import FitReport
 from memlayout.activations.fit.sweep import SweepReport
 from memlayout.activations.ranks.facts import RanksReport
@@ -49,7 +49,7 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
 
     from memlayout.output.terminal import text_console
 
-    parts_out: list[Any] = [_summary_panel(report), _modules_table(report, depth)]
+    parts_out: list[Any] = [_summary_panel(report, width), _modules_table(report, depth)]
     if report.plan is not None:
         parts_out.append(_plan_text(report, width))
     parts_out.extend(_notes(report, width))
@@ -59,8 +59,12 @@ def render_table(report: ActivationReport, *, depth: int = DEFAULT_DEPTH, width:
     return buffer.getvalue()
 
 
-def _summary_panel(report: ActivationReport) -> Any:
-    """The boxed summary: the model, the peak and what makes it up, the step as traced in the box's edges."""
+def _summary_panel(report: ActivationReport, width: int = 120) -> Any:
+    """The boxed summary: the model, the peak and what makes it up, the step as traced in the box's edges.
+
+    rich cuts a subtitle wider than the box (`| optimizer: adamw | pa─╯` at 120 columns): one that does not fit
+    `width` is the box's last line instead, wrapped there.
+    """
     from rich.console import Group
     from rich.panel import Panel
     from rich.text import Text
@@ -75,9 +79,12 @@ def _summary_panel(report: ActivationReport) -> Any:
     step = f" | step: {report.step}" if report.step != "train" else ""
     subtitle = (f"{', '.join(report.inputs)} | {report.mode} on {report.device} | loss: {report.loss} | "
                 f"optimizer: {report.optimizer}{precision}{step}")
-    return Panel(Group(Text.assemble(("model", "bold"), f"  {model_text(report.model_class, report.class_chosen_by)}"),
-                       _summary_grid(report), Text.assemble(("live at the peak", "bold"), f"  {live}")),
-                 title=title, subtitle=subtitle, title_align="left", expand=False)
+    lines = [Text.assemble(("model", "bold"), f"  {model_text(report.model_class, report.class_chosen_by)}"),
+             _summary_grid(report), Text.assemble(("live at the peak", "bold"), f"  {live}")]
+    fits = len(subtitle) + 8 <= width  # the corners, a rule on each side, and a space each side of the text
+    if not fits:
+        lines.append(Text.assemble(("traced", "bold"), f"  {subtitle}"))
+    return Panel(Group(*lines), title=title, subtitle=subtitle if fits else None, title_align="left", expand=False)
 
 
 def _summary_grid(report: ActivationReport) -> Any:
@@ -183,6 +190,16 @@ def _adapter_rows(grid: Any, report: ActivationReport) -> None:
                      f"dropout {lora.dropout:g})")
 
 
+def _workspace_source(capability: tuple[int, int] | None, per_handle: int) -> str:
+    """Where cuBLAS's workspace per handle comes from (cuda_runtime.chosen_workspace_size): CUBLAS_WORKSPACE_CONFIG,
+    or torch's default for the card, which is larger on sm 9.0 (Hopper) alone."""
+    if per_handle != chosen_workspace_size(capability, {}):
+        return "CUBLAS_WORKSPACE_CONFIG"
+    if capability is None or capability == (9, 0):
+        return "torch's default on Hopper"
+    return f"torch's default on sm {capability[0]}.{capability[1]}"
+
+
 def _cuda_runtime_rows(grid: Any, s: Any, capability: tuple[int, int] | None) -> None:
     """The CUDA context and cuBLAS's workspaces: memory the step's process holds that no tensor of the step is."""
     runtime = cuda_runtime(capability)
@@ -192,8 +209,9 @@ def _cuda_runtime_rows(grid: Any, s: Any, capability: tuple[int, int] | None) ->
                  "the allocator: its kernels and handle, measured on the same GPU")
     grid.add_row("cuBLAS workspaces", human_bytes(runtime.workspace_bytes), "from",
                  f"the allocator, not in the peak: {runtime.cublas_handles} cuBLAS handles (forward's and backward's "
-                 f"threads) x {human_bytes(runtime.cublas_workspace_bytes)} (Hopper's default), and cuBLASLt's "
-                 f"{human_bytes(runtime.cublaslt_workspace_bytes)}")
+                 f"threads) x {human_bytes(runtime.cublas_workspace_bytes)} "
+                 f"({_workspace_source(capability, runtime.cublas_workspace_bytes)}), "
+                 f"and cuBLASLt's {human_bytes(runtime.cublaslt_workspace_bytes)}")
     if s.reserved_peak_bytes is not None:
         total = s.reserved_peak_bytes + runtime.beside_step_bytes
         grid.add_row("on the GPU", human_bytes(total), "is",

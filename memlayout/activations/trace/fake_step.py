@@ -38,6 +38,26 @@
 
 The first and the routing apply on CPU only: a real tensor on the step's device is
 needed, and a CUDA step is traced without one.
+
+- **Values on a device that is not here** (`--step generate` for a GPU). `generate`
+  reads values all along its loop, outside the model: which special tokens are the
+  same, whether a sequence has finished. On CUDA no tensor can be real, so each small
+  fake tensor of such values has a real twin on the CPU (`values_on_device`): an op
+  whose every tensor has one runs on the twins too (as the CPU step runs it for real,
+  up to `VALUE_BYTES`), and its fake outputs get the real ones as twins; a value read
+  (`.item()`) or a shape that follows values (`nonzero`) is answered from the twins;
+  the next token follows the routing assumption, as on the CPU, with a twin. Twins are
+  not the step's memory: the fake tensors are, on the target device, as the real
+  step's tensors are. A tensor an op without twins writes into loses its twin.
+- **A small constant moved to the GPU under `torch.inference_mode`.** FakeTensorMode
+  keeps the value of a tensor made from a Python constant (`torch.tensor(token,
+  device="cuda")`, transformers' `generate` and its cache do it) and computes ops on it
+  for real, except a `_to_copy` to a device that is not there. Under inference mode the
+  mode sees `aten.to` whole instead (a CompositeImplicitAutograd op, not split there), so
+  the fake mode allocated on the real device: "Found no NVIDIA driver" on torch's CUDA
+  build, "Could not run 'aten::empty_strided' with arguments from the 'CUDA' backend"
+  on the CPU wheel. A move to a device is split here, as it is outside inference mode,
+  so that its `_to_copy` reaches the fake mode.
 """
 
 from __future__ import annotations
@@ -108,6 +128,16 @@ def _written(func: Any, args: Any, kwargs: Any) -> list[Any]:
     return [t for t in leaves if isinstance(t, torch.Tensor)]
 
 
+def _to_a_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether an `aten.to` call moves its tensor to a device other than the CPU (`to.device`, `to.dtype_layout`,
+    `to.other`)."""
+    for value in (*args[1:], *kwargs.values()):
+        device = value.device if isinstance(value, torch.Tensor) else value
+        if isinstance(device, torch.device) and device.type not in ("cpu", "meta"):
+            return True
+    return False
+
+
 def _op_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """The tensors among an op's arguments, in pytree's order, without pytree's cost on every op.
 
@@ -144,10 +174,14 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Run inside a FakeTensorMode (entered after it): real values where they are cheap, fallbacks where the
     fake kernels refuse."""
 
-    def __init__(self, fake_mode: Any, *, keep_values: bool) -> None:
+    def __init__(self, fake_mode: Any, *, keep_values: bool, values_on_device: str | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.fake_mode = fake_mode
         self.keep_values = keep_values
+        self.values_on_device = values_on_device
+        """The device ("cuda") whose small fake tensors carry values in real twins on the CPU; None: no twins."""
+        self._twins: dict[int, tuple[Any, torch.Tensor]] = {}
+        """id of a fake tensor -> (a weak reference to it, its real twin on the CPU)."""
         self.policy = "typical"
         """One of assumptions.POLICIES: how shapes that follow the weights' values are decided."""
         self.fallbacks: Counter[str] = Counter()
@@ -174,6 +208,11 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if func.overloadpacket is torch.ops.aten.to and _to_a_device(args, kwargs):
+            with self:  # its parts through this mode too: a twin follows the copy
+                return func.decompose(*args, **kwargs)
+        if self.values_on_device is not None:
+            return self._on_device_with_values(func, args, kwargs)
         tensors = _op_tensors(args, kwargs)
         fakes = [t for t in tensors if isinstance(t, _torch.FakeTensor)]
         if self.keep_values and not fakes:
@@ -275,7 +314,10 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _uniform(self, func: Any, args: Any, kwargs: Any) -> Any:
         """Small uniform draws decide the step (layer drop: `torch.rand([]) < p` skips a layer): they come out
         high, so everything runs, or low for the least memory (see assumptions.py)."""
-        out = self._real(func, args, kwargs)
+        return self._drawn(func, self._real(func, args, kwargs))
+
+    def _drawn(self, func: Any, out: Any) -> Any:
+        """A real uniform draw's values, as `_uniform` says."""
         if not isinstance(out, torch.Tensor) or out.untyped_storage().nbytes() > SMALL_BYTES:
             return out
         with _torch.unset_fake_temporarily():
@@ -284,6 +326,96 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
                 out.fill_(0.0 if self.policy == "least" else high)
         self.assumed[(str(func), "random")] += 1
         return out
+
+    # values on a device that is not here: real twins ------------------------------
+    def give_twin(self, fake: Any, real: torch.Tensor) -> None:
+        """`real` (on the CPU) holds the values of `fake` (on the step's device) from now on."""
+        key = id(fake)
+
+        def forget(_: Any, key: int = key) -> None:
+            self._twins.pop(key, None)
+
+        self._twins[key] = (weakref.ref(fake, forget), real)
+
+    def twin_of(self, value: Any) -> Any:
+        """The real twin of a fake tensor, None where it has none; a real tensor is its own."""
+        if not isinstance(value, _torch.FakeTensor):
+            return value
+        found = self._twins.get(id(value))
+        return found[1] if found is not None and found[0]() is value else None
+
+    def _on_device_with_values(self, func: Any, args: Any, kwargs: Any) -> Any:
+        tensors = _op_tensors(args, kwargs)
+        twinned = all(self.twin_of(t) is not None for t in tensors)
+        if func in _ROUTING and not twinned:  # the next token, or a router's choice: assumed, with a twin
+            out = self._routed(func, args, kwargs)
+            if isinstance(out, (tuple, list)):
+                return (out[0], self._fake_twinned(out[1]))
+            return self._fake_twinned(out)
+        if not twinned:
+            out = self._on_fakes(func, args, kwargs, tensors)
+            self._forget_written(func, args, kwargs)
+            return out
+        try:
+            fake = func(*args, **kwargs)
+        except _VALUE_ERRORS:
+            fake = None  # a value read, or a shape that follows values: the twins answer
+        if fake is not None and not self._keeps_twins(func, fake):
+            self._forget_written(func, args, kwargs)
+            return fake
+        real_args = _torch.tree_map(self._real_twin, (args, kwargs))
+        try:
+            with _torch.unset_fake_temporarily():
+                real = func(*real_args[0], **real_args[1])
+        except Exception:
+            if fake is None:
+                raise
+            self._forget_written(func, args, kwargs)
+            return fake
+        if func in _UNIFORM:
+            real = self._drawn(func, real)
+        if fake is None:
+            if not _pytree_tensors(real):
+                return real  # `.item()`, `bool()`: the value itself
+            fake = _torch.tree_map(self._fake_twinned, real)
+            return fake
+        fakes, reals = _pytree_tensors(fake), _pytree_tensors(real)
+        for made, twin in zip(fakes, reals, strict=False):
+            self.give_twin(made, twin)
+        return fake
+
+    def _keeps_twins(self, func: Any, fake: Any) -> bool:
+        """Whether an op's fake outputs get twins: small ones do, as a CPU step keeps small outputs real."""
+        return _nbytes(fake) <= VALUE_BYTES
+
+    def _real_twin(self, value: Any) -> Any:
+        """An op's argument as the twins' op takes it: a fake tensor's twin, and the CPU for the step's device."""
+        if isinstance(value, torch.Tensor):
+            return self.twin_of(value)
+        if isinstance(value, torch.device) and value.type == self.values_on_device:
+            return torch.device("cpu")
+        return value
+
+    def _fake_twinned(self, real: Any) -> Any:
+        """A fake tensor on the step's device with `real`'s metadata, and `real` as its twin."""
+        if not isinstance(real, torch.Tensor):
+            return real
+        with self.fake_mode:
+            fake = torch.empty_strided(tuple(real.shape), real.stride(), dtype=real.dtype,
+                                       device=self.values_on_device)
+        self.give_twin(fake, real)
+        return fake
+
+    def _forget_written(self, func: Any, args: Any, kwargs: Any) -> None:
+        """What an op wrote without the twins (fake values into a tensor that had them): its twins no longer hold
+        its values, nor those of any view of its storage."""
+        if not self._twins or not _writes(func):
+            return
+        written = {_torch.storage_id(t.untyped_storage()) for t in _written(func, args, kwargs)}
+        for key, (ref, _) in list(self._twins.items()):
+            fake = ref()
+            if fake is None or _torch.storage_id(fake.untyped_storage()) in written:
+                self._twins.pop(key, None)
 
     # data-dependent shapes ---------------------------------------------------
     def _routed(self, func: Any, args: Any, kwargs: Any) -> Any:

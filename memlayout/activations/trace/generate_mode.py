@@ -44,8 +44,8 @@ _FRESH_BUFFERS = frozenset({
 class GenerateStepMode(FakeStepMode):  # type: ignore[no-untyped-call]
     """FakeStepMode for `model.generate` (see the module's doc)."""
 
-    def __init__(self, fake_mode: Any, *, keep_values: bool) -> None:
-        super().__init__(fake_mode, keep_values=keep_values)
+    def __init__(self, fake_mode: Any, *, keep_values: bool, values_on_device: str | None = None) -> None:
+        super().__init__(fake_mode, keep_values=keep_values, values_on_device=values_on_device)
         self._model_depth = 0
         """How many of the model's modules are running now: 0 in generate's own loop."""
 
@@ -75,6 +75,12 @@ class GenerateStepMode(FakeStepMode):  # type: ignore[no-untyped-call]
         if written is not None and out is not written and not isinstance(written, _torch.FakeTensor):
             return written
         return out
+
+    def _keeps_twins(self, func: Any, fake: Any) -> bool:
+        # A fresh buffer to be written (a static cache) holds no values a step reads, on any device.
+        if func in _FRESH_BUFFERS and isinstance(fake, torch.Tensor) and fake.untyped_storage().nbytes() > SMALL_BYTES:
+            return False
+        return super()._keeps_twins(func, fake)
 
     def _with_values(self, func: Any, args: Any, kwargs: Any) -> Any:
         if func in _FRESH_BUFFERS:

@@ -44,7 +44,20 @@ def _flops() -> dict[Any, Any]:
         formulas[flash] = sdpa_flop
     if flash_backward is not None:
         formulas[flash_backward] = sdpa_backward_flop
+    # Under torch.inference_mode (--step inference and generate) CompositeImplicitAutograd ops reach the tracer
+    # whole, before they become the mm, bmm and attention kernels the registry counts: linear, matmul and SDPA are
+    # counted as those are.
+    import torch
+
+    formulas[torch.ops.aten.linear] = _contraction_flop
+    formulas[torch.ops.aten.matmul] = _contraction_flop
+    formulas[torch.ops.aten.scaled_dot_product_attention] = sdpa_flop
     return formulas
+
+
+def _contraction_flop(first: Any, second: Any, *_: Any, out_val: Any = None, **__: Any) -> int:
+    """2 x each output element x the contracted size (the first argument's last dimension): linear, matmul."""
+    return 2 * int(out_val.numel()) * int(first.shape[-1])
 
 
 def _good_leading_dimension(dim: int, itemsize: int) -> int:

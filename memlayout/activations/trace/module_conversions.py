@@ -14,8 +14,14 @@ every forward, and could not be traced.
 A conversion that changes nothing (`.to()` of the dtype and device a tensor already
 has returns the tensor itself) leaves `_apply` swapping two tensors of one storage,
 offset, shape, strides and dtype; a real step does nothing there either
-(`param.data = param`). That swap is skipped. A conversion that changes something
-still fails, with torch's message.
+(`param.data = param`). That swap is skipped.
+
+A conversion that changes something is swapped once the fake mode has forgotten which
+tensor it converted into the parameter (the weak reference is its memo's:
+`_torch.forget_fake_conversions`); a parameter converted to another dtype is no longer
+that conversion anyway. peft moves each new adapter to its base layer's device and dtype
+(`_move_adapter_to_device_of_base_layer`), and on a fake CUDA step, whose new tensors
+are all fake, `--lora` with `--dtype bf16` stopped there.
 """
 
 from __future__ import annotations
@@ -29,14 +35,19 @@ from memlayout import _torch
 
 @contextmanager
 def unchanged_conversions_skip_the_swap() -> Iterator[None]:
-    """Within it, `torch.utils.swap_tensors` of two views of the same memory does nothing."""
+    """Within it, `torch.utils.swap_tensors` of two views of the same memory does nothing, and of fake tensors
+    swaps them once the fake mode forgets its conversions into them."""
     import torch.utils
 
     original: Callable[[Any, Any], None] = torch.utils.swap_tensors
 
     def swap_tensors(first: Any, second: Any) -> None:
-        if not _same_view(first, second):
-            original(first, second)
+        if _same_view(first, second):
+            return
+        for tensor in (first, second):
+            if isinstance(tensor, _torch.FakeTensor):
+                _torch.forget_fake_conversions(tensor)
+        original(first, second)
 
     torch.utils.swap_tensors = swap_tensors
     try:

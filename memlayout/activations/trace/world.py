@@ -107,7 +107,10 @@ class StepWorld:
         if self.step_mode is not None:
             from memlayout.activations.trace.generate_mode import GenerateStepMode
 
-            self.step_mode = GenerateStepMode(self.fake_mode, keep_values=self.keeps_values)
+            # On a device that is not here, generate's loop reads its values from twins on the CPU (fake_step.py).
+            self.step_mode = GenerateStepMode(self.fake_mode, keep_values=self.keeps_values,
+                                              values_on_device=None if self.keeps_values else self.device.split(":")[0])
+
     @functools.cached_property
     def roofline(self) -> Roofline:
         """The target's peak rates, to price a checkpointed module's rerun (device/roofline.py): the target GPU's
@@ -193,9 +196,10 @@ class StepWorld:
                 if isinstance(item, str):
                     item = parse_input_spec(item)
                 if isinstance(item, InputSpec):
-                    if self.mode == "real" or self._keeps_input(item.nbytes):
-                        # real: the model may read its values (a padding mask, lengths); seeded
-                        tensor = item.make_tensor(self.device, generator)
+                    if self.mode == "real" or self._keeps_input(item.nbytes) or self._twins_input(item.nbytes):
+                        # real: the model may read its values (a padding mask, lengths); seeded. On a device that
+                        # is not here, made on the CPU, to be the fake input's twin (`_adopt_input`).
+                        tensor = item.make_tensor("cpu" if self._twins_input(item.nbytes) else self.device, generator)
                     else:
                         with self.context():
                             tensor = item.make_tensor(self.device, None)
@@ -219,6 +223,12 @@ class StepWorld:
 
         return self.keeps_values and nbytes <= INPUT_BYTES
 
+    def _twins_input(self, nbytes: int) -> bool:
+        """Whether an input's values go with it as a real twin (a generate step for a device that is not here)."""
+        from memlayout.activations.trace.fake_step import INPUT_BYTES
+
+        return self.step_mode is not None and self.step_mode.values_on_device is not None and nbytes <= INPUT_BYTES
+
     def _adopt_input(self, value: Any) -> Any:
         """An input: a real one stays real where the step keeps values and it is not large."""
         import torch
@@ -230,6 +240,9 @@ class StepWorld:
         adopted = self._adopt(value)
         if self.keeps_values and isinstance(adopted, torch.Tensor):  # too large to keep: its values are still inputs'
             self.step_mode.mark_from_inputs(adopted, adopted.untyped_storage().nbytes())
+        if (isinstance(value, torch.Tensor) and not _is_fake(value) and value.device.type == "cpu"
+                and self._twins_input(value.untyped_storage().nbytes())):
+            self.step_mode.give_twin(adopted, value)
         return adopted
 
     def _adopt(self, value: Any, *, place: bool = True) -> Any:

@@ -156,3 +156,13 @@ def test_device_cuda_reports_reserved_on_the_command_line() -> None:
                             "--device", "cuda"])
     assert code == 0, err
     assert "reserved" in table and "CUDA context" in table
+
+
+def test_the_panel_names_where_cublas_workspace_size_comes_from() -> None:
+    # It said "Hopper's default" for every card; torch's default is larger on sm 9.0 alone.
+    from memlayout.activations.device.cuda_runtime import chosen_workspace_size
+    from memlayout.activations.report.table import _workspace_source
+
+    assert _workspace_source((9, 0), chosen_workspace_size((9, 0), {})) == "torch's default on Hopper"
+    assert _workspace_source((8, 9), chosen_workspace_size((8, 9), {})) == "torch's default on sm 8.9"
+    assert _workspace_source((8, 9), 4096 * 1024) == "CUBLAS_WORKSPACE_CONFIG"
