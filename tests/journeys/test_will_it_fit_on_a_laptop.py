@@ -53,7 +53,8 @@ def test_a_prompt_served_on_a_gpu_is_the_same_forward_as_inference() -> None:
 
 def test_the_optimizer_note_says_loras_adapters_keep_their_state_in_float32() -> None:
     # With --lora and --dtype bf16 the note said "the optimizer's state is bf16": peft keeps the adapters in float32.
-    code, out, err = run(["activations", LLAMA_TINY, "--input", PROMPT, "--input", PROMPT.replace("input_ids", "labels"),
+    labels = PROMPT.replace("input_ids", "labels")
+    code, out, err = run(["activations", LLAMA_TINY, "--input", PROMPT, "--input", labels,
                           "--lora", "16", "--dtype", "bf16", "--format", "json"])
     assert code == 0, err
     notes = [note for note in json.loads(out)["notes"] if "optimizer's state" in note]

@@ -259,7 +259,8 @@ def test_the_nothing_fits_hint_to_lower_precision_works_and_is_not_given_to_a_bf
     assert result.exit_code == 1 and "not even a batch of 1 fits" in result.stderr, result.stderr
     hint = " ".join(result.stderr.split())
     assert "--dtype" not in hint
-    assert "raise --budget, train LoRA adapters (--lora 16; with --quantize nf4 for QLoRA), or shard across ranks" in hint
+    assert ("raise --budget, train LoRA adapters (--lora 16; with --quantize nf4 for QLoRA), or shard across ranks"
+            in hint)
     with pytest.raises(NothingFitsError) as caught:
         fit("tests.activations.models:gpt2", [parse_input_spec(s) for s in specs[1::2]], budget=tight, dtype="bf16")
     assert caught.value.lowest_peak_bytes is not None
