@@ -1,4 +1,4 @@
-"""docs/will-it-fit.md's tables of the anchors side by side, rendered from benchmarks/results/anchors.json
+"""docs/evidence-fit.md's tables of the anchors side by side, rendered from benchmarks/results/anchors.json
 (written by bench_anchors.py).
 
 The page names the tables by a marker that the site's build replaces with this

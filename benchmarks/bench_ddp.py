@@ -1,6 +1,6 @@
 """DistributedDataParallel ranks: `memlayout activations --world-size 2 --ddp` against two real gloo ranks.
 
-The docs quote this file's figures (docs/will-it-fit.md, "Many GPUs: DDP ranks"); a test checks them.
+The docs quote this file's figures (docs/activations-ranks.md, "Many GPUs: DDP ranks"); a test checks them.
 Every figure is measured in this run:
 - each case's prediction (the command, in a child process, timed) against two real gloo
   ranks on this CPU, each judged by the CPU allocator's events over its fourth step
@@ -176,7 +176,7 @@ def fit_for_real() -> tuple[list[Row], dict[str, Any]]:
 
 
 def table_markdown(results: dict[str, Any]) -> str:
-    """The table docs/will-it-fit.md shows (a test checks that the page holds it): each case of the results file's
+    """The table docs/activations-ranks.md shows (a test checks that the page holds it): each case of the results file's
     last full run, memlayout's peak against each real gloo rank's."""
     lines = [
         "| model, one rank's batch | gradient_as_bucket_view | buckets | memlayout | real gloo ranks 0, 1 "
@@ -196,7 +196,7 @@ def table_markdown(results: dict[str, Any]) -> str:
 
 
 def fit_markdown(results: dict[str, Any]) -> str:
-    """The sentence docs/will-it-fit.md gives `--fit batch` with DDP, from the results file's last full run."""
+    """The sentence docs/activations-ranks.md gives `--fit batch` with DDP, from the results file's last full run."""
     figures = results["raw"]["fit"]
     return (f"`{figures['command']}` answers batch {figures['size']}; two real gloo ranks peak at "
             f"{mib(figures['real'])} at batch {figures['size']} and {mib(figures['real_next'])} at batch "

@@ -8,7 +8,7 @@ Every figure is measured in this run:
   measured by FSDPMemTracker, and a plan followed for real;
 - will it fit: the same models side by side, memlayout, FSDPMemTracker on fake
   ranks, accelerate's `estimate-memory` arithmetic, DeepSpeed's ZeRO-3 estimate,
-  and the real run where one fits here. docs/will-it-fit.md renders its table
+  and the real run where one fits here. docs/evidence-fit.md renders its table
   from this file's results (benchmarks/results/will_it_fit.json).
 
 Usage: python benchmarks/bench_ranks.py [--quick]

@@ -13,7 +13,7 @@ in the same run:
   counted by storage. Llama 7B (27 GB in float32) is not built.
 
 Figures are bytes; the ratio rows compare memlayout with the real model (goal: the
-same, 1.00x) and with accelerate (anchors: docs/will-it-fit.md says why they
+same, 1.00x) and with accelerate (anchors: docs/evidence-fit.md says why they
 differ); the wall-time row compares the two tools' answers, each the best of 3
 runs in this process. `--quick` runs the small configs only.
 

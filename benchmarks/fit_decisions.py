@@ -114,7 +114,7 @@ def check(model: str, target: str, precision: str) -> dict[str, Any]:
 
 
 def table_markdown(results: dict[str, Any] | None = None) -> str:
-    """The table docs/will-it-fit.md shows, from the results file."""
+    """The table docs/evidence-fit.md shows, from the results file."""
     results = results if results is not None else json.loads(RESULTS.read_text())
     lines = [
         "| model, tokens | target | precision | batch, no plan | batch s, with a plan | compared at s / budget "

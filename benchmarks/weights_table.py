@@ -1,4 +1,4 @@
-"""docs/will-it-fit.md's table of `--weights` beside `accelerate estimate-memory`, rendered from
+"""docs/activations-weights.md's table of `--weights` beside `accelerate estimate-memory`, rendered from
 benchmarks/results/weights.json (written by bench_weights.py).
 
 The page names the table by a marker that the site's build replaces with this
@@ -20,7 +20,7 @@ def gib(count: float) -> str:
 
 
 def table_markdown(results: dict[str, Any] | None = None) -> str:
-    """docs/will-it-fit.md's table: each dtype's weights and float32 training, memlayout beside accelerate."""
+    """docs/activations-weights.md's table: each dtype's weights and float32 training, memlayout beside accelerate."""
     raw = (results if results is not None else json.loads(RESULTS.read_text()))["raw"]
     lines = ["| model | dtype | memlayout weights | accelerate Total Size | memlayout training (weights, gradients, "
              "AdamW state) | accelerate Training using Adam | real model and AdamW step |",

@@ -1,6 +1,6 @@
 """The "Will it fit?" table, rendered from benchmarks/results/will_it_fit.json (written by bench_ranks.py).
 
-docs/will-it-fit.md names the table by a marker that the site's build replaces
+docs/evidence-fit.md names the table by a marker that the site's build replaces
 with this rendering (docs/hooks.py), so the page shows the last benchmark's
 figures and cannot drift from them.
 """

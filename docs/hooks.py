@@ -137,8 +137,8 @@ PAGES_OF_THEIR_OWN = {
     "fit_sweep", "tp_generate_sweep", "compile_difference", "segments_cnn", "segments_brute_force",
     "segments_brute_force_large", "segments_sweep", "segments_sweep_cnns",
 }
-"""Results files another page renders whole or names (will-it-fit.md, activations-zoo.md, activations.md), not
-harness runs."""
+"""Results files another page renders whole or names (evidence-fit.md, activations-weights.md, activations-zoo.md
+and the other activations pages), not harness runs."""
 
 
 def _benchmark_results() -> str:

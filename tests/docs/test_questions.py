@@ -41,14 +41,8 @@ def test_the_page_asks_a_dozen_questions_each_with_a_command_and_a_link() -> Non
         assert re.search(r"\]\([a-z/-]+\.md(#[a-z0-9-]+)?\)", text), question
 
 
-def _marks(text: str) -> list[pytest.MarkDecorator]:
-    # Fake CUDA tensors need torch's CUDA build (no GPU): CI's torch 2.14.1 job runs these.
-    return [pytest.mark.cuda_build] if "--gpu" in text else []
-
-
-@pytest.mark.parametrize(
-    "question", [pytest.param(q, marks=_marks(text), id=q) for q, text in sections()]
-)
+# `--gpu` runs on every torch build (a fake CUDA device), so a question that names a GPU runs here too.
+@pytest.mark.parametrize("question", [pytest.param(q, id=q) for q, _ in sections()])
 def test_every_command_on_the_page_runs(question: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("fixtures", "benchmarks"):
         (tmp_path / name).symlink_to(ROOT / name, target_is_directory=True)

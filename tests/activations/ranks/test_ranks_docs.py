@@ -1,4 +1,4 @@
-"""docs/will-it-fit.md: its table is the last benchmark's results, and the figures it shows come from the commands
+"""docs/evidence-fit.md: its table is the last benchmark's results, and the figures it shows come from the commands
 it prints."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ SMALL = [key for key, figures in RESULTS_DATA.items() if figures["case"]["real"]
 def test_the_page_names_the_table_the_site_build_renders() -> None:
     from tests.test_docs import HOOKS
 
-    assert MARKER in (ROOT / "docs" / "will-it-fit.md").read_text()
+    assert MARKER in (ROOT / "docs" / "evidence-fit.md").read_text()
     assert HOOKS.MARKERS[MARKER]() == table_markdown()
 
 
