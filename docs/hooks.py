@@ -159,7 +159,7 @@ def _benchmark_results() -> str:
 def _will_it_fit() -> str:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks.will_it_fit import table_markdown
+    from benchmarks.accuracy.will_it_fit import table_markdown
 
     return table_markdown()
 
@@ -167,7 +167,7 @@ def _will_it_fit() -> str:
 def _fit_decisions() -> str:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks.fit_decisions import table_markdown
+    from benchmarks.accuracy.fit_decisions import table_markdown
 
     return table_markdown()
 
@@ -175,7 +175,7 @@ def _fit_decisions() -> str:
 def _weights_vs_accelerate() -> str:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks.weights_table import table_markdown
+    from benchmarks.accuracy.weights_table import table_markdown
 
     return table_markdown()
 
@@ -183,7 +183,7 @@ def _weights_vs_accelerate() -> str:
 def _anchors() -> str:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks.anchors_table import table_markdown
+    from benchmarks.accuracy.anchors_table import table_markdown
 
     return table_markdown()
 

@@ -210,7 +210,7 @@ def test_the_activations_synopsis_is_generated_from_the_cli() -> None:
 
 
 def test_the_fit_decisions_page_quotes_its_results_and_every_decision_held() -> None:
-    """docs/evidence-fit.md's GPU answers come from benchmarks/fit_decisions.py's results: each row names its GPU
+    """docs/evidence-fit.md's GPU answers come from benchmarks/accuracy/fit_decisions.py's results: each row names its GPU
     and its command, and each was checked as a user acts on it (--budget at s found a plan, at s + 1 none)."""
     import json
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.weights_table import MARKER, RESULTS, table_markdown
+from benchmarks.accuracy.weights_table import MARKER, RESULTS, table_markdown
 from memlayout.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[2]

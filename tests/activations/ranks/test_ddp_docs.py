@@ -1,4 +1,4 @@
-"""docs/activations-ranks.md's DDP figures are the last full run of benchmarks/bench_ddp.py, and its command prints them."""
+"""docs/activations-ranks.md's DDP figures are the last full run of benchmarks/accuracy/bench_ddp.py, and its command prints them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.bench_ddp import CASES, fit_markdown, table_markdown
+from benchmarks.accuracy.bench_ddp import CASES, fit_markdown, table_markdown
 from memlayout.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[3]
