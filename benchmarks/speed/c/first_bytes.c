@@ -1,6 +1,6 @@
 /* The floor of a walk by content, without Python: list a folder, then open each
  * file relative to it, read its first 512 bytes and close it. Prints the files
- * and bytes read; benchmarks/bench_folder_walk.py times the process as it times
+ * and bytes read; benchmarks/speed/bench_folder_walk.py times the process as it times
  * `find`. Usage: first_bytes FOLDER */
 #include <dirent.h>
 #include <fcntl.h>
