@@ -160,7 +160,7 @@ fuzz: $(STAMP)
 # test, and skips with one line when the package registry is unreachable.
 realworld: $(STAMP)
 	$(PY) -m pytest -q -n 2 tests/realworld
-	$(PY) benchmarks/bench_realworld.py
+	$(PY) benchmarks/speed/bench_realworld.py
 
 # memlayout activations against the real step on every architecture in transformers'
 # auto-model registries, diffusers' UNets and VAEs, and torch.nn's reference models,
@@ -171,6 +171,6 @@ realworld: $(STAMP)
 ZOO_JOBS ?= 1
 ZOO_TIMEOUT ?= 300
 zoo: $(STAMP)
-	nice -n 10 $(PY) -m benchmarks.zoo.run --jobs $(ZOO_JOBS) --timeout $(ZOO_TIMEOUT) \
+	nice -n 10 $(PY) -m benchmarks.accuracy.zoo.run --jobs $(ZOO_JOBS) --timeout $(ZOO_TIMEOUT) \
 	  $(if $(ARCH),--arch "$(ARCH)") $(if $(FAMILY),--family "$(FAMILY)") $(if $(RERUN),--rerun $(RERUN)) \
 	  --command "make zoo$(if $(ARCH), ARCH=$(ARCH))$(if $(FAMILY), FAMILY=$(FAMILY))$(if $(RERUN), RERUN=$(RERUN))"

@@ -41,7 +41,8 @@ def interpreter(script: Path) -> str:
 
 
 def scripts() -> list[Path]:
-    found = sorted(HERE.glob("bench_*.py"))
+    # Each kind of measurement has its folder (speed/, accuracy/, gpu/); a script is found in any of them.
+    found = sorted(HERE.glob("*/bench_*.py"))
     return sorted(found, key=lambda p: (ORDER.index(p.name) if p.name in ORDER else len(ORDER), p.name))
 
 

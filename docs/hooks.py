@@ -137,8 +137,8 @@ PAGES_OF_THEIR_OWN = {
     "fit_sweep", "tp_generate_sweep", "compile_difference", "segments_cnn", "segments_brute_force",
     "segments_brute_force_large", "segments_sweep", "segments_sweep_cnns",
 }
-"""Results files another page renders whole or names (will-it-fit.md, activations-zoo.md, activations.md), not
-harness runs."""
+"""Results files another page renders whole or names (evidence-fit.md, activations-weights.md, activations-zoo.md
+and the other activations pages), not harness runs."""
 
 
 def _benchmark_results() -> str:
@@ -159,7 +159,7 @@ def _benchmark_results() -> str:
 def _will_it_fit() -> str:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks.will_it_fit import table_markdown
+    from benchmarks.accuracy.will_it_fit import table_markdown
 
     return table_markdown()
 
@@ -167,7 +167,7 @@ def _will_it_fit() -> str:
 def _fit_decisions() -> str:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks.fit_decisions import table_markdown
+    from benchmarks.accuracy.fit_decisions import table_markdown
 
     return table_markdown()
 
@@ -175,7 +175,7 @@ def _fit_decisions() -> str:
 def _weights_vs_accelerate() -> str:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks.weights_table import table_markdown
+    from benchmarks.accuracy.weights_table import table_markdown
 
     return table_markdown()
 
@@ -183,7 +183,7 @@ def _weights_vs_accelerate() -> str:
 def _anchors() -> str:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from benchmarks.anchors_table import table_markdown
+    from benchmarks.accuracy.anchors_table import table_markdown
 
     return table_markdown()
 

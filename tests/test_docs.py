@@ -104,7 +104,7 @@ def python_examples() -> list[tuple[str, str]]:
 
 
 def test_the_pages_have_python_examples() -> None:
-    assert {page for page, _ in python_examples()} >= {"api.md", "flatten.md", "activations.md", "ci.md"}
+    assert {page for page, _ in python_examples()} >= {"api.md", "flatten.md", "activations-budget.md", "ci.md"}
 
 
 @pytest.mark.parametrize(("page", "block"), python_examples(), ids=[p for p, _ in python_examples()])
@@ -196,7 +196,7 @@ def test_the_activations_synopsis_is_generated_from_the_cli() -> None:
     from memlayout.cli.app import app
 
     marker = "<!-- memlayout:synopsis activations -->"
-    page = (DOCS / "activations.md").read_text()
+    page = (DOCS / "activations-reference.md").read_text()
     assert marker in page and "`memlayout activations TARGET" not in page
     synopsis = HOOKS.MARKERS[marker]()
     assert synopsis.startswith("`memlayout activations TARGET [")
@@ -210,12 +210,12 @@ def test_the_activations_synopsis_is_generated_from_the_cli() -> None:
 
 
 def test_the_fit_decisions_page_quotes_its_results_and_every_decision_held() -> None:
-    """docs/will-it-fit.md's GPU answers come from benchmarks/fit_decisions.py's results: each row names its GPU
-    and its command, and each was checked as a user acts on it (--budget at s found a plan, at s + 1 none)."""
+    """docs/evidence-fit.md's GPU answers come from benchmarks/accuracy/fit_decisions.py's results: each row names its
+    GPU and its command, and each was checked as a user acts on it (--budget at s found a plan, at s + 1 none)."""
     import json
 
     marker = "<!-- memlayout:fit-decisions -->"
-    assert marker in (DOCS / "will-it-fit.md").read_text()
+    assert marker in (DOCS / "evidence-fit.md").read_text()
     records = json.loads((ROOT / "benchmarks" / "results" / "fit_decisions.json").read_text())["records"]
     table = HOOKS.MARKERS[marker]()
     assert records

@@ -2,7 +2,7 @@
 
 Usage: python tools/import_rules.py [--count]   (run by `make lint`; exit 1 on a violation)
 
-Start-up time is a feature (`benchmarks/bench_startup.py`), so a module that the
+Start-up time is a feature (`benchmarks/speed/bench_startup.py`), so a module that the
 CLI loads before it knows the command never imports a heavy package at its top:
 torch, numpy, rich and the others of `HEAVY` are imported inside the function
 that needs them. The rest of the lazy imports cost a reader and buy nothing, so

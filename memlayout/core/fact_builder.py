@@ -217,7 +217,7 @@ def build_facts(source: LoadedSource) -> Facts:
         if dtype is None:
             dtype = dtypes[first.dtype] = dtype_info(first.dtype)
         # A tensor's fact, built here rather than in a function: a call per tensor
-        # cost 10% of this loop on 40,000 tensors (benchmarks/bench_many_tensors.py).
+        # cost 10% of this loop on 40,000 tensors (benchmarks/speed/bench_many_tensors.py).
         shape, stride, offset = first.shape, first.stride, first.offset
         itemsize = dtype.itemsize
         known = geometry_of((shape, stride))

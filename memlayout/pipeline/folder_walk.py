@@ -21,7 +21,7 @@ and an audit's exit status can say that everything was read.
 
 One `os.open` relative to the folder, one read and one close per file: the first
 bytes, not the file. That is the least any walk by content can do
-(benchmarks/bench_folder_walk.py).
+(benchmarks/speed/bench_folder_walk.py).
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 DEFAULT_JOBS = 16
-"""Paths in flight by default: a laptop's or a CI runner's, against a Hub 50 ms away (benchmarks/bench_hub_audit.py)."""
+"""Paths in flight by default: a laptop's or a CI runner's, against a Hub 50 ms away
+(benchmarks/speed/bench_hub_audit.py)."""
 _SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
 

@@ -30,7 +30,7 @@ from memlayout.activations.device.cuda_allocator import (
 H200_HISTORY = (Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu"
                 / "llama1b-autocast-allocator-history-h200.pickle.gz")
 """The second AdamW step of a 1.1B Llama under bf16 autocast, 1x2048 tokens, on an H200
-(torch 2.11.0+cu130), recorded by benchmarks/gpu_probe.py."""
+(torch 2.11.0+cu130), recorded by benchmarks/gpu/gpu_probe.py."""
 H200_MEASURED = {"max_memory_allocated": 22152553984, "max_memory_reserved": 26730299392,
                  "allocated_before_step": 13318809088, "reserved_before_step": 26132611072}
 """`torch.cuda.memory_stats` around that step, from benchmarks/results/gpu/probe-h200.json

@@ -7,7 +7,7 @@ storage counter never see (they count op outputs only: oneDNN's convolution back
 scratch no output shows, and `F.mse_loss` frees an element-wise buffer inside the op).
 
 These are the references the predictions are checked against (tests and
-benchmarks/bench_activations.py).
+benchmarks/accuracy/bench_activations.py).
 
 Under torch.utils.checkpoint MemTracker changes what it measures: its module
 hooks keep tensors of the recomputed forward alive longer than the step itself

@@ -2,7 +2,7 @@
 
 Goal (issue 13): peak_bytes within 2% of MemTracker, activation_bytes within 2%
 of what a saved_tensors_hooks pack hook sees, once per storage. The larger
-sizes are measured in benchmarks/bench_activations.py.
+sizes are measured in benchmarks/accuracy/bench_activations.py.
 """
 
 from __future__ import annotations

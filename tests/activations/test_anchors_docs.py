@@ -1,4 +1,4 @@
-"""docs/will-it-fit.md's anchors tables are the last benchmark's results (benchmarks/results/anchors.json), the
+"""docs/evidence-fit.md's anchors tables are the last benchmark's results (benchmarks/results/anchors.json), the
 figures its prose quotes are in them, and the figures there are what each tool and formula gives today."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.anchors_table import MARKER, RESULTS, table_markdown
+from benchmarks.accuracy.anchors_table import MARKER, RESULTS, table_markdown
 from memlayout.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = (ROOT / "docs" / "will-it-fit.md").read_text()
+PAGE = (ROOT / "docs" / "evidence-fit.md").read_text()
 RESULTS_DATA = json.loads(RESULTS.read_text())
 RAW = RESULTS_DATA["raw"]
-SECTION = PAGE[PAGE.index("## The anchors, side by side"):PAGE.index("## What to change so it fits")]
+SECTION = PAGE[PAGE.index("## The anchors, side by side"):]
 
 
 def _config(name: str) -> dict[str, object]:
@@ -76,7 +76,7 @@ def test_deepspeed_counted_the_parameters_memlayout_counts() -> None:
 
 @pytest.mark.parametrize("name", sorted(RAW["generation"]))
 def test_the_textbook_figures_are_what_it_gives_today(name: str) -> None:
-    from benchmarks.bench_anchors import textbook_cache
+    from benchmarks.accuracy.bench_anchors import textbook_cache
 
     assert textbook_cache(_config(name)) == RAW["generation"][name]["textbook"]
 
@@ -85,7 +85,7 @@ def test_the_textbook_figures_are_what_it_gives_today(name: str) -> None:
 def test_hf_mems_figures_are_what_it_gives_today(name: str) -> None:
     # hf-mem is in the bench extra, which `make venv` installs and the torch matrix's venvs do not.
     pytest.importorskip("hf_mem", reason="hf-mem is in memlayout's bench extra (make venv installs it)")
-    from benchmarks.bench_anchors import hf_mem_cache
+    from benchmarks.accuracy.bench_anchors import hf_mem_cache
 
     assert hf_mem_cache(_config(name)) == RAW["generation"][name]["hf_mem"]
 

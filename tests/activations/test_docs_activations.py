@@ -1,4 +1,4 @@
-"""The activations page's examples are real: each command runs and prints what docs/activations.md shows."""
+"""The activations pages' examples are real: each command runs and prints what its page shows."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ from typer.testing import CliRunner
 
 from memlayout.cli.app import app
 
-PAGE = (Path(__file__).resolve().parents[2] / "docs" / "activations.md").read_text()
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+# The pages split from the one activations page that show a command with its output.
+PAGE = "\n".join((DOCS / page).read_text()
+                 for page in ("activations.md", "activations-weights.md", "activations-budget.md"))
 EXAMPLES = re.findall(r"```console\n\$ memlayout (activations .+?)\n(.*?)```", PAGE, flags=re.DOTALL)
 MEASURED_HERE = re.compile(r"(recompute .*?, )\S+ \S+ \(\d+% of the forward's time\)")
 """A plan's recompute time on the CPU: the roofline of rates measured on the machine that runs it."""

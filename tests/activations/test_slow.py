@@ -1,7 +1,7 @@
 """The memory goals at full size (issue 13), run by `make slow`, not by `make test`.
 
 Each prediction runs in its own process so that its peak RSS is its own. Times
-are measured in benchmarks/bench_activations.py, never asserted here.
+are measured in benchmarks/accuracy/bench_activations.py, never asserted here.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ pytestmark = [
 
 
 def child(name: str, *args: int) -> dict[str, Any]:
-    command = [sys.executable, str(ROOT / "benchmarks" / "bench_activations.py"), "--child", name, *map(str, args)]
+    script = ROOT / "benchmarks" / "accuracy" / "bench_activations.py"
+    command = [sys.executable, str(script), "--child", name, *map(str, args)]
     done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])

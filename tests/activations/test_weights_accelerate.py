@@ -4,7 +4,7 @@ accelerate's `gather_data` runs as its command runs it (AutoModel under
 init_empty_weights, `calculate_maximum_sizes`, `estimate_training_usage`); only its
 Hub lookup (`verify_on_hub`, a network call) is answered with the local config. Where
 the two agree they agree to the byte; where they differ, each difference is the one
-docs/will-it-fit.md explains, by the formula it gives.
+docs/activations-weights.md explains, by the formula it gives.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The sweep's runner (benchmarks/zoo/run.py): a crash or a hang ends only its own architecture's record,
+"""The sweep's runner (benchmarks/accuracy/zoo/run.py): a crash or a hang ends only its own architecture's record,
 and docs/activations-zoo.md is what the results give."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.zoo import render, run
-from benchmarks.zoo.catalog import Architecture, Built
+from benchmarks.accuracy.zoo import render, run
+from benchmarks.accuracy.zoo.catalog import Architecture, Built
 
 
 def architecture(name: str, build: Any) -> Architecture:
@@ -102,7 +102,7 @@ def test_a_check_that_runs_gives_the_full_record() -> None:
 
 
 def test_a_check_without_plans_is_judged_by_the_allocator_events(monkeypatch: pytest.MonkeyPatch) -> None:
-    from benchmarks.zoo.check import PLANS_VARIABLE
+    from benchmarks.accuracy.zoo.check import PLANS_VARIABLE
 
     monkeypatch.setenv(PLANS_VARIABLE, "0")  # the spawned child reads it, as run.py --no-plans sets it
     record = finish(run.start_child(architecture("tiny", tiny)), timeout=120)
@@ -186,13 +186,13 @@ def test_a_range_miss_is_stated_in_the_bytes_it_misses_by() -> None:
 def test_the_docs_page_is_what_the_results_give() -> None:
     if not render.RESULTS.exists():
         pytest.fail(f"{render.RESULTS} is missing: run make zoo")
-    assert render.DOCS.read_text() == render.current(), "run python -m benchmarks.zoo.render"
+    assert render.DOCS.read_text() == render.current(), "run python -m benchmarks.accuracy.zoo.render"
 
 
 def test_the_catalog_lists_every_model_class_of_the_registries_once() -> None:
     from transformers.models.auto import modeling_auto
 
-    from benchmarks.zoo.catalog import DIFFUSERS, FAMILIES, TORCH_MODELS, architectures
+    from benchmarks.accuracy.zoo.catalog import DIFFUSERS, FAMILIES, TORCH_MODELS, architectures
 
     entries = architectures()
     names = [entry.name for entry in entries]
@@ -207,7 +207,7 @@ def test_the_catalog_lists_every_model_class_of_the_registries_once() -> None:
 def test_the_real_hint_is_found_past_the_cut_a_record_makes() -> None:
     """IBertForMaskedLM's message names a long path, and the record's 400-character cut fell inside "pass --real";
     the sweep then failed a step a user would have run with --real."""
-    from benchmarks.zoo.check import REAL_HINT, memlayout_error
+    from benchmarks.accuracy.zoo.check import REAL_HINT, memlayout_error
     from memlayout.errors import UsageError
 
     error = UsageError("the step reads a value at " + "/long/path" * 60, hint=f"{REAL_HINT} to run it")

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.zoo.catalog import by_name
-from benchmarks.zoo.check import run_check
+from benchmarks.accuracy.zoo.catalog import by_name
+from benchmarks.accuracy.zoo.check import run_check
 
 SLICE = (
     "LlamaForCausalLM",  # causal LM

@@ -9,7 +9,7 @@ sample it stands for. Calls are pickled by `pickle.dumps` of an object whose
 `__reduce__` returns the callable (as the scanners' own tests write them: nothing
 is called), or spelled opcode by opcode where the global is not importable here;
 wrappers are written by their own libraries (joblib, numpy, torch, zipfile,
-tarfile, gzip). benchmarks/bench_scanner_corpora.py sweeps the scanners' real
+tarfile, gzip). benchmarks/speed/bench_scanner_corpora.py sweeps the scanners' real
 files from a mirror where one exists.
 """
 

@@ -1,7 +1,7 @@
 """Run `memlayout inspect` over a folder of samples others labelled, watched, and say what it made of each.
 
 Used by tests/corpus/test_scanner_samples.py (samples remade here from recipes) and
-benchmarks/bench_scanner_corpora.py (the scanners' own files, from a mirror).
+benchmarks/speed/bench_scanner_corpora.py (the scanners' own files, from a mirror).
 
 The inspection runs in a child process with an audit hook (PEP 578) that records,
 and blocks, every event by which a sample's payload would act: a command, a

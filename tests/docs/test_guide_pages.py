@@ -20,8 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 LEAD_LINES = 40
 MAX_WORDS = 2_000
-# Pages still being split by question; this list only shrinks.
-NOT_YET_SPLIT = {"activations.md", "will-it-fit.md"}
 DATE = re.compile(
     r"\b20\d\d-[01]\d-[0-3]\d\b"
     r"|\b(?:January|February|March|April|May|June|July|August|September|October|November|December)"
@@ -44,23 +42,19 @@ def guide_pages() -> list[str]:
     return pages(guide)
 
 
-def test_the_exemptions_are_guide_pages() -> None:
-    assert set(guide_pages()) >= NOT_YET_SPLIT
-
-
-@pytest.mark.parametrize("page", sorted(set(guide_pages()) - NOT_YET_SPLIT))
+@pytest.mark.parametrize("page", guide_pages())
 def test_a_guide_page_leads_with_a_command(page: str) -> None:
     lead = "\n".join((DOCS / page).read_text().splitlines()[:LEAD_LINES])
     assert COMMAND.search(lead), f"{page}: no `$ memlayout ...` command in its first {LEAD_LINES} lines"
 
 
-@pytest.mark.parametrize("page", sorted(set(guide_pages()) - NOT_YET_SPLIT))
+@pytest.mark.parametrize("page", guide_pages())
 def test_a_guide_page_is_short(page: str) -> None:
     words = len((DOCS / page).read_text().split())
     assert words <= MAX_WORDS, f"{page}: {words} words; move evidence and reference detail to their own pages"
 
 
-@pytest.mark.parametrize("page", sorted(set(guide_pages()) - NOT_YET_SPLIT))
+@pytest.mark.parametrize("page", guide_pages())
 def test_a_guide_page_holds_no_dated_history(page: str) -> None:
     dates = DATE.findall((DOCS / page).read_text())
     assert dates == [], f"{page}: {dates}; dated history goes to the Evidence pages or the CHANGELOG"

@@ -16,9 +16,9 @@ MIB = 1 << 20
 TENSOR_MIB = 32
 TENSORS = 8
 
-# The child (benchmarks/deep_rss_probe.py, which bench_deep.py runs too) polls its
+# The child (benchmarks/speed/deep_rss_probe.py, which bench_deep.py runs too) polls its
 # own RSS while the deep run goes; see there for why ru_maxrss cannot serve.
-_PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "deep_rss_probe.py"
+_PROBE = Path(__file__).resolve().parents[2] / "benchmarks" / "speed" / "deep_rss_probe.py"
 
 
 def big_state() -> dict[str, torch.Tensor]:

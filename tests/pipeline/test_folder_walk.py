@@ -90,8 +90,8 @@ def test_a_dcp_folders_data_files_are_its_own(tmp_path: Path) -> None:
 
 
 def test_a_walk_of_many_files_reads_only_the_first_bytes_of_each(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    # Functional, not timed (benchmarks/bench_folder_walk.py times it): each file is
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # Functional, not timed (benchmarks/speed/bench_folder_walk.py times it): each file is
     # opened once and read once, HEAD_BYTES at most, however big it is.
     folder = tmp_path / "many"
     folder.mkdir()

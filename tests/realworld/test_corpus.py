@@ -10,7 +10,7 @@ torch.export write during the run):
   down there (file by file, and over a folder of the whole corpus), and its
   output holds bitwise what torch.load of the input holds;
 - every hint of every finding works when followed.
-Timings against torch.load are a benchmark (`benchmarks/bench_realworld.py`).
+Timings against torch.load are a benchmark (`benchmarks/speed/bench_realworld.py`).
 """
 
 from __future__ import annotations

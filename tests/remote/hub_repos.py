@@ -4,7 +4,7 @@ them.
 - one-file: GPT-2 as `save_pretrained` writes it (model.safetensors, config.json, tied);
 - sharded: Llama in 3 or more safetensors shards with their index;
 - bin: BERT's state dict in `pytorch_model.bin`, as older transformers wrote it.
-The fake Hub (benchmarks/fake_hub.py) serves them as many repositories as a test
+The fake Hub (benchmarks/harness/fake_hub.py) serves them as many repositories as a test
 names, each its own copy's report when read from disk.
 """
 

@@ -1,6 +1,6 @@
-"""A hub's worth of audits, against the fake Hub (benchmarks/fake_hub.py): many repositories in one command.
+"""A hub's worth of audits, against the fake Hub (benchmarks/harness/fake_hub.py): many repositories in one command.
 
-The benchmark (benchmarks/bench_hub_audit.py) runs 1,000 repositories at 0 and 50
+The benchmark (benchmarks/speed/bench_hub_audit.py) runs 1,000 repositories at 0 and 50
 ms against huggingface_hub; these tests run a slice of it, each on what could go
 wrong: a repository misread, descriptors or memory growing with the paths, a report
 lost when the run stops, a silent Hub holding the command, a request too many.
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.fake_hub import running_fake_hub
+from benchmarks.harness.fake_hub import running_fake_hub
 from tests.remote.hub_repos import comparable, repositories, watched
 from tests.remote.reports import REPO
 

@@ -10,7 +10,7 @@ the CPU allocator sees are not that:
   it returns: `mse_loss` a second buffer of the input's size, oneDNN's convolution
   backward a workspace (671,744 bytes on a small ResNet, 512 once oneDNN is off).
 
-Which ops do this is found by measurement, not guessed: `benchmarks/kernel_storage_probe.py`
+Which ops do this is found by measurement, not guessed: `benchmarks/accuracy/kernel_storage_probe.py`
 runs every aten op of real training steps (the zoo sweep's architectures, a ResNet,
 models ending in `mse_loss`) once under the allocator's events and lists those
 whose real output storage or scratch differs from the fake kernel's. Those ops are
@@ -53,7 +53,7 @@ from memlayout.activations.trace.kernels import forward_flops, onednn_lstm_works
 from memlayout.core.strides import dense_strides_in_order, dimension_order
 
 LEARNED_OPS = (
-    # as torch prints the overload; the ops benchmarks/kernel_storage_probe.py found (its results file
+    # as torch prints the overload; the ops benchmarks/accuracy/kernel_storage_probe.py found (its results file
     # benchmarks/results/kernel_storage_probe.json lists the bytes it saw, and a test keeps the two equal).
     # Composite ops (conv2d, layer_norm, lstm.input, scaled_dot_product_attention, ...) reach the trace whole
     # only under torch.inference_mode (`--step inference`), where the Autograd keys that would decompose them

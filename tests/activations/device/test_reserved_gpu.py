@@ -3,7 +3,7 @@
 
 The real step runs in a fresh process (tests/activations/real_reserved.py), so its allocator starts empty as the
 model's does. The 1B Llama case needs about 30 GB and a minute or two; it runs with MEMLAYOUT_GPU_LARGE=1
-(benchmarks/gpu_check.sh sets it in a step of its own).
+(benchmarks/gpu/gpu_check.sh sets it in a step of its own).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tests.activations.real_reserved import CASES
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 ROOT = Path(__file__).resolve().parents[3]
 LARGE = pytest.mark.skipif(os.environ.get("MEMLAYOUT_GPU_LARGE") != "1",
-                           reason="the 1B case runs with MEMLAYOUT_GPU_LARGE=1 (benchmarks/gpu_check.sh)")
+                           reason="the 1B case runs with MEMLAYOUT_GPU_LARGE=1 (benchmarks/gpu/gpu_check.sh)")
 
 
 @functools.cache

@@ -105,7 +105,7 @@ def test_torch_writes_cudnn_first_at_its_first_attention_call_where_the_gpu_pref
 
 
 def test_the_choice_on_an_h200_is_the_kernel_the_h200_ran() -> None:
-    # Recorded by benchmarks/gpu_probe.py from the profiler's kernel names (torch 2.11, cuDNN 9.19).
+    # Recorded by benchmarks/gpu/gpu_probe.py from the profiler's kernel names (torch 2.11, cuDNN 9.19).
     probe = json.loads(PROBE.read_text())
     gpu = spec_for_device_name(probe["device"]["properties"]["name"])
     assert gpu is not None

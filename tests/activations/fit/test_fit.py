@@ -392,7 +392,7 @@ def test_a_floor_on_its_line_takes_the_answer_and_the_size_after_it_and_nothing_
 def test_the_docs_give_the_fit_sweeps_figures() -> None:
     root = Path(__file__).resolve().parents[3]
     sweep = json.loads((root / "benchmarks" / "results" / "fit_sweep.json").read_text())
-    docs = " ".join((root / "docs" / "will-it-fit.md").read_text().split())
+    docs = " ".join((root / "docs" / "evidence-fit.md").read_text().split())
     assert f"{sweep['hold']} of {sweep['decisions']} decisions hold" in docs, "rerun the sweep or mend the docs"
     assert sweep["command"] in docs
 

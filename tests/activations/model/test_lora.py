@@ -270,10 +270,11 @@ def test_a_4bit_matmul_counts_the_weight_it_dequantizes_inside(step: str, folder
 
 
 def test_the_docs_give_the_lora_sweeps_figures() -> None:
-    """docs/activations.md quotes benchmarks/results/lora_sweep.json: the counts within 2%, the worst, the command."""
+    """docs/activations-fine-tune.md quotes benchmarks/results/lora_sweep.json: the counts within 2%, the worst, the
+    command."""
     root = Path(__file__).resolve().parents[3]
     sweep = json.loads((root / "benchmarks" / "results" / "lora_sweep.json").read_text())
-    docs = " ".join((root / "docs" / "activations.md").read_text().split())
+    docs = " ".join((root / "docs" / "activations-fine-tune.md").read_text().split())
     for kind in ("lora", "dora"):
         counts = sweep[kind]
         assert f"{counts['within_2pct']} of {counts['runnable']}" in docs, f"{kind}: rerun the sweep or mend the docs"

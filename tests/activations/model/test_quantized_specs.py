@@ -78,7 +78,7 @@ def _mappings_of(path: str) -> list[tuple[int, int, int]]:
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
 def test_a_4bit_model_loaded_on_the_cpu_keeps_its_whole_checkpoint_mapped(tmp_path: Path) -> None:
-    """What docs/activations.md says: the unquantized weights (embeddings, norms, the head) are views into the
+    """What docs/activations-fine-tune.md says: the unquantized weights (embeddings, norms, the head) are views into the
     memory-mapped safetensors file, so the whole file, the float weights of every quantized layer included, stays
     mapped and mostly resident until the model is freed. The prediction counts the model's own tensors only."""
     import gc

@@ -3,7 +3,7 @@
 torchtitan is a benchmark dependency (the `bench` extra, which `make venv` installs and the torch
 matrix's venvs do not: the Makefile's MATRIX_TESTS leave this file out).
 
-torchtitan (the package, imported: benchmarks/torchtitan_llama.py) applies its selective
+torchtitan (the package, imported: benchmarks/accuracy/torchtitan_llama.py) applies its selective
 op-level checkpointing with its own `checkpoint_wrapper` and policy; memlayout applies its
 built-in policy by the sharding code it prints. Saving what torchtitan saves, the ranks'
 figures are the same to the byte; `torchtitan` as memlayout names it also saves the CPU's
@@ -19,7 +19,7 @@ import pytest
 
 from memlayout.activations.ranks import analyze_ranks
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks" / "accuracy"))
 
 SPEC = ["int64[2,256]<1000", "int64[2,256]<1000"]
 BLOCKS = ("model.layers.*",)

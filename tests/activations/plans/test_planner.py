@@ -108,7 +108,7 @@ def test_lowest_refines_the_covers_where_the_walk_from_nothing_stops_at_whole_la
     it, so the beam stopped there (4,831,788 B estimated at batch 13), while each layer's attention, router,
     experts, shared MLP and norms reach the lowest of all plans. `--fit` answered 13 where 14 fits for real (the
     fit sweep's one miss). Started from the covers too, the beam reaches the lowest of all 65,000-odd plans."""
-    from benchmarks.zoo.catalog import by_name
+    from benchmarks.accuracy.zoo.catalog import by_name
     from memlayout.activations.plans.lowest import lowest_options
 
     model = by_name()["HunYuanMoEV1ForCausalLM"].build().model

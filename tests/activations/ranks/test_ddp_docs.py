@@ -1,4 +1,5 @@
-"""docs/will-it-fit.md's DDP figures are the last full run of benchmarks/bench_ddp.py, and its command prints them."""
+"""docs/activations-ranks.md's DDP figures are the last full run of benchmarks/accuracy/bench_ddp.py, and its command
+prints them."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.bench_ddp import CASES, fit_markdown, table_markdown
+from benchmarks.accuracy.bench_ddp import CASES, fit_markdown, table_markdown
 from memlayout.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[3]
-PAGE = (ROOT / "docs" / "will-it-fit.md").read_text()
+PAGE = (ROOT / "docs" / "activations-ranks.md").read_text()
 RESULTS = json.loads((ROOT / "benchmarks" / "results" / "ddp.json").read_text())
-SECTION = PAGE[PAGE.index("## Many GPUs: DDP ranks"):PAGE.index("## The same models, side by side")]
+SECTION = PAGE[PAGE.index("## Many GPUs: DDP ranks"):PAGE.index("## Inspecting a model that is already sharded")]
 
 
 def test_the_page_quotes_the_results_file() -> None:

@@ -1,4 +1,4 @@
-"""docs/will-it-fit.md: its table is the last benchmark's results, and the figures it shows come from the commands
+"""docs/evidence-fit.md: its table is the last benchmark's results, and the figures it shows come from the commands
 it prints."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from benchmarks.will_it_fit import MARKER, RESULTS, table_markdown
+from benchmarks.accuracy.will_it_fit import MARKER, RESULTS, table_markdown
 from memlayout.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -21,7 +21,7 @@ SMALL = [key for key, figures in RESULTS_DATA.items() if figures["case"]["real"]
 def test_the_page_names_the_table_the_site_build_renders() -> None:
     from tests.test_docs import HOOKS
 
-    assert MARKER in (ROOT / "docs" / "will-it-fit.md").read_text()
+    assert MARKER in (ROOT / "docs" / "evidence-fit.md").read_text()
     assert HOOKS.MARKERS[MARKER]() == table_markdown()
 
 

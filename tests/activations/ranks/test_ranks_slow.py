@@ -2,7 +2,7 @@
 
 Llama-7B at 1x4096 tokens per rank on 64 ranks: the command, in a process of its
 own, against torch's FSDPMemTracker on fake ranks run by an independent script
-(benchmarks/bench_ranks.py). The time goal (<= 60 s) is measured in that benchmark,
+(benchmarks/accuracy/bench_ranks.py). The time goal (<= 60 s) is measured in that benchmark,
 never asserted here.
 """
 
@@ -27,7 +27,7 @@ pytestmark = [
 
 
 def child(name: str, case: str) -> dict[str, Any]:
-    command = [sys.executable, str(ROOT / "benchmarks" / "bench_ranks.py"), "--child", name, case]
+    command = [sys.executable, str(ROOT / "benchmarks" / "accuracy" / "bench_ranks.py"), "--child", name, case]
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'benchmarks'}", TRANSFORMERS_VERBOSITY="error")
     done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT, env=env)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])

@@ -228,11 +228,11 @@ def test_a_generate_across_ranks_is_within_two_percent_of_real_gloo_ranks(cache:
 
 
 def test_the_docs_give_the_tensor_parallel_generate_sweeps_figures() -> None:
-    """docs/will-it-fit.md quotes benchmarks/results/tp_generate_sweep.json: its command, its time, how many
+    """docs/activations-serving.md quotes benchmarks/results/tp_generate_sweep.json: its command, its time, how many
     models' real ranks ran, how far the furthest was, and Gemma 2's two figures."""
     root = Path(__file__).resolve().parents[3]
     sweep = json.loads((root / "benchmarks" / "results" / "tp_generate_sweep.json").read_text())
-    docs = " ".join((root / "docs" / "will-it-fit.md").read_text().split())
+    docs = " ".join((root / "docs" / "activations-serving.md").read_text().split())
     ran = [r for r in sweep["records"] if r["status"] == "ok"]
     furthest = max(abs(r["predicted_peak_bytes"] - peak) for r in ran for peak in r["measured_peak_bytes"])
     assert all(r["within_2pct"] and r["incomplete_profiles"] == 0 for r in ran)

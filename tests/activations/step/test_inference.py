@@ -164,6 +164,6 @@ def test_cli_refuses_what_a_forward_only_step_does_not_have(extra: list[str], me
 def test_the_docs_give_the_inference_sweeps_figures() -> None:
     root = Path(__file__).resolve().parents[3]
     sweep = json.loads((root / "benchmarks" / "results" / "inference_sweep.json").read_text())
-    docs = " ".join((root / "docs" / "activations.md").read_text().split())
+    docs = " ".join((root / "docs" / "activations-reference.md").read_text().split())
     assert f"{sweep['within_2pct']} of {sweep['runnable']} within 2%" in docs, "rerun the sweep or mend the docs"
     assert sweep["command"] in docs

@@ -143,7 +143,7 @@ def test_allocator_events_agree_with_the_storage_counter_where_no_kernel_has_scr
 
 
 def test_the_learned_ops_are_the_ones_the_probe_found() -> None:
-    """LEARNED_OPS is the probe's measurement (benchmarks/kernel_storage_probe.py), not a list kept by hand."""
+    """LEARNED_OPS is the probe's measurement (benchmarks/accuracy/kernel_storage_probe.py), not a list kept by hand."""
     probe = Path(__file__).resolve().parents[3] / "benchmarks" / "results" / "kernel_storage_probe.json"
     found = json.loads(probe.read_text())["differing"]
     assert sorted(LEARNED_OPS) == sorted(found)
