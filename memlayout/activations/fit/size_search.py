@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from memlayout.activations.analysis import ActivationReport
+from memlayout.activations.analysis import ActivationReport, predict_step
 from memlayout.activations.fit.bracket import MAX_SIZE, largest_fitting
 from memlayout.activations.fit.probes import (
     DeviceProbe,
@@ -46,10 +46,14 @@ from memlayout.activations.fit.probes import (
     RanksProbe,
     ScaledDim,
     TracedFloor,
+    specs_at,
 )
 from memlayout.activations.fit.sized_step import SizedStep
 from memlayout.activations.model.input_specs import INTEGRAL, InputSpec, parse_input_spec
+from memlayout.activations.ranks import predict_ranks
 from memlayout.activations.ranks.facts import RanksReport
+from memlayout.activations.request.alternatives import hint as alternatives_hint
+from memlayout.activations.request.alternatives import predicted
 from memlayout.activations.request.python_call import call_request
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.request.vocabulary import FIT_RULE, Pipeline
@@ -194,16 +198,33 @@ def predict_fit(request: StepRequest, *, with_plan: bool = True, sized: SizedSte
     report = probe.report_at(max(size, 1))
     with_answer = search.planned_answer(size) if with_plan and request.step == "train" else None
     if without.size == 0 and (with_answer is None or with_answer.size == 0):
-        lowest = [p.judged_bytes for p in search.probes if p.size == 1 and p.judged_bytes is not None]
-        raise NothingFitsError(axis, probe.budget.bytes, min(lowest) if lowest else None,
-                               half_precision=half_precision, ranks=request.world_size is not None,
-                               adapters=request.step == "train" and request.lora is None and request.quantize is None)
+        raise _nothing_fits(search, request, specs, dims)
     return FitReport(
         axis=axis, dims=dims, given_size=given, budget_bytes=probe.budget.bytes, budget_from=probe.budget.said,
         compared=probe.budget.describe_figure(), without_plan=without, with_plan=with_answer,
         probes=tuple(search.probes), limit=search.limit if without.size == search.cap else None, report=report,
         floor=search.floor,
     )
+
+
+def _nothing_fits(search: SizeSearch, request: StepRequest, specs: list[InputSpec],
+                  dims: tuple[ScaledDim, ...]) -> NothingFitsError:
+    """Not even a size of 1 fits: the error, with what the request did not try, each traced once at size 1."""
+    lowest = [p.judged_bytes for p in search.probes if p.size == 1 and p.judged_bytes is not None]
+    at_one = tuple(specs_at(specs, dims, 1))
+    budget = search.probe.budget
+
+    def measure(changed: StepRequest) -> int:
+        # The plain step at size 1 with the setting applied, judged as each probe of the search is.
+        one = dataclasses.replace(changed, input=at_one, fit=None, budget=None, pipeline=None, real=False)
+        if one.world_size is not None:
+            return int(predict_ranks(one).largest.judged_bytes)
+        return budget.judged(predict_step(one).summary)
+
+    alternatives = predicted(request, measure)
+    where = f"at {search.axis} 1"
+    return NothingFitsError(search.axis, budget.bytes, min(lowest) if lowest else None,
+                            alternatives_hint(alternatives, where, ["raise `budget`"]), alternatives)
 
 
 def _search_cap(probe: Probe, axis: str) -> tuple[int, str | None]:
