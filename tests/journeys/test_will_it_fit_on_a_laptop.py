@@ -137,6 +137,21 @@ def test_the_nothing_fits_error_carries_each_figure_as_data() -> None:
     assert f"({alternatives[1].bytes} bytes)" in caught.value.hint
 
 
+def test_the_nothing_fits_line_is_alone_on_stderr_though_the_hint_traced_lora_and_qlora() -> None:
+    # bitsandbytes, imported for QLoRA (or by peft for LoRA), logged "Failed to load CPU gemm_4bit_forward from
+    # kernels-community" to stderr where its CPU backend looks for a Hub kernel. A process of its own: it is
+    # imported once.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "memlayout", "activations", "tests.activations.models:gpt2",
+                           "--input", "int64[1,16]<500", "--input", "labels=int64[1,16]<500", "--budget", "1KiB"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "QLoRA (--lora 16 with --quantize nf4): " in lines[0], done.stderr
+
+
 def test_a_share_of_a_gpu_without_one_is_refused_before_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
     # --budget 0.9 on the CPU was refused only after the step was traced (35 s for Llama-7B).
     from memlayout.activations.trace.world import StepWorld
