@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from memlayout.errors import Alternative, MemlayoutError
+from memlayout.errors import Alternative, MemlayoutError, SettingError
 from memlayout.format_bytes import human_bytes
 
 if TYPE_CHECKING:
@@ -64,7 +64,18 @@ def untried(request: StepRequest) -> tuple[Option, ...]:
         ranks = {"world_size": MORE_RANKS, "fsdp": True} if request.world_size is None \
             else {"world_size": 2 * request.world_size}
         options.append(Option("more ranks", ranks, figure=False))
-    return tuple(options)
+    return tuple(option for option in options if _allowed(request, option))
+
+
+def _allowed(request: StepRequest, option: Option) -> bool:
+    """Whether the request's rules take the option (LoRA is not traced across ranks yet): a hint never names a
+    setting the command would refuse. The question it asks is read off the settings again (more ranks are the
+    ranks' own)."""
+    try:
+        dataclasses.replace(request, pipeline=None, **option.changes)
+    except SettingError:
+        return False
+    return True
 
 
 def predicted(request: StepRequest, measure: Callable[[StepRequest], int]) -> tuple[Alternative, ...]:
