@@ -282,6 +282,24 @@ def test_the_nothing_fits_hint_to_lower_precision_works_and_is_not_given_to_a_bf
         int(said.group(1))]
 
 
+def test_on_a_gpu_the_nothing_fits_figure_is_the_reserved_peak_with_the_runtime_that_following_it_gives() -> None:
+    """For a GPU each figure is what the budget is compared with there, the allocator's reserved peak plus the CUDA
+    runtime; followed at that figure as the budget, `--dtype bf16` fits batch 1 at it, to the byte."""
+    specs = ["--input", "int64[1,64]<500", "--input", "labels=int64[1,64]<500", "--gpu", "h100", "--fit", "batch"]
+    state = re.search(r"\((\d+) bytes: parameters", CliRunner().invoke(app, [*GPT2, *specs, "--budget", "1MiB"]).stderr)
+    assert state is not None
+    refused = CliRunner().invoke(app, [*GPT2, *specs, "--budget", str(int(state.group(1)) + 1024)])
+    assert refused.exit_code == 1, refused.stderr
+    said = re.search(r"bf16 \(--dtype bf16\): [\d.]+ \w+ \((\d+) bytes\)", " ".join(refused.stderr.split()))
+    assert said is not None, refused.stderr
+    figure = int(said.group(1))
+    followed = CliRunner().invoke(app, [*GPT2, *specs, "--dtype", "bf16", "--budget", str(figure), "--format", "json"])
+    assert followed.exit_code == 0, followed.stderr
+    report = json.loads(followed.stdout)["fit"]
+    assert report["without_plan"]["size"] >= 1
+    assert [p["compared_bytes"] for p in report["probes"] if p["size"] == 1 and not p["with_plan"]] == [figure]
+
+
 def test_with_ranks_the_batch_found_is_the_largest_whose_largest_rank_fits() -> None:
     from memlayout.activations.ranks import analyze_ranks
     from memlayout.activations.ranks.parallel import ShardingOptions
