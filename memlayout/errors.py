@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from memlayout.format_bytes import human_bytes
 
@@ -161,7 +161,34 @@ class ActivationsError(MemlayoutError):
     default_hint = "rerun with --debug for the traceback, and report it: it is memlayout's failure, not your model's"
 
 
-class BudgetUnreachableError(MemlayoutError):
+class Alternative(NamedTuple):
+    """A setting the step did not use, named by a nothing-fits error's hint, and the figure it would give."""
+
+    setting: str
+    """The setting as a Python caller writes it, in backquotes (`dtype=bf16`; "`lora=16` with `quantize=nf4`"); a
+    command line's error writes it as flags (`respelled`)."""
+    bytes: int | None
+    """The figure compared with the budget of the step with this setting alone, at the smallest size; None where it
+    was not predicted (`why`)."""
+    why: str | None = None
+    """Why there is no figure: its step failed, or predicting it costs more than a hint may."""
+    name: str = ""
+    """What the setting is, in words: "bf16", "LoRA", "more ranks"."""
+
+
+class NothingFits(MemlayoutError):
+    """No plan, or no size, fits the budget: the hint names what the step did not try, each with its figure."""
+
+    alternatives: tuple[Alternative, ...] = ()
+    """What the hint names, the lowest-cost first, each with the figure it would give."""
+
+    def respell(self, spell: Callable[[str], str | None]) -> None:
+        super().respell(spell)
+        self.alternatives = tuple(option._replace(setting=respelled(option.setting, spell))
+                                  for option in self.alternatives)
+
+
+class BudgetUnreachableError(NothingFits):
     """No plan brings the step under the budget."""
 
     def __init__(self, budget: int, lowest: Any) -> None:
@@ -225,23 +252,14 @@ class AllocatorOutOfMemoryError(MemlayoutError):
     """The CUDA allocator model's capacity cannot hold a new segment, even after releasing the cached ones."""
 
 
-class NothingFitsError(MemlayoutError):
+class NothingFitsError(NothingFits):
     """Not even a size of 1 fits the budget, with or without a plan."""
 
-    def __init__(self, axis: str, budget: int, lowest: int | None, *, half_precision: bool = False,
-                 ranks: bool = False, adapters: bool = False) -> None:
+    def __init__(self, axis: str, budget: int, lowest: int | None, hint: str = "",
+                 alternatives: tuple[Alternative, ...] = ()) -> None:
         self.budget_bytes = budget
         self.lowest_peak_bytes = lowest
+        self.alternatives = alternatives
         reached = f": at {axis} 1 the lowest peak is {human_bytes(lowest)} ({lowest} bytes)" if lowest else ""
-        # Only what the command did not already do: a hint to pass --dtype bf16 to a bf16 run sends the user round.
-        remedies = ["raise --budget"]
-        if not half_precision:
-            remedies.append("use lower precision (--dtype bf16)")
-        if adapters:  # a training step that trains every weight: LoRA, then QLoRA's 4-bit base
-            remedies.append("train LoRA adapters (--lora 16; with --quantize nf4 for QLoRA)")
-        remedies.append("shard across more ranks (a larger --world-size)" if ranks else
-                        "shard across ranks (--world-size)")
-        super().__init__(
-            f"not even a {axis} of 1 fits a budget of {human_bytes(budget)} ({budget} bytes){reached}",
-            ", ".join(remedies[:-1]) + ", or " + remedies[-1],
-        )
+        super().__init__(f"not even a {axis} of 1 fits a budget of {human_bytes(budget)} ({budget} bytes){reached}",
+                         hint or "raise `budget`")

@@ -32,6 +32,8 @@ from memlayout.activations.model.build import (
 from memlayout.activations.model.compiled import eager_model
 from memlayout.activations.model.input_specs import suggested_inputs
 from memlayout.activations.plans.op_policies import user_plan
+from memlayout.activations.request.alternatives import hint as alternatives_hint
+from memlayout.activations.request.alternatives import predicted
 from memlayout.activations.request.python_call import call_request
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.request.vocabulary import Pipeline
@@ -186,7 +188,8 @@ def _predicted(request: StepRequest) -> ActivationReport:
     try:
         plan = plan_for_budget(step, baseline, summary, modules, resolved) if resolved is not None else None
     except BudgetUnreachableError as exc:
-        exc.hint = nothing_fits_hint(request, step)
+        assert resolved is not None  # the search ran
+        nothing_fits_hint(request, step, resolved, exc)
         raise
     generation = generation_of(request)
     predicted = _prediction(request, notes) if step.mode == "real" else None
@@ -223,29 +226,22 @@ def _step_notes(request: StepRequest, step: StepWorld, baseline: Trace) -> list[
     return notes
 
 
-def nothing_fits_hint(request: StepRequest, step: StepWorld) -> str:
-    """What to try when no plan fits: what the request did not already do, the lowest-cost first.
-
-    bf16 weights (or autocast), then LoRA and QLoRA for a training step (the optimizer's state and gradients of
-    the adapters alone), then more ranks (FSDP shards the weights, gradients and state); raising the budget; and
+def nothing_fits_hint(request: StepRequest, step: StepWorld, budget: Budget, exc: BudgetUnreachableError) -> None:
+    """Give `exc` what to try when no plan fits: what the request did not already do, the lowest-cost first, each
+    with the figure its step would give at this batch (request/alternatives.py), then raising the budget, and
     shrinking the batch only where it is above 1. A plan was already searched (that is how this came to be asked).
     """
-    tries: list[str] = []
-    lowered = request.dtype in ("bf16", "fp16") or request.autocast in ("bf16", "fp16")
-    if not lowered:
-        tries.append("weights in bf16 (`dtype=bf16`) or bf16 autocast (`autocast=bf16`)")
-    training = request.step == "train"
-    if training and request.lora is None:
-        tries.append("train LoRA adapters instead of every weight (`lora=16`)")
-    if training and request.quantize is None:
-        tries.append("QLoRA: LoRA on a 4-bit base (`lora=16` with `quantize=nf4`)")
-    if training and request.world_size is None:
-        tries.append("shard the step over more GPUs (`world_size=8` with `fsdp=True`)")
+    exc.alternatives = predicted(request, lambda changed: _plain_figure(changed, budget))
+    tail = ["raise `budget` to at least the lowest figure"]
     batch = _batch(step)
-    tries.append("raise `budget` to at least the lowest figure")
     if batch is not None and batch > 1:
-        tries.append(f"shrink the batch (it is {batch})")
-    return "try, the lowest-cost first: " + "; ".join(tries)
+        tail.append(f"shrink the batch (it is {batch})")
+    exc.hint = alternatives_hint(exc.alternatives, "at the inputs given", tail)
+
+
+def _plain_figure(request: StepRequest, budget: Budget) -> int:
+    """The figure `budget` compares of the request's step traced once, without a plan (and never for real)."""
+    return budget.judged(predict_step(replace(request, budget=None, real=False)).summary)
 
 
 def _batch(step: StepWorld) -> int | None:

@@ -114,7 +114,7 @@ def test_fit_and_budget_agree_over_the_search_objects(gpt2_probe: DeviceProbe) -
     """`--fit`'s planned answer s is where the budget search, run afresh as `--budget` runs it, finds a plan, and
     s + 1 where it finds none."""
     search = SizeSearch(gpt2_probe, "batch", (1 << 24, None))
-    search.check_state(2, half_precision=False)
+    search.check_state(2)
     plain = search.plain_answer(2)
     answer = search.planned_answer(plain)
     assert answer.size > plain >= 1

@@ -7,6 +7,7 @@ asks what a step takes on a GPU, and follows what memlayout tells them to do nex
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,80 @@ def test_when_nothing_fits_the_hint_names_what_was_not_tried_and_not_a_batch_of_
     assert code != 0
     hint = " ".join(err.split())
     assert "shrink the batch (it is 4)" in hint and "--dtype bf16" not in hint and "--lora 16 with" in hint
+
+
+LLAMA_STEP = ["activations", LLAMA_TINY, "--input", "input_ids=int64[1,64]<1000", "--input", "labels=int64[1,64]<1000"]
+FIGURE = re.compile(r"(\w[\w ]*) \((--[^()]*)\): [\d.]+ [KMGT]?i?B \((\d+) bytes\)")
+"""One alternative of a nothing-fits hint: its name, its flags and its figure in bytes."""
+
+
+def _figures(err: str) -> list[tuple[str, str, int]]:
+    return [(name.strip(), flags, int(figure)) for name, flags, figure in FIGURE.findall(" ".join(err.split()))]
+
+
+def test_each_figure_the_nothing_fits_hint_gives_is_the_peak_its_flags_report() -> None:
+    # The hint named bf16, LoRA, QLoRA and more ranks without saying what any of them would give.
+    budget = str(9 * 2**20)  # over llama-tiny's bf16, LoRA and QLoRA steps at batch 1, under float32's lowest plan
+    code, _, err = run([*LLAMA_STEP, "--budget", budget])
+    assert code == 1, err
+    figures = _figures(err)
+    assert [name for name, _, _ in figures] == ["bf16", "LoRA", "QLoRA"], err
+    assert "more ranks (--world-size 8 with --fsdp): no figure here" in " ".join(err.split())
+    for name, flags, figure in figures:
+        assert figure <= int(budget), (name, figure)
+        followed = [flag for part in flags.split(" with ") for flag in part.split()]
+        code, out, err = run([*LLAMA_STEP, "--budget", budget, *followed, "--format", "json"])
+        assert code == 0, (name, err)
+        report = json.loads(out)
+        # It fits as it is: the plan checkpoints nothing, and the step's peak is the figure, to the byte.
+        assert report["plan"]["checkpoint"] == [] and report["summary"]["peak_bytes"] == figure, name
+
+
+def test_the_first_setting_the_hint_names_gives_up_the_least() -> None:
+    """bf16, named first, still trains every weight, on one GPU; LoRA and QLoRA, named after it, train adapters
+    alone (QLoRA on a 4-bit base)."""
+    code, _, err = run([*LLAMA_STEP, "--budget", "1MiB"])
+    assert code == 1
+    trained = {}
+    for name, flags, _ in _figures(err):
+        followed = [flag for part in flags.split(" with ") for flag in part.split()]
+        code, out, err = run([*LLAMA_STEP, *followed, "--format", "json"])
+        assert code == 0, err
+        parameters = json.loads(out)["parameters"]
+        trained[name] = parameters["trainable_count"] / (parameters["trainable_count"] + parameters["frozen_count"])
+    assert next(iter(trained)) == "bf16" and trained["bf16"] == 1.0
+    assert all(share < 1.0 for name, share in trained.items() if name != "bf16"), trained
+
+
+def test_the_nothing_fits_error_carries_each_figure_as_data() -> None:
+    import memlayout.activations as act
+    from memlayout.errors import BudgetUnreachableError
+
+    with pytest.raises(BudgetUnreachableError) as caught:
+        act.analyze(LLAMA_TINY, ["input_ids=int64[1,64]<1000", "labels=int64[1,64]<1000"], budget=2**20)
+    alternatives = caught.value.alternatives
+    assert [(a.name, a.setting) for a in alternatives] == [
+        ("bf16", "`dtype=bf16`"), ("LoRA", "`lora=16`"), ("QLoRA", "`lora=16` with `quantize=nf4`"),
+        ("more ranks", "`world_size=8` with `fsdp=True`")]
+    bf16 = act.analyze(LLAMA_TINY, ["input_ids=int64[1,64]<1000", "labels=int64[1,64]<1000"], dtype="bf16")
+    assert alternatives[0].bytes == bf16.summary.peak_bytes
+    assert alternatives[-1].bytes is None and alternatives[-1].why
+    assert f"({alternatives[1].bytes} bytes)" in caught.value.hint
+
+
+def test_the_nothing_fits_line_is_alone_on_stderr_though_the_hint_traced_lora_and_qlora() -> None:
+    # bitsandbytes, imported for QLoRA (or by peft for LoRA), logged "Failed to load CPU gemm_4bit_forward from
+    # kernels-community" to stderr where its CPU backend looks for a Hub kernel. A process of its own: it is
+    # imported once.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "memlayout", "activations", "tests.activations.models:gpt2",
+                           "--input", "int64[1,16]<500", "--input", "labels=int64[1,16]<500", "--budget", "1KiB"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and "QLoRA (--lora 16 with --quantize nf4): " in lines[0], done.stderr
 
 
 def test_a_share_of_a_gpu_without_one_is_refused_before_tracing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -104,6 +104,10 @@ class Probe:
     """What each size must fit in, and the figure compared with it."""
     optimizer: str
     """The optimizer the step runs: whose state is part of the model's own."""
+    request: StepRequest
+    specs: list[InputSpec]
+    """The `input` specs as given, which each size re-makes (`specs_at`)."""
+    dims: tuple[ScaledDim, ...]
 
     def plain(self, size: int) -> FitProbe:
         raise NotImplementedError

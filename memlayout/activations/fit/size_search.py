@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from memlayout.activations.analysis import ActivationReport
+from memlayout.activations.analysis import ActivationReport, predict_step
 from memlayout.activations.fit.bracket import MAX_SIZE, largest_fitting
 from memlayout.activations.fit.probes import (
     DeviceProbe,
@@ -46,15 +46,19 @@ from memlayout.activations.fit.probes import (
     RanksProbe,
     ScaledDim,
     TracedFloor,
+    specs_at,
 )
 from memlayout.activations.fit.sized_step import SizedStep
 from memlayout.activations.model.input_specs import INTEGRAL, InputSpec, parse_input_spec
+from memlayout.activations.ranks import predict_ranks
 from memlayout.activations.ranks.facts import RanksReport
+from memlayout.activations.request.alternatives import hint as alternatives_hint
+from memlayout.activations.request.alternatives import predicted
 from memlayout.activations.request.python_call import call_request
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.request.vocabulary import FIT_RULE, Pipeline
 from memlayout.activations.search import PlanResult
-from memlayout.errors import NothingFitsError, SettingError
+from memlayout.errors import Alternative, NothingFitsError, SettingError
 from memlayout.format_bytes import human_bytes
 
 if TYPE_CHECKING:
@@ -185,25 +189,44 @@ def predict_fit(request: StepRequest, *, with_plan: bool = True, sized: SizedSte
     probe: Probe = RanksProbe(request, specs, dims) if request.world_size is not None \
         else DeviceProbe(request, specs, dims, sized)
     search = SizeSearch(probe, axis, _search_cap(probe, axis))
-    # Remedies name only what the command did not already do: a bf16 run is not told to use bf16.
-    half_precision = request.dtype in ("bf16", "fp16")
-    search.check_state(given, half_precision)
+    search.check_state(given)
     size = search.plain_answer(given)
     without = search.answer(size, search.plain.get(size), search.plain.get(size + 1))
     # Taken now: the planned search traces other sizes, and a probe keeps only its latest traces.
     report = probe.report_at(max(size, 1))
     with_answer = search.planned_answer(size) if with_plan and request.step == "train" else None
     if without.size == 0 and (with_answer is None or with_answer.size == 0):
-        lowest = [p.judged_bytes for p in search.probes if p.size == 1 and p.judged_bytes is not None]
-        raise NothingFitsError(axis, probe.budget.bytes, min(lowest) if lowest else None,
-                               half_precision=half_precision, ranks=request.world_size is not None,
-                               adapters=request.step == "train" and request.lora is None and request.quantize is None)
+        raise _nothing_fits(search)
     return FitReport(
         axis=axis, dims=dims, given_size=given, budget_bytes=probe.budget.bytes, budget_from=probe.budget.said,
         compared=probe.budget.describe_figure(), without_plan=without, with_plan=with_answer,
         probes=tuple(search.probes), limit=search.limit if without.size == search.cap else None, report=report,
         floor=search.floor,
     )
+
+
+def _nothing_fits(search: SizeSearch) -> NothingFitsError:
+    """Not even a size of 1 fits: the error, with what the request did not try, each traced once at size 1."""
+    lowest = [p.judged_bytes for p in search.probes if p.size == 1 and p.judged_bytes is not None]
+    alternatives, hint = untried_at_one(search.probe, search.axis)
+    return NothingFitsError(search.axis, search.probe.budget.bytes, min(lowest) if lowest else None, hint,
+                            alternatives)
+
+
+def untried_at_one(probe: Probe, axis: str) -> tuple[tuple[Alternative, ...], str]:
+    """What the probe's request did not try, each traced once at size 1 (request/alternatives.py), and the hint
+    that names them."""
+    at_one = tuple(specs_at(probe.specs, probe.dims, 1))
+
+    def measure(changed: StepRequest) -> int:
+        # The plain step at size 1 with the setting applied, judged as each probe of the search is.
+        one = dataclasses.replace(changed, input=at_one, fit=None, budget=None, pipeline=None, real=False)
+        if one.world_size is not None:
+            return int(predict_ranks(one).largest.judged_bytes)
+        return probe.budget.judged(predict_step(one).summary)
+
+    alternatives = predicted(probe.request, measure)
+    return alternatives, alternatives_hint(alternatives, f"at {axis} 1", ["raise `budget`"])
 
 
 def _search_cap(probe: Probe, axis: str) -> tuple[int, str | None]:
@@ -245,9 +268,9 @@ class SizeSearch:
             self.probes.append(self.planned[size])
         return self.planned[size]
 
-    def check_state(self, given: int, half_precision: bool) -> None:
+    def check_state(self, given: int) -> None:
         """Probe the size given (a failure there is the inputs' fault: it propagates), and refuse a budget below
-        the model's own state, at which no size fits."""
+        the model's own state, at which no size fits, naming what the request did not try, each with its figure."""
         self.probe_plain(given)
         budget = self.probe.budget
         self.state_bytes = self.probe.state_bytes() + (budget.runtime_bytes or 0)
@@ -257,7 +280,7 @@ class SizeSearch:
                 f"the budget {human_bytes(budget.bytes)} ({budget.bytes} bytes) is below the model's own "
                 f"state{runtime}, {human_bytes(self.state_bytes)} ({self.state_bytes} bytes: parameters, buffers"
                 f"{', optimizer state' if self.probe.optimizer != 'none' else ''}): no {self.axis} fits",
-                "raise `budget`" if half_precision else "raise `budget`, or use lower precision (`dtype=bf16`)",
+                untried_at_one(self.probe, self.axis)[1],
             )
 
     def plain_answer(self, given: int) -> int:

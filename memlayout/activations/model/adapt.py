@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memlayout.activations.model.adapters import AppliedLora, LoraOptions, apply_lora
-from memlayout.activations.model.quantize import Quantized, quantize_model
+from memlayout.activations.model.quantize import Quantized, quantize_model, quiet_bitsandbytes
 from memlayout.activations.request.step_request import StepRequest
 
 
@@ -66,9 +66,11 @@ def adapt_model(model: Any, adaptation: Adaptation, *, world: str, device: str, 
         UsageError: peft or bitsandbytes missing, a model they cannot take, or an unknown setting.
     """
     quantized = None
-    if adaptation.quantize is not None:
-        quantized = quantize_model(model, adaptation.quantize, world=world, device=device, move=move, context=context)
     lora = None
-    if adaptation.lora is not None:
-        model, lora = apply_lora(model, adaptation.lora, context)
+    with quiet_bitsandbytes():
+        if adaptation.quantize is not None:
+            quantized = quantize_model(model, adaptation.quantize, world=world, device=device, move=move,
+                                       context=context)
+        if adaptation.lora is not None:
+            model, lora = apply_lora(model, adaptation.lora, context)
     return model, Adapted(quantized=quantized, lora=lora)

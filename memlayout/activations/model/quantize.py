@@ -25,8 +25,8 @@ quantization, float32 compute, uint8 storage, blocks of 64.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,11 +64,32 @@ def require_bitsandbytes() -> Any:
         UsageError: it is not installed (one line with the install command).
     """
     try:
-        import bitsandbytes
+        with quiet_bitsandbytes():
+            import bitsandbytes
     except ImportError:
         raise UsageError("`quantize` builds the base with bitsandbytes' layers, and bitsandbytes is not installed",
                          INSTALL) from None
     return bitsandbytes
+
+
+@contextmanager
+def quiet_bitsandbytes() -> Iterator[None]:
+    """bitsandbytes' warnings held back while it is imported (by memlayout, or by peft, which imports it where it is
+    installed).
+
+    At import, bitsandbytes' CPU backend tries to fetch a kernel from the Hugging Face Hub and logs its failure as a
+    warning ("Failed to load CPU gemm_4bit_forward from kernels-community"), which logging's last resort writes to
+    stderr: a line of noise beside the command's one-line answer. Its fallback kernel is the one traced.
+    """
+    import logging
+
+    log = logging.getLogger("bitsandbytes")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def bitsandbytes_config(method: str) -> Any:

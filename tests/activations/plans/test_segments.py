@@ -188,7 +188,7 @@ def test_an_unreachable_budget_says_what_was_searched_and_its_hint_works() -> No
     # every child alone frees nothing here: the options are the segments
     assert lowest.searched == "segment plans" and f"of {lowest.checks} plans traced, over segment plans, is" in line
     assert f"({lowest.peak_bytes} bytes)" in line and "reachable" not in line
-    assert "raise --budget to at least that figure" in line
+    assert "raise `budget` to at least the lowest figure" in line
     # the hint: that figure as the budget gets a plan
     again = act.analyze(segment_models.sequential_cnn((8, 16)), list(args), budget=lowest.peak_bytes)
     assert again.plan is not None and again.plan.peak_bytes <= lowest.peak_bytes
