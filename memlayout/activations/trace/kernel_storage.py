@@ -296,8 +296,6 @@ def _at_own_size(func: Any, args: Any, kwargs: Any, tensors: list[Any]) -> Kerne
         args, kwargs = _with_lstm_workspace(func, args, kwargs)
     if any(t.numel() == 0 for t in strided_tensors((args, kwargs))):
         return None
-    import torch
-
     signature = (str(func), *_kernel_setting(), *(described(t, False) for t in tensors),
                  tuple(tuple(int(s) for s in t.stride()) for t in tensors), scalars(args, kwargs))
     if signature not in _EXACT:
