@@ -288,13 +288,21 @@ def _tracked_step(step: Any, optimizer: str, log: AllocationLog | None = None) -
     device: the model and inputs are on it already, and torch keeps an optimizer's
     step counts on the CPU. Under `step.autocast`, both steps run forward and loss
     in it, as a mixed-precision training loop does every step.
+
+    Both steps run under the fake step's rules (trace/fake_step.py), as one device's
+    step and a DDP rank's do: on the CPU, small values computed from the inputs stay
+    real, so the model reads the values the real rank does. Without them transformers'
+    Llama, given no cache (checkpointing sets `use_cache` off), saw fake position ids,
+    could not rule out packed sequences, and built a [2, 1, 128, 128] boolean causal
+    mask the real rank never makes: 32,768 B over the real ranks' peak with any
+    checkpointing, whole blocks or op-level.
     """
     from contextlib import nullcontext
 
     counter = _ForwardFlops()
     # On fake CUDA without a GPU: attention as the target GPU runs it, and backward in memlayout's loop
     # (trace/fake_cuda.py), which runs FSDP2's hooks as torch's engine does (step/gpu_free_backward.py).
-    with step.context(default_device=False), step.fake_cuda() if step.fake_cuda is not None else nullcontext():
+    with step.step_context(default_device=False):
         step.optimizer = build_optimizer(step.model, optimizer, device=step.device,
                                          implementation=step.recipe.optimizer_impl)
         with step.autocast.context() if step.autocast is not None else nullcontext():

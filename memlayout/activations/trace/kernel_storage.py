@@ -250,8 +250,9 @@ def learned_kernel_memory(func: Any, args: Any, kwargs: Any, *, keeps_size: Any 
     batch = int(tensors[0].shape[0])
     batched = tuple(t.dim() > 0 and int(t.shape[0]) == batch and not (keeps_size is not None and keeps_size(t))
                     for t in tensors)
-    # oneDNN on or off changes the kernel (and its scratch) behind the same op: it is part of the key.
-    signature = (str(func), bool(torch.backends.mkldnn.enabled),
+    # oneDNN on or off changes the kernel (and its scratch) behind the same op, and the threads it runs on change its
+    # per-thread scratch: both are part of the key (`_kernel_setting`).
+    signature = (str(func), *_kernel_setting(),
                  *(described(t, shrinks) for t, shrinks in zip(tensors, batched, strict=True)),
                  scalars(args, kwargs))
     if batch < SIZES[0]:
@@ -273,6 +274,17 @@ def learned_kernel_memory(func: Any, args: Any, kwargs: Any, *, keeps_size: Any 
     return KernelMemory(output_storage_bytes=sizes, scratch_bytes=scratch, output_orders=_ORDERS.get(signature, ()))
 
 
+def _kernel_setting() -> tuple[bool, int]:
+    """What changes a CPU kernel's memory behind the same call: oneDNN on or off, and the intra-op threads. A
+    convolution's backward takes scratch per thread (the segment brute force's CNN of 16-channel 3x3 convolutions on
+    [8, 3, 32, 32] inputs: 29,952 B more at its peak on 2 threads than on 1). A rule learned on 2 threads and kept
+    for a trace after `torch.set_num_threads(1)` put that much on the traced peak of its checkpoint_sequential
+    plan over the real step's on 1 thread."""
+    import torch
+
+    return bool(torch.backends.mkldnn.enabled), torch.get_num_threads()
+
+
 _EXACT: dict[Any, KernelMemory | None] = {}
 """What SHAPE_TIED_OPS allocate, by their arguments' full metadata, and other ops at a batch below SIZES."""
 
@@ -284,9 +296,7 @@ def _at_own_size(func: Any, args: Any, kwargs: Any, tensors: list[Any]) -> Kerne
         args, kwargs = _with_lstm_workspace(func, args, kwargs)
     if any(t.numel() == 0 for t in strided_tensors((args, kwargs))):
         return None
-    import torch
-
-    signature = (str(func), bool(torch.backends.mkldnn.enabled), *(described(t, False) for t in tensors),
+    signature = (str(func), *_kernel_setting(), *(described(t, False) for t in tensors),
                  tuple(tuple(int(s) for s in t.stride()) for t in tensors), scalars(args, kwargs))
     if signature not in _EXACT:
         try:
