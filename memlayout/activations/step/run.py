@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from memlayout import _torch
 from memlayout.activations.request.vocabulary import PRECISIONS, precision
-from memlayout.activations.step import gpu_free_backward
+from memlayout.activations.step import autograd_graph, gpu_free_backward
 from memlayout.activations.step.generate import Generation, run_generate
 from memlayout.activations.step.recipe import GradClip, clip_gradients
 from memlayout.core.object_tree import tree_leaves
@@ -102,7 +102,7 @@ def give_first_gradients(model: Any, args: tuple[Any, ...], kwargs: Mapping[str,
 
     Backward itself is not run: it is the step's longest phase (about half a Llama-7B step on fake
     CUDA tensors), and which leaves get a gradient follows from the graph alone
-    (`gpu_free_backward.leaves_reached`). A leaf that already has a gradient keeps it, as
+    (`autograd_graph.leaves_reached`). A leaf that already has a gradient keeps it, as
     backward would accumulate into it.
     """
     import torch
@@ -115,7 +115,7 @@ def give_first_gradients(model: Any, args: tuple[Any, ...], kwargs: Mapping[str,
     del loss
     if root is None:
         return
-    for leaf in gpu_free_backward.leaves_reached(root):
+    for leaf in autograd_graph.leaves_reached(root):
         if leaf.grad is None:
             leaf.grad = torch.zeros_like(leaf, memory_format=torch.preserve_format)
 
