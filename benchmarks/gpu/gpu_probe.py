@@ -173,7 +173,7 @@ def real_step(build: Callable[[], Any], kwargs: dict[str, Any], precision: str,
 
     def step(model: Any, kwargs: dict[str, Any], optimizer: Any) -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            run_step(model, (), kwargs, optimizer=None)
+            run_step(model, (), kwargs)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

@@ -42,7 +42,8 @@ from memlayout.activations.sizes import BudgetSpec
 from memlayout.activations.step.generate import check_can_generate, generation_of
 from memlayout.activations.step.optimizer import state_dtype
 from memlayout.activations.step.recipe import recipe_of
-from memlayout.activations.step.run import LOSS_FROM_SUM, Autocast, torch_dtype
+from memlayout.activations.step.run import Autocast, torch_dtype
+from memlayout.activations.step_notes import step_notes
 from memlayout.activations.summary import ModuleFacts, Summary, module_facts, summarize
 from memlayout.activations.trace.world import InputsArg, StepWorld, device_for_gpu
 from memlayout.errors import (
@@ -180,7 +181,7 @@ def _predicted(request: StepRequest) -> ActivationReport:
         raise
     except Exception as exc:  # the model's own forward or backward failed on these inputs
         raise _step_failed(exc, step) from exc
-    notes.extend(_step_notes(request, step, baseline))
+    notes.extend(step_notes(request, step, baseline))
     summary = summarize(baseline, cuda=step.device.startswith("cuda"))
     if any(kind not in UNRANGED for _, kind, _ in baseline.assumptions):
         summary = _with_range(step, summary)
@@ -203,27 +204,6 @@ def _predicted(request: StepRequest) -> ActivationReport:
         generation=summarize_generation(baseline, generation) if generation is not None else None,
         roofline=roofline_text(step), parameters=parameter_split(step.model), adapted=step.adapted,
     )
-
-
-def _step_notes(request: StepRequest, step: StepWorld, baseline: Trace) -> list[str]:
-    """What the report says about how the step was traced: its loss, meta tensors, the optimizer's dtype, fake CUDA."""
-    notes = []
-    if baseline.loss == LOSS_FROM_SUM:
-        notes.append(
-            "the output has no loss, so backward starts from the sum of its floating outputs; a real loss "
-            "(e.g. labels=... for a Hugging Face model) adds its own temporaries"
-        )
-    if step.mode == "meta":
-        notes.append(
-            "meta tensors have no device: kernels a device chooses (oneDNN's LSTM on CPU, fused attention) are "
-            "not the ones traced; --device cpu or cuda traces those"
-        )
-    optimizer = request.step_optimizer
-    if request.dtype in ("bf16", "fp16") and optimizer != "none":
-        notes.append(_optimizer_dtype_note(step.model, optimizer))
-    if step.fake_cuda is not None:
-        notes.append(step.fake_cuda.note())
-    return notes
 
 
 def nothing_fits_hint(request: StepRequest, step: StepWorld, budget: Budget, exc: BudgetUnreachableError) -> None:
@@ -252,24 +232,6 @@ def _batch(step: StepWorld) -> int | None:
         if isinstance(value, torch.Tensor) and value.dim() > 0:
             return int(value.shape[0])
     return None
-
-
-def _optimizer_dtype_note(model: Any, optimizer: str) -> str:
-    """The dtype of the optimizer's state: its trainable parameters' (each state tensor is zeros_like its parameter).
-
-    With `--dtype bf16` that is bf16, except where the trainable parameters stay in float32: peft keeps LoRA's
-    adapters in float32, and so the state of their optimizer.
-    """
-    import torch
-
-    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "float32"}
-    dtypes = sorted({names.get(p.dtype, str(p.dtype).removeprefix("torch.")) for p in model.parameters()
-                     if p.requires_grad}) if model is not None else []
-    state = " and ".join(dtypes) or "none"
-    more = ("; an optimizer that keeps float32 master weights or state needs more" if dtypes != ["float32"]
-            else "")
-    return (f"the optimizer's state is {state}, the dtype of the parameters it trains (torch's {optimizer} makes "
-            f"each state tensor zeros_like its parameter){more}")
 
 
 def _prediction(request: StepRequest, notes: list[str]) -> int | None:

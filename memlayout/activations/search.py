@@ -2,18 +2,19 @@
 
 The planner (plans/plan.py) estimates; this module traces its candidates in the step's world,
 excludes the modules whose rerun fails or is no replay, and names the pitfalls that apply
-to the plan found. analysis.py calls `plan_for_budget`; the ranks' search (ranks/plan.py)
-shares `exclusions` and `pitfalls`.
+to the plan found (plans/pitfalls.py). analysis.py calls `plan_for_budget`; the ranks' search
+(ranks/plan.py) shares `exclusions`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from memlayout.activations.budget import Budget
 from memlayout.activations.facts import Trace
+from memlayout.activations.plans.pitfalls import checkpointed_paths, pitfalls
 from memlayout.activations.plans.plan import Plan, Planner
 from memlayout.activations.summary import ModuleFacts, Summary, summarize
 from memlayout.activations.trace.world import StepWorld
@@ -133,11 +134,11 @@ class Exclusions:
             blamed = {}
             for single in singles:
                 if retrace(single) is RESTART:
-                    blamed.update({p: self.why[p] for p in _paths(single) if p in self.why})
+                    blamed.update({p: self.why[p] for p in checkpointed_paths(single) if p in self.why})
             if blamed:
                 return
         reason = _failure_reason(exc)
-        together = _paths(plan)
+        together = checkpointed_paths(plan)
         for path in together:
             self.why[path] = reason if len(together) == 1 else \
                 f"checkpointed together with {', '.join(together)}: {reason}"
@@ -145,7 +146,7 @@ class Exclusions:
     def unfaithful(self, plan: Plan, differs: tuple[tuple[str, str], ...]) -> None:
         """Exclude each checkpointed module whose rerun started a module inside it from other state than forward
         did: the step runs without an error, but its gradients are those of another computation."""
-        for checkpointed in _paths(plan):
+        for checkpointed in checkpointed_paths(plan):
             for path, what in differs:
                 if path == checkpointed or path.startswith(checkpointed + ".") or not checkpointed:
                     where = "" if path == checkpointed else f"in {path}, "
@@ -394,11 +395,6 @@ def exclusions(
     return excluded
 
 
-def _paths(plan: Plan) -> list[str]:
-    return list(dict.fromkeys([*plan.checkpoint, *(s.module for s in plan.sequential),
-                               *(s.module for s in plan.segments)]))
-
-
 def _failure_reason(exc: Exception) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     if type(exc).__name__ == "CheckpointError":
@@ -407,50 +403,3 @@ def _failure_reason(exc: Exception) -> str:
             "shape computed from state that changes between forward and recompute does this"
         )
     return f"checkpointed, the step raised {type(exc).__name__}: {text}"
-
-
-def pitfalls(plan: Plan, modules: tuple[ModuleFacts, ...], model: Any) -> tuple[str, ...]:
-    """The checkpoint pitfalls that apply to this plan's modules, one sentence each."""
-    if plan.empty:
-        return ()
-    paths = _paths(plan)
-
-    def inside(path: str) -> list[ModuleFacts]:
-        return [m for m in modules if path == "" or m.path == path or m.path.startswith(path + ".")]
-
-    found: list[str] = [
-        "wrap with use_reentrant=False (apply_plan does): the reentrant variant does not work with "
-        "torch.autograd.grad, only with .backward()",
-    ]
-
-    def flagged(check: Callable[[ModuleFacts], bool]) -> list[str]:
-        return [p or "the model" for p in paths if any(check(m) for m in inside(p))]
-
-    if hit := flagged(lambda m: m.reads_outside_state):
-        found.append(
-            f"{', '.join(hit)}: reads tensors that are not its inputs, parameters or buffers (global or cached "
-            "state); if that state changes before backward, the rerun computes something else and the gradients "
-            "are silently wrong"
-        )
-    if hit := flagged(lambda m: m.moves_device):
-        found.append(
-            f"{', '.join(hit)}: moves tensors to another device; checkpoint restores the RNG state only of its "
-            "inputs' devices, so random ops on the other device draw differently on the rerun"
-        )
-    if hit := flagged(lambda m: m.mutates_buffers):
-        found.append(
-            f"{', '.join(hit)}: updates buffers in forward (e.g. BatchNorm running statistics); the rerun updates "
-            "them a second time"
-        )
-    if hit := flagged(lambda m: m.uses_randomness):
-        found.append(
-            f"{', '.join(hit)}: uses randomness (dropout); checkpoint stashes and restores the RNG state so the "
-            "rerun draws the same mask, which costs time; keep preserve_rng_state=True there"
-        )
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "use_cache"):
-        found.append(
-            "Hugging Face models need use_cache=False under checkpoint (apply_plan sets model.config.use_cache "
-            "= False): a layer that appends to a key/value cache appends again when it reruns"
-        )
-    return tuple(found)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from memlayout.activations.step.run import Autocast, run_step
+from memlayout.activations.step.run import AfterBackward, Autocast, run_step
 from tests.activations import models
 
 
@@ -85,7 +85,7 @@ def measure(case: str) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters())
     autocast = Autocast("cuda", autocast_dtype) if autocast_dtype else None
     for _ in range(2):
-        run_step(model, (), kwargs, optimizer=optimizer, autocast=autocast)
+        run_step(model, (), kwargs, after=AfterBackward(optimizer), autocast=autocast)
         optimizer.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     return {

@@ -40,7 +40,7 @@ from memlayout.activations.ranks.facts import RankLayout, RankPeak, RanksReport
 from memlayout.activations.ranks.layouts import rank_layouts, rank_ranges, traced_layouts
 from memlayout.activations.ranks.parallel import Sharding, resolve_sharding, sharding_options
 from memlayout.activations.ranks.plan import plan_ranks
-from memlayout.activations.ranks.rank_step import StepInputs, meta_copy, trace_rank
+from memlayout.activations.ranks.rank_step import RankSettings, StepInputs, meta_copy, trace_rank
 from memlayout.activations.ranks.serving_step import trace_serving_rank
 from memlayout.activations.request.python_call import call_request
 from memlayout.activations.request.step_request import StepRequest
@@ -176,12 +176,14 @@ class _FsdpRanks:
     def __init__(self, request: StepRequest, build: Callable[[], Any]) -> None:
         self.build = build
         self.inputs = StepInputs(request.step_inputs, request.kwargs)
-        self.optimizer, self.device = request.step_optimizer, request.device
-        self.autocast = Autocast("cuda" if request.device.startswith("cuda") else "cpu", request.autocast) \
-            if request.autocast is not None else None
-        self.recipe = recipe_of(request)
         self.card = ranks_card(request)
-        self.allocator = allocator_config() if self.card is not None else None
+        self.settings = RankSettings(
+            optimizer=request.step_optimizer, device=request.device,
+            autocast=Autocast("cuda" if request.device.startswith("cuda") else "cpu", request.autocast)
+            if request.autocast is not None else None,
+            allocator=allocator_config() if self.card is not None else None, recipe=recipe_of(request),
+            gpu=self.card.gpu if self.card is not None else None,
+        )
         self.described: dict[str, Any] = {}
         self.warned: dict[str, None] = {}
 
@@ -189,9 +191,7 @@ class _FsdpRanks:
         peaks = []
         for layout in which:
             traced = trace_rank(self.build, sharding, layout.ranks[0], rank_ranges(layout.ranks), self.inputs,
-                                optimizer=self.optimizer, device=self.device, autocast=self.autocast,
-                                allocator=self.allocator, recipe=self.recipe,
-                                gpu=self.card.gpu if self.card is not None else None)
+                                self.settings)
             self.described["inputs"], self.described["loss"] = traced.inputs, traced.loss
             self.described["state_dtype"] = traced.optimizer_state_dtype
             self.warned.update(dict.fromkeys(traced.warnings))

@@ -26,10 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from memlayout.activations.plans.pitfalls import pitfalls
 from memlayout.activations.plans.plan import Plan, Planner, SequentialSegments
 from memlayout.activations.ranks.facts import RankPeak, RanksPlan, RanksReport
 from memlayout.activations.ranks.parallel import Sharding
-from memlayout.activations.search import exclusions, pitfalls
+from memlayout.activations.search import exclusions
 from memlayout.errors import RanksBudgetUnreachableError, UsageError
 
 MAX_CHECKS = 6

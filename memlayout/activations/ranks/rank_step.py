@@ -24,7 +24,7 @@ from memlayout.activations.ranks.parallel import Sharding, run_code
 from memlayout.activations.step import gpu_free_backward
 from memlayout.activations.step.optimizer import build_optimizer, state_dtype
 from memlayout.activations.step.recipe import Recipe
-from memlayout.activations.step.run import Autocast, pick_loss, run_step
+from memlayout.activations.step.run import AfterBackward, Autocast, pick_loss, run_step
 from memlayout.activations.summary import PeakAt
 from memlayout.activations.trace import tensor_parallel
 from memlayout.activations.trace.kernels import forward_flops
@@ -170,31 +170,43 @@ class StepInputs:
     kwargs: Mapping[str, Any] | None
 
 
+@dataclass(frozen=True)
+class RankSettings:
+    """How each traced rank's step runs: the same for every rank and every sharding tried."""
+
+    optimizer: str
+    """The optimizer's name (step/optimizer.py)."""
+    device: str
+    """The step's device, as `--device` names it."""
+    autocast: Autocast | None = None
+    """Mixed precision around forward and loss."""
+    allocator: AllocatorConfig | None = None
+    """With it, the caching allocator's model replays the rank's own allocations (ranks/allocations.py)."""
+    recipe: Recipe | None = None
+    """The training recipe (step/recipe.py); None: the default one."""
+    gpu: GpuSpec | None = None
+    """On CUDA without a GPU, the step runs as on it (trace/fake_cuda.py; None: the default GPU)."""
+
+
 def trace_rank(
     build: Callable[[], Any],
     sharding: Sharding,
     rank: int,
     same_layout: tuple[tuple[int, int], ...],
     step_inputs: StepInputs,
-    *,
-    optimizer: str,
-    device: str,
-    autocast: Autocast | None = None,
-    allocator: AllocatorConfig | None = None,
-    recipe: Recipe | None = None,
-    gpu: GpuSpec | None = None,
+    settings: RankSettings,
 ) -> RankTrace:
-    """Trace one steady-state step of `rank` with `sharding` applied (forward and loss under `autocast`); with
-    `allocator`, the caching allocator's model replays the rank's own allocations (ranks/allocations.py), with its
-    settings; on CUDA without a GPU, the step runs as on `gpu` (trace/fake_cuda.py; None: the default GPU)."""
+    """Trace one steady-state step of `rank` with `sharding` applied, as `settings` say (forward and loss under
+    their autocast; with their allocator, the caching allocator's model replays the rank's own allocations)."""
     warned: list[str] = []
+    device, allocator = settings.device, settings.allocator
     with fake_world(sharding.world_size, rank), _torch_quieted(warned), device_queries(device, rank):
-        step = sharded_step(build, sharding, step_inputs, device, gpu=gpu)
-        step.autocast = autocast
-        step.recipe = recipe or Recipe()
+        step = sharded_step(build, sharding, step_inputs, device, gpu=settings.gpu)
+        step.autocast = settings.autocast
+        step.recipe = settings.recipe or Recipe()
         log = AllocationLog(torch_device_type(device)) if allocator is not None else None
         try:
-            tracker, how, flops = _tracked_step(step, optimizer, log)
+            tracker, how, flops = _tracked_step(step, settings.optimizer, log)
         except MemlayoutError:
             raise
         except Exception as exc:
@@ -329,8 +341,8 @@ def _tracked_step(step: Any, optimizer: str, log: AllocationLog | None = None) -
         with tracker:
             if log is not None:
                 log.mark_step()
-            run_step(step.model, step.args, step.kwargs, optimizer=step.optimizer, autocast=step.autocast,
-                     clip=step.recipe.clip)
+            run_step(step.model, step.args, step.kwargs, after=AfterBackward(step.optimizer, step.recipe.clip),
+                     autocast=step.autocast)
     return tracker, how, counter.flops
 
 

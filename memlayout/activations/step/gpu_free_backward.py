@@ -59,7 +59,7 @@ depends on it:
   ModTracker, inside FSDPMemTracker, registers such hooks): whether the node is in the graph.
   Such a hook keeps the nodes it was registered on, and a node kept alive keeps what it
   saved here, where torch's engine would release it (`release_variables()`): forward's
-  registrations keep each node by its key instead (`_NodeKey`), which is all the question
+  registrations keep each node by its key instead (`NodeKey`), which is all the question
   needs (measured on FSDP2 ranks: 71 of 121 saved activations stayed alive without it);
 - the engine's final callbacks (`Variable._execution_engine.queue_callback`, which FSDP2's root
   queues to finish its reduce-scatters and reshard): run in order once the graph is done.
@@ -80,9 +80,15 @@ from contextvars import ContextVar
 from typing import Any
 
 from memlayout import _torch
+from memlayout.activations.step.autograd_graph import (
+    NodeKey,
+    dependencies,
+    edges,
+    is_accumulate_grad,
+    node_key,
+)
 from memlayout.activations.step.grad_accumulation import can_take_the_sum
 
-_ACCUMULATE_GRAD = "AccumulateGrad"
 _TASK_IDS = itertools.count(1 << 40)
 """Graph task ids for `_torch.as_one_graph_task`, clear of the engine's own (a counter from 0)."""
 
@@ -108,13 +114,13 @@ def backward_in_python() -> Iterator[None]:
     def keyed_for_multi_grad_hooks(tensor: Any) -> Any:
         node = grad_fn_of(tensor)
         caller = sys._getframe(1).f_code.co_name
-        return _NodeKey(_key(node)) if caller == "register_multi_grad_hook" else node
+        return NodeKey(node_key(node)) if caller == "register_multi_grad_hook" else node
 
     def recorded(tensor: Any, hook: Any) -> Any:
         handle = register_hook(tensor, hook)
         node = tensor.grad_fn
         if node is not None:  # a leaf's hooks run in AccumulateGrad (`_accumulate`)
-            hooks = _TENSOR_HOOKS.setdefault((_key(node), tensor.output_nr), [])
+            hooks = _TENSOR_HOOKS.setdefault((node_key(node), tensor.output_nr), [])
             if not any(held is tensor._backward_hooks for held in hooks):
                 hooks.append(tensor._backward_hooks)  # the dict the handle removes from: removal is seen
         return handle
@@ -165,7 +171,7 @@ def run_backward(holder: list[Any]) -> None:
         raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
     seed = torch.ones_like(loss, memory_format=torch.preserve_format)
     del loss
-    waiting = _dependencies(root)
+    waiting = dependencies(root)
     buffers: dict[Any, tuple[Any, list[Any], list[Any]]] = {}
     """node's key -> (the node, the gradients it has received, the nodes kept alive until it runs)."""
     ready: list[tuple[int, int, Any, list[Any], list[Any]]] = [
@@ -175,18 +181,18 @@ def run_backward(holder: list[Any]) -> None:
     del root
     pushed = 1
     with (torch.no_grad(), _torch.as_one_graph_task(next(_TASK_IDS)), _final_callbacks() as callbacks,
-          _torch.engine_executes(set(waiting) | {_key(ready[0][2])}, _key)):
+          _torch.engine_executes(set(waiting) | {node_key(ready[0][2])}, node_key)):
         while ready:
             _, _, node, grads, parents = heapq.heappop(ready)
-            if not _is_accumulate_grad(node):
+            if not is_accumulate_grad(node):
                 _run_tensor_hooks(node, grads)
             with _torch.running_autograd_node(node):
                 outputs = _apply(node, grads)
             del grads, parents
-            for (child, position), grad in zip(_edges(node), outputs, strict=False):
+            for (child, position), grad in zip(edges(node), outputs, strict=False):
                 if child is None:
                     continue
-                key = _key(child)
+                key = node_key(child)
                 if key not in buffers:
                     buffers[key] = (child, [None] * len(_torch.autograd_node_inputs(child)), [])
                 if keep_parents and _is_custom_function(child):
@@ -211,7 +217,7 @@ def run_backward(holder: list[Any]) -> None:
 
 def _run_tensor_hooks(node: Any, grads: list[Any]) -> None:
     """The hooks on the tensors whose gradients the node receives, in place on `grads` (a hook may replace one)."""
-    key = _key(node)
+    key = node_key(node)
     for position, grad in enumerate(grads):
         if grad is None:
             continue
@@ -264,12 +270,6 @@ def _receive(slots: list[Any], position: int, grad: Any) -> None:
         slots[position] = first + grad
 
 
-def _is_accumulate_grad(node: Any) -> bool:
-    # By the node's type, not `node.name()`: torch 2.11 refuses `name()` on a custom autograd.Function's
-    # node ("a legacy access pattern that is no longer supported"), seen on an H100's torch 2.11.0+cu130.
-    return type(node).__name__ == _ACCUMULATE_GRAD
-
-
 def _is_custom_function(node: Any) -> bool:
     return hasattr(node, "apply")  # a custom autograd.Function's node (BackwardCFunction)
 
@@ -308,56 +308,6 @@ def _custom_nodes_die_with_their_parent() -> bool:
         return False
 
 
-class _NodeKey:
-    """A node known by its key alone (`_key`): what `register_multi_grad_hook` keeps instead of the node."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: tuple[Any, ...]) -> None:
-        self.key = key
-
-
-def _key(node: Any) -> tuple[Any, ...]:
-    # A node's Python object is made afresh each time `next_functions` is read once the last one died,
-    # so a node is known by what does not change: every AccumulateGrad reports the same sequence number,
-    # and is known by its parameter instead.
-    if isinstance(node, _NodeKey):
-        return node.key
-    if _is_accumulate_grad(node):
-        return (_ACCUMULATE_GRAD, id(node.variable))
-    return (type(node).__name__, _torch.autograd_node_sequence_nr(node))
-
-
-def _edges(node: Any) -> tuple[tuple[Any, int], ...]:
-    edges: tuple[tuple[Any, int], ...] = node.next_functions
-    return edges
-
-
-def _graph_edges(root: Any) -> Iterator[tuple[Any, Any, bool]]:
-    """Every edge below the root, once each, as (child, its key, whether the walk reaches the child first here)."""
-    seen = {_key(root)}
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        for child, _ in _edges(node):
-            if child is None:
-                continue
-            key = _key(child)
-            first = key not in seen
-            if first:
-                seen.add(key)
-                stack.append(child)
-            yield child, key, first
-
-
-def _dependencies(root: Any) -> dict[Any, int]:
-    """For each node below the root, how many edges lead into it (engine.cpp's compute_dependencies)."""
-    counts: dict[Any, int] = {}
-    for _, key, _ in _graph_edges(root):
-        counts[key] = counts.get(key, 0) + 1
-    return counts
-
-
 def _references(first: Any) -> int:
     import sys
 
@@ -374,17 +324,6 @@ def _held_by_its_slot_alone() -> int:
     return _references(first)
 
 
-def leaves_reached(root: Any) -> list[Any]:
-    """The leaf tensors (parameters, inputs that require grad) whose gradient backward from `root` accumulates.
-
-    The graph's AccumulateGrad nodes, walked as `_dependencies` walks it (`_graph_edges`): the set of tensors a
-    backward would give a gradient, found without running one. A custom Function whose backward
-    returns None for an input is still counted: the walk sees the edge, not the value.
-    """
-    nodes = [root, *(child for child, _, first in _graph_edges(root) if first)]
-    return [node.variable for node in nodes if _is_accumulate_grad(node)]
-
-
 def _validated(grad: Any, expected: tuple[tuple[int, ...], Any]) -> Any:
     """The gradient as the receiving node expects it: summed to its input's shape, in its input's dtype."""
     shape, dtype = expected
@@ -396,7 +335,7 @@ def _validated(grad: Any, expected: tuple[tuple[int, ...], Any]) -> Any:
 
 
 def _apply(node: Any, grads: list[Any]) -> tuple[Any, ...]:
-    if _is_accumulate_grad(node):
+    if is_accumulate_grad(node):
         _accumulate(node.variable, grads[0])
         return ()
     if _is_custom_function(node):
@@ -414,12 +353,12 @@ def _apply_python_function(node: Any, grads: list[Any]) -> tuple[Any, ...]:
                  for grad, (shape, dtype) in zip(grads, _torch.autograd_node_inputs(node), strict=True)]
     outputs = node.apply(*grads)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    edges = _edges(node)
-    if len(outputs) == len(edges):
+    below = edges(node)
+    if len(outputs) == len(below):
         return tuple(outputs)
     # backward returns one gradient per forward argument; the node has an edge per tensor argument only.
     wanted_outputs = iter([out for out, needed in zip(outputs, node.needs_input_grad, strict=False) if needed])
-    return tuple(None if child is None else next(wanted_outputs, None) for child, _ in edges)
+    return tuple(None if child is None else next(wanted_outputs, None) for child, _ in below)
 
 
 def _accumulate(parameter: Any, grad: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from memlayout import _torch
 from memlayout.activations.request.vocabulary import PRECISIONS, precision
-from memlayout.activations.step import gpu_free_backward
+from memlayout.activations.step import autograd_graph, gpu_free_backward
 from memlayout.activations.step.generate import Generation, run_generate
 from memlayout.activations.step.recipe import GradClip, clip_gradients
 from memlayout.core.object_tree import tree_leaves
@@ -102,7 +102,7 @@ def give_first_gradients(model: Any, args: tuple[Any, ...], kwargs: Mapping[str,
 
     Backward itself is not run: it is the step's longest phase (about half a Llama-7B step on fake
     CUDA tensors), and which leaves get a gradient follows from the graph alone
-    (`gpu_free_backward.leaves_reached`). A leaf that already has a gradient keeps it, as
+    (`autograd_graph.leaves_reached`). A leaf that already has a gradient keeps it, as
     backward would accumulate into it.
     """
     import torch
@@ -115,9 +115,37 @@ def give_first_gradients(model: Any, args: tuple[Any, ...], kwargs: Mapping[str,
     del loss
     if root is None:
         return
-    for leaf in gpu_free_backward.leaves_reached(root):
+    for leaf in autograd_graph.leaves_reached(root):
         if leaf.grad is None:
             leaf.grad = torch.zeros_like(leaf, memory_format=torch.preserve_format)
+
+
+class AfterBackward(NamedTuple):
+    """What runs after backward: `clip_grad_norm_` (step/recipe.py), then the optimizer's step."""
+
+    optimizer: Any = None
+    """A torch optimizer over the model's parameters, or None."""
+    clip: GradClip | None = None
+    """Gradient clipping before the optimizer's step, or None."""
+
+    def run(self, model: Any, notify: Callable[[str], None]) -> None:
+        if self.clip is not None or self.optimizer is not None:
+            notify("optimizer")
+        if self.clip is not None:
+            clip_gradients(model, self.clip)
+        if self.optimizer is not None:
+            self.optimizer.step()
+
+
+def _backward(loss_holder: list[Any]) -> None:
+    """Backward from the one loss in `loss_holder`, which is emptied so that the graph dies as backward runs."""
+    if gpu_free_backward.wanted():
+        # Handed over, so that the graph's nodes die as backward runs them (see gpu_free_backward.py).
+        gpu_free_backward.run_backward(loss_holder)
+    else:
+        loss = loss_holder.pop()
+        loss.backward()
+        del loss
 
 
 def run_step(
@@ -125,11 +153,10 @@ def run_step(
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
     on_phase: Callable[[str], None] | None = None,
-    optimizer: Any = None,
+    after: AfterBackward | None = None,
     autocast: Autocast | None = None,
     inference: bool = False,
     generation: Generation | None = None,
-    clip: GradClip | None = None,
 ) -> tuple[Any, str]:
     """Forward, loss, backward, and the optimizer's step. Returns the detached loss and how it was picked.
 
@@ -141,13 +168,12 @@ def run_step(
         args: Positional inputs.
         kwargs: Keyword inputs.
         on_phase: Called with "forward", "loss", "backward" and "optimizer" as each begins.
-        optimizer: A torch optimizer over the model's parameters, or None.
+        after: What runs after backward: gradient clipping, then the optimizer's step; None: nothing.
         autocast: Mixed precision for forward and loss; backward runs outside it, as
             torch's autocast recipe has it (its ops run in the dtypes forward chose).
         inference: Forward only, under `torch.inference_mode`; no loss, backward or optimizer.
         generation: `model.generate` instead of one forward, under `torch.inference_mode` too
             (step/generate.py); returns the generated ids and LOSS_NONE.
-        clip: `clip_grad_norm_` after backward, before the optimizer's step (step/recipe.py).
     """
     notify = on_phase or (lambda _phase: None)
     notify("forward")
@@ -166,18 +192,9 @@ def run_step(
         del output
     notify("backward")
     detached = loss.detach()
-    if gpu_free_backward.wanted():
-        # Handed over, so that the graph's nodes die as backward runs them (see gpu_free_backward.py).
-        holder = [loss]
-        del loss
-        gpu_free_backward.run_backward(holder)
-    else:
-        loss.backward()
-        del loss
-    if clip is not None or optimizer is not None:
-        notify("optimizer")
-    if clip is not None:
-        clip_gradients(model, clip)
-    if optimizer is not None:
-        optimizer.step()
+    holder = [loss]
+    del loss
+    _backward(holder)
+    if after is not None:
+        after.run(model, notify)
     return detached, how

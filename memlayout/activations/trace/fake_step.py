@@ -71,6 +71,24 @@ from typing import Any
 import torch
 
 from memlayout import _torch
+from memlayout.activations.trace.fallback_tensors import (
+    TensorMetadata,
+    call_key,
+    fake_from,
+    tensor_metadata,
+    zeros_like_metadata,
+    zeros_of_fakes,
+)
+from memlayout.activations.trace.op_arguments import (
+    aliases,
+    nbytes,
+    op_tensors,
+    pytree_tensors,
+    to_a_device,
+    writes,
+    written,
+)
+from memlayout.activations.trace.value_twins import ValueTwins
 
 SMALL_BYTES = 1 << 20
 """Routing indices and uniform draws up to this size follow the assumptions (assumptions.py)."""
@@ -107,69 +125,6 @@ class ValueFromInputsError(RuntimeError):
         """The size of the tensor that went fake first on the way."""
 
 
-def _aliases(func: Any) -> bool:
-    """The op returns a view of an input or writes into one: no new memory, and it must stay with its input."""
-    return any(r.alias_info is not None for r in _torch.op_schema(func).returns) or any(
-        a.alias_info is not None and a.alias_info.is_write for a in _torch.op_schema(func).arguments
-    )
-
-
-def _writes(func: Any) -> bool:
-    return any(a.alias_info is not None and a.alias_info.is_write for a in _torch.op_schema(func).arguments)
-
-
-def _written(func: Any, args: Any, kwargs: Any) -> list[Any]:
-    """The tensor arguments an in-place or out= op writes into."""
-    names = [a.name for a in _torch.op_schema(func).arguments]
-    given = dict(zip(names, args, strict=False)) | dict(kwargs)
-    written = [given.get(a.name) for a in _torch.op_schema(func).arguments
-               if a.alias_info is not None and a.alias_info.is_write]
-    leaves, _ = _torch.tree_flatten(written)
-    return [t for t in leaves if isinstance(t, torch.Tensor)]
-
-
-def _to_a_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether an `aten.to` call moves its tensor to a device other than the CPU (`to.device`, `to.dtype_layout`,
-    `to.other`)."""
-    for value in (*args[1:], *kwargs.values()):
-        device = value.device if isinstance(value, torch.Tensor) else value
-        if isinstance(device, torch.device) and device.type not in ("cpu", "meta"):
-            return True
-    return False
-
-
-def _op_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    """The tensors among an op's arguments, in pytree's order, without pytree's cost on every op.
-
-    An aten schema nests tensors one level at most (Tensor, Tensor?, Tensor[], Tensor?[]);
-    anything deeper, or a dict, goes through pytree.
-    """
-    found: list[torch.Tensor] = []
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                if isinstance(item, torch.Tensor):
-                    found.append(item)
-                elif isinstance(item, (list, tuple, dict)):
-                    return _pytree_tensors((args, kwargs))
-        elif isinstance(value, dict):
-            return _pytree_tensors((args, kwargs))
-    return found
-
-
-def _pytree_tensors(tree: Any) -> list[torch.Tensor]:
-    leaves, _ = _torch.tree_flatten(tree)
-    return [t for t in leaves if isinstance(t, torch.Tensor)]
-
-
-def _nbytes(value: Any) -> int:
-    leaves, _ = _torch.tree_flatten(value)
-    return sum(t.untyped_storage().nbytes() for t in leaves
-               if isinstance(t, torch.Tensor) and t.layout == torch.strided)
-
-
 class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Run inside a FakeTensorMode (entered after it): real values where they are cheap, fallbacks where the
     fake kernels refuse."""
@@ -180,8 +135,7 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.keep_values = keep_values
         self.values_on_device = values_on_device
         """The device ("cuda") whose small fake tensors carry values in real twins on the CPU; None: no twins."""
-        self._twins: dict[int, tuple[Any, torch.Tensor]] = {}
-        """id of a fake tensor -> (a weak reference to it, its real twin on the CPU)."""
+        self.twins = ValueTwins(fake_mode, values_on_device)
         self.policy = "typical"
         """One of assumptions.POLICIES: how shapes that follow the weights' values are decided."""
         self.fallbacks: Counter[str] = Counter()
@@ -208,12 +162,12 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func.overloadpacket is torch.ops.aten.to and _to_a_device(args, kwargs):
+        if func.overloadpacket is torch.ops.aten.to and to_a_device(args, kwargs):
             with self:  # its parts through this mode too: a twin follows the copy
                 return func.decompose(*args, **kwargs)
         if self.values_on_device is not None:
             return self._on_device_with_values(func, args, kwargs)
-        tensors = _op_tensors(args, kwargs)
+        tensors = op_tensors(args, kwargs)
         fakes = [t for t in tensors if isinstance(t, _torch.FakeTensor)]
         if self.keep_values and not fakes:
             return self._with_values(func, args, kwargs)
@@ -227,9 +181,9 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             raise ValueFromInputsError(str(func), origin) from needs_values
         if origin is not None and self.assumed.total() == assumed:  # an assumed shape is not the inputs' doing
             self.mark_from_inputs(out, origin)
-        elif self._from_inputs and _writes(func):  # values the inputs alone do not decide were written in
-            for written in _written(func, args, kwargs):
-                self._from_inputs.pop(_torch.storage_id(written.untyped_storage()), None)
+        elif self._from_inputs and writes(func):  # values the inputs alone do not decide were written in
+            for tensor in written(func, args, kwargs):
+                self._from_inputs.pop(_torch.storage_id(tensor.untyped_storage()), None)
         return out
 
     def mark_from_inputs(self, value: Any, tensor_bytes: int) -> None:
@@ -297,7 +251,7 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         """An op on real tensors only: real if it makes nothing large."""
         if func in _UNIFORM:
             return self._uniform(func, args, kwargs)
-        if _aliases(func):
+        if aliases(func):
             return self._real(func, args, kwargs)
         try:
             fake = func(*args, **kwargs)
@@ -305,7 +259,7 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
             return self._real(func, args, kwargs)  # its inputs are small and real: so is what it reads
         except Exception:
             return self._real(func, args, kwargs)
-        made = _nbytes(fake)
+        made = nbytes(fake)
         if made <= VALUE_BYTES:
             return self._real(func, args, kwargs)
         self.mark_from_inputs(fake, made)
@@ -328,94 +282,49 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         return out
 
     # values on a device that is not here: real twins ------------------------------
-    def give_twin(self, fake: Any, real: torch.Tensor) -> None:
-        """`real` (on the CPU) holds the values of `fake` (on the step's device) from now on."""
-        key = id(fake)
-
-        def forget(_: Any, key: int = key) -> None:
-            self._twins.pop(key, None)
-
-        self._twins[key] = (weakref.ref(fake, forget), real)
-
-    def twin_of(self, value: Any) -> Any:
-        """The real twin of a fake tensor, None where it has none; a real tensor is its own."""
-        if not isinstance(value, _torch.FakeTensor):
-            return value
-        found = self._twins.get(id(value))
-        return found[1] if found is not None and found[0]() is value else None
-
     def _on_device_with_values(self, func: Any, args: Any, kwargs: Any) -> Any:
-        tensors = _op_tensors(args, kwargs)
-        twinned = all(self.twin_of(t) is not None for t in tensors)
+        tensors = op_tensors(args, kwargs)
+        twinned = all(self.twins.of(t) is not None for t in tensors)
         if func in _ROUTING and not twinned:  # the next token, or a router's choice: assumed, with a twin
             out = self._routed(func, args, kwargs)
             if isinstance(out, (tuple, list)):
-                return (out[0], self._fake_twinned(out[1]))
-            return self._fake_twinned(out)
+                return (out[0], self.twins.fake_twinned(out[1]))
+            return self.twins.fake_twinned(out)
         if not twinned:
             out = self._on_fakes(func, args, kwargs, tensors)
-            self._forget_written(func, args, kwargs)
+            self.twins.forget_written(func, args, kwargs)
             return out
         try:
             fake = func(*args, **kwargs)
         except _VALUE_ERRORS:
             fake = None  # a value read, or a shape that follows values: the twins answer
         if fake is not None and not self._keeps_twins(func, fake):
-            self._forget_written(func, args, kwargs)
+            self.twins.forget_written(func, args, kwargs)
             return fake
-        real_args = _torch.tree_map(self._real_twin, (args, kwargs))
+        real_args = _torch.tree_map(self.twins.real_argument, (args, kwargs))
         try:
             with _torch.unset_fake_temporarily():
                 real = func(*real_args[0], **real_args[1])
         except Exception:
             if fake is None:
                 raise
-            self._forget_written(func, args, kwargs)
+            self.twins.forget_written(func, args, kwargs)
             return fake
         if func in _UNIFORM:
             real = self._drawn(func, real)
         if fake is None:
-            if not _pytree_tensors(real):
+            if not pytree_tensors(real):
                 return real  # `.item()`, `bool()`: the value itself
-            fake = _torch.tree_map(self._fake_twinned, real)
+            fake = _torch.tree_map(self.twins.fake_twinned, real)
             return fake
-        fakes, reals = _pytree_tensors(fake), _pytree_tensors(real)
+        fakes, reals = pytree_tensors(fake), pytree_tensors(real)
         for made, twin in zip(fakes, reals, strict=False):
-            self.give_twin(made, twin)
+            self.twins.give(made, twin)
         return fake
 
     def _keeps_twins(self, func: Any, fake: Any) -> bool:
         """Whether an op's fake outputs get twins: small ones do, as a CPU step keeps small outputs real."""
-        return _nbytes(fake) <= VALUE_BYTES
-
-    def _real_twin(self, value: Any) -> Any:
-        """An op's argument as the twins' op takes it: a fake tensor's twin, and the CPU for the step's device."""
-        if isinstance(value, torch.Tensor):
-            return self.twin_of(value)
-        if isinstance(value, torch.device) and value.type == self.values_on_device:
-            return torch.device("cpu")
-        return value
-
-    def _fake_twinned(self, real: Any) -> Any:
-        """A fake tensor on the step's device with `real`'s metadata, and `real` as its twin."""
-        if not isinstance(real, torch.Tensor):
-            return real
-        with self.fake_mode:
-            fake = torch.empty_strided(tuple(real.shape), real.stride(), dtype=real.dtype,
-                                       device=self.values_on_device)
-        self.give_twin(fake, real)
-        return fake
-
-    def _forget_written(self, func: Any, args: Any, kwargs: Any) -> None:
-        """What an op wrote without the twins (fake values into a tensor that had them): its twins no longer hold
-        its values, nor those of any view of its storage."""
-        if not self._twins or not _writes(func):
-            return
-        written = {_torch.storage_id(t.untyped_storage()) for t in _written(func, args, kwargs)}
-        for key, (ref, _) in list(self._twins.items()):
-            fake = ref()
-            if fake is None or _torch.storage_id(fake.untyped_storage()) in written:
-                self._twins.pop(key, None)
+        return nbytes(fake) <= VALUE_BYTES
 
     # data-dependent shapes ---------------------------------------------------
     def _routed(self, func: Any, args: Any, kwargs: Any) -> Any:
@@ -504,15 +413,15 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
         With `keep_values` the real tensor arguments keep their values (the op's output shape follows
         them: a CTC loss's lengths); only the fake ones become zeros.
         """
-        if _aliases(func):
+        if aliases(func):
             raise refused
         refused.__traceback__ = None
-        key = None if keep_values else _signature(func, args, kwargs)
+        key = None if keep_values else call_key(func, args, kwargs)
         made = self._fallback_outputs.get(key) if key is not None else None
         if made is None:
             # Without values, every tensor argument zero-filled, real ones too: zero offsets make a grouped
             # matmul do no work.
-            zeros = _torch.tree_map(_zeros_of_fakes if keep_values else _zeros_like_metadata, (args, kwargs))
+            zeros = _torch.tree_map(zeros_of_fakes if keep_values else zeros_like_metadata, (args, kwargs))
             with _torch.unset_fake_temporarily():
                 try:
                     real = func(*zeros[0], **zeros[1])
@@ -520,63 +429,11 @@ class FakeStepMode(_torch.TorchDispatchMode):  # type: ignore[no-untyped-call]
                     if keep_values:
                         raise refused from None
                     raise
-            made = _torch.tree_map(_metadata, real)
+            made = _torch.tree_map(tensor_metadata, real)
             if key is not None:
                 self._fallback_outputs[key] = made
         self.fallbacks[str(func)] += 1
         leaves, spec = _torch.tree_flatten(made)
         with self.fake_mode:
-            outputs = [_fake_from(m) if isinstance(m, _TensorMetadata) else m for m in leaves]
+            outputs = [fake_from(m) if isinstance(m, TensorMetadata) else m for m in leaves]
         return _torch.tree_unflatten(outputs, spec)
-
-
-class _TensorMetadata:
-    __slots__ = ("device", "dtype", "offset", "shape", "storage_bytes", "stride")
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.shape = tuple(tensor.shape)
-        self.stride = tuple(tensor.stride())
-        self.offset = tensor.storage_offset()
-        self.dtype = tensor.dtype
-        self.device = tensor.device
-        self.storage_bytes = tensor.untyped_storage().nbytes()
-
-
-def _metadata(value: Any) -> Any:
-    return _TensorMetadata(value) if isinstance(value, torch.Tensor) else value
-
-
-def _fake_from(meta: _TensorMetadata) -> torch.Tensor:
-    """A fake tensor of this metadata and storage size (not with `set_`: the fake mode's dispatch cache would
-    keep the storage it is given alive)."""
-    made = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=meta.device)
-    if meta.offset == 0 and made.untyped_storage().nbytes() == meta.storage_bytes:
-        return made
-    itemsize = made.element_size()
-    base = torch.empty((-(-meta.storage_bytes // itemsize),), dtype=meta.dtype, device=meta.device)
-    return base.as_strided(meta.shape, meta.stride, meta.offset)
-
-
-def _zeros_like_metadata(value: Any) -> Any:
-    """A real, zero-filled tensor with a tensor's shape, dtype and strides (other values pass through)."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    with _torch.unset_fake_temporarily():
-        storage_elements = value.untyped_storage().nbytes() // max(value.element_size(), 1)
-        base = torch.zeros((storage_elements,), dtype=value.dtype, device=value.device)
-        return base.as_strided(value.shape, value.stride(), value.storage_offset())
-
-
-def _zeros_of_fakes(value: Any) -> Any:
-    return _zeros_like_metadata(value) if isinstance(value, _torch.FakeTensor) else value
-
-
-def _signature(func: Any, args: Any, kwargs: Any) -> Any:
-    def describe(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return ("tensor", tuple(value.shape), tuple(value.stride()), value.storage_offset(), value.dtype,
-                    str(value.device))
-        return value if isinstance(value, (int, float, bool, str, type(None), torch.dtype)) else repr(value)
-
-    leaves, spec = _torch.tree_flatten((args, kwargs))
-    return (func, str(spec), tuple(describe(v) for v in leaves))

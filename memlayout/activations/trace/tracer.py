@@ -50,7 +50,7 @@ from memlayout.activations.step.generate import Generation, cache_of, cache_tens
 from memlayout.activations.step.grad_accumulation import Accumulations
 from memlayout.activations.step.optimizer import state_tensors
 from memlayout.activations.step.recipe import Recipe
-from memlayout.activations.step.run import Autocast, output_tensors, run_step
+from memlayout.activations.step.run import AfterBackward, Autocast, output_tensors, run_step
 from memlayout.activations.trace import tensor_parallel
 from memlayout.activations.trace.kernel_storage import learned_kernel_memory
 from memlayout.activations.trace.kernels import (
@@ -598,9 +598,9 @@ def trace_step(step: StepToTrace, notes: tuple[str, ...] = (), kept: Sequence[An
     tracer = StepTracer(model, correct_kernels=step.mode != "real", optimizer=step.optimizer, roofline=step.roofline,
                         generating=generation is not None)
     with tracer.attached(step.args, step.kwargs, kept=kept, host=step.device == "cpu"):
-        loss, how = run_step(model, step.args, step.kwargs, on_phase=tracer.set_phase, optimizer=step.optimizer,
-                             autocast=step.autocast, inference=step.inference, generation=generation,
-                             clip=step.recipe.clip)
+        loss, how = run_step(model, step.args, step.kwargs, on_phase=tracer.set_phase,
+                             after=AfterBackward(step.optimizer, step.recipe.clip), autocast=step.autocast,
+                             inference=step.inference, generation=generation)
         if step.inference or generation is not None:
             tracer.end_forward_only()
     del loss

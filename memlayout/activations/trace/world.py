@@ -242,7 +242,7 @@ class StepWorld:
             self.step_mode.mark_from_inputs(adopted, adopted.untyped_storage().nbytes())
         if (isinstance(value, torch.Tensor) and not _is_fake(value) and value.device.type == "cpu"
                 and self._twins_input(value.untyped_storage().nbytes())):
-            self.step_mode.give_twin(adopted, value)
+            self.step_mode.twins.give(adopted, value)
         return adopted
 
     def _adopt(self, value: Any, *, place: bool = True) -> Any:

@@ -16,13 +16,13 @@ pytestmark = [
 
 def real_cuda_peak(model: torch.nn.Module, args: tuple[object, ...], kwargs: dict[str, object]) -> int:
     """A steady-state step with AdamW (torch's default foreach kernels on CUDA), as memlayout's default traces it."""
-    from memlayout.activations.step.run import run_step
+    from memlayout.activations.step.run import AfterBackward, run_step
 
     model = model.cuda()
     args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
     kwargs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     optimizer = torch.optim.AdamW(model.parameters())
-    run_step(model, args, kwargs, optimizer=optimizer)
+    run_step(model, args, kwargs, after=AfterBackward(optimizer))
     optimizer.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -30,7 +30,7 @@ def real_cuda_peak(model: torch.nn.Module, args: tuple[object, ...], kwargs: dic
         v.untyped_storage().nbytes() for state in optimizer.state.values() for v in state.values()
         if isinstance(v, torch.Tensor) and v.is_cuda
     )
-    run_step(model, args, kwargs, optimizer=optimizer)
+    run_step(model, args, kwargs, after=AfterBackward(optimizer))
     torch.cuda.synchronize()
     # what the model and inputs already held counts, as memlayout counts them
     return torch.cuda.max_memory_allocated() - base + sum(

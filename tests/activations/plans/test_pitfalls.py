@@ -53,8 +53,8 @@ def test_reading_state_outside_inputs_parameters_and_buffers_is_flagged() -> Non
     assert not found["head"].reads_outside_state  # type: ignore[attr-defined]
     plan = act.analyze(Net(ReadsGlobal()), ["float32[16,8]"]).summary
     assert plan.peak_bytes > 0
+    from memlayout.activations.plans.pitfalls import pitfalls
     from memlayout.activations.plans.plan import Plan
-    from memlayout.activations.search import pitfalls
 
     text = " ".join(pitfalls(Plan(checkpoint=("block",)), report.modules, Net(ReadsGlobal())))
     assert "block: reads tensors that are not its inputs" in text
@@ -66,8 +66,8 @@ def test_batch_norm_updating_running_statistics_is_flagged() -> None:
     found = modules(report)
     assert found["norm"].mutates_buffers  # type: ignore[attr-defined]
     assert not found["block"].mutates_buffers  # type: ignore[attr-defined]
+    from memlayout.activations.plans.pitfalls import pitfalls
     from memlayout.activations.plans.plan import Plan
-    from memlayout.activations.search import pitfalls
 
     assert any("a second time" in p for p in pitfalls(Plan(checkpoint=("norm",)), report.modules, None))
     assert not any("a second time" in p for p in pitfalls(Plan(checkpoint=("block",)), report.modules, None))

@@ -20,7 +20,7 @@ from memlayout.activations.device.expandable_segments import AllocatorConfig
 from memlayout.activations.ranks import _target_builder
 from memlayout.activations.ranks.layouts import rank_layouts, rank_ranges, traced_layouts
 from memlayout.activations.ranks.parallel import resolve_sharding, sharding_options
-from memlayout.activations.ranks.rank_step import RankTrace, StepInputs, trace_rank
+from memlayout.activations.ranks.rank_step import RankSettings, RankTrace, StepInputs, trace_rank
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.step import gpu_free_backward
 from memlayout.activations.step.recipe import recipe_of
@@ -36,7 +36,7 @@ def _traced(loop: bool, **settings: Any) -> RankTrace:
     layout = traced_layouts(rank_layouts(model, sharding))[0]
     with gpu_free_backward.backward_in_python() if loop else contextlib.nullcontext():
         return trace_rank(build, sharding, 0, rank_ranges(layout.ranks), StepInputs(request.step_inputs, None),
-                          optimizer="adamw", device="cpu", allocator=AllocatorConfig(), recipe=recipe_of(request))
+                          RankSettings("adamw", "cpu", allocator=AllocatorConfig(), recipe=recipe_of(request)))
 
 
 @pytest.mark.parametrize("settings", [

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import memlayout.activations as act
-from memlayout.activations.step import gpu_free_backward
+from memlayout.activations.step import autograd_graph, gpu_free_backward
 from memlayout.activations.step.run import give_first_gradients
 from tests.activations import models
 
@@ -158,7 +158,7 @@ def test_the_leaves_reached_are_those_torchs_backward_gives_a_gradient() -> None
     model = _PartlyUsed()
     ids, extra = torch.tensor([[1, 2, 3]]), torch.ones(4, requires_grad=True)
     loss = model(ids, extra)
-    reached = {id(leaf) for leaf in gpu_free_backward.leaves_reached(loss.grad_fn)}
+    reached = {id(leaf) for leaf in autograd_graph.leaves_reached(loss.grad_fn)}
     loss.backward()
     given = {id(t) for t in [*model.parameters(), extra] if t.grad is not None}
     assert reached == given

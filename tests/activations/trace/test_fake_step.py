@@ -192,10 +192,10 @@ def test_a_loss_whose_kernel_needs_the_inputs_lengths_runs_on_them() -> None:
 def test_the_tensors_of_an_ops_arguments_are_pytrees_in_pytrees_order(arguments: tuple[Any, dict[str, Any]]) -> None:
     from torch.utils._pytree import tree_flatten
 
-    from memlayout.activations.trace.fake_step import _op_tensors
+    from memlayout.activations.trace.op_arguments import op_tensors
 
     args, kwargs = arguments
     leaves, _ = tree_flatten((args, kwargs))
     expected = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
-    found = _op_tensors(args, kwargs)
+    found = op_tensors(args, kwargs)
     assert len(found) == len(expected) and all(a is b for a, b in zip(found, expected, strict=True))
