@@ -702,6 +702,20 @@ def ddp_parameter_check_skipped() -> Iterator[None]:
         distributed._verify_param_shape_across_processes = checked  # type: ignore[attr-defined]
 
 
+@contextlib.contextmanager
+def cuda_lazy_init_skipped() -> Iterator[None]:
+    """Within it, `torch.cuda._lazy_init` does nothing: a CUDA factory asks it before it dispatches, and it raises
+    where there is no driver (ranks/cuda_devices.py makes such tensors fake meanwhile)."""
+    import torch
+
+    lazy_init = torch.cuda._lazy_init
+    torch.cuda._lazy_init = lambda: None
+    try:
+        yield
+    finally:
+        torch.cuda._lazy_init = lazy_init
+
+
 # --- classes from torch's private modules ---------------------------------------------
 # Attributes of this module, imported on first use (PEP 562): `_torch.FakeTensorMode`.
 
@@ -718,6 +732,8 @@ PRIVATE_CLASSES: dict[str, tuple[str, str]] = {
     # process and for one FSDP2 rank.
     "MemTracker": ("torch.distributed._tools.mem_tracker", "MemTracker"),
     "FSDPMemTracker": ("torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker"),
+    # The kind of change a tracker's `_update_snap` is told of (ADD, DEL, SIZE): rank allocations record them.
+    "MemTrackerUpdateType": ("torch.distributed._tools.mem_tracker", "_UpdateType"),
     # The store of the "fake" process group, with which one process plays one rank of many.
     "FakeStore": ("torch.testing._internal.distributed.fake_pg", "FakeStore"),
 }

@@ -252,6 +252,13 @@ class AllocatorOutOfMemoryError(MemlayoutError):
     """The CUDA allocator model's capacity cannot hold a new segment, even after releasing the cached ones."""
 
 
+class SegmentBroken(MemlayoutError, RuntimeError):
+    """A run of children planned as one checkpointed segment did not run as the plan's trace saw it run
+    (activations/plans/apply_segments.py): the step stops rather than train on a rerun that replays something else."""
+
+    default_hint = "apply the plan to the model it was made for, or make the plan again from this model's step"
+
+
 class NothingFitsError(NothingFits):
     """Not even a size of 1 fits the budget, with or without a plan."""
 

@@ -23,6 +23,8 @@ SIGNALS_THAT_NEVER_LEAVE = {
     ("load/restricted_pickle.py", "TextPersistentIdError"),
     # Raised from torch's dispatch inside a fake step and found in the cause chain by the analysis.
     ("activations/trace/fake_step.py", "ValueFromInputsError"),
+    # Raised by _torch.fake_cuda_device_guard and turned into a UsageError by trace/fake_cuda.py.
+    ("_torch.py", "FakeCudaGuardUnavailable"),
     # Private: tells typer's coercion apart from memlayout's own.
     ("cli/coercion.py", "_TyperCoerces"),
     # Private: a failure worth another try, and a kept redirect target to resolve again, inside one request.

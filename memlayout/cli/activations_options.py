@@ -21,7 +21,7 @@ from memlayout.activations.step.generate import CACHE_HELP, NEW_TOKENS_HELP
 from memlayout.activations.step.optimizer import HELP as OPTIMIZER_HELP
 from memlayout.activations.step.run import STEP_HELP
 from memlayout.cli.formats import Command, OutputFormat
-from memlayout.cli.options import device_option, format_option, mebibytes, probability
+from memlayout.cli.options import device_option, format_option, mebibytes, number, probability
 from memlayout.errors import MemlayoutError
 
 CONFIGURATION = "Configuration"
@@ -150,8 +150,8 @@ ROWS: tuple[Row, ...] = (
             "time), foreach (every tensor at once: temporaries the size of the parameters) or fused. Default: as "
             "torch picks it for the parameters, foreach for plain CUDA tensors, for-loop on the CPU and for the "
             "DTensors FSDP2 and --tp make.", metavar="for-loop|foreach|fused"),
-    _option("clip_grad_norm", float | None, None, help="torch.nn.utils.clip_grad_norm_ to this max norm after "
-            "backward, before the optimizer's step, as most training loops do.", metavar="MAX"),
+    _option("clip_grad_norm", float | None, None, parser=number, help="torch.nn.utils.clip_grad_norm_ to this max "
+            "norm after backward, before the optimizer's step, as most training loops do.", metavar="MAX"),
     _option("clip_grad_impl", str | None, None, help="With --clip-grad-norm: foreach or for-loop (clip_grad_norm_'s "
             "foreach). Default: as torch picks it, foreach for plain tensors, for-loop for DTensors.",
             metavar="foreach|for-loop"),

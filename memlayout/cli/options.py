@@ -190,6 +190,20 @@ def device_option(*supported: str, help: str) -> Any:
     return typer.Option("--device", parser=device_parser(*supported), metavar=f"[{'|'.join(supported)}]", help=help)
 
 
+def number(value: Any) -> float:
+    """A finite number as Python's float() reads it ("1", "0.5", "1e3"); the request's rules judge its range.
+
+    A ValueError, which the option's parser words as an invalid value.
+    """
+    try:
+        result = float(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number: give one such as 1.0") from None
+    if not math.isfinite(result):
+        raise ValueError(f"{value!r} is not a finite number: give one such as 1.0")
+    return result
+
+
 def probability(value: Any) -> float:
     """A probability from 0 to 1, as torch's Dropout takes one: "0.05", "5%"; the error names the range.
 

@@ -22,13 +22,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from memlayout import _torch
+from memlayout.errors import SegmentBroken
 
 ContextFn = Callable[[], tuple[Any, Any]]
 """checkpoint's `context_fn`: the contexts forward and its rerun run under."""
-
-
-class SegmentBroken(RuntimeError):
-    """A run of children planned as one segment did not run as the plan's trace saw it run."""
 
 
 def sequential_forward(spans: Sequence[tuple[int, int]], context_fn: ContextFn) -> Callable[..., Any]:

@@ -139,8 +139,7 @@ def recording_tracker(model: Any, optimizer: Any, log: AllocationLog) -> Any:
 
 @functools.cache
 def _recording_class() -> type:
-    from torch.distributed._tools.mem_tracker import _UpdateType
-
+    update_type: Any = _torch.MemTrackerUpdateType
     tracker: Any = _torch.FSDPMemTracker  # typed in some torch releases, not in others
 
     class RecordingTracker(tracker):  # type: ignore[misc]
@@ -152,11 +151,11 @@ def _recording_class() -> type:
                          old_reftype: Any = None) -> None:
             super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
             log = self._memlayout_log
-            if u_type == _UpdateType.ADD:
+            if u_type == update_type.ADD:
                 log.allocate(winfo, winfo.size * winfo.element_size)
-            elif u_type == _UpdateType.DEL:
+            elif u_type == update_type.DEL:
                 log.free(winfo)
-            elif u_type == _UpdateType.SIZE:
+            elif u_type == update_type.SIZE:
                 log.resize(winfo, winfo.size * winfo.element_size)
 
     return RecordingTracker

@@ -178,10 +178,5 @@ def made_fake(fake_mode: Any) -> Iterator[None]:
     if torch.cuda.is_available():
         yield
         return
-    lazy_init = torch.cuda._lazy_init
-    torch.cuda._lazy_init = lambda: None
-    try:
-        with CudaTensorsFake():  # type: ignore[no-untyped-call]
-            yield
-    finally:
-        torch.cuda._lazy_init = lazy_init
+    with _torch.cuda_lazy_init_skipped(), CudaTensorsFake():  # type: ignore[no-untyped-call]
+        yield

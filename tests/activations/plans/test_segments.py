@@ -12,11 +12,10 @@ from torch import nn
 
 import memlayout.activations as act
 from memlayout.activations.analysis import prepare_step
-from memlayout.activations.plans.apply_segments import SegmentBroken
 from memlayout.activations.plans.plan import Plan, Planner, Segment, SequentialSegments
 from memlayout.activations.request.step_request import StepRequest
 from memlayout.activations.summary import summarize
-from memlayout.errors import UsageError
+from memlayout.errors import SegmentBroken, UsageError
 from tests.activations import segment_models
 from tests.activations.measure import allocator_peak_step
 

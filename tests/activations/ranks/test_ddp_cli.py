@@ -128,6 +128,8 @@ def test_an_unreachable_budget_exits_1_and_its_hints_lower_the_peak() -> None:
 
 
 # (arguments, the error's first words, the arguments its hint leads to)
+DDP_NOT_ON_GPU = "--gpu traces FSDP2's ranks for a GPU, and --ddp's ranks are traced for the CPU"
+
 ERRORS = [
     ([CONV, *IMAGES, "--ddp"], "--ddp needs --world-size N", [CONV, *IMAGES, "--world-size", "8", "--ddp"]),
     ([CONV, *IMAGES, "--bucket-cap-mb", "1"], "--bucket-cap-mb needs --world-size N",
@@ -150,10 +152,10 @@ ERRORS = [
      [CONV, *IMAGES, "--world-size", "2", "--ddp", "--bucket-cap-mb", "0.5"]),
     ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--bucket-cap-mb", "nan"], "Invalid value for '--bucket-cap-mb'",
      [CONV, *IMAGES, "--world-size", "2", "--ddp", "--bucket-cap-mb", "0.5"]),
-    ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--gpu", "h100"], "--gpu is not traced with --world-size yet",
+    ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--gpu", "h100"], DDP_NOT_ON_GPU,
      [CONV, *IMAGES, "--world-size", "2", "--ddp"]),
     ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--gpu", "h100", "--fit", "batch", "--budget", "4MiB"],
-     "--gpu is not traced with --world-size yet",
+     DDP_NOT_ON_GPU,
      [CONV, *IMAGES, "--world-size", "2", "--ddp", "--fit", "batch", "--budget", "4MiB"]),
     ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--device", "meta"], "--world-size predicts ranks on fake tensors",
      [CONV, *IMAGES, "--world-size", "2", "--ddp", "--device", "cpu"]),
