@@ -46,7 +46,9 @@ def model_dirs(nginx: Server) -> dict[str, Path]:
     return dirs
 
 
-README_COMMAND = re.search(r"^\$ memlayout (inspect hf://(\S+))$", (REPO / "README.md").read_text(), re.MULTILINE)
+GUIDE_COMMAND = re.search(
+    r"^\$ memlayout (inspect hf://(\S+))$", (REPO / "docs" / "remote.md").read_text(), re.MULTILINE
+)
 
 
 def serve_as_hub_repository(nginx: Server, source: Path, repo: str) -> None:
@@ -63,16 +65,16 @@ def serve_as_hub_repository(nginx: Server, source: Path, repo: str) -> None:
 
 @pytest.fixture(scope="module")
 def hub(nginx: Server, model_dirs: dict[str, Path]) -> dict[str, str]:
-    """The safetensors directory as the Hub repository HUB_REPO, and as the README's repository."""
+    """The safetensors directory as the Hub repository HUB_REPO, and as the remote guide's repository."""
     serve_as_hub_repository(nginx, model_dirs["safetensors"], HUB_REPO)
-    assert README_COMMAND is not None, "the README shows one remote command"
-    serve_as_hub_repository(nginx, model_dirs["safetensors"], README_COMMAND.group(2))
+    assert GUIDE_COMMAND is not None, "docs/remote.md shows one remote command"
+    serve_as_hub_repository(nginx, model_dirs["safetensors"], GUIDE_COMMAND.group(2))
     return {"HF_ENDPOINT": nginx.url, "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "0"}
 
 
-def test_the_readmes_remote_command_runs_against_the_hubs_layout(hub: dict[str, str]) -> None:
-    assert README_COMMAND is not None
-    run = memlayout(*shlex.split(README_COMMAND.group(1)), env=hub)
+def test_the_remote_guides_command_runs_against_the_hubs_layout(hub: dict[str, str]) -> None:
+    assert GUIDE_COMMAND is not None
+    run = memlayout(*shlex.split(GUIDE_COMMAND.group(1)), env=hub)
     assert run.code in (0, 1), run.stderr
     assert "read remotely" in run.stdout
 
