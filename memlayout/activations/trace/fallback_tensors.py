@@ -3,11 +3,12 @@ shapes, dtypes and strides, a key for the call, and fake tensors of the outputs'
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from memlayout import _torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TensorMetadata:
@@ -25,12 +26,16 @@ class TensorMetadata:
 
 
 def tensor_metadata(value: Any) -> Any:
+    import torch
+
     return TensorMetadata(value) if isinstance(value, torch.Tensor) else value
 
 
 def fake_from(meta: TensorMetadata) -> torch.Tensor:
     """A fake tensor of this metadata and storage size (not with `set_`: the fake mode's dispatch cache would
     keep the storage it is given alive)."""
+    import torch
+
     made = torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=meta.device)
     if meta.offset == 0 and made.untyped_storage().nbytes() == meta.storage_bytes:
         return made
@@ -41,6 +46,8 @@ def fake_from(meta: TensorMetadata) -> torch.Tensor:
 
 def zeros_like_metadata(value: Any) -> Any:
     """A real, zero-filled tensor with a tensor's shape, dtype and strides (other values pass through)."""
+    import torch
+
     if not isinstance(value, torch.Tensor):
         return value
     with _torch.unset_fake_temporarily():
@@ -55,6 +62,7 @@ def zeros_of_fakes(value: Any) -> Any:
 
 def call_key(func: Any, args: Any, kwargs: Any) -> Any:
     """The op and its arguments' metadata and values: calls with the same key make outputs of the same metadata."""
+    import torch
 
     def describe(value: Any) -> Any:
         if isinstance(value, torch.Tensor):

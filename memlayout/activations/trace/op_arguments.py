@@ -3,11 +3,12 @@ into an input, which tensors it writes, whether `aten.to` leaves the CPU, its te
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from memlayout import _torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 def aliases(func: Any) -> bool:
@@ -23,6 +24,8 @@ def writes(func: Any) -> bool:
 
 def written(func: Any, args: Any, kwargs: Any) -> list[Any]:
     """The tensor arguments an in-place or out= op writes into."""
+    import torch
+
     names = [a.name for a in _torch.op_schema(func).arguments]
     given = dict(zip(names, args, strict=False)) | dict(kwargs)
     written = [given.get(a.name) for a in _torch.op_schema(func).arguments
@@ -34,6 +37,8 @@ def written(func: Any, args: Any, kwargs: Any) -> list[Any]:
 def to_a_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether an `aten.to` call moves its tensor to a device other than the CPU (`to.device`, `to.dtype_layout`,
     `to.other`)."""
+    import torch
+
     for value in (*args[1:], *kwargs.values()):
         device = value.device if isinstance(value, torch.Tensor) else value
         if isinstance(device, torch.device) and device.type not in ("cpu", "meta"):
@@ -47,6 +52,8 @@ def op_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tens
     An aten schema nests tensors one level at most (Tensor, Tensor?, Tensor[], Tensor?[]);
     anything deeper, or a dict, goes through pytree.
     """
+    import torch
+
     found: list[torch.Tensor] = []
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):
@@ -63,11 +70,15 @@ def op_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tens
 
 
 def pytree_tensors(tree: Any) -> list[torch.Tensor]:
+    import torch
+
     leaves, _ = _torch.tree_flatten(tree)
     return [t for t in leaves if isinstance(t, torch.Tensor)]
 
 
 def nbytes(value: Any) -> int:
+    import torch
+
     leaves, _ = _torch.tree_flatten(value)
     return sum(t.untyped_storage().nbytes() for t in leaves
                if isinstance(t, torch.Tensor) and t.layout == torch.strided)

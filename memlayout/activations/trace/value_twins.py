@@ -4,12 +4,13 @@ an op runs on the twins). A twin is forgotten with its fake tensor, and when an 
 from __future__ import annotations
 
 import weakref
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from memlayout import _torch
 from memlayout.activations.trace.op_arguments import writes, written
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ValueTwins:
@@ -40,6 +41,8 @@ class ValueTwins:
 
     def real_argument(self, value: Any) -> Any:
         """An op's argument as the twins' op takes it: a fake tensor's twin, and the CPU for the step's device."""
+        import torch
+
         if isinstance(value, torch.Tensor):
             return self.of(value)
         if isinstance(value, torch.device) and value.type == self.device:
@@ -48,6 +51,8 @@ class ValueTwins:
 
     def fake_twinned(self, real: Any) -> Any:
         """A fake tensor on the step's device with `real`'s metadata, and `real` as its twin."""
+        import torch
+
         if not isinstance(real, torch.Tensor):
             return real
         with self.fake_mode:
