@@ -78,8 +78,10 @@ CASES: list[tuple[str, Case, Case, RuleConfig | None]] = [
     ids=[f"{code}-{trig.__name__}-vs-{clean.__name__}" for code, trig, clean, _ in CASES],
 )
 def test_rule_fires_on_its_case_and_not_on_the_clean_twin(
-    code: str, triggering: Case, clean: Case, config: RuleConfig | None
+    code: str, triggering: Case, clean: Case, config: RuleConfig | None, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # what a case writes goes with the test's folder
     assert code in codes(triggering(), config)
     assert code not in codes(clean(), config)
 
