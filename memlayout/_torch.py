@@ -323,20 +323,9 @@ def as_one_graph_task(identity: int) -> Any:
     and it then makes up a new key for every saved tensor it unpacks, so it reruns the
     segment's forward once per saved tensor. memlayout's own backward is one task.
     """
-    import contextlib
-
     import torch
 
-    @contextlib.contextmanager
-    def one_task() -> Any:
-        original = torch._C._current_graph_task_id
-        torch._C._current_graph_task_id = lambda: identity
-        try:
-            yield
-        finally:
-            torch._C._current_graph_task_id = original
-
-    return one_task()
+    return _set_while_inside(torch._C, "_current_graph_task_id", lambda: identity)
 
 def checkpoint_region(fn: Callable[..., Any], preserve_rng_state: bool, context_fn: Callable[[], Any],
                       *args: Any, **kwargs: Any) -> Iterator[None]:
@@ -361,20 +350,9 @@ def engine_executes(keys: set[Any], key: Callable[[Any], Any]) -> Any:
     """A context in which `torch._C._will_engine_execute_node(node)` answers whether `key(node)` is in `keys` (the
     nodes memlayout's backward will run), instead of raising outside torch's engine
     (`register_multi_grad_hook`'s "all" mode asks it of each tensor's node when the first hook runs)."""
-    import contextlib
-
     import torch
 
-    @contextlib.contextmanager
-    def answering() -> Any:
-        original = torch._C._will_engine_execute_node
-        torch._C._will_engine_execute_node = lambda node: key(node) in keys
-        try:
-            yield
-        finally:
-            torch._C._will_engine_execute_node = original
-
-    return answering()
+    return _set_while_inside(torch._C, "_will_engine_execute_node", lambda node: key(node) in keys)
 
 
 def autograd_node_sequence_nr(node: Any) -> int:
@@ -514,12 +492,8 @@ def around_dtensor_shape_propagation(around: Any) -> Iterator[None]:
     shape. On a fake step that op runs under the step's own fake mode, and allocates nothing the step does."""
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
-    original = ShardingPropagator._fake_mode_lock
-    ShardingPropagator._fake_mode_lock = around
-    try:
+    with _set_while_inside(ShardingPropagator, "_fake_mode_lock", around):
         yield
-    finally:
-        ShardingPropagator._fake_mode_lock = original
 
 
 def on_fake_mode_alone(func: Any, args: Any, kwargs: Any) -> Any:
@@ -694,12 +668,8 @@ def ddp_parameter_check_skipped() -> Iterator[None]:
     """
     from torch.nn.parallel import distributed
 
-    checked = distributed._verify_param_shape_across_processes  # type: ignore[attr-defined]
-    distributed._verify_param_shape_across_processes = lambda *args, **kwargs: None  # type: ignore[attr-defined]
-    try:
+    with _set_while_inside(distributed, "_verify_param_shape_across_processes", lambda *args, **kwargs: None):
         yield
-    finally:
-        distributed._verify_param_shape_across_processes = checked  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
@@ -708,12 +678,19 @@ def cuda_lazy_init_skipped() -> Iterator[None]:
     where there is no driver (ranks/cuda_devices.py makes such tensors fake meanwhile)."""
     import torch
 
-    lazy_init = torch.cuda._lazy_init
-    torch.cuda._lazy_init = lambda: None
+    with _set_while_inside(torch.cuda, "_lazy_init", lambda: None):
+        yield
+
+
+@contextlib.contextmanager
+def _set_while_inside(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """`owner.name` is `value` while inside, and what it was before once out (on the way out of an error too)."""
+    original = getattr(owner, name)
+    setattr(owner, name, value)
     try:
         yield
     finally:
-        torch.cuda._lazy_init = lazy_init
+        setattr(owner, name, original)
 
 
 # --- classes from torch's private modules ---------------------------------------------
