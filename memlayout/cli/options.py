@@ -195,13 +195,7 @@ def number(value: Any) -> float:
 
     A ValueError, which the option's parser words as an invalid value.
     """
-    try:
-        result = float(str(value).strip())
-    except ValueError:
-        raise ValueError(f"{value!r} is not a number: give one such as 1.0") from None
-    if not math.isfinite(result):
-        raise ValueError(f"{value!r} is not a finite number: give one such as 1.0")
-    return result
+    return _finite(value, "a finite number: give one such as 1.0")
 
 
 def probability(value: Any) -> float:
@@ -224,12 +218,17 @@ def mebibytes(value: Any) -> float:
 
     A ValueError, which the option's parser words as an invalid value; whether the size is one is the caller's.
     """
+    return _finite(value, "a number of MiB: give one such as 25 or 0.5")
+
+
+def _finite(value: Any, wanted: str) -> float:
+    """`value` as a finite float, or a ValueError that says it is not `wanted`."""
     try:
         number = float(str(value).strip())
     except ValueError:
         number = math.nan
     if not math.isfinite(number):
-        raise ValueError(f"{value!r} is not a number of MiB: give one such as 25 or 0.5")
+        raise ValueError(f"{value!r} is not {wanted}")
     return number
 
 
