@@ -146,6 +146,36 @@ def test_a_loop_that_no_longer_chains_its_blocks_fails_the_step_and_leaves_no_re
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), fresh.parameters(), strict=True))
 
 
+class DetoursAtTheFourthBlock(nn.Module):
+    """Six blocks; the fourth is fed a copy of the third's output, so no segment may run from block 2 into 3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh()) for _ in range(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for index, block in enumerate(self.blocks):
+            x = block(x.clone() if index == 3 else x)
+        return x.square().mean()
+
+
+def test_segment_brokens_hint_followed_a_plan_made_again_from_this_models_step_runs_and_fits() -> None:
+    args = (torch.randn(2048, 64),)
+    model = DetoursAtTheFourthBlock()
+    with act.apply_plan(model, Plan(segments=(Segment("blocks", 1, 3),))), pytest.raises(SegmentBroken) as broken:
+        model(*args)
+    assert "make the plan again from this model's step" in broken.value.hint
+    budget = int(act.analyze(DetoursAtTheFourthBlock(), list(args)).summary.peak_bytes * 0.6)
+    report = act.analyze(DetoursAtTheFourthBlock(), list(args), budget=budget)
+    assert report.plan is not None and report.plan.plan.segments
+    model = DetoursAtTheFourthBlock()
+    with act.apply_plan(model, report.plan.plan):
+        real = allocator_peak_step(model, args, {})
+    assert real.peak_bytes <= budget, (real.peak_bytes, report.plan.plan)
+
+
 @pytest.mark.parametrize("plan, message", [
     ({"segments": [{"module": "blocks", "first": 2, "last": 4}]}, "do not fit"),
     ({"segments": [{"module": "blocks", "first": 0, "last": 1}, {"module": "blocks", "first": 1, "last": 2}]},

@@ -157,6 +157,10 @@ ERRORS = [
     ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--gpu", "h100", "--fit", "batch", "--budget", "4MiB"],
      DDP_NOT_ON_GPU,
      [CONV, *IMAGES, "--world-size", "2", "--ddp", "--fit", "batch", "--budget", "4MiB"]),
+    ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--clip-grad-norm", "abc"], "Invalid value for '--clip-grad-norm'",
+     [CONV, *IMAGES, "--world-size", "2", "--ddp", "--clip-grad-norm", "1.0"]),
+    ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--clip-grad-norm", "nan"], "Invalid value for '--clip-grad-norm'",
+     [CONV, *IMAGES, "--world-size", "2", "--ddp", "--clip-grad-norm", "1.0"]),
     ([CONV, *IMAGES, "--world-size", "2", "--ddp", "--device", "meta"], "--world-size predicts ranks on fake tensors",
      [CONV, *IMAGES, "--world-size", "2", "--ddp", "--device", "cpu"]),
 ]
